@@ -1,0 +1,3 @@
+from mdl_jax.cli import main
+
+raise SystemExit(main())

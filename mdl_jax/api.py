@@ -1,0 +1,140 @@
+"""The public edge: validation, batching and jit around the one-record functions of ``decision``.
+
+``decide`` is the one obvious way to call the controller. It accepts scalars or arrays of any matching
+shape, checks concrete input eagerly (ValueError naming the argument and the first bad index), and runs
+the batched kernel once, jitted. Inside a caller's own ``jit``/``vmap``/``grad`` it simply traces through.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from mdl_jax import decision as _d
+from mdl_jax.config import MDLConfig
+from mdl_jax.kernel import decide_flat
+from mdl_jax.validation import as_float_array, check_unit_interval, common_shape, is_traced
+
+_NAMES = ("M", "R", "A")
+_DEFAULT = MDLConfig()
+
+# Records per chunk of the batched path. A fused-loop kernel over 10^7 records streams every
+# intermediate through main memory; processing cache-sized chunks inside one compiled scan keeps them
+# in L2 and was fastest on the 2-core dev machine (see experiments/bench_controller.py).
+CHUNK = 16384
+
+
+def _batched(M, R, A, cfg: MDLConfig) -> _d.Decision:
+    """Flat (N,) signals → Decision, chunked through a scan when N is large."""
+    n = M.shape[0]
+    if n <= CHUNK:
+        return decide_flat(M, R, A, cfg)
+    n_chunks = -(-n // CHUNK)
+    pad = n_chunks * CHUNK - n
+    xs = tuple(jnp.pad(x, (0, pad)).reshape(n_chunks, CHUNK) for x in (M, R, A))
+    _, out = jax.lax.scan(lambda c, x: (c, decide_flat(*x, cfg)), None, xs)
+    return jax.tree.map(lambda t: t.reshape((n_chunks * CHUNK,) + t.shape[2:])[:n], out)
+
+
+def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
+    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
+    flat = [jnp.broadcast_to(x, shape).reshape(-1) for x in (M, R, A)]
+    out = _batched(*flat, cfg)
+    return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
+
+
+_decide_jit = jax.jit(_decide_shaped)
+
+
+@jax.jit
+def _decide_default_scalar(M, R, A):
+    # Single-record fast path: the default config is closed over (baked in as constants), so a call
+    # dispatches three scalars instead of fourteen config leaves.
+    return _d.decide_one(M, R, A, _DEFAULT)
+
+
+def _prepare(M, R, A, validate: bool):
+    traced = any(is_traced(x) for x in (M, R, A))
+    if validate and not traced:
+        for n, x in zip(_NAMES, (M, R, A)):
+            check_unit_interval(n, x)
+        common_shape(_NAMES, (M, R, A))
+    elif not traced:
+        common_shape(_NAMES, (M, R, A))
+    arrs = [as_float_array(x) for x in (M, R, A)]
+    dtype = jnp.result_type(*arrs)
+    return [a.astype(dtype) for a in arrs]
+
+
+def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -> _d.Decision:
+    """Run the MDL controller (Algorithm 1) on relevance M, reliability R and risk A.
+
+    Args:
+      M, R, A: scalars or arrays in [0, 1] of one shape ``S`` (0-d values broadcast).
+      config: an ``MDLConfig``; the paper's Table 2 defaults when None. Its numeric fields may be
+        traced (vmap/grad over the config).
+      validate: check concrete inputs for NaN/inf, values outside [0, 1] and mismatched shapes.
+
+    Returns:
+      A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
+      ``action`` holds ``Action`` codes.
+    """
+    if config is None and validate and all(type(x) is float for x in (M, R, A)):
+        # Hot path for one record from Python: cheap scalar checks, no array conversion.
+        for n, x in zip(_NAMES, (M, R, A)):
+            check_unit_interval(n, x)
+        return _decide_default_scalar(M, R, A)
+    cfg = _DEFAULT if config is None else config
+    if not isinstance(cfg, MDLConfig):
+        raise TypeError(f"config: expected an MDLConfig or None, got {type(config).__name__}")
+    M, R, A = _prepare(M, R, A, validate)
+    return _decide_jit(M, R, A, cfg)
+
+
+def _checked_impl(M, R, A, cfg):
+    for n, x in zip(_NAMES, (M, R, A)):
+        flat = x.reshape(-1)
+        bad = ~(jnp.isfinite(flat) & (flat >= 0) & (flat <= 1))
+        i = jnp.argmax(bad)
+        checkify.check(~jnp.any(bad), f"{n}: expected finite values in [0, 1]; "
+                       f"{n}[flat index {{i}}] = {{v}}", i=i, v=flat[i])
+    out = _decide_shaped(M, R, A, cfg)
+    checkify.check(~jnp.any(jnp.isnan(out.C_final)), "C_final: NaN produced by the controller")
+    return out
+
+
+_checked_jit = jax.jit(checkify.checkify(_checked_impl, errors=checkify.user_checks))
+
+
+def checked_decide(M, R, A, config: MDLConfig | None = None):
+    """``decide`` with the checks compiled in (checkify): returns ``(error, Decision)``.
+
+    For inputs that are only known inside compiled code. ``error.get()`` is None when all is well,
+    else a message naming the argument and the first bad (flattened) index; ``error.throw()`` raises.
+    """
+    cfg = _DEFAULT if config is None else config
+    arrs = [as_float_array(x) for x in (M, R, A)]
+    dtype = jnp.result_type(*arrs)
+    return _checked_jit(*[a.astype(dtype) for a in arrs], cfg)
+
+
+def soft_decide(M, R, A, config: MDLConfig | None = None, temperature=0.02):
+    """Differentiable decision: action probabilities (..., 4) in ``Action`` order.
+
+    The thresholds are relaxed by sigmoids of width ``temperature``; every numeric config field gets a
+    finite gradient (see ``decision.soft_action_probs``). Written for tracing: no eager validation.
+    """
+    cfg = _DEFAULT if config is None else config
+    M, R, A = (as_float_array(x) for x in (M, R, A))
+    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
+    flat = [jnp.broadcast_to(x, shape).reshape(-1) for x in (M, R, A)]
+
+    def one(m, r, a):
+        v_meta, v_wm, _ = _d.fuse(m, r, a, cfg)
+        C, alpha, _ = _d.read_out(v_meta, v_wm, cfg)
+        return _d.soft_action_probs(_d.gate(C, alpha, cfg), cfg, temperature)
+
+    return jax.vmap(one)(*flat).reshape(shape + (4,))

@@ -1,0 +1,168 @@
+"""The MDL controller (paper Section 3, eqs. 1-2, Algorithm 1) as pure functions of ONE record.
+
+Stages, in the order of Algorithm 1:
+  encode        v(s) = s·1_D + Σ_i exp(-(s - c_i)² / 2σ²) e_i                    (value encoding)
+  fuse          v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b),  W_k from eq. (1)
+  read_out      C = clip((‖v_meta‖ - n_min)/(n_max - n_min), 0, 1),  α = cos(v_wm, v_meta)   (eq. 2)
+  gate + act    C_final = C·(g_a + g_b α) → one of four actions by θ
+
+Everything here is written for scalar M, R, A; ``mdl_jax.api`` vmaps/jits it at the public edge and
+``mdl_jax.kernel`` holds the fused batched form used for throughput (tested equal to this one).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mdl_jax.config import MDLConfig
+
+# Full-precision products: on GPUs JAX's default float32 matmul uses TF32, which moved C_final by ~2e-4
+# between CPU and an H200. HIGHEST keeps CPU and GPU within 1e-5.
+_HI = jax.lax.Precision.HIGHEST
+
+
+class Action(enum.IntEnum):
+    """The four-level action (Section 3.3), ordered from most to least trusting."""
+
+    ACTIVE = 0    # inject the memories
+    SUPP = 1      # inject with a caution instruction
+    SILENT = 2    # answer without memories
+    OPT_OUT = 3   # abstain explicitly, no model call
+
+
+class Decision(NamedTuple):
+    """Controller output; every field has the input's leading shape (``...``).
+
+    action: int32 codes of ``Action``. C, alpha, C_final: confidence, consistency, gated confidence.
+    v_meta: (..., D) fused representation. energies: (..., 3) ‖Π_k v_meta‖² per subspace (wm, r, a):
+    the Lemma 1 attribution interface, summing to ‖v_meta‖² under QR subspaces. norm: raw ‖v_meta‖
+    (what calibration normalises). g_A: the risk gain applied to the relevance pathway.
+    """
+
+    action: jax.Array
+    C: jax.Array
+    alpha: jax.Array
+    C_final: jax.Array
+    v_meta: jax.Array
+    energies: jax.Array
+    norm: jax.Array
+    g_A: jax.Array
+
+
+def centres(cfg: MDLConfig, dtype=jnp.float32) -> jax.Array:
+    """Gaussian centres c_i. The paper does not give them; we space D of them evenly over [0, 1] so every
+    signal value sits near some peak and v(0), v(1) are mirror images."""
+    return jnp.linspace(0.0, 1.0, cfg.D, dtype=dtype)
+
+
+def encode(s: jax.Array, cfg: MDLConfig) -> jax.Array:
+    """Value encoding of one scalar in [0, 1] → (D,). Ablation ``value_encoding=False``: v(s) = s·1."""
+    ones = jnp.ones((cfg.D,), dtype=s.dtype)
+    if not cfg.value_encoding:
+        return s * ones
+    c = centres(cfg, s.dtype)
+    sigma = jnp.asarray(cfg.sigma, s.dtype)
+    return s * ones + jnp.exp(-((s - c) ** 2) / (2.0 * sigma**2))
+
+
+def weight_matrices(cfg: MDLConfig, dtype=jnp.float32) -> jax.Array:
+    """W_k = s_k Π_k + ε_c Σ_{j≠k} Π_j for k = wm, r, a, as a (3, D, D) array (eq. 1)."""
+    pi = jnp.asarray(cfg.projectors, dtype)
+    gains = jnp.asarray(cfg.gains, dtype)
+    eps = jnp.asarray(cfg.eps_c, dtype)
+    others = pi.sum(0)[None] - pi
+    return gains[:, None, None] * pi + eps * others
+
+
+def risk_gain(v_a: jax.Array, cfg: MDLConfig) -> jax.Array:
+    """g_A = a + b·mean(v_a) (paper a = b = 0.5); 1 under the ``risk_modulation=False`` ablation."""
+    if not cfg.risk_modulation:
+        return jnp.ones((), v_a.dtype)
+    a, b = (jnp.asarray(x, v_a.dtype) for x in cfg.g_A_coeffs)
+    return a + b * jnp.mean(v_a)
+
+
+def fuse(M, R, A, cfg: MDLConfig):
+    """Stages 1-3: encode the signals (risk inverted: s_A = 1 - A) and fuse. Returns (v_meta, v_wm, g_A)."""
+    s_a = 1.0 - A if cfg.risk_inversion else A
+    v_wm, v_r, v_a = encode(M, cfg), encode(R, cfg), encode(s_a, cfg)
+    g_A = risk_gain(v_a, cfg)
+    W = weight_matrices(cfg, M.dtype)
+    z = (g_A * jnp.dot(W[0], v_wm, precision=_HI) + jnp.dot(W[1], v_r, precision=_HI)
+         + jnp.dot(W[2], v_a, precision=_HI) + jnp.asarray(cfg.bias, M.dtype))
+    return jnp.tanh(z), v_wm, g_A
+
+
+def safe_norm(v: jax.Array) -> jax.Array:
+    """‖v‖ with a finite gradient at v = 0 (the double-where trick), so no NaN reaches grad users."""
+    sq = jnp.sum(v * v)
+    pos = sq > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
+
+def read_out(v_meta, v_wm, cfg: MDLConfig):
+    """Eq. (2): returns (C, alpha, raw norm). α is defined as 0 when either vector has zero norm (the
+    direction is undefined there); this is the only place a NaN could otherwise arise."""
+    n = safe_norm(v_meta)
+    n_wm = safe_norm(v_wm)
+    n_min = jnp.asarray(cfg.n_min, v_meta.dtype)
+    n_max = jnp.asarray(cfg.n_max, v_meta.dtype)
+    C = jnp.clip((n - n_min) / (n_max - n_min), 0.0, 1.0)
+    denom = n * n_wm
+    ok = denom > 0
+    alpha = jnp.where(ok, jnp.dot(v_wm, v_meta, precision=_HI) / jnp.where(ok, denom, 1.0), 0.0)
+    # Cauchy-Schwarz holds exactly; rounding can overshoot by an ulp, so keep Corollary 1 exact.
+    return C, jnp.clip(alpha, -1.0, 1.0), n
+
+
+def gate(C, alpha, cfg: MDLConfig):
+    """C_final = C·(g_a + g_b α); C itself under the ``alpha_gating=False`` ablation."""
+    if not cfg.alpha_gating:
+        return C
+    g_a, g_b = (jnp.asarray(x, C.dtype) for x in cfg.gate_coeffs)
+    return C * (g_a + g_b * alpha)
+
+
+def act(C_final, cfg: MDLConfig) -> jax.Array:
+    """Four-level action: ≥θ0 Active, ≥θ1 Supp, ≥θ2 Silent, else Opt-Out (ties take the higher action)."""
+    th = jnp.asarray(cfg.thresholds, C_final.dtype)
+    return (3 - (C_final >= th[0]).astype(jnp.int32) - (C_final >= th[1]).astype(jnp.int32)
+            - (C_final >= th[2]).astype(jnp.int32)).astype(jnp.int32)
+
+
+def energies(v_meta, cfg: MDLConfig) -> jax.Array:
+    """‖Π_k v_meta‖² = v_metaᵀ Π_k v_meta for each subspace, (3,)."""
+    pi = jnp.asarray(cfg.projectors, v_meta.dtype)
+    pv = jnp.einsum("kij,j->ki", pi, v_meta, precision=_HI)
+    return jnp.sum(pv * pv, axis=-1)
+
+
+def decide_one(M, R, A, cfg: MDLConfig) -> Decision:
+    """Algorithm 1 for one record (scalars M, R, A in [0, 1])."""
+    v_meta, v_wm, g_A = fuse(M, R, A, cfg)
+    C, alpha, n = read_out(v_meta, v_wm, cfg)
+    C_final = gate(C, alpha, cfg)
+    return Decision(act(C_final, cfg), C, alpha, C_final, v_meta, energies(v_meta, cfg), n, g_A)
+
+
+def soft_action_probs(C_final, cfg: MDLConfig, temperature=0.02) -> jax.Array:
+    """Differentiable relaxation of ``act``: P(C_final ≥ θ_k) ≈ sigmoid((C_final - θ_k)/τ), giving
+    probabilities (Active, Supp, Silent, Opt-Out) that sum to 1 and tend to the hard action as τ → 0.
+    Non-negative because θ0 ≥ θ1 ≥ θ2 makes the sigmoids ordered."""
+    th = jnp.asarray(cfg.thresholds, C_final.dtype)
+    p = jax.nn.sigmoid((C_final - th) / temperature)  # (3,): P(≥θ0) ≤ P(≥θ1) ≤ P(≥θ2)
+    return jnp.stack([p[0], p[1] - p[0], p[2] - p[1], 1.0 - p[2]])
+
+
+def signal_cube_norm_range(cfg: MDLConfig | None = None, points: int = 41) -> tuple[float, float]:
+    """Min and max of ‖v_meta‖ over a points³ grid of [0, 1]³: the default n_min / n_max (see MDLConfig)."""
+    cfg = cfg or MDLConfig()
+    g = jnp.linspace(0.0, 1.0, points, dtype=jnp.float32)
+    M, R, A = (x.ravel() for x in jnp.meshgrid(g, g, g, indexing="ij"))
+    norms = jax.jit(jax.vmap(lambda m, r, a: safe_norm(fuse(m, r, a, cfg)[0])))(M, R, A)
+    return float(np.min(norms)), float(np.max(norms))

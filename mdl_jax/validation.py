@@ -1,0 +1,75 @@
+"""Checks at the public edge: bad input raises a ValueError naming the argument and the first bad index.
+
+Concrete inputs (Python numbers, NumPy arrays, JAX arrays) are checked eagerly before any compiled code
+runs. Inside someone else's ``jit``/``vmap`` the values are tracers and cannot be inspected; there, use
+``mdl_jax.checked_decide`` (checkify), which reports instead of returning NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _first_bad(bad: np.ndarray) -> tuple:
+    idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+    return tuple(int(i) for i in idx)
+
+
+def check_unit_interval(name: str, x) -> None:
+    """Raise ValueError unless every value of ``x`` is finite and inside [0, 1]."""
+    if isinstance(x, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected a number in [0, 1], got the bool {x!r}")
+    if isinstance(x, (int, float)):
+        if not math.isfinite(x):
+            raise ValueError(f"{name}: expected a finite number in [0, 1], got {x!r}")
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"{name}: expected a value in [0, 1], got {x!r}")
+        return
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"{name}: expected real numbers in [0, 1], got dtype {arr.dtype}")
+    if arr.size == 0:
+        return
+    finite = np.isfinite(arr) if arr.dtype.kind == "f" else np.ones(arr.shape, bool)
+    if not finite.all():
+        i = _first_bad(~finite)
+        raise ValueError(f"{name}: expected finite values in [0, 1]; {name}[{_fmt(i)}] = {arr[i]!r}")
+    out = (arr < 0) | (arr > 1)
+    if out.any():
+        i = _first_bad(out)
+        raise ValueError(f"{name}: expected values in [0, 1]; {name}[{_fmt(i)}] = {arr[i]!r}")
+
+
+def _fmt(idx: tuple) -> str:
+    return ", ".join(str(i) for i in idx) if idx else ""
+
+
+def common_shape(names: Sequence[str], values: Sequence) -> tuple:
+    """The shared shape of the signals. 0-d values broadcast; any other mismatch is an error."""
+    shapes = [tuple(np.shape(v)) for v in values]
+    full = [s for s in shapes if s != ()]
+    if not full:
+        return ()
+    ref_name, ref = next((n, s) for n, s in zip(names, shapes) if s != ())
+    for n, s in zip(names, shapes):
+        if s not in ((), ref):
+            raise ValueError(
+                f"{n}: expected shape {ref} (the shape of {ref_name}) or a scalar, got shape {s}")
+    return ref
+
+
+def as_float_array(x, dtype=None) -> jax.Array:
+    """Signals as a floating JAX array; ints become float32, float64 stays if x64 is on."""
+    arr = jnp.asarray(x, dtype=dtype)
+    if not jnp.issubdtype(arr.dtype, jnp.floating):
+        arr = arr.astype(jnp.float32)
+    return arr

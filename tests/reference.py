@@ -1,0 +1,50 @@
+"""A paper-style NumPy implementation, one decision at a time: the parity reference for the JAX
+controller and the baseline the controller benchmark compares against. Written straight from
+Section 3 / Algorithm 1, in float64, sharing nothing with mdl_jax but the QR basis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mdl_jax.config import MDLConfig
+
+
+class NumpyMDL:
+    def __init__(self, cfg: MDLConfig | None = None):
+        cfg = cfg or MDLConfig()
+        self.cfg = cfg
+        D = cfg.D
+        self.c = np.linspace(0.0, 1.0, D)
+        if cfg.subspaces == "identity":
+            pis = [np.eye(D)] * 3
+        else:
+            rand = np.random.default_rng(cfg.qr_seed).standard_normal((D, D))
+            Q, Rm = np.linalg.qr(rand)
+            Q = Q * np.sign(np.diag(Rm))
+            e = np.cumsum((0,) + tuple(cfg.dims))
+            pis = [Q[:, e[k]:e[k + 1]] @ Q[:, e[k]:e[k + 1]].T for k in range(3)]
+        self.pis = pis
+        self.W = [cfg.gains[k] * pis[k] + cfg.eps_c * sum(pis[j] for j in range(3) if j != k)
+                  for k in range(3)]
+
+    def encode(self, s):
+        if not self.cfg.value_encoding:
+            return s * np.ones(self.cfg.D)
+        return s * np.ones(self.cfg.D) + np.exp(-(s - self.c) ** 2 / (2 * self.cfg.sigma ** 2))
+
+    def decide(self, M, R, A):
+        cfg = self.cfg
+        s_a = 1.0 - A if cfg.risk_inversion else A
+        v_wm, v_r, v_a = self.encode(M), self.encode(R), self.encode(s_a)
+        g_A = cfg.g_A_coeffs[0] + cfg.g_A_coeffs[1] * v_a.mean() if cfg.risk_modulation else 1.0
+        v_meta = np.tanh(g_A * self.W[0] @ v_wm + self.W[1] @ v_r + self.W[2] @ v_a + cfg.bias)
+        norm = np.linalg.norm(v_meta)
+        C = min(max((norm - cfg.n_min) / (cfg.n_max - cfg.n_min), 0.0), 1.0)
+        den = np.linalg.norm(v_wm) * norm
+        alpha = float(v_wm @ v_meta / den) if den > 0 else 0.0
+        C_final = C * (cfg.gate_coeffs[0] + cfg.gate_coeffs[1] * alpha) if cfg.alpha_gating else C
+        th = cfg.thresholds
+        action = 0 if C_final >= th[0] else 1 if C_final >= th[1] else 2 if C_final >= th[2] else 3
+        energies = [float(v_meta @ p @ v_meta) for p in self.pis]
+        return dict(action=action, C=C, alpha=alpha, C_final=C_final, v_meta=v_meta, norm=norm,
+                    energies=energies, g_A=g_A)
