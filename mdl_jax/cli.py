@@ -57,8 +57,6 @@ def main(argv=None) -> int:
 
 def _add_later_commands(sub) -> None:
     """Subcommands of later stages register here (signals, reproduce)."""
-    try:
-        from mdl_jax import commands
-    except ImportError:  # pragma: no cover - only before those stages exist
-        return
+    from mdl_jax import commands
+
     commands.register(sub)

@@ -1,0 +1,72 @@
+"""Subcommands of later pipeline stages (imported by ``cli`` only when the command line is parsed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=None,
+                   help="folder with TruthfulQA.csv and halueval_qa.jsonl (default: $MDL_JAX_DATA_DIR, "
+                        "else ../shared/data beside the repo, else the hub)")
+    p.add_argument("--datasets", nargs="+", default=["truthfulqa", "halueval"],
+                   choices=["truthfulqa", "halueval"])
+    p.add_argument("--model", default="all-MiniLM-L6-v2", help="sentence-transformers model name or path")
+    p.add_argument("--cache-dir", default=None, help="embedding cache (default: $MDL_JAX_CACHE_DIR or "
+                                                     "~/.cache/mdl_jax)")
+    p.add_argument("--seed", type=int, default=0, help="store / split seed")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("signals", help="build memory stores and the M, R, A signals table (Parquet)")
+    _common(p)
+    p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    p.add_argument("--n-calibration", type=int, default=80)
+    p.add_argument("--out", default="out/signals.parquet")
+    p.set_defaults(func=signals_cmd)
+    try:
+        from mdl_jax import experiment
+    except ImportError:  # pragma: no cover - until the end-to-end stage exists
+        return
+    experiment.register(sub, _common)
+
+
+def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM-L6-v2",
+                       cache_dir=None, seed=0, n_calibration=80, progress=True):
+    """Stores + signals for each dataset, with a ``split`` column (calibration / evaluation)."""
+    import pandas as pd
+
+    from mdl_jax.data import load
+    from mdl_jax.embeddings import Embedder
+    from mdl_jax.signals import compute_signals
+    from mdl_jax.stores import StoreConfig, build_stores, split_calibration
+
+    emb = Embedder(model, cache_dir=cache_dir, progress=progress)
+    tables, all_stores = [], {}
+    for ds in datasets:
+        items = load(ds, data_dir, limit=limit)
+        n_cal = min(n_calibration, len(items) // 2)
+        cal, _ = split_calibration(items, n_cal, seed)
+        cal_ids = {it.qid for it in cal}
+        stores = build_stores(items, StoreConfig(seed=seed))
+        t = compute_signals(stores, emb, progress=progress)
+        t["split"] = ["calibration" if q in cal_ids else "evaluation" for q in t["qid"]]
+        tables.append(t)
+        all_stores[ds] = stores
+    return pd.concat(tables, ignore_index=True), all_stores, emb
+
+
+def signals_cmd(args) -> int:
+    from mdl_jax.signals import save_table
+
+    table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
+                                       model=args.model, cache_dir=args.cache_dir, seed=args.seed,
+                                       n_calibration=args.n_calibration)
+    path = save_table(table, args.out)
+    print(f"wrote {len(table)} rows to {path} (embedded {emb.n_embedded} new texts, "
+          f"{emb.n_cached} from cache)", file=sys.stderr)
+    summary = table.groupby("dataset")[["M", "R", "A", "phi"]].mean().round(3)
+    print(summary.to_string())
+    return 0

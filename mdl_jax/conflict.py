@@ -1,0 +1,96 @@
+"""A lexical stance-conflict detector for pairs of memory records (paper Section 3.2, φ).
+
+Two records conflict when they speak about the same thing (enough shared content words) and one of:
+  - negation: exactly one of them is negated ("X is safe" / "X is not safe");
+  - yes/no polarity: one opens with "yes", the other with "no";
+  - antonyms: one holds a word of an antonym pair and the other its opposite, not both.
+Word lists are below. Deliberately ignored (not conflicts by themselves): additive or idiomatic
+negators ("not only", "not just", "no doubt", "no matter", "nothing but", "no longer" is kept as
+negation); double negation (counted as negated: a lexical detector cannot parse scope); numeric and
+named-entity disagreements ("July 4" vs "August 2", "Georgia" vs "California"); sarcasm and hedges.
+Those stay invisible to φ by design: the paper's detector is lexical.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+NEGATORS = frozenset({
+    "not", "no", "never", "none", "nothing", "nobody", "neither", "nor", "without", "cannot",
+    "nowhere", "don't", "doesn't", "didn't", "isn't", "aren't", "wasn't", "weren't", "won't",
+    "wouldn't", "can't", "couldn't", "shouldn't", "mustn't", "hasn't", "haven't", "hadn't",
+})
+IGNORED_PHRASES = ("not only", "not just", "no doubt", "no matter", "nothing but", "not to mention")
+ANTONYMS = (
+    ("true", "false"), ("safe", "dangerous"), ("safe", "harmful"), ("increase", "decrease"),
+    ("increases", "decreases"), ("more", "less"), ("always", "never"), ("good", "bad"),
+    ("healthy", "unhealthy"), ("legal", "illegal"), ("possible", "impossible"), ("alive", "dead"),
+    ("hot", "cold"), ("high", "low"), ("higher", "lower"), ("larger", "smaller"),
+    ("bigger", "smaller"), ("better", "worse"), ("cause", "prevent"), ("causes", "prevents"),
+    ("real", "fake"), ("real", "fictional"), ("correct", "incorrect"), ("allowed", "forbidden"),
+    ("allowed", "prohibited"), ("effective", "ineffective"), ("beneficial", "harmful"),
+    ("positive", "negative"), ("win", "lose"), ("before", "after"), ("guilty", "innocent"),
+    ("benefit", "harm"), ("proven", "disproven"), ("accurate", "inaccurate"), ("exists", "mythical"),
+)
+STOPWORDS = frozenset("""a an the is are was were be been being am of in on at to for from by with as and
+or but if then than that this these those it its it's they them their there here you your we our i me my
+he she his her do does did done have has had will would can could should may might must shall so such
+what which who whom whose when where why how all any each some one ones into out up down over under about
+yes also just very much many most only own same other""".split())
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_ANT = {}
+for _a, _b in ANTONYMS:
+    _ANT.setdefault(_a, set()).add(_b)
+    _ANT.setdefault(_b, set()).add(_a)
+MIN_SHARED = 0.34  # Jaccard overlap of content words that makes two records "about the same thing"
+
+
+@functools.lru_cache(maxsize=65536)
+def _analyse(text: str):
+    t = text.lower().replace("’", "'")
+    for p in IGNORED_PHRASES:
+        t = t.replace(p, " ")
+    words = _WORD.findall(t)
+    negated = any(w in NEGATORS or w.endswith("n't") for w in words)
+    content = frozenset(w for w in words if w not in STOPWORDS and w not in NEGATORS
+                        and not w.endswith("n't"))
+    first = words[0] if words else ""
+    return negated, content, first, frozenset(words)
+
+
+def _overlap(a: frozenset, b: frozenset) -> float:
+    if not a or not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+def stance_conflict(a: str, b: str) -> bool:
+    """True when records ``a`` and ``b`` take lexically opposite positions on the same topic."""
+    neg_a, con_a, first_a, words_a = _analyse(a)
+    neg_b, con_b, first_b, words_b = _analyse(b)
+    if {first_a, first_b} == {"yes", "no"}:
+        return True
+    # antonym words are content words; leave them out of the topic overlap
+    ant_a = {w for w in con_a if w in _ANT}
+    ant_b = {w for w in con_b if w in _ANT}
+    same_topic = _overlap(con_a - ant_a, con_b - ant_b) >= MIN_SHARED
+    if not same_topic:
+        return False
+    if neg_a != neg_b:
+        return True
+    for w in ant_a:
+        for opp in _ANT[w]:
+            if opp in words_b and opp not in words_a and w not in words_b:
+                return True
+    return False
+
+
+def pair_flags(texts) -> list[list[bool]]:
+    """Symmetric S×S conflict flags for one store (diagonal False); computed once per store."""
+    n = len(texts)
+    out = [[False] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            out[i][j] = out[j][i] = stance_conflict(texts[i], texts[j])
+    return out

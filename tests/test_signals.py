@@ -1,0 +1,254 @@
+"""Data loaders, memory stores, the conflict detector, risk tables and the signal aggregation, with
+the real MiniLM model (loaded once per session) on real rows of both datasets."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from mdl_jax import data, decide
+from mdl_jax.conflict import pair_flags, stance_conflict
+from mdl_jax.embeddings import Embedder
+from mdl_jax.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
+from mdl_jax.signals import aggregate_one, compute_signals, signal_arrays, store_arrays
+from mdl_jax.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("emb-cache")
+
+
+@pytest.fixture(scope="session")
+def embedder(cache_dir):
+    return Embedder(cache_dir=cache_dir)  # the real bundled all-MiniLM-L6-v2
+
+
+@pytest.fixture(scope="session")
+def tqa():
+    return data.load("truthfulqa", limit=30)
+
+
+@pytest.fixture(scope="session")
+def halu():
+    return data.load("halueval", limit=30)
+
+
+# --- Data ----------------------------------------------------------------------------------------
+
+def test_loaders_read_the_local_copies(tqa, halu):
+    assert tqa[0].question == "What happens to you if you eat watermelon seeds?"
+    assert tqa[0].correct[0] == "The watermelon seeds pass through your digestive system"
+    assert len(tqa[0].incorrect) > 1 and tqa[0].category == "Misconceptions"
+    assert halu[0].correct == ("Arthur's Magazine",) and halu[0].context.startswith("Arthur's Magazine")
+    assert len(data.load("truthfulqa")) == 817
+
+
+def test_data_dir_from_environment(tmp_path, monkeypatch):
+    (tmp_path / "halueval_qa.jsonl").write_text(json.dumps(
+        {"knowledge": "k", "question": "q?", "right_answer": "r", "hallucinated_answer": "h"}) + "\n")
+    monkeypatch.setenv(data.ENV_DATA_DIR, str(tmp_path))
+    items = data.load("halueval")
+    assert len(items) == 1 and items[0].question == "q?"
+
+
+def test_missing_file_names_the_folder(tmp_path):
+    with pytest.raises(data.DataError, match=r"no TruthfulQA\.csv"):
+        data.load("truthfulqa", tmp_path)
+
+
+def test_missing_column_names_file_and_line(tmp_path):
+    p = tmp_path / "TruthfulQA.csv"
+    p.write_text("Type,Category,Question,Best Answer\nA,B,C,D\n")
+    with pytest.raises(data.DataError, match=r"TruthfulQA\.csv, line 1: missing column\(s\) "
+                                             r"\['correct_answers', 'incorrect_answers'\]"):
+        data.load("truthfulqa", tmp_path)
+
+
+def test_malformed_jsonl_line_is_named(tmp_path):
+    good = json.dumps({"knowledge": "k", "question": "q", "right_answer": "r",
+                       "hallucinated_answer": "h"})
+    (tmp_path / "halueval_qa.jsonl").write_text(good + "\n" + good + "\n{not json\n")
+    with pytest.raises(data.DataError, match=r"halueval_qa\.jsonl, line 3: malformed JSON"):
+        data.load("halueval", tmp_path)
+
+
+def test_ragged_csv_row_is_named(tmp_path):
+    p = tmp_path / "TruthfulQA.csv"
+    header = "Type,Category,Question,Best Answer,Correct Answers,Incorrect Answers,Source"
+    p.write_text(header + "\nA,B,C,D,E,F,G\nA,B,C\n")
+    with pytest.raises(data.DataError, match=r"line 3: expected 7 fields"):
+        data.load("truthfulqa", tmp_path)
+
+
+# --- Stores --------------------------------------------------------------------------------------
+
+def test_truthfulqa_stores_hold_six_records(tqa):
+    stores = build_stores(tqa)
+    assert sum(len(s.records) == 6 for s in stores) >= 0.7 * len(stores)  # 679 of all 817
+    for s in stores:
+        kinds = [r.kind for r in s.records]
+        # up to two of each: a few questions have a single usable correct answer
+        n_ok = len([a for a in s.item.correct if "no comment" not in a.lower()])
+        n_bad = len(set(s.item.incorrect))
+        assert kinds.count("correct") == min(2, n_ok) and kinds.count("incorrect") == min(2, n_bad)
+        assert kinds.count("distractor") == 2
+        assert all(r.source_qid != s.item.qid for r in s.records if r.kind == "distractor")
+        assert all("no comment" not in r.text.lower() for r in s.records if r.kind == "correct")
+
+
+def test_halueval_stores_add_the_knowledge_as_context(halu):
+    s = build_stores(halu)[0]
+    assert sorted(r.kind for r in s.records) == ["context", "correct", "distractor", "distractor",
+                                                 "incorrect"]
+
+
+def test_stores_are_seeded_and_configurable(tqa):
+    a, b = build_stores(tqa, StoreConfig(seed=1)), build_stores(tqa, StoreConfig(seed=1))
+    assert a == b
+    assert build_stores(tqa, StoreConfig(seed=2)) != a
+    s = build_stores(tqa, StoreConfig(n_correct=1, n_incorrect=3, n_distractors=0))[0]
+    assert [r.kind for r in s.records].count("incorrect") == 3 and len(s.records) == 4
+    with pytest.raises(ValueError, match="n_distractors"):
+        StoreConfig(n_distractors=-1)
+    with pytest.raises(ValueError, match="2 distractors need"):
+        build_stores(tqa[:2])
+
+
+def test_calibration_split_is_disjoint_and_seeded():
+    items = data.load("truthfulqa")
+    cal, ev = split_calibration(items, 80, seed=0)
+    assert len(cal) == 80 and len(ev) == 737
+    assert not {i.qid for i in cal} & {i.qid for i in ev}
+    assert split_calibration(items, 80, seed=0)[0] == cal
+    assert split_calibration(items, 80, seed=1)[0] != cal
+
+
+# --- Conflict detector and risk ------------------------------------------------------------------
+
+@pytest.mark.parametrize("a, b", [
+    ("Vaccines are safe for children", "Vaccines are not safe for children"),
+    ("Yes, MSG is harmful", "No, MSG is harmless in small doses"),
+    ("Cracking your knuckles is healthy", "Cracking your knuckles is unhealthy"),
+    ("You can swim immediately after eating", "You shouldn't swim right after eating"),
+    ("It is legal to marry your cousin in California", "It is illegal to marry your cousin in California"),
+])
+def test_detector_flags_true_conflicts(a, b):
+    assert stance_conflict(a, b) and stance_conflict(b, a)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("Not only cats but also dogs like fish", "Cats and dogs like fish"),   # additive "not only"
+    ("The sun is white", "The moon is not made of cheese"),                 # different topics
+    ("Georgia produces the most peaches", "California produces the most peaches"),  # entities: ignored
+    ("Nothing happens", "You grow watermelons in your stomach"),            # no shared topic
+    ("There is no doubt the earth is round", "The earth is round"),         # idiom "no doubt"
+])
+def test_detector_does_not_flag_non_conflicts(a, b):
+    assert not stance_conflict(a, b)
+
+
+def test_pair_flags_symmetric_with_empty_diagonal():
+    f = np.array(pair_flags(["X is safe", "X is not safe", "Y is blue"]))
+    assert (f == f.T).all() and not f.diagonal().any() and f[0, 1] and not f[0, 2]
+
+
+def test_risk_tables():
+    assert truthfulqa_risk("Health") == 0.85 and truthfulqa_risk("Conspiracies") == 0.75
+    assert truthfulqa_risk("Misconceptions") == 0.5 and truthfulqa_risk("Fiction") == 0.2
+    assert all(truthfulqa_risk(c) >= HIGH_RISK for c in ("Health", "Law", "Finance", "Conspiracies"))
+    assert halueval_risk("Which drug treats the disease?") == 0.85
+    assert halueval_risk("Which court heard the lawsuit?") == 0.85
+    assert halueval_risk("Which physicist discovered the element?") == 0.5
+    assert halueval_risk("Which magazine was started first?") == 0.2
+
+
+# --- Aggregation (hand-computed) -----------------------------------------------------------------
+
+def _unit(v):
+    v = np.asarray(v, np.float32)
+    return v / np.linalg.norm(v)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_R_matches_hand_computation(jit):
+    q = _unit([1, 0, 0])
+    mem = np.stack([_unit([1, 0.2, 0]), _unit([1, 0, 0.5]), _unit([1, -0.3, 0.1]), _unit([0, 1, 0])])
+    mask = np.ones(4, bool)
+    flags = np.zeros((4, 4), bool)
+    flags[0, 2] = flags[2, 0] = True
+    f = jax.jit(aggregate_one) if jit else aggregate_one
+    M, R, phi, n_rel = (float(x) for x in f(q, mem, mask, flags))
+    cos = mem @ q
+    rel = [i for i in range(4) if cos[i] > 0.3]  # the first three
+    pairs = [(i, j) for i in rel for j in rel if i < j]
+    s_bar = np.mean([mem[i] @ mem[j] for i, j in pairs])
+    want_phi = 1 / 3
+    assert n_rel == 3 and M == pytest.approx(cos.max(), abs=1e-6)
+    assert phi == pytest.approx(want_phi, abs=1e-6)
+    assert R == pytest.approx(np.clip(s_bar * (1 - want_phi) ** 2, 0, 1), abs=1e-6)
+
+
+def test_fewer_than_two_relevant_gives_half_and_padding_is_ignored():
+    q = _unit([1, 0, 0])
+    mem = np.stack([_unit([1, 0.1, 0]), _unit([0, 1, 0]), np.zeros(3, np.float32)])
+    mask = np.array([True, True, False])
+    M, R, phi, n_rel = (float(x) for x in aggregate_one(q, mem, mask, np.zeros((3, 3), bool)))
+    assert n_rel == 1 and R == 0.5 and phi == 0.0
+    M, R, phi, n_rel = (float(x) for x in aggregate_one(q, mem, np.zeros(3, bool), np.zeros((3, 3), bool)))
+    assert (M, R, n_rel) == (0.0, 0.5, 0)
+
+
+# --- Real embeddings -----------------------------------------------------------------------------
+
+def test_real_signals_on_both_datasets(embedder, tqa, halu):
+    for items in (tqa[:12], halu[:12]):
+        table = compute_signals(build_stores(items), embedder)
+        M, R, A = signal_arrays(table)
+        for x in (M, R, A):
+            assert x.shape == (12,) and np.all(np.isfinite(x)) and x.min() >= 0 and x.max() <= 1
+        assert np.median(M) > 0.5  # a store always holds the question's own answers
+        out = decide(M, R, A)
+        assert np.all(np.isfinite(np.asarray(out.C_final)))
+
+
+def _store(texts, question="Is it safe to eat raw cookie dough?"):
+    it = Item("truthfulqa", 0, question, "Health", ("a",), ("b",))
+    return Store(it, tuple(MemoryRecord(t, "correct", 0) for t in texts))
+
+
+def test_edge_cases_with_real_embeddings(embedder):
+    long_text = "Raw cookie dough can carry bacteria such as E. coli and salmonella. " * 80
+    stores = [
+        _store(["The Eiffel Tower is in Paris", "Bananas are yellow"]),         # nothing relevant
+        _store(["Raw cookie dough is not safe to eat"]),                         # one memory
+        _store(["Raw cookie dough is unsafe"] * 3),                              # duplicates
+        _store(["Der rohe Keksteig ist unsicher — naïve façade 生の生地は危険"]),  # non-ASCII
+        _store([long_text, "Raw cookie dough is risky to eat"]),                 # > 256 tokens
+    ]
+    t = compute_signals(stores, embedder)
+    assert t.n_relevant[0] == 0 and t.R[0] == 0.5
+    assert t.n_records[1] == 1 and t.R[1] == 0.5
+    assert t.n_relevant[2] == 3 and t.R[2] == pytest.approx(1.0, abs=1e-5) and t.phi[2] == 0.0
+    assert np.isfinite(t.M[3]) and np.isfinite(t.M[4]) and t.n_relevant[4] == 2
+
+
+def test_cache_is_hit_on_rerun(cache_dir, embedder, tqa):
+    texts = [s for it in tqa[:8] for s in it.correct]
+    first = embedder.embed(texts)
+    again = Embedder(cache_dir=cache_dir)  # a fresh process would see the same SQLite file
+    second = again.embed(texts)
+    assert again.n_embedded == 0 and again.n_cached == len(texts)
+    assert again._model is None  # the model was never even loaded
+    np.testing.assert_allclose(first, second, atol=1e-7)
+    np.testing.assert_allclose(np.linalg.norm(second, axis=1), 1.0, atol=1e-6)
+    assert second.dtype == np.float32
+
+
+def test_store_arrays_pad_and_mask(tqa):
+    stores = build_stores(tqa[:3]) + [Store(tqa[3], build_stores(tqa[3:8])[0].records[:2])]
+    emb = {t: _unit(np.arange(4) + len(t)) for s in stores for t in s.texts}
+    arr = store_arrays(stores, np.ones((4, 4), np.float32), emb)
+    assert arr.mem.shape == (4, 6, 4) and arr.mask.sum(1).tolist() == [6, 6, 6, 2]
+    assert not arr.flags[3, 2:].any()
