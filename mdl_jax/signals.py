@@ -45,16 +45,14 @@ class StoreArrays:
 
 def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
     """M, R, φ, n_relevant for ONE store: q (d,), mem (S, d), mask (S,), flags (S, S)."""
-    cos_q = jnp.einsum("d,sd->s", q, mem, precision=_HI)
-    M = jnp.clip(jnp.max(jnp.where(mask, cos_q, -jnp.inf)), 0.0, 1.0)
-    M = jnp.where(jnp.any(mask), M, 0.0)
-    rel = mask & (cos_q > threshold)
     S = mask.shape[0]
-    upper = jnp.triu(jnp.ones((S, S), bool), k=1)
-    pairs = rel[:, None] & rel[None, :] & upper
+    cos_q = jnp.einsum("d,sd->s", q, mem, precision=_HI)
+    sims = jnp.einsum("id,jd->ij", mem, mem, precision=_HI)
+    M = jnp.clip(jnp.max(jnp.where(mask, cos_q, -1.0)), 0.0, 1.0)  # empty store → M = 0
+    rel = mask & (cos_q > threshold)
+    pairs = rel[:, None] & rel[None, :] & (np.arange(S)[:, None] < np.arange(S)[None, :])
     n_pairs = jnp.sum(pairs)
     denom = jnp.maximum(n_pairs, 1)
-    sims = jnp.einsum("id,jd->ij", mem, mem, precision=_HI)
     s_bar = jnp.sum(jnp.where(pairs, sims, 0.0)) / denom
     phi = jnp.sum(pairs & flags) / denom
     n_rel = jnp.sum(rel)

@@ -48,3 +48,24 @@ class NumpyMDL:
         energies = [float(v_meta @ p @ v_meta) for p in self.pis]
         return dict(action=action, C=C, alpha=alpha, C_final=C_final, v_meta=v_meta, norm=norm,
                     energies=energies, g_A=g_A)
+
+
+def numpy_store_signals(q, mem, flags, threshold=0.3):
+    """Paper-style signal aggregation for ONE store, per pair in Python/NumPy.
+
+    q: (d,) query embedding; mem: (S, d) memory embeddings (no padding); flags: S×S conflict flags.
+    Returns (M, R, phi, n_relevant)."""
+    cos = [float(np.dot(q, m)) for m in mem]
+    M = min(max(max(cos), 0.0), 1.0) if cos else 0.0
+    rel = [i for i, c in enumerate(cos) if c > threshold]
+    if len(rel) < 2:
+        return M, 0.5, 0.0, len(rel)
+    sims, n_conf = [], 0
+    for a in range(len(rel)):
+        for b in range(a + 1, len(rel)):
+            i, j = rel[a], rel[b]
+            sims.append(float(np.dot(mem[i], mem[j])))
+            n_conf += bool(flags[i][j])
+    phi = n_conf / len(sims)
+    R = min(max(float(np.mean(sims)) * (1 - phi) ** 2, 0.0), 1.0)
+    return M, R, phi, len(rel)

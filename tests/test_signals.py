@@ -252,3 +252,20 @@ def test_store_arrays_pad_and_mask(tqa):
     arr = store_arrays(stores, np.ones((4, 4), np.float32), emb)
     assert arr.mem.shape == (4, 6, 4) and arr.mask.sum(1).tolist() == [6, 6, 6, 2]
     assert not arr.flags[3, 2:].any()
+
+
+def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
+    from tests.reference import numpy_store_signals
+
+    for items in (tqa, halu):
+        stores = build_stores(items)
+        q = embedder.embed([s.item.question for s in stores])
+        emb = dict(zip(*(lambda t: (t, embedder.embed(t)))(sorted({t for s in stores for t in s.texts}))))
+        arr = store_arrays(stores, q, emb)
+        from mdl_jax.signals import RELEVANCE_THRESHOLD, aggregate
+        got = [np.asarray(x) for x in aggregate(arr.q, arr.mem, arr.mask, arr.flags, RELEVANCE_THRESHOLD)]
+        for b, s in enumerate(stores):
+            mem = np.stack([emb[t] for t in s.texts])
+            ref = numpy_store_signals(q[b], mem, pair_flags(s.texts))
+            for k in range(4):
+                assert got[k][b] == pytest.approx(ref[k], abs=1e-5), (b, k)

@@ -1,0 +1,124 @@
+"""Signal-aggregation benchmark: batched JAX pass vs a paper-style per-store Python/NumPy loop.
+
+    python -m experiments.bench_signals [--quick]
+
+Embeddings are precomputed (as in the paper's Table 8: 98.5 µs per six-record store). Measured in one
+run on the same stores of both datasets: (a) the per-store NumPy reference (tests/reference.py),
+(b) one jitted batched pass over all stores (amortised µs per store), (c) one jitted call on a single
+store. The lexical conflict flags feed both paths and are timed separately (µs per store). Also the
+embedding throughput for all TruthfulQA stores (fresh cache) and the cached rerun time.
+Prints a table, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from mdl_jax.conflict import pair_flags
+from mdl_jax.data import load
+from mdl_jax.embeddings import Embedder
+from mdl_jax.signals import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
+from mdl_jax.stores import build_stores
+from tests.reference import numpy_store_signals
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="subsets of both datasets (< 60 s)")
+    p.add_argument("--data-dir", default=None)
+    args = p.parse_args(argv)
+    lim_t, lim_h = (200, 1000) if args.quick else (None, None)
+    res: dict = {"quick": args.quick}
+
+    tqa = build_stores(load("truthfulqa", args.data_dir, limit=lim_t))
+    halu = build_stores(load("halueval", args.data_dir, limit=lim_h))
+    stores = tqa + halu
+    res["n_stores"] = len(stores)
+    res["mean_records_per_store"] = float(np.mean([len(s.records) for s in stores]))
+
+    # Embedding throughput (fresh cache) on all TruthfulQA stores, then a cached rerun.
+    with tempfile.TemporaryDirectory() as tmp:
+        emb = Embedder(cache_dir=tmp)
+        t_texts = [s.item.question for s in tqa] + sorted({t for s in tqa for t in s.texts})
+        _ = emb.model  # load once, outside the timing
+        t0 = time.perf_counter()
+        emb.embed(t_texts)
+        dt = time.perf_counter() - t0
+        res["embed_texts"] = len(set(t_texts))
+        res["embed_texts_per_s"] = len(set(t_texts)) / dt
+        t0 = time.perf_counter()
+        Embedder(cache_dir=tmp).embed(t_texts)
+        res["embed_cached_rerun_s"] = time.perf_counter() - t0
+        # the rest of the texts (HaluEval) go through the user cache: embedded once, ever
+    emb = Embedder(progress=True)
+    q = emb.embed([s.item.question for s in stores], desc="questions")
+    texts = sorted({t for s in stores for t in s.texts})
+    vecs = dict(zip(texts, emb.embed(texts, desc="memories")))
+
+    # Lexical flags, once per store (shared by both paths).
+    t0 = time.perf_counter()
+    flags = [pair_flags(s.texts) for s in stores]
+    res["lexical_flags_us_per_store"] = (time.perf_counter() - t0) / len(stores) * 1e6
+
+    # (a) paper-style per-store reference
+    mems = [np.stack([vecs[t] for t in s.texts]) for s in stores]
+    n_ref = min(len(stores), 3000 if args.quick else len(stores))
+    t0 = time.perf_counter()
+    ref = [numpy_store_signals(q[b], mems[b], flags[b], RELEVANCE_THRESHOLD) for b in range(n_ref)]
+    res["numpy_us_per_store"] = (time.perf_counter() - t0) / n_ref * 1e6
+
+    # (b) batched JAX pass over all stores (arrays built once; the pass itself is what is timed)
+    arr = store_arrays(stores, q, vecs, flags)
+    dev = [jax.device_put(x) for x in (arr.q, arr.mem, arr.mask, arr.flags)]
+    jax.block_until_ready(aggregate(*dev, RELEVANCE_THRESHOLD))
+    reps = 3 if args.quick else 10
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = jax.block_until_ready(aggregate(*dev, RELEVANCE_THRESHOLD))
+    res["jax_batched_us_per_store"] = (time.perf_counter() - t0) / reps / len(stores) * 1e6
+    got = np.stack([np.asarray(x) for x in out], 1)[:n_ref]
+    res["max_abs_diff_vs_numpy"] = float(np.max(np.abs(got - np.array(ref, dtype=np.float64))))
+
+    # (c) a single store through the jitted one-store function
+    one = jax.jit(aggregate_one)
+    b = 0
+    single = [jax.device_put(x[b]) for x in (arr.q, arr.mem, arr.mask, arr.flags)]
+    jax.block_until_ready(one(*single))
+    ts = []
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        jax.block_until_ready(one(*single))
+        ts.append(time.perf_counter() - t0)
+    res["jax_single_store_us_median"] = statistics.median(ts) * 1e6
+
+    res["ratio_batched_vs_numpy"] = res["numpy_us_per_store"] / res["jax_batched_us_per_store"]
+    res["ratio_single_vs_numpy"] = res["numpy_us_per_store"] / res["jax_single_store_us_median"]
+    res["targets_us"] = {"batched_per_store": 10.0, "single_store": 50.0, "paper": 98.5}
+
+    print(f"Signal aggregation: {res['n_stores']} stores ({res['mean_records_per_store']:.2f} records "
+          "each), embeddings precomputed")
+    rows = [
+        ("NumPy per store (paper-style)", f"{res['numpy_us_per_store']:.1f} µs/store"),
+        ("JAX batched, all stores", f"{res['jax_batched_us_per_store']:.2f} µs/store "
+                                    f"({res['ratio_batched_vs_numpy']:.0f}× NumPy)"),
+        ("JAX single store (median)", f"{res['jax_single_store_us_median']:.1f} µs"),
+        ("lexical conflict flags (both paths)", f"{res['lexical_flags_us_per_store']:.1f} µs/store"),
+        ("max |JAX − NumPy| (M, R, φ, n_rel)", f"{res['max_abs_diff_vs_numpy']:.2e}"),
+        (f"embedding, {res['embed_texts']} TruthfulQA texts", f"{res['embed_texts_per_s']:.0f} texts/s"),
+        ("embedding, cached rerun", f"{res['embed_cached_rerun_s']:.2f} s"),
+    ]
+    for k, v in rows:
+        print(f"{k:40s} {v}")
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
