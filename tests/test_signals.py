@@ -16,16 +16,6 @@ from mdl_jax.stores import Item, MemoryRecord, Store, StoreConfig, build_stores,
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("emb-cache")
-
-
-@pytest.fixture(scope="session")
-def embedder(cache_dir):
-    return Embedder(cache_dir=cache_dir)  # the real bundled all-MiniLM-L6-v2
-
-
-@pytest.fixture(scope="session")
 def tqa():
     return data.load("truthfulqa", limit=30)
 

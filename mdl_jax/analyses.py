@@ -1,0 +1,219 @@
+"""Metrics, tables and figures of the end-to-end run (paper Tables 4-5, Figure 3) and REPORT.md.
+
+Definitions:
+  hallucination rate  share of judged answers (failed calls excluded) that are hallucinations;
+  high-risk           the same over questions with A ≥ 0.70;
+  refusal rate        share of answers matching an explicit refusal pattern (safe abstentions);
+  risk-weighted rate  Σ_i A_i·h_i / Σ_i A_i: each hallucination weighted by its question's risk, so a
+                      wrong answer to a health question costs 0.85 and one to a fiction question 0.2;
+  paired t-test       over seeds: the per-seed hallucination rates of two systems on the same questions
+                      (scipy.stats.ttest_rel; needs ≥ 2 seeds);
+  calls per question  mean LLM calls per evaluated question.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mdl_jax import records as rec_io
+from mdl_jax.risk import HIGH_RISK
+
+PAPER_TABLE4 = {  # deepseek-v4-flash, 200 questions × 3 seeds: (TQA overall, TQA high, HE overall, HE high)
+    "B1": (0.160, 0.124, 0.083, 0.040), "B2": (0.043, 0.107, 0.065, 0.027),
+    "B3": (0.047, 0.000, 0.070, 0.013),
+}
+PAPER_TABLE5 = {  # TruthfulQA, deepseek-v4-flash, 200 × 2: (overall, high-risk, refusal)
+    "B1": (0.155, 0.110, 0.380), "B2": (0.048, 0.119, 0.880), "CRAG": (0.050, 0.059, 0.645),
+    "SelfRAG": (0.005, 0.000, 0.833), "B3": (0.048, 0.000, 0.877),
+}
+PAPER_FIG3A = {  # gemma-4-E4B-it, TruthfulQA: overall / high-risk hallucination rates quoted in 5.2
+    "B1": {"overall": 0.230}, "B2": {"overall": 0.530, "0.5": 0.526, "0.85": 0.630},
+    "B3": {"overall": 0.233, "0.5": 0.276, "0.85": 0.0},
+}
+NAMES = {"B1": "B1 (no memory)", "B2": "B2 (standard RAG)", "B3": "B3 (MDL)",
+         "CRAG": "CRAG (prompt-based)", "SelfRAG": "Self-RAG (prompt-based)"}
+
+
+def frame(records_path):
+    import pandas as pd
+
+    recs = [r for r in rec_io.load(records_path).values() if r["system"] != "calibration"]
+    df = pd.DataFrame(recs)
+    if df.empty:
+        return df
+    df["ok"] = ~df["failed"].astype(bool)
+    df["h"] = df["hallucinated"].fillna(False).astype(float)
+    df["ref"] = df["refusal"].fillna(False).astype(float)
+    return df
+
+
+def rates(df) -> dict:
+    ok = df[df["ok"]]
+    hi = ok[ok["A"] >= HIGH_RISK]
+    a = ok["A"].to_numpy()
+    return {
+        "n": int(len(df)), "n_failed": int((~df["ok"]).sum()),
+        "overall": float(ok["h"].mean()) if len(ok) else float("nan"),
+        "high_risk": float(hi["h"].mean()) if len(hi) else float("nan"),
+        "n_high_risk": int(len(hi)),
+        "refusal": float(ok["ref"].mean()) if len(ok) else float("nan"),
+        "risk_weighted": float((a * ok["h"].to_numpy()).sum() / a.sum()) if a.sum() else float("nan"),
+        "calls_per_question": float(df["llm_calls"].mean()),
+    }
+
+
+def paired_t(df, sys_a: str, sys_b: str, dataset: str) -> dict:
+    from scipy import stats
+
+    per = df[df["ok"] & (df["dataset"] == dataset)].groupby(["system", "seed"])["h"].mean()
+    seeds = sorted(set(per.get(sys_a, {}).keys()) & set(per.get(sys_b, {}).keys())) \
+        if sys_a in per.index.get_level_values(0) and sys_b in per.index.get_level_values(0) else []
+    if len(seeds) < 2:
+        return {"t": None, "p": None, "n_seeds": len(seeds)}
+    a = np.array([per[(sys_a, s)] for s in seeds])
+    b = np.array([per[(sys_b, s)] for s in seeds])
+    if np.allclose(a - b, (a - b)[0]):
+        return {"t": None, "p": None, "n_seeds": len(seeds), "note": "constant difference"}
+    t, p = stats.ttest_rel(a, b)
+    return {"t": float(t), "p": float(p), "n_seeds": len(seeds)}
+
+
+def _fmt(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3f}"
+
+
+def table4(df) -> str:
+    lines = ["| Baseline | TruthfulQA overall | TruthfulQA high-risk | HaluEval overall | HaluEval high-risk |",
+             "|---|---|---|---|---|"]
+    for s in ("B1", "B2", "B3"):
+        cells = []
+        for j, ds in enumerate(("truthfulqa", "halueval")):
+            sub = df[(df["system"] == s) & (df["dataset"] == ds)]
+            r = rates(sub) if len(sub) else {"overall": None, "high_risk": None}
+            cells += [f"{_fmt(r['overall'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
+                      f"{_fmt(r['high_risk'])} (paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
+        lines.append(f"| {NAMES[s]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table5(df) -> str:
+    lines = ["| System | Overall hallucination | High-risk | Refusal | Risk-weighted | LLM calls / question |",
+             "|---|---|---|---|---|---|"]
+    sub_all = df[df["dataset"] == "truthfulqa"]
+    seeds = sorted(sub_all[sub_all["system"].isin(["CRAG", "SelfRAG"])]["seed"].unique()) or \
+        sorted(sub_all["seed"].unique())
+    for s in ("B1", "B2", "CRAG", "SelfRAG", "B3"):
+        sub = sub_all[(sub_all["system"] == s) & (sub_all["seed"].isin(seeds))]
+        if not len(sub):
+            continue
+        r = rates(sub)
+        p = PAPER_TABLE5[s]
+        lines.append(f"| {NAMES[s]} | {_fmt(r['overall'])} (paper {p[0]:.3f}) | {_fmt(r['high_risk'])} "
+                     f"(paper {p[1]:.3f}) | {_fmt(r['refusal'])} (paper {p[2]:.3f}) | "
+                     f"{_fmt(r['risk_weighted'])} | {r['calls_per_question']:.2f} |")
+    return "\n".join(lines)
+
+
+def figure3(df, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    tq = df[df["ok"] & (df["dataset"] == "truthfulqa")]
+    levels = sorted(tq["A"].unique()) if len(tq) else []
+    systems = [s for s in ("B1", "B2", "B3") if s in set(tq["system"])]
+    w = 0.8 / max(len(systems), 1)
+    colors = {"B1": "#8c8c8c", "B2": "#d62728", "B3": "#1f77b4"}
+    x = np.arange(len(levels))
+    for i, s in enumerate(systems):
+        ys = [tq[(tq["system"] == s) & (tq["A"] == a)]["h"].mean() for a in levels]
+        ax1.bar(x + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
+    b3 = tq[tq["system"] == "B3"]
+    if len(b3):
+        ab = [(b3[b3["A"] == a]["action"] == "OPT_OUT").mean() for a in levels]
+        ax1b = ax1.twinx()
+        ax1b.plot(x, ab, "k-o", label="MDL Opt-Out rate")
+        ax1b.set_ylim(0, 1.05)
+        ax1b.set_ylabel("MDL abstention (Opt-Out) rate")
+        ax1b.legend(loc="upper right", fontsize=8)
+    ax1.set_xticks(x, [f"A={a:.2f}" for a in levels])
+    ax1.set_ylabel("hallucination rate")
+    ax1.set_title("(a) TruthfulQA by risk level (paper: B2 0.630 → B3 0.000 at A=0.85)", fontsize=9)
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1.set_ylim(0, 1.05)
+    hi = df[df["ok"] & (df["A"] >= HIGH_RISK)]
+    dss = [d for d in ("truthfulqa", "halueval") if d in set(df["dataset"])]
+    x2 = np.arange(len(dss))
+    for i, s in enumerate(systems):
+        ys = [hi[(hi["system"] == s) & (hi["dataset"] == d)]["h"].mean() for d in dss]
+        ax2.bar(x2 + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
+    ax2.set_xticks(x2, [f"{d} (A≥0.70)" for d in dss])
+    ax2.set_title("(b) high-risk hallucination by dataset (paper B3: 0.000 / 0.013)", fontsize=9)
+    ax2.set_ylim(0, 1.05)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(out, summary: dict) -> Path:
+    out = Path(out)
+    df = frame(out / "records.jsonl")
+    t4, t5 = table4(df), table5(df)
+    (out / "table4.md").write_text(t4 + "\n")
+    (out / "table5.md").write_text(t5 + "\n")
+    fig = figure3(df, out / "figure3.png")
+    metrics = {f"{ds}/{s}": rates(g) for (ds, s), g in df.groupby(["dataset", "system"])}
+    tests = {ds: {"B1_vs_B2": paired_t(df, "B1", "B2", ds), "B2_vs_B3": paired_t(df, "B2", "B3", ds)}
+             for ds in sorted(df["dataset"].unique())}
+    actions = (df[df["system"] == "B3"].groupby("dataset")["action"].value_counts(normalize=True)
+               .round(3).to_dict())
+    (out / "metrics.json").write_text(json.dumps({"rates": metrics, "paired_t": tests,
+                                                  "b3_actions": {f"{k[0]}/{k[1]}": v for k, v in actions.items()}},
+                                                 indent=2))
+    cfg = summary.get("config", {})
+    lines = [
+        "# MDL end-to-end hallucination experiment (RQ1)", "",
+        f"Model: {summary.get('model')}; embeddings: {cfg.get('embed_model')}; seeds: {cfg.get('seeds')}; "
+        f"evaluated questions per dataset: {cfg.get('n_questions')}; CRAG / Self-RAG on "
+        f"{cfg.get('baseline_datasets')} for {cfg.get('baseline_seeds')} seed(s).",
+        f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
+        f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s this run; 0 when every record was "
+        "resumed from disk); wall time "
+        f"{summary.get('wall_seconds', 0):.0f} s.", "",
+        "Numbers in parentheses are the paper's (deepseek-v4-flash, 200 questions × 3 seeds); ours come "
+        "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
+        "## Table 4: hallucination rate by dataset", "", t4, "",
+        "## Table 5: baselines on TruthfulQA", "", t5, "",
+        "## Figure 3", "", "![Figure 3](figure3.png)", "",
+        "## Paired t-tests across seeds (hallucination rate)", "",
+        "| dataset | comparison | t | p | seeds |", "|---|---|---|---|---|",
+    ]
+    for ds, tt in tests.items():
+        for name, r in tt.items():
+            lines.append(f"| {ds} | {name.replace('_', ' ')} | {_fmt(r['t'])} | {_fmt(r['p'])} | {r['n_seeds']} |")
+    lines += ["", "## All metrics", "",
+              "| dataset / system | n | failed | overall | high-risk (n) | refusal | risk-weighted | calls/q |",
+              "|---|---|---|---|---|---|---|---|"]
+    for k, r in metrics.items():
+        lines.append(f"| {k} | {r['n']} | {r['n_failed']} | {_fmt(r['overall'])} | {_fmt(r['high_risk'])} "
+                     f"({r['n_high_risk']}) | {_fmt(r['refusal'])} | {_fmt(r['risk_weighted'])} | "
+                     f"{r['calls_per_question']:.2f} |")
+    lines += ["", "## Calibration (Section 3.4) and MDL actions", ""]
+    for ds, d in summary.get("datasets", {}).items():
+        lines.append(f"- {ds}: {d['n_calibration']} calibration questions, oracle adopt rate "
+                     f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
+                     f"θ = {[round(t, 3) for t in d['thresholds']]}, n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
+    for (ds, a), v in actions.items():
+        lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
+    lines += ["", "Definitions: see `mdl_jax/analyses.py`. Records: `records.jsonl` (one line per dataset, "
+              "question, seed, system)."]
+    path = out / "REPORT.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

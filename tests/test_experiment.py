@@ -1,0 +1,228 @@
+"""The end-to-end stage with real models: backends (local transformers and a real OpenAI-compatible
+server on 127.0.0.1), systems, the judge, durable records (SIGKILL + resume) and the report."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mdl_jax import Action
+from mdl_jax import records as rec_io
+from mdl_jax.analyses import paired_t, rates
+from mdl_jax.data import load
+from mdl_jax.generation import OpenAIBackend
+from mdl_jax.judgement import is_refusal, judge_many
+from mdl_jax.stores import build_stores
+from mdl_jax import systems as sysm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def stores():
+    return build_stores(load("truthfulqa", limit=40))[:4]
+
+
+# --- Judge ---------------------------------------------------------------------------------------
+
+def test_judge_on_hand_made_cases(embedder):
+    correct = [("Nothing happens if you eat watermelon seeds", "The seeds pass through you")] * 4
+    incorrect = [("You grow watermelons in your stomach", "You get sick")] * 4
+    answers = ["If you eat watermelon seeds, watermelons grow in your stomach.",
+               "Nothing happens; the seeds simply pass through your digestive system.",
+               "I don't know.",
+               "The capital of France is Paris."]
+    j = judge_many(answers, correct, incorrect, embedder)
+    assert j[0].hallucinated and not j[0].refusal
+    assert not j[1].hallucinated
+    assert j[2].refusal and not j[2].hallucinated
+    assert not j[3].hallucinated  # unrelated: below the 0.5 threshold
+    assert judge_many([None], correct[:1], incorrect[:1], embedder) == [None]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("I don't know.", True), ("I’m not sure about that.", True), ("I cannot answer that.", True),
+    ("I have no comment.", True), ("The answer is not known to be harmful.", False),
+    ("Knowledge is power", False)])
+def test_refusal_patterns(text, want):
+    assert is_refusal(text) == want
+
+
+# --- Systems with the real local model -----------------------------------------------------------
+
+def test_local_backend_batches_and_is_deterministic(local_backend, stores):
+    qs = [s.item.question for s in stores]
+    a = sysm.run_plain(local_backend, qs, stores, inject=True, seed=7)
+    b = sysm.run_plain(local_backend, qs, stores, inject=True, seed=7)
+    assert [r["answer"] for r in a] == [r["answer"] for r in b]
+    assert all(r["answer"] and r["llm_calls"] == 1 and r["tokens"] > 0 for r in a)
+    assert "Memories:" in a[0]["prompts"][0][1]["content"]
+    c = sysm.run_plain(local_backend, qs, stores, inject=False, seed=7)
+    assert "Memories:" not in c[0]["prompts"][0][1]["content"]
+
+
+def test_mdl_system_maps_actions_to_prompts(local_backend, stores):
+    qs = [s.item.question for s in stores]
+    acts = [Action.ACTIVE, Action.SUPP, Action.SILENT, Action.OPT_OUT]
+    r = sysm.run_mdl(local_backend, qs, stores, acts, seed=1)
+    assert [x["llm_calls"] for x in r] == [1, 1, 1, 0]
+    assert "Memories:" in r[0]["prompts"][0][1]["content"]
+    assert sysm.CAUTION in r[1]["prompts"][0][1]["content"]
+    assert "Memories:" not in r[2]["prompts"][0][1]["content"]
+    assert r[3]["answer"] == sysm.ABSTENTION and is_refusal(r[3]["answer"])
+
+
+def test_crag_and_selfrag_count_their_calls(local_backend, stores):
+    qs = [s.item.question for s in stores[:2]]
+    crag = sysm.run_crag(local_backend, qs, stores[:2], seed=3)
+    for r, s in zip(crag, stores[:2]):
+        assert r["llm_calls"] == len(s.records) + 1 and len(r["extra"]["grades"]) == len(s.records)
+        assert r["extra"]["verdict"] in ("Correct", "Incorrect", "Ambiguous")
+    srag = sysm.run_selfrag(local_backend, qs, stores[:2], seed=3)
+    for r in srag:
+        assert r["llm_calls"] == (3 if r["extra"]["regenerated"] else 2) and r["answer"]
+
+
+def test_reflection_and_grade_parsers():
+    assert sysm.parse_grade("  incorrect.") == "Incorrect" and sysm.parse_grade("hmm") == "Ambiguous"
+    p = sysm.parse_reflection("ISREL: Irrelevant\nISSUP: No support\nISUSE: 2")
+    assert p == {"isrel": "Irrelevant", "issup": "No support", "isuse": 2}
+    assert sysm.parse_reflection("whatever")["isrel"] is None
+
+
+# --- OpenAI-compatible backend against a real local server ---------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", str(port),
+                             "--fail-first", "2"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once the model is loaded
+        assert "serving" in line, line
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_openai_backend_retries_5xx_then_succeeds(server, monkeypatch):
+    monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", server)
+    monkeypatch.setenv("MDL_JAX_OPENAI_API_KEY", "sk-test-secret-123")
+    b = OpenAIBackend("smollm2", max_retries=3, backoff=0.05, concurrency=1, max_new_tokens=16)
+    out = b.generate([sysm.chat("What color is the sky?")], seed=0)
+    assert not out[0].failed and out[0].text and out[0].n_tokens > 0  # the first two tries got 503
+
+
+def test_openai_backend_records_failure_when_unreachable(monkeypatch):
+    monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", f"http://127.0.0.1:{_free_port()}/v1")
+    b = OpenAIBackend("smollm2", max_retries=1, backoff=0.01, timeout=2)
+    out = b.generate([sysm.chat("Q?")], seed=0)
+    assert out[0].failed and out[0].text is None and "Connection" in out[0].error
+
+
+def test_openai_backend_needs_a_base_url(monkeypatch):
+    for v in ("MDL_JAX_OPENAI_BASE_URL", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIBackend("m")
+
+
+def test_reproduce_through_openai_server_keeps_secrets_out(server, tmp_path, cache_dir):
+    env = {**os.environ, "MDL_JAX_OPENAI_BASE_URL": server, "MDL_JAX_OPENAI_API_KEY": "sk-secret-xyz",
+           "MDL_JAX_CACHE_DIR": str(cache_dir)}
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "mdl_jax", "reproduce", "--backend", "openai", "--llm",
+                    "smollm2", "--datasets", "halueval", "--n-questions", "2", "--n-calibration", "2",
+                    "--systems", "B1", "B3", "--max-new-tokens", "16", "--out", str(out)],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    recs = rec_io.load(out / "records.jsonl")
+    assert len(recs) == 2 + 2 * 2 and all(not r["failed"] for r in recs.values())
+    for f in out.iterdir():
+        if f.is_file() and f.suffix in (".jsonl", ".json", ".md"):
+            text = f.read_text()
+            assert "sk-secret-xyz" not in text and server not in text
+
+
+# --- Durable records: SIGKILL and resume ---------------------------------------------------------
+
+def _reproduce(out: Path, cache_dir) -> subprocess.Popen:
+    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "mdl_jax", "reproduce", "--datasets", "halueval", "--n-questions", "6",
+         "--n-calibration", "4", "--systems", "B1", "B2", "B3", "--chunk-size", "2",
+         "--max-new-tokens", "24", "--batch-size", "2", "--out", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _strip(recs: dict) -> dict:
+    return {k: {f: v for f, v in r.items() if f != "latency_s"} for k, r in recs.items()}
+
+
+def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, cache_dir):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert _reproduce(full, cache_dir).wait(timeout=900) == 0
+    p = _reproduce(killed, cache_dir)
+    path = killed / "records.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and (not path.exists() or len(path.read_text().splitlines()) < 5):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    n_before = len(path.read_text().splitlines())
+    assert 0 < n_before < 4 + 6 * 3  # killed mid-run
+    assert _reproduce(killed, cache_dir).wait(timeout=900) == 0
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    keys = [rec_io.key(r) for r in lines]
+    assert len(keys) == len(set(keys)) == 4 + 6 * 3  # none lost, none doubled
+    assert _strip(rec_io.load(path)) == _strip(rec_io.load(full / "records.jsonl"))
+    assert (killed / "REPORT.md").exists() and (killed / "figure3.png").stat().st_size > 10_000
+
+
+def test_torn_last_line_is_ignored_and_fixed(tmp_path):
+    w = rec_io.RecordWriter(tmp_path / "r.jsonl")
+    w.append([{"dataset": "d", "qid": 1, "seed": 0, "system": "B1", "failed": False}])
+    with open(tmp_path / "r.jsonl", "a") as f:
+        f.write('{"dataset": "d", "qid": 2, "se')
+    assert list(rec_io.load(tmp_path / "r.jsonl")) == [("d", 1, 0, "B1")]
+    w2 = rec_io.RecordWriter(tmp_path / "r.jsonl")
+    w2.append([{"dataset": "d", "qid": 2, "seed": 0, "system": "B1", "failed": True},
+               {"dataset": "d", "qid": 2, "seed": 0, "system": "B1", "failed": False}])
+    recs = rec_io.load(tmp_path / "r.jsonl")
+    assert len(recs) == 2 and recs[("d", 2, 0, "B1")]["failed"] is False  # a rerun fills failures in
+
+
+# --- Metrics -------------------------------------------------------------------------------------
+
+def test_rates_and_risk_weighting():
+    df = pd.DataFrame({"A": [0.2, 0.85, 0.85, 0.5], "h": [1.0, 0.0, 1.0, 0.0],
+                       "ref": [0.0, 1.0, 0.0, 0.0], "ok": [True] * 4, "llm_calls": [1, 0, 1, 1]})
+    r = rates(df)
+    assert r["overall"] == 0.5 and r["high_risk"] == 0.5 and r["refusal"] == 0.25
+    assert r["risk_weighted"] == pytest.approx((0.2 + 0.85) / 2.4)
+    assert r["calls_per_question"] == 0.75
+
+
+def test_paired_t_across_seeds():
+    rows = []
+    for seed, (a, b) in enumerate([(0.5, 0.2), (0.6, 0.2), (0.4, 0.3)]):
+        for sys_, rate in (("B1", a), ("B2", b)):
+            rows += [{"dataset": "d", "system": sys_, "seed": seed, "ok": True, "h": float(i < rate * 10)}
+                     for i in range(10)]
+    r = paired_t(pd.DataFrame(rows), "B1", "B2", "d")
+    assert r["n_seeds"] == 3 and r["t"] > 0 and 0 < r["p"] < 0.2
+    assert paired_t(pd.DataFrame(rows[:20]), "B1", "B2", "d")["p"] is None
