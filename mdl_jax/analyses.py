@@ -132,7 +132,8 @@ def figure3(df, path: Path) -> Path:
     x = np.arange(len(levels))
     for i, s in enumerate(systems):
         ys = [tq[(tq["system"] == s) & (tq["A"] == a)]["h"].mean() for a in levels]
-        ax1.bar(x + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
+        bars = ax1.bar(x + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
+        ax1.bar_label(bars, fmt="%.2f", fontsize=7)
     b3 = tq[tq["system"] == "B3"]
     if len(b3):
         ab = [(b3[b3["A"] == a]["action"] == "OPT_OUT").mean() for a in levels]
@@ -151,8 +152,10 @@ def figure3(df, path: Path) -> Path:
     x2 = np.arange(len(dss))
     for i, s in enumerate(systems):
         ys = [hi[(hi["system"] == s) & (hi["dataset"] == d)]["h"].mean() for d in dss]
-        ax2.bar(x2 + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
-    ax2.set_xticks(x2, [f"{d} (A≥0.70)" for d in dss])
+        bars = ax2.bar(x2 + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
+        ax2.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax2.set_xticks(x2, [f"{d} (A≥0.70, n={int(((hi['dataset'] == d) & (hi['system'] == 'B3')).sum())})"
+                        for d in dss])
     ax2.set_title("(b) high-risk hallucination by dataset (paper B3: 0.000 / 0.013)", fontsize=9)
     ax2.set_ylim(0, 1.05)
     ax2.legend(fontsize=8)

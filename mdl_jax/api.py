@@ -2,7 +2,7 @@
 
 ``decide`` is the one obvious way to call the controller. It accepts scalars or arrays of any matching
 shape, checks concrete input eagerly (ValueError naming the argument and the first bad index), and runs
-the batched kernel once, jitted. Inside a caller's own ``jit``/``vmap``/``grad`` it simply traces through.
+the batched (chunked, vmapped) controller once, jitted. Inside a caller's own ``jit``/``vmap``/``grad`` it simply traces through.
 """
 
 from __future__ import annotations
@@ -15,27 +15,28 @@ from jax.experimental import checkify
 
 from mdl_jax import decision as _d
 from mdl_jax.config import MDLConfig
-from mdl_jax.kernel import decide_flat
 from mdl_jax.validation import as_float_array, check_unit_interval, common_shape, is_traced
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
 
-# Records per chunk of the batched path. A fused-loop kernel over 10^7 records streams every
-# intermediate through main memory; processing cache-sized chunks inside one compiled scan keeps them
-# in L2 and was fastest on the 2-core dev machine (see experiments/bench_controller.py).
-CHUNK = 16384
+# Records per chunk of the batched path. Over 10^6+ records the vmapped graph streams a dozen (N, 16)
+# intermediates through main memory; a compiled scan over cache-sized chunks keeps them in L2. On the
+# 2-core dev machine 1024-2048 was fastest (7-8×10^6 decisions/s vs 1.2-1.4×10^6 unchunked; a
+# hand-unrolled structure-of-arrays kernel reached only 5×10^6 because XLA split it into ~70 fusions).
+CHUNK = 2048
+_vmapped = jax.vmap(_d.decide_one, in_axes=(0, 0, 0, None))
 
 
 def _batched(M, R, A, cfg: MDLConfig) -> _d.Decision:
     """Flat (N,) signals → Decision, chunked through a scan when N is large."""
     n = M.shape[0]
     if n <= CHUNK:
-        return decide_flat(M, R, A, cfg)
+        return _vmapped(M, R, A, cfg)
     n_chunks = -(-n // CHUNK)
     pad = n_chunks * CHUNK - n
     xs = tuple(jnp.pad(x, (0, pad)).reshape(n_chunks, CHUNK) for x in (M, R, A))
-    _, out = jax.lax.scan(lambda c, x: (c, decide_flat(*x, cfg)), None, xs)
+    _, out = jax.lax.scan(lambda c, x: (c, _vmapped(*x, cfg)), None, xs)
     return jax.tree.map(lambda t: t.reshape((n_chunks * CHUNK,) + t.shape[2:])[:n], out)
 
 

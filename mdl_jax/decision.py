@@ -6,8 +6,7 @@ Stages, in the order of Algorithm 1:
   read_out      C = clip((‖v_meta‖ - n_min)/(n_max - n_min), 0, 1),  α = cos(v_wm, v_meta)   (eq. 2)
   gate + act    C_final = C·(g_a + g_b α) → one of four actions by θ
 
-Everything here is written for scalar M, R, A; ``mdl_jax.api`` vmaps/jits it at the public edge and
-``mdl_jax.kernel`` holds the fused batched form used for throughput (tested equal to this one).
+Everything here is written for scalar M, R, A; ``mdl_jax.api`` vmaps/jits it at the public edge.
 """
 
 from __future__ import annotations

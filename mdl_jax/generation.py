@@ -99,11 +99,14 @@ class LocalBackend:
 
         max_new_tokens = max_new_tokens or self.max_new_tokens
         tok, lm = self._lm()
-        out: list[Generation] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start:start + self.batch_size]
-            texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                     for p in chunk]
+        texts_all = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                     for p in prompts]
+        # Batch prompts of similar length together (stable sort): rows pad less, so fewer wasted
+        # positions per step; answers are put back in the caller's order below.
+        order = sorted(range(len(prompts)), key=lambda i: len(texts_all[i]))
+        out_sorted: list[Generation] = []
+        for start in range(0, len(order), self.batch_size):
+            texts = [texts_all[i] for i in order[start:start + self.batch_size]]
             enc = tok(texts, return_tensors="pt", padding=True).to(self.device)
             # One seed per (call, batch): the same prompts in the same batches give the same texts.
             torch.manual_seed(seed * 1_000_003 + start)
@@ -117,7 +120,10 @@ class LocalBackend:
             for row in new:
                 n = int((row != tok.pad_token_id).sum())
                 self.tokens_generated += n
-                out.append(Generation(tok.decode(row, skip_special_tokens=True).strip(), n))
+                out_sorted.append(Generation(tok.decode(row, skip_special_tokens=True).strip(), n))
+        out: list[Generation] = [None] * len(prompts)  # type: ignore[list-item]
+        for pos, i in enumerate(order):
+            out[i] = out_sorted[pos]
         return out
 
 

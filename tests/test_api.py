@@ -190,3 +190,13 @@ def test_import_is_light():
     code = "import sys, mdl_jax; print('torch' in sys.modules, 'sentence_transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_demo_cli_prints_the_table():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mdl_jax", "demo"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "C_final" in out and "E_wm" in out and len(out.splitlines()) == 11
+    assert any(a in out for a in ("ACTIVE", "SUPP", "SILENT", "OPT_OUT"))

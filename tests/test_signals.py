@@ -259,3 +259,21 @@ def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
             ref = numpy_store_signals(q[b], mem, pair_flags(s.texts))
             for k in range(4):
                 assert got[k][b] == pytest.approx(ref[k], abs=1e-5), (b, k)
+
+
+def test_signals_cli_writes_the_parquet_table(tmp_path, cache_dir):
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    out = tmp_path / "signals.parquet"
+    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
+    subprocess.run([sys.executable, "-m", "mdl_jax", "signals", "--limit", "12", "--n-calibration", "4",
+                    "--out", str(out)], check=True, capture_output=True, env=env, timeout=600)
+    t = pd.read_parquet(out)
+    assert len(t) == 24 and set(t["dataset"]) == {"truthfulqa", "halueval"}
+    for c in ("qid", "category", "M", "R", "A", "phi", "n_relevant", "split"):
+        assert c in t.columns
+    assert (t["split"] == "calibration").sum() == 8
