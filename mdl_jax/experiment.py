@@ -40,7 +40,7 @@ class RunConfig:
     baseline_datasets: tuple = ("truthfulqa",)  # where CRAG / Self-RAG run (paper Table 5)
     baseline_seeds: int = 2                      # ... and on how many of the seeds
     n_calibration: int = 80
-    chunk_size: int = 16
+    chunk_size: int = 32
     data_dir: str | None = None
     embed_model: str = "all-MiniLM-L6-v2"
     cache_dir: str | None = None
@@ -221,12 +221,14 @@ def register(sub, common) -> None:
                    help="datasets on which CRAG and Self-RAG run (paper: TruthfulQA)")
     p.add_argument("--baseline-seeds", type=int, default=2, help="CRAG/Self-RAG run on this many seeds")
     p.add_argument("--n-calibration", type=int, default=80)
-    p.add_argument("--chunk-size", type=int, default=16)
+    p.add_argument("--chunk-size", type=int, default=32, help="questions per resumable chunk")
     p.add_argument("--backend", choices=["local", "openai"], default="local")
     p.add_argument("--llm", default=None, help="local: HF id or path (default: bundled SmolLM2); "
                                                 "openai: the served model name")
-    p.add_argument("--batch-size", type=int, default=16, help="local backend generation batch")
+    p.add_argument("--batch-size", type=int, default=32, help="local backend generation batch")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="local backend weights/activations: auto (bf16 where "
+                                                   "the hardware has it, else float32), float32, bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=150, help="answer length cap (paper: 150)")
     p.set_defaults(func=reproduce_cmd)
 
@@ -244,7 +246,8 @@ def reproduce_cmd(args) -> int:
                     store_seed=args.seed)
     if args.backend == "local":
         backend = LocalBackend(args.llm or "bundled:smollm2", batch_size=args.batch_size,
-                               device=args.device, max_new_tokens=args.max_new_tokens)
+                               device=args.device, dtype=args.dtype,
+                               max_new_tokens=args.max_new_tokens)
     else:
         backend = make_backend("openai", args.llm, max_new_tokens=args.max_new_tokens)
     emb = Embedder(args.model, cache_dir=args.cache_dir)
