@@ -185,7 +185,8 @@ def write_report(out, summary: dict) -> Path:
         "# MDL end-to-end hallucination experiment (RQ1)", "",
         f"Model: {summary.get('model')}; embeddings: {cfg.get('embed_model')}; seeds: {cfg.get('seeds')}; "
         f"evaluated questions per dataset: {cfg.get('n_questions')}; CRAG / Self-RAG on "
-        f"{cfg.get('baseline_datasets')} for {cfg.get('baseline_seeds')} seed(s).",
+        f"{cfg.get('baseline_datasets')} for "
+        f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s).",
         f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
         f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s this run; 0 when every record was "
         "resumed from disk); wall time "

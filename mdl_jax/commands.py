@@ -26,10 +26,8 @@ def register(sub) -> None:
     p.add_argument("--n-calibration", type=int, default=80)
     p.add_argument("--out", default="out/signals.parquet")
     p.set_defaults(func=signals_cmd)
-    try:
-        from mdl_jax import experiment
-    except ImportError:  # pragma: no cover - until the end-to-end stage exists
-        return
+    from mdl_jax import experiment
+
     experiment.register(sub, _common)
 
 

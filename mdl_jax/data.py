@@ -167,7 +167,6 @@ def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path |
         else:
             items.append(Item(dataset, i, row["question"].strip(), "", (row["right_answer"].strip(),),
                               (row["hallucinated_answer"].strip(),), row["knowledge"].strip()))
-        for field in ("question",):
-            if not getattr(items[-1], field):
-                raise DataError(f"{src or HUB[dataset][0]}, record {i}: empty {field}")
+        if not items[-1].question:
+            raise DataError(f"{src or HUB[dataset][0]}, record {i}: empty question")
     return items

@@ -165,9 +165,8 @@ class Experiment:
                     units.append((seed, system))
             plan.append((ds, cal_st, ev_st, units))
             total += len(cal_st) + len(ev_st) * len(units)
-        done_before = sum(1 for _ in self.done)
         bar = tqdm(total=total, desc="reproduce", unit="q", disable=not cfg.progress, smoothing=0.05)
-        bar.update(min(done_before, total))
+        bar.update(min(len(self.done), total))  # resumed records count as done for the ETA
         summary = {"datasets": {}}
         for ds, cal_st, ev_st, units in plan:
             sig_cal = compute_signals(cal_st, self.embedder).to_dict("records")
