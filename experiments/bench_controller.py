@@ -98,7 +98,6 @@ def main(argv=None) -> dict:
         row["ratio_vs_plain_vmap"] = row["decide"] / row["plain_vmap"]
         row["ratio_vs_numpy"] = row["decide"] * res["numpy_per_decision_us_mean"] * 1e-6
         res["batched"][str(n)] = row
-        del xs
 
     res["ratio_single_vs_numpy"] = res["numpy_per_decision_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_plain_jit"] = res["plain_jit_single_us_median"] / res["single_call_us_median"]

@@ -171,7 +171,7 @@ def write_report(out, summary: dict) -> Path:
     t4, t5 = table4(df), table5(df)
     (out / "table4.md").write_text(t4 + "\n")
     (out / "table5.md").write_text(t5 + "\n")
-    fig = figure3(df, out / "figure3.png")
+    figure3(df, out / "figure3.png")
     metrics = {f"{ds}/{s}": rates(g) for (ds, s), g in df.groupby(["dataset", "system"])}
     tests = {ds: {"B1_vs_B2": paired_t(df, "B1", "B2", ds), "B2_vs_B3": paired_t(df, "B2", "B3", ds)}
              for ds in sorted(df["dataset"].unique())}

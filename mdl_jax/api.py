@@ -7,7 +7,6 @@ the batched (chunked, vmapped) controller once, jitted. Inside a caller's own ``
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -12,7 +12,6 @@ import dataclasses
 import re
 from typing import Sequence
 
-import numpy as np
 
 HALLUCINATION_THRESHOLD = 0.5
 REFUSAL_PATTERNS = (

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mdl_jax
-from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, decide_one, soft_decide
+from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
 from mdl_jax.config import NUMERIC_FIELDS
 from tests.reference import NumpyMDL
 
