@@ -69,11 +69,10 @@ def _decide_default_scalar(M, R, A):
 
 def _prepare(M, R, A, validate: bool):
     traced = any(is_traced(x) for x in (M, R, A))
-    if validate and not traced:
-        for n, x in zip(_NAMES, (M, R, A)):
-            check_unit_interval(n, x)
-        common_shape(_NAMES, (M, R, A))
-    elif not traced:
+    if not traced:
+        if validate:
+            for n, x in zip(_NAMES, (M, R, A)):
+                check_unit_interval(n, x)
         common_shape(_NAMES, (M, R, A))
     arrs = [as_float_array(x) for x in (M, R, A)]
     dtype = jnp.result_type(*arrs)
