@@ -235,7 +235,7 @@ def register(sub, common) -> None:
 def reproduce_cmd(args) -> int:
     from mdl_jax.analyses import write_report
     from mdl_jax.embeddings import Embedder
-    from mdl_jax.generation import LocalBackend, make_backend
+    from mdl_jax.generation import make_backend
 
     cfg = RunConfig(out=Path(args.out), datasets=tuple(args.datasets), n_questions=args.n_questions,
                     seeds=tuple(args.seeds), systems=tuple(args.systems),
@@ -243,12 +243,9 @@ def reproduce_cmd(args) -> int:
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
                     store_seed=args.seed)
-    if args.backend == "local":
-        backend = LocalBackend(args.llm or "bundled:smollm2", batch_size=args.batch_size,
-                               device=args.device, dtype=args.dtype,
-                               max_new_tokens=args.max_new_tokens)
-    else:
-        backend = make_backend("openai", args.llm, max_new_tokens=args.max_new_tokens)
+    local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
+    backend = make_backend(args.backend, args.llm, max_new_tokens=args.max_new_tokens,
+                           **(local if args.backend == "local" else {}))
     emb = Embedder(args.model, cache_dir=args.cache_dir)
     t0 = time.perf_counter()
     summary = Experiment(cfg, backend, emb).run()

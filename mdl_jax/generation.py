@@ -212,6 +212,6 @@ def make_backend(kind: str, model: str | None = None, **kw):
         return LocalBackend(model or BUNDLED, **kw)
     if kind == "openai":
         if not model:
-            raise ValueError("model: the openai backend needs --model (the served model name)")
+            raise ValueError("model: the openai backend needs a served model name (CLI: --llm)")
         return OpenAIBackend(model, **kw)
     raise ValueError(f"backend: expected 'local' or 'openai', got {kind!r}")
