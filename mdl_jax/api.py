@@ -2,28 +2,37 @@
 
 ``decide`` is the one obvious way to call the controller. It accepts scalars or arrays of any matching
 shape, checks concrete input eagerly (ValueError naming the argument and the first bad index), and runs
-the batched (chunked, vmapped) controller once, jitted. Inside a caller's own ``jit``/``vmap``/``grad`` it simply traces through.
+the controller once, compiled:
+  - concrete float32 input on the CPU: the native FFI kernel (``mdl_jax.native``), one pass per
+    16-record block on every core; it computes what ``decision.decide_one`` computes (parity-tested);
+  - anything else (a caller's jit/vmap/grad, a traced config, float64, GPU, D ≠ 16, kernel not built):
+    the pure-JAX batched path below, which is also the definition the kernel is tested against.
 """
 
 from __future__ import annotations
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from mdl_jax import decision as _d
+from mdl_jax import native
 from mdl_jax.config import MDLConfig
 from mdl_jax.validation import as_float_array, check_unit_interval, common_shape, is_traced
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
 
-# Records per chunk of the batched path. Over 10^6+ records the vmapped graph streams a dozen (N, 16)
-# intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2. On the
-# 2-core dev machine 8192-16384 was fastest (1.2×10^7 decisions/s at N = 10^7, vs 1.1×10^6 unchunked,
-# 9.7×10^6 at 2048, 5.5×10^6 at 32768). A hand-unrolled structure-of-arrays kernel reached only
-# 5×10^6: with every Decision field an output, XLA split it into ~70 fusions.
+# Records per chunk of the pure-JAX batched path. Over 10^6+ records the vmapped graph streams a dozen
+# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2.
+# On the 2-core dev machine 8192-16384 was fastest (1.2×10^7 decisions/s at N = 10^7, vs 1.1×10^6
+# unchunked, 9.7×10^6 at 2048, 5.5×10^6 at 32768). That is XLA:CPU's ceiling for this graph: a
+# hand-unrolled structure-of-arrays form reached only 5×10^6 (XLA split it into ~70 fusions), which
+# is why the CPU default is the native kernel instead.
 CHUNK = 8192
 _vmapped = jax.vmap(_d.decide_one, in_axes=(0, 0, 0, None))
 
@@ -60,6 +69,44 @@ def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
 _decide_jit = jax.jit(_decide_shaped)
 
 
+def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int]) -> _d.Decision:
+    # The same contract as _decide_shaped, computed by the FFI kernel (mdl_jax/native.py).
+    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
+    flat = [jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.float32) for x in (M, R, A)]
+    n = flat[0].shape[0]
+    f32 = jnp.float32
+    types = [jax.ShapeDtypeStruct((n,), jnp.int32)] + [jax.ShapeDtypeStruct((n,), f32)] * 3 + [
+        jax.ShapeDtypeStruct((n, 16), f32), jax.ShapeDtypeStruct((n, 3), f32),
+        jax.ShapeDtypeStruct((n,), f32), jax.ShapeDtypeStruct((n,), f32)]
+    out = jax.ffi.ffi_call(native.TARGET, types)(
+        *flat, params, flags=np.int64(flags), d_wm=np.int64(dims[0]), d_r=np.int64(dims[1]))
+    return _d.Decision(*(o.reshape(shape + o.shape[1:]) for o in out))
+
+
+_native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims"))
+_CPU: list[bool] = []  # [default backend is the CPU, kernel supports _DEFAULT]: asked once each
+
+
+def _native_ok(cfg: MDLConfig) -> bool:
+    """May this call use the native kernel? CPU backend, kernel built, config within its limits."""
+    if not native.enabled():
+        return False
+    if not _CPU:
+        _CPU.append(jax.default_backend() == "cpu")
+        _CPU.append(native.supports(_DEFAULT))
+    # supports() inspects every config leaf (~10 µs); the default config's answer is asked once.
+    return _CPU[0] and (_CPU[1] if cfg is _DEFAULT else native.supports(cfg)) and native.load()
+
+
+@functools.cache
+def _native_default_scalar():
+    # Single-record fast path on the kernel: the packed default config is a compile-time constant, so
+    # a call dispatches three scalars and nothing else.
+    params = native.pack(_DEFAULT)
+    flags, dims = native.flags(_DEFAULT), _DEFAULT.dims
+    return jax.jit(lambda M, R, A: _native_shaped(M, R, A, params, flags, dims))
+
+
 @jax.jit
 def _decide_default_scalar(M, R, A):
     # Single-record fast path: the default config is closed over (baked in as constants), so a call
@@ -76,7 +123,7 @@ def _prepare(M, R, A, validate: bool):
         common_shape(_NAMES, (M, R, A))
     arrs = [as_float_array(x) for x in (M, R, A)]
     dtype = jnp.result_type(*arrs)
-    return [a.astype(dtype) for a in arrs]
+    return [a.astype(dtype) for a in arrs], traced
 
 
 def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -> _d.Decision:
@@ -96,11 +143,15 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
         # Hot path for one record from Python: cheap scalar checks, no array conversion.
         for n, x in zip(_NAMES, (M, R, A)):
             check_unit_interval(n, x)
+        if _native_ok(_DEFAULT):
+            return _native_default_scalar()(M, R, A)
         return _decide_default_scalar(M, R, A)
     cfg = _DEFAULT if config is None else config
     if not isinstance(cfg, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig or None, got {type(config).__name__}")
-    M, R, A = _prepare(M, R, A, validate)
+    (M, R, A), traced = _prepare(M, R, A, validate)
+    if not traced and M.dtype == jnp.float32 and _native_ok(cfg):
+        return _native_jit(M, R, A, native.params(cfg), flags=native.flags(cfg), dims=cfg.dims)
     return _decide_jit(M, R, A, cfg)
 
 

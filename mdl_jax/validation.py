@@ -39,6 +39,11 @@ def check_unit_interval(name: str, x) -> None:
         raise ValueError(f"{name}: expected real numbers in [0, 1], got dtype {arr.dtype}")
     if arr.size == 0:
         return
+    # Fast path for the common, valid case: two streaming reductions and no temporaries. NaN makes
+    # both comparisons False and ±inf fails them, so every bad array falls through to the slow path,
+    # which finds the first offending index for the message.
+    if arr.min() >= 0 and arr.max() <= 1:
+        return
     finite = np.isfinite(arr) if arr.dtype.kind == "f" else np.ones(arr.shape, bool)
     if not finite.all():
         i = _first_bad(~finite)

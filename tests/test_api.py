@@ -47,11 +47,13 @@ def test_vmap_equals_python_loop(maybe_jit, rng):
         assert int(batch.action[i]) == int(one.action)
 
 
-def test_chunked_batch_path_matches_reference():
-    # Large enough to go through the chunked scan, with a ragged last chunk.
+@pytest.mark.parametrize("path", ["decide", "pure_jax"])
+def test_chunked_batch_path_matches_reference(path):
+    # Large enough to go through the chunked loop (pure JAX) / the thread pool (native kernel, what
+    # decide runs on the CPU), with a ragged last chunk.
     n = mdl_jax.api.CHUNK * 2 + 123
     x = np.random.default_rng(3).uniform(size=(3, n)).astype(np.float32)
-    out = decide(*x)
+    out = decide(*x) if path == "decide" else mdl_jax.api._decide_jit(*map(jnp.asarray, x), CFG)
     ref = NumpyMDL()
     for i in [0, 1, mdl_jax.api.CHUNK - 1, mdl_jax.api.CHUNK, n - 124, n - 1]:
         r = ref.decide(*(float(v) for v in x[:, i]))

@@ -1,0 +1,339 @@
+// The MDL controller (Algorithm 1) for float32 on the CPU, as one XLA FFI kernel.
+//
+// Why it exists: the pure-JAX batched path (mdl_jax/api.py) tops out near 1.2-1.4e7 decisions/s on the
+// 2-core dev VM. XLA:CPU splits the per-record graph into ~30 fusions and library calls, each streaming
+// (chunk, 16) intermediates through the cache, and zero-fills every output before the loop. Here one
+// pass per block of 16 records keeps everything in registers (records across the SIMD lanes) and writes
+// each output exactly once, on every thread of XLA's intra-op pool.
+//
+// It computes exactly what mdl_jax/decision.py:decide_one computes, for D = 16 and any numeric config
+// and ablation switches; the Python side (mdl_jax/native.py) packs the config into `params` with the
+// same float32 arithmetic as weight_matrices(), and tests/test_native.py checks parity with the pure-JAX
+// path. exp and tanh are Cephes-style polynomials (≈1 ulp) so the loops vectorise without libmvec or
+// -ffast-math; they differ from XLA's own approximations by a few ulp.
+//
+// Built on first use by mdl_jax/native.py (g++ -O3 -march=native), never at import.
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int D = 16;  // value-vector dimension (the kernel is only used when cfg.D == 16)
+constexpr int L = 16;  // records per block = float32 lanes of one AVX-512 register
+
+// Layout of the float32 `params` buffer; mdl_jax/native.py:_pack writes the same order.
+struct Params {
+  float centres[D];
+  float inv_two_sigma2;  // 1 / (2 σ²)
+  float W[3][D][D];      // eq. (1): W_k = s_k Π_k + ε_c Σ_{j≠k} Π_j, [k][i][j]
+  float bias[D];
+  float gA_a, gA_b;      // g_A = a + b·mean(v_a)
+  float g_a, g_b;        // C_final = C·(g_a + g_b α)
+  float theta[3];
+  float n_min, n_max;
+  float Q[D][D];         // basis Q[j][i]: coordinate i of v is Σ_j Q[j][i] v[j]
+};
+constexpr int64_t kParams = sizeof(Params) / sizeof(float);
+static_assert(sizeof(Params) == 1066 * sizeof(float), "Params must be packed floats");
+
+// Ablation switches (bit flags; mdl_jax/native.py:_flags).
+constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
+                  kQR = 16;
+
+// 16 float32 lanes (one record each) as a GCC/Clang vector-extension type: explicit SIMD that lowers
+// to one AVX-512 register, two AVX2 registers or four NEON registers, without intrinsics.
+typedef float vf __attribute__((vector_size(64), aligned(64)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(64)));
+
+inline vf splat(float x) { return vf{} + x; }
+inline vf loadu(const float* p) { vf r; std::memcpy(&r, p, sizeof r); return r; }
+inline void storeu(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+inline void storeu(int32_t* p, vi x) { std::memcpy(p, &x, sizeof x); }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+// exp for float32 (Cephes expf): n = round(x / ln2) by the 1.5·2^23 trick, r = x - n ln2 in two parts,
+// degree-6 polynomial, scale by 2^n through the exponent bits. Input clamped to the normal range, so
+// no inf/NaN; ≈1 ulp.
+inline vf exp_v(vf x) {
+  x = vmax(vmin(x, splat(88.72283f)), splat(-87.33654f));
+  const vf magic = splat(12582912.0f);
+  vf n = (x * 1.44269504088896341f + magic) - magic;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  return p * reinterpret_cast<vf&>(e);
+}
+
+// tanh for float32 (Cephes tanhf): odd polynomial below |x| = 0.625 (no cancellation near 0),
+// 1 - 2/(e^{2|x|} + 1) above, sign restored; both computed, then selected.
+inline vf tanh_v(vf x) {
+  vf ax = x < 0.0f ? -x : x;
+  vf z = x * x;
+  vf small = ((((z * -5.70498872745e-3f + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+               1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  vf big = 1.0f - 2.0f / (exp_v(ax + ax) + 1.0f);
+  big = x < 0.0f ? -big : big;
+  return ax < 0.625f ? small : big;
+}
+
+inline vf sqrt_v(vf x) {
+  vf r;
+  for (int l = 0; l < 16; ++l) r[l] = __builtin_sqrtf(x[l]);  // vectorised to one vsqrtps
+  return r;
+}
+
+struct Outputs {
+  int32_t* action;
+  float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
+};
+
+// One block of up to L records starting at `base`: records across the lanes, so every arithmetic
+// line below is one SIMD instruction for 16 records.
+void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
+                  const float* Ap, int64_t base, int cnt, const Outputs& o) {
+  vf s[3];
+  if (cnt == L) {
+    s[0] = loadu(Mp + base);
+    s[1] = loadu(Rp + base);
+    s[2] = loadu(Ap + base);
+  } else {
+    // Tail block: pad with 0.5 (any valid value); only the first `cnt` lanes are stored.
+    for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);
+    for (int l = 0; l < cnt; ++l) {
+      s[0][l] = Mp[base + l];
+      s[1][l] = Rp[base + l];
+      s[2][l] = Ap[base + l];
+    }
+  }
+  if (flags & kRiskInversion) s[2] = 1.0f - s[2];
+
+  // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²).
+  vf v[3][D];
+  for (int k = 0; k < 3; ++k)
+    for (int j = 0; j < D; ++j) {
+      if (flags & kValueEncoding) {
+        vf d = s[k] - P.centres[j];
+        v[k][j] = s[k] + exp_v(-(d * d) * P.inv_two_sigma2);
+      } else {
+        v[k][j] = s[k];
+      }
+    }
+  // Risk gain from the (inverted) risk encoding.
+  vf gA = splat(1.0f);
+  if (flags & kRiskModulation) {
+    vf acc = splat(0.0f);
+    for (int j = 0; j < D; ++j) acc += v[2][j];
+    gA = P.gA_a + P.gA_b * (acc / float(D));
+  }
+  // Stages 2-3, fusion: v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b).
+  vf vm[D];
+  for (int i = 0; i < D; ++i) {
+    vf t0 = splat(0.0f), t12 = splat(P.bias[i]);
+    for (int j = 0; j < D; ++j) {
+      t0 += P.W[0][i][j] * v[0][j];
+      t12 += P.W[1][i][j] * v[1][j] + P.W[2][i][j] * v[2][j];
+    }
+    vm[i] = tanh_v(gA * t0 + t12);
+  }
+  // Stage 4, read-out (eq. 2), gate and action.
+  vf sq = splat(0.0f), sq_wm = splat(0.0f), dot = splat(0.0f);
+  for (int i = 0; i < D; ++i) {
+    sq += vm[i] * vm[i];
+    sq_wm += v[0][i] * v[0][i];
+    dot += v[0][i] * vm[i];
+  }
+  const vf zero = splat(0.0f), one = splat(1.0f);
+  vf n = sq > 0.0f ? sqrt_v(sq) : zero;  // ‖v‖ = 0 exactly at v = 0 (as safe_norm)
+  vf n_wm = sq_wm > 0.0f ? sqrt_v(sq_wm) : zero;
+  vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
+  vf denom = n * n_wm;
+  vf alpha = denom > 0.0f ? dot / (denom > 0.0f ? denom : one) : zero;  // α = 0 where undefined
+  alpha = vmax(vmin(alpha, one), -one);
+  vf Cf = (flags & kAlphaGating) ? C * (P.g_a + P.g_b * alpha) : C;
+  // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
+  vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
+
+  // Lemma 1 attribution: energy of v_meta in each subspace = squared norm of its basis coordinates.
+  vf e[3];
+  if (flags & kQR) {
+    const int edges[4] = {0, d_wm, d_wm + d_r, D};
+    for (int k = 0; k < 3; ++k) {
+      e[k] = zero;
+      for (int i = edges[k]; i < edges[k + 1]; ++i) {
+        vf c = zero;
+        for (int j = 0; j < D; ++j) c += P.Q[j][i] * vm[j];
+        e[k] += c * c;
+      }
+    }
+  } else {
+    e[0] = e[1] = e[2] = sq;
+  }
+
+  // Stores: each output written once, in the caller's record-major layout.
+  if (cnt == L) {
+    storeu(o.action + base, act);
+    storeu(o.C + base, C);
+    storeu(o.alpha + base, alpha);
+    storeu(o.C_final + base, Cf);
+    storeu(o.norm + base, n);
+    storeu(o.g_A + base, gA);
+  } else {
+    for (int l = 0; l < cnt; ++l) {
+      o.action[base + l] = act[l];
+      o.C[base + l] = C[l];
+      o.alpha[base + l] = alpha[l];
+      o.C_final[base + l] = Cf[l];
+      o.norm[base + l] = n[l];
+      o.g_A[base + l] = gA[l];
+    }
+  }
+  // v_meta and energies are (record, component): a transpose of the lane layout.
+  float* vo = o.v_meta + base * D;
+  for (int l = 0; l < cnt; ++l)
+    for (int i = 0; i < D; ++i) vo[l * D + i] = vm[i][l];
+  float* eo = o.energies + base * 3;
+  for (int l = 0; l < cnt; ++l)
+    for (int k = 0; k < 3; ++k) eo[l * 3 + k] = e[k][l];
+}
+
+// Work shared between the calling thread and the pool: chunks are claimed from an atomic counter, so
+// the caller only ever waits for chunks that a running thread has already claimed (no deadlock even
+// if the pool is busy or runs tasks inline), and tasks that start late find nothing left to do.
+struct Job {
+  const Params* P;  // the `params` operand: alive for the whole call
+  int64_t flags;
+  int d_wm, d_r;
+  const float *M, *R, *A;
+  Outputs o;
+  int64_t n, n_chunks;
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+
+  static constexpr int64_t kChunk = 2048;  // records per claim: 2048 × 108 B stays in L2
+
+  void run() {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) return;
+      const int64_t lo = c * kChunk, hi = lo + kChunk < n ? lo + kChunk : n;
+      for (int64_t b = lo; b < hi; b += L)
+        decide_block(*P, flags, d_wm, d_r, M, R, A, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
+    }
+  }
+};
+
+// Outputs are fresh allocations that the kernel writes in full; on Linux most of a large call's time
+// would otherwise go to 4 KiB page faults and zeroing. Asking for transparent huge pages on the
+// 2 MiB-aligned interior of each large output makes those faults 512× rarer. A hint only: it changes
+// no data, and is ignored where THP is off.
+void advise_huge(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  if (bytes < int64_t{8} << 20) return;
+  uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#endif
+}
+
+ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::F32> R,
+                      ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> params,
+                      ffi::ResultBuffer<ffi::S32> action, ffi::ResultBuffer<ffi::F32> C,
+                      ffi::ResultBuffer<ffi::F32> alpha, ffi::ResultBuffer<ffi::F32> C_final,
+                      ffi::ResultBuffer<ffi::F32> v_meta, ffi::ResultBuffer<ffi::F32> energies,
+                      ffi::ResultBuffer<ffi::F32> norm, ffi::ResultBuffer<ffi::F32> g_A,
+                      int64_t flags, int64_t d_wm, int64_t d_r) {
+  const int64_t n = M.element_count();
+  if (R.element_count() != n || A.element_count() != n)
+    return ffi::Error::InvalidArgument("mdl_decide_f32: M, R, A must have the same size");
+  if (params.element_count() != kParams)
+    return ffi::Error::InvalidArgument("mdl_decide_f32: params has the wrong size");
+  if (v_meta->element_count() != n * D || energies->element_count() != n * 3)
+    return ffi::Error::InvalidArgument("mdl_decide_f32: output shapes do not match D = 16");
+  if (d_wm <= 0 || d_r <= 0 || d_wm + d_r >= D)
+    return ffi::Error::InvalidArgument("mdl_decide_f32: bad subspace dims");
+
+  const Params* P = reinterpret_cast<const Params*>(params.typed_data());
+  const Outputs o{action->typed_data(), C->typed_data(),        alpha->typed_data(),
+                  C_final->typed_data(), v_meta->typed_data(), energies->typed_data(),
+                  norm->typed_data(),    g_A->typed_data()};
+  if (n <= Job::kChunk) {
+    // Small calls (one record up to one chunk) run inline: no shared state, no pool, no locks.
+    for (int64_t b = 0; b < n; b += L)
+      decide_block(*P, flags, static_cast<int>(d_wm), static_cast<int>(d_r), M.typed_data(),
+                   R.typed_data(), A.typed_data(), b, n - b < L ? static_cast<int>(n - b) : L, o);
+    return ffi::Error::Success();
+  }
+  for (auto [p, b] : {std::pair<void*, int64_t>{o.v_meta, n * D * 4}, {o.energies, n * 12},
+                      {o.action, n * 4}, {o.C, n * 4}, {o.alpha, n * 4},
+                      {o.C_final, n * 4}, {o.norm, n * 4}, {o.g_A, n * 4}})
+    advise_huge(p, b);
+
+  auto job = std::make_shared<Job>();
+  job->P = P;
+  job->flags = flags;
+  job->d_wm = static_cast<int>(d_wm);
+  job->d_r = static_cast<int>(d_r);
+  job->M = M.typed_data();
+  job->R = R.typed_data();
+  job->A = A.typed_data();
+  job->o = o;
+  job->n = n;
+  job->n_chunks = (n + Job::kChunk - 1) / Job::kChunk;
+
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->n_chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { job->run(); });
+  job->run();
+  std::unique_lock<std::mutex> lock(job->mu);
+  job->cv.wait(lock, [&] { return job->done.load(std::memory_order_acquire) == job->n_chunks; });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlDecideF32, DecideImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // M
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // R
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // A
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // params
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // action
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // C
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // alpha
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // C_final
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // v_meta
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // energies
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // norm
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // g_A
+                                  .Attr<int64_t>("flags")
+                                  .Attr<int64_t>("d_wm")
+                                  .Attr<int64_t>("d_r"));

@@ -1,0 +1,151 @@
+"""The native CPU kernel (mdl_jax/_native/decide_cpu.cc): routing, parity with the pure-JAX definition,
+batch-size invariance, every ablation and the fallback when it cannot be built."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mdl_jax import MDLConfig, api, decide, native
+from mdl_jax.decision import Decision
+from tests.reference import NumpyMDL
+
+FIELDS = Decision._fields
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    if native._compiler() is None:
+        pytest.skip("no C++ compiler on this machine: decide runs the pure-JAX path")
+    assert native.load(), native.status()  # a machine with a compiler must build it
+
+
+def _pure(M, R, A, cfg):
+    return api._decide_jit(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), cfg)
+
+
+def _native(M, R, A, cfg):
+    return api._native_jit(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), native.params(cfg),
+                           flags=native.flags(cfg), dims=cfg.dims)
+
+
+def assert_parity(a: Decision, b: Decision, cfg: MDLConfig, atol=2e-6):
+    """Every float field within float32 rounding; actions equal wherever C_final is not within 1e-5
+    of a threshold (there, a one-ulp difference may legitimately pick the neighbouring action)."""
+    for f in ("C", "alpha", "C_final", "v_meta", "norm", "g_A"):
+        np.testing.assert_allclose(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), atol=atol,
+                                   err_msg=f)
+    # energies are up to ‖v_meta‖² ≈ 10: compare relative to their size
+    np.testing.assert_allclose(np.asarray(a.energies), np.asarray(b.energies), rtol=2e-6, atol=atol)
+    cf = np.asarray(b.C_final)
+    near = np.any(np.abs(cf[..., None] - np.asarray(cfg.thresholds, np.float32)) < 1e-5, axis=-1)
+    assert np.array_equal(np.asarray(a.action)[~near], np.asarray(b.action)[~near])
+
+
+def test_decide_routes_concrete_float32_cpu_input_to_the_kernel(rng, monkeypatch):
+    x = rng.uniform(size=(3, 100)).astype(np.float32)
+    out = decide(*x)
+    for f in FIELDS:  # bit-identical to the kernel, so it is the kernel that ran
+        assert np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(_native(*x, MDLConfig()), f)))
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    off = decide(*x)
+    for f in FIELDS:
+        assert np.array_equal(np.asarray(getattr(off, f)), np.asarray(getattr(_pure(*x, MDLConfig()), f)))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 2048, 2049, 100_003])
+def test_kernel_matches_pure_jax_for_every_size(n):
+    # 1..17: inline blocks and tails; 2049 and 100_003: the thread-pool path with a ragged last chunk.
+    x = np.random.default_rng(n).uniform(size=(3, n)).astype(np.float32)
+    cfg = MDLConfig()
+    assert_parity(_native(*x, cfg), _pure(*x, cfg), cfg)
+
+
+@pytest.mark.parametrize("switch", ["alpha_gating", "risk_modulation", "risk_inversion",
+                                    "value_encoding", "subspaces"])
+def test_kernel_matches_pure_jax_under_every_ablation(switch, rng):
+    cfg = MDLConfig(**{switch: "identity" if switch == "subspaces" else False})
+    x = rng.uniform(size=(3, 5000)).astype(np.float32)
+    assert_parity(_native(*x, cfg), _pure(*x, cfg), cfg)
+    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+
+
+def test_kernel_matches_pure_jax_for_non_default_numbers(rng):
+    cfg = MDLConfig(sigma=0.07, eps_c=0.05, gains=(0.9, 0.8, 0.6), g_A_coeffs=(0.4, 0.7),
+                    gate_coeffs=(0.2, 0.9), thresholds=(0.7, 0.45, 0.1), n_min=1.0, n_max=3.6,
+                    bias=np.linspace(-0.2, 0.2, 16), dims=(4, 7, 5), qr_seed=7)
+    assert native.supports(cfg)
+    x = rng.uniform(size=(3, 5000)).astype(np.float32)
+    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+
+
+def test_kernel_matches_the_float64_numpy_reference(rng):
+    x = rng.uniform(size=(3, 300))
+    out = decide(*x.astype(np.float32))
+    ref = NumpyMDL()
+    for i in range(300):
+        r = ref.decide(*(float(v) for v in x.astype(np.float32)[:, i]))
+        for f in ("C", "alpha", "C_final"):
+            assert abs(float(getattr(out, f)[i]) - r[f]) < 1e-5, (f, i)
+
+
+def test_same_record_same_bits_at_any_batch_size(rng):
+    # Auditability: lanes never mix, so a record's decision does not depend on what it is batched with
+    # (scalar call, short batch, thread-pool batch).
+    x = rng.uniform(size=(3, 5003)).astype(np.float32)
+    full = decide(*x)
+    for lo, hi in [(0, 1), (3, 40), (1000, 5003)]:
+        part = decide(*x[:, lo:hi])
+        for f in FIELDS:
+            assert np.array_equal(np.asarray(getattr(part, f)), np.asarray(getattr(full, f))[lo:hi]), f
+    one = decide(*(float(v) for v in x[:, 7]))
+    for f in FIELDS:
+        assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(full, f))[7]), f
+
+
+def test_corners_and_empty_input_give_finite_output():
+    g = np.array([0.0, 1.0, 0.5, np.nextafter(np.float32(0), np.float32(1))], np.float32)
+    M, R, A = (a.ravel() for a in np.meshgrid(g, g, g, indexing="ij"))
+    out = decide(M, R, A)
+    for f in FIELDS:
+        assert np.all(np.isfinite(np.asarray(getattr(out, f)))), f
+    assert_parity(out, _pure(M, R, A, MDLConfig()), MDLConfig())
+    empty = decide(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))
+    assert empty.v_meta.shape == (0, 16) and empty.energies.shape == (0, 3)
+
+
+def test_traced_config_float64_and_user_jit_stay_on_pure_jax(rng):
+    x = rng.uniform(size=(3, 64)).astype(np.float32)
+    # a config swept by vmap has tracer leaves: not for the kernel, and still correct
+    sig = jnp.array([0.15, 0.2])
+    swept = jax.vmap(lambda s: decide(*x, MDLConfig(sigma=s), validate=False).C_final)(sig)
+    np.testing.assert_allclose(np.asarray(swept[1]), np.asarray(_pure(*x, MDLConfig()).C_final), atol=2e-6)
+    assert not native.supports(MDLConfig(D=20, dims=(6, 7, 7)))
+    inside = jax.jit(lambda m, r, a: decide(m, r, a).C_final)(*x)
+    np.testing.assert_allclose(np.asarray(inside), np.asarray(_pure(*x, MDLConfig()).C_final), atol=1e-6)
+
+
+def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path):
+    # Failure path: no compiler and an empty cache. decide must warn once and still answer.
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(native.NativeBuildError, match="no C\\+\\+ compiler"):
+        native.build(native.library_path())
+    x = rng.uniform(size=(3, 40)).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="native CPU kernel unavailable"):
+        out = decide(*x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decide(*x)  # warned once, not per call
+    assert native.status()["ok"] is False
+    assert_parity(out, _pure(*x, MDLConfig()), MDLConfig(), atol=0)
+
+
+def test_kernel_rejects_a_malformed_params_buffer():
+    x = jnp.full(4, 0.5, jnp.float32)
+    with pytest.raises(Exception, match="params has the wrong size"):
+        api._native_jit(x, x, x, jnp.zeros(10, jnp.float32), flags=31, dims=(5, 5, 6))
