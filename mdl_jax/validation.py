@@ -34,6 +34,12 @@ def check_unit_interval(name: str, x) -> None:
         if not 0.0 <= x <= 1.0:
             raise ValueError(f"{name}: expected a value in [0, 1], got {x!r}")
         return
+    if _on_accelerator(x) and jnp.issubdtype(x.dtype, jnp.number) and x.size:
+        # Arrays on a GPU are checked where they live: two reductions, two scalars back. Only a bad
+        # array is copied to the host, to find the first offending index for the message.
+        lo, hi = _min_max(x)
+        if float(lo) >= 0 and float(hi) <= 1:
+            return
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu":
         raise ValueError(f"{name}: expected real numbers in [0, 1], got dtype {arr.dtype}")
@@ -52,6 +58,20 @@ def check_unit_interval(name: str, x) -> None:
     if out.any():
         i = _first_bad(out)
         raise ValueError(f"{name}: expected values in [0, 1]; {name}[{_fmt(i)}] = {arr[i]!r}")
+
+
+def _on_accelerator(x) -> bool:
+    if not isinstance(x, jax.Array) or is_traced(x):
+        return False
+    try:
+        return any(d.platform != "cpu" for d in x.devices())
+    except (RuntimeError, ValueError):  # e.g. a deleted array: let np.asarray raise the real error
+        return False
+
+
+@jax.jit
+def _min_max(x):
+    return jnp.min(x), jnp.max(x)
 
 
 def _fmt(idx: tuple) -> str:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mdl_jax import api
 from mdl_jax import Action, MDLConfig, decide_one, signal_cube_norm_range
 from mdl_jax import decision as d
 from tests.reference import NumpyMDL
@@ -211,3 +212,12 @@ def test_zero_norm_v_meta_gives_no_nan(maybe_jit):
 def test_default_norm_range_is_the_signal_cube_range():
     lo, hi = signal_cube_norm_range(CFG)
     assert abs(lo - CFG.n_min) < 1e-6 and abs(hi - CFG.n_max) < 1e-6
+
+
+def test_every_product_requests_highest_precision():
+    # What keeps CPU and GPU within 1e-5: no dot in the pure-JAX program may fall to TF32 on a GPU.
+    x = jnp.zeros(20_000, jnp.float32)  # above CHUNK: both the chunked and the plain branch are lowered
+    text = jax.jit(api._decide_shaped).lower(x, x, x, CFG).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert dots, "no products found in the lowered program"
+    assert all("HIGHEST" in line for line in dots), [line for line in dots if "HIGHEST" not in line]
