@@ -116,7 +116,7 @@ def _native_default_scalar():
     # a call dispatches three scalars and nothing else.
     params = native.pack(_DEFAULT)
     flags, dims = native.flags(_DEFAULT), _DEFAULT.dims
-    return jax.jit(lambda M, R, A: _native_shaped(M, R, A, params, flags, dims))
+    return jax.jit(lambda x: _native_shaped(x[0], x[1], x[2], params, flags, dims))
 
 
 @jax.jit
@@ -151,12 +151,15 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
       A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
       ``action`` holds ``Action`` codes.
     """
-    if config is None and validate and all(type(x) is float for x in (M, R, A)):
-        # Hot path for one record from Python: cheap scalar checks, no array conversion.
-        for n, x in zip(_NAMES, (M, R, A)):
-            check_unit_interval(n, x)
+    if config is None and validate and type(M) is float and type(R) is float and type(A) is float:
+        # Hot path for one record from Python: one chained comparison per signal (NaN and ±inf fail
+        # it too), the full check only to word the error.
+        if not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
+            for n, x in zip(_NAMES, (M, R, A)):
+                check_unit_interval(n, x)
         if _native_ok(_DEFAULT):
-            return _native_default_scalar()(M, R, A)
+            # one (3,) input buffer instead of three scalars: ~2 µs less per call
+            return _native_default_scalar()(np.array((M, R, A), np.float32))
         return _decide_default_scalar(M, R, A)
     cfg = _DEFAULT if config is None else config
     if not isinstance(cfg, MDLConfig):
