@@ -21,12 +21,7 @@ from jax.experimental import checkify
 from mdl_jax import decision as _d
 from mdl_jax import native
 from mdl_jax.config import MDLConfig
-from mdl_jax.validation import (
-    as_float_array,
-    check_unit_interval,
-    common_shape,
-    is_traced,
-)
+from mdl_jax.validation import as_float_array, check_unit_interval, common_shape, is_traced
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
@@ -113,7 +108,7 @@ def _native_ok(cfg: MDLConfig) -> bool:
 @functools.cache
 def _native_default_scalar():
     # Single-record fast path on the kernel: the packed default config is a compile-time constant, so
-    # a call dispatches three scalars and nothing else.
+    # a call transfers one (3,) buffer (M, R, A) and nothing else.
     params = native.pack(_DEFAULT)
     flags, dims = native.flags(_DEFAULT), _DEFAULT.dims
     return jax.jit(lambda x: _native_shaped(x[0], x[1], x[2], params, flags, dims))

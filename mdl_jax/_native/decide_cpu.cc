@@ -68,10 +68,11 @@ inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
 // exp for float32 (Cephes expf): n = round(x / ln2) by the 1.5·2^23 trick, r = x - n ln2 in two parts,
-// degree-6 polynomial, scale by 2^n through the exponent bits. Input clamped to the normal range, so
-// no inf/NaN; ≈1 ulp.
+// degree-6 polynomial, scale by 2^n through the exponent bits; ≈1 ulp. Input clamped to
+// [-87.34, 88] so that -126 ≤ n ≤ 127 and the exponent bits stay finite (no inf/NaN). The kernel only
+// needs x ≤ 0 (Gaussians) and e^{2|z|} inside tanh, where anything above e^88 already gives ±1.
 inline vf exp_v(vf x) {
-  x = vmax(vmin(x, splat(88.72283f)), splat(-87.33654f));
+  x = vmax(vmin(x, splat(88.0f)), splat(-87.33654f));
   const vf magic = splat(12582912.0f);
   vf n = (x * 1.44269504088896341f + magic) - magic;
   vf r = x - n * 0.693359375f;
@@ -84,7 +85,7 @@ inline vf exp_v(vf x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * reinterpret_cast<vf&>(e);
+  return p * (vf)e;  // a cast between same-size vector types reinterprets the bits
 }
 
 // tanh for float32 (Cephes tanhf): odd polynomial below |x| = 0.625 (no cancellation near 0),
@@ -101,7 +102,7 @@ inline vf tanh_v(vf x) {
 
 inline vf sqrt_v(vf x) {
   vf r;
-  for (int l = 0; l < 16; ++l) r[l] = __builtin_sqrtf(x[l]);  // vectorised to one vsqrtps
+  for (int l = 0; l < 16; ++l) r[l] = __builtin_sqrtf(x[l]);  // GCC emits one vsqrtps (zmm)
   return r;
 }
 
@@ -271,12 +272,13 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
                       ffi::ResultBuffer<ffi::F32> v_meta, ffi::ResultBuffer<ffi::F32> energies,
                       ffi::ResultBuffer<ffi::F32> norm, ffi::ResultBuffer<ffi::F32> g_A,
                       int64_t flags, int64_t d_wm, int64_t d_r) {
-  const int64_t n = M.element_count();
-  if (R.element_count() != n || A.element_count() != n)
+  auto count = [](const auto& b) { return static_cast<int64_t>(b.element_count()); };
+  const int64_t n = count(M);
+  if (count(R) != n || count(A) != n)
     return ffi::Error::InvalidArgument("mdl_decide_f32: M, R, A must have the same size");
-  if (params.element_count() != kParams)
+  if (count(params) != kParams)
     return ffi::Error::InvalidArgument("mdl_decide_f32: params has the wrong size");
-  if (v_meta->element_count() != n * D || energies->element_count() != n * 3)
+  if (count(*v_meta) != n * D || count(*energies) != n * 3)
     return ffi::Error::InvalidArgument("mdl_decide_f32: output shapes do not match D = 16");
   if (d_wm <= 0 || d_r <= 0 || d_wm + d_r >= D)
     return ffi::Error::InvalidArgument("mdl_decide_f32: bad subspace dims");
