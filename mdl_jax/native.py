@@ -116,8 +116,20 @@ def load() -> bool:
             path = library_path()
             if not path.exists():
                 build(path)
-            lib = ctypes.cdll.LoadLibrary(str(path))
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MdlDecideF32), platform="cpu")
+            try:
+                lib = ctypes.cdll.LoadLibrary(str(path))
+            except OSError:
+                # A cached library that does not load (truncated by a full disk, copied from another
+                # machine): rebuild it once before giving up.
+                build(path)
+                lib = ctypes.cdll.LoadLibrary(str(path))
+            try:
+                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MdlDecideF32), platform="cpu")
+            except Exception as e:  # noqa: BLE001 - XLA's own error type
+                # Registered earlier in this process (the state was reset, e.g. by a test): XLA keeps
+                # the first handler, whose library stays loaded, so the kernel is usable.
+                if "Duplicate FFI handler" not in str(e):
+                    raise NativeBuildError(f"registering {TARGET} failed: {e}") from e
             _STATE.update(ok=True, path=path, lib=lib)
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
             _STATE.update(ok=False, error=str(e))
