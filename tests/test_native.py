@@ -125,6 +125,11 @@ def test_traced_config_float64_and_user_jit_stay_on_pure_jax(rng):
     assert not native.supports(MDLConfig(D=20, dims=(6, 7, 7)))
     inside = jax.jit(lambda m, r, a: decide(m, r, a).C_final)(*x)
     np.testing.assert_allclose(np.asarray(inside), np.asarray(_pure(*x, MDLConfig()).C_final), atol=1e-6)
+    with jax.enable_x64(True):  # float64 keeps its precision: the kernel is float32-only
+        out64 = decide(*x.astype(np.float64))
+        assert out64.C_final.dtype == jnp.float64 and out64.v_meta.dtype == jnp.float64
+        one64 = decide(0.3, 0.4, 0.5)
+        assert one64.C_final.dtype == jnp.float64
 
 
 def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path):
