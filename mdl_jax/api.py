@@ -91,18 +91,21 @@ def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int]) -> _
 
 
 _native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims"))
-_CPU: list[bool] = []  # [default backend is the CPU, kernel supports _DEFAULT]: asked once each
+
+
+@functools.cache
+def _on_cpu_and_default_supported() -> tuple[bool, bool]:
+    # Neither can change in a process; supports() inspects every config leaf (~10 µs), so the default
+    # config's answer is asked once.
+    return jax.default_backend() == "cpu", native.supports(_DEFAULT)
 
 
 def _native_ok(cfg: MDLConfig) -> bool:
     """May this call use the native kernel? CPU backend, kernel built, config within its limits."""
     if not native.enabled():
         return False
-    if not _CPU:
-        _CPU.append(jax.default_backend() == "cpu")
-        _CPU.append(native.supports(_DEFAULT))
-    # supports() inspects every config leaf (~10 µs); the default config's answer is asked once.
-    return _CPU[0] and (_CPU[1] if cfg is _DEFAULT else native.supports(cfg)) and native.load()
+    on_cpu, default_ok = _on_cpu_and_default_supported()
+    return on_cpu and (default_ok if cfg is _DEFAULT else native.supports(cfg)) and native.load()
 
 
 @functools.cache

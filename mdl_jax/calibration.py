@@ -63,14 +63,15 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     if grid_size < 2:
         raise ValueError(f"grid_size: expected ≥ 2, got {grid_size!r}")
 
-    raw = api.decide(M, R, A, cfg).norm
+    # M, R, A were checked above: decide need not check them again
+    raw = api.decide(M, R, A, cfg, validate=False).norm
     n_min, n_max = float(jnp.min(raw)), float(jnp.max(raw))
     if not n_max > n_min:
         # A degenerate split (all records identical) cannot define a range; widen it symmetrically so
         # C stays finite (it is 0.5 for every calibration record).
         n_min, n_max = n_min - 0.5, n_max + 0.5
     cfg = cfg.replace(n_min=n_min, n_max=n_max)
-    c_final = api.decide(M, R, A, cfg).C_final
+    c_final = api.decide(M, R, A, cfg, validate=False).C_final
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
     agreement = grid_agreement(c_final, jnp.asarray(labels), jnp.asarray(grid, c_final.dtype))
     best = int(jnp.argmax(agreement))

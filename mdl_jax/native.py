@@ -159,7 +159,7 @@ def supports(cfg: MDLConfig) -> bool:
         if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
             return False
         return np.shape(cfg.bias) in ((), (cfg.D,))
-    except Exception:  # noqa: BLE001 - e.g. tracers: not for the kernel
+    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read: not for the kernel
         return False
 
 
@@ -199,12 +199,12 @@ def pack(cfg: MDLConfig) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _params_cached(cfg: MDLConfig) -> jax.Array:
-    return jax.device_put(_pack_uncached(cfg))
+    return jax.device_put(_pack_cached(cfg))
 
 
 def params(cfg: MDLConfig) -> jax.Array:
     """``pack(cfg)`` on the device, cached per (hashable) config so a call transfers nothing."""
     try:
         return _params_cached(cfg)
-    except TypeError:
+    except TypeError:  # unhashable leaves: pack and transfer every time
         return jax.device_put(_pack_uncached(cfg))
