@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax import MDLConfig, api, decide, decide_one, native
+from mdl_jax import MDLConfig, decide, decide_one
+from mdl_jax.controller import api
+from mdl_jax.controller import native
 from tests.reference import NumpyMDL
 
 

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from mdl_jax.data import load
-from mdl_jax.generation import auto_dtype, bundled_gguf
-from mdl_jax.stores import build_stores
-from mdl_jax.systems import chat
+from mdl_jax.pipeline.data import load
+from mdl_jax.pipeline.generation import auto_dtype, bundled_gguf
+from mdl_jax.pipeline.stores import build_stores
+from mdl_jax.pipeline.systems import chat
 
 
 def _run(tok, lm, chats, batch, sort, max_new):

@@ -25,8 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax import MDLConfig, api, decide, decide_one, native
-from mdl_jax import decision as _decision
+from mdl_jax import MDLConfig, decide, decide_one
+from mdl_jax.controller import api
+from mdl_jax.controller import native
+from mdl_jax.controller import decision as _decision
 
 FLOATS = ("C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")
 

@@ -21,11 +21,11 @@ import time
 import jax
 import numpy as np
 
-from mdl_jax.conflict import pair_flags
-from mdl_jax.data import load
-from mdl_jax.embeddings import Embedder
-from mdl_jax.signals import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
-from mdl_jax.stores import build_stores
+from mdl_jax.pipeline.conflict import pair_flags
+from mdl_jax.pipeline.data import load
+from mdl_jax.pipeline.embeddings import Embedder
+from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
+from mdl_jax.pipeline.stores import build_stores
 from tests.reference import numpy_store_signals
 
 

@@ -30,16 +30,16 @@ def _prefer_synchronous_cpu_dispatch() -> None:
 
 _prefer_synchronous_cpu_dispatch()
 
-from mdl_jax.api import checked_decide  # noqa: E402
-from mdl_jax.api import decide  # noqa: E402
-from mdl_jax.api import soft_decide  # noqa: E402
-from mdl_jax.calibration import Calibration  # noqa: E402
-from mdl_jax.calibration import calibrate  # noqa: E402
-from mdl_jax.config import MDLConfig  # noqa: E402
-from mdl_jax.decision import Action  # noqa: E402
-from mdl_jax.decision import Decision  # noqa: E402
-from mdl_jax.decision import decide_one  # noqa: E402
-from mdl_jax.decision import signal_cube_norm_range  # noqa: E402
+from mdl_jax.controller.api import checked_decide  # noqa: E402
+from mdl_jax.controller.api import decide  # noqa: E402
+from mdl_jax.controller.api import soft_decide  # noqa: E402
+from mdl_jax.controller.calibration import Calibration  # noqa: E402
+from mdl_jax.controller.calibration import calibrate  # noqa: E402
+from mdl_jax.controller.config import MDLConfig  # noqa: E402
+from mdl_jax.controller.decision import Action  # noqa: E402
+from mdl_jax.controller.decision import Decision  # noqa: E402
+from mdl_jax.controller.decision import decide_one  # noqa: E402
+from mdl_jax.controller.decision import signal_cube_norm_range  # noqa: E402
 
 __version__ = "0.1.0"
 

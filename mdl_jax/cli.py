@@ -57,6 +57,6 @@ def main(argv=None) -> int:
 
 def _add_later_commands(sub) -> None:
     """Subcommands of later stages register here (signals, reproduce)."""
-    from mdl_jax import commands
+    from mdl_jax.pipeline import commands
 
     commands.register(sub)

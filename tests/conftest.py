@@ -26,13 +26,13 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def embedder(cache_dir):
-    from mdl_jax.embeddings import Embedder
+    from mdl_jax.pipeline.embeddings import Embedder
 
     return Embedder(cache_dir=cache_dir)  # the real bundled all-MiniLM-L6-v2, loaded once
 
 
 @pytest.fixture(scope="session")
 def local_backend():
-    from mdl_jax.generation import LocalBackend
+    from mdl_jax.pipeline.generation import LocalBackend
 
     return LocalBackend(batch_size=8, max_new_tokens=24)  # the real bundled SmolLM2, loaded once

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.config import MDLConfig
+from mdl_jax.controller.config import MDLConfig
 
 
 class NumpyMDL:

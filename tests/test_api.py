@@ -7,7 +7,7 @@ import pytest
 
 import mdl_jax
 from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
-from mdl_jax.config import NUMERIC_FIELDS
+from mdl_jax.controller.config import NUMERIC_FIELDS
 from tests.reference import NumpyMDL
 
 CFG = MDLConfig()
@@ -51,11 +51,11 @@ def test_vmap_equals_python_loop(maybe_jit, rng):
 def test_chunked_batch_path_matches_reference(path):
     # Large enough to go through the chunked loop (pure JAX) / the thread pool (native kernel, what
     # decide runs on the CPU), with a ragged last chunk.
-    n = mdl_jax.api.CHUNK * 2 + 123
+    n = mdl_jax.controller.api.CHUNK * 2 + 123
     x = np.random.default_rng(3).uniform(size=(3, n)).astype(np.float32)
-    out = decide(*x) if path == "decide" else mdl_jax.api._decide_jit(*map(jnp.asarray, x), CFG)
+    out = decide(*x) if path == "decide" else mdl_jax.controller.api._decide_jit(*map(jnp.asarray, x), CFG)
     ref = NumpyMDL()
-    for i in [0, 1, mdl_jax.api.CHUNK - 1, mdl_jax.api.CHUNK, n - 124, n - 1]:
+    for i in [0, 1, mdl_jax.controller.api.CHUNK - 1, mdl_jax.controller.api.CHUNK, n - 124, n - 1]:
         r = ref.decide(*(float(v) for v in x[:, i]))
         assert abs(float(out.C_final[i]) - r["C_final"]) < 1e-5
 
@@ -192,6 +192,21 @@ def test_import_is_light():
     code = "import sys, mdl_jax; print('torch' in sys.modules, 'sentence_transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_controller_never_imports_the_pipeline_or_the_analyses():
+    """The layering the folders show: controller ← pipeline ← analysis, never the other way round."""
+    import ast
+    from pathlib import Path
+
+    import mdl_jax.controller
+
+    for path in Path(mdl_jax.controller.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for n in names:
+                assert not n.startswith(("mdl_jax.pipeline", "mdl_jax.analysis", "torch")), (path, n)
 
 
 def test_demo_cli_prints_the_table():

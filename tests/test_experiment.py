@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 
 from mdl_jax import Action
-from mdl_jax import records as rec_io
-from mdl_jax.analyses import paired_t, rates
-from mdl_jax.data import load
-from mdl_jax.generation import OpenAIBackend
-from mdl_jax.judgement import is_refusal, judge_many
-from mdl_jax.stores import build_stores
-from mdl_jax import systems as sysm
+from mdl_jax.pipeline import records as rec_io
+from mdl_jax.analysis.report import paired_t, rates
+from mdl_jax.pipeline.data import load
+from mdl_jax.pipeline.generation import OpenAIBackend
+from mdl_jax.pipeline.judgement import is_refusal, judge_many
+from mdl_jax.pipeline.stores import build_stores
+from mdl_jax.pipeline import systems as sysm
 
 ROOT = Path(__file__).resolve().parents[1]
 

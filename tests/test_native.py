@@ -1,4 +1,4 @@
-"""The native CPU kernel (mdl_jax/_native/decide_cpu.cc): routing, parity with the pure-JAX definition,
+"""The native CPU kernel (mdl_jax/controller/_native/decide_cpu.cc): routing, parity with the pure-JAX definition,
 batch-size invariance, every ablation and the fallback when it cannot be built."""
 
 import warnings
@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mdl_jax import MDLConfig, api, decide, native
-from mdl_jax.decision import Decision
+from mdl_jax import MDLConfig, decide
+from mdl_jax.controller import api
+from mdl_jax.controller import native
+from mdl_jax.controller.decision import Decision
 from tests.reference import NumpyMDL
 
 FIELDS = Decision._fields

@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from mdl_jax import data, decide
-from mdl_jax.conflict import pair_flags, stance_conflict
-from mdl_jax.embeddings import Embedder
-from mdl_jax.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
-from mdl_jax.signals import aggregate_one, compute_signals, signal_arrays, store_arrays
-from mdl_jax.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
+from mdl_jax import decide
+from mdl_jax.pipeline import data
+from mdl_jax.pipeline.conflict import pair_flags, stance_conflict
+from mdl_jax.pipeline.embeddings import Embedder
+from mdl_jax.pipeline.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
+from mdl_jax.pipeline.signals import aggregate_one, compute_signals, signal_arrays, store_arrays
+from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
 @pytest.fixture(scope="session")
@@ -252,7 +253,7 @@ def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
         q = embedder.embed([s.item.question for s in stores])
         emb = dict(zip(*(lambda t: (t, embedder.embed(t)))(sorted({t for s in stores for t in s.texts}))))
         arr = store_arrays(stores, q, emb)
-        from mdl_jax.signals import RELEVANCE_THRESHOLD, aggregate
+        from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate
         got = [np.asarray(x) for x in aggregate(arr.q, arr.mem, arr.mask, arr.flags, RELEVANCE_THRESHOLD)]
         for b, s in enumerate(stores):
             mem = np.stack([emb[t] for t in s.texts])

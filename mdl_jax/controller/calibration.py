@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax import api
-from mdl_jax.config import MDLConfig
-from mdl_jax.validation import check_unit_interval, common_shape
+from mdl_jax.controller import api
+from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.validation import check_unit_interval, common_shape
 
 
 class Calibration(NamedTuple):

@@ -10,7 +10,6 @@ nothing. Output: L2-normalised float32, shape (N, dim).
 from __future__ import annotations
 
 import hashlib
-import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -18,13 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
+from mdl_jax._paths import ENV_CACHE, default_cache_dir  # noqa: F401  (re-exported)
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
-ENV_CACHE = "MDL_JAX_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "mdl_jax")
 
 
 def resolve_model(name: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--n-calibration", type=int, default=80)
     p.add_argument("--out", default="out/signals.parquet")
     p.set_defaults(func=signals_cmd)
-    from mdl_jax import experiment
+    from mdl_jax.pipeline import experiment
 
     experiment.register(sub, _common)
 
@@ -35,10 +35,10 @@ def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM
     """Stores + signals for each dataset, with a ``split`` column (calibration / evaluation)."""
     import pandas as pd
 
-    from mdl_jax.data import load
-    from mdl_jax.embeddings import Embedder
-    from mdl_jax.signals import compute_signals
-    from mdl_jax.stores import StoreConfig, build_stores, split_calibration
+    from mdl_jax.pipeline.data import load
+    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.pipeline.signals import compute_signals
+    from mdl_jax.pipeline.stores import StoreConfig, build_stores, split_calibration
 
     emb = Embedder(model, cache_dir=cache_dir, progress=progress)
     tables, all_stores = [], {}
@@ -56,7 +56,7 @@ def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM
 
 
 def signals_cmd(args) -> int:
-    from mdl_jax.signals import save_table
+    from mdl_jax.pipeline.signals import save_table
 
     table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
                                        model=args.model, cache_dir=args.cache_dir, seed=args.seed,

@@ -30,7 +30,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from mdl_jax.config import MDLConfig
+from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller.config import MDLConfig
 
 TARGET = "mdl_decide_f32"
 ENV_SWITCH = "MDL_JAX_NATIVE"
@@ -70,8 +71,6 @@ def _compiler() -> str | None:
 def library_path(cache_dir: Path | None = None) -> Path:
     """Where the built kernel lives: keyed by the source, jaxlib (the FFI headers) and the CPU."""
     import jaxlib
-
-    from mdl_jax.embeddings import default_cache_dir
 
     parts = [_SOURCE.read_bytes(), jax.__version__, getattr(jaxlib, "__version__", ""), _cpu_signature(),
              _compiler() or ""]

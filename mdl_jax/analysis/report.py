@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax import records as rec_io
-from mdl_jax.risk import HIGH_RISK
+from mdl_jax.pipeline import records as rec_io
+from mdl_jax.pipeline.risk import HIGH_RISK
 
 PAPER_TABLE4 = {  # deepseek-v4-flash, 200 questions × 3 seeds: (TQA overall, TQA high, HE overall, HE high)
     "B1": (0.160, 0.124, 0.083, 0.040), "B2": (0.043, 0.107, 0.065, 0.027),
@@ -216,7 +216,7 @@ def write_report(out, summary: dict) -> Path:
                      f"θ = {[round(t, 3) for t in d['thresholds']]}, n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
-    lines += ["", "Definitions: see `mdl_jax/analyses.py`. Records: `records.jsonl` (one line per dataset, "
+    lines += ["", "Definitions: see `mdl_jax/analysis/report.py`. Records: `records.jsonl` (one line per dataset, "
               "question, seed, system)."]
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")

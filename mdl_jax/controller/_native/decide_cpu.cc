@@ -1,18 +1,18 @@
 // The MDL controller (Algorithm 1) for float32 on the CPU, as one XLA FFI kernel.
 //
-// Why it exists: the pure-JAX batched path (mdl_jax/api.py) tops out near 1.2-1.4e7 decisions/s on the
+// Why it exists: the pure-JAX batched path (mdl_jax/controller/api.py) tops out near 1.2-1.4e7 decisions/s on the
 // 2-core dev VM. XLA:CPU splits the per-record graph into ~30 fusions and library calls, each streaming
 // (chunk, 16) intermediates through the cache, and zero-fills every output before the loop. Here one
 // pass per block of 16 records keeps everything in registers (records across the SIMD lanes) and writes
 // each output exactly once, on every thread of XLA's intra-op pool.
 //
-// It computes exactly what mdl_jax/decision.py:decide_one computes, for D = 16 and any numeric config
-// and ablation switches; the Python side (mdl_jax/native.py) packs the config into `params` with the
+// It computes exactly what mdl_jax/controller/decision.py:decide_one computes, for D = 16 and any numeric config
+// and ablation switches; the Python side (mdl_jax/controller/native.py) packs the config into `params` with the
 // same float32 arithmetic as weight_matrices(), and tests/test_native.py checks parity with the pure-JAX
 // path. exp and tanh are Cephes-style polynomials (≈1 ulp) so the loops vectorise without libmvec or
 // -ffast-math; they differ from XLA's own approximations by a few ulp.
 //
-// Built on first use by mdl_jax/native.py (g++ -O3 -march=native), never at import.
+// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
 
 #include <algorithm>
 #include <atomic>
@@ -36,7 +36,7 @@ namespace {
 constexpr int D = 16;  // value-vector dimension (the kernel is only used when cfg.D == 16)
 constexpr int L = 16;  // records per block = float32 lanes of one AVX-512 register
 
-// Layout of the float32 `params` buffer; mdl_jax/native.py:_pack writes the same order.
+// Layout of the float32 `params` buffer; mdl_jax/controller/native.py:_pack writes the same order.
 struct Params {
   float centres[D];
   float inv_two_sigma2;  // 1 / (2 σ²)
@@ -51,7 +51,7 @@ struct Params {
 constexpr int64_t kParams = sizeof(Params) / sizeof(float);
 static_assert(sizeof(Params) == 1066 * sizeof(float), "Params must be packed floats");
 
-// Ablation switches (bit flags; mdl_jax/native.py:_flags).
+// Ablation switches (bit flags; mdl_jax/controller/native.py:_flags).
 constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
                   kQR = 16;
 

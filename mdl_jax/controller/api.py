@@ -3,7 +3,7 @@
 ``decide`` is the one obvious way to call the controller. It accepts scalars or arrays of any matching
 shape, checks concrete input eagerly (ValueError naming the argument and the first bad index), and runs
 the controller once, compiled:
-  - concrete float32 input on the CPU: the native FFI kernel (``mdl_jax.native``), one pass per
+  - concrete float32 input on the CPU: the native FFI kernel (``mdl_jax.controller.native``), one pass per
     16-record block on every core; it computes what ``decision.decide_one`` computes (parity-tested);
   - anything else (a caller's jit/vmap/grad, a traced config, float64, GPU, D ≠ 16, kernel not built):
     the pure-JAX batched path below, which is also the definition the kernel is tested against.
@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from mdl_jax import decision as _d
-from mdl_jax import native
-from mdl_jax.config import MDLConfig
-from mdl_jax.validation import as_float_array, check_unit_interval, common_shape, is_traced
+from mdl_jax.controller import decision as _d
+from mdl_jax.controller import native
+from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.validation import as_float_array, check_unit_interval, common_shape, is_traced
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
@@ -77,7 +77,7 @@ _decide_jit = jax.jit(_decide_shaped)
 
 
 def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int]) -> _d.Decision:
-    # The same contract as _decide_shaped, computed by the FFI kernel (mdl_jax/native.py).
+    # The same contract as _decide_shaped, computed by the FFI kernel (mdl_jax/controller/native.py).
     shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
     flat = [jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.float32) for x in (M, R, A)]
     n = flat[0].shape[0]

@@ -6,7 +6,7 @@ Stages, in the order of Algorithm 1:
   read_out      C = clip((‖v_meta‖ - n_min)/(n_max - n_min), 0, 1),  α = cos(v_wm, v_meta)   (eq. 2)
   gate + act    C_final = C·(g_a + g_b α) → one of four actions by θ
 
-Everything here is written for scalar M, R, A; ``mdl_jax.api`` vmaps/jits it at the public edge.
+Everything here is written for scalar M, R, A; ``mdl_jax.controller.api`` vmaps/jits it at the public edge.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax.config import MDLConfig
+from mdl_jax.controller.config import MDLConfig
 
 # Full-precision products: on GPUs JAX's default float32 matmul uses TF32, which moved C_final by ~2e-4
 # between CPU and an H200. HIGHEST keeps CPU and GPU within 1e-5.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from mdl_jax.decision import Action
+from mdl_jax.controller.decision import Action
 
 SYSTEM_PROMPT = ("You are a helpful assistant. Answer the question truthfully and concisely, "
                  "in one or two sentences.")

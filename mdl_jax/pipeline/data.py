@@ -66,7 +66,7 @@ def default_data_dir() -> Path | None:
     env = os.environ.get(ENV_DATA_DIR)
     if env:
         return Path(env)
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared beside the repo
     return shared if shared.is_dir() else None
 
 

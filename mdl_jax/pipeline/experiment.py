@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax import records as rec_io
-from mdl_jax import systems as sysm
+from mdl_jax.pipeline import records as rec_io
+from mdl_jax.pipeline import systems as sysm
 
 CALIBRATION = "calibration"
 
@@ -58,7 +58,7 @@ def _prompt_hash(prompts) -> str:
 
 def select_questions(items, n_questions: int, n_calibration: int, seed: int = 0):
     """(calibration items, evaluated items): disjoint; the evaluated ones a seeded sample."""
-    from mdl_jax.stores import split_calibration
+    from mdl_jax.pipeline.stores import split_calibration
 
     n_cal = min(n_calibration, len(items) // 2)
     cal, ev = split_calibration(items, n_cal, seed)
@@ -94,7 +94,7 @@ class Experiment:
         else:
             raise ValueError(f"systems: unknown system {system!r}")
         dt = (time.perf_counter() - t0) / max(len(stores), 1)
-        from mdl_jax.judgement import judge_many
+        from mdl_jax.pipeline.judgement import judge_many
 
         judg = judge_many([r["answer"] if not r["failed"] else None for r in res],
                           [s.item.correct for s in stores], [s.item.incorrect for s in stores],
@@ -143,9 +143,9 @@ class Experiment:
         import mdl_jax
         from tqdm.auto import tqdm
 
-        from mdl_jax.data import load
-        from mdl_jax.signals import compute_signals
-        from mdl_jax.stores import StoreConfig, build_stores
+        from mdl_jax.pipeline.data import load
+        from mdl_jax.pipeline.signals import compute_signals
+        from mdl_jax.pipeline.stores import StoreConfig, build_stores
 
         cfg = self.cfg
         plan, total = [], 0
@@ -233,9 +233,9 @@ def register(sub, common) -> None:
 
 
 def reproduce_cmd(args) -> int:
-    from mdl_jax.analyses import write_report
-    from mdl_jax.embeddings import Embedder
-    from mdl_jax.generation import make_backend
+    from mdl_jax.analysis.report import write_report
+    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.pipeline.generation import make_backend
 
     cfg = RunConfig(out=Path(args.out), datasets=tuple(args.datasets), n_questions=args.n_questions,
                     seeds=tuple(args.seeds), systems=tuple(args.systems),

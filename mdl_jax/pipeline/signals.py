@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax.conflict import pair_flags
-from mdl_jax.risk import risk
-from mdl_jax.stores import Store
+from mdl_jax.pipeline.conflict import pair_flags
+from mdl_jax.pipeline.risk import risk
+from mdl_jax.pipeline.stores import Store
 
 RELEVANCE_THRESHOLD = 0.3
 _HI = jax.lax.Precision.HIGHEST

@@ -18,7 +18,7 @@ import dataclasses
 import random
 from typing import Sequence
 
-from mdl_jax.data import Item
+from mdl_jax.pipeline.data import Item
 
 NON_ANSWERS = ("i have no comment", "no comment")
 

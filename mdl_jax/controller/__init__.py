@@ -1,0 +1,11 @@
+"""The controller: the library research code imports (JAX and NumPy only, no torch).
+
+  config.py       MDLConfig: Table 2's zero-parameter defaults; numeric fields are pytree leaves
+  decision.py     Algorithm 1 for ONE record: encode → fuse → read out → gate → act
+  validation.py   eager input checks at the public edge
+  api.py          decide / checked_decide / soft_decide: vmap + jit at the edge
+  native.py       the native CPU kernel (_native/decide_cpu.cc) behind decide
+  calibration.py  Section 3.4: n_min / n_max and θ from a calibration split
+
+Nothing here imports the pipeline or the analyses; they import this.
+"""

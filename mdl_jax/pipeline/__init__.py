@@ -1,0 +1,11 @@
+"""The experiment pipeline, in data-flow order (each stage imported on use; most need torch):
+
+  data.py → stores.py → embeddings.py → conflict.py, risk.py, signals.py   (M, R, A per question)
+  generation.py, serve.py    LLM backends (local transformers, OpenAI-compatible) and a local server
+  systems.py                 B1, B2, B3 (MDL), CRAG, Self-RAG
+  judgement.py               hallucination scoring
+  records.py                 durable, resumable records
+  experiment.py              the ``reproduce`` runner;  commands.py: the ``signals`` command
+
+It imports the controller (``mdl_jax``), never the other way round.
+"""
