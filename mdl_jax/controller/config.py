@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Fields that are pytree leaves (traceable numbers) versus static aux data.
@@ -74,34 +75,24 @@ class MDLConfig:
     value_encoding: bool = True
 
     def __post_init__(self):
-        # Structural invariants are checked once, here; numeric ones only when the values are concrete
-        # (they may be tracers inside vmap/grad).
-        if not (isinstance(self.D, int) and self.D > 0):
+        # Invariants are checked once, here. Numeric ones only where the values are concrete: inside
+        # vmap/grad a leaf may be a tracer, and pytree ops rebuild configs without this method.
+        if not (_is_int(self.D) and self.D > 0):
             raise ValueError(f"D: expected a positive int, got {self.D!r}")
-        if len(self.dims) != 3 or any((not isinstance(d, int)) or d <= 0 for d in self.dims):
-            raise ValueError(f"dims: expected three positive ints, got {self.dims!r}")
+        # dims is static (part of the jit cache key), so it must be hashable: a tuple, not a list
+        if not (isinstance(self.dims, tuple) and len(self.dims) == 3
+                and all(_is_int(d) and d > 0 for d in self.dims)):
+            raise ValueError(f"dims: expected a tuple of three positive ints, got {self.dims!r}")
         if sum(self.dims) != self.D:
             raise ValueError(f"dims: expected dimensions summing to D={self.D}, got {self.dims!r}")
+        if not (_is_int(self.qr_seed) and self.qr_seed >= 0):
+            raise ValueError(f"qr_seed: expected a non-negative int, got {self.qr_seed!r}")
         if self.subspaces not in ("qr", "identity"):
             raise ValueError(f"subspaces: expected 'qr' or 'identity', got {self.subspaces!r}")
         for name in ("alpha_gating", "risk_modulation", "risk_inversion", "value_encoding"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        if _is_concrete(self.sigma) and not float(np.min(self.sigma)) > 0:
-            raise ValueError(f"sigma: expected > 0, got {self.sigma!r}")
-        if _is_concrete(self.thresholds):
-            th = np.asarray(self.thresholds, dtype=np.float64)
-            if th.shape[-1:] != (3,):
-                raise ValueError(f"thresholds: expected three values (θ0, θ1, θ2), got shape {th.shape}")
-            if np.any(np.diff(th, axis=-1) > 0):
-                raise ValueError(f"thresholds: expected θ0 ≥ θ1 ≥ θ2, got {self.thresholds!r}")
-        if _is_concrete(self.n_min) and _is_concrete(self.n_max):
-            if not np.all(np.asarray(self.n_max) > np.asarray(self.n_min)):
-                raise ValueError(f"n_max: expected > n_min={self.n_min!r}, got {self.n_max!r}")
-        for name, size in (("gains", 3), ("g_A_coeffs", 2), ("gate_coeffs", 2)):
-            v = getattr(self, name)
-            if _is_concrete(v) and np.shape(v)[-1:] != (size,):
-                raise ValueError(f"{name}: expected {size} values, got {v!r}")
+        _check_numeric(self)
 
     def replace(self, **changes) -> "MDLConfig":
         """A copy with some fields changed (the config is frozen)."""
@@ -116,6 +107,85 @@ class MDLConfig:
     def basis(self) -> np.ndarray:
         """Q from the QR decomposition, (D, D) float64; columns [0:d_wm], [d_wm:d_wm+d_r], rest span Π_k."""
         return _qr_basis(self.D, self.qr_seed)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+# Trailing (per-config) shape of each vector field; any leading axes are a batch of configs.
+_VECTOR = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+
+
+def _real(name: str, value) -> np.ndarray | None:
+    """The field as a float64 array, or None when any of its leaves is traced (not checkable)."""
+    if not _is_concrete(value):
+        return None
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged tuples and the like
+        raise ValueError(f"{name}: expected a number or an array of real numbers, got "
+                         f"{_short(value)} ({e})") from None
+    # bool and complex are numbers to NumPy but not a value of any field; bfloat16 has kind 'V'
+    if arr.dtype == np.bool_ or not (jnp.issubdtype(arr.dtype, jnp.integer)
+                                     or jnp.issubdtype(arr.dtype, jnp.floating)):
+        raise ValueError(f"{name}: expected a number or an array of real numbers, got {_short(value)} "
+                         f"(dtype {arr.dtype})")
+    arr = arr.astype(np.float64)
+    if name in _VECTOR and arr.shape[-1:] != (_VECTOR[name],):
+        raise ValueError(f"{name}: expected {_VECTOR[name]} values (a trailing axis of "
+                         f"{_VECTOR[name]}), got shape {arr.shape}: {_short(value)}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: expected finite values, got {_short(value)}")
+    return arr
+
+
+def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
+    # Elementwise, so a batch of configs (leaves shaped (K, ...)) says which config is wrong.
+    if np.any(bad):
+        where = "" if np.ndim(bad) == 0 else f" (first at index {_first(bad)})"
+        raise ValueError(f"{name}: expected {what}, got {_short(value)}{where}")
+
+
+def _short(value) -> str:
+    # one line, bounded: a batch of configs can hold thousands of values
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 200 else text[:200] + " ..."
+
+
+def _first(bad: np.ndarray) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), np.shape(bad)))
+
+
+def _broadcast(names: str, *arrays) -> tuple:
+    try:
+        return np.broadcast_arrays(*arrays)
+    except ValueError:
+        raise ValueError(f"{names}: expected batch axes that broadcast together, got shapes "
+                         f"{[np.shape(a) for a in arrays]}") from None
+
+
+def _check_numeric(cfg: "MDLConfig") -> None:
+    v = {f: _real(f, getattr(cfg, f)) for f in _NUMERIC}
+    if v["sigma"] is not None:
+        _fail("sigma", "a width > 0", cfg.sigma, v["sigma"] <= 0)
+    if v["gains"] is not None:
+        # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))
+        _fail("gains", "gains ≥ 0", cfg.gains, v["gains"] < 0)
+    if v["eps_c"] is not None:
+        _fail("eps_c", "a leakage ≥ 0", cfg.eps_c, v["eps_c"] < 0)
+        if v["gains"] is not None:
+            # Theorem 1's condition. eps_c = 0 (no leakage) keeps every gain's pathway monotone too.
+            eps, low = _broadcast("eps_c, gains", v["eps_c"], v["gains"].min(axis=-1))
+            _fail("eps_c", f"0 or a leakage < min(gains) (Theorem 1), with gains={_short(cfg.gains)}",
+                  cfg.eps_c, (eps > 0) & (eps >= low))
+    th = v["thresholds"]
+    if th is not None:
+        _fail("thresholds", "values in [0, 1]", cfg.thresholds, ((th < 0) | (th > 1)).any(axis=-1))
+        _fail("thresholds", "θ0 ≥ θ1 ≥ θ2", cfg.thresholds, (np.diff(th, axis=-1) > 0).any(axis=-1))
+    if v["n_min"] is not None and v["n_max"] is not None:
+        lo, hi = _broadcast("n_min, n_max", v["n_min"], v["n_max"])
+        _fail("n_max", f"n_max > n_min={_short(cfg.n_min)}", cfg.n_max, ~(hi > lo))
 
 
 def _is_concrete(x) -> bool:
