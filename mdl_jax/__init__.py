@@ -40,10 +40,16 @@ from mdl_jax.controller.decision import Action  # noqa: E402
 from mdl_jax.controller.decision import Decision  # noqa: E402
 from mdl_jax.controller.decision import decide_one  # noqa: E402
 from mdl_jax.controller.decision import signal_cube_norm_range  # noqa: E402
+from mdl_jax.controller.sweep import SweepResult  # noqa: E402
+from mdl_jax.controller.sweep import bootstrap_weights  # noqa: E402
+from mdl_jax.controller.sweep import config_grid  # noqa: E402
+from mdl_jax.controller.sweep import stack_configs  # noqa: E402
+from mdl_jax.controller.sweep import sweep  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Action", "Calibration", "Decision", "MDLConfig", "calibrate", "checked_decide", "decide",
-    "decide_one", "signal_cube_norm_range", "soft_decide",
+    "Action", "Calibration", "Decision", "MDLConfig", "SweepResult", "bootstrap_weights", "calibrate",
+    "checked_decide", "config_grid", "decide", "decide_one", "signal_cube_norm_range", "soft_decide",
+    "stack_configs", "sweep",
 ]

@@ -1,0 +1,406 @@
+"""The sweep engine: every config of a grid × every record, reduced per config in one compiled program.
+
+    configs = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 21), g_b=np.linspace(0, 1, 21))   # K = 441
+    res = sweep(M, R, A, configs, adopt=adopt, weights=bootstrap_weights(len(M), 10, seed=0))
+    res.accuracy.reshape(21, 21, 10)          # binary decision accuracy per config and resample
+
+A *batch of configs* is an ``MDLConfig`` whose numeric leaves all carry a leading axis K (built by
+``config_grid`` or ``stack_configs``); its static fields (dims, QR seed, the five ablations) are
+shared. Different ablations are different programs, so ``sweep`` takes a short list of batches for
+them and runs one compiled program per entry; numeric fields are never a Python loop.
+
+What a sweep returns is what sweeps need, per config (and per weight vector): binary decision accuracy
+against oracle labels (adopt ⇔ ACTIVE; Supp, Silent and Opt-Out count as reject, paper Section 5.3),
+weighted action counts and the weighted mean of C_final. It never materialises a (K, N) Decision.
+
+Bootstrap resamples are per-record multiplicity weights (``bootstrap_weights``): a record's decision
+does not depend on how often it was drawn, so each (config, record) decision is computed once and
+every resample is one weighted sum over it. That is exact (tests check it against explicit
+resampling) and makes W resamples cost one pass plus W dot products instead of W passes.
+
+How it runs. One jitted program: configs are padded to whole chunks and ``lax.map`` walks the chunks;
+inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
+configs, and the per-config reductions are matmuls against the (W, N) weights. The chunk holds a few
+configs × all records, sized so the vmapped intermediates ((chunk, N, 16) floats) stay near the cache
+sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path; measured here it reaches
+the issue's targets without a native kernel (experiments/bench_sweep.py), so the same pure-JAX program
+runs on the CPU and on a GPU. With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
+on the CPU), the config axis of each chunk is sharded across all of them (Mesh + NamedSharding);
+with one device nothing changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from mdl_jax.controller import config as _config
+from mdl_jax.controller import decision as _d
+from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
+from mdl_jax.controller.validation import check_unit_interval, common_shape
+
+# The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
+_BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
+              "bias": 0, "n_min": 0, "n_max": 0}
+_SIZES = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+# Names for one component of a vector field, so a grid can vary it alone.
+COMPONENTS = {
+    "s_wm": ("gains", 0), "s_r": ("gains", 1), "s_a": ("gains", 2),
+    "g_A_a": ("g_A_coeffs", 0), "g_A_b": ("g_A_coeffs", 1),
+    "g_a": ("gate_coeffs", 0), "g_b": ("gate_coeffs", 1),
+    "theta0": ("thresholds", 0), "theta1": ("thresholds", 1), "theta2": ("thresholds", 2),
+}
+# Decisions per chunk of the compiled loop (configs per chunk × records): near the 8192-16384 records
+# per step that were fastest for decide's pure-JAX path on the dev VM (see api.CHUNK).
+_CHUNK_DECISIONS = 16384
+
+
+class SweepResult(NamedTuple):
+    """Per-config reductions. With ``weights`` of shape (W, N) every field has a W axis after K.
+
+    accuracy: (K[, W]) share of records (by weight) where 'adopt ⇔ ACTIVE' matches the oracle label;
+      None when no labels were given.
+    counts: (K[, W], 4) weighted number of records per action, in ``Action`` order.
+    mean_C_final: (K[, W]) weighted mean of C_final.
+    total: ([W]) total weight (the number of records, unweighted).
+    """
+
+    accuracy: jax.Array | None
+    counts: jax.Array
+    mean_C_final: jax.Array
+    total: jax.Array
+
+
+# ------------------------------------------------------------------------------------ config batches
+
+def _leaf(cfg: MDLConfig, f: str) -> np.ndarray:
+    try:
+        a = np.asarray(getattr(cfg, f), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{f}: expected real numbers, got {getattr(cfg, f)!r}") from None
+    return a
+
+
+def batch_size(configs: MDLConfig) -> int | None:
+    """K for a batch of configs (every numeric leaf with leading axis K), None for a single config.
+
+    Raises ValueError naming the field when the leaves disagree: some batched, some not, or two
+    different leading sizes.
+    """
+    ranks = {}
+    for f in NUMERIC_FIELDS:
+        a = _leaf(configs, f)
+        extra = a.ndim - _BASE_RANK[f]
+        if f == "bias" and a.ndim >= 1 and a.shape[-1] == configs.D and a.ndim == 2:
+            extra = 1  # (K, D): one bias vector per config
+        elif f == "bias" and a.ndim == 1 and a.shape[0] == configs.D:
+            extra = -1  # (D,): ambiguous alone; decided by the other leaves below
+        ranks[f] = (extra, a.shape)
+    batched = {f: s[0] for f, (e, s) in ranks.items() if e == 1}
+    if not batched:
+        if any(e > 1 for e, _ in ranks.values()):
+            f = next(f for f, (e, _) in ranks.items() if e > 1)
+            raise ValueError(f"{f}: expected one leading config axis, got shape {ranks[f][1]}")
+        return None
+    ref_f, K = next(iter(batched.items()))
+    for f, (extra, shape) in ranks.items():
+        if f == "bias" and extra == -1 and shape[0] == K:
+            continue  # (K,): one scalar bias per config
+        if extra != 1 or shape[0] != K:
+            raise ValueError(f"{f}: expected a leading config axis of size {K} (the batch size of "
+                             f"{ref_f}), got shape {shape}")
+    return K
+
+
+def _check_batch(configs: MDLConfig, K: int) -> None:
+    """Every config of the batch finite and inside its domain (ValueError naming field and index)."""
+    def bad(f, mask, what):
+        idx = np.argwhere(mask)[0]
+        k = int(idx[0])
+        raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = "
+                         f"{np.asarray(getattr(configs, f))[k]!r}")
+
+    for f in NUMERIC_FIELDS:
+        a = _leaf(configs, f)
+        if not np.all(np.isfinite(a)):
+            bad(f, ~np.isfinite(a.reshape(K, -1)).all(1), "finite values")
+    if np.any(_leaf(configs, "sigma") <= 0):
+        bad("sigma", _leaf(configs, "sigma") <= 0, "sigma > 0")
+    gains = _leaf(configs, "gains")
+    if np.any(gains <= 0):
+        bad("gains", (gains <= 0).any(1), "positive gains")
+    eps = _leaf(configs, "eps_c")
+    if np.any((eps < 0) | (eps >= gains.min(1))):
+        bad("eps_c", (eps < 0) | (eps >= gains.min(1)), "0 ≤ eps_c < min(gains) (Theorem 1)")
+    th = _leaf(configs, "thresholds")
+    if np.any((th < 0) | (th > 1)) or np.any(np.diff(th, axis=1) > 0):
+        bad("thresholds", ((th < 0) | (th > 1)).any(1) | (np.diff(th, axis=1) > 0).any(1),
+            "θ0 ≥ θ1 ≥ θ2 within [0, 1]")
+    lo, hi = _leaf(configs, "n_min"), _leaf(configs, "n_max")
+    if np.any(hi <= lo):
+        bad("n_max", hi <= lo, "n_max > n_min")
+
+
+def _as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:
+    """(batched config, K, was it batched): a single config becomes a batch of one."""
+    if not isinstance(cfg, MDLConfig):
+        raise TypeError(f"configs: expected an MDLConfig (a batch from config_grid/stack_configs) or a "
+                        f"sequence of them, got {type(cfg).__name__}")
+    K = batch_size(cfg)
+    if K is None:
+        return stack_configs([cfg]), 1, False
+    return cfg, K, True
+
+
+def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
+    """A batch of configs from single configs that share their static fields: every numeric leaf
+    gets a leading axis K = len(configs)."""
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs: expected at least one MDLConfig")
+    first = configs[0]
+    for i, c in enumerate(configs):
+        if not isinstance(c, MDLConfig):
+            raise TypeError(f"configs[{i}]: expected an MDLConfig, got {type(c).__name__}")
+        if _config._flatten(c)[1] != _config._flatten(first)[1]:
+            raise ValueError(f"configs[{i}]: static fields (D, dims, qr_seed, ablations) differ from "
+                             "configs[0]; sweep them as separate batches")
+    leaves = {}
+    for f in NUMERIC_FIELDS:
+        vals = [_leaf(c, f) for c in configs]
+        if f == "bias":  # scalar and (D,) biases mix: store (K, D) when any is a vector
+            if any(v.ndim for v in vals):
+                vals = [np.broadcast_to(v, (first.D,)) for v in vals]
+        shapes = {v.shape for v in vals}
+        if len(shapes) != 1:
+            raise ValueError(f"{f}: expected the same shape in every config, got {sorted(shapes)}")
+        leaves[f] = np.stack(vals).astype(np.float32)
+    return _with_leaves(first, leaves)
+
+
+def _with_leaves(template: MDLConfig, leaves: dict) -> MDLConfig:
+    # Same static fields, new numeric leaves (arrays), without re-running the single-config checks.
+    return _config._unflatten(_config._flatten(template)[1], [leaves[f] for f in NUMERIC_FIELDS])
+
+
+def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
+    """The Cartesian product of named value lists, as a batch of K = ∏ len(values) configs.
+
+    Keywords are numeric fields (``sigma=[...]``, ``eps_c``, ``n_min``, ``n_max``, ``bias``; vector
+    fields take a list of tuples, e.g. ``gate_coeffs=[(0.3, 0.7), (0.1, 0.9)]``) or one component of a
+    vector field (``g_a``, ``g_b``, ``g_A_a``, ``g_A_b``, ``s_wm``, ``s_r``, ``s_a``, ``theta0``,
+    ``theta1``, ``theta2``). Order is C order: the first keyword varies slowest, so results reshape to
+    ``(len(axis1), len(axis2), ...)``. Other fields come from ``base`` (the paper defaults when None).
+    Every config is checked (finite, σ > 0, 0 ≤ ε_c < min gains, θ descending in [0, 1],
+    n_max > n_min): a bad value is a ValueError naming the field and the config's index.
+    """
+    base = base if base is not None else MDLConfig()
+    if not isinstance(base, MDLConfig):
+        raise TypeError(f"base: expected an MDLConfig, got {type(base).__name__}")
+    if batch_size(base) is not None:
+        raise ValueError("base: expected a single config, got a batch")
+    if not axes:
+        raise ValueError("axes: expected at least one field=values keyword")
+    names, values = [], []
+    for name, vals in axes.items():
+        if name not in NUMERIC_FIELDS and name not in COMPONENTS:
+            raise ValueError(f"{name}: not a numeric config field or component; expected one of "
+                             f"{list(NUMERIC_FIELDS) + list(COMPONENTS)}")
+        try:
+            arr = np.asarray(vals, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a list of real numbers, got {vals!r}") from None
+        field = COMPONENTS[name][0] if name in COMPONENTS else name
+        want = 1 + (0 if name in COMPONENTS else _BASE_RANK[field])
+        if field == "bias" and name == "bias" and arr.ndim == 2:
+            want = 2
+        if arr.ndim != want or arr.shape[0] == 0:
+            raise ValueError(f"{name}: expected a non-empty list of "
+                             f"{'scalars' if want == 1 else 'tuples'}, got shape {arr.shape}")
+        if field in _SIZES and name not in COMPONENTS and arr.shape[1] != _SIZES[field]:
+            raise ValueError(f"{name}: expected tuples of {_SIZES[field]} values, got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            i = int(np.argwhere(~np.isfinite(arr.reshape(len(arr), -1)).all(1))[0][0])
+            raise ValueError(f"{name}: expected finite values; {name}[{i}] = {vals[i]!r}")
+        names.append(name)
+        values.append(arr)
+    K = int(np.prod([len(v) for v in values]))
+    leaves = {f: np.broadcast_to(_leaf(base, f), (K,) + _leaf(base, f).shape).copy()
+              for f in NUMERIC_FIELDS}
+    if "bias" in names and (values[names.index("bias")].ndim == 2 or leaves["bias"].ndim == 2):
+        leaves["bias"] = np.broadcast_to(leaves["bias"].reshape(K, -1), (K, base.D)).copy()
+    idx = np.stack(np.meshgrid(*[np.arange(len(v)) for v in values], indexing="ij"), -1).reshape(K, -1)
+    for j, (name, arr) in enumerate(zip(names, values)):
+        field, c = COMPONENTS.get(name, (name, slice(None)))
+        picked = arr[idx[:, j]]
+        if leaves[field].ndim == 2 and picked.ndim == 1 and name not in COMPONENTS:
+            picked = picked[:, None]  # one scalar bias per config over a vector bias
+        if leaves[field].ndim == 1:
+            leaves[field][:] = picked
+        else:
+            leaves[field][:, c] = picked
+    out = _with_leaves(base, {f: v.astype(np.float32) for f, v in leaves.items()})
+    _check_batch(out, K)
+    return out
+
+
+def bootstrap_weights(n: int, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """(n_resamples, n) multiplicities of n draws with replacement from n records (a bootstrap
+    resample each row); ``sweep(..., weights=...)`` then scores every resample exactly."""
+    if not (isinstance(n, (int, np.integer)) and n > 0):
+        raise ValueError(f"n: expected a positive int, got {n!r}")
+    if not (isinstance(n_resamples, (int, np.integer)) and n_resamples > 0):
+        raise ValueError(f"n_resamples: expected a positive int, got {n_resamples!r}")
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------ the program
+
+def _c_final_and_action(M, R, A, cfg: MDLConfig):
+    # Algorithm 1 for one record without the attribution outputs (v_meta, energies) a sweep discards.
+    v_meta, v_wm, _ = _d.fuse(M, R, A, cfg)
+    C, alpha, _ = _d.read_out(v_meta, v_wm, cfg)
+    C_final = _d.gate(C, alpha, cfg)
+    return C_final, _d.act(C_final, cfg)
+
+
+_over_records = jax.vmap(_c_final_and_action, in_axes=(0, 0, 0, None))
+
+
+def _reduce_one_config(M, R, A, adopt, weights, cfg):
+    """One config × all records → (accuracy (W,), counts (W, 4), mean C_final (W,))."""
+    C_final, action = _over_records(M, R, A, cfg)
+    hi = jax.lax.Precision.HIGHEST
+    onehot = (action[:, None] == jnp.arange(4)[None, :]).astype(weights.dtype)   # (N, 4)
+    counts = jnp.einsum("wn,na->wa", weights, onehot, precision=hi)
+    total = jnp.sum(weights, axis=1)
+    mean_cf = jnp.einsum("wn,n->w", weights, C_final.astype(weights.dtype), precision=hi) / total
+    correct = ((action == 0) == adopt).astype(weights.dtype)
+    accuracy = jnp.einsum("wn,n->w", weights, correct, precision=hi) / total
+    return accuracy, counts, mean_cf
+
+
+def _program(M, R, A, adopt, weights, cfg_chunks, chunk_sharding=None):
+    # cfg_chunks: leaves (n_chunks, chunk, ...). lax.map walks the chunks; a chunk is vmapped.
+    per_chunk = jax.vmap(_reduce_one_config, in_axes=(None, None, None, None, None, 0))
+
+    def body(cfg_chunk):
+        if chunk_sharding is not None:
+            cfg_chunk = jax.lax.with_sharding_constraint(cfg_chunk, chunk_sharding)
+        return per_chunk(M, R, A, adopt, weights, cfg_chunk)
+
+    return jax.lax.map(body, cfg_chunks)
+
+
+_program_jit = jax.jit(_program, static_argnames=("chunk_sharding",))
+
+
+@functools.cache
+def _mesh() -> Mesh | None:
+    devs = jax.devices()
+    return Mesh(np.array(devs), ("configs",)) if len(devs) > 1 else None
+
+
+def _chunk_size(K: int, N: int, n_dev: int) -> int:
+    c = max(1, _CHUNK_DECISIONS // max(N, 1))
+    c = min(c, K)
+    return -(-c // n_dev) * n_dev  # a multiple of the device count, so the config axis splits evenly
+
+
+def _run_batch(M, R, A, adopt, weights, cfg: MDLConfig, K: int):
+    N = M.shape[0]
+    mesh = _mesh()
+    n_dev = 1 if mesh is None else mesh.devices.size
+    chunk = _chunk_size(K, N, n_dev)
+    n_chunks = -(-K // chunk)
+    pad = n_chunks * chunk - K
+
+    def to_chunks(x):
+        x = np.asarray(x, np.float32)
+        if pad:  # repeat the last config; its rows are dropped below
+            x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+        return x.reshape((n_chunks, chunk) + x.shape[1:])
+
+    chunks = jax.tree.map(to_chunks, cfg)
+    sharding = None
+    if mesh is not None:
+        sharding = NamedSharding(mesh, PartitionSpec("configs"))
+        placed = NamedSharding(mesh, PartitionSpec(None, "configs"))
+        chunks = jax.tree.map(lambda x: jax.device_put(x, placed), chunks)
+    acc, counts, mean_cf = _program_jit(M, R, A, adopt, weights, chunks, chunk_sharding=sharding)
+
+    def unchunk(x):
+        return x.reshape((n_chunks * chunk,) + x.shape[2:])[:K]
+
+    return unchunk(acc), unchunk(counts), unchunk(mean_cf)
+
+
+def sweep(M, R, A, configs, *, adopt=None, weights=None):
+    """Every config × every record, reduced per config (see the module docstring).
+
+    Args:
+      M, R, A: (N,) signals in [0, 1] (checked: ValueError naming the argument and first bad index).
+      configs: a batch of configs (``config_grid``, ``stack_configs``), a single ``MDLConfig`` (a batch
+        of one), or a list/tuple of those (e.g. one batch per ablation) → a list of results.
+      adopt: optional (N,) binary oracle labels (1 = adopt the memory); gives ``accuracy``.
+      weights: optional (W, N) or (N,) non-negative per-record weights (e.g. ``bootstrap_weights``);
+        default: every record once.
+
+    Returns:
+      ``SweepResult`` (or a list of them, one per entry of ``configs``), float32 throughout; leading
+      axis K (absent for a single unbatched config), then W when ``weights`` was 2-d.
+    """
+    if isinstance(configs, (list, tuple)):
+        if not configs:
+            raise ValueError("configs: expected at least one config")
+        return [sweep(M, R, A, c, adopt=adopt, weights=weights) for c in configs]
+    cfg, K, batched = _as_batch(configs)
+    _check_batch(cfg, K)
+    for n, x in (("M", M), ("R", R), ("A", A)):
+        check_unit_interval(n, x)
+    shape = common_shape(("M", "R", "A"), (M, R, A))
+    if len(shape) != 1 or shape[0] == 0:
+        raise ValueError(f"M: expected 1-d signals with at least one record, got shape {shape}")
+    N = shape[0]
+    M, R, A = (jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A))
+
+    if adopt is None:
+        lab = jnp.zeros((N,), bool)
+    else:
+        a = np.asarray(adopt)
+        if a.shape != (N,):
+            raise ValueError(f"adopt: expected shape ({N},) (one label per record), got {a.shape}")
+        if a.dtype.kind not in "biuf" or not np.all((a == 0) | (a == 1)):
+            raise ValueError("adopt: expected binary labels (0 = reject, 1 = adopt)")
+        lab = jnp.asarray(a.astype(bool))
+
+    w2d = weights is not None and np.ndim(weights) == 2
+    if weights is None:
+        w = jnp.ones((1, N), jnp.float32)
+    else:
+        w = np.asarray(weights)
+        if w.dtype.kind not in "biuf":
+            raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
+        w = w.astype(np.float32).reshape((1, -1) if w.ndim == 1 else w.shape)
+        if w.ndim != 2 or w.shape[1] != N:
+            raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ValueError("weights: expected finite, non-negative weights")
+        if np.any(w.sum(1) <= 0):
+            raise ValueError("weights: every weight vector needs a positive total")
+        w = jnp.asarray(w)
+
+    acc, counts, mean_cf = _run_batch(M, R, A, lab, w, cfg, K)
+    total = jnp.sum(w, axis=1)
+    if not w2d:
+        acc, counts, mean_cf, total = acc[:, 0], counts[:, 0], mean_cf[:, 0], total[0]
+    if not batched:
+        acc, counts, mean_cf = acc[0], counts[0], mean_cf[0]
+    return SweepResult(acc if adopt is not None else None, counts, mean_cf, total)
+

@@ -1,0 +1,215 @@
+"""The sweep engine: equal to a Python loop over ``decide`` for every numeric field and ablation,
+bootstrap weights equal explicit resampling, clear errors, and the same result sharded."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, stack_configs, sweep
+from mdl_jax.controller.config import NUMERIC_FIELDS
+
+N = 300
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(11)
+    M, R, A = rng.uniform(size=(3, N)).astype(np.float32)
+    adopt = rng.integers(0, 2, N)
+    return M, R, A, adopt
+
+
+def _config_at(batch: MDLConfig, k: int) -> MDLConfig:
+    leaves = {f: np.asarray(getattr(batch, f))[k] for f in NUMERIC_FIELDS}
+    return batch.replace(**{f: (tuple(float(x) for x in v) if v.ndim else float(v))
+                            for f, v in leaves.items()})
+
+
+def _loop_reference(M, R, A, adopt, cfg: MDLConfig, weights=None):
+    """What sweep must equal: decide on every record, reduced by hand; plus how many records sit
+    within 1e-5 of a threshold (where float rounding between two programs may flip the action)."""
+    d = decide(M, R, A, cfg)
+    act, cf = np.asarray(d.action), np.asarray(d.C_final, np.float64)
+    th = np.asarray(cfg.thresholds, np.float64)
+    near = int(np.sum(np.min(np.abs(cf[:, None] - th[None, :]), axis=1) < 1e-5))
+    w = np.ones((1, len(M))) if weights is None else np.atleast_2d(weights)
+    counts = np.stack([w @ (act == a) for a in range(4)], -1)
+    acc = (w @ ((act == 0) == adopt)) / w.sum(1)
+    mean_cf = (w @ cf) / w.sum(1)
+    return acc, counts, mean_cf, near
+
+
+def _at(res, k):
+    return res._replace(accuracy=res.accuracy[k], counts=res.counts[k], mean_C_final=res.mean_C_final[k])
+
+
+def _assert_matches_loop(res_k, ref, atol_cf=1e-5):
+    acc, counts, mean_cf, near = ref
+    np.testing.assert_allclose(np.asarray(res_k.counts).reshape(counts.shape), counts, atol=near + 1e-3)
+    np.testing.assert_allclose(np.asarray(res_k.accuracy).reshape(acc.shape), acc,
+                               atol=near / N + 1e-6)
+    np.testing.assert_allclose(np.asarray(res_k.mean_C_final).reshape(mean_cf.shape), mean_cf,
+                               atol=atol_cf)
+
+
+GRIDS = {
+    "sigma": dict(sigma=[0.08, 0.2, 0.45]),
+    "eps_c": dict(eps_c=[0.0, 0.1, 0.3]),
+    "gains": dict(s_wm=[0.6, 1.0], s_r=[0.7, 1.4], s_a=[0.5, 0.9]),
+    "gains_tuples": dict(gains=[(1.0, 0.7, 0.5), (0.8, 0.8, 0.8)]),
+    "g_A_coeffs": dict(g_A_a=[0.2, 0.5], g_A_b=[0.5, 1.0]),
+    "gate_coeffs": dict(g_a=[0.0, 0.3, 1.0], g_b=[0.2, 0.7]),
+    "thresholds": dict(thresholds=[(0.6, 0.4, 0.2), (0.9, 0.5, 0.1), (0.3, 0.3, 0.3)]),
+    "theta0": dict(theta0=[0.6, 0.7, 0.95]),
+    "bias_scalar": dict(bias=[-0.2, 0.0, 0.3]),
+    "bias_vector": dict(bias=[np.linspace(-0.2, 0.2, 16), np.zeros(16)]),
+    "n_range": dict(n_min=[1.0, 2.0], n_max=[3.0, 3.5]),
+}
+
+
+@pytest.mark.parametrize("name", list(GRIDS))
+def test_sweep_equals_a_python_loop_over_decide_for_every_numeric_field(name, data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), **GRIDS[name])
+    res = sweep(M, R, A, batch, adopt=adopt)
+    K = int(np.prod([len(v) for v in GRIDS[name].values()]))
+    assert res.accuracy.shape == (K,) and res.counts.shape == (K, 4) and res.mean_C_final.shape == (K,)
+    for k in range(K):
+        ref = _loop_reference(M, R, A, adopt, _config_at(batch, k))
+        _assert_matches_loop(_at(res, k), ref)
+
+
+ABLATIONS = [dict(alpha_gating=False), dict(risk_modulation=False), dict(subspaces="identity"),
+             dict(risk_inversion=False), dict(value_encoding=False), dict(dims=(4, 7, 5), qr_seed=3)]
+
+
+def test_sweep_equals_the_loop_for_each_ablation(data):
+    M, R, A, adopt = data
+    batches = [config_grid(MDLConfig(**ab), sigma=[0.1, 0.3], g_b=[0.5, 0.7]) for ab in ABLATIONS]
+    results = sweep(M, R, A, batches, adopt=adopt)
+    assert len(results) == len(ABLATIONS)
+    for batch, res in zip(batches, results):
+        for k in range(4):
+            ref = _loop_reference(M, R, A, adopt, _config_at(batch, k))
+            _assert_matches_loop(_at(res, k), ref)
+
+
+def test_a_grid_of_one_config_equals_decide(data):
+    M, R, A, adopt = data
+    cfg = MDLConfig(sigma=0.25, thresholds=(0.7, 0.5, 0.3))
+    single = sweep(M, R, A, cfg, adopt=adopt)
+    assert single.accuracy.shape == () and single.counts.shape == (4,)
+    _assert_matches_loop(single, _loop_reference(M, R, A, adopt, cfg))
+    batch_of_one = sweep(M, R, A, stack_configs([cfg]), adopt=adopt)
+    assert batch_of_one.counts.shape == (1, 4)
+    np.testing.assert_array_equal(np.asarray(batch_of_one.counts[0]), np.asarray(single.counts))
+
+
+def test_bootstrap_weights_equal_explicit_resampling(data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), g_a=[0.1, 0.3], g_b=[0.6, 0.9])
+    w = bootstrap_weights(N, 5, seed=4)
+    assert w.shape == (5, N) and np.all(w.sum(1) == N)
+    res = sweep(M, R, A, batch, adopt=adopt, weights=w)
+    assert res.accuracy.shape == (4, 5) and res.counts.shape == (4, 5, 4)
+    for b in range(5):
+        idx = np.repeat(np.arange(N), w[b].astype(int))  # the explicit resample
+        explicit = sweep(M[idx], R[idx], A[idx], batch, adopt=adopt[idx])
+        np.testing.assert_allclose(np.asarray(res.accuracy[:, b]), np.asarray(explicit.accuracy), atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(res.counts[:, b]), np.asarray(explicit.counts))
+        np.testing.assert_allclose(np.asarray(res.mean_C_final[:, b]),
+                                   np.asarray(explicit.mean_C_final), atol=1e-5)
+
+
+def test_grid_is_the_cartesian_product_in_c_order():
+    batch = config_grid(MDLConfig(), g_a=[0.1, 0.2, 0.3], sigma=[0.15, 0.25])
+    ga = np.asarray(batch.gate_coeffs)[:, 0].reshape(3, 2)
+    sg = np.asarray(batch.sigma).reshape(3, 2)
+    np.testing.assert_allclose(ga, [[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]], atol=1e-7)
+    np.testing.assert_allclose(sg, [[0.15, 0.25]] * 3, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(batch.gate_coeffs)[:, 1], 0.7, atol=1e-7)  # from the base
+
+
+def test_sweep_runs_the_same_with_jit_disabled(data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
+    jitted = sweep(M[:50], R[:50], A[:50], batch, adopt=adopt[:50])
+    with jax.disable_jit():
+        eager = sweep(M[:50], R[:50], A[:50], batch, adopt=adopt[:50])
+    np.testing.assert_allclose(np.asarray(eager.mean_C_final), np.asarray(jitted.mean_C_final), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(eager.counts), np.asarray(jitted.counts), atol=1)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: MDLConfig().replace(sigma=np.array([0.1, 0.2]), eps_c=np.array([0.1, 0.1, 0.1])),
+     "eps_c: expected a leading config axis of size 2"),
+    (lambda: MDLConfig().replace(sigma=np.array([0.1, 0.2])), "eps_c: expected a leading config axis"),
+])
+def test_a_config_batch_with_mismatched_leading_axes_is_an_error_naming_the_field(make, match, data):
+    M, R, A, adopt = data
+    with pytest.raises(ValueError, match=match):
+        sweep(M, R, A, make(), adopt=adopt)
+
+
+@pytest.mark.parametrize("axes, match", [
+    (dict(sigma=[0.1, np.nan]), r"sigma: expected finite values; sigma\[1\]"),
+    (dict(g_b=[0.5, np.inf]), r"g_b: expected finite values"),
+    (dict(sigma=[0.1, -0.2]), "sigma: expected sigma > 0; config 1"),
+    (dict(eps_c=[0.1, 0.6]), "eps_c: expected 0 ≤ eps_c < min"),
+    (dict(theta1=[0.5, 0.7]), "thresholds: expected θ0 ≥ θ1 ≥ θ2"),
+    (dict(n_max=[3.0, 0.5]), "n_max: expected n_max > n_min; config 1"),
+    (dict(gains=[(1.0, 0.7)]), "gains: expected tuples of 3 values"),
+    (dict(colour=[1, 2]), "colour: not a numeric config field"),
+])
+def test_a_bad_grid_is_a_value_error_naming_the_field(axes, match):
+    with pytest.raises(ValueError, match=match):
+        config_grid(MDLConfig(), **axes)
+
+
+def test_bad_labels_weights_and_signals_are_errors_naming_the_argument(data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+    with pytest.raises(ValueError, match=r"adopt: expected shape \(300,\)"):
+        sweep(M, R, A, batch, adopt=adopt[:-1])
+    with pytest.raises(ValueError, match="adopt: expected binary"):
+        sweep(M, R, A, batch, adopt=adopt * 2)
+    with pytest.raises(ValueError, match=r"weights: expected shape \(W, 300\)"):
+        sweep(M, R, A, batch, weights=np.ones((2, 7)))
+    with pytest.raises(ValueError, match="weights: expected finite, non-negative"):
+        sweep(M, R, A, batch, weights=-np.ones(N))
+    bad = M.copy()
+    bad[7] = 1.5
+    with pytest.raises(ValueError, match=r"M: expected values in \[0, 1\]; M\[7\]"):
+        sweep(bad, R, A, batch)
+    with pytest.raises(TypeError, match="configs: expected an MDLConfig"):
+        sweep(M, R, A, {"sigma": 0.2})
+
+
+def test_sweep_sharded_over_four_devices_equals_one_device(tmp_path):
+    """The config axis sharded over 4 (forced CPU) devices gives the single-device numbers."""
+    code = (
+        "import numpy as np, jax, json, sys\n"
+        "from mdl_jax import MDLConfig, config_grid, sweep, bootstrap_weights\n"
+        "rng = np.random.default_rng(5); M, R, A = rng.uniform(size=(3, 400)).astype(np.float32)\n"
+        "adopt = rng.integers(0, 2, 400)\n"
+        "b = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 7), g_b=np.linspace(0, 1, 5))\n"
+        "r = sweep(M, R, A, b, adopt=adopt, weights=bootstrap_weights(400, 3, 1))\n"
+        "np.save(sys.argv[1], np.concatenate([np.asarray(r.accuracy).ravel(),"
+        " np.asarray(r.counts).ravel(), np.asarray(r.mean_C_final).ravel()]))\n"
+        "print(jax.device_count())\n")
+    outs = {}
+    for n_dev in (1, 4):
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
+               "JAX_PLATFORMS": "cpu"}
+        path = tmp_path / f"r{n_dev}.npy"
+        p = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, check=True)
+        assert p.stdout.strip().splitlines()[-1] == str(n_dev)
+        outs[n_dev] = np.load(path)
+    np.testing.assert_allclose(outs[4], outs[1], atol=1e-6)
