@@ -1,0 +1,214 @@
+"""Oracle labels and decision scoring for the RQ2-RQ4 analyses (paper Section 5.3).
+
+The oracle action is derived from the realised outcome, never annotated:
+  memory injected (B2; B3 under Active or Supp):  hallucinated → reject, safe → adopt
+  no memory injected (B1; B3 under Silent/Opt-Out): hallucinated → adopt, safe → reject
+(the model without memory hallucinated, so the memory would have been worth a try; it was safe without
+memory, so the memory was not needed). Labels are pooled over B1/B2/B3 × seeds × datasets.
+
+Binary decision accuracy: a config predicts 'adopt' iff its action is Active; Supp, Silent and Opt-Out
+count as reject (Section 5.3). Every analysis scores records with the *calibrated config of the run*:
+run.json beside the records holds per-dataset θ, n_min and n_max, and each record is decided with the
+config of its own dataset. Without run.json the config is recalibrated exactly as the run did it (B2
+answers on the calibration split as labels, ``mdl_jax.calibrate``); without calibration records the
+paper's Table 2 defaults are used, and the source is reported either way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+import mdl_jax
+from mdl_jax import Action, MDLConfig
+
+EVALUATED = ("B1", "B2", "B3")
+SYSTEMS = ("B1", "B2", "B3", "CRAG", "SelfRAG", "calibration")
+REQUIRED = ("dataset", "qid", "seed", "system", "M", "R", "A", "hallucinated", "failed")
+INJECTED_ACTIONS = ("ACTIVE", "SUPP")
+
+
+class RecordsError(ValueError):
+    """A records file the analyses cannot use; the message names the file and what is missing."""
+
+
+def load_records(path) -> tuple["pandas.DataFrame", "pandas.DataFrame"]:  # noqa: F821
+    """Read and check a records file → (evaluated records, calibration records) as DataFrames.
+
+    Deduplicates per (dataset, qid, seed, system) as ``pipeline.records.load`` does (a successful record
+    wins over a failed one, the earlier over the later). Adds ``ok`` (not failed), ``h`` (hallucinated as
+    0/1) and ``action_name`` (B3: the recorded action; others: None).
+
+    Raises:
+      RecordsError: the file is missing or empty; a record lacks a required field (the first line and
+        the missing fields are named); a system is unknown; there are no successful B3 records; a B3
+        record has no action.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise RecordsError(f"{p}: no such records file")
+    recs: dict[tuple, dict] = {}
+    with open(p, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a killed run; records.load skips it too
+            if not isinstance(r, dict):
+                raise RecordsError(f"{p}, line {i}: expected a JSON object per line")
+            missing = [k for k in REQUIRED if k not in r]
+            if missing:
+                raise RecordsError(f"{p}, line {i}: record lacks field(s) {', '.join(missing)} "
+                                   f"(required: {', '.join(REQUIRED)})")
+            if r["system"] not in SYSTEMS:
+                raise RecordsError(f"{p}, line {i}: unknown system {r['system']!r} "
+                                   f"(known: {', '.join(SYSTEMS)})")
+            k = (r["dataset"], r["qid"], r["seed"], r["system"])
+            if k not in recs or (recs[k].get("failed") and not r.get("failed")):
+                recs[k] = r
+    if not recs:
+        raise RecordsError(f"{p}: no records")
+    df = pd.DataFrame(list(recs.values()))
+    df["ok"] = ~df["failed"].astype(bool)
+    df["h"] = df["hallucinated"].fillna(False).astype(float)
+    if "action" not in df:
+        df["action"] = None
+    b3 = (df["system"] == "B3") & df["ok"]
+    if not b3.any():
+        raise RecordsError(f"{p}: no successful B3 (MDL) records; the RQ2-RQ4 analyses need them")
+    bad = b3 & ~df["action"].isin([a.name for a in Action])
+    if bad.any():
+        row = df[bad].iloc[0]
+        raise RecordsError(f"{p}: B3 record (dataset={row['dataset']}, qid={row['qid']}, "
+                           f"seed={row['seed']}) has no valid action (got {row['action']!r})")
+    df["action_name"] = np.where(df["system"] == "B3", df["action"], None)
+    cal = df[df["system"] == "calibration"].reset_index(drop=True)
+    ev = df[df["system"] != "calibration"].reset_index(drop=True)
+    return ev, cal
+
+
+def pooled(df):
+    """The Section 5.3 record set: successful B1/B2/B3 records (all seeds, all datasets)."""
+    return df[df["system"].isin(EVALUATED) & df["ok"]].reset_index(drop=True)
+
+
+def oracle_labels(df) -> np.ndarray:
+    """Section 5.3 oracle: (N,) int 0/1, 1 = adopt the memory.
+
+    ``df`` needs columns system (B1/B2/B3), h (1 = hallucinated) and, for B3, action_name (or action).
+    """
+    sys_ = df["system"].to_numpy()
+    unknown = sorted(set(sys_) - set(EVALUATED))
+    if unknown:
+        raise ValueError(f"system: oracle labels are defined for B1/B2/B3 only, got {unknown}")
+    act = (df["action_name"] if "action_name" in df else df["action"]).to_numpy()
+    injected = (sys_ == "B2") | ((sys_ == "B3") & np.isin(act, INJECTED_ACTIONS))
+    h = df["h"].to_numpy().astype(bool)
+    return np.where(injected, ~h, h).astype(np.int32)
+
+
+def stratified_folds(y, k: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """k (train, test) index pairs of ``sklearn.model_selection.StratifiedKFold`` (shuffled, ``seed``):
+    the folds Table 7(b) and the gradient-tuning work share."""
+    from sklearn.model_selection import StratifiedKFold
+
+    y = np.asarray(y)
+    skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    return [(tr, te) for tr, te in skf.split(np.zeros((len(y), 1)), y)]
+
+
+# ------------------------------------------------------------------------------- configs and scoring
+
+class RunConfig(NamedTuple):
+    config: MDLConfig
+    source: str  # where it came from: "run.json", "recalibrated", "paper defaults"
+
+
+def calibration_split(cal, dataset: str):
+    """(M, R, A, adopt) float32/int32 arrays of a dataset's calibration records (B2 answers: a
+    hallucination under injected memory means reject, as ``pipeline.experiment`` labels them)."""
+    c = cal[(cal["dataset"] == dataset) & cal["ok"]] if len(cal) else cal
+    if len(c) == 0:
+        return None
+    M, R, A = (c[x].to_numpy(np.float32) for x in ("M", "R", "A"))
+    return M, R, A, (1 - c["h"].to_numpy()).astype(np.int32)
+
+
+def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
+    """The calibrated config of each dataset of the run (see the module docstring)."""
+    run = {}
+    rp = Path(records_path).with_name("run.json")
+    if rp.is_file():
+        try:
+            run = json.loads(rp.read_text()).get("datasets", {}) or {}
+        except json.JSONDecodeError:
+            run = {}
+    out = {}
+    for ds in sorted(df["dataset"].unique()):
+        d = run.get(ds) or {}
+        if all(d.get(k) is not None for k in ("thresholds", "n_min", "n_max")):
+            out[ds] = RunConfig(MDLConfig(thresholds=tuple(float(t) for t in d["thresholds"]),
+                                          n_min=float(d["n_min"]), n_max=float(d["n_max"])), "run.json")
+            continue
+        split = calibration_split(cal, ds)
+        if split is not None and len(split[0]) >= 2:
+            out[ds] = RunConfig(mdl_jax.calibrate(*split).config, "recalibrated")
+        else:
+            out[ds] = RunConfig(MDLConfig(), "paper defaults")
+    return out
+
+
+def recalibrate(cal, dataset: str, config: MDLConfig, neutral: dict | None = None) -> MDLConfig | None:
+    """``config`` recalibrated (n_min, n_max, θ) on a dataset's calibration split, with the signals in
+    ``neutral`` replaced by their constants (as the scored records are); None without a split."""
+    split = calibration_split(cal, dataset)
+    if split is None or len(split[0]) < 2:
+        return None
+    M, R, A, adopt = split
+    sig = {"M": M, "R": R, "A": A}
+    for k, v in (neutral or {}).items():
+        sig[k] = np.full_like(sig[k], v)
+    return mdl_jax.calibrate(sig["M"], sig["R"], sig["A"], adopt, config).config
+
+
+class Scored(NamedTuple):
+    """Per-record controller outputs (N,) for one analysis variant."""
+
+    action: np.ndarray
+    C: np.ndarray
+    alpha: np.ndarray
+    C_final: np.ndarray
+
+    @property
+    def adopt(self) -> np.ndarray:
+        return (self.action == Action.ACTIVE).astype(np.int32)
+
+
+def score(df, configs: dict[str, MDLConfig], neutral: dict | None = None) -> Scored:
+    """Decide every record with the config of its dataset.
+
+    Args:
+      df: records with dataset, M, R, A.
+      configs: dataset → MDLConfig.
+      neutral: optional {signal name: constant} replacing a signal for every record (Table 6).
+    """
+    n = len(df)
+    out = [np.zeros(n, np.int32)] + [np.zeros(n, np.float32) for _ in range(3)]
+    ds = df["dataset"].to_numpy()
+    for d in np.unique(ds):
+        idx = np.flatnonzero(ds == d)
+        sig = {k: df[k].to_numpy(np.float32)[idx] for k in ("M", "R", "A")}
+        for k, v in (neutral or {}).items():
+            sig[k] = np.full(len(idx), v, np.float32)
+        r = mdl_jax.decide(sig["M"], sig["R"], sig["A"], configs[d], validate=False)
+        for o, v in zip(out, (r.action, r.C, r.alpha, r.C_final)):
+            o[idx] = np.asarray(v)
+    return Scored(*out)

@@ -1,0 +1,235 @@
+"""Statistics that hold up: paired tests at the seed and at the question level, bootstrap CIs, and
+mean ± std over seeds for the RQ1 tables (paper Tables 4-5).
+
+The paper compares systems by a paired t-test over *seeds* (2-3 values: 1-2 degrees of freedom), which
+says little. Beside it, for every system-vs-system comparison on the same questions we report:
+  - McNemar's exact test on the (question, seed) pairs of the two systems (statsmodels; exact binomial
+    on the discordant pairs), which uses every answer;
+  - a paired t-test over questions (each question's hallucination averaged over seeds first, so the
+    seeds of one question are not counted as independent);
+  - a 95% bootstrap CI of the rate difference, resampling *questions* (all seeds of a drawn question
+    travel together: the cluster bootstrap), 2000 resamples, seed 0, percentile interval.
+Warnings are attached where n is too small for a claim (see ``warnings_for``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mdl_jax.pipeline.risk import HIGH_RISK
+
+N_BOOT = 2000
+MIN_QUESTIONS = 30   # below this a rate difference is anecdotal
+MIN_DISCORDANT = 10  # McNemar on fewer discordant pairs has almost no power
+
+
+def paired_t(a, b) -> dict:
+    """Paired t-test of a - b (scipy.stats.ttest_rel) with Cohen's d_z = mean(d) / sd(d)."""
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = a - b
+    out = {"n": int(len(d)), "diff": float(d.mean()) if len(d) else float("nan"),
+           "t": float("nan"), "p": float("nan"), "dz": float("nan")}
+    if len(d) < 2:
+        return out
+    sd = d.std(ddof=1)
+    if sd == 0:
+        # every pair differs by the same amount (often 0: identical decisions): t is undefined
+        out["p"] = 1.0 if d.mean() == 0 else 0.0
+        out["dz"] = 0.0 if d.mean() == 0 else float("inf") * np.sign(d.mean())
+        return out
+    t, p = stats.ttest_rel(a, b)
+    out.update(t=float(t), p=float(p), dz=float(d.mean() / sd))
+    return out
+
+
+def mcnemar(a, b) -> dict:
+    """McNemar's exact test on paired binary outcomes a, b (statsmodels); n01 = a=0,b=1 etc."""
+    from statsmodels.stats.contingency_tables import mcnemar as _mcnemar
+
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    table = [[int(np.sum(~a & ~b)), int(np.sum(~a & b))], [int(np.sum(a & ~b)), int(np.sum(a & b))]]
+    n_disc = table[0][1] + table[1][0]
+    p = float(_mcnemar(table, exact=True).pvalue) if n_disc else 1.0
+    return {"n_pairs": int(len(a)), "a_only": table[1][0], "b_only": table[0][1], "p": p}
+
+
+def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
+    """95% percentile CI of mean(a) - mean(b) over paired records, resampling whole groups (questions)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    G = len(g_ids)
+    if G < 2:
+        return float("nan"), float("nan")
+    sum_d = np.bincount(g, weights=a - b, minlength=G)
+    cnt = np.bincount(g, minlength=G).astype(float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, G, size=(n_boot, G))
+    # multiplicity of each group per resample, then ratio of sums: one matmul, no Python loop
+    mult = np.zeros((n_boot, G))
+    np.add.at(mult, (np.repeat(np.arange(n_boot), G), draws.ravel()), 1.0)
+    est = (mult @ sum_d) / (mult @ cnt)
+    lo, hi = np.percentile(est, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
+    """95% percentile CI of mean(x), records resampled with replacement."""
+    x = np.asarray(x, float)
+    if len(x) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    est = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1)
+    lo, hi = np.percentile(est, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def warnings_for(n_questions: int, n_seeds: int, n_discordant: int | None = None) -> list[str]:
+    """Why a comparison may not carry a claim."""
+    w = []
+    if n_seeds < 3:
+        w.append(f"seed-level t on {n_seeds} seed(s) has {max(n_seeds - 1, 0)} d.o.f.: not evidence")
+    if n_questions < MIN_QUESTIONS:
+        w.append(f"only {n_questions} questions (< {MIN_QUESTIONS})")
+    if n_discordant is not None and n_discordant < MIN_DISCORDANT:
+        w.append(f"only {n_discordant} discordant pairs: McNemar has little power")
+    return w
+
+
+def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = False) -> dict | None:
+    """Hallucination rate of sys_a vs sys_b on the same (question, seed) pairs of one dataset.
+
+    Returns None when the two systems share no successful pairs.
+    """
+    from scipy import stats
+
+    sub = df[(df["dataset"] == dataset) & df["ok"] & df["system"].isin([sys_a, sys_b])]
+    if high_risk:
+        sub = sub[sub["A"] >= HIGH_RISK]
+    wide = sub.pivot_table(index=["qid", "seed"], columns="system", values="h", aggfunc="first")
+    if sys_a not in wide or sys_b not in wide:
+        return None
+    wide = wide.dropna(subset=[sys_a, sys_b])
+    if not len(wide):
+        return None
+    a, b = wide[sys_a].to_numpy(), wide[sys_b].to_numpy()
+    qids = wide.index.get_level_values("qid").to_numpy()
+    seeds = wide.index.get_level_values("seed").to_numpy()
+    out = {"a": sys_a, "b": sys_b, "dataset": dataset, "high_risk": high_risk,
+           "rate_a": float(a.mean()), "rate_b": float(b.mean()), "diff": float(a.mean() - b.mean()),
+           "n_pairs": int(len(a)), "n_questions": int(len(np.unique(qids))),
+           "n_seeds": int(len(np.unique(seeds)))}
+    # seed level (the paper's test)
+    per_seed = wide.groupby(level="seed")[[sys_a, sys_b]].mean()
+    if len(per_seed) >= 2 and not np.allclose(per_seed[sys_a] - per_seed[sys_b],
+                                              (per_seed[sys_a] - per_seed[sys_b]).iloc[0]):
+        t, p = stats.ttest_rel(per_seed[sys_a], per_seed[sys_b])
+        out["seed_t"], out["seed_p"] = float(t), float(p)
+    else:
+        out["seed_t"] = out["seed_p"] = float("nan")
+    # question level
+    mc = mcnemar(a, b)
+    out["mcnemar_p"], out["a_only"], out["b_only"] = mc["p"], mc["a_only"], mc["b_only"]
+    per_q = wide.groupby(level="qid")[[sys_a, sys_b]].mean()
+    pt = paired_t(per_q[sys_a], per_q[sys_b])
+    out["q_t"], out["q_p"], out["q_dz"] = pt["t"], pt["p"], pt["dz"]
+    out["ci_lo"], out["ci_hi"] = cluster_bootstrap_diff(a, b, qids)
+    out["warnings"] = warnings_for(out["n_questions"], out["n_seeds"], mc["a_only"] + mc["b_only"])
+    return out
+
+
+COMPARISONS = (("B3", "B2"), ("B3", "B1"), ("B2", "B1"), ("B3", "CRAG"), ("B3", "SelfRAG"))
+
+
+def all_comparisons(df) -> list[dict]:
+    out = []
+    for ds in sorted(df["dataset"].unique()):
+        for a, b in COMPARISONS:
+            for hr in (False, True):
+                r = compare_systems(df, a, b, ds, hr)
+                if r is not None:
+                    out.append(r)
+    return out
+
+
+def _p(p) -> str:
+    if p is None or not np.isfinite(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def comparisons_table(rows: list[dict]) -> str:
+    lines = ["| dataset | subset | A vs B | rate A | rate B | A − B [95% CI, question bootstrap] | "
+             "seed-level t (p) | McNemar p (A-only / B-only) | question-level t (p), d_z | n q × seeds | "
+             "warnings |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        seed = "–" if not np.isfinite(r["seed_t"]) else f"{r['seed_t']:.2f} ({_p(r['seed_p'])})"
+        qt = "–" if not np.isfinite(r["q_t"]) else f"{r['q_t']:.2f} ({_p(r['q_p'])}), {r['q_dz']:+.2f}"
+        lines.append(
+            f"| {r['dataset']} | {'high-risk' if r['high_risk'] else 'all'} | {r['a']} vs {r['b']} | "
+            f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] "
+            f"| {seed} | {_p(r['mcnemar_p'])} ({r['a_only']} / {r['b_only']}) | {qt} | "
+            f"{r['n_questions']} × {r['n_seeds']} | {'; '.join(r['warnings']) or '–'} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- Tables 4-5: mean ± std
+
+def seed_rates(df) -> "pandas.DataFrame":  # noqa: F821
+    """Per (dataset, system, seed): overall and high-risk hallucination and refusal rates."""
+    import pandas as pd
+
+    ok = df[df["ok"]].copy()
+    ok["hi"] = ok["A"] >= HIGH_RISK
+    ref = ok["refusal"].fillna(False).astype(float) if "refusal" in ok else 0.0
+    ok["ref"] = ref
+    g = ok.groupby(["dataset", "system", "seed"])
+    out = pd.DataFrame({"overall": g["h"].mean(), "refusal": g["ref"].mean()})
+    hi = ok[ok["hi"]].groupby(["dataset", "system", "seed"])["h"].mean()
+    out["high_risk"] = hi
+    return out.reset_index()
+
+
+def _ms(x) -> str:
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return "–"
+    if len(x) == 1:
+        return f"{x[0]:.3f} (1 seed)"
+    return f"{x.mean():.3f} ± {x.std(ddof=1):.3f}"
+
+
+def table4_seeds(df) -> str:
+    from mdl_jax.analysis.report import NAMES, PAPER_TABLE4
+
+    sr = seed_rates(df)
+    lines = ["| Baseline | TruthfulQA overall | TruthfulQA high-risk | HaluEval overall | HaluEval high-risk |",
+             "|---|---|---|---|---|"]
+    for s in ("B1", "B2", "B3"):
+        cells = []
+        for j, ds in enumerate(("truthfulqa", "halueval")):
+            sub = sr[(sr["system"] == s) & (sr["dataset"] == ds)]
+            cells += [f"{_ms(sub['overall'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
+                      f"{_ms(sub['high_risk'])} (paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
+        lines.append(f"| {NAMES[s]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table5_seeds(df) -> str:
+    from mdl_jax.analysis.report import NAMES, PAPER_TABLE5
+
+    sr = seed_rates(df)
+    sub_all = sr[sr["dataset"] == "truthfulqa"]
+    base = sub_all[sub_all["system"].isin(["CRAG", "SelfRAG"])]["seed"].unique()
+    seeds = sorted(base) if len(base) else sorted(sub_all["seed"].unique())
+    lines = ["| System | Overall hallucination | High-risk | Refusal |", "|---|---|---|---|"]
+    for s in ("B1", "B2", "CRAG", "SelfRAG", "B3"):
+        sub = sub_all[(sub_all["system"] == s) & sub_all["seed"].isin(seeds)]
+        if not len(sub):
+            continue
+        p = PAPER_TABLE5[s]
+        lines.append(f"| {NAMES[s]} | {_ms(sub['overall'])} (paper {p[0]:.3f}) | "
+                     f"{_ms(sub['high_risk'])} (paper {p[1]:.3f}) | {_ms(sub['refusal'])} (paper {p[2]:.3f}) |")
+    return "\n".join(lines)
