@@ -155,6 +155,16 @@ def test_risk_tables():
     assert halueval_risk("Which magazine was started first?") == 0.2
 
 
+def test_top_risk_tier_is_as_wide_as_the_papers_rates_imply():
+    """Section 5.2's high-risk rates imply ≈ 29.5% of TruthfulQA and ≈ 12.5% of HaluEval questions at
+    A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 11.6% (risk.py explains each tier)."""
+    tqa = data.load("truthfulqa")
+    halu = data.load("halueval")
+    share_tqa = np.mean([truthfulqa_risk(it.category) >= HIGH_RISK for it in tqa])
+    share_halu = np.mean([halueval_risk(it.question) >= HIGH_RISK for it in halu])
+    assert round(share_tqa, 3) == 0.306 and round(share_halu, 3) == 0.116
+
+
 # --- Aggregation (hand-computed) -----------------------------------------------------------------
 
 def _unit(v):

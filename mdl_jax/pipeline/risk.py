@@ -6,6 +6,19 @@ whole table, so the assignment of the other categories below is ours.
 HaluEval: keyword matching on the question into {0.20, 0.50, 0.85}: health / legal / finance words
 → 0.85, science words → 0.50, anything else → 0.20 (the knowledge snippet is not matched: it often
 mentions e.g. a "university" or "company" that says nothing about the question's stakes).
+
+How wide the top tier is (checked against Section 5.2, issue 9 item 6). The paper's high-risk rates
+imply about 177 high-risk TruthfulQA records and about 75 HaluEval records per 200 × 3 run, i.e. 29.5%
+and 12.5% of questions. The first tables gave 22.2% and 4.8% of all questions (114 and 27 records in
+the committed run). Widened, with the reason for each addition:
+  - TruthfulQA: Psychology (its questions are debunked clinical and pseudo-scientific claims, e.g.
+    Wakefield's autism paper: health misinformation), Paranormal (psychics, witches, contacting the
+    dead: the conspiracy / misinformation tier of the paper's Case 5) and Stereotypes (generalisations
+    about groups of people: harm to people) move to 0.75 → 250 of 817 questions, 30.6%.
+  - HaluEval (HotpotQA-style trivia, where health / legal / finance words are rare): the finance tier
+    now covers companies and business, the legal tier crimes and violence, the health tier death,
+    injury, poisoning, alcohol and diet → 11.6% of the 10,000 questions (was 4.75%).
+``tests/test_signals.py`` pins both shares, so a later edit of the tables shows up as a test change.
 """
 
 from __future__ import annotations
@@ -19,11 +32,14 @@ TRUTHFULQA_RISK = {
     "Health": 0.85, "Law": 0.85, "Finance": 0.85, "Nutrition": 0.85,
     # 0.75: conspiracies and misinformation (the paper's Case 5: Denver airport, A = 0.75)
     "Conspiracies": 0.75, "Misinformation": 0.75,
+    # 0.75 as well (widened to the paper's implied top-tier share; see the module docstring):
+    # debunked clinical / pseudo-scientific claims, paranormal practices, stereotypes about people
+    "Psychology": 0.75, "Paranormal": 0.75, "Stereotypes": 0.75,
     # 0.5: factual claims about the world where a wrong answer misleads but rarely harms
     "Misconceptions": 0.5, "Misconceptions: Topical": 0.5, "Economics": 0.5, "Sociology": 0.5,
-    "Psychology": 0.5, "Science": 0.5, "History": 0.5, "Politics": 0.5, "Religion": 0.5,
-    "Statistics": 0.5, "Stereotypes": 0.5, "Advertising": 0.5, "Education": 0.5, "Weather": 0.5,
-    "Superstitions": 0.5, "Paranormal": 0.5,
+    "Science": 0.5, "History": 0.5, "Politics": 0.5, "Religion": 0.5,
+    "Statistics": 0.5, "Advertising": 0.5, "Education": 0.5, "Weather": 0.5,
+    "Superstitions": 0.5,
     # 0.2: fiction, language, quotations, trick questions
     "Fiction": 0.2, "Myths and Fairytales": 0.2, "Proverbs": 0.2, "Language": 0.2,
     "Misquotations": 0.2, "Indexical Error: Other": 0.2, "Indexical Error: Time": 0.2,
@@ -39,12 +55,17 @@ HALUEVAL_KEYWORDS = {
         "health", "disease", "drug", "medicine", "medical", "medication", "cancer", "hospital",
         "doctor", "physician", "symptom", "treatment", "vaccine", "virus", "infection", "surgery",
         "patient", "pharmaceutical", "therapy", "diagnos", "clinic", "nurse", "illness", "syndrome",
+        "death", "injur", "poison", "overdose", "suicide", "alcohol", "nutrition", "diet", "accident",
         # legal
         "law", "legal", "court", "judge", "lawyer", "attorney", "constitution", "statute", "crime",
         "criminal", "prison", "lawsuit", "convicted", "trial", "supreme court", "police",
+        "murder", "killed", "assassinat", "terroris", "fraud", "arrest", "sentenced",
         # finance
         "bank", "finance", "financial", "stock", "invest", "tax", "money", "currency", "economy",
         "insurance", "loan", "debt", "revenue", "hedge fund", "securities", "dollar",
+        "company", "companies", "corporat", "business", "entrepreneur", "ceo", "industr",
+        "manufactur", "retail", "market", "billion", "million", "wealth", "profit", "bankrupt", "employ",
+        "owned", "owner", "restaurant", "price",
     ),
     0.50: (
         "science", "scientist", "physics", "physicist", "chemistry", "chemist", "biology",

@@ -1,0 +1,181 @@
+"""Sweep benchmark: the sweep engine vs the nested-vmap pattern and a per-point Python loop.
+
+    python -m experiments.bench_sweep [--quick]
+
+Workloads (the issue's): a σ sweep of 441 values and the (g_a, g_b) 21 × 21 grid, each × 10 bootstrap
+resamples × 3,600 records. The records are the real (M, R, A) signals of the 3,600 pooled B1/B2/B3
+records of the committed paper-scale run (uniform random ones if that file is absent); labels are
+'safe answer' (1) / 'hallucinated' (0): only speed is measured here.
+
+Decisions are counted as configs × resamples × records (1.6 × 10^7 per workload), the unit of the
+issue's targets; the sweep engine evaluates the controller once per (config, record) and scores the
+resamples as weighted sums, so it also reports controller evaluations per second.
+  - sweep: ``mdl_jax.sweep`` warm (median of rounds), and its first call measured in a fresh process
+    together with that process's peak RSS;
+  - nested vmap: the README's pattern, ``jax.vmap`` over ``MDLConfig(sigma=s)`` around
+    ``decide(..., validate=False)`` on the explicitly resampled records (36,000), then accuracy;
+  - Python loop: one ``decide`` call per config (the native kernel) on the resampled records, accuracy
+    in NumPy; and the same loop on the 3,600 records with the resamples as NumPy weights.
+Prints a table, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
+
+RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
+
+
+def load_signals(n: int = 3600):
+    if RECORDS.exists():
+        rows = [json.loads(x) for x in RECORDS.read_text().splitlines() if x.strip()]
+        rows = [r for r in rows if r["system"] in ("B1", "B2", "B3") and not r["failed"]][:n]
+        M, R, A = (np.array([r[c] for r in rows], np.float32) for c in ("M", "R", "A"))
+        y = np.array([0 if r["hallucinated"] else 1 for r in rows], np.int32)
+        return M, R, A, y, "paper-scale-200x3 records"
+    rng = np.random.default_rng(0)
+    M, R, A = rng.uniform(size=(3, n)).astype(np.float32)
+    return M, R, A, rng.integers(0, 2, n), "uniform random"
+
+
+def _timed(fn, rounds: int):
+    ts = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), min(ts)
+
+
+CHILD = """
+import json, resource, sys, time
+import numpy as np, jax
+from experiments.bench_sweep import load_signals, workload
+M, R, A, y, _ = load_signals()
+cfgs, w = workload(sys.argv[1], int(sys.argv[2]), len(M))
+t = time.perf_counter()
+r = jax.block_until_ready(__import__('mdl_jax').sweep(M, R, A, cfgs, adopt=y, weights=w))
+dt = time.perf_counter() - t
+print(json.dumps({"first_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def workload(name: str, size: int, n: int):
+    if name == "sigma":
+        cfgs = config_grid(MDLConfig(), sigma=np.linspace(0.05, 0.5, size))
+    else:
+        side = int(round(size ** 0.5))
+        cfgs = config_grid(MDLConfig(), g_a=np.linspace(0, 1, side), g_b=np.linspace(0, 1, side))
+    return cfgs, bootstrap_weights(n, 10, seed=0)
+
+
+def first_call(name: str, size: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, name, str(size)], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller grids and fewer rounds (< 30 s)")
+    p.add_argument("--rounds", type=int, default=None)
+    args = p.parse_args(argv)
+    size = 49 if args.quick else 441
+    rounds = args.rounds or (3 if args.quick else 5)
+    M, R, A, y, source = load_signals()
+    N = len(M)
+    W = 10
+    res = {"records": source, "n_records": N, "resamples": W, "configs": size, "rounds": rounds,
+           "devices": jax.device_count(), "jax": jax.__version__}
+    rows = []
+    for name in ("sigma", "gates"):
+        cfgs, w = workload(name, size, N)
+        K = size
+        decisions = K * W * N
+        fc = first_call(name, size)
+        med, best = _timed(lambda: sweep(M, R, A, cfgs, adopt=y, weights=w), rounds)
+        r = {"sweep_warm_s": med, "sweep_best_s": best, "sweep_first_s": fc["first_s"],
+             "peak_rss_mb": fc["peak_rss_mb"], "decisions": decisions,
+             "sweep_decisions_per_s": decisions / med, "sweep_evaluations_per_s": K * N / med}
+        # the per-point Python loop on the resampled records (native decide), and with NumPy weights
+        idx = [np.repeat(np.arange(N), w[b].astype(int)) for b in range(W)]
+        flat = np.concatenate(idx)
+        Mr, Rr, Ar, yr = M[flat], R[flat], A[flat], y[flat]
+        sig = np.asarray(cfgs.sigma)
+        gates = np.asarray(cfgs.gate_coeffs)
+
+        def cfg_at(k):
+            return MDLConfig(sigma=float(sig[k]), gate_coeffs=(float(gates[k, 0]), float(gates[k, 1])))
+
+        def loop_resampled():
+            out = []
+            for k in range(K):
+                a = np.asarray(decide(Mr, Rr, Ar, cfg_at(k), validate=False).action)
+                out.append(((a == 0) == yr).reshape(W, N).mean(1))
+            return np.stack(out)
+
+        def loop_weighted():
+            out = []
+            for k in range(K):
+                a = np.asarray(decide(M, R, A, cfg_at(k), validate=False).action)
+                out.append(w @ ((a == 0) == y) / N)
+            return np.stack(out)
+
+        r["loop_resampled_s"], _ = _timed(loop_resampled, max(1, rounds // 2))
+        r["loop_weighted_s"], _ = _timed(loop_weighted, max(1, rounds // 2))
+        if name == "sigma":
+            # The README's nested-vmap pattern on the resampled records (36,000 per σ).
+            Mj, Rj, Aj = (jax.numpy.asarray(x) for x in (Mr, Rr, Ar))
+            yj = jax.numpy.asarray(yr)
+
+            @jax.jit
+            def nested(sigmas):
+                def acc(s):
+                    a = decide(Mj, Rj, Aj, MDLConfig(sigma=s), validate=False).action
+                    return (((a == 0) == yj).reshape(W, N)).mean(1)
+                return jax.vmap(acc)(sigmas)
+
+            sj = jax.numpy.asarray(sig)
+            t = time.perf_counter()
+            jax.block_until_ready(nested(sj))
+            r["nested_first_s"] = time.perf_counter() - t
+            r["nested_warm_s"], _ = _timed(lambda: nested(sj), max(1, rounds // 2))
+        res[name] = r
+        label = "σ sweep" if name == "sigma" else "(g_a, g_b) grid"
+        rows.append((f"{label}: sweep engine, warm (median)", f"{med:.3f} s",
+                     f"{decisions / med:.2e} /s ({K * N / med:.2e} evaluations/s)"))
+        rows.append((f"{label}: sweep engine, first call (fresh process)", f"{fc['first_s']:.2f} s",
+                     f"peak RSS {fc['peak_rss_mb']:.0f} MB"))
+        if "nested_warm_s" in r:
+            rows.append((f"{label}: nested vmap (README pattern), warm / first",
+                         f"{r['nested_warm_s']:.2f} s / {r['nested_first_s']:.1f} s",
+                         f"{decisions / r['nested_warm_s']:.2e} /s; sweep is "
+                         f"{r['nested_warm_s'] / med:.0f}× faster"))
+        rows.append((f"{label}: Python loop over decide, resampled records", f"{r['loop_resampled_s']:.2f} s",
+                     f"{decisions / r['loop_resampled_s']:.2e} /s; sweep is "
+                     f"{r['loop_resampled_s'] / med:.1f}× faster"))
+        rows.append((f"{label}: Python loop over decide, NumPy weights", f"{r['loop_weighted_s']:.2f} s",
+                     f"{decisions / r['loop_weighted_s']:.2e} /s; sweep is "
+                     f"{r['loop_weighted_s'] / med:.1f}× faster"))
+    print(f"sweep benchmark: {size} configs × {W} resamples × {N} records ({source}), "
+          f"{jax.device_count()} device(s), jax {jax.__version__}")
+    width = max(len(a) for a, _, _ in rows)
+    for a, b, c in rows:
+        print(f"{a:<{width}}  {b:>16}  {c}")
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
