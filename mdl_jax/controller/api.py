@@ -21,7 +21,8 @@ from jax.experimental import checkify
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import native
 from mdl_jax.controller.config import MDLConfig
-from mdl_jax.controller.validation import as_float_array, check_unit_interval, common_shape, is_traced
+from mdl_jax.controller.validation import (
+    as_float_array, check_unit_interval, common_shape, is_real_dtype, is_traced)
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
@@ -125,13 +126,16 @@ def _decide_default_scalar(M, R, A):
 
 
 def _prepare(M, R, A, validate: bool):
-    traced = any(is_traced(x) for x in (M, R, A))
-    if not traced:
-        if validate:
-            for n, x in zip(_NAMES, (M, R, A)):
-                check_unit_interval(n, x)
-        common_shape(_NAMES, (M, R, A))
-    arrs = [as_float_array(x) for x in (M, R, A)]
+    traced = False
+    for n, x in zip(_NAMES, (M, R, A)):
+        if is_traced(x):
+            traced = True
+        elif validate:
+            check_unit_interval(n, x)
+    arrs = [as_float_array(x, n) for n, x in zip(_NAMES, (M, R, A))]
+    # The same shape rule for concrete and traced input: shapes are static, so inside a caller's
+    # jit this raises at trace time instead of broadcasting (N, 1) with (N,) to (N, N).
+    common_shape(_NAMES, arrs)
     dtype = jnp.result_type(*arrs)
     return [a.astype(dtype) for a in arrs], traced
 
@@ -140,10 +144,17 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
     """Run the MDL controller (Algorithm 1) on relevance M, reliability R and risk A.
 
     Args:
-      M, R, A: scalars or arrays in [0, 1] of one shape ``S`` (0-d values broadcast).
+      M, R, A: scalars or arrays of real numbers (ints, float16/bfloat16/32/64) in [0, 1], of one
+        shape ``S``; 0-d values broadcast, any other mismatch is a ValueError naming the argument
+        (at trace time for traced input). bool, complex and text input is a ValueError, always.
       config: an ``MDLConfig``; the paper's Table 2 defaults when None. Its numeric fields may be
         traced (vmap/grad over the config).
-      validate: check concrete inputs for NaN/inf, values outside [0, 1] and mismatched shapes.
+      validate: check concrete inputs for NaN, ±inf and values outside [0, 1] (ValueError naming the
+        argument and its first bad index). ``validate=False`` skips only these value checks, for
+        callers that checked already: dtype and shape are still checked. For values outside [0, 1]
+        the output is then unspecified (any action; fields may be non-finite) but has the shapes
+        and dtypes below, with one exception that every path keeps: a NaN in any signal gives
+        ``Action.OPT_OUT``, the safe action, on the native kernel and on pure JAX alike.
 
     Returns:
       A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
@@ -160,9 +171,7 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
             # one (3,) input buffer instead of three scalars: ~2 µs less per call
             return _native_default_scalar()(np.array((M, R, A), np.float32))
         return _decide_default_scalar(M, R, A)
-    cfg = _DEFAULT if config is None else config
-    if not isinstance(cfg, MDLConfig):
-        raise TypeError(f"config: expected an MDLConfig or None, got {type(config).__name__}")
+    cfg = _config(config)
     (M, R, A), traced = _prepare(M, R, A, validate)
     if not traced and M.dtype == jnp.float32 and _native_ok(cfg):
         return _native_jit(M, R, A, native.params(cfg), flags=native.flags(cfg), dims=cfg.dims)
@@ -172,6 +181,8 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
 def _checked_impl(M, R, A, cfg):
     for n, x in zip(_NAMES, (M, R, A)):
         flat = x.reshape(-1)
+        if flat.size == 0:  # shapes are static: nothing to check, and argmax of nothing is an error
+            continue
         bad = ~(jnp.isfinite(flat) & (flat >= 0) & (flat <= 1))
         i = jnp.argmax(bad)
         checkify.check(~jnp.any(bad), f"{n}: expected finite values in [0, 1]; "
@@ -184,27 +195,47 @@ def _checked_impl(M, R, A, cfg):
 _checked_jit = jax.jit(checkify.checkify(_checked_impl, errors=checkify.user_checks))
 
 
+def _config(config) -> MDLConfig:
+    if config is None:
+        return _DEFAULT
+    if not isinstance(config, MDLConfig):
+        raise TypeError(f"config: expected an MDLConfig or None, got {type(config).__name__}")
+    return config
+
+
+def _signals(M, R, A) -> tuple[list, tuple]:
+    # dtype and shape rules shared by checked_decide and soft_decide (decide's _prepare applies the same)
+    arrs = [as_float_array(x, n) for n, x in zip(_NAMES, (M, R, A))]
+    shape = common_shape(_NAMES, arrs)
+    dtype = jnp.result_type(*arrs)
+    return [a.astype(dtype) for a in arrs], shape
+
+
 def checked_decide(M, R, A, config: MDLConfig | None = None):
     """``decide`` with the checks compiled in (checkify): returns ``(error, Decision)``.
 
     For inputs that are only known inside compiled code. ``error.get()`` is None when all is well,
     else a message naming the argument and the first bad (flattened) index; ``error.throw()`` raises.
+    Dtype and shape follow ``decide``'s rules and are checked eagerly (at trace time under jit).
     """
-    cfg = _DEFAULT if config is None else config
-    arrs = [as_float_array(x) for x in (M, R, A)]
-    dtype = jnp.result_type(*arrs)
-    return _checked_jit(*[a.astype(dtype) for a in arrs], cfg)
+    cfg = _config(config)
+    return _checked_jit(*_signals(M, R, A)[0], cfg)
 
 
-def soft_decide(M, R, A, config: MDLConfig | None = None, temperature=0.02):
+def soft_decide(M, R, A, config: MDLConfig | None = None, temperature=0.02, *, validate: bool = True):
     """Differentiable decision: action probabilities (..., 4) in ``Action`` order.
 
-    The thresholds are relaxed by sigmoids of width ``temperature``; every numeric config field gets a
-    finite gradient (see ``decision.soft_action_probs``). Written for tracing: no eager validation.
+    The thresholds are relaxed by sigmoids of width ``temperature`` (finite, > 0 in the signals'
+    dtype; a concrete value outside that is a ValueError); every numeric config field gets a finite
+    gradient (see ``decision.soft_action_probs``). Dtype, shape and (with ``validate``) the values
+    of concrete signals are checked as in ``decide``; traced ones are not inspected.
     """
-    cfg = _DEFAULT if config is None else config
-    M, R, A = (as_float_array(x) for x in (M, R, A))
-    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
+    cfg = _config(config)
+    for n, x in zip(_NAMES, (M, R, A)):
+        if validate and not is_traced(x):
+            check_unit_interval(n, x)
+    (M, R, A), shape = _signals(M, R, A)
+    _check_temperature(temperature, M.dtype)
     flat = [jnp.broadcast_to(x, shape).reshape(-1) for x in (M, R, A)]
 
     def one(m, r, a):
@@ -213,3 +244,20 @@ def soft_decide(M, R, A, config: MDLConfig | None = None, temperature=0.02):
         return _d.soft_action_probs(_d.gate(C, alpha, cfg), cfg, temperature)
 
     return jax.vmap(one)(*flat).reshape(shape + (4,))
+
+
+def _check_temperature(temperature, dtype) -> None:
+    if is_traced(temperature):
+        return
+    try:
+        t = np.asarray(temperature)
+    except (TypeError, ValueError):
+        t = np.asarray(None)
+    if not is_real_dtype(t.dtype):
+        raise ValueError(f"temperature: expected a finite number > 0, got {temperature!r}")
+    # > 0 where it is used: 1e-9 is 0 in float16, and (C_final - θ) / 0 is NaN at a threshold
+    with np.errstate(over="ignore", invalid="ignore"):
+        in_dtype = t.astype(jnp.dtype(dtype)).astype(np.float64)
+    if not np.all(np.isfinite(t.astype(np.float64)) & (in_dtype > 0)):
+        raise ValueError(f"temperature: expected a finite number > 0 (in {jnp.dtype(dtype).name}), "
+                         f"got {temperature!r}")

@@ -8,6 +8,7 @@ vectorised pass: (G thresholds) × (N records) comparisons, no Python loop.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 
 from mdl_jax.controller import api
 from mdl_jax.controller.config import MDLConfig
-from mdl_jax.controller.validation import check_unit_interval, common_shape
+from mdl_jax.controller.validation import check_unit_interval, common_shape, is_real_dtype
 
 
 class Calibration(NamedTuple):
@@ -42,26 +43,31 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
 
     Args:
       M, R, A: (N,) signals of the calibration questions, in [0, 1].
-      adopt: (N,) binary oracle labels: 1 where the memory should be adopted (Active), 0 otherwise.
+      adopt: (N,) binary oracle labels: 1 (or True) where the memory should be adopted (Active),
+        0 (or False) otherwise.
       config: the starting config (paper defaults when None); its other fields are kept.
       offset: θ1 = θ0 - offset, θ2 = θ0 - 2·offset (the paper's defaults are spaced by 0.2).
       grid_size: number of evenly spaced θ0 candidates in [0, 1].
 
     Ties between equally good thresholds go to the smallest θ0 (the first maximiser).
     """
-    cfg = config or MDLConfig()
-    for n, x in (("M", M), ("R", R), ("A", A), ("adopt", adopt)):
+    cfg = api._config(config)
+    for n, x in (("M", M), ("R", R), ("A", A)):
         check_unit_interval(n, x)
-    shape = common_shape(("M", "R", "A", "adopt"), (M, R, A, adopt))
-    if len(shape) != 1 or shape[0] < 2:
+    labels = _binary_labels(adopt)
+    for n, x in (("M", M), ("R", R), ("A", A), ("adopt", labels)):
+        # a split is N records: scalars do not broadcast here (a scalar label is a mistake)
+        if np.ndim(x) != 1:
+            raise ValueError(f"{n}: expected a 1-d calibration split of N ≥ 2 records, got shape "
+                             f"{np.shape(x)}")
+    shape = common_shape(("M", "R", "A", "adopt"), (M, R, A, labels))
+    if shape[0] < 2:
         raise ValueError(f"M: expected a 1-d calibration split of at least 2 records, got shape {shape}")
-    labels = np.asarray(adopt)
-    if not np.all((labels == 0) | (labels == 1)):
-        raise ValueError("adopt: expected binary labels (0 = reject, 1 = adopt)")
-    if not offset >= 0:
-        raise ValueError(f"offset: expected ≥ 0, got {offset!r}")
-    if grid_size < 2:
-        raise ValueError(f"grid_size: expected ≥ 2, got {grid_size!r}")
+    if isinstance(offset, bool) or not isinstance(offset, (int, float, np.integer, np.floating)) \
+            or not (math.isfinite(offset) and offset >= 0):
+        raise ValueError(f"offset: expected a finite number ≥ 0, got {offset!r}")
+    if isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
+        raise ValueError(f"grid_size: expected an int ≥ 2, got {grid_size!r}")
 
     # M, R, A were checked above: decide need not check them again
     raw = api.decide(M, R, A, cfg, validate=False).norm
@@ -73,9 +79,29 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     cfg = cfg.replace(n_min=n_min, n_max=n_max)
     c_final = api.decide(M, R, A, cfg, validate=False).C_final
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
+    # scored in at least float32: in bfloat16 neighbouring grid values 0.001 apart would coincide
+    c_final = c_final.astype(jnp.promote_types(c_final.dtype, jnp.float32))
     agreement = grid_agreement(c_final, jnp.asarray(labels), jnp.asarray(grid, c_final.dtype))
     best = int(jnp.argmax(agreement))
     theta0 = float(grid[best])
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
     return Calibration(cfg.replace(thresholds=thresholds), grid, np.asarray(agreement),
                        float(agreement[best]))
+
+
+def _binary_labels(adopt) -> np.ndarray:
+    """The labels as a bool array; bool, or real numbers that are all 0 or 1."""
+    try:
+        labels = np.asarray(adopt)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"adopt: expected binary labels (0/1 or bool) ({e})") from None
+    if labels.dtype == np.bool_:
+        return labels
+    if not is_real_dtype(labels.dtype):
+        raise ValueError(f"adopt: expected binary labels (0/1 or bool), got dtype {labels.dtype}")
+    bad = ~((labels == 0) | (labels == 1))  # NaN is neither
+    if np.any(bad):
+        i = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), bad.shape))
+        where = f"; adopt[{', '.join(map(str, i))}] = {labels[i]!r}" if i else f", got {labels!r}"
+        raise ValueError(f"adopt: expected binary labels (0 = reject, 1 = adopt){where}")
+    return labels.astype(bool)

@@ -9,7 +9,9 @@ the dev VM, because XLA:CPU splits that graph into ~30 fusions with (chunk, 16) 
 The pure-JAX functions stay the definition and the path for everything else: traced input (a caller's
 jit/vmap/grad), float64, GPUs, D ≠ 16. The kernel is compiled with the system C++ compiler on the first
 eligible call (≈2 s), cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, jaxlib and CPU, and
-reused. When no compiler is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
+reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
+build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
+is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
 Set ``MDL_JAX_NATIVE=0`` to turn the kernel off.
 """
 
@@ -21,6 +23,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -78,8 +81,58 @@ def library_path(cache_dir: Path | None = None) -> Path:
     return (cache_dir or default_cache_dir()) / "native" / f"decide_cpu-{key.hexdigest()[:16]}.so"
 
 
+def _record_path(lib: Path) -> Path:
+    """The sidecar that says what the complete library is: its size and sha256."""
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _record(data: bytes) -> str:
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
+
+
+def verified(lib: Path) -> bool:
+    """True when ``lib`` is exactly the library its build recorded (size and sha256).
+
+    Loading a library that was cut short (a full disk, a killed copy) maps pages past the end of the
+    file, and the first call into them kills the process with SIGBUS: no exception to catch. So a
+    library is loaded only after its bytes match the record that its build wrote after finishing.
+    Hashing ~100 kB costs well under a millisecond, once per process.
+    """
+    try:
+        want = _record_path(lib).read_text()
+        data = lib.read_bytes()
+    except OSError:
+        return False
+    return want == _record(data)
+
+
+def _elf_complete(data: bytes) -> bool:
+    """Do the ELF headers' tables and loadable segments all end inside the file? (A compiler or
+    linker that hit a full disk could still leave a short file behind; non-ELF formats pass.)"""
+    if data[:4] != b"\x7fELF":
+        return True
+    if len(data) < 64 or data[4] != 2:  # only ELF64 is built here
+        return False
+    order = "<" if data[5] == 1 else ">"
+    phoff, shoff = struct.unpack_from(order + "QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 0x36)
+    if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+        return False
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(order + "IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1 and p_offset + p_filesz > len(data):  # PT_LOAD
+            return False
+    return True
+
+
 def build(out: Path) -> Path:
-    """Compile the kernel to ``out`` (atomically: a half-written file is never loaded)."""
+    """Compile the kernel to ``out``, atomically, with its size/sha256 record beside it.
+
+    Both files are written under temporary names and renamed into place, so ``out`` is only ever a
+    complete library or absent. The record is renamed first: a library whose record is missing or
+    stale (a concurrent build, a crash between the renames) fails ``verified`` and is rebuilt,
+    never loaded.
+    """
     cxx = _compiler()
     if cxx is None:
         raise NativeBuildError("no C++ compiler found (tried $CXX, g++, c++, clang++)")
@@ -92,15 +145,28 @@ def build(out: Path) -> Path:
         flags += ["-mcpu=native"] if platform.machine() in ("aarch64", "arm64") else []
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
+    tmp_record = tmp + ".sha256"
     cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", "-o", tmp, str(_SOURCE)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:
             raise NativeBuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        data = Path(tmp).read_bytes()
+        if not _elf_complete(data):
+            raise NativeBuildError(f"{' '.join(cmd)} left an incomplete library ({len(data)} bytes; "
+                                   "is the disk full?)")
+        with open(tmp_record, "w") as f:
+            f.write(_record(data))
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the bytes are on disk before either name points at them
+        os.replace(tmp_record, _record_path(out))
         os.replace(tmp, out)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for t in (tmp, tmp_record):
+            if os.path.exists(t):
+                os.unlink(t)
     return out
 
 
@@ -113,13 +179,14 @@ def load() -> bool:
             return _STATE["ok"]
         try:
             path = library_path()
-            if not path.exists():
+            if not verified(path):
+                # Missing, cut short, foreign, or from before records existed: never load it.
                 build(path)
             try:
                 lib = ctypes.cdll.LoadLibrary(str(path))
             except OSError:
-                # A cached library that does not load (truncated by a full disk, copied from another
-                # machine): rebuild it once before giving up.
+                # Complete but not loadable here (e.g. copied from another machine): rebuild it once
+                # before giving up.
                 build(path)
                 lib = ctypes.cdll.LoadLibrary(str(path))
             try:

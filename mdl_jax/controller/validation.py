@@ -24,6 +24,15 @@ def _first_bad(bad: np.ndarray) -> tuple:
     return tuple(int(i) for i in idx)
 
 
+def is_real_dtype(dtype) -> bool:
+    """Integers and floats (bfloat16 included: NumPy gives it kind 'V'); not bool, complex, text."""
+    return dtype != np.bool_ and (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+
+
+def _dtype_error(name: str, dtype) -> ValueError:
+    return ValueError(f"{name}: expected real numbers in [0, 1], got dtype {dtype}")
+
+
 def check_unit_interval(name: str, x) -> None:
     """Raise ValueError unless every value of ``x`` is finite and inside [0, 1]."""
     if isinstance(x, (bool, np.bool_)):
@@ -34,15 +43,18 @@ def check_unit_interval(name: str, x) -> None:
         if not 0.0 <= x <= 1.0:
             raise ValueError(f"{name}: expected a value in [0, 1], got {x!r}")
         return
-    if _on_accelerator(x) and jnp.issubdtype(x.dtype, jnp.number) and x.size:
+    if _on_accelerator(x) and is_real_dtype(x.dtype) and x.size:
         # Arrays on a GPU are checked where they live: two reductions, two scalars back. Only a bad
         # array is copied to the host, to find the first offending index for the message.
         lo, hi = _min_max(x)
         if float(lo) >= 0 and float(hi) <= 1:
             return
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu":
-        raise ValueError(f"{name}: expected real numbers in [0, 1], got dtype {arr.dtype}")
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as e:  # ragged nested lists and the like
+        raise ValueError(f"{name}: expected a number or an array of real numbers in [0, 1] ({e})") from None
+    if not is_real_dtype(arr.dtype):
+        raise _dtype_error(name, arr.dtype)
     if arr.size == 0:
         return
     # Fast path for the common, valid case: two streaming reductions and no temporaries. NaN makes
@@ -50,14 +62,12 @@ def check_unit_interval(name: str, x) -> None:
     # which finds the first offending index for the message.
     if arr.min() >= 0 and arr.max() <= 1:
         return
-    finite = np.isfinite(arr) if arr.dtype.kind == "f" else np.ones(arr.shape, bool)
-    if not finite.all():
-        i = _first_bad(~finite)
-        raise ValueError(f"{name}: expected finite values in [0, 1]; {name}[{_fmt(i)}] = {arr[i]!r}")
-    out = (arr < 0) | (arr > 1)
-    if out.any():
-        i = _first_bad(out)
-        raise ValueError(f"{name}: expected values in [0, 1]; {name}[{_fmt(i)}] = {arr[i]!r}")
+    # One mask for every reason (NaN fails both comparisons), so the index named is the first bad
+    # one whatever is wrong with it, not the first of one kind.
+    i = _first_bad(~((arr >= 0) & (arr <= 1)))
+    v = arr[i]
+    what = "values in [0, 1]" if np.isfinite(v) else "finite values in [0, 1]"
+    raise ValueError(f"{name}: expected {what}; {name}[{_fmt(i)}] = {v!r}")
 
 
 def _on_accelerator(x) -> bool:
@@ -92,9 +102,19 @@ def common_shape(names: Sequence[str], values: Sequence) -> tuple:
     return ref
 
 
-def as_float_array(x, dtype=None) -> jax.Array:
-    """Signals as a floating JAX array; ints become float32, float64 stays if x64 is on."""
-    arr = jnp.asarray(x, dtype=dtype)
-    if not jnp.issubdtype(arr.dtype, jnp.floating):
-        arr = arr.astype(jnp.float32)
-    return arr
+def as_float_array(x, name: str = "x", dtype=None) -> jax.Array:
+    """Signals as a floating JAX array; ints become float32, float64 stays if x64 is on.
+
+    The dtype is checked for traced input too (it is known at trace time): bool, complex or text
+    signals are a ValueError naming the argument, never silently cast (complex would lose its
+    imaginary part).
+    """
+    try:
+        x = jnp.asarray(x, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: expected a number or an array of real numbers ({e})") from None
+    if not is_real_dtype(x.dtype):
+        raise _dtype_error(name, x.dtype)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float32)
+    return x

@@ -176,6 +176,10 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   vf Cf = (flags & kAlphaGating) ? C * (P.g_a + P.g_b * alpha) : C;
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
+  // A NaN signal is Opt-Out, as on the pure-JAX path (where NaN reaches C_final and fails every
+  // threshold). Here exp_v's clamp and tanh_v's select turn NaN into finite numbers before C_final,
+  // so the lanes are caught at the input (decide(..., validate=False) documents this promise).
+  act = (s[0] != s[0]) | (s[1] != s[1]) | (s[2] != s[2]) ? vi{} + 3 : act;
 
   // Lemma 1 attribution: energy of v_meta in each subspace = squared norm of its basis coordinates.
   vf e[3];
