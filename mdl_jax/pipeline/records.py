@@ -1,14 +1,16 @@
 """Durable, resumable records: one JSON line per (dataset, question, seed, system).
 
 Records are appended chunk by chunk (one write, flush, fsync), so a run killed at any moment, even by
-SIGKILL, loses at most the chunk in flight. ``load`` skips a torn last line and keeps, per key, the
-first successful record (a failed LLM call is retried by the next run, which appends the fix).
+SIGKILL, loses at most the chunk in flight. ``load`` skips (with a warning) a torn last line and any
+line that is not a record, and keeps, per key, the first successful record (a failed LLM call is
+retried by the next run, which appends the fix).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -42,22 +44,54 @@ class RecordWriter:
             os.fsync(f.fileno())
 
 
+def _why_not_a_record(rec) -> str | None:
+    """Why a parsed line is not one of our records (None when it is)."""
+    if not isinstance(rec, dict):
+        kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(rec), "number")
+        return f"a JSON {kind}, not an object"
+    missing = [k for k in KEY if k not in rec]
+    if missing:
+        return f"an object without {missing}"
+    # key fields are hashed (the dict key) and compared: scalars only; bool is not an id
+    bad = [k for k in KEY if isinstance(rec[k], bool) or not isinstance(rec[k], (str, int, float))]
+    if bad:
+        return f"an object whose {bad} are not strings or numbers"
+    return None
+
+
 def load(path: str | Path) -> dict[tuple, dict]:
-    """Key → record; successful records win over failed ones, earlier over later."""
+    """Key → record; successful records win over failed ones, earlier over later.
+
+    A line that is not a record (torn by a kill mid-write, even inside a multi-byte UTF-8
+    character; not JSON; JSON that is not an object with the key fields) is skipped with one
+    warning per file, so a resume never stops on it: its chunk is simply redone.
+    """
     out: dict[tuple, dict] = {}
     p = Path(path)
     if not p.exists():
         return out
-    with open(p, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    skipped: list[str] = []
+    with open(p, "rb") as f:  # bytes: a torn line may end inside a UTF-8 character
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                skipped.append(f"line {n}: not UTF-8 (torn?)")
+                continue
             except json.JSONDecodeError:
-                continue  # a line torn by a kill mid-write; its chunk is redone
+                skipped.append(f"line {n}: not JSON (torn?)")
+                continue
+            why = _why_not_a_record(rec)
+            if why is not None:
+                skipped.append(f"line {n}: {why}")
+                continue
             k = key(rec)
             if k not in out or (out[k].get("failed") and not rec.get("failed")):
                 out[k] = rec
+    if skipped:
+        more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+        warnings.warn(f"{p}: skipped {len(skipped)} line(s) that are not records: "
+                      f"{'; '.join(skipped[:3])}{more}", RuntimeWarning, stacklevel=2)
     return out
