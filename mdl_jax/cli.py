@@ -52,7 +52,15 @@ def main(argv=None) -> int:
     if args.cmd in (None, "demo"):
         demo()
         return 0
-    return args.func(args)
+    from mdl_jax.pipeline.data import DataError  # stdlib-only module: keeps the CLI light
+
+    try:
+        return args.func(args)
+    except DataError as e:
+        # Bad input data is the user's to fix, not a bug: one line that names the file and line,
+        # no traceback; exit 2 like argparse's usage errors.
+        print(f"mdl-jax: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 def _add_later_commands(sub) -> None:

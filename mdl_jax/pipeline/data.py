@@ -1,20 +1,22 @@
 """Datasets: TruthfulQA (generation task) and HaluEval-QA, from local files or the hub.
 
-Both go through the ``datasets`` library. Where the files come from, in order:
+Where the files come from, in order:
   1. an explicit ``data_dir`` / ``path`` argument (CLI: ``--data-dir``);
   2. the environment variable ``MDL_JAX_DATA_DIR`` (a folder holding TruthfulQA.csv and
      halueval_qa.jsonl, or .parquet / .jsonl / .csv files of those names);
   3. the folder ``../shared/data`` beside the repository, when it exists (the project's offline copy);
   4. the hub: ``truthfulqa/truthful_qa`` (config ``generation``, split ``validation``) and
      ``pminervini/HaluEval`` (config ``qa``, split ``data``); needs a network.
-Before a local file reaches ``datasets`` it is checked line by line, so a missing file, a missing
-column or a malformed line is an error that names the file, the line and what was expected.
+Local CSV / JSONL files are parsed here, line by line, so a missing file, a missing column or a
+malformed line is a ``DataError`` that names the file, the line and what was expected; parquet files
+and the hub go through the ``datasets`` library and are checked record by record.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 from pathlib import Path
@@ -84,33 +86,67 @@ def find_local(dataset: str, data_dir: str | Path | None) -> Path | None:
     raise DataError(f"{d}: no {stem}.csv / .jsonl / .parquet for dataset '{dataset}'")
 
 
-def _check_csv(path: Path, dataset: str) -> None:
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise DataError(f"{path}: empty file; expected a CSV header")
-        _check_columns(path, dataset, header, line=1)
-        width = len(header)
-        for row in reader:
-            if len(row) != width:
-                raise DataError(f"{path}, line {reader.line_num}: expected {width} fields "
-                                f"({', '.join(header)}), got {len(row)}")
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not a column name
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}, line {line}: bytes that are not UTF-8 ({e.reason} at byte {e.start}); "
+                        "expected a UTF-8 text file") from None
 
 
-def _check_jsonl(path: Path, dataset: str) -> None:
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object "
-                                "per line") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}, line {n}: expected a JSON object, got {type(obj).__name__}")
-            _check_columns(path, dataset, list(obj), line=n)
+def _read_csv(path: Path, dataset: str) -> list[tuple[int, dict]]:
+    """(line, row with canonical field names) for every data row; blank lines are skipped."""
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    header = next(reader, None)
+    while header is not None and not any(h.strip() for h in header):
+        header = next(reader, None)  # leading blank lines
+    if header is None:
+        raise DataError(f"{path}: empty file; expected a CSV header ({', '.join(COLUMNS[dataset])}) "
+                        "and one row per question")
+    _check_columns(path, dataset, header, line=reader.line_num)
+    names = [COLUMNS[dataset].get(c, c) for c in header]
+    width, rows, end = len(header), [], reader.line_num
+    for row in reader:
+        line, end = end + 1, reader.line_num  # a quoted field may span lines: name the first
+        if not any(f.strip() for f in row):
+            continue
+        if len(row) != width:
+            raise DataError(f"{path}, line {line}: expected {width} fields "
+                            f"({', '.join(header)}), got {len(row)}")
+        if [f.strip() for f in row] == [h.strip() for h in header]:
+            raise DataError(f"{path}, line {line}: a repeated header row; expected a question")
+        rows.append((line, dict(zip(names, row))))
+    if not rows:
+        raise DataError(f"{path}: a header and no data rows; expected one row per question")
+    return rows
+
+
+def _read_jsonl(path: Path, dataset: str) -> list[tuple[int, dict]]:
+    """(line, object with canonical field names) for every non-blank line."""
+    rows = []
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object "
+                            "per line") from None
+        if not isinstance(obj, dict):
+            kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(obj), "number")
+            raise DataError(f"{path}, line {n}: expected a JSON object, got a {kind}")
+        _check_columns(path, dataset, list(obj), line=n)
+        row = {COLUMNS[dataset].get(k, k): v for k, v in obj.items()}
+        if all(row[f] in (f, *(k for k, c in COLUMNS[dataset].items() if c == f)) for f in REQUIRED[dataset]):
+            raise DataError(f"{path}, line {n}: a repeated header (every field holds its own name); "
+                            "expected a question")
+        rows.append((n, row))
+    if not rows:
+        raise DataError(f"{path}: no records; expected one JSON object per line with "
+                        f"{list(COLUMNS[dataset])}")
+    return rows
 
 
 def _check_columns(path: Path, dataset: str, cols: Sequence[str], line: int) -> None:
@@ -121,6 +157,25 @@ def _check_columns(path: Path, dataset: str, cols: Sequence[str], line: int) -> 
                         f"{list(COLUMNS[dataset])}")
 
 
+# Fields that hold a list of answers: one string with ";" between answers, or a list of strings.
+_ANSWER_LISTS = ("correct_answers", "incorrect_answers")
+
+
+def _check_row(where: str, dataset: str, row: dict) -> None:
+    """Every required field a non-empty string (answer lists: or a non-empty list of strings)."""
+    for f in REQUIRED[dataset]:
+        v = row.get(f)
+        if f in _ANSWER_LISTS and isinstance(v, (list, tuple)):
+            ok = bool(v) and all(isinstance(a, str) for a in v) and any(a.strip() for a in v)
+            what = "a non-empty list of strings"
+        else:
+            ok = isinstance(v, str) and bool(v.strip())
+            what = "a non-empty string" + (" (answers separated by ';') or a list of strings"
+                                           if f in _ANSWER_LISTS else "")
+        if not ok:
+            raise DataError(f"{where}: {f}: expected {what}, got {v!r}")
+
+
 def _split_answers(x) -> tuple[str, ...]:
     if isinstance(x, (list, tuple)):
         parts = x
@@ -129,11 +184,25 @@ def _split_answers(x) -> tuple[str, ...]:
     return tuple(p.strip() for p in parts if p and p.strip())
 
 
+def _item(dataset: str, i: int, row: dict) -> Item:
+    if dataset == "truthfulqa":
+        best = row["best_answer"].strip()
+        correct = (best,) + tuple(a for a in _split_answers(row["correct_answers"]) if a != best)
+        return Item(dataset, i, row["question"].strip(), row["category"].strip(), correct,
+                    _split_answers(row["incorrect_answers"]))
+    return Item(dataset, i, row["question"].strip(), "", (row["right_answer"].strip(),),
+                (row["hallucinated_answer"].strip(),), row["knowledge"].strip())
+
+
 def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path | None = None,
          limit: int | None = None) -> list[Item]:
-    """Load ``dataset`` ('truthfulqa' or 'halueval') as a list of ``Item`` in file order."""
-    import datasets  # heavy; imported on use
+    """Load ``dataset`` ('truthfulqa' or 'halueval') as a list of ``Item`` in file order.
 
+    Local .csv / .jsonl files are parsed here, line by line, so every defect (not UTF-8, no rows,
+    a repeated header, a missing, null, non-string or empty field) is a ``DataError`` naming the
+    file, the line and what was expected. Parquet files and the hub go through ``datasets`` and
+    are checked record by record.
+    """
     if dataset not in HUB:
         raise ValueError(f"dataset: expected one of {list(HUB)}, got {dataset!r}")
     src = Path(path) if path is not None else find_local(dataset, data_dir)
@@ -143,13 +212,16 @@ def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path |
         kind = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(src.suffix)
         if kind is None:
             raise DataError(f"{src}: expected a .csv, .jsonl or .parquet file")
-        if kind == "csv":
-            _check_csv(src, dataset)
-        elif kind == "json":
-            _check_jsonl(src, dataset)
-        ds = datasets.load_dataset(kind, data_files=str(src), split="train")
-        if kind == "parquet":
-            _check_columns(src, dataset, ds.column_names, line=0)
+        if kind != "parquet":
+            rows = _read_csv(src, dataset) if kind == "csv" else _read_jsonl(src, dataset)
+            for line, row in rows:  # the whole file, whatever the limit: a bad file is an error
+                _check_row(f"{src}, line {line}", dataset, row)
+            return [_item(dataset, i, row) for i, (_, row) in enumerate(rows[:limit])]
+    import datasets  # heavy; imported on use
+
+    if src is not None:
+        ds = datasets.load_dataset("parquet", data_files=str(src), split="train")
+        _check_columns(src, dataset, ds.column_names, line=0)
         ds = ds.rename_columns({k: v for k, v in COLUMNS[dataset].items()
                                 if k in ds.column_names and k != v})
     else:
@@ -159,14 +231,8 @@ def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path |
         ds = ds.select(range(min(limit, len(ds))))
     items = []
     for i, row in enumerate(ds):
-        if dataset == "truthfulqa":
-            best = str(row["best_answer"]).strip()
-            correct = (best,) + tuple(a for a in _split_answers(row["correct_answers"]) if a != best)
-            items.append(Item(dataset, i, row["question"].strip(), row["category"].strip(), correct,
-                              _split_answers(row["incorrect_answers"])))
-        else:
-            items.append(Item(dataset, i, row["question"].strip(), "", (row["right_answer"].strip(),),
-                              (row["hallucinated_answer"].strip(),), row["knowledge"].strip()))
-        if not items[-1].question:
-            raise DataError(f"{src or HUB[dataset][0]}, record {i}: empty question")
+        _check_row(f"{src or HUB[dataset][0]}, record {i}", dataset, row)
+        items.append(_item(dataset, i, row))
+    if not items:
+        raise DataError(f"{src or HUB[dataset][0]}: no records; expected one per question")
     return items
