@@ -1,9 +1,27 @@
+import os
+
 import jax
 import numpy as np
 import pytest
 
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is a test extra; the other tests run without it
+    settings = None
+
 # Catch silent dtype/rank surprises in the controller (equinox's habit).
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+if settings is not None:
+    # Property-based tests (tests/test_properties.py). "ci", the default, is small and derandomized
+    # (the same draws every run, so CI is stable); "thorough" searches fresh draws:
+    #   HYPOTHESIS_PROFILE=thorough python -m pytest -q tests/test_properties.py
+    # No example database: nothing is written into the checkout; a failure prints its reproducer.
+    _common = dict(deadline=None, database=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
+    settings.register_profile("thorough", max_examples=500, **_common)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(params=["eager", "jit"])
