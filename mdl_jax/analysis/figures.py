@@ -1,0 +1,259 @@
+"""Figures of the RQ2-RQ4 analyses (PNG) and the numbers drawn in them.
+
+  figure4              action regions and C_final contours over (M, R) at A = 0.2, 0.5, 0.85, one row per
+                       dataset (its calibrated config), B3 records at that risk level on top
+  figure5a             four actions × oracle (adopt / reject) on the B3 records
+  figure5b             accuracy over the (g_a, g_b) grid (sweep engine, mean of 10 bootstrap resamples)
+  figure5c             abstention (Silent or Opt-Out) over M × R quintile bins of the records with A ≥ 0.70
+  figure_sigma         accuracy and action shares over σ (sweep engine)
+  figure_thresholds    accuracy over θ0 and abstention over θ0 × offset (sweep engine)
+  figure_section6      hallucination under each B3 action; accuracy in the A ≥ 0.70, M ≥ 0.70 regime
+
+``c_alpha`` and ``section6`` compute the Section 5.4 and Section 6 numbers the figures show.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import mdl_jax
+from mdl_jax.controller.decision import Action
+from mdl_jax.pipeline.risk import HIGH_RISK
+
+ACTION_NAMES = [a.name for a in Action]
+ACTION_COLOURS = ["#2e7d32", "#9ccc65", "#ffb74d", "#e57373"]
+RISK_LEVELS = (0.2, 0.5, 0.85)
+PAPER_SECTION6 = {"halluc_active": 0.080, "regime_acc": 0.556, "regime_n": 117}
+PAPER_C_ALPHA = {"alpha_correct": 0.950, "alpha_incorrect": 0.946, "t": 3.70}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, top: float = 1.0) -> Path:
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def figure4(df, configs, path: Path, n: int = 121) -> Path:
+    plt = _plt()
+    from matplotlib.colors import ListedColormap
+
+    datasets = sorted(configs)
+    fig, axes = plt.subplots(len(datasets), len(RISK_LEVELS), figsize=(4.2 * len(RISK_LEVELS),
+                                                                      3.8 * len(datasets)), squeeze=False)
+    g = np.linspace(0.0, 1.0, n, dtype=np.float32)
+    Mg, Rg = np.meshgrid(g, g, indexing="xy")
+    b3 = df[(df["system"] == "B3") & df["ok"]]
+    for i, ds in enumerate(datasets):
+        for j, a in enumerate(RISK_LEVELS):
+            ax = axes[i, j]
+            d = mdl_jax.decide(Mg.ravel(), Rg.ravel(), np.full(Mg.size, a, np.float32), configs[ds])
+            act = np.asarray(d.action).reshape(Mg.shape)
+            cf = np.asarray(d.C_final).reshape(Mg.shape)
+            ax.imshow(act, origin="lower", extent=(0, 1, 0, 1), cmap=ListedColormap(ACTION_COLOURS),
+                      vmin=-0.5, vmax=3.5, alpha=0.55, aspect="auto", interpolation="nearest")
+            cs = ax.contour(Mg, Rg, cf, levels=np.linspace(0.1, 0.9, 9), colors="k", linewidths=0.5)
+            ax.clabel(cs, fontsize=6, fmt="%.1f")
+            pts = b3[(b3["dataset"] == ds) & np.isclose(b3["A"], a)]
+            safe, hal = pts[pts["h"] == 0], pts[pts["h"] == 1]
+            ax.scatter(safe["M"], safe["R"], s=9, c="0.45", label=f"safe ({len(safe)})")
+            ax.scatter(hal["M"], hal["R"], s=14, c="red", marker="x", label=f"hallucinated ({len(hal)})")
+            th = configs[ds].thresholds
+            ax.set_title(f"{ds}, A = {a}  (θ = {th[0]:.2f}/{th[1]:.2f}/{th[2]:.2f})", fontsize=9)
+            ax.set_xlabel("relevance M")
+            ax.set_ylabel("reliability R")
+            ax.legend(fontsize=6, loc="lower left")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.55) for c in ACTION_COLOURS]
+    fig.legend(handles, ACTION_NAMES, loc="upper center", ncol=4, fontsize=8)
+    return _save(fig, path, top=0.95)
+
+
+def confusion(b3, y_b3) -> np.ndarray:
+    """(4, 2) counts: rows actions, columns oracle adopt / reject."""
+    act = b3["action_name"].map({a.name: int(a) for a in Action}).to_numpy()
+    out = np.zeros((4, 2), int)
+    np.add.at(out, (act, 1 - np.asarray(y_b3)), 1)
+    return out
+
+
+def figure5a(cm: np.ndarray, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.2, 4))
+    ax.imshow(cm, cmap="Blues")
+    for (i, j), v in np.ndenumerate(cm):
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=10)
+    ax.set_xticks([0, 1], ["oracle adopt", "oracle reject"])
+    ax.set_yticks(range(4), ACTION_NAMES)
+    ax.set_title(f"B3 actions vs oracle (n = {cm.sum()})", fontsize=9)
+    return _save(fig, path)
+
+
+def figure5b(gate: dict, path: Path) -> Path:
+    plt = _plt()
+    ax_ = gate["axis"]
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    im = ax.imshow(gate["mean"].T, origin="lower", extent=(ax_[0] - .025, ax_[-1] + .025, ax_[0] - .025,
+                                                         ax_[-1] + .025), cmap="viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, label="accuracy (mean of 10 bootstrap resamples)")
+    b = gate["best"]
+    ax.plot([0.3], [0.7], "w*", ms=12, label=f"default (0.3, 0.7): {gate['default'][2]:.1%}")
+    ax.plot([b[0]], [b[1]], "r^", ms=8, label=f"best ({b[0]:.2f}, {b[1]:.2f}): {b[2]:.1%}")
+    ax.set_xlabel("g_a")
+    ax.set_ylabel("g_b")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title("C_final = C·(g_a + g_b α)", fontsize=9)
+    return _save(fig, path)
+
+
+def abstention_bins(df, scored, n_bins: int = 5) -> dict:
+    """Abstention share over M × R quintile bins of the records with A ≥ 0.70 (NaN: empty bin)."""
+    hi = df["A"].to_numpy() >= HIGH_RISK
+    M, R = df["M"].to_numpy()[hi], df["R"].to_numpy()[hi]
+    ab = np.isin(scored.action[hi], (Action.SILENT, Action.OPT_OUT))
+    if not hi.any():
+        return {"n": 0}
+    em = np.unique(np.quantile(M, np.linspace(0, 1, n_bins + 1)))
+    er = np.unique(np.quantile(R, np.linspace(0, 1, n_bins + 1)))
+    im = np.clip(np.searchsorted(em, M, side="right") - 1, 0, len(em) - 2)
+    ir = np.clip(np.searchsorted(er, R, side="right") - 1, 0, len(er) - 2)
+    num = np.zeros((len(em) - 1, len(er) - 1))
+    cnt = np.zeros_like(num)
+    np.add.at(num, (im, ir), ab)
+    np.add.at(cnt, (im, ir), 1)
+    with np.errstate(invalid="ignore"):
+        rate = num / cnt
+    return {"n": int(hi.sum()), "rate": rate, "count": cnt, "m_edges": em, "r_edges": er,
+            "overall": float(ab.mean())}
+
+
+def figure5c(ab: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    if not ab.get("n"):
+        ax.text(0.5, 0.5, "no records with A ≥ 0.70", ha="center")
+        return _save(fig, path)
+    rate = ab["rate"]
+    im = ax.imshow(rate.T, origin="lower", cmap="magma", vmin=0, vmax=1, aspect="auto")
+    for (i, j), v in np.ndenumerate(rate):
+        if np.isfinite(v):
+            ax.text(i, j, f"{v:.2f}\n({int(ab['count'][i, j])})", ha="center", va="center", fontsize=6,
+                    color="w" if v < 0.5 else "k")
+    fig.colorbar(im, ax=ax, label="abstention (Silent or Opt-Out)")
+    ax.set_xticks(range(rate.shape[0]), [f"{a:.2f}–{b:.2f}" for a, b in zip(ab["m_edges"][:-1], ab["m_edges"][1:])],
+                  fontsize=6, rotation=30)
+    ax.set_yticks(range(rate.shape[1]), [f"{a:.2f}–{b:.2f}" for a, b in zip(ab["r_edges"][:-1], ab["r_edges"][1:])],
+                  fontsize=6)
+    ax.set_xlabel("M (quintile bins)")
+    ax.set_ylabel("R (quintile bins)")
+    ax.set_title(f"A ≥ 0.70: {ab['n']} records, abstention {ab['overall']:.1%}", fontsize=9)
+    return _save(fig, path)
+
+
+def figure_sigma(sig: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a1.errorbar(sig["sigma"], sig["mean"], yerr=sig["std"], fmt="o-", ms=3)
+    a1.axvline(0.2, color="0.6", ls="--", label="paper σ = 0.20")
+    a1.set_xlabel("σ")
+    a1.set_ylabel("accuracy (± std, 10 bootstrap resamples)")
+    a1.legend(fontsize=7)
+    a2.stackplot(sig["sigma"], sig["share"].T, labels=ACTION_NAMES, colors=ACTION_COLOURS)
+    a2.set_xlabel("σ")
+    a2.set_ylabel("action share")
+    a2.legend(fontsize=7, loc="upper right")
+    return _save(fig, path)
+
+
+def figure_thresholds(th: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a1.errorbar(th["theta0"], th["mean"][:, 0], yerr=th["std"][:, 0], fmt="o-", ms=3)
+    a1.set_xlabel("θ0 (both datasets)")
+    a1.set_ylabel("accuracy (± std, 10 bootstrap resamples)")
+    im = a2.imshow(th["abstain"].T, origin="lower", aspect="auto", cmap="magma", vmin=0, vmax=1,
+                   extent=(th["theta0"][0], th["theta0"][-1], -0.5, len(th["offsets"]) - 0.5))
+    a2.set_yticks(range(len(th["offsets"])), [f"{o:.2f}" for o in th["offsets"]])
+    a2.set_xlabel("θ0")
+    a2.set_ylabel("offset (θ1 = θ0 − o, θ2 = θ0 − 2o)")
+    fig.colorbar(im, ax=a2, label="abstention (Silent or Opt-Out)")
+    return _save(fig, path)
+
+
+def c_alpha(df, scored, y) -> dict:
+    """Section 5.4: corr(C, α) over the pooled records; α of correct vs incorrect decisions (t-tests)."""
+    from scipy import stats
+
+    C, al = scored.C.astype(float), scored.alpha.astype(float)
+    corr = scored.adopt == y
+    out = {"n": int(len(C)), "n_correct": int(corr.sum()), "n_incorrect": int((~corr).sum())}
+    if np.std(C) > 0 and np.std(al) > 0:
+        out["pearson_r"], out["pearson_p"] = (float(v) for v in stats.pearsonr(C, al))
+        out["spearman_r"], out["spearman_p"] = (float(v) for v in stats.spearmanr(C, al))
+    a1, a0 = al[corr], al[~corr]
+    out["alpha_correct"] = float(a1.mean()) if len(a1) else float("nan")
+    out["alpha_incorrect"] = float(a0.mean()) if len(a0) else float("nan")
+    if len(a1) >= 2 and len(a0) >= 2:
+        t, p = stats.ttest_ind(a1, a0)
+        tw, pw = stats.ttest_ind(a1, a0, equal_var=False)
+        out.update(t=float(t), p=float(p), t_welch=float(tw), p_welch=float(pw))
+    return out
+
+
+def section6(df, scored, y) -> dict:
+    """Hallucination under each B3 action; accuracy in the A ≥ 0.70, M ≥ 0.70 regime vs the rest."""
+    b3 = df["system"].to_numpy() == "B3"
+    out = {"by_action": {}}
+    for ds in sorted(df["dataset"].unique()) + ["all"]:
+        m = b3 & ((df["dataset"].to_numpy() == ds) if ds != "all" else True)
+        for a in Action:
+            k = m & (df["action_name"].to_numpy() == a.name)
+            out["by_action"][(ds, a.name)] = (int(k.sum()), float(df["h"].to_numpy()[k].mean()) if k.any() else float("nan"))
+    regime = (df["A"].to_numpy() >= HIGH_RISK) & (df["M"].to_numpy() >= 0.70)
+    corr = scored.adopt == y
+    out["regime"] = {}
+    for ds in sorted(df["dataset"].unique()) + ["all"]:
+        m = (df["dataset"].to_numpy() == ds) if ds != "all" else np.ones(len(df), bool)
+        r, o = m & regime, m & ~regime
+        out["regime"][ds] = {"n": int(r.sum()), "acc": float(corr[r].mean()) if r.any() else float("nan"),
+                             "n_rest": int(o.sum()), "acc_rest": float(corr[o].mean()) if o.any() else float("nan")}
+    return out
+
+
+def figure_section6(s6: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    dss = sorted({k[0] for k in s6["by_action"]} - {"all"}) + ["all"]
+    w = 0.8 / len(dss)
+    for i, ds in enumerate(dss):
+        vals = [s6["by_action"][(ds, a)][1] for a in ACTION_NAMES]
+        ns = [s6["by_action"][(ds, a)][0] for a in ACTION_NAMES]
+        xs = np.arange(4) + (i - (len(dss) - 1) / 2) * w
+        a1.bar(xs, np.nan_to_num(vals), width=w, label=ds)
+        for x, v, nn in zip(xs, vals, ns):
+            a1.text(x, (0 if not np.isfinite(v) else v) + 0.01, f"n={nn}", ha="center", fontsize=6, rotation=90)
+    a1.axhline(PAPER_SECTION6["halluc_active"], color="k", ls="--", lw=0.8, label="paper: 8.0% under Active")
+    a1.set_xticks(range(4), ACTION_NAMES)
+    a1.set_ylabel("hallucination rate of B3 answers")
+    a1.legend(fontsize=7)
+    xs = np.arange(len(dss))
+    a2.bar(xs - 0.2, [s6["regime"][d]["acc"] for d in dss], width=0.4,
+           label="A ≥ 0.70 and M ≥ 0.70")
+    a2.bar(xs + 0.2, [s6["regime"][d]["acc_rest"] for d in dss], width=0.4, label="other records")
+    for x, d in zip(xs, dss):
+        a2.text(x - 0.2, 0.02, f"n={s6['regime'][d]['n']}", ha="center", fontsize=7, rotation=90, color="w")
+    a2.axhline(PAPER_SECTION6["regime_acc"], color="k", ls="--", lw=0.8, label="paper: 55.6% (117 records)")
+    a2.set_xticks(xs, dss)
+    a2.set_ylabel("decision accuracy vs oracle")
+    a2.legend(fontsize=7)
+    return _save(fig, path)
