@@ -97,6 +97,7 @@ def threshold_grid(df, y, configs) -> dict:
     share = (r["counts"] / r["counts"].sum(-1, keepdims=True)).mean(1).reshape(len(THETA0), len(OFFSETS), 4)
     acc = r["accuracy"].reshape(len(THETA0), len(OFFSETS), -1)
     return {"theta0": THETA0, "offsets": np.array(OFFSETS), "mean": acc.mean(-1), "std": acc.std(-1, ddof=1),
+            "point": r["accuracy_point"].reshape(len(THETA0), len(OFFSETS)),
             "abstain": share[..., Action.SILENT] + share[..., Action.OPT_OUT], "share": share}
 
 
