@@ -65,7 +65,8 @@ def agreement(judged: pd.DataFrame) -> pd.DataFrame:
     the confusion counts tp (both hallucinated), fp (judge only), fn (gold only), tn (both safe)."""
     rows = []
     for name in JUDGES:
-        for ds, d in judged.groupby("dataset", sort=False):
+        for ds in sorted(judged["dataset"].unique(), key=lambda d: (d not in DATASET_NAMES, d)):
+            d = judged[judged["dataset"] == ds]
             for split in ("dev", "test", "all"):
                 s = d if split == "all" else d[d["split"] == split]
                 j, g = s[f"judge_{name}"].astype(bool), s["gold"].astype(bool)
