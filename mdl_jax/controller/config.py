@@ -123,7 +123,7 @@ def _real(name: str, value) -> np.ndarray | None:
         return None
     try:
         arr = np.asarray(value)
-    except (TypeError, ValueError) as e:  # ragged tuples and the like
+    except (TypeError, ValueError, OverflowError) as e:  # ragged tuples and the like
         raise ValueError(f"{name}: expected a number or an array of real numbers, got "
                          f"{_short(value)} ({e})") from None
     # bool and complex are numbers to NumPy but not a value of any field; bfloat16 has kind 'V'
@@ -135,13 +135,12 @@ def _real(name: str, value) -> np.ndarray | None:
     if name in _VECTOR and arr.shape[-1:] != (_VECTOR[name],):
         raise ValueError(f"{name}: expected {_VECTOR[name]} values (a trailing axis of "
                          f"{_VECTOR[name]}), got shape {arr.shape}: {_short(value)}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: expected finite values, got {_short(value)}")
     return arr
 
 
 def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
-    # Elementwise, so a batch of configs (leaves shaped (K, ...)) says which config is wrong.
+    # ``bad`` holds one flag per config: 0-d for one config, (K, ...) for a batch of configs, so the
+    # message can say which config of the batch is the first wrong one.
     if np.any(bad):
         where = "" if np.ndim(bad) == 0 else f" (first at index {_first(bad)})"
         raise ValueError(f"{name}: expected {what}, got {_short(value)}{where}")
@@ -166,26 +165,45 @@ def _broadcast(names: str, *arrays) -> tuple:
 
 
 def _check_numeric(cfg: "MDLConfig") -> None:
+    """Every rule of a field in one mask per config, so the index named is the first config that
+    is wrong for any reason (as ``decide`` names the first bad record)."""
     v = {f: _real(f, getattr(cfg, f)) for f in _NUMERIC}
+
+    def per_config(name, bad):  # vector fields: a config is bad if any component is
+        return bad.any(axis=-1) if name in _VECTOR else bad
+
+    def finite(name):
+        return ~np.isfinite(v[name])
+
+    for name in ("bias", "g_A_coeffs", "gate_coeffs", "n_min"):
+        if v[name] is not None:
+            _fail(name, "finite values", getattr(cfg, name), per_config(name, finite(name)))
     if v["sigma"] is not None:
-        _fail("sigma", "a width > 0", cfg.sigma, v["sigma"] <= 0)
-    if v["gains"] is not None:
+        _fail("sigma", "a finite width > 0", cfg.sigma, finite("sigma") | ~(v["sigma"] > 0))
+    gains_ok = v["gains"] is not None
+    if gains_ok:
         # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))
-        _fail("gains", "gains ≥ 0", cfg.gains, v["gains"] < 0)
+        _fail("gains", "finite gains ≥ 0", cfg.gains, per_config("gains", finite("gains") | ~(v["gains"] >= 0)))
     if v["eps_c"] is not None:
-        _fail("eps_c", "a leakage ≥ 0", cfg.eps_c, v["eps_c"] < 0)
-        if v["gains"] is not None:
-            # Theorem 1's condition. eps_c = 0 (no leakage) keeps every gain's pathway monotone too.
+        bad = finite("eps_c") | ~(v["eps_c"] >= 0)
+        what = "a finite leakage ≥ 0"
+        if gains_ok:
+            # Theorem 1's condition; eps_c = 0 (no leakage) keeps every pathway monotone for any gains
             eps, low = _broadcast("eps_c, gains", v["eps_c"], v["gains"].min(axis=-1))
-            _fail("eps_c", f"0 or a leakage < min(gains) (Theorem 1), with gains={_short(cfg.gains)}",
-                  cfg.eps_c, (eps > 0) & (eps >= low))
+            bad = bad | ((eps > 0) & (eps >= low))
+            what += f", either 0 or < min(gains) (Theorem 1; gains={_short(cfg.gains)})"
+        _fail("eps_c", what, cfg.eps_c, bad)
     th = v["thresholds"]
     if th is not None:
-        _fail("thresholds", "values in [0, 1]", cfg.thresholds, ((th < 0) | (th > 1)).any(axis=-1))
-        _fail("thresholds", "θ0 ≥ θ1 ≥ θ2", cfg.thresholds, (np.diff(th, axis=-1) > 0).any(axis=-1))
-    if v["n_min"] is not None and v["n_max"] is not None:
-        lo, hi = _broadcast("n_min, n_max", v["n_min"], v["n_max"])
-        _fail("n_max", f"n_max > n_min={_short(cfg.n_min)}", cfg.n_max, ~(hi > lo))
+        bad = per_config("thresholds", ~((th >= 0) & (th <= 1)))  # NaN fails too
+        bad = bad | (np.diff(th, axis=-1) > 0).any(axis=-1)
+        _fail("thresholds", "finite values in [0, 1] with θ0 ≥ θ1 ≥ θ2", cfg.thresholds, bad)
+    if v["n_max"] is not None:
+        bad, what = finite("n_max"), "a finite value"
+        if v["n_min"] is not None:
+            lo, hi = _broadcast("n_min, n_max", v["n_min"], v["n_max"])
+            bad, what = ~np.isfinite(hi) | ~(hi > lo), f"a finite value > n_min={_short(cfg.n_min)}"
+        _fail("n_max", what, cfg.n_max, bad)
 
 
 def _is_concrete(x) -> bool:

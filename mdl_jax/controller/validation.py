@@ -51,7 +51,7 @@ def check_unit_interval(name: str, x) -> None:
             return
     try:
         arr = np.asarray(x)
-    except (TypeError, ValueError) as e:  # ragged nested lists and the like
+    except (TypeError, ValueError, OverflowError) as e:  # ragged nested lists and the like
         raise ValueError(f"{name}: expected a number or an array of real numbers in [0, 1] ({e})") from None
     if not is_real_dtype(arr.dtype):
         raise _dtype_error(name, arr.dtype)
@@ -111,7 +111,7 @@ def as_float_array(x, name: str = "x", dtype=None) -> jax.Array:
     """
     try:
         x = jnp.asarray(x, dtype=dtype)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # text, ragged lists, ints beyond int64
         raise ValueError(f"{name}: expected a number or an array of real numbers ({e})") from None
     if not is_real_dtype(x.dtype):
         raise _dtype_error(name, x.dtype)

@@ -108,7 +108,14 @@ def _read_csv(path: Path, dataset: str) -> list[tuple[int, dict]]:
     _check_columns(path, dataset, header, line=reader.line_num)
     names = [COLUMNS[dataset].get(c, c) for c in header]
     width, rows, end = len(header), [], reader.line_num
-    for row in reader:
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as e:  # e.g. a NUL byte, or a quote left open at the end of the file
+            raise DataError(f"{path}, line {end + 1}: unreadable CSV ({e}); expected "
+                            f"{width} comma-separated fields") from None
+        if row is None:
+            break
         line, end = end + 1, reader.line_num  # a quoted field may span lines: name the first
         if not any(f.strip() for f in row):
             continue
@@ -126,7 +133,9 @@ def _read_csv(path: Path, dataset: str) -> list[tuple[int, dict]]:
 def _read_jsonl(path: Path, dataset: str) -> list[tuple[int, dict]]:
     """(line, object with canonical field names) for every non-blank line."""
     rows = []
-    for n, line in enumerate(_read_text(path).splitlines(), 1):
+    # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings
+    # may hold raw
+    for n, line in enumerate(_read_text(path).split("\n"), 1):
         if not line.strip():
             continue
         try:
