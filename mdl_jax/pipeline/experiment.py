@@ -5,27 +5,32 @@ the calibration questions give the oracle labels: a hallucination under injected
 'reject', a safe answer 'adopt'; then n_min/n_max and θ as in Section 3.4) → every system on the
 evaluated questions for every seed → judged records → metrics, tables, figures, REPORT.md.
 
-Work is done in chunks of ``chunk_size`` questions per (dataset, seed, system). A chunk's generation
-seed depends only on (run seed, dataset, system, chunk index), and its records are written together
-(fsync), so a killed run resumes by redoing only missing chunks and ends with exactly the records an
-uninterrupted run would have produced.
+Work is done in chunks of ``chunk_size`` questions per (dataset, seed, system). Sampling is paired:
+each question's generation seed is ``record_seed(dataset, qid, run seed)``, the same for every system
+and independent of chunking, and every generated answer is kept in the out dir's generation cache
+(``generations.sqlite``), so a prompt that another system already sent for the same record gets
+that answer back (B3 Active = B2, Silent = B1, Self-RAG's draft = B2). A chunk's records are written
+together (fsync), so a killed run resumes by redoing only missing chunks and ends with exactly the
+records an uninterrupted run would have produced. One run at a time per out dir (``.lock``, flock).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from mdl_jax.pipeline import records as rec_io
 from mdl_jax.pipeline import systems as sysm
+from mdl_jax.pipeline.generation import CachedBackend, GenerationCache, record_seed
 
 CALIBRATION = "calibration"
 
@@ -48,8 +53,32 @@ class RunConfig:
     progress: bool = True
 
 
-def _gen_seed(*parts) -> int:
-    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
+class OutDirInUse(RuntimeError):
+    """Another process holds the out dir's lock."""
+
+
+def lock_out_dir(out: Path):
+    """Hold an exclusive flock on ``out/.lock`` for this process's lifetime (returns the open file).
+
+    The kernel drops a flock when its process dies, however it dies, so a killed run never leaves the
+    out dir stuck; two live runs can never append to the same records file."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder}); wait for it to "
+                          "finish or stop it, or choose another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _prompt_hash(prompts) -> str:
@@ -73,24 +102,31 @@ class Experiment:
         self.backend = backend
         self.embedder = embedder
         self.out = Path(cfg.out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_out_dir(self.out)  # before reading anything another run might be writing
         self.records_path = self.out / "records.jsonl"
         self.writer = rec_io.RecordWriter(self.records_path)
         self.done = rec_io.load(self.records_path)
+        self.cache = GenerationCache(self.out / "generations.sqlite")
+        self.gen = CachedBackend(backend, self.cache)
+        self.n_written = self.n_failed = 0
+
+    def close(self) -> None:
+        self.cache.close()
+        self._lock.close()
 
     # -- one chunk -------------------------------------------------------------------------------
     def _run_chunk(self, ds, seed, system, k, stores, sig, dec):
-        gseed = _gen_seed(seed, ds, system, k)
+        gseed = [record_seed(ds, s.item.qid, seed) for s in stores]  # not the system, not the chunk
         qs = [s.item.question for s in stores]
         t0 = time.perf_counter()
         if system in ("B1", "B2", CALIBRATION):
-            res = sysm.run_plain(self.backend, qs, stores, inject=system != "B1", seed=gseed)
+            res = sysm.run_plain(self.gen, qs, stores, inject=system != "B1", seed=gseed)
         elif system == "B3":
-            res = sysm.run_mdl(self.backend, qs, stores, [d["action_code"] for d in dec], seed=gseed)
+            res = sysm.run_mdl(self.gen, qs, stores, [d["action_code"] for d in dec], seed=gseed)
         elif system == "CRAG":
-            res = sysm.run_crag(self.backend, qs, stores, seed=gseed)
+            res = sysm.run_crag(self.gen, qs, stores, seed=gseed)
         elif system == "SelfRAG":
-            res = sysm.run_selfrag(self.backend, qs, stores, seed=gseed)
+            res = sysm.run_selfrag(self.gen, qs, stores, seed=gseed)
         else:
             raise ValueError(f"systems: unknown system {system!r}")
         dt = (time.perf_counter() - t0) / max(len(stores), 1)
@@ -107,6 +143,9 @@ class Experiment:
                 "action": d["action"] if system == "B3" else None,
                 "C": d["C"], "alpha": d["alpha"], "C_final": d["C_final"],
                 "prompt_hash": _prompt_hash(r["prompts"]), "answer": r["answer"],
+                # True: replayed from the generation cache (another system, or an earlier run, sent
+                # this prompt for this record); None: no model call (B3 Opt-Out).
+                "answer_cached": bool(r.get("cached")) if r["llm_calls"] else None,
                 "hallucinated": None if j is None else j.hallucinated,
                 "refusal": None if j is None else j.refusal,
                 "sim_correct": None if j is None else round(j.sim_correct, 6),
@@ -132,11 +171,13 @@ class Experiment:
                                    dec[start:start + len(chunk)])
             new = [r for r in recs if rec_io.key(r) in missing]
             self.writer.append(new)
+            self.n_written += len(new)
+            self.n_failed += sum(bool(r["failed"]) for r in new)
             for r in new:
                 if rec_io.key(r) not in self.done or not r["failed"]:
                     self.done[rec_io.key(r)] = r
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(new))  # only this plan's records, each once
 
     # -- the whole run ---------------------------------------------------------------------------
     def run(self):
@@ -148,7 +189,7 @@ class Experiment:
         from mdl_jax.pipeline.stores import StoreConfig, build_stores
 
         cfg = self.cfg
-        plan, total = [], 0
+        plan, keys = [], set()
         for ds in cfg.datasets:
             items = load(ds, cfg.data_dir)
             stores_all = build_stores(items, StoreConfig(seed=cfg.store_seed))
@@ -164,9 +205,13 @@ class Experiment:
                         continue
                     units.append((seed, system))
             plan.append((ds, cal_st, ev_st, units))
-            total += len(cal_st) + len(ev_st) * len(units)
-        bar = tqdm(total=total, desc="reproduce", unit="q", disable=not cfg.progress, smoothing=0.05)
-        bar.update(min(len(self.done), total))  # resumed records count as done for the ETA
+            keys |= {(ds, s.item.qid, 0, CALIBRATION) for s in cal_st}
+            keys |= {(ds, s.item.qid, seed, system) for s in ev_st for seed, system in units}
+        # The bar counts this plan's records: those already on disk (a resumed run) start it, records
+        # of other plans in the same out dir do not, so it ends at exactly total/total.
+        done = sum(1 for k in keys if k in self.done and not self.done[k].get("failed"))
+        bar = tqdm(total=len(keys), initial=done, desc="reproduce", unit="q", disable=not cfg.progress,
+                   smoothing=0.05)
         summary = {"datasets": {}}
         for ds, cal_st, ev_st, units in plan:
             sig_cal = compute_signals(cal_st, self.embedder).to_dict("records")
@@ -198,10 +243,26 @@ class Experiment:
                 "eval_qids": [s.item.qid for s in ev_st],
             }
         bar.close()
-        summary["tokens_generated"] = self.backend.tokens_generated
-        summary["generation_seconds"] = self.backend.seconds
-        summary["tokens_per_s"] = (self.backend.tokens_generated / self.backend.seconds
-                                   if self.backend.seconds else None)
+        # Generation totals over every run into this out dir (the cache holds each generated answer
+        # with its tokens and seconds, including a killed run's), so a resumed rerun keeps the first
+        # run's throughput instead of reporting only its own remainder.
+        tokens, seconds = self.cache.totals()
+        prev = _read_json(self.out / "run.json")
+        if prev and "this_run" not in prev:  # written before the cache existed: add its counts
+            tokens += int(prev.get("tokens_generated") or 0)
+            seconds += float(prev.get("generation_seconds") or 0.0)
+        summary["tokens_generated"] = tokens
+        summary["generation_seconds"] = seconds
+        summary["tokens_per_s"] = tokens / seconds if seconds else None
+        summary["this_run"] = {
+            "tokens_generated": self.backend.tokens_generated,
+            "generation_seconds": self.backend.seconds,
+            "scoring_seconds": getattr(self.backend, "score_seconds", 0.0),
+            "answers_replayed_from_cache": self.gen.hits, "answers_generated": self.gen.misses,
+            "records_written": self.n_written, "records_failed": self.n_failed,
+            "backend_calls": getattr(self.backend, "calls", 0),
+            "backend_failed_calls": getattr(self.backend, "failed_calls", 0),
+        }
         summary["model"] = self.backend.model_id
         summary["config"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                              for k, v in dataclasses.asdict(cfg).items()}
@@ -209,26 +270,56 @@ class Experiment:
         return summary
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# Measured on this dev VM (2 shared CPU cores, bundled SmolLM2 in bf16); see README.
+BARE_RUN_COST = ("A bare run (20 questions x 2 datasets, 80 calibration questions each, B1/B2/B3 on "
+                 "both, CRAG and Self-RAG on TruthfulQA, 1 seed) makes about 420 answers and takes "
+                 "about {minutes} minutes here")
+BARE_RUN_MINUTES = "25"
+MOST_FAILED = 0.5  # above this share of failed records the run exits non-zero
+
+
 def register(sub, common) -> None:
-    p = sub.add_parser("reproduce", help="run the end-to-end hallucination experiment and write a report")
+    p = sub.add_parser(
+        "reproduce", help="run the end-to-end hallucination experiment and write a report",
+        description="Run the end-to-end hallucination experiment (paper Section 5.2) and write "
+                    "records.jsonl, REPORT.md, tables and Figure 3 into --out; rerun to resume. "
+                    + BARE_RUN_COST.format(minutes=BARE_RUN_MINUTES) + ".",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common(p)
-    p.add_argument("--out", default="out/reproduce")
+    p.add_argument("--out", default="out/reproduce",
+                   help="output dir (one run at a time; a rerun resumes it)")
     p.add_argument("--n-questions", type=int, default=20, help="evaluated questions per dataset")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--systems", nargs="+", default=list(sysm.SYSTEMS), choices=list(sysm.SYSTEMS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="generation seeds: every evaluated question is answered once per seed "
+                        "(the store/split seed is --split-seed)")
+    p.add_argument("--systems", nargs="+", default=list(sysm.SYSTEMS), choices=list(sysm.SYSTEMS),
+                   help="systems compared (paper Table 3)")
     p.add_argument("--baseline-datasets", nargs="+", default=["truthfulqa"],
                    help="datasets on which CRAG and Self-RAG run (paper: TruthfulQA)")
-    p.add_argument("--baseline-seeds", type=int, default=2, help="CRAG/Self-RAG run on this many seeds")
-    p.add_argument("--n-calibration", type=int, default=80)
+    p.add_argument("--baseline-seeds", type=int, default=2,
+                   help="CRAG/Self-RAG run on the first this many of --seeds")
+    p.add_argument("--n-calibration", type=int, default=80, help="calibration questions per dataset")
     p.add_argument("--chunk-size", type=int, default=32, help="questions per resumable chunk")
-    p.add_argument("--backend", choices=["local", "openai"], default="local")
-    p.add_argument("--llm", default=None, help="local: HF id or path (default: bundled SmolLM2); "
-                                                "openai: the served model name")
+    p.add_argument("--backend", choices=["local", "openai"], default="local",
+                   help="local: transformers on this machine; openai: an OpenAI-compatible server "
+                        "at $MDL_JAX_OPENAI_BASE_URL")
+    p.add_argument("--llm", default=None, help="local: HF id or path (%(default)s: the bundled "
+                                                "SmolLM2-135M); openai: the served model name")
     p.add_argument("--batch-size", type=int, default=32, help="local backend generation batch")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="local backend torch device (cuda on a GPU)")
     p.add_argument("--dtype", default="auto", help="local backend weights/activations: auto (bf16 where "
                                                    "the hardware has it, else float32), float32, bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=150, help="answer length cap (paper: 150)")
+    p.add_argument("--call-timeout", type=float, default=120.0,
+                   help="openai backend: total seconds one call may take, retries included; a call "
+                        "over budget becomes a failed record (a rerun fills it in)")
     p.set_defaults(func=reproduce_cmd)
 
 
@@ -242,14 +333,29 @@ def reproduce_cmd(args) -> int:
                     baseline_datasets=tuple(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
-                    store_seed=args.seed)
+                    store_seed=args.split_seed)
     local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
+    remote = dict(call_timeout=args.call_timeout)
     backend = make_backend(args.backend, args.llm, max_new_tokens=args.max_new_tokens,
-                           **(local if args.backend == "local" else {}))
+                           **(local if args.backend == "local" else remote))
     emb = Embedder(args.model, cache_dir=args.cache_dir)
     t0 = time.perf_counter()
-    summary = Experiment(cfg, backend, emb).run()
+    try:
+        exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
+    except OutDirInUse as e:
+        print(f"reproduce: {e}", file=sys.stderr)
+        return 2
+    try:
+        summary = exp.run()
+    finally:
+        exp.close()
     summary["wall_seconds"] = time.perf_counter() - t0
     report = write_report(cfg.out, summary)
     print(f"wrote {report}", file=sys.stderr)
+    run = summary["this_run"]
+    if run["records_written"] and run["records_failed"] > MOST_FAILED * run["records_written"]:
+        print(f"reproduce: {run['records_failed']} of {run['records_written']} records of this run "
+              f"failed ({run['backend_failed_calls']} of {run['backend_calls']} backend calls); "
+              "see the 'error' field of records.jsonl. Rerun to retry them.", file=sys.stderr)
+        return 3
     return 0

@@ -3,9 +3,13 @@
     python -m mdl_jax.serve --port 8123 [--model bundled:smollm2] [--fail-first N]
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (model, messages, temperature, top_p,
-max_tokens, seed). It exists so the openai backend can be exercised end to end against a real server
-with the real bundled model, offline. ``--fail-first N`` answers the first N completion requests with
-HTTP 503, to exercise the client's retry path (fault injection, off by default).
+max_tokens, seed, logprobs, top_logprobs). With ``logprobs: true`` the answer carries
+``choices[0].logprobs.content[0]``: the first reply token, its log-probability and the
+``top_logprobs`` most likely first tokens (0-20) with theirs, from one forward pass of the model, as
+OpenAI's API does; CRAG and Self-RAG score their labels from them. It exists so the openai backend
+can be exercised end to end against a real server with the real bundled model, offline.
+``--fail-first N`` answers the first N completion requests with HTTP 503, to exercise the client's
+retry path (fault injection, off by default).
 """
 
 from __future__ import annotations
@@ -54,14 +58,25 @@ def make_server(host: str, port: int, backend: LocalBackend, fail_first: int = 0
                 if state["to_fail"] > 0:
                     state["to_fail"] -= 1
                     return self._send(503, {"error": {"message": "injected failure"}})
+                # The request's seed is the record seed: the answer is then the one LocalBackend gives
+                # the same prompt for the same record (paired sampling across backends).
                 g = backend.generate([msgs], seed=int(req.get("seed") or 0),
                                      max_new_tokens=int(req.get("max_tokens") or 150),
                                      temperature=float(req.get("temperature", 0.7)),
                                      top_p=float(req.get("top_p", 0.9)))[0]
+                logprobs = None
+                if req.get("logprobs"):
+                    k = min(max(int(req.get("top_logprobs") or 0), 0), 20)
+                    tops, first = backend.top_logprobs(msgs, max(k, 1), g.text)
+                    token, lp = first or tops[0]
+                    logprobs = {"content": [{
+                        "token": token, "logprob": lp, "bytes": list(token.encode()),
+                        "top_logprobs": [{"token": t, "logprob": x, "bytes": list(t.encode())}
+                                         for t, x in tops[:k]]}]}
             self._send(200, {
                 "id": f"chatcmpl-{state['requests']}", "object": "chat.completion",
                 "created": int(time.time()), "model": req.get("model", backend.model),
-                "choices": [{"index": 0, "finish_reason": "stop",
+                "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
                              "message": {"role": "assistant", "content": g.text}}],
                 "usage": {"prompt_tokens": 0, "completion_tokens": g.n_tokens,
                           "total_tokens": g.n_tokens},
