@@ -165,6 +165,57 @@ def figure3(df, path: Path) -> Path:
     return path
 
 
+def paired_share(df) -> dict:
+    """Per dataset (and "all"): of the B3 records whose action was Active (so B3 sent exactly B2's
+    prompt), how many have exactly B2's answer for the same (dataset, qid, seed). Paired sampling
+    makes this 100% by construction (generation cache); anything less shows unpaired sampling (runs
+    made before it, or a backend that ignores seeds). Returns {dataset: {"n", "equal", "share"}}."""
+    out = {}
+    if df.empty or "action" not in df:
+        return out
+    key = ["dataset", "qid", "seed"]
+    b3 = df[(df["system"] == "B3") & (df["action"] == "ACTIVE") & df["ok"]][key + ["answer"]]
+    b2 = df[(df["system"] == "B2") & df["ok"]][key + ["answer"]]
+    m = b3.merge(b2, on=key, suffixes=("_b3", "_b2"))
+    for ds, g in list(m.groupby("dataset")) + [("all", m)]:
+        eq = int((g["answer_b3"] == g["answer_b2"]).sum())
+        out[ds] = {"n": int(len(g)), "equal": eq, "share": eq / len(g) if len(g) else float("nan")}
+    return out
+
+
+def decision_outcomes(df) -> dict:
+    """How CRAG's grades and Self-RAG's reflections were decided, per dataset.
+
+    CRAG: the share of each verdict (Correct / Incorrect / Ambiguous) and how its memory grades were
+    made (scored by label likelihood / parsed from text / unparsed). Self-RAG: the share of records
+    kept, regenerated and unparsed (no ISREL or ISSUP decision, so the draft was kept) and how its
+    reflection decisions were made. Records of runs before scoring carry no method: "parsed" (they
+    parsed free text)."""
+    import pandas as pd
+
+    out: dict = {}
+    if df.empty:
+        return out
+    for (ds, system), g in df[df["system"].isin(["CRAG", "SelfRAG"]) & df["ok"]].groupby(
+            ["dataset", "system"]):
+        ex = [e if isinstance(e, dict) else {} for e in g["extra"]]
+        if system == "CRAG":
+            verdicts = pd.Series([e.get("verdict") for e in ex]).value_counts(normalize=True)
+            methods = pd.Series([m for e in ex for m in e.get("grade_methods", ["parsed"] * len(
+                e.get("grades", [])))]).value_counts(normalize=True)
+            outcome = {str(k): round(float(v), 4) for k, v in verdicts.items()}
+        else:
+            oc = [e.get("outcome") or ("regenerated" if e.get("regenerated") else
+                                       "unparsed" if e.get("unparsed") else "kept") for e in ex]
+            outcome = {k: round(float(v), 4) for k, v in pd.Series(oc).value_counts(normalize=True).items()}
+            methods = pd.Series([m for e in ex for m in (e.get("methods") or {
+                "reflection": "unparsed" if e.get("unparsed") else "parsed"}).values()]).value_counts(
+                normalize=True)
+        out[f"{ds}/{system}"] = {"n": len(g), "outcomes": outcome,
+                                 "decisions": {str(k): round(float(v), 4) for k, v in methods.items()}}
+    return out
+
+
 def write_report(out, summary: dict) -> Path:
     out = Path(out)
     df = frame(out / "records.jsonl")
@@ -216,6 +267,19 @@ def write_report(out, summary: dict) -> Path:
                      f"θ = {[round(t, 3) for t in d['thresholds']]}, n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
+    paired, decisions = paired_share(df), decision_outcomes(df)
+    lines += ["", "## Paired sampling and baseline decisions", "",
+              "Every system draws the same random numbers for the same (dataset, question, seed), and "
+              "a prompt already answered for that record is replayed from the run's generation cache, "
+              "so where B3 chooses Active it sends B2's prompt and must get B2's answer:"]
+    for ds, r in paired.items():
+        lines.append(f"- B3 Active records with B2's answer, {ds}: {r['equal']} / {r['n']} "
+                     f"({_fmt(r['share'])})")
+    for k, r in decisions.items():
+        label = "verdicts" if k.endswith("CRAG") else "outcomes"
+        lines.append(f"- {k} (n = {r['n']}): {label} "
+                     + ", ".join(f"{a} {v:.3f}" for a, v in r["outcomes"].items())
+                     + "; decisions " + ", ".join(f"{a} {v:.3f}" for a, v in r["decisions"].items()))
     lines += ["", "Definitions: see `mdl_jax/analysis/report.py`. Records: `records.jsonl` (one line per dataset, "
               "question, seed, system)."]
     path = out / "REPORT.md"
