@@ -40,16 +40,20 @@ from mdl_jax.controller.decision import Action  # noqa: E402
 from mdl_jax.controller.decision import Decision  # noqa: E402
 from mdl_jax.controller.decision import decide_one  # noqa: E402
 from mdl_jax.controller.decision import signal_cube_norm_range  # noqa: E402
+from mdl_jax.controller.config_file import load_config  # noqa: E402
+from mdl_jax.controller.config_file import save_config  # noqa: E402
 from mdl_jax.controller.sweep import SweepResult  # noqa: E402
 from mdl_jax.controller.sweep import bootstrap_weights  # noqa: E402
 from mdl_jax.controller.sweep import config_grid  # noqa: E402
 from mdl_jax.controller.sweep import stack_configs  # noqa: E402
 from mdl_jax.controller.sweep import sweep  # noqa: E402
+from mdl_jax.controller.tuning import TuneResult  # noqa: E402
+from mdl_jax.controller.tuning import tune  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Action", "Calibration", "Decision", "MDLConfig", "SweepResult", "bootstrap_weights", "calibrate",
-    "checked_decide", "config_grid", "decide", "decide_one", "signal_cube_norm_range", "soft_decide",
-    "stack_configs", "sweep",
+    "TuneResult", "checked_decide", "config_grid", "decide", "decide_one", "load_config", "save_config",
+    "signal_cube_norm_range", "soft_decide", "stack_configs", "sweep", "tune",
 ]

@@ -1,0 +1,401 @@
+"""Gradient tuning of the controller's numeric fields (the paper's future work), still white-box.
+
+    result = tune(M, R, A, adopt, fields=("gate_coeffs", "thresholds"))
+    result.config            # an MDLConfig: the same controller, some numbers moved
+    result.history           # loss, accuracies, temperature per step; best step; soft/hard disagreement
+
+The objective is the binary decision of Section 5.3 (adopt ⇔ ACTIVE): the soft decision
+P(adopt) = sigmoid((C_final − θ0) / τ) against oracle labels, a weighted cross-entropy (optional
+per-record weights, e.g. a hallucination at A ≥ 0.70 costing more). τ anneals geometrically from
+``temperature[0]`` to ``temperature[1]``, so at the end the soft controller is the hard one on the
+training records; ``history["disagreement"]`` is the share of training records where the two still
+differ (soft argmax of the four action probabilities vs ``decide``'s action).
+
+Parametrisation keeps the paper's invariants at every step (no projection, no clipping):
+  σ = softplus(u) + 1e-3                         σ > 0
+  s_k = softplus(u_k) + 1e-3;  ε_c = sigmoid(v)·(1 − 1e-3)·min_k s_k    0 ≤ ε_c < min s_k (Theorem 1)
+  θ2 = sigmoid(a), θ1 = θ2 + (1−θ2)·sigmoid(b), θ0 = θ1 + (1−θ1)·sigmoid(c)     1 ≥ θ0 ≥ θ1 ≥ θ2 ≥ 0
+  n_max = n_min + softplus(w) + 1e-3             n_max > n_min
+  gate, g_A coefficients and the bias are free.
+Fields outside ``fields`` keep their starting values exactly: every field is a parameter, and a 0/1
+mask per field zeroes its gradient, so an Adam update of it is exactly 0. That mask is also what lets
+different field sets train side by side in one vmapped program (``tune_many``).
+
+Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on a validation part:
+the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
+without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
+that vmaps over runs. ``tune_many`` trains B runs (folds × seeds × field sets, each a pair of
+train/validation weight vectors over the same records) in ONE jitted program, with the run axis
+sharded over all local devices (Mesh + NamedSharding); ``tune`` is a run of one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from mdl_jax.controller import decision as _d
+from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
+from mdl_jax.controller.validation import check_unit_interval, common_shape
+
+FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
+_EPS = 1e-3
+
+
+class TuneResult(NamedTuple):
+    """``config``: the tuned config. ``history``: per-step arrays ("loss", "train_accuracy",
+    "val_accuracy", "temperature", and the constrained "sigma", "eps_c", "min_gain", "thresholds",
+    "n_min", "n_max" after each step) and scalars ("best_step", "stopped_step", "best_val_accuracy",
+    "disagreement": share of training records where soft argmax ≠ hard action at the end)."""
+
+    config: MDLConfig
+    history: dict
+
+
+# ------------------------------------------------------------------------------- parametrisation
+
+def _softplus_inv(y):
+    y = np.asarray(y, np.float64)
+    return np.where(y > 20, y, np.log(np.expm1(np.maximum(y, 1e-12))))
+
+
+def _logit(p):
+    p = np.clip(np.asarray(p, np.float64), 1e-4, 1 - 1e-4)
+    return np.log(p) - np.log1p(-p)
+
+
+def to_unconstrained(cfg: MDLConfig) -> dict:
+    """The free parameters (float32 arrays, one entry per numeric field) that map back to ``cfg``
+    (up to the clamps at the domain edges: θ exactly 0, 1 or tied sit 1e-4 inside)."""
+    g = np.asarray(cfg.gains, np.float64)
+    th = np.asarray(cfg.thresholds, np.float64)
+    t2 = th[2]
+    b = (th[1] - t2) / max(1 - t2, 1e-12)
+    c = (th[0] - th[1]) / max(1 - th[1], 1e-12)
+    out = {
+        "sigma": _softplus_inv(float(cfg.sigma) - _EPS),
+        "gains": _softplus_inv(g - _EPS),
+        "eps_c": _logit(float(cfg.eps_c) / ((1 - _EPS) * g.min())),
+        "g_A_coeffs": np.asarray(cfg.g_A_coeffs, np.float64),
+        "gate_coeffs": np.asarray(cfg.gate_coeffs, np.float64),
+        "thresholds": np.array([_logit(t2), _logit(b), _logit(c)]),
+        "bias": np.asarray(cfg.bias, np.float64),
+        "n_min": np.asarray(float(cfg.n_min)),
+        "n_max": _softplus_inv(float(cfg.n_max) - float(cfg.n_min) - _EPS),
+    }
+    return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def from_unconstrained(u: dict, base: MDLConfig) -> MDLConfig:
+    """Free parameters → a config (traceable; the invariants hold for any finite ``u``)."""
+    gains = jax.nn.softplus(u["gains"]) + _EPS
+    t2 = jax.nn.sigmoid(u["thresholds"][0])
+    t1 = t2 + (1 - t2) * jax.nn.sigmoid(u["thresholds"][1])
+    t0 = t1 + (1 - t1) * jax.nn.sigmoid(u["thresholds"][2])
+    return _replace_leaves(base, {
+        "sigma": jax.nn.softplus(u["sigma"]) + _EPS, "gains": gains,
+        # (1 − 1e-3): sigmoid rounds to exactly 1 in float32 for large inputs; ε_c must stay below
+        "eps_c": jax.nn.sigmoid(u["eps_c"]) * (1 - _EPS) * jnp.min(gains), "g_A_coeffs": u["g_A_coeffs"],
+        "gate_coeffs": u["gate_coeffs"], "thresholds": jnp.stack([t0, t1, t2]), "bias": u["bias"],
+        "n_min": u["n_min"], "n_max": u["n_min"] + jax.nn.softplus(u["n_max"]) + _EPS})
+
+
+def _replace_leaves(base: MDLConfig, leaves: dict) -> MDLConfig:
+    # MDLConfig.replace would re-run the concrete-value checks on tracers; rebuild through the pytree.
+    from mdl_jax.controller import config as _config
+
+    return _config._unflatten(_config._flatten(base)[1], [leaves[f] for f in NUMERIC_FIELDS])
+
+
+def field_mask(fields: Sequence[str]) -> dict:
+    """1.0 for the trained fields, 0.0 for the frozen ones."""
+    unknown = [f for f in fields if f not in NUMERIC_FIELDS]
+    if unknown or not fields:
+        raise ValueError(f"fields: expected a non-empty subset of {list(NUMERIC_FIELDS)}, got "
+                         f"{list(fields)!r}")
+    return {f: jnp.float32(f in fields) for f in NUMERIC_FIELDS}
+
+
+# ------------------------------------------------------------------------------------ the program
+
+# Fields that change v_meta (and so ‖v_meta‖ and α). When a run trains none of them, the raw norm and α
+# of every record are the same at every step: they are computed once, before the training loop, and
+# each step only redoes the read-out normalisation, the gate and the threshold (the "gates" field set).
+FUSION_FIELDS = ("sigma", "eps_c", "gains", "g_A_coeffs", "bias")
+
+
+def _features(M, R, A, cfg):
+    """(raw norm, α) of one record: the part of Algorithm 1 before n_min/n_max and the gate."""
+    v_meta, v_wm, _ = _d.fuse(M, R, A, cfg)
+    _, alpha, n = _d.read_out(v_meta, v_wm, cfg)
+    return n, alpha
+
+
+def _c_final_from_features(n, alpha, cfg):
+    n_min = jnp.asarray(cfg.n_min, n.dtype)
+    n_max = jnp.asarray(cfg.n_max, n.dtype)
+    C = jnp.clip((n - n_min) / (n_max - n_min), 0.0, 1.0)   # eq. (2), as decision.read_out
+    return _d.gate(C, alpha, cfg)
+
+
+def _soft_adopt_logit(M, R, A, cfg, tau):
+    # (C_final − θ0)/τ for one record; its sigmoid is P(adopt) = P(ACTIVE).
+    C_final = _c_final_from_features(*_features(M, R, A, cfg), cfg)
+    th = jnp.asarray(cfg.thresholds, C_final.dtype)
+    return (C_final - th[0]) / tau, C_final
+
+
+class _Carry(NamedTuple):
+    params: dict
+    opt_state: optax.OptState
+    best_params: dict
+    best_val: jax.Array
+    best_step: jax.Array
+    since_best: jax.Array
+    stopped: jax.Array
+    stopped_step: jax.Array
+
+
+def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, steps, lr, tau0, tau1,
+               patience):
+    """One run: lax.scan over steps. Returns (best params, per-step history, scalars).
+
+    ``fused``: does this run train a field of FUSION_FIELDS? If not, ``feats`` = (raw norm, α) of
+    every record, computed once for the whole group, and a step costs a few flops per record."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), steps, lr * 0.05)
+    opt = optax.adam(schedule)
+    if fused:
+        logits_of = jax.vmap(_soft_adopt_logit, in_axes=(0, 0, 0, None, None))
+    else:
+        def logits_of(M, R, A, cfg, tau):
+            C_final = _c_final_from_features(feats[0], feats[1], cfg)
+            return (C_final - jnp.asarray(cfg.thresholds, C_final.dtype)[0]) / tau, C_final
+    wt = w_train / jnp.sum(w_train)
+    wv_sum = jnp.maximum(jnp.sum(w_val), 1e-12)
+    has_val = jnp.sum(w_val) > 0  # without a validation part: no early stopping, keep the last step
+
+    def loss_fn(u, tau):
+        z, C_final = logits_of(M, R, A, from_unconstrained(u, base), tau)
+        # cross-entropy of sigmoid(z) against y, stable for large |z|
+        per = jnp.where(y, jax.nn.softplus(-z), jax.nn.softplus(z))
+        return jnp.sum(wt * per), z
+
+    def step(carry: _Carry, k):
+        tau = tau0 * (tau1 / tau0) ** (k / jnp.maximum(steps - 1, 1))
+        (loss, z), grads = jax.value_and_grad(loss_fn, has_aux=True)(carry.params, tau)
+        grads = jax.tree.map(lambda g, m: g * m, grads, mask)
+        updates, opt_state = opt.update(grads, carry.opt_state, carry.params)
+        moving = 1.0 - carry.stopped.astype(jnp.float32)
+        params = jax.tree.map(lambda p, d: p + moving * d, carry.params, updates)
+        hard_correct = ((z >= 0) == y).astype(jnp.float32)   # hard decision of the params scored
+        train_acc = jnp.sum(wt * hard_correct)
+        val_acc = jnp.sum(w_val * hard_correct) / wv_sum
+        better = (val_acc > carry.best_val) & ~carry.stopped
+        best_params = jax.tree.map(lambda b, p: jnp.where(better, p, b), carry.best_params, carry.params)
+        since = jnp.where(better, 0, carry.since_best + 1)
+        stop_now = (since >= patience) & ~carry.stopped & has_val
+        new = _Carry(params, opt_state, best_params, jnp.where(better, val_acc, carry.best_val),
+                     jnp.where(better, k, carry.best_step), since, carry.stopped | stop_now,
+                     jnp.where(stop_now, k, carry.stopped_step))
+        c = from_unconstrained(params, base)  # the invariants, step by step (tests check them)
+        return new, {"loss": loss, "train_accuracy": train_acc, "val_accuracy": val_acc,
+                     "temperature": tau, "sigma": c.sigma, "eps_c": c.eps_c, "min_gain": jnp.min(c.gains),
+                     "thresholds": c.thresholds, "n_min": c.n_min, "n_max": c.n_max}
+
+    init = _Carry(u0, opt.init(u0), u0, jnp.float32(-1.0), jnp.int32(0), jnp.int32(0),
+                  jnp.bool_(False), jnp.int32(steps))
+    final, hist = jax.lax.scan(step, init, jnp.arange(steps))
+    final = final._replace(best_params=jax.tree.map(lambda b, p: jnp.where(has_val, b, p),
+                                                    final.best_params, final.params),
+                           best_step=jnp.where(has_val, final.best_step, steps - 1))
+    # soft vs hard on the training records at the final temperature, for the kept parameters (through
+    # the same forward as training, so a "gates" group still never recomputes the fusion)
+    cfg = from_unconstrained(final.best_params, base)
+    C_final = logits_of(M, R, A, cfg, 1.0)[1]
+    probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(C_final, cfg, tau1)
+    hard = jax.vmap(_d.act, in_axes=(0, None))(C_final, cfg)
+    differ = (jnp.argmax(probs, -1) != hard).astype(jnp.float32)
+    on_train = w_train > 0
+    disagreement = jnp.sum(jnp.where(on_train, differ, 0.0)) / jnp.maximum(jnp.sum(on_train), 1)
+    scalars = {"best_step": final.best_step, "stopped_step": final.stopped_step,
+               "best_val_accuracy": final.best_val, "disagreement": disagreement}
+    return final.best_params, hist, scalars
+
+
+@functools.partial(jax.jit, static_argnames=("base", "fused", "steps", "lr", "tau0", "tau1",
+                                             "patience", "sharding"))
+def _train_groups(groups, M, R, A, y, *, base, fused, steps, lr, tau0, tau1, patience, sharding=None):
+    """Every group of runs (one per distinct field set) in ONE program; each group is vmapped.
+
+    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis; fused: per group."""
+    out = []
+    feats = None
+    for (u0, masks, w_train, w_val), fz in zip(groups, fused):
+        if sharding is not None:
+            u0, masks, w_train, w_val = jax.lax.with_sharding_constraint(
+                (u0, masks, w_train, w_val), sharding)
+        if not fz and feats is None:  # once for every non-fusion group: the base config's (n, α)
+            feats = jax.vmap(_features, in_axes=(0, 0, 0, None))(M, R, A, base)
+        fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, fused=fz,
+                               steps=steps, lr=lr, tau0=tau0, tau1=tau1, patience=patience)
+        out.append(jax.vmap(fn)(u0, masks, w_train, w_val))
+    return out
+
+
+@functools.cache
+def _mesh() -> Mesh | None:
+    devs = jax.devices()
+    return Mesh(np.array(devs), ("runs",)) if len(devs) > 1 else None
+
+
+def _check_signals(M, R, A, adopt):
+    for n, x in (("M", M), ("R", R), ("A", A)):
+        check_unit_interval(n, x)
+    shape = common_shape(("M", "R", "A"), (M, R, A))
+    if len(shape) != 1 or shape[0] < 2:
+        raise ValueError(f"M: expected 1-d signals of at least 2 records, got shape {shape}")
+    N = shape[0]
+    y = np.asarray(adopt)
+    if y.shape != (N,):
+        raise ValueError(f"adopt: expected shape ({N},) (one label per record), got {y.shape}")
+    if y.dtype.kind not in "biuf" or not np.all((y == 0) | (y == 1)):
+        raise ValueError("adopt: expected binary labels (0 = reject, 1 = adopt)")
+    return [jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A)] + \
+        [jnp.asarray(y.astype(bool))], N
+
+
+def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
+    w = np.asarray(w, dtype=np.float32)
+    if w.shape != (B, N):
+        raise ValueError(f"{name}: expected shape ({B}, {N}), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(f"{name}: expected finite, non-negative weights")
+    return jnp.asarray(w)
+
+
+def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequence[Sequence[str]],
+              seeds: Sequence[int], config: MDLConfig | None = None, steps: int = 500,
+              learning_rate: float = 0.05, temperature=(0.05, 0.002), patience: int = 100,
+              init_noise: float = 0.05):
+    """B runs in one jitted, vmapped program over the same (N,) records.
+
+    Args:
+      train_weights, val_weights: (B, N) per-record weights of each run's training and validation
+        parts (0 = not in that part); a fold is a pair of weight vectors. Validation may be all zero
+        (then the last step is kept: no early stopping signal).
+      field_sets: B tuples of field names to train (e.g. ``FIELD_SETS["gates"]``).
+      seeds: B ints; a run starts from ``config`` plus N(0, init_noise²) noise on its trained free
+        parameters, so seeds give different starting points.
+    Returns:
+      (configs: list of B tuned MDLConfigs, history: dict of (B, steps) arrays and (B,) scalars).
+    """
+    base = config if config is not None else MDLConfig()
+    if not isinstance(base, MDLConfig):
+        raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
+    (M, R, A, y), N = _check_signals(M, R, A, adopt)
+    B = len(field_sets)
+    if len(seeds) != B:
+        raise ValueError(f"seeds: expected {B} seeds (one per run), got {len(seeds)}")
+    if not (isinstance(steps, int) and steps > 0):
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate: expected > 0, got {learning_rate!r}")
+    t0, t1 = (float(t) for t in temperature)
+    if not (np.isfinite(t0) and np.isfinite(t1) and t0 > 0 and t1 > 0):
+        raise ValueError(f"temperature: expected two positive numbers (start, end), got {temperature!r}")
+    wt = _check_weights("train_weights", train_weights, B, N)
+    wv = _check_weights("val_weights", val_weights, B, N)
+    if np.any(np.asarray(wt).sum(1) <= 0):
+        raise ValueError("train_weights: every run needs training records")
+    masks = [field_mask(fs) for fs in field_sets]
+    start = to_unconstrained(base)
+    u0 = []
+    for s, m in zip(seeds, masks):
+        # seed 0 starts exactly at ``config``; other seeds jitter the trained free parameters
+        leaves, tree = jax.tree.flatten(start)
+        keys = jax.random.split(jax.random.PRNGKey(int(s)), len(leaves))
+        noisy = jax.tree.unflatten(tree, [x + init_noise * (int(s) != 0) * jax.random.normal(k, x.shape)
+                                          for x, k in zip(leaves, keys)])
+        u0.append(jax.tree.map(lambda n, x, mm: jnp.where(mm > 0, n, x), noisy, start, m))
+    chex.assert_shape([M, R, A, y], (N,))
+    # Runs grouped by field set (static: whether the fusion must be recomputed every step).
+    keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
+    members = [[b for b, fs in enumerate(field_sets) if tuple(sorted(fs)) == k] for k in keys]
+    stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
+    mesh = _mesh()
+    n_dev = 1 if mesh is None else mesh.devices.size
+    sharding = NamedSharding(mesh, PartitionSpec("runs")) if mesh is not None else None
+    groups = []
+    for idx in members:
+        g = (stack([u0[b] for b in idx]), stack([masks[b] for b in idx]), wt[np.array(idx)],
+             wv[np.array(idx)])
+        chex.assert_tree_shape_prefix(g, (len(idx),))
+        if sharding is not None and len(idx) % n_dev == 0:
+            g = jax.device_put(g, sharding)
+        groups.append(g)
+    if sharding is not None and any(len(idx) % n_dev for idx in members):
+        sharding = None  # uneven groups: let XLA place them (results are the same)
+    fused = tuple(any(f in FUSION_FIELDS for f in k) for k in keys)
+    res = _train_groups(tuple(groups), M, R, A, y, base=_static_base(base), fused=fused, steps=steps,
+                        lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience),
+                        sharding=sharding)
+    best = [None] * B
+    history = {}
+    for idx, (bp, hist, scalars) in zip(members, res):
+        for j, b in enumerate(idx):
+            best[b] = jax.tree.map(lambda x: x[j], bp)
+        for k, v in {**hist, **scalars}.items():
+            arr = history.setdefault(k, np.zeros((B,) + np.shape(v)[1:], np.asarray(v).dtype))
+            arr[np.array(idx)] = np.asarray(v)
+    configs = [_concrete(from_unconstrained(best[b], base)) for b in range(B)]
+    return configs, history
+
+
+def _static_base(base: MDLConfig) -> MDLConfig:
+    # The base is a static argument of the jitted program (its static fields choose branches; its
+    # numbers are replaced by the trained leaves), so it must be hashable: plain floats and tuples.
+    def plain(v):
+        a = np.asarray(v, np.float64)
+        return float(a) if a.ndim == 0 else tuple(float(x) for x in a)
+    return base.replace(**{f: plain(getattr(base, f)) for f in NUMERIC_FIELDS})
+
+
+def _concrete(cfg: MDLConfig) -> MDLConfig:
+    def plain(v):
+        a = np.asarray(v, np.float64)
+        return float(a) if a.ndim == 0 else tuple(float(x) for x in a)
+    return MDLConfig(**{f: plain(getattr(cfg, f)) for f in NUMERIC_FIELDS},
+                     **{f: getattr(cfg, f) for f in ("D", "dims", "qr_seed", "alpha_gating",
+                                                     "risk_modulation", "subspaces", "risk_inversion",
+                                                     "value_encoding")})
+
+
+def tune(M, R, A, adopt, *, fields: Sequence[str] = FIELD_SETS["gates"], config: MDLConfig | None = None,
+         weights=None, val=None, steps: int = 500, learning_rate: float = 0.05,
+         temperature=(0.05, 0.002), patience: int = 100, seed: int = 0) -> TuneResult:
+    """Tune ``fields`` of ``config`` (paper defaults when None) on (N,) signals and binary labels.
+
+    Args:
+      weights: optional (N,) non-negative per-record weights of the training loss.
+      val: optional (N,) validation mask/weights over the same records (early stopping); records
+        with validation weight > 0 are left out of training.
+    """
+    (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
+    w = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)
+    if w.shape != (N,):
+        raise ValueError(f"weights: expected shape ({N},), got {np.shape(weights)}")
+    v = np.zeros(N, np.float32) if val is None else np.asarray(val, np.float32)
+    if v.shape != (N,):
+        raise ValueError(f"val: expected shape ({N},), got {np.shape(val)}")
+    w_train = np.where(v > 0, 0.0, w)
+    configs, hist = tune_many(M, R, A, adopt, train_weights=w_train[None], val_weights=v[None],
+                              field_sets=[tuple(fields)], seeds=[seed], config=config, steps=steps,
+                              learning_rate=learning_rate, temperature=temperature, patience=patience)
+    return TuneResult(configs[0], {k: x[0] for k, x in hist.items()})
