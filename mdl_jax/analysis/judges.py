@@ -39,7 +39,7 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    return (0.0 if k == 0 else max(0.0, mid - half)), (1.0 if k == n else min(1.0, mid + half))
 
 
 def _items(datasets, data_dir=None) -> dict:
@@ -65,7 +65,9 @@ def agreement(judged: pd.DataFrame) -> pd.DataFrame:
     the confusion counts tp (both hallucinated), fp (judge only), fn (gold only), tn (both safe)."""
     rows = []
     for name in JUDGES:
-        for ds in sorted(judged["dataset"].unique(), key=lambda d: (d not in DATASET_NAMES, d)):
+        order = list(DATASET_NAMES)
+        for ds in sorted(judged["dataset"].unique(), key=lambda d: (order.index(d) if d in order else
+                                                                    len(order), d)):
             d = judged[judged["dataset"] == ds]
             for split in ("dev", "test", "all"):
                 s = d if split == "all" else d[d["split"] == split]
