@@ -275,7 +275,7 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
                         for ds, c in CFG.items()}}
     p = write(tmp_path / "records.jsonl", recs, run)
     out = tmp_path / "an"
-    res = analyze(p, out)
+    res = analyze(p, out, data_dir=tmp_path)  # no dataset files there: case studies without question text
     for name in EXPECTED:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert res["n_pooled"] == 16 * 2 * 2 * 3 and res["b3_recorded_action_agreement"] == 1.0

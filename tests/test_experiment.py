@@ -87,7 +87,8 @@ def test_crag_and_selfrag_count_their_calls(local_backend, stores):
         assert r["extra"]["verdict"] in ("Correct", "Incorrect", "Ambiguous")
     srag = sysm.run_selfrag(local_backend, qs, stores[:2], seed=3)
     for r in srag:
-        assert r["llm_calls"] == (3 if r["extra"]["regenerated"] else 2) and r["answer"]
+        # draft + ISREL + ISSUP + ISUSE (+ the parametric regeneration)
+        assert r["llm_calls"] == (5 if r["extra"]["regenerated"] else 4) and r["answer"]
 
 
 def test_reflection_and_grade_parsers():
@@ -95,6 +96,11 @@ def test_reflection_and_grade_parsers():
     p = sysm.parse_reflection("ISREL: Irrelevant\nISSUP: No support\nISUSE: 2")
     assert p == {"isrel": "Irrelevant", "issup": "No support", "isuse": 2}
     assert sysm.parse_reflection("whatever")["isrel"] is None
+    # the fallback parser of label decisions: first label in the text, whole words, longest first
+    assert sysm._parse_label("It is incorrect, not correct.", sysm.GRADES) == "Incorrect"
+    assert sysm._parse_label("Partially supported.", sysm.ISSUP) == "Partially supported"
+    assert sysm._parse_label("Irrelevant", sysm.ISREL) == "Irrelevant"
+    assert sysm._parse_label("no idea", sysm.ISREL) is None
 
 
 # --- OpenAI-compatible backend against a real local server ---------------------------------------
@@ -128,10 +134,30 @@ def test_openai_backend_retries_5xx_then_succeeds(server, monkeypatch):
 
 
 def test_openai_backend_records_failure_when_unreachable(monkeypatch):
-    monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", f"http://127.0.0.1:{_free_port()}/v1")
+    port = _free_port()
+    monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", f"http://user:pw@127.0.0.1:{port}/v1?token=abc")
     b = OpenAIBackend("smollm2", max_retries=1, backoff=0.01, timeout=2)
     out = b.generate([sysm.chat("Q?")], seed=0)
-    assert out[0].failed and out[0].text is None and "Connection" in out[0].error
+    # the reason names the error and where, never the URL's credentials
+    assert out[0].failed and out[0].text is None
+    assert out[0].error == f"APIConnectionError: Connection refused to 127.0.0.1:{port}", out[0].error
+    assert b.calls == b.failed_calls == 1
+
+
+def test_served_logprobs_score_labels_like_the_local_model(server, local_backend, monkeypatch):
+    """serve returns OpenAI top_logprobs; OpenAIBackend.score reads them; for one-token labels they
+    are the local model's own label log-likelihoods (same model, up to bf16 batch rounding)."""
+    monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", server)
+    b = OpenAIBackend("smollm2", max_retries=3, backoff=0.05, concurrency=1)
+    prompts = [[{"role": "user", "content": "Is the sky blue? Reply with exactly one word: Yes or No."}],
+               [{"role": "user", "content": "Is fire cold? Reply with exactly one word: Yes or No."}]]
+    remote = b.score(prompts, ["Yes", "No"])
+    local = local_backend.score(prompts, ["Yes", "No"])
+    for r, lo in zip(remote, local):
+        assert r is not None and all(x <= 0 for x in r)
+        assert r == pytest.approx(lo, abs=0.1)
+    d = sysm.classify(b, prompts, ["Yes", "No"])
+    assert [x["method"] for x in d] == ["scored", "scored"]
 
 
 def test_openai_backend_needs_a_base_url(monkeypatch):
@@ -169,7 +195,11 @@ def _reproduce(out: Path, cache_dir) -> subprocess.Popen:
 
 
 def _strip(recs: dict) -> dict:
-    return {k: {f: v for f, v in r.items() if f != "latency_s"} for k, r in recs.items()}
+    # latency varies; answer_cached says whether an answer was generated or replayed, which depends on
+    # where the kill fell (a generation committed to the cache before its records were written is
+    # replayed on resume), while the answer itself is the same either way.
+    return {k: {f: v for f, v in r.items() if f not in ("latency_s", "answer_cached")}
+            for k, r in recs.items()}
 
 
 def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, cache_dir):

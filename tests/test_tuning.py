@@ -33,7 +33,7 @@ def teacher_data():
                                           ("thresholds", 0), ("n_max", None)])
 def test_soft_decision_gradients_match_finite_differences(field, index, maybe_jit):
     rng = np.random.default_rng(1)
-    M, R, A = (jnp.asarray(x) for x in rng.uniform(size=(3, 64)).astype(np.float32))
+    M, R, A = (jnp.asarray(x) for x in rng.uniform(size=(3, 16)).astype(np.float32))
     w = jnp.asarray([1.0, 0.3, -0.4, -0.9])  # a generic functional of the four probabilities
 
     def f(cfg):
@@ -126,7 +126,7 @@ def test_early_stopping_keeps_the_best_validation_step(teacher_data):
 
 
 def test_one_program_trains_folds_seeds_and_field_sets_like_separate_runs(teacher_data):
-    M, R, A, y = teacher_data
+    M, R, A, y = (x[:500] for x in teacher_data)
     n = len(M)
     folds = np.arange(n) % 3
     wt = np.stack([(folds != f).astype(np.float32) for f in range(3)] * 2)

@@ -79,7 +79,8 @@ def table6(df, y, configs, cal=None) -> dict:
     for k, row in rows.items():
         if k != "M+R+A":
             row.update({f"t_{a}": b for a, b in paired_t(correct[k].astype(float), full).items()})
-    return {"rows": rows, "neutral": med, "correct": correct}
+    y = np.asarray(y)
+    return {"rows": rows, "neutral": med, "correct": correct, "majority": float(max(y.mean(), 1 - y.mean()))}
 
 
 def low_relevance(df, configs) -> dict:
@@ -188,6 +189,9 @@ def table6_md(t6: dict) -> str:
             cells.append(f"{r['accuracy_recal']:.3f}")
         cells += [f"{r['adopt_rate']:.3f}", paper]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines.append(f"| Majority class (no signal) | {t6['majority']:.3f} | {t6['majority'] - full:+.3f} | – | – | – |"
+                 + (" – |" if recal else "") + " – | (paper: single signals 'degenerate to the majority-class "
+                 "baseline', 0.581) |")
     med = ", ".join(f"{s} = {v:.3f}" for s, v in t6["neutral"].items())
     lines.append("")
     lines.append(f"Left-out signals are set to their pooled median ({med}). Paired t over per-record "

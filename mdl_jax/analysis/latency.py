@@ -24,6 +24,7 @@ question), and one LLM call (the bundled SmolLM2, a short prompt, 16 new tokens)
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -94,6 +95,7 @@ def controller_stages(M, R, A, cfg, max_records: int | None = None) -> dict:
         "read-out + gating": _summary(_time_calls(readout_gate, [(f, e[0]) for f, e in zip(fused, enc)])),
         "action mapping": _summary(_time_calls(act, [(c,) for c in cfs])),
         "dispatch floor": _summary(_time_calls(trivial, [(s[0],) for s in sig])),
+        "load_average": os.getloadavg()[0], "cpus": os.cpu_count(),
     }
     one = jax.jit(lambda m, r, a: d.decide_one(m, r, a, cfg))  # the config closed over, as a deployment would
     res["whole decision, jitted decide_one"] = _summary(_time_calls(one, sig))
@@ -106,6 +108,19 @@ def controller_stages(M, R, A, cfg, max_records: int | None = None) -> dict:
 
 def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int = 3) -> dict:
     """Signal aggregation on the run's real stores, one query embedding, one LLM call (µs)."""
+    import torch
+
+    # single-threaded, as the paper's benchmark: on a shared machine torch's OpenMP threads spin against
+    # other processes and a 16-token call can take 100× longer than on an idle core
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
     import json
     from pathlib import Path
 
@@ -164,6 +179,7 @@ def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int 
         l_us.append((time.perf_counter_ns() - t0) / 1e3)
     res["LLM call (SmolLM2, 16 new tokens)"] = _summary(np.array(l_us))
     res["llm_model"] = backend.model_id
+    res["load_average"] = os.getloadavg()[0]
     return res
 
 
@@ -216,6 +232,10 @@ def table8_md(ctrl: dict, pipe: dict | None, note: str = "") -> str:
         lines.append("| One query embedding / one LLM call | not measured | | | 6800 / 2–4.7 × 10^6 | "
                      "skipped without `--latency` (loads MiniLM and SmolLM2) |")
     n = ctrl["whole decision"]["n"]
-    lines += ["", f"Measured on the {n} recorded (M, R, A) triples, single record per call, second of two passes. "
-              + note]
+    load = f"1-minute load average {ctrl['load_average']:.1f} on {ctrl['cpus']} CPUs during the controller timing"
+    if pipe:
+        load += f", {pipe['load_average']:.1f} during the pipeline timing (torch single-threaded)"
+    lines += ["", f"Measured on the {n} recorded (M, R, A) triples, single record per call, second of two passes; "
+              f"{load}. A load above the CPU count means other processes shared the cores: medians hold up, "
+              "p99 and the model calls do not. " + note]
     return "\n".join(lines)
