@@ -64,7 +64,11 @@ def main(argv=None) -> int:
 
 
 def _add_later_commands(sub) -> None:
-    """Subcommands of later stages register here (signals, reproduce)."""
-    from mdl_jax.pipeline import commands
+    """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
+    from mdl_jax.analysis import analyze, learned
+    from mdl_jax.pipeline import commands, judgement
 
     commands.register(sub)
+    judgement.register(sub)
+    analyze.register(sub)
+    learned.register(sub)
