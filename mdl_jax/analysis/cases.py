@@ -81,14 +81,21 @@ def _verbatim(text) -> str:
     return "\n".join("> " + ln for ln in (text.splitlines() or [""]))
 
 
-def cases_md(cases: list[dict], data_dir=None) -> str:
+def attach_questions(cases: list[dict], data_dir=None) -> list[dict]:
+    """Add each case's dataset ``item`` (question and reference answers) where the files are local."""
+    items = _questions({c["dataset"] for c in cases}, data_dir) if cases else {}
+    for c in cases:
+        c["item"] = items.get((c["dataset"], c["qid"]))
+    return cases
+
+
+def cases_md(cases: list[dict]) -> str:
     if not cases:
         return "No case matched the rule."
-    items = _questions({c["dataset"] for c in cases}, data_dir)
     parts = []
     for i, c in enumerate(cases, 1):
         b3 = c["rows"]["B3"]
-        it = items.get((c["dataset"], c["qid"]))
+        it = c.get("item")
         parts.append(f"**Case {i}: {c['title']}** ({c['dataset']}, qid {c['qid']}, seed {c['seed']}, "
                      f"category {b3.get('category') or '–'}; {c['n_candidates']} candidates for this kind)")
         if it is not None:
@@ -117,6 +124,8 @@ def figure6(cases: list[dict], path: Path) -> Path:
         b3 = c["rows"]["B3"]
         lines.append(f"Case {i}: {c['title']} - {c['dataset']} qid {c['qid']} (A={b3['A']:.2f}, "
                      f"M={b3['M']:.2f}, R={b3['R']:.2f}, C_final={b3['C_final']:.3f}, {b3['action_name']})")
+        if c.get("item") is not None:
+            lines += ["    " + w for w in textwrap.wrap(f"Q: {c['item'].question}", 130)[:2]]
         for s in ("B1", "B2", "B3"):
             r = c["rows"][s]
             tag = "HALLUCINATED" if r["h"] else "safe"
@@ -125,7 +134,7 @@ def figure6(cases: list[dict], path: Path) -> Path:
             lines += ["    " + w for w in wrapped]
         lines.append("")
     lines = lines or ["No case matched the rule."]
-    fig = plt.figure(figsize=(13, 0.17 * len(lines) + 0.4))
+    fig = plt.figure(figsize=(13, 0.15 * len(lines) + 0.3))
     fig.text(0.01, 0.99, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -13,8 +13,8 @@ Significance: paired t-test over the per-record correctness indicators of each s
 same records (scipy.stats.ttest_rel), Cohen's d_z = mean(diff)/sd(diff).
 
 Low relevance (Section 5.3, point 3): among records with M < 0.4, the abstention rate (memory withheld:
-Silent or Opt-Out) with M+R+A vs with R+A (M neutralised), and the records M flips from adoption (Active)
-to abstention.
+Silent or Opt-Out) with M+R+A vs with R+A (M neutralised), and the records M flips from adoption (the
+memory reaches the prompt: Active or Supp) to abstention; the reject rate (not Active) beside it.
 
 Table 10 (mutual information with the oracle action, bits). Discretisation: each signal is cut into 5
 equal-frequency bins at its pooled quantiles (edges 20/40/60/80%; tied edges merge); a signal with at
@@ -98,8 +98,9 @@ def low_relevance(df, configs) -> dict:
         "n": n, "n_questions": int(df.loc[low, ["dataset", "qid"]].drop_duplicates().shape[0]),
         "abstain_MRA": float(ab_full.mean()), "abstain_RA": float(ab_ra.mean()),
         "reject_MRA": float((full.action[low] != 0).mean()), "reject_RA": float((ra.action[low] != 0).mean()),
-        "flipped_adopt_to_abstain": int(np.sum((ra.action[low] == 0) & ab_full)),
-        "flipped_abstain_to_adopt": int(np.sum(ab_ra & (full.action[low] == 0))),
+        # 'adoption' here is the memory reaching the prompt (Active or Supp), the complement of abstention
+        "flipped_inject_to_abstain": int(np.sum(~ab_ra & ab_full)),
+        "flipped_abstain_to_inject": int(np.sum(ab_ra & ~ab_full)),
     }
 
 
@@ -204,11 +205,11 @@ def low_relevance_md(lr: dict) -> str:
         return f"No records with M < {LOW_RELEVANCE}: the low-relevance analysis is empty."
     p = PAPER_LOW_REL
     lines = ["| M < 0.4 | n records (questions) | Abstention (Silent/Opt-Out) | Reject (not Active) | "
-             "Flipped adopt → abstain by M | Paper |", "|---|---|---|---|---|---|",
+             "Flipped by M: injected (Active/Supp) → withheld | Paper |", "|---|---|---|---|---|---|",
              f"| R+A (M neutralised) | {lr['n']} ({lr['n_questions']}) | {lr['abstain_RA']:.3f} | "
              f"{lr['reject_RA']:.3f} | – | {p['abstain_RA']:.3f} of {p['n']} |",
              f"| M+R+A | {lr['n']} ({lr['n_questions']}) | {lr['abstain_MRA']:.3f} | {lr['reject_MRA']:.3f} | "
-             f"{lr['flipped_adopt_to_abstain']} (and {lr['flipped_abstain_to_adopt']} the other way) | "
+             f"{lr['flipped_inject_to_abstain']} (and {lr['flipped_abstain_to_inject']} the other way) | "
              f"{p['abstain_MRA']:.3f}, {p['flipped']} flipped |"]
     if lr["n_questions"] < 30:
         lines.append(f"\n**Warning:** only {lr['n_questions']} distinct questions have M < {LOW_RELEVANCE} "
