@@ -233,7 +233,8 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "### Figure 5 and the sweeps (sweep engine, 10 bootstrap resamples)", "", md["sensitivity"], "",
         img("figure5a", "Figure 5(a)"), img("figure5b", "Figure 5(b)"), img("figure5c", "Figure 5(c)"), "",
         "Figure 5: (a) the four B3 actions against the oracle; (b) accuracy over the (g_a, g_b) grid; (c) "
-        "abstention (Silent/Opt-Out) over M × R quintile bins of the records with A ≥ 0.70 (count in brackets).",
+        "abstention (Silent/Opt-Out) over M × R quintile bins of the records with A ≥ 0.70 (record count in "
+        "brackets; a question counts once per system and seed, its decision being the same in each).",
         "", img("sigma", "σ sweep"), img("thresholds", "threshold grid"), "",
         "### C–α (Section 5.4)", "", ca_line, "",
         "## Section 6: limitations", "",
