@@ -10,12 +10,13 @@ import argparse
 import sys
 
 DEMO_TRIPLES = [
-    # (label, M, R, A)
+    # (label, M, R, A): named cases that reach all four actions under the deployed defaults
     ("relevant, consistent, low risk", 0.85, 0.80, 0.20),
     ("relevant, consistent, medium risk", 0.85, 0.80, 0.50),
     ("relevant, conflicting, medium risk", 0.80, 0.15, 0.50),
-    ("relevant, consistent, high risk", 0.85, 0.80, 0.85),
-    ("weakly relevant, low risk", 0.35, 0.50, 0.20),
+    ("weakly relevant, medium risk", 0.30, 0.50, 0.50),
+    ("relevant, weakly reliable, high risk", 0.80, 0.30, 0.85),
+    ("relevant, conflicting, high risk", 0.85, 0.15, 0.85),
     ("irrelevant, conflicting, high risk", 0.10, 0.10, 0.85),
 ]
 

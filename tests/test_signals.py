@@ -288,3 +288,13 @@ def test_signals_cli_writes_the_parquet_table(tmp_path, cache_dir):
     for c in ("qid", "category", "M", "R", "A", "phi", "n_relevant", "split"):
         assert c in t.columns
     assert (t["split"] == "calibration").sum() == 8
+
+
+def test_default_norm_range_is_the_truthfulqa_calibration_split_range(embedder):
+    """Issue 9 item 4: MDLConfig's n_min / n_max are the raw-norm range over the TruthfulQA calibration
+    split (Section 3.4), recomputed here from the data by the function that defines them."""
+    from mdl_jax import MDLConfig
+    from mdl_jax.pipeline.defaults import deployed_norm_range
+
+    lo, hi = deployed_norm_range(embedder=embedder)
+    assert abs(lo - MDLConfig().n_min) < 1e-5 and abs(hi - MDLConfig().n_max) < 1e-5

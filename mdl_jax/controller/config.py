@@ -41,10 +41,14 @@ class MDLConfig:
       bias: the fusion bias b. The paper writes +b but never gives a value; we use the scalar 0 broadcast
         over D, which keeps the controller parameter-free.
       n_min, n_max: normalisation of the raw norm ‖v_meta‖ into C. The paper takes them from the
-        calibration split (see ``calibrate``); before any calibration it gives no value, so the defaults are
-        the minimum and maximum of ‖v_meta‖ over the whole signal cube [0, 1]^3 on a 41^3 grid under the
-        default settings (computed by ``signal_cube_norm_range``, pinned by a test). Then C spans [0, 1]
-        over every possible input instead of clipping.
+        calibration split: the minimum and maximum of ‖v_meta‖ over the calibration questions (Section
+        3.4). The defaults are computed the paper's way: over the signals of the TruthfulQA calibration
+        split (80 questions, split seed 0) under the other defaults here, by
+        ``mdl_jax.pipeline.defaults.deployed_norm_range`` (no LLM needed; a test recomputes and pins
+        them). An earlier version used the range over the whole signal cube [0, 1]^3
+        (``signal_cube_norm_range``: 1.252-3.281), which left an uncalibrated controller Active for 64%
+        of the cube; real signals occupy the top of that range, so the deployed range is narrower and
+        all four actions occur on ordinary inputs (``mdl-jax demo``).
 
     Static fields:
       D: value-vector dimension (16). dims: subspace dimensions (d_wm, d_r, d_a) = (5, 5, 6), summing to D.
@@ -63,8 +67,8 @@ class MDLConfig:
     gate_coeffs: Any = (0.3, 0.7)
     thresholds: Any = (0.6, 0.4, 0.2)
     bias: Any = 0.0
-    n_min: Any = 1.2522579431533813
-    n_max: Any = 3.2805850505828857
+    n_min: Any = 2.179652452468872
+    n_max: Any = 3.1749186515808105
     D: int = 16
     dims: tuple[int, int, int] = (5, 5, 6)
     qr_seed: int = 42
