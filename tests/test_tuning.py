@@ -203,3 +203,14 @@ def test_tuning_sharded_over_four_devices_equals_one_device(tmp_path):
         assert p.stdout.strip().splitlines()[-1] == str(n_dev)
         outs[n_dev] = np.load(path)
     np.testing.assert_allclose(outs[4], outs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_decide_accepts_a_config_file(tmp_path, teacher_data):
+    M, R, A, _ = teacher_data
+    cfg = MDLConfig(gate_coeffs=(0.2, 0.8), thresholds=(0.7, 0.5, 0.3))
+    path = save_config(cfg, tmp_path / "c.json")
+    for p in (path, str(path)):
+        np.testing.assert_array_equal(np.asarray(decide(M, R, A, p).action),
+                                      np.asarray(decide(M, R, A, cfg).action))
+    with pytest.raises(ConfigFileError, match="missing.json: cannot read"):
+        decide(M, R, A, tmp_path / "missing.json")

@@ -12,6 +12,7 @@ the controller once, compiled:
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -147,8 +148,9 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
       M, R, A: scalars or arrays of real numbers (ints, float16/bfloat16/32/64) in [0, 1], of one
         shape ``S``; 0-d values broadcast, any other mismatch is a ValueError naming the argument
         (at trace time for traced input). bool, complex and text input is a ValueError, always.
-      config: an ``MDLConfig``; the paper's Table 2 defaults when None. Its numeric fields may be
-        traced (vmap/grad over the config).
+      config: an ``MDLConfig``, or the path of a config file (``save_config``; read once per file
+        version); the paper's Table 2 defaults when None. Its numeric fields may be traced
+        (vmap/grad over the config).
       validate: check concrete inputs for NaN, ±inf and values outside [0, 1] (ValueError naming the
         argument and its first bad index). ``validate=False`` skips only these value checks, for
         callers that checked already: dtype and shape are still checked. For values outside [0, 1]
@@ -198,9 +200,30 @@ _checked_jit = jax.jit(checkify.checkify(_checked_impl, errors=checkify.user_che
 def _config(config) -> MDLConfig:
     if config is None:
         return _DEFAULT
+    if isinstance(config, (str, os.PathLike)):
+        return _config_file(os.fspath(config))
     if not isinstance(config, MDLConfig):
-        raise TypeError(f"config: expected an MDLConfig or None, got {type(config).__name__}")
+        raise TypeError(f"config: expected an MDLConfig, a config file path or None, got "
+                        f"{type(config).__name__}")
     return config
+
+
+def _config_file(path: str) -> MDLConfig:
+    # Read once per file version: a caller may pass the same path on every call.
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        from mdl_jax.controller.config_file import ConfigFileError
+
+        raise ConfigFileError(f"{path}: cannot read ({e.strerror})") from None
+    return _load_cached(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int, size: int) -> MDLConfig:
+    from mdl_jax.controller.config_file import load_config
+
+    return load_config(path)
 
 
 def _signals(M, R, A) -> tuple[list, tuple]:
