@@ -155,6 +155,11 @@ def test_table6_paired_t_matches_scipy():
 def test_mutual_information_known_answers():
     assert cm.mutual_information(np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1])) == pytest.approx(1.0)
     assert cm.mutual_information(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])) == pytest.approx(0.0)
+    from sklearn.metrics import mutual_info_score  # nats
+
+    rng = np.random.default_rng(0)
+    x, yy = rng.integers(0, 7, 500), rng.integers(0, 2, 500)
+    assert cm.mutual_information(x, yy) == pytest.approx(mutual_info_score(x, yy) / np.log(2))
     # XOR: neither signal alone says anything, together they decide y: synergy 1 bit
     m = np.array([0.2, 0.2, 0.9, 0.9] * 25)
     r = np.array([0.1, 0.8, 0.1, 0.8] * 25)

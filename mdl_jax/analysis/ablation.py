@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from mdl_jax.analysis.oracle import recalibrate, score, stratified_folds
-from mdl_jax.analysis.stats import paired_t
+from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
 
 ABLATIONS = (
     ("w/o α gating", {"alpha_gating": False}),
@@ -48,6 +48,7 @@ def table7a(df, y, configs, cal=None) -> dict:
         corr = score(df, abl).adopt == y
         row = {"accuracy": float(corr.mean())}
         row.update({f"t_{k}": v for k, v in paired_t(corr.astype(float), full.astype(float)).items()})
+        row["ci"] = cluster_bootstrap_diff(corr.astype(float), full.astype(float), question_ids(df))
         if cal is not None and len(cal):
             re = {ds: recalibrate(cal, ds, c) or c for ds, c in abl.items()}
             row["accuracy_recal"] = float((score(df, re).adopt == y).mean())
@@ -117,7 +118,7 @@ def table7b(df, y, configs, k: int = 5, seed: int = 0) -> dict:
     X = df[["M", "R", "A"]].to_numpy(np.float64)
     mdl_correct = score(df, configs).adopt == y
     res = {"stratified": _cv(X, y, stratified_folds(y, k, seed), mdl_correct)}
-    groups = (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
+    groups = question_ids(df)
     if len(np.unique(groups)) >= k:
         res["grouped"] = _cv(X, y, grouped_folds(y, groups, k, seed), mdl_correct)
     return res
@@ -135,7 +136,7 @@ def table7_md(t7a: dict, t7b: dict) -> str:
     recal = "accuracy_recal" in rows["Full MDL controller"]
     full_re = rows["Full MDL controller"].get("accuracy_recal")
     lines = ["**(a) Module ablation** (run's calibrated config per dataset; only the switch changed)", "",
-             "| Configuration | Accuracy | ΔAcc | d_z | p |" + (" Accuracy, recalibrated (Δ) |" if recal else "")
+             "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | p |" + (" Accuracy, recalibrated (Δ) |" if recal else "")
              + " Paper: Acc (ΔAcc) |",
              "|---|---|---|---|---|" + ("---|" if recal else "") + "---|"]
     pf = PAPER_TABLE7A["Full MDL controller"]
@@ -145,7 +146,8 @@ def table7_md(t7a: dict, t7b: dict) -> str:
         if label.startswith("Full"):
             cells = [f"{r['accuracy']:.1%}", "—", "—", "—"]
         else:
-            cells = [f"{r['accuracy']:.1%}", f"{(r['accuracy'] - full) * 100:+.1f}pp", f"{r['t_dz']:+.2f}",
+            cells = [f"{r['accuracy']:.1%}", f"{(r['accuracy'] - full) * 100:+.1f}pp "
+                     f"[{r['ci'][0] * 100:+.1f}, {r['ci'][1] * 100:+.1f}]", f"{r['t_dz']:+.2f}",
                      _p(r["t_p"])]
         if recal:
             d = "" if label.startswith("Full") else f" ({(r['accuracy_recal'] - full_re) * 100:+.1f}pp)"

@@ -79,7 +79,7 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
                                  "n_min": float(v.config.n_min), "n_max": float(v.config.n_max)}
                              for k, v in rc.items()}}
     # the records of a question share its signals: resample questions, not records
-    qid = (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
+    qid = stats.question_ids(df)
     corr = (sc.adopt == y).astype(float)
     res["accuracy_ci"] = stats.cluster_bootstrap_diff(corr, np.zeros_like(corr), qid)
     res["n_questions"] = int(len(np.unique(qid)))

@@ -74,6 +74,13 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     return float(lo), float(hi)
 
 
+def question_ids(df) -> np.ndarray:
+    """One id per (dataset, qid): the cluster of records that share a question's signals."""
+    if "qid" not in df:
+        return np.arange(len(df))
+    return (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
+
+
 def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
     """95% percentile CI of mean(x), records resampled with replacement."""
     x = np.asarray(x, float)
