@@ -174,7 +174,8 @@ def table6_md(t6: dict) -> str:
     rows = t6["rows"]
     full = rows["M+R+A"]["accuracy"]
     recal = "accuracy_recal" in rows["M+R+A"]
-    head = "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | t | p |" + (" Accuracy, θ recalibrated |" if recal else "")
+    head = "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | t | p |"
+    head += " Accuracy, θ recalibrated |" if recal else ""
     head += " Adopt rate | Paper: Acc / ΔAcc / d_z / p |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for sub in SUBSETS:
@@ -199,7 +200,8 @@ def table6_md(t6: dict) -> str:
     med = ", ".join(f"{s} = {v:.3f}" for s, v in t6["neutral"].items())
     lines.append("")
     lines.append(f"Left-out signals are set to their pooled median ({med}). Paired t over per-record "
-                 f"correctness vs M+R+A on the same {len(next(iter(t6['correct'].values())))} records (the paper's test; it treats the records "
+                 f"correctness vs M+R+A on the same {len(next(iter(t6['correct'].values())))} records "
+                 "(the paper's test; it treats the records "
                  "of a question as independent, so the CI, which resamples questions, is the safer guide).")
     return "\n".join(lines)
 
@@ -234,6 +236,7 @@ def table10_md(t10: dict) -> str:
     lev = ", ".join(f"{s}: {v}" for s, v in t10["levels"].items())
     lines.append("")
     lines.append(f"Discretisation: {t10['n_bins']} equal-frequency bins per signal at pooled quantiles, tied edges "
-                 f"merged; a signal with ≤ {t10['n_bins']} distinct values keeps one bin per value (levels used: {lev}); a subset is the joint bin. Synergy: pair I(XY) − I(X) − I(Y); "
+                 f"merged; a signal with ≤ {t10['n_bins']} distinct values keeps one bin per value (levels used: {lev}); "
+                 "a subset is the joint bin. Synergy: pair I(XY) − I(X) − I(Y); "
                  "triple I(MRA) − max pair.")
     return "\n".join(lines)
