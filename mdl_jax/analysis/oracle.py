@@ -11,7 +11,7 @@ count as reject (Section 5.3). Every analysis scores records with the *calibrate
 run.json beside the records holds per-dataset θ, n_min and n_max, and each record is decided with the
 config of its own dataset. Without run.json the config is recalibrated exactly as the run did it (B2
 answers on the calibration split as labels, ``mdl_jax.calibrate``); without calibration records the
-paper's Table 2 defaults are used, and the source is reported either way.
+defaults of ``MDLConfig()`` are used, and the source is reported either way.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def stratified_folds(y, k: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.
 
 class RunConfig(NamedTuple):
     config: MDLConfig
-    source: str  # where it came from: "run.json", "recalibrated", "paper defaults"
+    source: str  # where it came from: "run.json", "recalibrated", "MDLConfig() defaults"
 
 
 def calibration_split(cal, dataset: str):
@@ -162,7 +162,7 @@ def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
         if split is not None and len(split[0]) >= 2:
             out[ds] = RunConfig(mdl_jax.calibrate(*split).config, "recalibrated")
         else:
-            out[ds] = RunConfig(MDLConfig(), "paper defaults")
+            out[ds] = RunConfig(MDLConfig(), "MDLConfig() defaults")
     return out
 
 
