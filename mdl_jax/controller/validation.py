@@ -7,6 +7,7 @@ runs. Inside someone else's ``jit``/``vmap`` the values are tracers and cannot b
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -24,8 +25,12 @@ def _first_bad(bad: np.ndarray) -> tuple:
     return tuple(int(i) for i in idx)
 
 
+@functools.lru_cache(maxsize=None)
 def is_real_dtype(dtype) -> bool:
-    """Integers and floats (bfloat16 included: NumPy gives it kind 'V'); not bool, complex, text."""
+    """Integers and floats (bfloat16 included: NumPy gives it kind 'V'); not bool, complex, text.
+
+    Cached per dtype: it runs several times per ``decide`` call, and jnp.issubdtype costs ~0.5 µs.
+    """
     return dtype != np.bool_ and (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
 
 
