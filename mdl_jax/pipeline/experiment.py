@@ -345,12 +345,12 @@ def reproduce_cmd(args) -> int:
     except OutDirInUse as e:
         print(f"reproduce: {e}", file=sys.stderr)
         return 2
-    try:
+    try:  # the lock is held until the report is written: it reads the records
         summary = exp.run()
+        summary["wall_seconds"] = time.perf_counter() - t0
+        report = write_report(cfg.out, summary)
     finally:
         exp.close()
-    summary["wall_seconds"] = time.perf_counter() - t0
-    report = write_report(cfg.out, summary)
     print(f"wrote {report}", file=sys.stderr)
     run = summary["this_run"]
     if run["records_written"] and run["records_failed"] > MOST_FAILED * run["records_written"]:
