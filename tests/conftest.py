@@ -17,8 +17,8 @@ if settings is not None:
     # (the same draws every run, so CI is stable); "thorough" searches fresh draws:
     #   HYPOTHESIS_PROFILE=thorough python -m pytest -q tests/test_properties.py
     # No example database: nothing is written into the checkout; a failure prints its reproducer.
-    _common = dict(deadline=None, database=None, print_blob=True,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    _common = {"deadline": None, "database": None, "print_blob": True,
+               "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
     settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
     settings.register_profile("thorough", max_examples=500, **_common)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

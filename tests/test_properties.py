@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide  # noqa: E402
-from mdl_jax.controller.config import NUMERIC_FIELDS  # noqa: E402
-from mdl_jax.pipeline import data, records  # noqa: E402
+from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide
+from mdl_jax.controller.config import NUMERIC_FIELDS
+from mdl_jax.pipeline import data, records
 
 NAMES = ("M", "R", "A")
 F32 = np.float32
@@ -397,8 +398,8 @@ def test_batched_config_names_the_field_and_the_first_bad_config(field, K, draws
 # --- records and data loaders: torn, foreign and mis-encoded lines -------------------------------
 
 FOREIGN = [b"null", b"[1, 2]", b"3", b"-1e999", b'"text"', b"true", b'{"a": 1}', b'{"dataset": "x"}',
-           b'{"dataset": [1], "qid": 1, "seed": 0, "system": "B3"}', b'{"dataset": "t", "qid": {}, "seed": 0, '
-           b'"system": "B3"}', "{\"dataset\": \"é\"}".encode("latin-1"), b"\xff\xfe\xfd", b"{\"qid\": 1,"]
+           b'{"dataset": [1], "qid": 1, "seed": 0, "system": "B3"}', (b'{"dataset": "t", "qid": {}, "seed": 0, '
+                                                                     b'"system": "B3"}'), "{\"dataset\": \"é\"}".encode("latin-1"), b"\xff\xfe\xfd", b"{\"qid\": 1,"]
 
 record_st = st.fixed_dictionaries({
     "dataset": st.sampled_from(["truthfulqa", "halueval"]), "qid": st.integers(0, 5),

@@ -23,7 +23,12 @@ from mdl_jax.controller import decision as _d
 from mdl_jax.controller import native
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.validation import (
-    as_float_array, check_unit_interval, common_shape, is_real_dtype, is_traced)
+    as_float_array,
+    check_unit_interval,
+    common_shape,
+    is_real_dtype,
+    is_traced,
+)
 
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()

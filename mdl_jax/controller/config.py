@@ -168,7 +168,7 @@ def _broadcast(names: str, *arrays) -> tuple:
                          f"{[np.shape(a) for a in arrays]}") from None
 
 
-def _check_numeric(cfg: "MDLConfig") -> None:
+def _check_numeric(cfg: MDLConfig) -> None:
     """Every rule of a field in one mask per config, so the index named is the first config that
     is wrong for any reason (as ``decide`` names the first bad record)."""
     v = {f: _real(f, getattr(cfg, f)) for f in _NUMERIC}

@@ -25,7 +25,7 @@ def _first_bad(bad: np.ndarray) -> tuple:
     return tuple(int(i) for i in idx)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_real_dtype(dtype) -> bool:
     """Integers and floats (bfloat16 included: NumPy gives it kind 'V'); not bool, complex, text.
 
