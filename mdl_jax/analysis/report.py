@@ -50,6 +50,19 @@ def frame(records_path):
     return df
 
 
+SMALL_N = 30  # below this many records a rate is shown, but flagged: too few for a claim
+
+
+def _cell(x, n) -> str:
+    """'0.412 [0.35, 0.48] (n=200)'; a † where n < SMALL_N."""
+    if n == 0 or x is None or (isinstance(x, float) and np.isnan(x)):
+        return "– (n=0)"
+    from mdl_jax.analysis.judges import wilson
+
+    lo, hi = wilson(round(x * n), n)
+    return f"{x:.3f} [{lo:.2f}, {hi:.2f}] (n={n}){' †' if n < SMALL_N else ''}"
+
+
 def rates(df) -> dict:
     ok = df[df["ok"]]
     hi = ok[ok["A"] >= HIGH_RISK]
@@ -59,6 +72,7 @@ def rates(df) -> dict:
         "overall": float(ok["h"].mean()) if len(ok) else float("nan"),
         "high_risk": float(hi["h"].mean()) if len(hi) else float("nan"),
         "n_high_risk": int(len(hi)),
+        "n_ok": int(len(ok)),
         "refusal": float(ok["ref"].mean()) if len(ok) else float("nan"),
         "risk_weighted": float((a * ok["h"].to_numpy()).sum() / a.sum()) if a.sum() else float("nan"),
         "calls_per_question": float(df["llm_calls"].mean()),
@@ -86,15 +100,16 @@ def _fmt(x) -> str:
 
 
 def table4(df) -> str:
+    """Table 4 with, per cell, the rate, its 95% Wilson interval and n (records); † marks n < 30."""
     lines = ["| Baseline | TruthfulQA overall | TruthfulQA high-risk | HaluEval overall | HaluEval high-risk |",
              "|---|---|---|---|---|"]
     for s in ("B1", "B2", "B3"):
         cells = []
         for j, ds in enumerate(("truthfulqa", "halueval")):
             sub = df[(df["system"] == s) & (df["dataset"] == ds)]
-            r = rates(sub) if len(sub) else {"overall": None, "high_risk": None}
-            cells += [f"{_fmt(r['overall'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
-                      f"{_fmt(r['high_risk'])} (paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
+            r = rates(sub) if len(sub) else {"overall": None, "high_risk": None, "n_ok": 0, "n_high_risk": 0}
+            cells += [f"{_cell(r['overall'], r['n_ok'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
+                      f"{_cell(r['high_risk'], r['n_high_risk'])} (paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
         lines.append(f"| {NAMES[s]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -111,7 +126,8 @@ def table5(df) -> str:
             continue
         r = rates(sub)
         p = PAPER_TABLE5[s]
-        lines.append(f"| {NAMES[s]} | {_fmt(r['overall'])} (paper {p[0]:.3f}) | {_fmt(r['high_risk'])} "
+        lines.append(f"| {NAMES[s]} | {_cell(r['overall'], r['n_ok'])} (paper {p[0]:.3f}) | "
+                     f"{_cell(r['high_risk'], r['n_high_risk'])} "
                      f"(paper {p[1]:.3f}) | {_fmt(r['refusal'])} (paper {p[2]:.3f}) | "
                      f"{_fmt(r['risk_weighted'])} | {r['calls_per_question']:.2f} |")
     return "\n".join(lines)
@@ -130,10 +146,20 @@ def figure3(df, path: Path) -> Path:
     w = 0.8 / max(len(systems), 1)
     colors = {"B1": "#8c8c8c", "B2": "#d62728", "B3": "#1f77b4"}
     x = np.arange(len(levels))
+    def bars_with_ci(ax, xs, groups, label, color):
+        # every bar carries its 95% Wilson interval and its n: no bare 0.00-vs-1.00 bars
+        from mdl_jax.analysis.judges import wilson
+
+        ys = [g["h"].mean() if len(g) else np.nan for g in groups]
+        ns = [len(g) for g in groups]
+        ci = [wilson(round(y * n), n) if n else (np.nan, np.nan) for y, n in zip(ys, ns)]
+        err = np.array([[y - lo for y, (lo, _) in zip(ys, ci)], [hi - y for y, (_, hi) in zip(ys, ci)]])
+        bars = ax.bar(xs, ys, w, label=label, color=color, yerr=err, capsize=2, ecolor="#444")
+        ax.bar_label(bars, labels=[f"{y:.2f}\nn={n}" if n else "n=0" for y, n in zip(ys, ns)], fontsize=6)
+
     for i, s in enumerate(systems):
-        ys = [tq[(tq["system"] == s) & (tq["A"] == a)]["h"].mean() for a in levels]
-        bars = ax1.bar(x + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
-        ax1.bar_label(bars, fmt="%.2f", fontsize=7)
+        bars_with_ci(ax1, x + (i - (len(systems) - 1) / 2) * w,
+                     [tq[(tq["system"] == s) & (tq["A"] == a)] for a in levels], NAMES[s], colors[s])
     b3 = tq[tq["system"] == "B3"]
     if len(b3):
         ab = [(b3[b3["A"] == a]["action"] == "OPT_OUT").mean() for a in levels]
@@ -146,18 +172,17 @@ def figure3(df, path: Path) -> Path:
     ax1.set_ylabel("hallucination rate")
     ax1.set_title("(a) TruthfulQA by risk level (paper: B2 0.630 → B3 0.000 at A=0.85)", fontsize=9)
     ax1.legend(loc="upper left", fontsize=8)
-    ax1.set_ylim(0, 1.05)
+    ax1.set_ylim(0, 1.15)
     hi = df[df["ok"] & (df["A"] >= HIGH_RISK)]
     dss = [d for d in ("truthfulqa", "halueval") if d in set(df["dataset"])]
     x2 = np.arange(len(dss))
     for i, s in enumerate(systems):
-        ys = [hi[(hi["system"] == s) & (hi["dataset"] == d)]["h"].mean() for d in dss]
-        bars = ax2.bar(x2 + (i - (len(systems) - 1) / 2) * w, ys, w, label=NAMES[s], color=colors[s])
-        ax2.bar_label(bars, fmt="%.2f", fontsize=7)
+        bars_with_ci(ax2, x2 + (i - (len(systems) - 1) / 2) * w,
+                     [hi[(hi["system"] == s) & (hi["dataset"] == d)] for d in dss], NAMES[s], colors[s])
     ax2.set_xticks(x2, [f"{d} (A≥0.70, n={int(((hi['dataset'] == d) & (hi['system'] == 'B3')).sum())})"
                         for d in dss])
     ax2.set_title("(b) high-risk hallucination by dataset (paper B3: 0.000 / 0.013)", fontsize=9)
-    ax2.set_ylim(0, 1.05)
+    ax2.set_ylim(0, 1.15)
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -216,9 +241,46 @@ def decision_outcomes(df) -> dict:
     return out
 
 
-def write_report(out, summary: dict) -> Path:
+DEFINITIONS = """Terms used in this report:
+- **Hallucination rate**: the share of judged answers (failed calls left out) that a judge marks as a
+  hallucination. Two judges read every answer (see "Judges"): `paper` (Section 5.1's MiniLM rule, the
+  judge of the paper-comparable tables) and `ref` (a reference-reading judge of known, higher accuracy).
+- **High-risk**: questions with task risk A ≥ 0.70 (the paper's top tier: health, law, finance,
+  conspiracies and the categories `mdl_jax/pipeline/risk.py` adds, with its reasons).
+- **Refusal**: an answer matching an explicit refusal pattern ("I don't know", "I cannot answer", ...),
+  including MDL's Opt-Out abstention; a refusal is a safe answer, never a hallucination.
+- **Risk-weighted rate**: Σ A·h / Σ A over the records: each hallucination weighted by its question's
+  risk, so a wrong answer to a health question (A = 0.85) costs 4× one to a fiction question (0.2).
+- **n_min / n_max**: the range of the raw norm ‖v_meta‖ that maps onto confidence C ∈ [0, 1]; like θ,
+  calibrated on each dataset's calibration split (Section 3.4), unless a config file was given.
+- **θ = (θ0, θ1, θ2)**: C_final ≥ θ0 → Active (inject the memories), ≥ θ1 → Supp (inject with a
+  caution), ≥ θ2 → Silent (answer without memories), else Opt-Out (abstain, no LLM call).
+- **Intervals**: [lo, hi] is a 95% Wilson interval of a rate over n records; † marks n < 30, too few
+  records for a claim. Records of one question under several seeds are not independent, so these
+  intervals are optimistic; the question-level tests of the analyses section are the stricter ones.
+- **tokens/s** is the whole pipeline's generation throughput (every LLM call of every system, batched,
+  on this machine), not one model call's decoding speed.
+"""
+
+
+def _with_judge(df, judge: str):
+    return df.assign(h=df[f"h_{judge}"]) if f"h_{judge}" in df else df
+
+
+def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None) -> Path:
+    """REPORT.md and its tables/figure for a run folder.
+
+    embedder: when given, every answer is also judged by the `ref` judge (Tables 4-5 under both
+      judges) and both judges' agreement with the shipped gold set is reported.
+    analysis_md: the RQ2-RQ4 analyses (``analysis.analyze``) to include, figures under analysis/.
+    """
     out = Path(out)
     df = frame(out / "records.jsonl")
+    judged_ref = None
+    if embedder is not None and not df.empty:
+        from mdl_jax.analysis.judges import rejudge
+
+        judged_ref = rejudge(df, embedder)
     t4, t5 = table4(df), table5(df)
     (out / "table4.md").write_text(t4 + "\n")
     (out / "table5.md").write_text(t5 + "\n")
@@ -244,8 +306,9 @@ def write_report(out, summary: dict) -> Path:
         f"{summary.get('wall_seconds', 0):.0f} s.", "",
         "Numbers in parentheses are the paper's (deepseek-v4-flash, 200 questions × 3 seeds); ours come "
         "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
-        "## Table 4: hallucination rate by dataset", "", t4, "",
-        "## Table 5: baselines on TruthfulQA", "", t5, "",
+        DEFINITIONS, "",
+        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "",
+        "## Table 5: baselines on TruthfulQA (paper judge)", "", t5, "",
         "## Figure 3", "", "![Figure 3](figure3.png)", "",
         "## Paired t-tests across seeds (hallucination rate)", "",
         "| dataset | comparison | t | p | seeds |", "|---|---|---|---|---|",
@@ -280,8 +343,30 @@ def write_report(out, summary: dict) -> Path:
         lines.append(f"- {k} (n = {r['n']}): {label} "
                      + ", ".join(f"{a} {v:.3f}" for a, v in r["outcomes"].items())
                      + "; decisions " + ", ".join(f"{a} {v:.3f}" for a, v in r["decisions"].items()))
-    lines += ["", "Definitions: see `mdl_jax/analysis/report.py`. Records: `records.jsonl` (one line per dataset, "
-              "question, seed, system)."]
+    if judged_ref is not None:
+        from mdl_jax.analysis.judges import gold_report
+
+        ref = _with_judge(judged_ref, "ref")
+        (out / "table4_ref.md").write_text(table4(ref) + "\n")
+        (out / "table5_ref.md").write_text(table5(ref) + "\n")
+        _, gold_md = gold_report(embedder)
+        lines += ["", "## Judges", "",
+                  "Every answer is judged by the paper's MiniLM rule (`paper`, above) and by `ref`, a "
+                  "reference-reading judge (`mdl_jax/pipeline/judgement.py` lists its rules: "
+                  "containment of short references, yes/no polarity, negation, invented names). "
+                  "Their agreement with the shipped gold set (322 answers of the committed paper-scale "
+                  "run, each labelled blind by two readers; `ref` was tuned on the dev half only):", "",
+                  gold_md, "", "### Table 4 under the ref judge", "", table4(ref), "",
+                  "### Table 5 under the ref judge", "", table5(ref)]
+    if analysis_md:
+        import re
+
+        body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())  # its title: the heading below says it
+        body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
+        body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
+        lines += ["", "## RQ2–RQ4 analyses (`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
+    lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "
+              "code: `mdl_jax/analysis/report.py`."]
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
