@@ -51,6 +51,10 @@ class RunConfig:
     cache_dir: str | None = None
     store_seed: int = 0
     progress: bool = True
+    # Where B3's config comes from: "run" calibrates on this run's calibration split (Section 3.4);
+    # "shipped" uses the config calibrated for the bundled model (resources/calibrated/); or a path
+    # to a config file (mdl_jax.save_config) used for every dataset.
+    calibration: str = "run"
 
 
 class OutDirInUse(RuntimeError):
@@ -130,13 +134,14 @@ class Experiment:
         else:
             raise ValueError(f"systems: unknown system {system!r}")
         dt = (time.perf_counter() - t0) / max(len(stores), 1)
-        from mdl_jax.pipeline.judgement import judge_many
+        from mdl_jax.pipeline.judgement import judge_all
 
-        judg = judge_many([r["answer"] if not r["failed"] else None for r in res],
-                          [s.item.correct for s in stores], [s.item.incorrect for s in stores],
-                          self.embedder)
+        # Both judges: "paper" (Section 5.1's rule) fills the paper-comparable fields; "ref" (the
+        # judge of known accuracy, see judgement.py) goes beside it.
+        verdicts = judge_all([r["answer"] if not r["failed"] else None for r in res],
+                             [s.item for s in stores], self.embedder)
         out = []
-        for s, sg, d, r, j in zip(stores, sig, dec, res, judg):
+        for s, sg, d, r, j, jr in zip(stores, sig, dec, res, verdicts["paper"], verdicts["ref"]):
             out.append({
                 "dataset": ds, "qid": s.item.qid, "seed": seed, "system": system,
                 "category": s.item.category, "M": sg["M"], "R": sg["R"], "A": sg["A"], "phi": sg["phi"],
@@ -150,6 +155,8 @@ class Experiment:
                 "refusal": None if j is None else j.refusal,
                 "sim_correct": None if j is None else round(j.sim_correct, 6),
                 "sim_incorrect": None if j is None else round(j.sim_incorrect, 6),
+                "hallucinated_ref": None if jr is None else jr.hallucinated,
+                "judge_ref_rule": None if jr is None else jr.rule,
                 "failed": bool(r["failed"]), "error": r["error"], "llm_calls": r["llm_calls"],
                 "tokens": r["tokens"], "latency_s": round(dt, 4), "model": self.backend.model_id,
                 "extra": r["extra"],
@@ -205,7 +212,8 @@ class Experiment:
                         continue
                     units.append((seed, system))
             plan.append((ds, cal_st, ev_st, units))
-            keys |= {(ds, s.item.qid, 0, CALIBRATION) for s in cal_st}
+            if cfg.calibration == "run":
+                keys |= {(ds, s.item.qid, 0, CALIBRATION) for s in cal_st}
             keys |= {(ds, s.item.qid, seed, system) for s in ev_st for seed, system in units}
         # The bar counts this plan's records: those already on disk (a resumed run) start it, records
         # of other plans in the same out dir do not, so it ends at exactly total/total.
@@ -217,14 +225,19 @@ class Experiment:
             sig_cal = compute_signals(cal_st, self.embedder).to_dict("records")
             sig_ev = compute_signals(ev_st, self.embedder).to_dict("records")
             none = [dict(action=None, action_code=None, C=None, alpha=None, C_final=None)] * len(cal_st)
-            # 1. calibration: B2 on the calibration questions gives the oracle labels
-            self._run_unit(ds, 0, CALIBRATION, cal_st, sig_cal, none, bar)
-            cal_recs = [self.done[(ds, s.item.qid, 0, CALIBRATION)] for s in cal_st]
-            ok = [r for r in cal_recs if not r["failed"]]
-            M, R, A = (np.array([r[c] for r in ok], np.float32) for c in ("M", "R", "A"))
-            adopt = np.array([0 if r["hallucinated"] else 1 for r in ok], np.int32)
-            calib = mdl_jax.calibrate(M, R, A, adopt) if len(ok) >= 2 else None
-            mcfg = calib.config if calib else mdl_jax.MDLConfig()
+            calib, adopt, ok = None, np.zeros(0), []
+            if cfg.calibration == "run":
+                # 1. calibration: B2 on the calibration questions gives the oracle labels
+                self._run_unit(ds, 0, CALIBRATION, cal_st, sig_cal, none, bar)
+                cal_recs = [self.done[(ds, s.item.qid, 0, CALIBRATION)] for s in cal_st]
+                ok = [r for r in cal_recs if not r["failed"]]
+                M, R, A = (np.array([r[c] for r in ok], np.float32) for c in ("M", "R", "A"))
+                adopt = np.array([0 if r["hallucinated"] else 1 for r in ok], np.int32)
+                calib = mdl_jax.calibrate(M, R, A, adopt) if len(ok) >= 2 else None
+                mcfg, source = (calib.config, "calibrated on this run's split") if calib else \
+                    (mdl_jax.MDLConfig(), "paper defaults (calibration failed)")
+            else:
+                mcfg, source = config_for(cfg.calibration, ds)
             # 2. decisions for the evaluated questions (one batched call)
             Me, Re, Ae = (np.array([s[c] for s in sig_ev], np.float32) for c in ("M", "R", "A"))
             d = mdl_jax.decide(Me, Re, Ae, mcfg)
@@ -235,7 +248,8 @@ class Experiment:
             for seed, system in units:
                 self._run_unit(ds, seed, system, ev_st, sig_ev, dec, bar)
             summary["datasets"][ds] = {
-                "n_calibration": len(cal_st), "n_evaluated": len(ev_st),
+                "config_source": source,
+                "n_calibration": len(cal_st) if cfg.calibration == "run" else 0, "n_evaluated": len(ev_st),
                 "calibration_adopt_rate": float(adopt.mean()) if len(ok) else None,
                 "calibration_agreement": calib.best_agreement if calib else None,
                 "thresholds": [float(t) for t in mcfg.thresholds],
@@ -268,6 +282,31 @@ class Experiment:
                              for k, v in dataclasses.asdict(cfg).items()}
         (self.out / "run.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+SHIPPED = Path(__file__).parent / "resources" / "calibrated"
+
+
+def config_for(calibration: str, dataset: str):
+    """(MDLConfig, where it came from) for a dataset, when the run does not calibrate itself."""
+    from mdl_jax import load_config
+
+    if calibration == "shipped":
+        path = SHIPPED / f"smollm2-{dataset}.json"
+        return load_config(path), f"shipped for the bundled SmolLM2 ({path.name})"
+    return load_config(calibration), f"config file {calibration}"
+
+
+def _analyze(out: Path) -> str | None:
+    """The RQ2-RQ4 analyses of this run's records (``mdl-jax analyze``), or a note why not."""
+    from mdl_jax.analysis.analyze import analyze
+    from mdl_jax.analysis.oracle import RecordsError
+
+    try:
+        analyze(out / "records.jsonl", out / "analysis")
+    except RecordsError as e:
+        return f"The RQ2–RQ4 analyses were not run: {e}"
+    return (out / "analysis" / "ANALYSIS.md").read_text()
 
 
 def _read_json(path: Path):
@@ -305,7 +344,17 @@ def register(sub, common) -> None:
                    help="datasets on which CRAG and Self-RAG run (paper: TruthfulQA)")
     p.add_argument("--baseline-seeds", type=int, default=2,
                    help="CRAG/Self-RAG run on the first this many of --seeds")
-    p.add_argument("--n-calibration", type=int, default=80, help="calibration questions per dataset")
+    p.add_argument("--n-calibration", type=int, default=80,
+                   help="calibration questions per dataset (used when the run calibrates: --recalibrate, "
+                        "or a model without a shipped config)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--recalibrate", action="store_true",
+                   help="calibrate n_min/n_max and θ on this run's calibration split (Section 3.4; B2 "
+                        "answers on --n-calibration questions per dataset) instead of using the config "
+                        "shipped for the bundled model; always done for other models")
+    g.add_argument("--config", default=None, metavar="FILE",
+                   help="an MDL config file (mdl_jax.save_config, e.g. from mdl-jax tune) used for B3 "
+                        "on every dataset; no calibration")
     p.add_argument("--chunk-size", type=int, default=32, help="questions per resumable chunk")
     p.add_argument("--backend", choices=["local", "openai"], default="local",
                    help="local: transformers on this machine; openai: an OpenAI-compatible server "
@@ -333,7 +382,13 @@ def reproduce_cmd(args) -> int:
                     baseline_datasets=tuple(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
-                    store_seed=args.split_seed)
+                    store_seed=args.split_seed,
+                    calibration=("run" if args.recalibrate else args.config if args.config else
+                                 "shipped" if args.backend == "local" and args.llm is None else "run"))
+    if args.config:
+        from mdl_jax import load_config
+
+        load_config(args.config)  # a broken file fails here, naming the field, before any work
     local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     remote = dict(call_timeout=args.call_timeout)
     backend = make_backend(args.backend, args.llm, max_new_tokens=args.max_new_tokens,
@@ -348,7 +403,8 @@ def reproduce_cmd(args) -> int:
     try:  # the lock is held until the report is written: it reads the records
         summary = exp.run()
         summary["wall_seconds"] = time.perf_counter() - t0
-        report = write_report(cfg.out, summary)
+        analysis_md = _analyze(cfg.out)
+        report = write_report(cfg.out, summary, embedder=emb, analysis_md=analysis_md)
     finally:
         exp.close()
     print(f"wrote {report}", file=sys.stderr)
