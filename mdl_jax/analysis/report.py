@@ -325,9 +325,12 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
                      f"{r['calls_per_question']:.2f} |")
     lines += ["", "## Calibration (Section 3.4) and MDL actions", ""]
     for ds, d in summary.get("datasets", {}).items():
-        lines.append(f"- {ds}: {d['n_calibration']} calibration questions, oracle adopt rate "
-                     f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
-                     f"θ = {[round(t, 3) for t in d['thresholds']]}, n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
+        src = d.get("config_source", "calibrated on this run's split")
+        cal = (f"{d['n_calibration']} calibration questions, oracle adopt rate "
+               f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
+               if d.get("n_calibration") else "")
+        lines.append(f"- {ds}: config {src}; {cal}θ = {[round(t, 3) for t in d['thresholds']]}, "
+                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
     paired, decisions = paired_share(df), decision_outcomes(df)
