@@ -144,8 +144,9 @@ def _read_jsonl(path: Path, dataset: str) -> list[tuple[int, dict]]:
             raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object "
                             "per line") from None
         if not isinstance(obj, dict):
-            kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(obj), "number")
-            raise DataError(f"{path}, line {n}: expected a JSON object, got a {kind}")
+            kind = {type(None): "null", list: "an array", str: "a string", bool: "a boolean"}.get(
+                type(obj), "a number")
+            raise DataError(f"{path}, line {n}: expected a JSON object, got {kind}")
         _check_columns(path, dataset, list(obj), line=n)
         row = {COLUMNS[dataset].get(k, k): v for k, v in obj.items()}
         if all(row[f] in (f, *(k for k, c in COLUMNS[dataset].items() if c == f)) for f in REQUIRED[dataset]):
