@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide
@@ -250,6 +250,15 @@ def _labels_bad(y) -> bool:
     return bool(np.any((arr != 0) & (arr != 1)))
 
 
+_SPLIT = tuple(np.linspace(0.1, 0.9, 5, dtype=F32) for _ in NAMES)
+
+
+# Always run, whatever the budget: valid signals with each kind of bad label.
+@example(split=(_SPLIT, np.array([1, 0, 0.5, 1, 0])))
+@example(split=(_SPLIT, np.array([1, 0, np.nan, 1, 0])))
+@example(split=(_SPLIT, np.ones(5, np.complex64)))
+@example(split=(_SPLIT, 1))
+@example(split=(_SPLIT, np.array([True, False, True, True, False])))
 @given(calibration_split())
 def test_calibrate_gives_ordered_thresholds_or_names_a_bad_argument(split):
     (M, R, A), y = split
