@@ -40,9 +40,12 @@ def _jsonable(x):
 
 
 def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_dir=None,
-            progress=None) -> dict:
+            progress=None, config=None) -> dict:
     """Run every analysis on ``records`` and write the outputs into ``out``. Returns a summary dict
     (the content of analysis.json) with ``wall_s`` per part.
+
+    ``config``: an MDLConfig or a config file (``mdl_jax.save_config``, e.g. from ``mdl-jax tune``)
+    that scores every record instead of the run's calibrated per-dataset configs.
 
     Raises ``oracle.RecordsError`` (naming the file and what is missing) for unusable records.
     """
@@ -69,6 +72,12 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     out.mkdir(parents=True, exist_ok=True)
     y = oracle.oracle_labels(df)
     rc = oracle.run_configs(records, df, cal)
+    if config is not None:
+        from mdl_jax import MDLConfig, load_config
+
+        cfg = config if isinstance(config, MDLConfig) else load_config(config)
+        src = "the given config" if isinstance(config, MDLConfig) else f"config file {config}"
+        rc = {ds: oracle.RunConfig(cfg, src) for ds in rc}
     cfgs = {k: v.config for k, v in rc.items()}
     sc = oracle.score(df, cfgs)
     res: dict = {"records": str(records), "n_pooled": int(len(df)),
@@ -273,6 +282,9 @@ def register(sub) -> None:
                    help="also time signal aggregation, one MiniLM embedding and one SmolLM2 call (loads models)")
     p.add_argument("--data-dir", default=None, help="dataset files (case-study questions, --latency stores)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (--latency)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="score every record with this config file (mdl_jax.save_config, e.g. from mdl-jax "
+                        "tune) instead of the run's calibrated per-dataset configs")
     p.set_defaults(func=analyze_cmd)
 
 
@@ -281,8 +293,9 @@ def analyze_cmd(args) -> int:
 
     try:
         res = analyze(args.records, args.out, latency=args.latency, data_dir=args.data_dir,
-                      cache_dir=args.cache_dir, progress=lambda m: print(m, file=sys.stderr))
-    except RecordsError as e:
+                      cache_dir=args.cache_dir, progress=lambda m: print(m, file=sys.stderr),
+                      config=args.config)
+    except (RecordsError, ValueError) as e:  # ValueError: a broken config file, naming the field
         print(f"mdl-jax analyze: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(args.records).parent / "analysis"
