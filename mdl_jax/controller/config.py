@@ -58,6 +58,13 @@ class MDLConfig:
         diag(R) > 0, which makes Q unique.
       alpha_gating, risk_modulation, subspaces ("qr" | "identity"), risk_inversion, value_encoding: the five
         ablations of Table 7(a); the defaults are the full controller.
+
+    Checked at construction (ValueError naming the field): every concrete numeric field is a real
+    number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0,
+    gains ≥ 0, eps_c = 0 or 0 < eps_c < min(gains), thresholds in [0, 1] with θ0 ≥ θ1 ≥ θ2,
+    n_max > n_min; dims a tuple of three positive ints summing to D, qr_seed an int ≥ 0. The rules
+    hold elementwise for a batch of configs (leaves shaped (K, ...)), and the message names the
+    first bad config's index. Traced leaves (inside jit/vmap/grad) cannot be read and are not checked.
     """
 
     sigma: Any = 0.20
