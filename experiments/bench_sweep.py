@@ -59,7 +59,7 @@ def _timed(fn, rounds: int):
 
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np, jax
 from experiments.bench_sweep import load_signals, workload
 M, R, A, y, _ = load_signals()
@@ -67,7 +67,9 @@ cfgs, w = workload(sys.argv[1], int(sys.argv[2]), len(M))
 t = time.perf_counter()
 r = jax.block_until_ready(__import__('mdl_jax').sweep(M, R, A, cfgs, adopt=y, weights=w))
 dt = time.perf_counter() - t
-print(json.dumps({"first_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM, not ru_maxrss: the latter survives exec and can report the (large) parent at fork time
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+print(json.dumps({"first_s": dt, "peak_rss_mb": hwm / 1024}))
 """
 
 
