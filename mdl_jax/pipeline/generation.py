@@ -287,36 +287,92 @@ class LocalBackend:
         return tops, first
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _i64(c: int) -> int:
+    """A 64-bit constant as the signed int64 torch stores (two's complement)."""
+    c &= _MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(x, k: int):
+    # logical right shift of int64 (torch's >> is arithmetic on negative numbers)
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _uniform(seeds, step: int, tokens):
+    """Counter-based uniforms in (0, 1): splitmix64 of (row seed, step, token id). The same draw for the
+    same (row, step, token) whatever the batch, the order or the other rows: no generator state."""
+    import torch
+
+    step_t = torch.tensor(step, dtype=torch.int64)
+    x = (seeds[:, None] * _i64(0x9E3779B97F4A7C15) + step_t * _i64(0xD1B54A32D192ED03)
+         + tokens.to(torch.int64) * _i64(0x8CB92BA72F3D8DD7))
+    x = (x ^ _shr(x, 30)) * _i64(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _i64(0x94D049BB133111EB)
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
+
+
 class _RowSampler:
-    """Temperature + top-p sampling with one generator per row, written as a logits processor.
+    """Temperature + top-p sampling with one random stream per row, written as a logits processor.
 
     For each row it keeps the smallest set of tokens whose probability reaches ``top_p`` (as HF's
-    TopPLogitsWarper), draws one token with the exponential-race trick (argmax p_i / E_i, E ~ Exp(1):
-    an exact draw from p that always consumes one vector of noise, so a row's stream stays aligned
-    step by step) from the row's own generator, and returns scores that are finite only there; greedy
-    decoding then emits exactly that token.
+    TopPLogitsWarper) and draws one token with the exponential race (argmax p_i / E_i, E_i ~ Exp(1):
+    an exact draw from p), then returns scores that are finite only there; greedy decoding emits it.
+    The noise E_i is a counter-based hash of (row seed, step, token id) (``_uniform``): no generator
+    state, so a row's draws never depend on its batch neighbours or order, and because it is indexed
+    by token id, a tiny change in a row's logits (bf16 under another batch shape) flips the draw only
+    where two tokens nearly tie in the race.
+
+    Cost: the nucleus is searched in the top 256 tokens (``torch.topk``, O(V)); only a row whose
+    nucleus is wider falls back to a full sort. Measured on the 2-core dev VM, batch 32: the previous
+    full-sort sampler with 49,152 generator draws per row took ~0.9 s per step under load, ~20× a
+    model step; this one takes a few ms.
     """
+
+    K = 256
 
     def __init__(self, seeds: Sequence[int], temperature: float, top_p: float):
         import torch
 
-        self.gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.seeds = torch.tensor([_i64(int(s)) for s in seeds], dtype=torch.int64)
         self.temperature = temperature
         self.top_p = top_p
+        self.start = None
 
     def __call__(self, input_ids, scores):
         import torch
 
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1).cpu()
-        sp, si = torch.sort(probs, dim=-1, descending=True)
-        drop = (torch.cumsum(sp, -1) - sp) >= self.top_p  # mass before this token already ≥ top_p
-        # Noise is indexed by token id, not by rank: a tiny change in a row's logits (bf16 under another
-        # batch shape) then flips the draw only where two tokens nearly tie in the race.
-        kept = torch.zeros_like(probs).scatter_(1, si, sp.masked_fill(drop, 0.0))
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        step = input_ids.shape[1] - self.start  # tokens generated so far: the same for every row
+        z = scores.float() / self.temperature
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        k = min(self.K, z.shape[-1])
+        top, idx = torch.topk(z, k, dim=-1)  # sorted, descending
+        p = torch.exp(top - lse)
+        before = torch.cumsum(p, -1) - p
+        keep = before < self.top_p  # mass before this token not yet ≥ top_p
+        wide = keep[:, -1] & (before[:, -1] + p[:, -1] < self.top_p)
+        if bool(wide.any()):  # nucleus wider than k tokens: those rows take the full sort
+            rows = torch.nonzero(wide).flatten()
+            pf = torch.exp(z[rows] - lse[rows])
+            sp, si = torch.sort(pf, dim=-1, descending=True)
+            kf = (torch.cumsum(sp, -1) - sp) < self.top_p
+            n = int(kf.sum(-1).max())
+            top_w, idx_w = sp[:, :n], si[:, :n]
+            keep_w = kf[:, :n]
         out = torch.full_like(scores, float("-inf"))
-        for r, g in enumerate(self.gens):
-            e = torch.empty(kept.shape[1]).exponential_(generator=g)
-            out[r, int(torch.argmax(kept[r] / e))] = 0.0
+        e = -torch.log(_uniform(self.seeds, step, idx))
+        race = torch.where(keep, p.double() / e, torch.zeros_like(e))
+        pick = idx.gather(1, race.argmax(-1, keepdim=True)).flatten()
+        if bool(wide.any()):
+            e_w = -torch.log(_uniform(self.seeds[rows], step, idx_w))
+            race_w = torch.where(keep_w, top_w.double() / e_w, torch.zeros_like(e_w))
+            pick[rows] = idx_w.gather(1, race_w.argmax(-1, keepdim=True)).flatten()
+        out[torch.arange(out.shape[0]), pick] = 0.0
         return out
 
 
