@@ -128,9 +128,12 @@ def test_cache_gives_b3_and_selfrag_exactly_b2s_and_b1s_answers(local_backend, s
 
 # --- Likelihood-scored decisions -------------------------------------------------------------------
 
-def test_score_is_the_log_likelihood_of_the_option_tokens(local_backend):
+def test_score_is_the_log_likelihood_of_the_option_tokens(local_fp32):
+    # float32, so batched + padded scoring must equal the plain one-sequence forward pass tightly (in
+    # bf16 the two differ by rounding, up to ~0.07 nats measured).
     import torch
 
+    local_backend = local_fp32
     prompt = [{"role": "user", "content": "Is the sky blue? Reply with exactly one word: Yes or No."}]
     opts = ["Yes", "No", "Partially supported"]
     sc = local_backend.score([prompt, prompt], opts)
@@ -143,7 +146,7 @@ def test_score_is_the_log_likelihood_of_the_option_tokens(local_backend):
         with torch.inference_mode():
             lp = torch.log_softmax(lm(input_ids=torch.tensor([ids])).logits[0].float(), -1)
         want = sum(float(lp[j - 1, ids[j]]) for j in range(len(p_ids), len(ids)))
-        assert got == pytest.approx(want, abs=0.05)  # batched/padded vs alone: bf16 rounding only
+        assert got == pytest.approx(want, abs=2e-3)
 
 
 def test_crag_and_selfrag_decisions_are_scored_deterministic_and_never_unparsed(local_backend, stores):
