@@ -6,6 +6,9 @@
   api.py          decide / checked_decide / soft_decide: vmap + jit at the edge
   native.py       the native CPU kernel (_native/decide_cpu.cc) behind decide
   calibration.py  Section 3.4: n_min / n_max and θ from a calibration split
+  sweep.py        config grids × all records in one compiled program (sweep, config_grid, ...)
+  tuning.py       gradient tuning that keeps the paper's invariants (tune, tune_many)
+  config_file.py  versioned JSON config files (save_config, load_config)
 
 Nothing here imports the pipeline or the analyses; they import this.
 """

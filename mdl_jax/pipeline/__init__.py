@@ -3,9 +3,11 @@
   data.py → stores.py → embeddings.py → conflict.py, risk.py, signals.py   (M, R, A per question)
   generation.py, serve.py    LLM backends (local transformers, OpenAI-compatible) and a local server
   systems.py                 B1, B2, B3 (MDL), CRAG, Self-RAG
-  judgement.py               hallucination scoring
+  judgement.py               hallucination scoring (the paper's rule and the ref judge), ``mdl-jax judge``
   records.py                 durable, resumable records
   experiment.py              the ``reproduce`` runner;  commands.py: the ``signals`` command
+  defaults.py                the deployed n_min / n_max, recomputed from the calibration split
+  resources/                 the judges' gold set; configs calibrated for the bundled model
 
 It imports the controller (``mdl_jax``), never the other way round.
 """
