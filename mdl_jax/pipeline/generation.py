@@ -340,14 +340,13 @@ class _RowSampler:
         self.seeds = torch.tensor([_i64(int(s)) for s in seeds], dtype=torch.int64)
         self.temperature = temperature
         self.top_p = top_p
-        self.start = None
+        self.step = 0  # generate calls a processor once per new token: the step of every row
 
     def __call__(self, input_ids, scores):
         import torch
 
-        if self.start is None:
-            self.start = input_ids.shape[1]
-        step = input_ids.shape[1] - self.start  # tokens generated so far: the same for every row
+        step = self.step
+        self.step += 1
         z = scores.float() / self.temperature
         lse = torch.logsumexp(z, dim=-1, keepdim=True)
         k = min(self.K, z.shape[-1])
