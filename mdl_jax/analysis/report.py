@@ -267,12 +267,14 @@ def _with_judge(df, judge: str):
     return df.assign(h=df[f"h_{judge}"]) if f"h_{judge}" in df else df
 
 
-def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None) -> Path:
+def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
+                 tuned_md: str | None = None) -> Path:
     """REPORT.md and its tables/figure for a run folder.
 
     embedder: when given, every answer is also judged by the `ref` judge (Tables 4-5 under both
       judges) and both judges' agreement with the shipped gold set is reported.
     analysis_md: the RQ2-RQ4 analyses (``analysis.analyze``) to include, figures under analysis/.
+    tuned_md: the learned MDL beside Table 7 (``analysis.learned``, ``mdl-jax tune``) to include.
     """
     out = Path(out)
     df = frame(out / "records.jsonl")
@@ -368,6 +370,8 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
         body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
         lines += ["", "## RQ2–RQ4 analyses (`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
+    if tuned_md:
+        lines += ["", tuned_md.replace("## The learned MDL", "## The learned MDL (`mdl-jax tune`)", 1)]
     lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "
               "code: `mdl_jax/analysis/report.py`."]
     path = out / "REPORT.md"

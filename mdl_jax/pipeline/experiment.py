@@ -309,6 +309,24 @@ def _analyze(out: Path) -> str | None:
     return (out / "analysis" / "ANALYSIS.md").read_text()
 
 
+TUNE_MIN_RECORDS = 500  # below this, 5 folds × 3 seeds of tuning say nothing: the report says so
+
+
+def _tune(out: Path) -> str | None:
+    """The learned MDL beside Table 7 (``mdl-jax tune``) on this run's records, when there are enough."""
+    from mdl_jax.analysis.learned import learned_table, markdown
+    from mdl_jax.analysis.oracle import RecordsError, load_records, pooled
+
+    try:
+        n = len(pooled(load_records(out / "records.jsonl")[0]))
+    except RecordsError:
+        return None
+    if n < TUNE_MIN_RECORDS:
+        return (f"## The learned MDL\n\nNot trained: {n} pooled B1/B2/B3 records, fewer than "
+                f"{TUNE_MIN_RECORDS}. Run `mdl-jax tune {out / 'records.jsonl'}` on a larger run.")
+    return markdown(learned_table(out / "records.jsonl", out / "tuned"))
+
+
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text())
@@ -404,7 +422,9 @@ def reproduce_cmd(args) -> int:
         summary = exp.run()
         summary["wall_seconds"] = time.perf_counter() - t0
         analysis_md = _analyze(cfg.out)
-        report = write_report(cfg.out, summary, embedder=emb, analysis_md=analysis_md)
+        tuned_md = _tune(cfg.out)
+        report = write_report(cfg.out, summary, embedder=emb, analysis_md=analysis_md,
+                              tuned_md=tuned_md)
     finally:
         exp.close()
     print(f"wrote {report}", file=sys.stderr)
