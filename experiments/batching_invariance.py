@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 5, 1],
+                    help="batch sizes compared pairwise (1: each prompt alone)")
     args = ap.parse_args()
     stores = build_stores(load("truthfulqa"))[:args.n]
     chats = [sysm.chat(s.item.question, s.texts) for s in stores]
@@ -35,15 +37,15 @@ def main() -> None:
     result = {}
     for dtype in args.dtypes:
         runs = {}
-        for bs in (8, 5, 1):
+        for bs in args.batches:
             b = LocalBackend(batch_size=bs, dtype=dtype, max_new_tokens=args.max_new_tokens)
             t0 = time.perf_counter()
             runs[bs] = [g.text for g in b.generate(chats, seed=seeds)]
             print(f"{dtype} batch {bs}: {time.perf_counter() - t0:.0f} s", flush=True)
-        diff = lambda a, b: sum(x != y for x, y in zip(runs[a], runs[b]))  # noqa: E731
-        result[dtype] = {"n": len(chats), "max_new_tokens": args.max_new_tokens,
-                         "differ_8_vs_5": diff(8, 5), "differ_8_vs_1": diff(8, 1),
-                         "differ_5_vs_1": diff(5, 1)}
+        result[dtype] = {"n": len(chats), "max_new_tokens": args.max_new_tokens}
+        for i, a in enumerate(args.batches):
+            for b in args.batches[i + 1:]:
+                result[dtype][f"differ_{a}_vs_{b}"] = sum(x != y for x, y in zip(runs[a], runs[b]))
         print(json.dumps(result[dtype]), flush=True)
     print(json.dumps(result, indent=2))
 

@@ -341,3 +341,31 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
     run2 = json.loads((out / "run.json").read_text())
     assert run2["tokens_generated"] >= run1["tokens_generated"] > 0  # the first run's work is kept
     assert run2["generation_seconds"] >= run1["generation_seconds"] > 0
+
+
+# --- Command line ----------------------------------------------------------------------------------
+
+def test_help_shows_defaults_and_the_bare_run_cost_and_names_both_seeds_apart():
+    for cmd, want in (("reproduce", ["(default: 20)", "(default: 120.0)", "A bare run", "--split-seed",
+                                     "generation seeds"]),
+                      ("signals", ["(default: out/signals.parquet)", "--split-seed", "a bare run"])):
+        out = subprocess.run([sys.executable, "-m", "mdl_jax", cmd, "--help"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120).stdout
+        text = " ".join(out.split())  # argparse wraps lines
+        for w in want:
+            assert w in text, (cmd, w)
+        assert "--seed SEED" not in text  # the old, ambiguous name is hidden
+
+
+def test_old_seed_flag_still_sets_the_split_seed_with_a_warning(capsys):
+    import argparse
+
+    from mdl_jax.pipeline import commands
+
+    p = argparse.ArgumentParser()
+    commands.register(p.add_subparsers())
+    assert p.parse_args(["reproduce"]).split_seed == 0
+    a = p.parse_args(["reproduce", "--split-seed", "2", "--seeds", "0", "1"])
+    assert (a.split_seed, a.seeds) == (2, [0, 1])
+    assert p.parse_args(["reproduce", "--seed", "5"]).split_seed == 5
+    assert "--seed is deprecated" in capsys.readouterr().err
