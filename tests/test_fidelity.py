@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -189,12 +188,6 @@ def test_decisions_fall_back_to_parsing_only_without_logprobs():
 
 
 # --- OpenAI backend under faults -------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _Fault(BaseHTTPRequestHandler):
     mode = "ok"

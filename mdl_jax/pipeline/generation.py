@@ -33,7 +33,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import sqlite3
 import sys
