@@ -9,6 +9,8 @@
     GPUs) is measured beside it, to show what HIGHEST buys.
 (2) Throughput on the GPU at N = 10^8: ``decide`` (validated: the checks run on the device, and
     unvalidated) next to the plain ``jit(vmap(decide_one))`` form in the same run. Target ≥ 10^10/s.
+(3) The sweep engine (σ sweep, 441 configs × 10 resamples × 3,600 records) and tuning (15 runs ×
+    500 steps on 3,600 records, gates and every field, in one program), first call and warm.
 Prints a table, then one JSON object as the last line. Exit status 2 when no GPU is present (unless
 ``--allow-cpu``, which runs the same code on the CPU so the script can be tested anywhere).
 """
@@ -77,6 +79,8 @@ def main(argv=None) -> dict:
     p.add_argument("--parity-n", type=int, default=1_000_000, help="records for the parity check")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when no GPU is present")
+    p.add_argument("--sweep-configs", type=int, default=441, help="σ values of the sweep check")
+    p.add_argument("--tune-steps", type=int, default=500, help="steps of the tuning check")
     args = p.parse_args(argv)
     dev = _accelerator(args.allow_cpu)
     if dev is None:
@@ -123,6 +127,34 @@ def main(argv=None) -> dict:
     res["throughput"]["ratio_vs_plain_vmap"] = res["throughput"]["decide"] / res["throughput"]["plain_vmap"]
     res["n"] = args.n
     res["targets"] = {"parity_abs": 1e-5, "decisions_per_s": 1e10}
+    del M, R, A
+
+    # (3) sweep and tuning on the device (random records: only speed is measured)
+    from mdl_jax import bootstrap_weights, config_grid, sweep
+    from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+
+    rng = np.random.default_rng(1)
+    Ms, Rs, As = rng.uniform(size=(3, 3600)).astype(np.float32)
+    ys = rng.integers(0, 2, 3600)
+    K = args.sweep_configs
+    grid = config_grid(cfg, sigma=np.linspace(0.05, 0.5, K))
+    w = bootstrap_weights(3600, 10, 0)
+    with jax.default_device(dev):
+        t = time.perf_counter()
+        jax.block_until_ready(sweep(Ms, Rs, As, grid, adopt=ys, weights=w))
+        first = time.perf_counter() - t
+        warm = _rate(lambda: sweep(Ms, Rs, As, grid, adopt=ys, weights=w).counts, K * 10 * 3600, args.reps)
+        res["sweep_sigma"] = {"first_s": first, "decisions_per_s": warm}
+        wt = np.stack([(np.arange(3600) % 5 != f).astype(np.float32) for f in range(5)] * 3)
+        for fs in ("gates", "all"):
+            kw = dict(train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[FIELD_SETS[fs]] * 15,
+                      seeds=[0] * 5 + [1] * 5 + [2] * 5, steps=args.tune_steps)
+            t = time.perf_counter()
+            tune_many(Ms, Rs, As, ys, **kw)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            tune_many(Ms, Rs, As, ys, **kw)
+            res[f"tune_{fs}"] = {"first_s": first, "warm_s": time.perf_counter() - t}
 
     print(f"MDL controller GPU checks on {res['device']} ({res['device_kind']}), jax {res['jax']}")
     for k, v in res["parity"].items():
@@ -130,6 +162,11 @@ def main(argv=None) -> dict:
               f"{v['action_mismatches']}")
     for k, v in res["throughput"].items():
         print(f"throughput N={args.n:,} {k:24s} {v:.3e}" + ("" if k.startswith("ratio") else " /s"))
+    print(f"sweep σ ({K} × 10 × 3,600): first {res['sweep_sigma']['first_s']:.2f} s, "
+          f"{res['sweep_sigma']['decisions_per_s']:.3e} decisions/s warm")
+    for fs in ("gates", "all"):
+        print(f"tune 15 runs × {args.tune_steps} steps ({fs}): first {res[f'tune_{fs}']['first_s']:.1f} s, "
+              f"warm {res[f'tune_{fs}']['warm_s']:.2f} s")
     print(json.dumps(res))
     return res
 

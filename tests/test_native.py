@@ -170,10 +170,12 @@ def test_gpu_check_script_runs_on_cpu():
     # experiments/bench_gpu.py is what a session with a GPU runs in one call; keep it working here.
     from experiments import bench_gpu
 
-    res = bench_gpu.main(["--allow-cpu", "--n", "50000", "--parity-n", "5000", "--reps", "2"])
+    res = bench_gpu.main(["--allow-cpu", "--n", "50000", "--parity-n", "5000", "--reps", "2",
+                          "--sweep-configs", "5", "--tune-steps", "3"])
     assert res["parity"]["cpu_native_vs_device_highest"]["C_final"] < 1e-5
     assert res["parity_max_abs_diff"] == 0.0  # CPU vs itself: the pure-JAX graph is deterministic
     assert res["throughput"]["decide"] > 0
+    assert res["sweep_sigma"]["decisions_per_s"] > 0 and res["tune_all"]["warm_s"] > 0
 
 
 def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
