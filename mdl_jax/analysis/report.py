@@ -336,10 +336,14 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
     paired, decisions = paired_share(df), decision_outcomes(df)
+    paired_run = "answer_cached" in df
     lines += ["", "## Paired sampling and baseline decisions", "",
               "Every system draws the same random numbers for the same (dataset, question, seed), and "
               "a prompt already answered for that record is replayed from the run's generation cache, "
-              "so where B3 chooses Active it sends B2's prompt and must get B2's answer:"]
+              "so where B3 chooses Active it sends B2's prompt and must get B2's answer:" if paired_run else
+              "**This run predates paired sampling**: each system sampled with its own seeds, so B3 "
+              "Active records did not get B2's answer for the same prompt, and B2-vs-B3 differences "
+              "include sampling noise. The share below measures that:"]
     for ds, r in paired.items():
         lines.append(f"- B3 Active records with B2's answer, {ds}: {r['equal']} / {r['n']} "
                      f"({_fmt(r['share'])})")
