@@ -306,6 +306,8 @@ def _analyze(out: Path) -> str | None:
         analyze(out / "records.jsonl", out / "analysis")
     except RecordsError as e:
         return f"The RQ2–RQ4 analyses were not run: {e}"
+    except ValueError as e:  # too few records for a fit (sklearn on a tiny run): not a failed run
+        return f"The RQ2–RQ4 analyses were not run on these {out.name} records: {e}"
     return (out / "analysis" / "ANALYSIS.md").read_text()
 
 
