@@ -1,10 +1,6 @@
 """The sweep engine: equal to a Python loop over ``decide`` for every numeric field and ablation,
 bootstrap weights equal explicit resampling, clear errors, and the same result sharded."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -12,9 +8,9 @@ import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, stack_configs, sweep
 from mdl_jax.controller.config import NUMERIC_FIELDS
+from tests.devices import run_on_forced_devices
 
 N = 300
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -203,13 +199,5 @@ def test_sweep_sharded_over_four_devices_equals_one_device(tmp_path):
         "np.save(sys.argv[1], np.concatenate([np.asarray(r.accuracy).ravel(),"
         " np.asarray(r.counts).ravel(), np.asarray(r.mean_C_final).ravel()]))\n"
         "print(jax.device_count())\n")
-    outs = {}
-    for n_dev in (1, 4):
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
-               "JAX_PLATFORMS": "cpu"}
-        path = tmp_path / f"r{n_dev}.npy"
-        p = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, check=True)
-        assert p.stdout.strip().splitlines()[-1] == str(n_dev)
-        outs[n_dev] = np.load(path)
-    np.testing.assert_allclose(outs[4], outs[1], atol=1e-6)
+    np.testing.assert_allclose(run_on_forced_devices(code, 4, tmp_path),
+                               run_on_forced_devices(code, 1, tmp_path), atol=1e-6)

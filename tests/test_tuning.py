@@ -3,10 +3,6 @@ the paper's invariants after every step, frozen fields untouched, save → load 
 sharded = unsharded, and config files with a broken invariant rejected naming the field."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +12,8 @@ import pytest
 from mdl_jax import MDLConfig, decide, load_config, save_config, soft_decide, tune
 from mdl_jax.controller.config_file import ConfigFileError
 from mdl_jax.controller.tuning import FIELD_SETS, from_unconstrained, to_unconstrained, tune_many
+from tests.devices import run_on_forced_devices
 
-ROOT = Path(__file__).resolve().parents[1]
 TEACHER = MDLConfig(gate_coeffs=(0.1, 0.9), thresholds=(0.5, 0.3, 0.1))
 
 
@@ -193,16 +189,8 @@ def test_tuning_sharded_over_four_devices_equals_one_device(tmp_path):
         " field_sets=[FIELD_SETS['gates']] * 4, seeds=[0, 1, 2, 3], steps=30)\n"
         "np.save(sys.argv[1], np.array([c.gate_coeffs + c.thresholds for c in cfgs]))\n"
         "print(jax.device_count())\n")
-    outs = {}
-    for n_dev in (1, 4):
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
-               "JAX_PLATFORMS": "cpu"}
-        path = tmp_path / f"t{n_dev}.npy"
-        p = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, check=True)
-        assert p.stdout.strip().splitlines()[-1] == str(n_dev)
-        outs[n_dev] = np.load(path)
-    np.testing.assert_allclose(outs[4], outs[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_on_forced_devices(code, 4, tmp_path),
+                               run_on_forced_devices(code, 1, tmp_path), rtol=1e-5, atol=1e-6)
 
 
 def test_decide_accepts_a_config_file(tmp_path, teacher_data):
