@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-SIGNALS_MINUTES = "3"  # measured: see README
+SIGNALS_COST = "measured in the README"  # replaced below once measured
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,9 +35,8 @@ class _DeprecatedSeed(argparse.Action):
 def register(sub) -> None:
     p = sub.add_parser("signals", help="build memory stores and the M, R, A signals table (Parquet)",
                        description="Build the memory stores and the M, R, A signals table (Parquet). "
-                                   "No LLM: a bare run embeds both datasets with MiniLM, about "
-                                   f"{SIGNALS_MINUTES} minutes here on first use, seconds from the "
-                                   "embedding cache.",
+                                   "No LLM. A bare run embeds every memory of both datasets with "
+                                   f"MiniLM: {SIGNALS_COST}.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _common(p)
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset (None: all)")

@@ -306,8 +306,11 @@ def _analyze(out: Path) -> str | None:
         analyze(out / "records.jsonl", out / "analysis")
     except RecordsError as e:
         return f"The RQ2–RQ4 analyses were not run: {e}"
-    except ValueError as e:  # too few records for a fit (sklearn on a tiny run): not a failed run
-        return f"The RQ2–RQ4 analyses were not run on these {out.name} records: {e}"
+    except Exception as e:  # noqa: BLE001
+        # The analyses come after the experiment; on a tiny run their fits and bins can fail (sklearn
+        # ValueError, empty bins). The records and the RQ1 report are still good: say so, don't crash.
+        print(f"reproduce: the RQ2-RQ4 analyses failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return f"The RQ2–RQ4 analyses failed on these records: {type(e).__name__}: {e}"
     return (out / "analysis" / "ANALYSIS.md").read_text()
 
 
@@ -337,9 +340,9 @@ def _read_json(path: Path):
 
 
 # Measured on this dev VM (2 shared CPU cores, bundled SmolLM2 in bf16); see README.
-BARE_RUN_COST = ("A bare run (20 questions x 2 datasets, 80 calibration questions each, B1/B2/B3 on "
-                 "both, CRAG and Self-RAG on TruthfulQA, 1 seed) makes about 420 answers and takes "
-                 "about {minutes} minutes here")
+BARE_RUN_COST = ("A bare run (20 questions x 2 datasets, B1/B2/B3 on both, CRAG and Self-RAG on "
+                 "TruthfulQA, 1 seed, the shipped config so no calibration answers) takes about "
+                 "{minutes} minutes here")
 BARE_RUN_MINUTES = "25"
 MOST_FAILED = 0.5  # above this share of failed records the run exits non-zero
 
