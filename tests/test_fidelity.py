@@ -341,7 +341,7 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
 def test_help_shows_defaults_and_the_bare_run_cost_and_names_both_seeds_apart():
     for cmd, want in (("reproduce", ["(default: 20)", "(default: 120.0)", "A bare run", "--split-seed",
                                      "generation seeds"]),
-                      ("signals", ["(default: out/signals.parquet)", "--split-seed", "a bare run"])):
+                      ("signals", ["(default: out/signals.parquet)", "--split-seed", "A bare run"])):
         out = subprocess.run([sys.executable, "-m", "mdl_jax", cmd, "--help"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120).stdout
         text = " ".join(out.split())  # argparse wraps lines

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-SIGNALS_COST = "measured in the README"  # replaced below once measured
+# Measured here: 26,293 memory texts to embed, ~21 texts/s under load (about 20 minutes) on first use;
+# the embedding cache makes later runs take seconds.
+SIGNALS_COST = "about 20 minutes on first use here (26,293 texts), seconds once they are cached"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
