@@ -303,9 +303,10 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         f"{cfg.get('baseline_datasets')} for "
         f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s).",
         f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
-        f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s this run; 0 when every record was "
-        "resumed from disk); wall time "
-        f"{summary.get('wall_seconds', 0):.0f} s.", "",
+        f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s of the whole pipeline, summed over "
+        "every run into this folder, resumed ones included; label scoring not counted: "
+        f"{(summary.get('this_run') or {}).get('scoring_seconds', 0):.0f} s this run); wall time of "
+        f"this run {summary.get('wall_seconds', 0):.0f} s.", "",
         "Numbers in parentheses are the paper's (deepseek-v4-flash, 200 questions × 3 seeds); ours come "
         "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
         DEFINITIONS, "",
