@@ -17,7 +17,7 @@ import numpy as np
 
 from mdl_jax.controller import api
 from mdl_jax.controller.config import MDLConfig
-from mdl_jax.controller.validation import check_unit_interval, common_shape, is_real_dtype
+from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
 
 
 class Calibration(NamedTuple):
@@ -54,7 +54,7 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     cfg = api._config(config)
     for n, x in (("M", M), ("R", R), ("A", A)):
         check_unit_interval(n, x)
-    labels = _binary_labels(adopt)
+    labels = binary_labels(adopt)
     for n, x in (("M", M), ("R", R), ("A", A), ("adopt", labels)):
         # a split is N records: scalars do not broadcast here (a scalar label is a mistake)
         if np.ndim(x) != 1:
@@ -87,21 +87,3 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
     return Calibration(cfg.replace(thresholds=thresholds), grid, np.asarray(agreement),
                        float(agreement[best]))
-
-
-def _binary_labels(adopt) -> np.ndarray:
-    """The labels as a bool array; bool, or real numbers that are all 0 or 1."""
-    try:
-        labels = np.asarray(adopt)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"adopt: expected binary labels (0/1 or bool) ({e})") from None
-    if labels.dtype == np.bool_:
-        return labels
-    if not is_real_dtype(labels.dtype):
-        raise ValueError(f"adopt: expected binary labels (0/1 or bool), got dtype {labels.dtype}")
-    bad = ~((labels == 0) | (labels == 1))  # NaN is neither
-    if np.any(bad):
-        i = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), bad.shape))
-        where = f"; adopt[{', '.join(map(str, i))}] = {labels[i]!r}" if i else f", got {labels!r}"
-        raise ValueError(f"adopt: expected binary labels (0 = reject, 1 = adopt){where}")
-    return labels.astype(bool)

@@ -42,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
-from mdl_jax.controller.validation import check_unit_interval, common_shape
+from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
 
 # The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
 _BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
@@ -370,15 +370,7 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None):
     N = shape[0]
     M, R, A = (jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A))
 
-    if adopt is None:
-        lab = jnp.zeros((N,), bool)
-    else:
-        a = np.asarray(adopt)
-        if a.shape != (N,):
-            raise ValueError(f"adopt: expected shape ({N},) (one label per record), got {a.shape}")
-        if a.dtype.kind not in "biuf" or not np.all((a == 0) | (a == 1)):
-            raise ValueError("adopt: expected binary labels (0 = reject, 1 = adopt)")
-        lab = jnp.asarray(a.astype(bool))
+    lab = jnp.zeros((N,), bool) if adopt is None else jnp.asarray(binary_labels(adopt, N))
 
     w2d = weights is not None and np.ndim(weights) == 2
     if weights is None:

@@ -43,7 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
-from mdl_jax.controller.validation import check_unit_interval, common_shape
+from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
 
 FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
 _EPS = 1e-3
@@ -262,13 +262,9 @@ def _check_signals(M, R, A, adopt):
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"M: expected 1-d signals of at least 2 records, got shape {shape}")
     N = shape[0]
-    y = np.asarray(adopt)
-    if y.shape != (N,):
-        raise ValueError(f"adopt: expected shape ({N},) (one label per record), got {y.shape}")
-    if y.dtype.kind not in "biuf" or not np.all((y == 0) | (y == 1)):
-        raise ValueError("adopt: expected binary labels (0 = reject, 1 = adopt)")
+    y = binary_labels(adopt, N)
     return [jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A)] + \
-        [jnp.asarray(y.astype(bool))], N
+        [jnp.asarray(y)], N
 
 
 def _check_weights(name: str, w, B: int, N: int) -> jax.Array:

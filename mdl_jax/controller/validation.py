@@ -130,3 +130,24 @@ def as_float_array(x, name: str = "x", dtype=None) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
     return x
+
+
+def binary_labels(adopt, n: int | None = None) -> np.ndarray:
+    """Oracle labels ``adopt`` as a bool array: bool, or real numbers that are all 0 or 1 (ValueError
+    naming ``adopt`` and the first bad index otherwise); with ``n``, also exactly shape (n,)."""
+    try:
+        labels = np.asarray(adopt)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"adopt: expected binary labels (0/1 or bool) ({e})") from None
+    if n is not None and labels.shape != (n,):
+        raise ValueError(f"adopt: expected shape ({n},) (one label per record), got {labels.shape}")
+    if labels.dtype == np.bool_:
+        return labels
+    if not is_real_dtype(labels.dtype):
+        raise ValueError(f"adopt: expected binary labels (0/1 or bool), got dtype {labels.dtype}")
+    bad = ~((labels == 0) | (labels == 1))  # NaN is neither
+    if np.any(bad):
+        i = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), bad.shape))
+        where = f"; adopt[{', '.join(map(str, i))}] = {labels[i]!r}" if i else f", got {labels!r}"
+        raise ValueError(f"adopt: expected binary labels (0 = reject, 1 = adopt){where}")
+    return labels.astype(bool)
