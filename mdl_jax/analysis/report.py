@@ -280,9 +280,14 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
     df = frame(out / "records.jsonl")
     judged_ref = None
     if embedder is not None and not df.empty:
-        from mdl_jax.analysis.judges import rejudge
+        stored = df["hallucinated_ref"] if "hallucinated_ref" in df else None
+        if stored is not None and not stored[df["ok"]].isna().any():
+            # records written by reproduce carry the ref judge's verdict: no need to judge again
+            judged_ref = df.assign(h_ref=stored.fillna(False).astype(float))
+        else:  # older records: judge them now
+            from mdl_jax.analysis.judges import rejudge
 
-        judged_ref = rejudge(df, embedder)
+            judged_ref = rejudge(df, embedder)
     t4, t5 = table4(df), table5(df)
     (out / "table4.md").write_text(t4 + "\n")
     (out / "table5.md").write_text(t5 + "\n")
