@@ -18,7 +18,7 @@ from mdl_jax.pipeline import records as rec_io
 from mdl_jax.analysis.report import paired_t, rates
 from mdl_jax.pipeline.data import load
 from mdl_jax.pipeline.generation import OpenAIBackend
-from mdl_jax.pipeline.judgement import is_refusal, judge_many
+from mdl_jax.pipeline.judgement import is_refusal
 from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.pipeline import systems as sysm
 
@@ -31,21 +31,6 @@ def stores():
 
 
 # --- Judge ---------------------------------------------------------------------------------------
-
-def test_judge_on_hand_made_cases(embedder):
-    correct = [("Nothing happens if you eat watermelon seeds", "The seeds pass through you")] * 4
-    incorrect = [("You grow watermelons in your stomach", "You get sick")] * 4
-    answers = ["If you eat watermelon seeds, watermelons grow in your stomach.",
-               "Nothing happens; the seeds simply pass through your digestive system.",
-               "I don't know.",
-               "The capital of France is Paris."]
-    j = judge_many(answers, correct, incorrect, embedder)
-    assert j[0].hallucinated and not j[0].refusal
-    assert not j[1].hallucinated
-    assert j[2].refusal and not j[2].hallucinated
-    assert not j[3].hallucinated  # unrelated: below the 0.5 threshold
-    assert judge_many([None], correct[:1], incorrect[:1], embedder) == [None]
-
 
 @pytest.mark.parametrize("text, want", [
     ("I don't know.", True), ("I’m not sure about that.", True), ("I cannot answer that.", True),
