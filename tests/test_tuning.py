@@ -114,6 +114,16 @@ def test_fields_outside_the_trained_set_keep_their_values_exactly(teacher_data):
     np.testing.assert_allclose(res.config.thresholds, base.thresholds, rtol=1e-4)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 9])
+def test_runs_shorter_than_the_warmup_train(teacher_data, steps):
+    """A run of fewer than 10 steps has a warmup of at most steps − 1 (optax rejects a schedule whose
+    warmup leaves no decay steps): one step already moves the trained fields."""
+    M, R, A, y = (x[:200] for x in teacher_data)
+    res = tune(M, R, A, y, fields=("gate_coeffs",), steps=steps)
+    assert res.history["loss"].shape == (steps,) and np.all(np.isfinite(res.history["loss"]))
+    assert res.config.gate_coeffs != MDLConfig().gate_coeffs
+
+
 def test_early_stopping_keeps_the_best_validation_step(teacher_data):
     M, R, A, y = teacher_data
     val = (np.arange(len(M)) % 4 == 0).astype(np.float32)

@@ -169,7 +169,9 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, step
 
     ``fused``: does this run train a field of FUSION_FIELDS? If not, ``feats`` = (raw norm, α) of
     every record, computed once for the whole group, and a step costs a few flops per record."""
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), steps, lr * 0.05)
+    # warmup over the first tenth; a run of one step has none (optax needs decay steps > warmup steps)
+    warmup = min(max(1, steps // 10), steps - 1)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, lr * 0.05)
     opt = optax.adam(schedule)
     if fused:
         logits_of = jax.vmap(_soft_adopt_logit, in_axes=(0, 0, 0, None, None))
