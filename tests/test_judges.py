@@ -228,9 +228,13 @@ def test_wilson_interval():
 
 def test_gold_set_shape():
     g = jg.load_gold()
-    assert len(g) == 322 and set(g["split"]) == {"dev", "test"}
+    assert len(g) == 482 and set(g["split"]) == {"dev", "test"}
     assert set(g["label"]) == {"hallucinated", "safe"}
-    assert g.groupby("dataset").size().to_dict() == {"halueval": 162, "truthfulqa": 160}
+    assert g.groupby("dataset").size().to_dict() == {"halueval": 242, "truthfulqa": 240}
+    # the 160 records added after the rules were frozen, from a second run, are all held out
+    assert set(g.loc[g["run"] == "paired-30x2", "split"]) == {"test"}
+    assert g.groupby("run").size().to_dict() == {"paired-30x2": 160, "paper-scale-200x3": 322}
+    assert g["gid"].is_unique and g["reason"].str.len().min() > 10
 
 
 def test_test_split_agreement_is_what_the_module_reports(gold_agreement):
@@ -255,5 +259,5 @@ def test_test_split_agreement_is_what_the_module_reports(gold_agreement):
 
 def test_agreement_markdown(gold_agreement):
     md = jg.agreement_markdown(gold_agreement)
-    assert "| ref | TruthfulQA | test | 108 |" in md and "| paper | HaluEval | dev | 60 |" in md
+    assert "| ref | TruthfulQA | test | 188 |" in md and "| paper | HaluEval | dev | 60 |" in md
     assert md.count("| judge \\ gold | hallucinated | safe |") == 8

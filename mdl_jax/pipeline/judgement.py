@@ -53,15 +53,23 @@ fires decides; ``Judgement.rule`` names it:
   non-answer     otherwise → safe (it names no answer).
 
 It uses no LLM (SmolLM2 likelihoods were not needed for these rules). Its rules and constants were set
-by reading the ``dev`` half of the gold set (``resources/gold_labels.jsonl``) and further unlabelled
-records of the same run outside the gold set's ``test`` questions; no test record was read. The test
-half's agreement (``mdl_jax.analysis.judges``) was computed three times while the rules were written:
-HaluEval 0.833 / 0.873 / 0.873, TruthfulQA 0.769 / 0.769 / 0.759 (first version, second, final;
-the last change, reading denials, was made for the negation failure mode and kept though it cost one
-test record). Agreement with the gold set's test half (``tests/test_judges.py`` recomputes these):
+by reading the ``dev`` half of the first 322 gold records (``resources/gold_labels.jsonl``, run
+``paper-scale-200x3``) and further unlabelled records of the same run outside the gold set's ``test``
+questions; no test record was read. The test half's agreement (``mdl_jax.analysis.judges``) was
+computed three times while the rules were written: HaluEval 0.833 / 0.873 / 0.873, TruthfulQA
+0.769 / 0.769 / 0.759 (first version, second, final; the last change, reading denials, was made for
+the negation failure mode and kept though it cost one test record). Then 160 more test records were
+added, from a different run (``paired-30x2``: the paired pipeline, 64-token answers), labelled blind by
+two new readers (96% agreement, 6 adjudicated) after the rules were frozen: there ``ref`` agrees 0.825
+(66/80) on TruthfulQA and only 0.713 (57/80) on HaluEval, where that run's answers more often name the
+right entity with a wrong relation ("Korngold composed a film score to a movie called Violanta"),
+name an entity of the question as the answer, or invent side details without answering. Reading
+relations needs a model that reads (NLI, or an LLM far larger than SmolLM2-135M: as a Yes/No
+label-likelihood judge it agrees 40-44% with the gold set, 58-63% at a threshold chosen in-sample,
+``experiments/llm_judge_check.py``); none is installable offline here. Agreement with the whole test split (``tests/test_judges.py`` recomputes these):
 
-  ref    TruthfulQA 0.759 (82/108), HaluEval 0.873 (89/102)
-  paper  TruthfulQA 0.694 (75/108), HaluEval 0.529 (54/102)
+  ref    TruthfulQA 0.787 (148/188), HaluEval 0.802 (146/182)
+  paper  TruthfulQA 0.745 (140/188), HaluEval 0.527 (96/182)
 """
 
 from __future__ import annotations
