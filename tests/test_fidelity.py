@@ -148,6 +148,38 @@ def test_score_is_the_log_likelihood_of_the_option_tokens(local_fp32):
         assert got == pytest.approx(want, abs=2e-3)
 
 
+def test_packed_options_score_as_if_each_had_its_own_pass(local_fp32):
+    """Options are packed after their prompt behind a 4-d mask: prompts of different lengths, option
+    lists of different sizes, padding and several batches still give each option exactly the
+    log-likelihood of its own prompt + option forward pass (float32)."""
+    import torch
+
+    prompts = [[{"role": "user", "content": "Is the sky blue? Reply Yes or No."}],
+               [{"role": "user", "content": "Question: Who wrote Hamlet?\nAnswer: Shakespeare wrote it in "
+                                           "about 1600.\n\nIs the answer supported? Reply with exactly one"
+                                           " of: Fully supported, Partially supported, No support."}],
+               [{"role": "user", "content": "Rate it from 1 to 5."}]]
+    opts = [["Yes", "No"], ["Fully supported", "Partially supported", "No support"],
+            ["1", "2", "3", "4", "5"]]
+    old_bs = local_fp32.batch_size
+    local_fp32.batch_size = 2  # two batches, the first one padded
+    try:
+        sc = local_fp32.score(prompts, opts)
+    finally:
+        local_fp32.batch_size = old_bs
+    tok, lm = local_fp32._lm()
+    for p, os_, got in zip(prompts, opts, sc):
+        assert len(got) == len(os_)
+        p_ids = tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True),
+                    add_special_tokens=False)["input_ids"]
+        for o, g in zip(os_, got):
+            ids = p_ids + tok(o, add_special_tokens=False)["input_ids"]
+            with torch.inference_mode():
+                lp = torch.log_softmax(lm(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            want = sum(float(lp[j - 1, ids[j]]) for j in range(len(p_ids), len(ids)))
+            assert g == pytest.approx(want, abs=2e-3), (o, g, want)
+
+
 def test_crag_and_selfrag_decisions_are_scored_deterministic_and_never_unparsed(local_backend, stores):
     qs, seeds = [s.item.question for s in stores[:2]], _seeds(stores[:2])
     crag = [sysm.run_crag(local_backend, qs, stores[:2], seed=seeds) for _ in range(2)]
