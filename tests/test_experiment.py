@@ -205,6 +205,11 @@ def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, ca
     assert len(keys) == len(set(keys)) == 6 * 3  # none lost, none doubled
     assert _strip(rec_io.load(path)) == _strip(rec_io.load(full / "records.jsonl"))
     assert (killed / "REPORT.md").exists() and (killed / "figure3.png").stat().st_size > 10_000
+    from mdl_jax.analysis.judges import load_gold
+
+    # the report states the gold set it compared the judges with, as shipped now
+    stated = f"shipped gold set ({len(load_gold())} answers of committed runs"
+    assert stated in (killed / "REPORT.md").read_text()
 
 
 def test_torn_last_line_is_ignored_and_fixed(tmp_path):
