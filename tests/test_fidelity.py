@@ -366,6 +366,10 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
     run2 = json.loads((out / "run.json").read_text())
     assert run2["tokens_generated"] >= run1["tokens_generated"] > 0  # the first run's work is kept
     assert run2["generation_seconds"] >= run1["generation_seconds"] > 0
+    # nothing was left to generate: the rerun only rewrote the report, which keeps the figures of the
+    # run that did the work (not ~0 s of its own)
+    assert run2["this_run"] == run1["this_run"] and run2["wall_seconds"] == run1["wall_seconds"] > 0
+    assert run2["report_rewritten"] is True and "rewritten by a rerun" in (out / "REPORT.md").read_text()
 
 
 # --- Command line ----------------------------------------------------------------------------------

@@ -267,6 +267,10 @@ def _with_judge(df, judge: str):
     return df.assign(h=df[f"h_{judge}"]) if f"h_{judge}" in df else df
 
 
+def _fmt_s(seconds) -> str:
+    return "not recorded" if seconds is None else f"{float(seconds):.0f} s"
+
+
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
                  tuned_md: str | None = None) -> Path:
     """REPORT.md and its tables/figure for a run folder.
@@ -311,7 +315,10 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s of the whole pipeline, summed over "
         "every run into this folder, resumed ones included; label scoring not counted: "
         f"{(summary.get('this_run') or {}).get('scoring_seconds', 0):.0f} s this run); wall time of "
-        f"this run {summary.get('wall_seconds', 0):.0f} s.", "",
+        f"this run {_fmt_s(summary.get('wall_seconds'))}."
+        + (" This report was rewritten by a rerun that had nothing left to generate; the per-run "
+           "figures are those of the last run that did the work." if summary.get("report_rewritten")
+           else ""), "",
         "Numbers in parentheses are the paper's (deepseek-v4-flash, 200 questions × 3 seeds); ours come "
         "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
         DEFINITIONS, "",
