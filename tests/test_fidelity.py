@@ -372,6 +372,22 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
     assert run2["report_rewritten"] is True and "rewritten by a rerun" in (out / "REPORT.md").read_text()
 
 
+def test_shipped_configs_are_the_committed_paper_scale_calibration():
+    """The configs quick runs use are exactly what Section 3.4 gave on the calibration split of the
+    committed run their note names (its run.json), so their provenance can be checked, not trusted."""
+    from mdl_jax import load_config
+    from mdl_jax.pipeline.experiment import SHIPPED
+
+    for ds in ("truthfulqa", "halueval"):
+        path = SHIPPED / f"smollm2-{ds}.json"
+        run = re.search(r"experiments/results/([\w.-]+) ", json.loads(path.read_text())["note"]).group(1)
+        want = json.loads((ROOT / "experiments" / "results" / run / "run.json").read_text())["datasets"][ds]
+        cfg = load_config(path)
+        assert want["n_calibration"] > 0  # the run calibrated (not itself a shipped-config run)
+        assert list(cfg.thresholds) == want["thresholds"]
+        assert (cfg.n_min, cfg.n_max) == (want["n_min"], want["n_max"])
+
+
 # --- Command line ----------------------------------------------------------------------------------
 
 def test_help_shows_defaults_and_the_bare_run_cost_and_names_both_seeds_apart():
