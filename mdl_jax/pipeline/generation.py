@@ -280,9 +280,7 @@ class LocalBackend:
                         # option token t is predicted at the token before it: the prompt's last token
                         # for the first, the option's own previous token after that
                         at = [n_p - 1] + list(range(a, b - 1))
-                        # the vocabulary projection only where an option token is predicted: over every
-                        # position it would cost more than the rest of the pass (49k-token vocabulary)
-                        logp = torch.log_softmax(lm.lm_head(hidden[r, at]).float(), -1).cpu()
+                        logp = torch.log_softmax(_head_fp32(lm, hidden[r, at]), -1).cpu()
                         tgt = torch.tensor(packed[a:b])
                         res[i][j] = float(logp.gather(1, tgt[:, None]).sum())
         self.score_seconds += time.perf_counter() - t0
@@ -298,7 +296,8 @@ class LocalBackend:
         text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=self.device)
         with torch.inference_mode():
-            logp = torch.log_softmax(lm(input_ids=ids).logits[0, -1].float(), -1).cpu()
+            hidden = lm.model(input_ids=ids).last_hidden_state
+            logp = torch.log_softmax(_head_fp32(lm, hidden[0, -1:])[0], -1).cpu()
         v, i = torch.topk(logp, max(1, min(int(k), logp.shape[0])))
         tops = [(tok.decode([int(t)]), float(x)) for t, x in zip(i, v)]
         first = None
@@ -306,6 +305,19 @@ class LocalBackend:
         if rid:
             first = (tok.decode(rid[:1]), float(logp[rid[0]]))
         return tops, first
+
+
+def _head_fp32(lm, hidden):
+    """Logits at a few positions, the vocabulary projection in float32. Only where a label token is
+    predicted: over every position it would cost more than the rest of the pass (49k-token
+    vocabulary). float32 because bf16 logits are rounded to steps of 1/16-1/8 at their magnitude (~10-20),
+    which moves a label's log-likelihood by up to ~0.1 nats with the shape of the batch; the projection
+    in float32 leaves only the (much smaller) bf16 differences of the hidden states."""
+    import torch
+
+    w = lm.lm_head.weight
+    return torch.nn.functional.linear(hidden.float(), w.float(),
+                                      None if lm.lm_head.bias is None else lm.lm_head.bias.float())
 
 
 _MASK64 = (1 << 64) - 1
