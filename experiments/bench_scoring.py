@@ -6,8 +6,9 @@ Prompts: CRAG's grading prompt for the first ``--n-questions`` TruthfulQA questi
 stores as B2 retrieves them (5 documents each), options Correct / Incorrect / Ambiguous; and Self-RAG's
 ISSUP prompt (3 options) and ISUSE prompt (5 options) for the same questions with a fixed draft. The
 reference is the scoring used until 2026-11-30 (one prompt + option sequence per option, batched and
-right-padded, kept here verbatim in ``score_per_option``); the measured path is ``LocalBackend.score``
-(each prompt once, its options packed behind a 4-d attention mask). Both run in this process on the same
+right-padded, the vocabulary projection in the model's dtype, kept here verbatim in
+``score_per_option``); the measured path is ``LocalBackend.score`` (each prompt once, its options packed
+behind a 4-d attention mask, the projection of the label positions in float32). Both run in this process on the same
 model and dtype (``auto``: bf16 here). Prints seconds, the speed-up, the largest |difference| of a
 log-likelihood and the share of decisions (argmax label) that agree, then one JSON object.
 """

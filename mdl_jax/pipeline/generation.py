@@ -272,17 +272,23 @@ class LocalBackend:
             with torch.inference_mode():
                 hidden = lm.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
                                   attention_mask=see[:, None].to(self.device)).last_hidden_state
+                # option token t is predicted at the token before it: the prompt's last token for
+                # the first, the option's own previous token after that. One projection per row (all
+                # its options' positions), not per batch: a row's scores then do not depend on which
+                # rows share its batch, down to the last bit of the float32 product.
                 for r, i in enumerate(idx):
                     packed, _, _, spans, n_p = packs[i]
+                    at, tgt, owner = [], [], []
                     for j, (a, b) in enumerate(spans):
-                        if a == b:
-                            continue
-                        # option token t is predicted at the token before it: the prompt's last token
-                        # for the first, the option's own previous token after that
-                        at = [n_p - 1] + list(range(a, b - 1))
+                        for t in range(a, b):
+                            at.append(n_p - 1 if t == a else t - 1)
+                            tgt.append(packed[t])
+                            owner.append(j)
+                    if at:
                         logp = torch.log_softmax(_head_fp32(lm, hidden[r, at]), -1).cpu()
-                        tgt = torch.tensor(packed[a:b])
-                        res[i][j] = float(logp.gather(1, tgt[:, None]).sum())
+                        picked = logp[torch.arange(len(at)), torch.tensor(tgt)].tolist()
+                        for j, x in zip(owner, picked):
+                            res[i][j] += x
         self.score_seconds += time.perf_counter() - t0
         return res
 
@@ -315,9 +321,12 @@ def _head_fp32(lm, hidden):
     in float32 leaves only the (much smaller) bf16 differences of the hidden states."""
     import torch
 
-    w = lm.lm_head.weight
-    return torch.nn.functional.linear(hidden.float(), w.float(),
-                                      None if lm.lm_head.bias is None else lm.lm_head.bias.float())
+    w = getattr(lm, "_mdl_head_fp32", None)
+    if w is None:  # converted once per model (about 110 MB for SmolLM2's 49k × 576 projection)
+        head = lm.lm_head
+        w = (head.weight.detach().float(), None if head.bias is None else head.bias.detach().float())
+        lm._mdl_head_fp32 = w
+    return torch.nn.functional.linear(hidden.float(), *w)
 
 
 _MASK64 = (1 << 64) - 1
