@@ -339,14 +339,14 @@ def _read_json(path: Path):
         return None
 
 
-# Estimated from small runs on this dev VM (2 CPU cores, bundled SmolLM2 in bf16): under a load of
-# 4-8 processes a 6-question B1-B3 run took 10.8 s per record and a 4-question CRAG + Self-RAG run
-# ~48 s per question (label scoring dominates) -> ~35 min for the 160 records of a bare run; the
-# 2025 paper-scale run's uncontended throughput (53 tokens/s) puts an idle VM near 10 min.
+# Measured on this dev VM (2 CPU cores, bundled SmolLM2 in bf16), 2026-11-30: a bare run took 100 s
+# idle with the embedding cache warm (the 12-question Quick-start run took 118 s on a fresh clone, install
+# included); a fresh cache adds the embedding of the question pools. Under a load of 4-8 processes
+# the same work took about three times as long (6 min 49 s for the 12-question run, 2026-11-29).
 BARE_RUN_COST = ("A bare run (20 questions x 2 datasets, B1/B2/B3 on both, CRAG and Self-RAG on "
                  "TruthfulQA, 1 seed, the shipped config so no calibration answers) takes about "
                  "{minutes}")
-BARE_RUN_MINUTES = "10 minutes on an idle 2-core VM, 30-40 while other jobs share its cores"
+BARE_RUN_MINUTES = "2 minutes on an idle 2-core VM, three times that while other jobs share its cores"
 MOST_FAILED = 0.5  # above this share of failed records the run exits non-zero
 
 
