@@ -310,6 +310,31 @@ def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, 
     assert len(recs) == 4 and all(r["failed"] and "0 choices" in r["error"] for r in recs.values())
 
 
+def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tmp_path, cache_dir):
+    """A rerun that writes no record keeps the last working run's figures in run.json, but its exit
+    status is its own: no record of it failed, so 0, even when that last run failed (exit 3)."""
+    from mdl_jax.pipeline.experiment import SHIPPED
+
+    out = tmp_path / "run"
+    local = [sys.executable, "-m", "mdl_jax", "reproduce", "--datasets", "halueval", "--systems", "B1",
+             "--max-new-tokens", "8", "--out", str(out)]
+    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
+    ok = subprocess.run(local + ["--n-questions", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    failing = subprocess.run(
+        local + ["--n-questions", "2", "--backend", "openai", "--llm", "m",
+                 "--config", str(SHIPPED / "smollm2-halueval.json")],
+        cwd=ROOT, env={**env, "MDL_JAX_OPENAI_BASE_URL": fault_server("no-choices")},
+        capture_output=True, text=True, timeout=600)
+    assert failing.returncode == 3 and "1 of 1 records of this run failed" in failing.stderr
+    again = subprocess.run(local + ["--n-questions", "1"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["report_rewritten"] is True and run["this_run"]["records_failed"] == 1
+
+
 # --- One run per out dir ---------------------------------------------------------------------------
 
 def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(tmp_path, cache_dir):

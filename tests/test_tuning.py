@@ -124,6 +124,15 @@ def test_runs_shorter_than_the_warmup_train(teacher_data, steps):
     assert res.config.gate_coeffs != MDLConfig().gate_coeffs
 
 
+def test_any_python_int_is_a_seed(teacher_data):
+    """Seeds go to jax.random.PRNGKey as Python ints, so seeds past int32 (e.g. 2**31, 2**33 + 5) and
+    negative ones start from their own jittered point; seed 0 starts at the config itself."""
+    M, R, A, y = (x[:200] for x in teacher_data)
+    got = {s: tune(M, R, A, y, fields=("gate_coeffs",), steps=3, seed=s).config.gate_coeffs
+           for s in (0, 1, -1, 2**31, 2**33 + 5)}
+    assert len(set(got.values())) == len(got)
+
+
 def test_early_stopping_keeps_the_best_validation_step(teacher_data):
     M, R, A, y = teacher_data
     val = (np.arange(len(M)) % 4 == 0).astype(np.float32)

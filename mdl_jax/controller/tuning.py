@@ -317,8 +317,10 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops:
     # with 15 runs those eager ops cost more than 500 training steps of the "gates" field set.
     masks = {f: np.array([f in fs for fs in field_sets], np.float32) for f in NUMERIC_FIELDS}
-    u0 = _start_points(to_unconstrained(base), masks, np.asarray(seeds, np.int32),
-                       np.float32(init_noise))
+    # keys built here, one small op per seed, so any Python int is a seed (as jax.random.PRNGKey takes it)
+    keys = np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
+    noise = np.array([init_noise * (int(s) != 0) for s in seeds], np.float32)
+    u0 = _start_points(to_unconstrained(base), masks, keys, noise)
     chex.assert_shape([M, R, A, y], (N,))
     # Runs grouped by field set (static: whether the fusion must be recomputed every step).
     keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
@@ -356,17 +358,16 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
 
 
 @jax.jit
-def _start_points(start: dict, masks: dict, seeds, init_noise):
-    """Each run's starting free parameters, (B, ...) per leaf: seed 0 starts exactly at ``start``;
-    another seed adds N(0, init_noise²) to its run's trained leaves (its own key per leaf)."""
-    def one(seed, mask):
+def _start_points(start: dict, masks: dict, keys, noise):
+    """Each run's starting free parameters, (B, ...) per leaf: seed 0 (noise 0) starts exactly at
+    ``start``; another seed adds N(0, init_noise²) to its run's trained leaves (its own key per leaf)."""
+    def one(key, scale, mask):
         leaves, tree = jax.tree.flatten(start)
-        keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-        scale = init_noise * (seed != 0)
+        ks = jax.random.split(key, len(leaves))
         noisy = jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
-                                          for x, k in zip(leaves, keys)])
+                                          for x, k in zip(leaves, ks)])
         return jax.tree.map(lambda n, x, m: jnp.where(m > 0, n, x), noisy, start, mask)
-    return jax.vmap(one)(seeds, masks)
+    return jax.vmap(one)(keys, noise, masks)
 
 
 @functools.partial(jax.jit, static_argnames=("base",))

@@ -430,6 +430,7 @@ def reproduce_cmd(args) -> int:
         prev = _read_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
         summary = exp.run()
         summary["wall_seconds"] = time.perf_counter() - t0
+        run = dict(summary["this_run"])  # this run's own counts decide the exit status below
         if (not summary["this_run"]["records_written"] and prev
                 and (prev.get("this_run") or {}).get("records_written")):
             # A rerun with nothing left to do only rewrites the report (new judges, new analyses):
@@ -444,7 +445,6 @@ def reproduce_cmd(args) -> int:
     finally:
         exp.close()
     print(f"wrote {report}", file=sys.stderr)
-    run = summary["this_run"]
     if run["records_written"] and run["records_failed"] > MOST_FAILED * run["records_written"]:
         print(f"reproduce: {run['records_failed']} of {run['records_written']} records of this run "
               f"failed ({run['backend_failed_calls']} of {run['backend_calls']} backend calls); "

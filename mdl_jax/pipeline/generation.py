@@ -302,8 +302,12 @@ class LocalBackend:
         text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=self.device)
         with torch.inference_mode():
-            hidden = lm.model(input_ids=ids).last_hidden_state
-            logp = torch.log_softmax(_head_fp32(lm, hidden[0, -1:])[0], -1).cpu()
+            if _plain_head(lm):
+                hidden = lm.model(input_ids=ids).last_hidden_state
+                logits = _head_fp32(lm, hidden[0, -1:])[0]
+            else:
+                logits = lm(input_ids=ids).logits[0, -1].float()
+            logp = torch.log_softmax(logits, -1).cpu()
         v, i = torch.topk(logp, max(1, min(int(k), logp.shape[0])))
         tops = [(tok.decode([int(t)]), float(x)) for t, x in zip(i, v)]
         first = None
@@ -321,12 +325,22 @@ def _head_fp32(lm, hidden):
     in float32 leaves only the (much smaller) bf16 differences of the hidden states."""
     import torch
 
-    w = getattr(lm, "_mdl_head_fp32", None)
-    if w is None:  # converted once per model (about 110 MB for SmolLM2's 49k × 576 projection)
-        head = lm.lm_head
-        w = (head.weight.detach().float(), None if head.bias is None else head.bias.detach().float())
-        lm._mdl_head_fp32 = w
-    return torch.nn.functional.linear(hidden.float(), *w)
+    head = lm.lm_head
+    tag = (head.weight.data_ptr(), head.weight.device, head.weight.dtype)
+    cached = getattr(lm, "_mdl_head_fp32", None)
+    if cached is None or cached[0] != tag:  # once per model and place (110 MB for SmolLM2's 49k × 576)
+        cached = (tag, head.weight.detach().float(),
+                  None if head.bias is None else head.bias.detach().float())
+        lm._mdl_head_fp32 = cached
+    logits = torch.nn.functional.linear(hidden.float(), cached[1], cached[2])
+    cap = getattr(lm.config, "final_logit_softcapping", None)  # Gemma-2 style models cap their logits
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _plain_head(lm) -> bool:
+    """Whether the model is a body (``.model``) plus a vocabulary projection (``.lm_head``), as causal
+    LMs in transformers are (Llama, SmolLM2, Qwen, Gemma, ...); else ``top_logprobs`` uses its logits."""
+    return hasattr(lm, "model") and hasattr(lm, "lm_head")
 
 
 _MASK64 = (1 << 64) - 1
