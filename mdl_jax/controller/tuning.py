@@ -318,9 +318,9 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # with 15 runs those eager ops cost more than 500 training steps of the "gates" field set.
     masks = {f: np.array([f in fs for fs in field_sets], np.float32) for f in NUMERIC_FIELDS}
     # keys built here, one small op per seed, so any Python int is a seed (as jax.random.PRNGKey takes it)
-    keys = np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
+    prng = np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
     noise = np.array([init_noise * (int(s) != 0) for s in seeds], np.float32)
-    u0 = _start_points(to_unconstrained(base), masks, keys, noise)
+    u0 = _start_points(to_unconstrained(base), masks, prng, noise)
     chex.assert_shape([M, R, A, y], (N,))
     # Runs grouped by field set (static: whether the fusion must be recomputed every step).
     keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
@@ -379,21 +379,21 @@ def _constrained(u: dict, *, base: MDLConfig) -> dict:
     return jax.vmap(one)(u)
 
 
+def _plain(v):
+    """A numeric field as a plain float or tuple of floats (hashable, and what a config file holds)."""
+    a = np.asarray(v, np.float64)
+    return float(a) if a.ndim == 0 else tuple(float(x) for x in a)
+
+
 def _static_base(base: MDLConfig) -> MDLConfig:
     # The base is a static argument of the jitted program (its static fields choose branches; its
     # numbers are replaced by the trained leaves), so it must be hashable: plain floats and tuples.
-    def plain(v):
-        a = np.asarray(v, np.float64)
-        return float(a) if a.ndim == 0 else tuple(float(x) for x in a)
-    return base.replace(**{f: plain(getattr(base, f)) for f in NUMERIC_FIELDS})
+    return base.replace(**{f: _plain(getattr(base, f)) for f in NUMERIC_FIELDS})
 
 
 def _concrete_from(base: MDLConfig, values: dict) -> MDLConfig:
     """A config of ``base``'s static fields and the numeric ``values`` (NumPy rows) as plain floats."""
-    def plain(v):
-        a = np.asarray(v, np.float64)
-        return float(a) if a.ndim == 0 else tuple(float(x) for x in a)
-    return MDLConfig(**{f: plain(values[f]) for f in NUMERIC_FIELDS},
+    return MDLConfig(**{f: _plain(values[f]) for f in NUMERIC_FIELDS},
                      **{f: getattr(base, f) for f in ("D", "dims", "qr_seed", "alpha_gating",
                                                      "risk_modulation", "subspaces", "risk_inversion",
                                                      "value_encoding")})

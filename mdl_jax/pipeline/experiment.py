@@ -431,7 +431,7 @@ def reproduce_cmd(args) -> int:
         summary = exp.run()
         summary["wall_seconds"] = time.perf_counter() - t0
         run = dict(summary["this_run"])  # this run's own counts decide the exit status below
-        if (not summary["this_run"]["records_written"] and prev
+        if (not run["records_written"] and prev
                 and (prev.get("this_run") or {}).get("records_written")):
             # A rerun with nothing left to do only rewrites the report (new judges, new analyses):
             # it keeps the figures of the last run that did the work instead of reporting ~0 s.

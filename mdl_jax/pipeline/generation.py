@@ -411,7 +411,8 @@ class _RowSampler:
         before = torch.cumsum(p, -1) - p
         keep = before < self.top_p  # mass before this token not yet ≥ top_p
         wide = keep[:, -1] & (before[:, -1] + p[:, -1] < self.top_p)
-        if bool(wide.any()):  # nucleus wider than k tokens: those rows take the full sort
+        any_wide = bool(wide.any())
+        if any_wide:  # nucleus wider than k tokens: those rows take the full sort
             rows = torch.nonzero(wide).flatten()
             pf = torch.exp(z[rows] - lse[rows])
             sp, si = torch.sort(pf, dim=-1, descending=True)
@@ -423,7 +424,7 @@ class _RowSampler:
         e = -torch.log(_uniform(self.seeds, step, idx))
         race = torch.where(keep, p.double() / e, torch.zeros_like(e))
         pick = idx.gather(1, race.argmax(-1, keepdim=True)).flatten()
-        if bool(wide.any()):
+        if any_wide:
             e_w = -torch.log(_uniform(self.seeds[rows], step, idx_w))
             race_w = torch.where(keep_w, top_w.double() / e_w, torch.zeros_like(e_w))
             pick[rows] = idx_w.gather(1, race_w.argmax(-1, keepdim=True)).flatten()
