@@ -74,6 +74,18 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     return float(lo), float(hi)
 
 
+def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """(n_resamples, N) float32 multiplicities of a bootstrap over *questions*: each resample draws G
+    questions with replacement from the G in ``groups`` (N,), and every record of a drawn question gets
+    that question's multiplicity, so a question's records always travel together (the sweeps' resamples;
+    ``sweep(..., weights=...)`` scores them exactly)."""
+    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    G = len(g_ids)
+    rng = np.random.default_rng(seed)
+    mult = rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples)
+    return mult[:, g].astype(np.float32)
+
+
 def question_ids(df) -> np.ndarray:
     """One id per (dataset, qid): the cluster of records that share a question's signals."""
     if "qid" not in df:
