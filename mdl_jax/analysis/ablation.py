@@ -134,6 +134,15 @@ def table7b(df, y, configs, k: int = 5, seed: int = 0) -> dict:
     return res
 
 
+def _ci(ci, scale: float = 1.0) -> str:
+    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    d = 1 if scale != 1.0 else 3
+    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
+
+
 def _p(p) -> str:
     if p is None or not np.isfinite(p):
         return "–"
@@ -158,8 +167,8 @@ def table7_md(t7a: dict, t7b: dict) -> str:
         if label.startswith("Full"):
             cells = [f"{r['accuracy']:.1%}{flag}", "—", "—", "—"]
         else:
-            cells = [f"{r['accuracy']:.1%}{flag}", f"{(r['accuracy'] - full) * 100:+.1f}pp "
-                     f"[{r['ci'][0] * 100:+.1f}, {r['ci'][1] * 100:+.1f}]", f"{r['t_dz']:+.2f}",
+            cells = [f"{r['accuracy']:.1%}{flag}", f"{(r['accuracy'] - full) * 100:+.1f}pp {_ci(r['ci'], 100)}",
+                     f"{r['t_dz']:+.2f}",
                      _p(r["t_p"])]
         if recal:
             d = "" if label.startswith("Full") else f" ({(r['accuracy_recal'] - full_re) * 100:+.1f}pp)"

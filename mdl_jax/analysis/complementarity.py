@@ -195,6 +195,15 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
 
 # ----------------------------------------------------------------------------------- Markdown
 
+def _ci(ci, scale: float = 1.0) -> str:
+    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    d = 1 if scale != 1.0 else 3
+    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
+
+
 def _p(p) -> str:
     if p is None or not np.isfinite(p):
         return "–"
@@ -218,7 +227,7 @@ def table6_md(t6: dict) -> str:
             cells = [f"{r['accuracy']:.3f}", "—", "—", "—", "—"]
         else:
             t = r["t_t"]
-            cells = [f"{r['accuracy']:.3f}", f"{r['accuracy'] - full:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]",
+            cells = [f"{r['accuracy']:.3f}", f"{r['accuracy'] - full:+.3f} {_ci(r['ci'])}",
                      f"{r['t_dz']:+.2f}",
                      "–" if not np.isfinite(t) else f"{t:.2f}", _p(r["t_p"])]
         if recal:
