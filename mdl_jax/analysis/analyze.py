@@ -125,7 +125,7 @@ def _significance(ci) -> str:
     lo, hi = ci
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "too few questions to say"
-    return "not a significant difference (the interval spans 0)" if lo <= 0 <= hi else "a significant difference"
+    return "not significant, the interval spans 0" if lo <= 0 <= hi else "significant, the interval excludes 0"
 
 
 def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_dir=None,
@@ -331,7 +331,7 @@ def _judge_table(res: dict) -> str:
 
     row("oracle adopt rate", lambda r: f"{r['oracle_adopt_rate']:.3f}")
     row("MDL decision accuracy [95% CI, question bootstrap]",
-        lambda r: f"{r['accuracy']:.3f} {_ci(r['accuracy_ci'])}", "0.612")
+        lambda r: f"{r['accuracy']:.3f} [{r['accuracy_ci'][0]:.3f}, {r['accuracy_ci'][1]:.3f}]", "0.612")
     row("majority rule (always " + "/".join(sorted({bj[j]['majority_label'] for j in js})) + ")",
         lambda r: f"{r['majority_class']:.3f} (always {r['majority_label']})", "0.581")
     row("MDL − majority [95% CI]", lambda r: f"{r['vs_majority']:+.3f} {_ci(r['vs_majority_ci'])}")

@@ -168,9 +168,9 @@ def figure3(df, path: Path) -> Path:
                      [tq[(tq["system"] == s) & (tq["A"] == a)] for a in levels], NAMES[s], colors[s])
     b3 = tq[tq["system"] == "B3"]
     # MDL's Opt-Out rate goes under each risk level's tick (a line across the bars hid their labels)
-    opt = [f"\nMDL Opt-Out {(b3[b3['A'] == a]['action'] == 'OPT_OUT').mean():.0%}" if len(b3) else ""
+    opt = [f"\nB3 Opt-Out {(b3[b3['A'] == a]['action'] == 'OPT_OUT').mean():.0%}" if len(b3) else ""
            for a in levels]
-    ax1.set_xticks(x, [f"A={a:.2f}{o}" for a, o in zip(levels, opt)])
+    ax1.set_xticks(x, [f"A={a:.2f}{o}" for a, o in zip(levels, opt)], fontsize=8)
     ax1.set_ylabel("hallucination rate")
     ax1.set_title("(a) TruthfulQA by risk level (paper: B2 0.630 → B3 0.000 at A=0.85)", fontsize=9)
     # legends above the bars (y up to 1.45 is empty), never over a bar's label
@@ -351,8 +351,20 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         cal = (f"{d['n_calibration']} calibration questions, oracle adopt rate "
                f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
                if d.get("n_calibration") else "")
+        note = ""
+        ag, ar = d.get("calibration_agreement"), d.get("calibration_adopt_rate")
+        if ag is not None and ar is not None and d.get("n_calibration"):
+            n = d["n_calibration"]
+            # agreement is a count / n: equal to a constant classifier's share means no threshold helped
+            const = ("never adopt" if round(ag * n) == round((1 - ar) * n) else
+                     "always adopt" if round(ag * n) == round(ar * n) else None)
+            if const:
+                note += (f" **Warning: the best calibration agreement equals the constant classifier "
+                         f"'{const}'** (`calibrate` warns; the tied θ0 plateau is in the analyses below).")
+        if float(d["thresholds"][2]) <= 0:
+            note += " **θ2 = 0: Opt-Out can never happen with this config.**"
         lines.append(f"- {ds}: config {src}; {cal}θ = {[round(t, 3) for t in d['thresholds']]}, "
-                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
+                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}].{note}")
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
     paired, decisions = paired_share(df), decision_outcomes(df)
