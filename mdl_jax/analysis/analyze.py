@@ -114,6 +114,58 @@ def _shares(action) -> list[float]:
     return (np.bincount(np.asarray(action, int), minlength=4) / max(len(action), 1)).tolist()
 
 
+def _signal_notes(ev, data_dir=None) -> dict:
+    """Per dataset: how often the conflict rate φ fires (φ > 0), and whether the recorded risk A equals
+    what the current risk rule (``pipeline.risk``) gives for the question (when the dataset files are
+    local): a run made before a change of the rule keeps its own A values."""
+    from mdl_jax.analysis.cases import _questions
+
+    out = {}
+    items = _questions(set(ev["dataset"]), data_dir)
+    try:
+        from mdl_jax.pipeline.risk import risk
+    except ImportError:  # pragma: no cover - the pipeline wing is part of the package
+        risk = None
+    for ds, g in ev.groupby("dataset"):
+        d = {"n": int(len(g))}
+        if "phi" in g:
+            phi = g["phi"].astype(float)
+            d["phi_fires"] = int((phi > 0).sum())
+        q = g.drop_duplicates("qid")
+        if risk is not None and items:
+            known = [(r["A"], items.get((ds, r["qid"]))) for _, r in q.iterrows()]
+            known = [(a, it) for a, it in known if it is not None]
+            if known:
+                same = sum(abs(float(a) - risk(ds, it.question, getattr(it, "category", "") or "")) < 1e-6
+                           for a, it in known)
+                d.update(n_questions=len(known), a_matches_current_rule=int(same))
+        out[ds] = d
+    return out
+
+
+def _signal_md(notes: dict) -> str:
+    lines = []
+    for ds, d in notes.items():
+        txt = f"- {ds}:"
+        if "phi_fires" in d:
+            txt += (f" the conflict rate φ is > 0 on {d['phi_fires']} of {d['n']} records "
+                    f"({d['phi_fires'] / max(d['n'], 1):.1%})")
+            if d["phi_fires"] <= 0.01 * d["n"]:
+                txt += (" — it (almost) never fires: HaluEval's right and wrong answers are short and share few "
+                        "content words, so a pair rarely passes the lexical conflict detector's same-topic gate "
+                        "(content-word overlap ≥ 0.34, `pipeline/conflict.py`) and R there is the memories' mean "
+                        "similarity alone" if ds == "halueval" else " — it (almost) never fires")
+            txt += "."
+        if "a_matches_current_rule" in d:
+            k, n = d["a_matches_current_rule"], d["n_questions"]
+            txt += (f" Recorded risk A equals the current risk rule's on {k} of {n} questions"
+                    + ("." if k == n else f"; the other {n - k} were scored by the rule in force when the run "
+                       "was made" + (" (HaluEval keywords then matched word prefixes, e.g. 'tax' in 'Taxis')"
+                                     if ds == "halueval" else "") + ", and these analyses use the recorded A."))
+        lines.append(txt)
+    return "\n".join(lines)
+
+
 def _ci(ci, pct: bool = False) -> str:
     lo, hi = ci
     if not (np.isfinite(lo) and np.isfinite(hi)):
@@ -189,6 +241,7 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     res["b3_recorded_action_agreement"] = float(np.mean(
         df.loc[b3, "action_name"].to_numpy() == np.array([figures.ACTION_NAMES[a] for a in sc.action[b3]])))
     res["calibration"] = timed("calibration", _calibration_report, df, cal, cfgs, rc)
+    res["signals"] = timed("signal_notes", _signal_notes, ev, data_dir)
     md: dict[str, str] = {}
     figs = {}
 
@@ -454,6 +507,7 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "Recomputed from the run's calibration split (`mdl_jax.calibrate`, both tie-breaks). The shipped "
         "configs and this run's decisions are unchanged; the current rule applies to new calibrations.", "",
         _calibration_md(res["calibration"]), "",
+        "## The signals as recorded", "", _signal_md(res["signals"]), "",
         "## What the result depends on: the QR basis", "",
         "The subspace bases come from the QR decomposition of a random matrix (`qr_seed`, default 42), a choice "
         "the paper does not state.", "", md["qr_bases"], "",
