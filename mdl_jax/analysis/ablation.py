@@ -155,7 +155,7 @@ def table7_md(t7a: dict, t7b: dict) -> str:
     recal = "accuracy_recal" in rows["Full MDL controller"]
     full_re = rows["Full MDL controller"].get("accuracy_recal")
     lines = ["**(a) Module ablation** (run's calibrated config per dataset; only the switch changed)", "",
-             "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | p |"
+             "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | p (paired t over records) |"
              + (" Accuracy, recalibrated (Δ) |" if recal else "")
              + " Paper: Acc (ΔAcc) |",
              "|---|---|---|---|---|" + ("---|" if recal else "") + "---|"]

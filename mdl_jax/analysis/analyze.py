@@ -524,7 +524,8 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "### Figure 5 and the sweeps (sweep engine, 10 question-bootstrap resamples)", "",
         tables("sensitivity", "The sweeps"), "",
         both("figure5a", "Figure 5(a)"), "", both("figure5b", "Figure 5(b)"), "", img("figure5c", "Figure 5(c)"), "",
-        "Figure 5: (a) the four B3 actions against the oracle; (b) accuracy over the (g_a, g_b) grid (a "
+        "Figure 5: (a) the four B3 actions against the oracle (an Opt-Out record is 'reject' by construction: "
+        "no memory was injected and an abstention is never a hallucination); (b) accuracy over the (g_a, g_b) grid (a "
         "best cell that is a constant controller is labelled so in the legend); (c) abstention (Silent/Opt-Out) "
         "over M × R quintile bins of the records with A ≥ 0.70 (record count in brackets; a question counts "
         "once per system and seed, its decision being the same in each; no labels involved).",

@@ -93,9 +93,12 @@ def question_ids(df) -> np.ndarray:
     return (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
 
 
-def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
-    """95% percentile CI of mean(x), records resampled with replacement."""
+def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tuple[float, float]:
+    """95% percentile CI of mean(x). With ``groups`` (e.g. ``question_ids``) whole groups are resampled
+    (use it whenever records share a question); without, records are resampled with replacement."""
     x = np.asarray(x, float)
+    if groups is not None:
+        return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
     if len(x) < 2:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
