@@ -2,8 +2,8 @@
 
 Writes into DIR (default: ``analysis/`` beside RECORDS) the tables as Markdown (the paper's numbers
 beside ours; every RQ2-RQ3 table and figure once per judge whose verdicts the records carry, the `ref`
-judge's with a ``_ref`` suffix), the figures as PNG, ``analysis.json`` (every number) and ``ANALYSIS.md`` (all of it, with
-the definitions and the wall time of each part). Everything is computed from the records and run.json;
+judge's with a ``_ref`` suffix), the figures as PNG, ``analysis.json`` (every number) and
+``ANALYSIS.md`` (all of it, with the definitions and the wall time of each part). Everything is computed from the records and run.json;
 nothing is copied from a previous run.
 
   oracle.py           oracle labels (Section 5.3), run-config scoring, folds grouped by question, the

@@ -22,11 +22,11 @@ most 5 distinct values (A: its 3-4 risk levels) gets one bin per value. A subset
 signals. I is the plug-in estimate; because the plug-in estimate is biased upward by about
 (cells - 1)/(2N ln 2), the Miller-Madow corrected value and a permutation null are reported beside it.
 The null moves whole questions: the records of a question share its (M, R, A), so the signal cell of
-every question is reassigned to another question at random (200 permutations, seed 0) while each
-question keeps its own labels (1,000 permutations, seed 0). Shuffling single records instead (the older null, kept as a labelled
+every question is reassigned to another question at random (1,000 permutations, seed 0) while each
+question keeps its own labels. Shuffling single records instead (the older null, kept as a labelled
 column) breaks that clustering and understates chance I by about half. Reported: the null's mean, its
-95th percentile and p = (1 + #{null ≥ observed}) / (1 + 1,000), for I and for the synergy. Synergy as the paper computes it (its Table 10
-numbers satisfy exactly this): for a pair, I(XY) - I(X) - I(Y); for the triple, I(MRA) - max pair.
+95th percentile and p = (1 + #{null ≥ observed}) / (1 + 1,000), for I and for the synergy. Synergy as
+the paper computes it (its Table 10 numbers satisfy exactly this): for a pair, I(XY) - I(X) - I(Y); for the triple, I(MRA) - max pair.
 """
 
 from __future__ import annotations

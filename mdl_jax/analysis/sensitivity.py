@@ -140,11 +140,13 @@ def sensitivity_md(gate: dict, sig: dict, th: dict) -> str:
     return "\n".join([
         "| Sweep | Best (mean ± std over 10 question-bootstrap resamples) | At the run's setting | Paper |",
         "|---|---|---|---|",
-        f"| (g_a, g_b) grid, 21 × 21 | {b[2]:.1%} ± {b[3]:.1%} at ({b[0]:.2f}, {b[1]:.2f}){_flag(gate.get('best_degenerate'))}; "
+        f"| (g_a, g_b) grid, 21 × 21 | {b[2]:.1%} ± {b[3]:.1%} at ({b[0]:.2f}, {b[1]:.2f})"
+        f"{_flag(gate.get('best_degenerate'))}; "
         f"max over g_a ≤ 0.2, g_b ≥ 0.7: {gate['paper_region_max']:.1%} | {d[2]:.1%} ± {d[3]:.1%} at (0.3, 0.7) | "
         "up to 64.4% for g_a ≤ 0.2, g_b ≥ 0.7; ridge at g_a + g_b ≈ 0.9 |",
         f"| σ sweep, {len(sig['sigma'])} values | {sig['mean'][i]:.1%} ± {sig['std'][i]:.1%} at σ = "
-        f"{sig['sigma'][i]:.3f}{_flag(sig.get('best_degenerate'))} | {sig['mean'][int(np.argmin(np.abs(sig['sigma'] - 0.2)))]:.1%} at σ = 0.20 | "
+        f"{sig['sigma'][i]:.3f}{_flag(sig.get('best_degenerate'))} | "
+        f"{sig['mean'][int(np.argmin(np.abs(sig['sigma'] - 0.2)))]:.1%} at σ = 0.20 | "
         "σ = 0.20 on a plateau |",
         f"| θ0 × offset grid | {th['mean'][j]:.1%} ± {th['std'][j]:.1%} at θ0 = {th['theta0'][j[0]]:.3f}"
         f"{_flag(th.get('best_degenerate'))} (accuracy depends on θ0 only) | per-dataset θ0 of run.json | – |",

@@ -44,13 +44,13 @@ class Calibration(NamedTuple):
     """What calibration measured. ``config`` is the calibrated config; ``agreement[g]`` is the oracle
     agreement of threshold ``grid[g]``; ``best_agreement`` is the maximum.
 
-    The fields after ``best_agreement`` describe ties and degenerate optima (module docstring):
-    ``plateau`` (lowest, highest) tied θ0 and ``n_tied`` how many grid values tie (the tied set can have
-    gaps); ``tie_break`` the rule
-    used and ``theta0_lowest`` / ``theta0_middle`` what each rule picks; ``constant`` is "always adopt"
-    or "never adopt" when the best agreement equals that constant classifier's (else None); ``adopt_share``
-    the share of calibration records the calibrated config makes Active; ``opt_out_possible`` is False
-    when θ2 = 0."""
+    The fields after ``best_agreement`` (defaulted, so code that built or unpacked the first four keeps
+    working) describe ties and degenerate optima (module docstring): ``plateau`` is the (lowest, highest)
+    tied θ0 and ``n_tied`` how many grid values tie (the tied set can have gaps); ``tie_break`` is the
+    rule used, ``theta0_lowest`` / ``theta0_middle`` what each rule picks; ``constant`` is "always adopt"
+    or "never adopt" when the best agreement equals that constant classifier's (else None);
+    ``adopt_share`` is the share of calibration records the calibrated config makes Active;
+    ``opt_out_possible`` is False when θ2 = 0."""
 
     config: MDLConfig
     grid: np.ndarray
@@ -125,7 +125,8 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     if isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
         raise ValueError(f"grid_size: expected an int ≥ 2, got {grid_size!r}")
     if tie_break not in TIE_BREAKS:
-        raise ValueError(f"tie_break: expected one of {', '.join(map(repr, TIE_BREAKS))}, got {tie_break!r}")
+        raise ValueError(f"tie_break: expected one of {', '.join(map(repr, TIE_BREAKS))}, "
+                         f"got {tie_break!r}")
 
     # M, R, A were checked above: decide need not check them again
     raw = api.decide(M, R, A, cfg, validate=False).norm
@@ -139,11 +140,12 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
     # scored in at least float32: in bfloat16 neighbouring grid values 0.001 apart would coincide
     c_final = c_final.astype(jnp.promote_types(c_final.dtype, jnp.float32))
-    agreement = np.asarray(grid_agreement(c_final, jnp.asarray(labels), jnp.asarray(grid, c_final.dtype)))
+    agreement = np.asarray(grid_agreement(c_final, jnp.asarray(labels),
+                                          jnp.asarray(grid, c_final.dtype)))
     best, tied = tied_plateau(agreement, tie_break)
     theta0 = float(grid[best])
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
-    # constant classifiers, scored the way grid_agreement scores (same dtype), so equality is exact
+    # agreement × N is a count (float32 rounding aside): compare counts with the constant classifiers'
     lab = np.asarray(labels).astype(bool).ravel()
     n = lab.size
     best_count = round(float(agreement[best]) * n)
@@ -151,13 +153,14 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
                 "never adopt" if best_count == n - int(lab.sum()) else None)
     adopt_share = float(np.mean(np.asarray(c_final) >= np.asarray(theta0, np.asarray(c_final).dtype)))
     if constant is not None:
-        warnings.warn(f"calibrate: the best agreement ({agreement[best]:.3f}) equals the constant classifier "
-                      f"'{constant}': no threshold beats ignoring the signals on this split ({_tied_msg(tied, grid)})",
-                      UserWarning, stacklevel=2)
+        warnings.warn(f"calibrate: the best agreement ({agreement[best]:.3f}) equals the constant "
+                      f"classifier '{constant}': no threshold beats ignoring the signals on this split "
+                      f"({_tied_msg(tied, grid)})", UserWarning, stacklevel=2)
     return Calibration(cfg.replace(thresholds=thresholds), grid, agreement, float(agreement[best]),
                        plateau=(float(grid[tied[0]]), float(grid[tied[-1]])), n_tied=int(len(tied)),
                        tie_break=tie_break, theta0_lowest=float(grid[tied[0]]),
-                       theta0_middle=float(grid[tied_plateau(agreement, "middle")[0]]), constant=constant,
+                       theta0_middle=float(grid[tied_plateau(agreement, "middle")[0]]),
+                       constant=constant,
                        adopt_share=adopt_share, opt_out_possible=bool(thresholds[2] > 0))
 
 
