@@ -129,6 +129,11 @@ def table7b(df, y, configs, k: int = 5, seed: int = 0) -> dict:
     X = df[["M", "R", "A"]].to_numpy(np.float64)
     mdl_correct = score(df, configs).adopt == y
     groups = question_ids(df)
+    n_q, n_min_class = len(np.unique(groups)), int(min(np.sum(y == 0), np.sum(y == 1)))
+    if n_q < k or n_min_class < k:
+        # too few questions (or records of a class) for k folds: say so instead of failing the analyses
+        return {"skipped": f"{k}-fold cross-validation needs at least {k} questions and {k} records of each "
+                           f"oracle label; these records have {n_q} questions and {n_min_class} of the rarer label"}
     res = {"grouped": _cv(X, y, question_folds(y, groups, k, seed), mdl_correct)}
     res["record_level"] = _cv(X, y, stratified_folds(y, k, seed), mdl_correct)
     return res
@@ -180,6 +185,8 @@ def table7_md(t7a: dict, t7b: dict) -> str:
         lines += ["", "**Degenerate rows** (one action on ≥ 99% of the records, or Active on ≤ 1% = always-reject): "
                   + "; ".join(f"{lb}: {rows[lb]['degenerate'].removeprefix('degenerate: ')}" for lb in degen)
                   + ". Their accuracy is a class share, not evidence about the module they remove."]
+    if "skipped" in t7b:
+        return "\n".join(lines + ["", f"**(b) Supervised baselines: not run:** {t7b['skipped']}."])
     lines += ["", "**(b) Supervised baselines** (5-fold CV, folds grouped by question and stratified; "
               "mean ± std over folds)", ""]
     rec = "record_level" in t7b

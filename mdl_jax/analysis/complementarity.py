@@ -175,7 +175,7 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
     codes = {name(sub): joint_codes([bins[s] for s in sub]) for sub in SUBSETS}
     I = {k: mutual_information(c, y) for k, c in codes.items()}
     null = {k: np.array([mutual_information(c[p], y) for p in q_perms]) for k, c in codes.items()}
-    syn, syn_null = _synergies(I), None
+    syn = _synergies(I)
     syn_null = {k: np.array([_synergies({j: null[j][i] for j in null})[k] for i in range(n_perm)])
                 for k in syn}
     rows = {}
