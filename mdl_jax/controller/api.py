@@ -12,6 +12,7 @@ the controller once, compiled:
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 
 import jax
@@ -214,21 +215,23 @@ def _config(config) -> MDLConfig:
 
 
 def _config_file(path: str) -> MDLConfig:
-    # Read once per file version: a caller may pass the same path on every call.
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        from mdl_jax.controller.config_file import ConfigFileError
+    # Read on every call, parsed once per content: the cache is keyed by a hash of the bytes read, so a
+    # file replaced by other content of the same size with its mtime kept (cp -p, rsync -t, tar x) is
+    # never served stale. A config file is ~1 kB, so reading and hashing it costs a few µs.
+    from mdl_jax.controller.config_file import config_from_bytes, read_config_bytes
 
-        raise ConfigFileError(f"{path}: cannot read ({e.strerror})") from None
-    return _load_cached(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    data = read_config_bytes(path)
+    key = hashlib.blake2b(data, digest_size=16).digest()
+    cfg = _FILE_CACHE.get(key)
+    if cfg is None:
+        cfg = config_from_bytes(data, path)
+        if len(_FILE_CACHE) >= 16:
+            _FILE_CACHE.pop(next(iter(_FILE_CACHE)))
+        _FILE_CACHE[key] = cfg
+    return cfg
 
 
-@functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime_ns: int, size: int) -> MDLConfig:
-    from mdl_jax.controller.config_file import load_config
-
-    return load_config(path)
+_FILE_CACHE: dict = {}  # content hash → MDLConfig (at most 16, oldest dropped first)
 
 
 def _signals(M, R, A) -> tuple[list, tuple]:

@@ -158,8 +158,15 @@ def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
 
 
 def _short(value) -> str:
-    # one line, bounded: a batch of configs can hold thousands of values
-    text = " ".join(repr(value).split())
+    # one line, bounded: a batch of configs can hold thousands of values. NumPy scalars print as the
+    # number a user wrote (0.5, not np.float32(0.5)).
+    if isinstance(value, np.generic):
+        text = str(value)
+    elif isinstance(value, (tuple, list)) and any(isinstance(x, np.generic) for x in value):
+        inner = ", ".join(str(x) if isinstance(x, np.generic) else repr(x) for x in value)
+        text = f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    else:
+        text = " ".join(repr(value).split())
     return text if len(text) <= 200 else text[:200] + " ..."
 
 
@@ -186,6 +193,13 @@ def _check_numeric(cfg: MDLConfig) -> None:
     def finite(name):
         return ~np.isfinite(v[name])
 
+    b = v["bias"]
+    if b is not None and all(v[f] is not None and v[f].ndim == 0 for f in ("sigma", "eps_c", "n_min", "n_max")):
+        # one config (its scalar fields are 0-d): bias is one number or one per component of v_meta;
+        # any other length would only fail later, inside decide, as a broadcasting error
+        if b.shape not in ((), (cfg.D,)):
+            raise ValueError(f"bias: expected a number or D={cfg.D} values, got shape {b.shape}: "
+                             f"{_short(cfg.bias)}")
     for name in ("bias", "g_A_coeffs", "gate_coeffs", "n_min"):
         if v[name] is not None:
             _fail(name, "finite values", getattr(cfg, name), per_config(name, finite(name)))
