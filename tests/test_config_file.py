@@ -141,7 +141,10 @@ def test_save_config_then_load_config_round_trips_every_field(tmp_path):
     assert dataclasses.asdict(back) == dataclasses.asdict(cfg)
 
 
-def test_a_single_config_rejects_a_bias_of_the_wrong_length():
-    with pytest.raises(ValueError, match=r"^bias: expected a number or D=16 values, got shape \(5,\)"):
-        MDLConfig(bias=(0.0,) * 5)
-    MDLConfig(bias=(0.1,) * 16)  # one per component of v_meta is valid
+def test_decide_rejects_a_config_batch_or_a_bias_of_the_wrong_length_naming_the_field():
+    # A (5,) bias is a batch of five scalar biases to sweep, not one config: decide says so instead of
+    # failing inside the controller with a broadcasting error.
+    for cfg, field in ((MDLConfig(bias=(0.0,) * 5), "bias"), (MDLConfig(sigma=np.array([0.2])), "sigma")):
+        with pytest.raises(ValueError, match=rf"^config\.{field}: expected one config's value"):
+            decide(M, R, A, cfg)
+    decide(M, R, A, MDLConfig(bias=(0.1,) * 16))  # one per component of v_meta is one config

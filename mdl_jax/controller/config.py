@@ -193,13 +193,6 @@ def _check_numeric(cfg: MDLConfig) -> None:
     def finite(name):
         return ~np.isfinite(v[name])
 
-    b = v["bias"]
-    if b is not None and all(v[f] is not None and v[f].ndim == 0 for f in ("sigma", "eps_c", "n_min", "n_max")):
-        # one config (its scalar fields are 0-d): bias is one number or one per component of v_meta;
-        # any other length would only fail later, inside decide, as a broadcasting error
-        if b.shape not in ((), (cfg.D,)):
-            raise ValueError(f"bias: expected a number or D={cfg.D} values, got shape {b.shape}: "
-                             f"{_short(cfg.bias)}")
     for name in ("bias", "g_A_coeffs", "gate_coeffs", "n_min"):
         if v[name] is not None:
             _fail(name, "finite values", getattr(cfg, name), per_config(name, finite(name)))
