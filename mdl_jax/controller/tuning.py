@@ -17,9 +17,21 @@ Parametrisation keeps the paper's invariants at every step (no projection, no cl
   θ2 = sigmoid(a), θ1 = θ2 + (1−θ2)·sigmoid(b), θ0 = θ1 + (1−θ1)·sigmoid(c)     1 ≥ θ0 ≥ θ1 ≥ θ2 ≥ 0
   n_max = n_min + softplus(w) + 1e-3             n_max > n_min
   gate, g_A coefficients and the bias are free.
-Fields outside ``fields`` keep their starting values exactly: every field is a parameter, and a 0/1
-mask per field zeroes its gradient, so an Adam update of it is exactly 0. That mask is also what lets
-different field sets train side by side in one vmapped program (``tune_many``).
+Fields outside ``fields`` are not parameters at all: they are the starting config's values, exactly
+(also where the free parametrisation could only approach them: ε_c = 0, θ0 = 1, a zero gain), and
+the trained fields are constrained around them: gains trained beside a frozen ε_c are
+softplus(u_k) + ε_c + 1e-3, n_min trained beside a frozen n_max is n_max − softplus(w) − 1e-3, ε_c
+trained beside frozen gains is bounded by their minimum (0 when a gain is 0). The field set is static
+per group of runs, so different field sets still train side by side in one program (``tune_many``),
+and their gradients are also masked so a frozen parameter's Adam update is exactly 0.
+
+Divergence: a step whose loss, gradients, parameters or config are not finite or break an invariant
+(float32 rounding far out, e.g. n_min + 1e-3 == n_min at |n_min| ~ 1e37) is not applied; the run stops
+with its last valid parameters, ``history["diverged_step"]`` records the step (−1: never) and
+``tune_many`` warns, naming the run, instead of failing later on an invalid field.
+
+Seeds are ints in [0, 2**64); seed s's PRNG key is its two 32-bit halves (what
+``jax.random.PRNGKey(s)`` gives for s < 2**32), so distinct seeds never share a start.
 
 Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on a validation part:
 the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
