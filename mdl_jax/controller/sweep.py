@@ -18,7 +18,18 @@ does not depend on how often it was drawn, so each (config, record) decision is 
 every resample is one weighted sum over it. That is exact (tests check it against explicit
 resampling) and makes W resamples cost one pass plus W dot products instead of W passes.
 
-How it runs. One jitted program: configs are padded to whole chunks and ``lax.map`` walks the chunks;
+Exact sums. Integer weights (none, or bootstrap multiplicities) with totals < 2^31 are summed as int32
+on the device and int64 on the host, so counts and accuracy are exact at any N (float32 sums stop
+counting exactly at 2^24). Other weights are scaled per vector by a power of two (exact, and no float32
+overflow of finite weights) and summed in float32 within a pass, float64 across passes. Results are
+float64 NumPy arrays.
+
+Record passes. The records are walked on the host in equal passes of at most ``record_chunk``
+(2^18 by default; the last padded with weight-0 records), each one call of the compiled program, and
+the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps (2.3 GB peak
+for one config here), and the result equals the unchunked one (integer sums exactly).
+
+How it runs. One jitted program per pass: configs are padded to whole chunks and ``lax.map`` walks the chunks;
 inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
 configs, and the per-config reductions are matmuls against the (W, N) weights. The chunk holds a few
 configs × all records, sized so the vmapped intermediates ((chunk, N, 16) floats) stay near the cache
