@@ -110,7 +110,7 @@ def test_one_record_with_any_concrete_config_takes_the_scalar_fast_path_and_deci
             assert one.C_final.shape == () and one.v_meta.shape == (16,)
             for f in FIELDS:
                 assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(batch, f))[i]), f
-    assert api._scalar_plan(cfgs[0]) is not None and api._scalar_plan(cfgs[2]) is not None  # fast path ran
+    assert api._scalar_plan(cfgs[0]) is not None and api._scalar_plan(cfgs[2]) is not None  # fast path
     assert api._scalar_plan(cfgs[1]) is None  # array leaves are not hashable: the general path
     with pytest.raises(ValueError, match=r"^R: expected values in \[0, 1\]; got 1\.5|^R: expected a value in \[0, 1\], got 1\.5"):
         decide(0.5, 1.5, 0.5, cfgs[0])

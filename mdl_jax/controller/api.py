@@ -22,7 +22,7 @@ from jax.experimental import checkify
 
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import native
-from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.config import MDLConfig, _is_concrete
 from mdl_jax.controller.validation import (
     as_float_array,
     check_unit_interval,
@@ -126,20 +126,34 @@ def _native_default_scalar():
 
 
 def _scalar_plan(cfg: MDLConfig):
-    """(compiled one-record kernel call, the config's params buffer) for a hashable concrete config
-    the kernel supports, else None (the general path then decides, and words any error)."""
+    """(the config's params buffer, flags) for a hashable concrete config the kernel may run, else
+    None (the general path then decides, and words any error)."""
     try:
-        return _scalar_plan_cached(cfg)
+        _checked_single(cfg)
     except TypeError:  # unhashable leaves (arrays, tracers): not cached, take the general path
         return None
+    return _native_plan(cfg)
 
 
-@functools.lru_cache(maxsize=64)
-def _scalar_plan_cached(cfg: MDLConfig):
-    _check_single(cfg)
-    if not _native_ok(cfg):
+def _native_plan(cfg: MDLConfig):
+    """(params buffer, flags) when the kernel may run ``cfg``, else None. What depends only on the
+    config (the kernel's limits, ~50 µs to check, and the packed buffer) is cached per hashable
+    config; whether the kernel is on and loaded is asked every call (cheap, and it can change)."""
+    if not (native.enabled() and _on_cpu_and_default_supported()[0] and native.load()):
         return None
-    return _native_scalar(native.flags(cfg), cfg.dims), native.params(cfg)
+    try:
+        return _supported_plan_cached(cfg)
+    except TypeError:  # unhashable leaves: checked every call
+        return _supported_plan(cfg)
+
+
+def _supported_plan(cfg: MDLConfig):
+    if not native.supports(cfg):
+        return None
+    return native.params(cfg), native.flags(cfg)
+
+
+_supported_plan_cached = functools.lru_cache(maxsize=64)(_supported_plan)
 
 
 @functools.lru_cache(maxsize=None)
@@ -224,12 +238,13 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
             # the general path below, and the kernel's limits checked on every call).
             plan = _scalar_plan(config)
             if plan is not None:
-                fn, params = plan
-                return fn(np.array((M, R, A), np.float32), params)
+                return _native_scalar(plan[1], config.dims)(np.array((M, R, A), np.float32), plan[0])
     cfg = _config(config)
     (M, R, A), traced = _prepare(M, R, A, validate)
-    if not traced and M.dtype == jnp.float32 and _native_ok(cfg):
-        return _native_jit(M, R, A, native.params(cfg), flags=native.flags(cfg), dims=cfg.dims)
+    if not traced and M.dtype == jnp.float32:
+        plan = _native_plan(cfg)
+        if plan is not None:
+            return _native_jit(M, R, A, plan[0], flags=plan[1], dims=cfg.dims)
     return _decide_jit(M, R, A, cfg)
 
 
@@ -259,8 +274,17 @@ def _config(config) -> MDLConfig:
         raise TypeError(f"config: expected an MDLConfig, a config file path or None, got "
                         f"{type(config).__name__}")
     if config is not _DEFAULT:
-        _check_single(config)
+        try:
+            _checked_single(config)
+        except TypeError:  # unhashable leaves (arrays): checked every call
+            _check_single(config)
     return config
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_single(cfg: MDLConfig) -> bool:
+    _check_single(cfg)  # raises: nothing is cached for a bad config
+    return True
 
 
 _BASE_SHAPES = {"sigma": (), "eps_c": (), "gains": (3,), "g_A_coeffs": (2,), "gate_coeffs": (2,),
@@ -269,14 +293,17 @@ _BASE_SHAPES = {"sigma": (), "eps_c": (), "gains": (3,), "g_A_coeffs": (2,), "ga
 
 def _check_single(cfg: MDLConfig) -> None:
     """One config's shapes (a batch of configs belongs to ``sweep``): else a ValueError naming the
-    field, before the controller would fail on it with a broadcasting error. Traced leaves (vmap or
-    grad over the config) carry one config's shape and are checked too."""
+    field, before the controller would fail on it with a broadcasting error. Fields holding tracers
+    (vmap or grad over the config: a tuple of tracers, say) are not checked."""
     for f, want in _BASE_SHAPES.items():
-        got = np.shape(getattr(cfg, f))
+        v = getattr(cfg, f)
+        if not _is_concrete(v):
+            continue
+        got = np.shape(v)
         if got != want:
             raise ValueError(f"config.{f}: expected one config's value (shape {want}), got shape {got}; "
                              "a batch of configs is for sweep")
-    got = np.shape(cfg.bias)
+    got = np.shape(cfg.bias) if _is_concrete(cfg.bias) else ()
     if got not in ((), (cfg.D,)):
         raise ValueError(f"config.bias: expected one config's value (a number or D={cfg.D} values), got "
                          f"shape {got}; a batch of configs is for sweep")
