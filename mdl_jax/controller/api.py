@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -320,13 +321,15 @@ def _config_file(path: str) -> MDLConfig:
     cfg = _FILE_CACHE.get(key)
     if cfg is None:
         cfg = config_from_bytes(data, path)
-        if len(_FILE_CACHE) >= 16:
-            _FILE_CACHE.pop(next(iter(_FILE_CACHE)))
-        _FILE_CACHE[key] = cfg
+        with _FILE_LOCK:  # decide may be called from several threads (a server)
+            while len(_FILE_CACHE) >= 16:
+                _FILE_CACHE.pop(next(iter(_FILE_CACHE)))
+            _FILE_CACHE[key] = cfg
     return cfg
 
 
 _FILE_CACHE: dict = {}  # content hash → MDLConfig (at most 16, oldest dropped first)
+_FILE_LOCK = threading.Lock()
 
 
 def _signals(M, R, A) -> tuple[list, tuple]:
