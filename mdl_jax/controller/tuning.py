@@ -511,6 +511,12 @@ def tune(M, R, A, adopt, *, fields: Sequence[str] = FIELD_SETS["gates"], config:
       weights: optional (N,) non-negative per-record weights of the training loss.
       val: optional (N,) validation mask/weights over the same records (early stopping); records
         with validation weight > 0 are left out of training.
+      seed: an int in [0, 2**64); 0 starts at ``config`` itself, any other from a jittered point of its own.
+
+    Fields outside ``fields`` come back exactly as in ``config``. ValueError naming the argument for
+    signals outside [0, 1] or not 1-d, fewer than ``MIN_RECORDS`` (5) records, training labels of one
+    class only, a seed outside its domain, a learning rate that is not finite and > 0. A diverged run
+    warns (RuntimeWarning) and keeps its last finite parameters (``history["diverged_step"]``).
     """
     (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
     w = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)
