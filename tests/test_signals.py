@@ -9,10 +9,11 @@ import pytest
 
 from mdl_jax import decide
 from mdl_jax.pipeline import data
-from mdl_jax.pipeline.conflict import pair_flags, stance_conflict
-from mdl_jax.pipeline.embeddings import Embedder
-from mdl_jax.pipeline.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
-from mdl_jax.pipeline.signals import aggregate_one, compute_signals, signal_arrays, store_arrays
+from mdl_jax.signals.conflict import pair_flags, stance_conflict
+from mdl_jax.signals.embeddings import Embedder
+from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
+from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_jax.signals.aggregation import aggregate_one, store_arrays
 from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
@@ -250,7 +251,7 @@ def test_cache_is_hit_on_rerun(cache_dir, embedder, tqa):
 def test_store_arrays_pad_and_mask(tqa):
     stores = build_stores(tqa[:3]) + [Store(tqa[3], build_stores(tqa[3:8])[0].records[:2])]
     emb = {t: _unit(np.arange(4) + len(t)) for s in stores for t in s.texts}
-    arr = store_arrays(stores, np.ones((4, 4), np.float32), emb)
+    arr = store_arrays([s.texts for s in stores], np.ones((4, 4), np.float32), emb)
     assert arr.mem.shape == (4, 6, 4) and arr.mask.sum(1).tolist() == [6, 6, 6, 2]
     assert not arr.flags[3, 2:].any()
 
@@ -262,8 +263,8 @@ def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
         stores = build_stores(items)
         q = embedder.embed([s.item.question for s in stores])
         emb = dict(zip(*(lambda t: (t, embedder.embed(t)))(sorted({t for s in stores for t in s.texts}))))
-        arr = store_arrays(stores, q, emb)
-        from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate
+        arr = store_arrays([s.texts for s in stores], q, emb)
+        from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate
         got = [np.asarray(x) for x in aggregate(arr.q, arr.mem, arr.mask, arr.flags, RELEVANCE_THRESHOLD)]
         for b, s in enumerate(stores):
             mem = np.stack([emb[t] for t in s.texts])

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.pipeline import records as rec_io
-from mdl_jax.pipeline.risk import HIGH_RISK
+from mdl_jax.signals.risk import HIGH_RISK
 
 PAPER_TABLE4 = {  # deepseek-v4-flash, 200 questions × 3 seeds: (TQA overall, TQA high, HE overall, HE high)
     "B1": (0.160, 0.124, 0.083, 0.040), "B2": (0.043, 0.107, 0.065, 0.027),
