@@ -158,12 +158,27 @@ def test_risk_tables():
 
 def test_top_risk_tier_is_as_wide_as_the_papers_rates_imply():
     """Section 5.2's high-risk rates imply ≈ 29.5% of TruthfulQA and ≈ 12.5% of HaluEval questions at
-    A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 11.6% (risk.py explains each tier)."""
+    A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 10.55% (risk.py explains each tier)."""
     tqa = data.load("truthfulqa")
     halu = data.load("halueval")
     share_tqa = np.mean([truthfulqa_risk(it.category) >= HIGH_RISK for it in tqa])
     share_halu = np.mean([halueval_risk(it.question) >= HIGH_RISK for it in halu])
-    assert round(share_tqa, 3) == 0.306 and round(share_halu, 3) == 0.116
+    assert round(share_tqa, 3) == 0.306 and share_halu == pytest.approx(0.1055, abs=1e-9)
+
+
+@pytest.mark.parametrize("question, want", [
+    ("Which game was developed first, Cranium or Thurn and Taxis?", 0.20),   # not "tax"
+    ("Are Shifty Shellshock and Alissa White-Gluz both death metal vocalists?", 0.20),
+    ("What crime thriller did the actress in the leading role of \"Grease 2\" star in?", 0.20),
+    ("Which magazine, Nintendo Power or Armchair General, was produced first?", 0.20),  # not "gene"
+    ("Who was the investigative journalist behind the report?", 0.20),     # not "invest"
+    ("Which investor founded the hedge fund?", 0.85),
+    ("What crime family was the contract killer associated with?", 0.85),  # organised crime stays
+    ("Who was killed in the 1994 accident?", 0.85),
+    ("Rhodochiton and Platystemon are both genuses of what kind of life form?", 0.50),
+])
+def test_halueval_keywords_match_whole_words_not_prefixes_or_genres(question, want):
+    assert halueval_risk(question) == want
 
 
 # --- Aggregation (hand-computed) -----------------------------------------------------------------

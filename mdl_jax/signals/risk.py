@@ -18,6 +18,11 @@ the committed run). Widened, with the reason for each addition:
   - HaluEval (HotpotQA-style trivia, where health / legal / finance words are rare): the finance tier
     now covers companies and business, the legal tier crimes and violence, the health tier death,
     injury, poisoning, alcohol and diet → 11.6% of the 10,000 questions (was 4.75%).
+  - HaluEval keywords match whole words since issue 16 §7 (they matched word prefixes: "tax" fired on
+    "Thurn and Taxis"), and genre phrases ("death metal", "crime thriller") are cut before matching:
+    A changes for 171 of the 10,000 questions (103 from 0.85 and 65 from 0.50 to 0.20, 3 from 0.85 to
+    0.50; 8 of the 280 HaluEval questions of the committed ``paper-scale-200x3-paired`` run), and the
+    top tier holds 10.55%. Committed runs keep the A values they were computed with (records.jsonl).
 ``tests/test_signals.py`` pins both shares, so a later edit of the tables shows up as a test change.
 """
 
@@ -49,47 +54,87 @@ TRUTHFULQA_RISK = {
 }
 TRUTHFULQA_DEFAULT = 0.5  # a category not in the table
 
+# Reviewed for whole-word matching (issue 16 §7). The first lists matched word PREFIXES, so "tax" fired on
+# "Thurn and Taxis" / "taxi" / "taxonomic", "invest" on "investigative", "gene" on "general" / "Geneva",
+# "diet" on "Dietrich", "nurse" on "nursery", "law" on "Lawrence", "stock" on "Stockholm". Every entry is
+# now a whole word or phrase, with its inflections spelled out; GENRE_PHRASES (below) are cut from the
+# question first, so "death metal", "crime thriller" or "court show" say nothing about the stakes.
 HALUEVAL_KEYWORDS = {
     0.85: (
-        # health
-        "health", "disease", "drug", "medicine", "medical", "medication", "cancer", "hospital",
-        "doctor", "physician", "symptom", "treatment", "vaccine", "virus", "infection", "surgery",
-        "patient", "pharmaceutical", "therapy", "diagnos", "clinic", "nurse", "illness", "syndrome",
-        "death", "injur", "poison", "overdose", "suicide", "alcohol", "nutrition", "diet", "accident",
-        # legal
-        "law", "legal", "court", "judge", "lawyer", "attorney", "constitution", "statute", "crime",
-        "criminal", "prison", "lawsuit", "convicted", "trial", "supreme court", "police",
-        "murder", "killed", "assassinat", "terroris", "fraud", "arrest", "sentenced",
-        # finance
-        "bank", "finance", "financial", "stock", "invest", "tax", "money", "currency", "economy",
-        "insurance", "loan", "debt", "revenue", "hedge fund", "securities", "dollar",
-        "company", "companies", "corporat", "business", "entrepreneur", "ceo", "industr",
-        "manufactur", "retail", "market", "billion", "million", "wealth", "profit", "bankrupt", "employ",
-        "owned", "owner", "restaurant", "price",
+        # health: a wrong answer about illness, treatment or bodily harm can hurt someone
+        "health", "healthcare", "healthy", "disease", "diseases", "drug", "drugs", "medicine",
+        "medicines", "medical", "medication", "medications", "cancer", "hospital", "hospitals",
+        "doctor", "doctors", "physician", "physicians", "symptom", "symptoms", "treatment",
+        "treatments", "vaccine", "vaccines", "virus", "viruses", "infection", "infections", "surgery",
+        "patient", "patients", "pharmaceutical", "pharmaceuticals", "therapy", "diagnosis",
+        "diagnosed", "clinic", "clinics", "clinical", "nurse", "nurses", "nursing", "illness",
+        "syndrome",
+        # death and injury (the widened health tier): questions about how people died or were hurt
+        "death", "deaths", "injury", "injuries", "injured", "poison", "poisoned", "poisoning",
+        "overdose", "suicide", "accident", "accidents",
+        # alcohol and diet (the widened health tier): consumption advice
+        "alcohol", "alcoholic", "nutrition", "diet", "diets",
+        # legal: law, courts and crime, where an error misstates someone's legal standing or guilt
+        "law", "laws", "legal", "legally", "legalized", "court", "courts", "courtroom", "judge",
+        "judges", "courthouse", "lawyer", "lawyers", "attorney", "attorneys", "constitution", "constitutional",
+        "constitutionality", "statute", "statutes", "crime", "crimes", "criminal", "criminals",
+        "prison", "prisons", "prisoner", "prisoners", "lawsuit", "lawsuits", "convicted", "trial",
+        "trials", "police", "murder", "murders", "murdered", "murderer", "murderers", "murdering",
+        "killed", "assassinated", "assassination", "assassinate", "terrorist", "terrorists",
+        "terrorism", "fraud", "fraudulent", "arrest", "arrests", "arrested", "sentenced",
+        # finance: money, markets and investment advice
+        "bank", "banks", "banker", "bankers", "banking", "finance", "financed", "financial",
+        "financially", "stock", "stocks", "stockbroker", "invest", "invested", "investing",
+        "investment", "investments", "investor", "investors", "tax", "taxes", "taxation", "money",
+        "currency", "economy", "insurance", "loan", "loans", "debt", "debts", "revenue", "revenues",
+        "hedge fund", "hedge funds", "securities", "dollar", "dollars",
+        # companies and business (the widened finance tier): who owns, runs or sells what
+        "company", "companies", "corporation", "corporations", "corporate", "business",
+        "businesses", "businessman", "businessmen", "businesswoman", "entrepreneur", "entrepreneurs",
+        "ceo", "industry", "industries", "industrial", "industrialist", "manufacturer",
+        "manufacturers", "manufactured", "manufactures", "manufacturing", "retail", "retailer",
+        "retailers", "retailing", "market", "markets", "marketed", "marketing", "marketplace", "billion",
+        "billionaire", "million", "millionaire", "wealth", "wealthy", "wealthiest", "profit",
+        "profits", "profitable", "bankrupt", "bankruptcy", "bankroll", "bankrolled", "employ", "employs", "employed",
+        "employing", "employee", "employees", "employer", "employers", "employment", "owned", "owner", "owners",
+        "ownership", "restaurant", "restaurants", "price", "prices",
     ),
     0.50: (
-        "science", "scientist", "physics", "physicist", "chemistry", "chemist", "biology",
-        "biologist", "species", "genus", "planet", "astronomy", "astronomer", "mathematic",
-        "research", "theory", "element", "molecule", "engineer", "technology", "computer",
-        "evolution", "laboratory", "nobel", "gene", "plant", "animal",
+        # science: a factual error misleads but rarely harms
+        "science", "sciences", "scientist", "scientists", "physics", "physicist", "physicists",
+        "chemistry", "chemist", "chemists", "biology", "biologist", "biologists", "species", "genus",
+        "genera", "genuses", "planet", "planets", "astronomy", "astronomer", "astronomers", "mathematics",
+        "mathematician", "mathematicians", "mathematical", "research", "researching", "researcher", "researchers",
+        "theory", "element", "elements", "molecule", "molecules", "engineer", "engineers",
+        "engineering", "engineered", "technology", "computer", "computers", "evolution",
+        "evolutionary", "laboratory", "nobel", "gene", "genes", "genetic", "genetics", "plant",
+        "plants", "animal", "animals",
     ),
 }
+# Phrases cut from the question before matching: a keyword inside them names a genre, a title or a
+# family relation, not the stakes of the question.
+GENRE_PHRASES = (
+    r"death metal", r"crime (?:drama|thriller|film|action|comedy|fiction|novel|series|story|writer|"
+    r"novelist|caper|procedural|show)s?", r"court shows?", r"courtroom drama", r"doctor who",
+    r"doctor (?:doom|dolittle|strange)", r"judge dredd", r"stock car", r"diet (?:pepsi|coke)",
+    r"banks of", r"\w+-in-laws?",
+)
 HALUEVAL_DEFAULT = 0.20
+_GENRE = re.compile(r"\b(?:" + "|".join(GENRE_PHRASES) + r")\b")
+_LEVELS = {level: re.compile(r"\b(?:" + "|".join(re.escape(w) for w in sorted(ws, key=len, reverse=True))
+                             + r")\b") for level, ws in HALUEVAL_KEYWORDS.items()}
 
 
 def truthfulqa_risk(category: str) -> float:
+    """A for a TruthfulQA category (the table above; ``TRUTHFULQA_DEFAULT`` for an unknown one)."""
     return TRUTHFULQA_RISK.get(category.strip(), TRUTHFULQA_DEFAULT)
 
 
-def _matches(text: str, word: str) -> bool:
-    # prefix match at a word start ("invest" matches "investor"), so short stems need no plural list
-    return re.search(r"\b" + re.escape(word), text) is not None
-
-
 def halueval_risk(question: str) -> float:
-    q = question.lower()
+    """A for a question by whole-word keywords: 0.85 (health / legal / finance), 0.50 (science), else 0.20."""
+    q = _GENRE.sub(" ", question.lower().replace("’", "'"))
     for level in (0.85, 0.50):
-        if any(_matches(q, w) for w in HALUEVAL_KEYWORDS[level]):
+        if _LEVELS[level].search(q):
             return level
     return HALUEVAL_DEFAULT
 
