@@ -46,7 +46,7 @@ def test_gate_equals_decide_on_the_pipelines_signals_for_the_same_stores(embedde
     """One implementation: for the pipeline's own stores, the gate's M, R, φ, A and action are those
     ``compute_signals`` + ``mdl_jax.decide`` give (same embedder, same conflict detector, same risk)."""
     for ds, preset in (("truthfulqa", "truthfulqa"), ("halueval", "halueval")):
-        stores = build_stores(data.load(ds, limit=12))
+        stores = build_stores(data.load(ds, limit=8))
         table = compute_signals(stores, embedder)
         ref = decide(*signal_arrays(table), MDLConfig())
         g = MemoryGate(embedder=embedder, risk=preset)
