@@ -120,15 +120,15 @@ def test_langchain_compressor_in_contextual_compression_retriever(cache_dir):
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from langchain_core.vectorstores import InMemoryVectorStore
 
-    texts = ["fact 0.95 a", "fact 0.95 b"]
-    store = InMemoryVectorStore.from_documents([LDocument(page_content=t) for t in texts],
-                                               MiniLMEmbeddings(cache_dir=str(cache_dir)))
-    for A, n in ((0.2, 2), (1.0, 0)):
+    for action, n in ((Action.ACTIVE, 2), (Action.OPT_OUT, 0)):
+        texts, A = CASES[action]
+        store = InMemoryVectorStore.from_documents([LDocument(page_content=t) for t in texts],
+                                                   MiniLMEmbeddings(cache_dir=str(cache_dir)))
         comp = MDLDocumentCompressor(embedder=_lookup, risk=A)
         r = ContextualCompressionRetriever(base_compressor=comp, base_retriever=store.as_retriever(
             search_kwargs={"k": 2}))
         kept = r.invoke("q")
-        assert len(kept) == n and comp.last_decision.injects == bool(n)
+        assert len(kept) == n and comp.last_decision.action == action
 
 
 def test_llamaindex_postprocessor_after_a_real_vector_index(embedder, cache_dir):
