@@ -88,14 +88,18 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
     idx = np.zeros((Bp, S), np.intp)
     mask = np.zeros((Bp, S), bool)
     fl = np.zeros((Bp, S, S), bool)
-    for b, texts in enumerate(stores):
-        n = len(texts)
-        if not n:
-            continue
-        idx[b, :n] = [index[t] for t in texts]
-        mask[b, :n] = True
-        f = flags[b] if flags is not None else conflict(list(texts))
-        fl[b, :n, :n] = np.asarray(f, bool).reshape(n, n)
+    fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
+    if B and all(len(t) == S for t in stores):  # the common case: one conversion per chunk
+        idx[:B] = [[index[t] for t in texts] for texts in stores]
+        mask[:B] = True
+        fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
+    else:
+        for b, texts in enumerate(stores):
+            n = len(texts)
+            if n:
+                idx[b, :n] = [index[t] for t in texts]
+                mask[b, :n] = True
+                fl[b, :n, :n] = np.asarray(fs[b], bool).reshape(n, n)
     mem = np.asarray(U, np.float32)[idx]
     mem[~mask] = 0.0
     q = np.zeros((Bp, d), np.float32)
