@@ -56,9 +56,10 @@ def _source_kind(src: str) -> str:
     if p.is_dir():
         return "hf-disk" if ((p / "dataset_info.json").exists() or (p / "state.json").exists()
                              or (p / "dataset_dict.json").exists()) else "hf-folder"
-    if suf in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv") or os.sep in src:
+    if suf in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv") or \
+            src.startswith(("/", "./", "../", "~")):
         raise GateInputError(f"IN: {src}: no such file or folder")
-    return "hf-hub"
+    return "hf-hub"  # e.g. "owner/name" on the Hugging Face Hub
 
 
 def _read_jsonl(path: Path, start: int) -> Iterator[tuple[int, object, str]]:

@@ -342,7 +342,7 @@ class MemoryGate:
         # Pad to a power-of-two length: a stream of chunks of varying length (skipped rows, the last
         # chunk) then compiles the controller for a handful of shapes, not one per length.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
-        sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) for x in (M, R, A)]
+        sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
         d = decide(*sig, self.config)
         e = np.asarray(d.energies, np.float32)[:n]
         out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
