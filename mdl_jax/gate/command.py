@@ -282,7 +282,14 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
     good, parsed, bad = [], [], []
     for i, row, where in batch:
         try:
-            parsed.append(parse_row(row, args))
+            q, mems, cat, risk = parse_row(row, args)
+            if risk is None:  # the assessor per row, so a category outside a table is this row's error
+                try:
+                    risk = gate.risk(q, cat)
+                except ValueError as e:
+                    field = args.category_field or "query"
+                    raise GateInputError(f"field {field!r}: {e}") from None
+            parsed.append((q, mems, cat, risk))
             good.append((i, row))
         except GateInputError as e:
             msg = f"{args.input}, {where}: {e}"
