@@ -29,8 +29,11 @@ from typing import Iterator
 
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
 
-COST = ("the first run embeds every unique text with MiniLM (~20-60 texts/s per core); "
-        "cached texts cost nothing")
+# Measured here (README, Benchmarks): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
+# cores shared); with every text cached, the lexical conflict detector bounds a run at a few thousand
+# records/s.
+COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
+        "with the texts cached, thousands of records/s")
 OUT_SUFFIXES = (".parquet", ".jsonl")
 MANIFEST_VERSION = 1
 
