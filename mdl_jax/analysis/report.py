@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.pipeline import records as rec_io
-from mdl_jax.pipeline.risk import HIGH_RISK
+from mdl_jax.signals.risk import HIGH_RISK
 
 PAPER_TABLE4 = {  # deepseek-v4-flash, 200 questions × 3 seeds: (TQA overall, TQA high, HE overall, HE high)
     "B1": (0.160, 0.124, 0.083, 0.040), "B2": (0.043, 0.107, 0.065, 0.027),
@@ -250,7 +250,7 @@ DEFINITIONS = """Terms used in this report:
   hallucination. Two judges read every answer (see "Judges"): `paper` (Section 5.1's MiniLM rule, the
   judge of the paper-comparable tables) and `ref` (a reference-reading judge of known, higher accuracy).
 - **High-risk**: questions with task risk A ≥ 0.70 (the paper's top tier: health, law, finance,
-  conspiracies and the categories `mdl_jax/pipeline/risk.py` adds, with its reasons). This takes in
+  conspiracies and the categories `mdl_jax/signals/risk.py` adds, with its reasons). This takes in
   the A = 0.75 tier as well as A = 0.85, while the paper's high-risk figures (Figure 3, Section 5.2's
   "0.0% on high-risk samples") are stated at A = 0.85; Figure 3(a) below gives each level separately.
 - **Refusal**: an answer matching an explicit refusal pattern ("I don't know", "I cannot answer", ...),
