@@ -19,7 +19,7 @@ from pathlib import Path
 def main(argv=None) -> int:
     from mdl_jax.analysis.analyze import analyze
     from mdl_jax.analysis.report import write_report
-    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.signals.embeddings import Embedder
     from mdl_jax.pipeline.experiment import _tune
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -116,14 +116,14 @@ def _shares(action) -> list[float]:
 
 def _signal_notes(ev, data_dir=None) -> dict:
     """Per dataset: how often the conflict rate φ fires (φ > 0), and whether the recorded risk A equals
-    what the current risk rule (``pipeline.risk``) gives for the question (when the dataset files are
+    what the current risk rule (``signals.risk``) gives for the question (when the dataset files are
     local): a run made before a change of the rule keeps its own A values."""
     from mdl_jax.analysis.cases import _questions
 
     out = {}
     items = _questions(set(ev["dataset"]), data_dir)
     try:
-        from mdl_jax.pipeline.risk import risk
+        from mdl_jax.signals.risk import risk
     except ImportError:  # pragma: no cover - the pipeline wing is part of the package
         risk = None
     for ds, g in ev.groupby("dataset"):
@@ -153,7 +153,7 @@ def _signal_md(notes: dict) -> str:
             if d["phi_fires"] <= 0.01 * d["n"]:
                 txt += (" — it (almost) never fires: HaluEval's right and wrong answers are short and share few "
                         "content words, so a pair rarely passes the lexical conflict detector's same-topic gate "
-                        "(content-word overlap ≥ 0.34, `pipeline/conflict.py`) and R there is the memories' mean "
+                        "(content-word overlap ≥ 0.34, `signals/conflict.py`) and R there is the memories' mean "
                         "similarity alone" if ds == "halueval" else " — it (almost) never fires")
             txt += "."
         if "a_matches_current_rule" in d:

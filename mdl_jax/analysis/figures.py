@@ -25,7 +25,7 @@ from mdl_jax.signals.risk import HIGH_RISK
 
 ACTION_NAMES = [a.name for a in Action]
 ACTION_COLOURS = ["#2e7d32", "#9ccc65", "#ffb74d", "#e57373"]
-RISK_LEVELS = (0.2, 0.5, 0.75, 0.85)  # every level of pipeline/risk.py; the records' own levels win
+RISK_LEVELS = (0.2, 0.5, 0.75, 0.85)  # every level of signals/risk.py; the records' own levels win
 PAPER_SECTION6 = {"halluc_active": 0.080, "regime_acc": 0.556, "regime_n": 117}
 PAPER_C_ALPHA = {"alpha_correct": 0.950, "alpha_incorrect": 0.946, "t": 3.70}
 
