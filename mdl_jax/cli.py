@@ -66,10 +66,11 @@ def main(argv=None) -> int:
 
 def _add_later_commands(sub) -> None:
     """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
-    from mdl_jax.analysis import analyze, learned
+    from mdl_jax.analysis import analyze, gate_scores, learned
     from mdl_jax.pipeline import commands, judgement
 
     commands.register(sub)
     judgement.register(sub)
     analyze.register(sub)
     learned.register(sub)
+    gate_scores.register(sub)
