@@ -389,7 +389,8 @@ def gates_md(res_by_judge: dict) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for ds, rows in res["rows"].items():
             for name, r in rows.items():
-                name = name + (" (constant)" if r.get("constant") else "")
+                name = name + (" (constant)" if r.get("constant") and not name.startswith(("always", "never"))
+                               else "")
                 lines.append(f"| {ds} | {name} | {_f(r['accuracy'])} [{_f(r['accuracy_ci'][0])}–"
                              f"{_f(r['accuracy_ci'][1])}] | {_f(r['inject'], '{:.2f}')} | {_f(r['overall'])} | "
                              f"{_f(r['high_risk'])} | {_f(r['coverage'])} | {_f(r['selective_risk'])} | "
@@ -419,8 +420,14 @@ def figure(res_by_judge: dict, path) -> Path | None:
         return None
     show = ("always inject (B2)", "never inject (B1)", "similarity (best cosine)", "uncertainty: mean log-prob",
             "uncertainty: max entropy", "self-evaluation", "XGBoost (M, R, A), grouped 5-fold")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
-    for ax, (j, ds) in zip(axes[0], panels):
+    judges = list(dict.fromkeys(j for j, _ in panels))
+    dss = list(dict.fromkeys(d for _, d in panels))
+    fig, axes = plt.subplots(len(judges), len(dss), figsize=(7.0 * len(dss), 5.4 * len(judges)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for j, ds in panels:
+        ax = axes[judges.index(j), dss.index(ds)]
+        ax.set_visible(True)
         cur = res_by_judge[j]["curves"][ds]
         for k, name in enumerate(cur):
             if not (name in show or name.startswith("MDL calibrated") or name.startswith("risk-only (A")):
@@ -429,13 +436,13 @@ def figure(res_by_judge: dict, path) -> Path | None:
             aurc = res_by_judge[j]["rows"][ds][name]["aurc"]
             ln, = ax.plot(cov, risk, lw=1.3, label=f"{name} (AURC {aurc:.3f})")
             ax.plot([c0], [r0], "o", color=ln.get_color(), ms=5)
-        ax.set_title(f"{ds}, judge {j}", fontsize=10)
+        ax.set_title(f"{ds}, judge {j}", fontsize=11)
         ax.set_xlabel("coverage (share answered)", fontsize=9)
         ax.set_ylabel("selective risk (hallucination among answered)", fontsize=9)
         ax.set_xlim(0, 1.02)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6.5, loc="lower right")
+        ax.legend(fontsize=8, loc="lower right", framealpha=0.85)
     fig.suptitle("Risk-coverage: abstain on the least confident records first (dots: each gate's own "
                  "operating point)", fontsize=10)
     fig.tight_layout()

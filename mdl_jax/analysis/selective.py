@@ -204,6 +204,11 @@ def where_from(s: dict) -> str:
     b3 = s["systems"]["B3"]
     b2 = s["systems"]["B2"]
     parts = ", ".join(f"{a.replace('_', '-').title()} {d[a]:+.3f}" for a in ACTIONS)
+    if ra["n_abstain"] == 0:
+        return (f"B3 − B2 = {d['total']:+.3f} = {', '.join(f'{a.replace(chr(95), chr(45)).title()} {d[a]:+.3f}' for a in ACTIONS)}. "
+                f"B3 never abstains here, so the whole difference is in the answers it gives (Supp's "
+                f"cautious prompt and Silent's no-memory answer against B2's); selective risk B3 "
+                f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f}.")
     beat = b3["overall"] < ra["lo"]
     worse = b3["overall"] > ra["hi"]
     verdict = ("below the whole random range: B3 chooses where to abstain better than chance" if beat else
@@ -211,10 +216,11 @@ def where_from(s: dict) -> str:
                "inside the random range: random abstention of the same count does as well")
     sel = ("answers no better than B2 where it answers" if b3["selective_risk"] >= b2["selective_risk"]
            else "answers better than B2 where it answers")
-    return (f"B3 − B2 = {d['total']:+.3f} = {parts}. Opt-Out counted as safe accounts for "
-            f"{(d['OPT_OUT'] / d['total'] * 100 if d['total'] else float('nan')):.0f}% of it. B3 {b3['overall']:.3f} vs "
+    share = (f"Opt-Out counted as safe accounts for {d['OPT_OUT'] / d['total'] * 100:.0f}% of it (the other "
+             f"actions together {(d['total'] - d['OPT_OUT']):+.3f}). " if d["total"] < 0 and d["OPT_OUT"] < 0 else "")
+    return (f"B3 − B2 = {d['total']:+.3f} = {parts}. {share}B3 {b3['overall']:.3f} vs "
             f"random abstention on the same {ra['n_abstain']} of {ra['n_questions']} questions "
-            f"{ra['mean']:.3f} [{ra['lo']:.3f}–{ra['hi']:.3f}]: {verdict}. Selective risk B3 "
+            f"{ra['mean']:.3f} [{ra['lo']:.3f}–{ra['hi']:.3f}] (expected {ra['expected']:.3f}): {verdict}. Selective risk B3 "
             f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f} ({sel}).")
 
 
