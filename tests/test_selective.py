@@ -177,3 +177,48 @@ def test_teacher_forced_logprobs_equal_a_one_sequence_forward_pass(local_backend
     assert local_backend.token_logprobs(prompts[:1], [""])[0]["logprobs"] == []
     with pytest.raises(ValueError, match="answers"):
         local_backend.token_logprobs(prompts, answers[:1])
+
+
+@pytest.fixture(scope="module")
+def legacy_server():
+    """The project's own OpenAI-compatible server (``python -m mdl_jax.serve``) on 127.0.0.1."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("fastapi")
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0"],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    try:
+        line = proc.stdout.readline()  # printed once the model is loaded and the port bound
+        assert "serving" in line, line
+        yield line.split(" on ")[-1].strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_openai_backend_token_logprobs_through_legacy_completions_equal_the_local_ones(legacy_server,
+                                                                                        local_backend):
+    from mdl_jax.pipeline.generation import OpenAIBackend
+    from mdl_jax.pipeline.systems import chat
+
+    prompts = [chat("What is the capital of France?"), chat("Who wrote Hamlet?")]
+    answers = ["Paris is the capital.", "William Shakespeare wrote it."]
+    tok, _ = local_backend._lm()
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    b = OpenAIBackend("bundled:smollm2", base_url=legacy_server, api_key="sk-test", call_timeout=120)
+    got = b.token_logprobs(texts, answers)
+    want = local_backend.token_logprobs(prompts, answers)
+    for g, w, a in zip(got, want, answers):
+        assert not g["failed"], g["error"]
+        assert "".join(g["tokens"]) == a and g["tokens"] == w["tokens"]
+        np.testing.assert_allclose(g["logprobs"], w["logprobs"], atol=0.1)
+        assert all(np.isnan(g["entropy"]))  # logprobs: 0 carries no distribution
+    with pytest.raises(ValueError, match="prompts"):
+        b.token_logprobs([prompts[0]], ["x"])  # a chat, not rendered text
+    down = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="k", call_timeout=1.0, backoff=0.05)
+    r = down.token_logprobs(["Q: 1+1?\nA:"], [" 2"])[0]
+    assert r["failed"] and "127.0.0.1:9" in r["error"]
