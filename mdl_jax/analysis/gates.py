@@ -158,6 +158,9 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
     has_cal = len(cal) > 0 and col in cal and cal[col].notna().any()
     ev_f, cal_f, notes = _features(P, cal, scores, judge)
     res["notes"] += notes
+    un = selective.unpaired_note(ev)
+    if un:
+        res["notes"].append(un.replace("**", ""))
     if not scores:
         res["notes"].append("no gate_scores.jsonl beside the records: the uncertainty and self-evaluation "
                             "gates need `mdl-jax score-gates RUN_DIR` first")

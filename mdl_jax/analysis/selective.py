@@ -147,6 +147,30 @@ def paired(ev, judge: str = "paper"):
     return full, n_all - len(full)
 
 
+def paired_share(ev) -> float | None:
+    """Share of B3 Active records whose answer equals B2's for the same (dataset, question, seed): 1.0
+    with paired sampling; well below in runs made before it (None without B3 Active records)."""
+    ok = ev[ev["ok"]]
+    keys = ["dataset", "qid", "seed"]
+    b2 = ok[ok["system"] == "B2"].set_index(keys)["answer"] if "answer" in ok else None
+    b3 = ok[(ok["system"] == "B3") & (ok["action"] == "ACTIVE")].set_index(keys)["answer"] if b2 is not None else None
+    if b3 is None or not len(b3):
+        return None
+    j = b3.to_frame("b3").join(b2.to_frame("b2"), how="inner")
+    return float((j["b3"] == j["b2"]).mean()) if len(j) else None
+
+
+def unpaired_note(ev) -> str | None:
+    """A warning line when the run's sampling was not paired (see ``paired_share``)."""
+    share = paired_share(ev)
+    if share is None or share >= 0.99:
+        return None
+    return (f"**This run's sampling is not paired:** only {share:.0%} of B3's Active answers equal B2's answer "
+            "for the same (question, seed), so a B1 / B2 record is an independent draw, not the answer B3 "
+            "or a gate would have got; the decomposition's Active part is then sampling noise, and the "
+            "gates' outcomes read off B1 / B2 are unbiased but unpaired.")
+
+
 def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
     """Every §1 number for one dataset's paired frame ``p`` (see ``paired``)."""
     from mdl_jax.pipeline.risk import HIGH_RISK
@@ -185,7 +209,8 @@ def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, se
 
 def selective(ev, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
     """§1 for every dataset × judge of the evaluated records ``ev`` (``oracle.load_records``)."""
-    res: dict = {"tau": tau, "n_draws": n_draws, "by": {}}
+    res: dict = {"tau": tau, "n_draws": n_draws, "by": {}, "paired_share": paired_share(ev),
+                 "unpaired_note": unpaired_note(ev)}
     for judge in JUDGES:
         if JUDGES[judge] not in ev or ev[JUDGES[judge]].isna().all():
             res["by"][judge] = None
@@ -234,6 +259,8 @@ def selective_md(res: dict) -> str:
              f"curve ranks B2's answers by −A; B1, B2 are flat). Random abstention: as many random "
              f"questions as B3 abstains on (all seeds), B2 elsewhere, {res['n_draws']:,} draws, mean "
              f"[2.5–97.5 percentiles]. Risk-only: abstain iff A ≥ {tau:g}, B2 elsewhere.", ""]
+    if res.get("unpaired_note"):
+        lines += [res["unpaired_note"], ""]
     for judge, by in res["by"].items():
         if by is None:
             lines += [f"**Judge `{judge}`:** not in these records.", ""]
