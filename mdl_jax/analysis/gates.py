@@ -173,6 +173,7 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
     pooled["h"] = pooled[col].astype(float)
     y = oracle.oracle_labels(pooled)
     qids = question_ids(pooled)
+    res["majority"] = float(max(y.mean(), 1 - y.mean())) if len(y) else float("nan")
     rc = run_configs or {}
     lat = _latencies(ev, scores)
 
@@ -305,6 +306,9 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
 
     hi = A >= HIGH_RISK
     for name, d in dec.items():
+        if "only" not in d or set(d["only"]) >= set(np.unique(dsv)):
+            acc, ci = _decision_accuracy(d["adopt"], P, pooled, y, qids)
+            res.setdefault("pooled", {})[name] = {"accuracy": acc, "accuracy_ci": ci}
         src = d["src"]
         h = np.select([src == "B1", src == "B2", src == "abstain"], [h1, h2, np.zeros(N)],
                       np.where(np.isfinite(supp_h), supp_h, h2))
@@ -398,6 +402,12 @@ def gates_md(res_by_judge: dict) -> str:
                              f"{_f(r['accuracy_ci'][1])}] | {_f(r['inject'], '{:.2f}')} | {_f(r['overall'])} | "
                              f"{_f(r['high_risk'])} | {_f(r['coverage'])} | {_f(r['selective_risk'])} | "
                              f"{_f(r['aurc'])} | {_f(r['calls'], '{:.2f}')} | {_lat(r['latency_s'])} |")
+        pooled = res.get("pooled", {})
+        if pooled:
+            lines += ["", "Decision accuracy pooled over the datasets (as Table 7; majority class "
+                      f"{res.get('majority', float('nan')):.3f}): " + "; ".join(
+                          f"{k} {_f(v['accuracy'])} [{_f(v['accuracy_ci'][0])}–{_f(v['accuracy_ci'][1])}]"
+                          for k, v in pooled.items()) + "."]
         cal = res.get("calibration", {})
         if cal:
             lines += ["", "Calibrated thresholds (τ, calibration agreement, number of tied cuts): " + "; ".join(
