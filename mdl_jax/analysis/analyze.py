@@ -228,7 +228,7 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
                "the 9 records of a question (3 systems × 3 seeds), so these tests count each question's α "
                "several times: treat the p-values as optimistic.")
     parts = [
-        "# RQ2–RQ4 analyses", "",
+        "# RQ1 abstention and baseline gates, RQ2–RQ4 analyses", "",
         f"Records: `{res['records']}`: {res['n_pooled']} pooled B1/B2/B3 records "
         f"({', '.join(f'{k} {v}' for k, v in sorted(res['n_by_system'].items()))}). "
         "Every number below is computed from the records and run.json by `mdl-jax analyze`; the paper's "
