@@ -219,6 +219,18 @@ def selective(ev, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: i
         for ds in sorted(p["dataset"].unique()):
             s = dataset_summary(p[p["dataset"] == ds], tau=tau, n_draws=n_draws, seed=seed)
             s["n_dropped_unpaired"] = int(dropped)
+            for other in ("CRAG", "SelfRAG"):  # never abstain: coverage 1, a flat curve (own records)
+                o = ev[(ev["dataset"] == ds) & (ev["system"] == other) & ev["ok"]]
+                o = o[o[JUDGES[judge]].notna()]
+                if len(o):
+                    h = o[JUDGES[judge]].astype(float).to_numpy()
+                    r = rates(h, np.ones(len(h), bool))
+                    from mdl_jax.pipeline.risk import HIGH_RISK
+
+                    hi = o["A"].to_numpy(np.float64) >= HIGH_RISK
+                    r["high_risk"] = float(h[hi].mean()) if hi.any() else float("nan")
+                    s["systems"][f"{other} (n = {len(o)})"] = r
+                    s["aurc"][f"{other} (n = {len(o)})"] = r["overall"]
             res["by"].setdefault(judge, {})[ds] = s
     return res
 
@@ -269,8 +281,7 @@ def selective_md(res: dict) -> str:
                   "| dataset | system | coverage | selective risk | overall | high-risk | AURC |",
                   "|---|---|---|---|---|---|---|"]
         for ds, s in by.items():
-            aurc = {"B1": s["aurc"]["B1"], "B2": s["aurc"]["B2"], "B3": s["aurc"]["B3 (C_final)"],
-                    f"risk-only (A ≥ {tau:g})": s["aurc"]["risk-only (−A)"]}
+            aurc = dict(s["aurc"], B3=s["aurc"]["B3 (C_final)"], **{f"risk-only (A ≥ {tau:g})": s["aurc"]["risk-only (−A)"]})
             for name, r in s["systems"].items():
                 lines.append(f"| {ds} | {name} | {r['coverage']:.3f} | {r['selective_risk']:.3f} | "
                              f"{r['overall']:.3f} | {r['high_risk']:.3f} | {aurc.get(name, float('nan')):.3f} |")
