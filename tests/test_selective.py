@@ -222,3 +222,14 @@ def test_openai_backend_token_logprobs_through_legacy_completions_equal_the_loca
     down = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="k", call_timeout=1.0, backoff=0.05)
     r = down.token_logprobs(["Q: 1+1?\nA:"], [" 2"])[0]
     assert r["failed"] and "127.0.0.1:9" in r["error"]
+
+
+def test_score_gates_cli_refuses_a_folder_without_records(tmp_path, capsys):
+    from mdl_jax.cli import main
+
+    assert main(["score-gates", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdl-jax: error: run_dir:") and "records.jsonl" in err and "\n" not in err
+    assert not (tmp_path / "gate_scores.jsonl").exists()
+    assert main(["score-gates", str(tmp_path), "--batch-size", "0"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
