@@ -13,7 +13,7 @@ Every gate decides per (dataset, question, seed) whether to inject the retrieved
     self-evaluation            inject iff P("Yes" | "do you need external information?") ≥ τ (label
                                likelihood, normalised over Yes / No)
     XGBoost on (M, R, A)       trained on the evaluated records' oracle labels, out-of-fold predictions over
-                               5 folds grouped by question (``ablation.grouped_folds``)
+                               5 folds grouped by question (``oracle.question_folds``, Table 7(b)'s folds)
   gates with an abstain option (scored with the risk-coverage metrics of ``selective``):
     risk-only                  abstain iff A ≥ τ, B2 elsewhere
     MDL                        B3's actions: Active → B2's answer, Silent → B1's, Opt-Out abstains, Supp →
@@ -140,7 +140,7 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
     import mdl_jax
     from mdl_jax import Action, MDLConfig
     from mdl_jax.analysis import oracle
-    from mdl_jax.analysis.ablation import grouped_folds
+    from mdl_jax.analysis.oracle import question_folds
     from mdl_jax.analysis.stats import question_ids
     from mdl_jax.pipeline.risk import HIGH_RISK
 
@@ -284,7 +284,7 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
         X = pooled[["M", "R", "A"]].to_numpy(np.float64)
         p_rec = np.full(len(pooled), np.nan)
         n_pred = 0
-        for tr, te in grouped_folds(y, qids, 5, xgb_seed):
+        for tr, te in question_folds(y, qids, 5, xgb_seed):
             m = XGBClassifier(n_estimators=100, max_depth=4, random_state=xgb_seed, n_jobs=1,
                               tree_method="hist", eval_metric="logloss")
             m.fit(X[tr], y[tr])
