@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
 def _add_later_commands(sub) -> None:
     """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
-    from mdl_jax.analysis import analyze, learned
+    from mdl_jax.analysis import analyze, gate_scores, learned
     from mdl_jax.gate import command as gate_command
     from mdl_jax.pipeline import commands, judgement
 
@@ -75,3 +75,4 @@ def _add_later_commands(sub) -> None:
     analyze.register(sub)
     learned.register(sub)
     gate_command.register(sub)
+    gate_scores.register(sub)

@@ -1,6 +1,6 @@
-"""``python -m mdl_jax.serve``: the OpenAI-compatible server of ``mdl_jax.pipeline.serve``."""
+"""``python -m mdl_jax.serve``: the OpenAI-compatible local model server (``mdl_jax.serving.model_server``)."""
 
-from mdl_jax.pipeline.serve import main
+from mdl_jax.serving.model_server import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -273,7 +273,8 @@ EXPECTED = ["ANALYSIS.md", "analysis.json", "table6.md", "low_relevance.md", "ta
             "sensitivity.md", "table8.md", "table4_seeds.md", "table5_seeds.md", "comparisons.md", "cases.md",
             "figure4_action_regions.png", "figure5a_confusion.png", "figure5b_gate_grid.png",
             "figure5c_abstention_bins.png", "figure_sigma_sweep.png", "figure_threshold_grid.png",
-            "figure_section6.png", "figure6_cases.png"]
+            "figure_section6.png", "figure6_cases.png",
+            "selective.md", "gates.md", "figure_risk_coverage.png"]  # RQ1 abstention, baseline gates
 
 
 def test_analyze_writes_every_table_and_figure(tmp_path):

@@ -15,6 +15,11 @@ nothing is copied from a previous run.
   cases.py            Figure 6 case studies
   latency.py          Table 8
   stats.py            question-level tests, bootstrap CIs, Tables 4-5 mean ± std over seeds
+  selective.py        RQ1 with abstention explicit: coverage, selective risk, AURC, the B3 − B2
+                      decomposition by action, random abstention, the risk-only rule
+  gates.py            the practitioners' gates (similarity, uncertainty, self-evaluation, risk-only,
+                      MDL variants, XGBoost, always / never) on the same records; reads
+                      gate_scores.jsonl beside the records (``mdl-jax score-gates``) when present
 """
 
 from __future__ import annotations
@@ -299,6 +304,18 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     log(f"figures: {timings['figures']:.1f} s")
     res["abstention_high_risk"] = ab
 
+    from mdl_jax.analysis import gates as gates_mod, selective
+
+    sel = timed("selective", selective.selective, ev)
+    md["selective"] = selective.selective_md(sel)
+    res["selective"] = sel
+    gt = timed("gates", gates_mod.run_all, ev, cal, records.parent, rc if config is None else None)
+    md["gates"] = gates_mod.gates_md(gt)
+    f = gates_mod.figure(gt, out / "figure_risk_coverage.png")
+    if f is not None:
+        figs["risk_coverage"] = f
+    res["gates"] = gates_mod.jsonable(gt)
+
     comps = timed("statistics", stats.all_comparisons, ev)
     res["crag_equals_b2"] = stats.crag_equals_b2(ev)
     md["comparisons"] = stats.comparisons_table(comps, res["crag_equals_b2"])
@@ -490,7 +507,7 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         f"question-level rule can exceed **{r0['ceiling_ceiling']:.3f}** on these labels even in sample."
         + (f" **Warning:** {res['n_pooled']} records is small for accuracy claims." if res["n_pooled"] < 1000 else ""))
     parts = [
-        "# RQ2–RQ4 analyses", "",
+        "# RQ1 abstention and baseline gates, RQ2–RQ4 analyses", "",
         f"Records: `{res['records']}`: {res['n_pooled']} pooled B1/B2/B3 records "
         f"({', '.join(f'{k} {v}' for k, v in sorted(res['n_by_system'].items()))}). "
         "Every number below is computed from the records and run.json by `mdl-jax analyze`; the paper's "
@@ -511,6 +528,22 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "## What the result depends on: the QR basis", "",
         "The subspace bases come from the QR decomposition of a random matrix (`qr_seed`, default 42), a choice "
         "the paper does not state.", "", md["qr_bases"], "",
+        "## RQ1: where the difference comes from (coverage, selective risk, abstention baselines)", "",
+        "The paper's rate counts an abstention (Opt-Out) as a safe answer. Below, each B3 − B2 difference "
+        "is split by B3's action, and B3 is set beside two baselines that abstain without looking at the "
+        "memories: the same number of randomly chosen questions, and the risk-only rule.", "",
+        md["selective"], "",
+        "## The gates practitioners use, on the same records", "",
+        "Each gate is calibrated on the run's calibration split by MDL's protocol (`mdl_jax.calibrate`, "
+        "Section 3.4): the labels are adopt ⇔ the calibration record's (with-memory) answer is safe under "
+        "the judge in use, and the threshold maximises agreement with them over every distinct cut of "
+        "the calibration scores (ties: the median tied cut). The uncertainty gates read teacher-forced "
+        "log-probabilities of the recorded B1 answers (`mdl-jax score-gates`, no new generation); on the "
+        "calibration split, which holds only with-memory answers, they score that answer after the "
+        "no-memory prompt. The tuned MDL configs were fitted on all evaluated records (in-sample); "
+        "XGBoost's predictions are out-of-fold with folds grouped by question.", "",
+        md["gates"], "",
+        img("risk_coverage", "Risk-coverage curves of every gate"), "",
         "## RQ2: signal complementarity", "", "### Table 6: signal subsets", "", tables("table6", "Table 6"), "",
         "### Low relevance (M < 0.4)", "", md["low_relevance"], "",
         "### Table 10: mutual information with the oracle action", "", tables("table10", "Table 10"), "",
@@ -560,8 +593,9 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
 
 def register(sub) -> None:
     """Add ``analyze`` to the ``mdl-jax`` subcommands."""
-    p = sub.add_parser("analyze", help="RQ2-RQ4 analyses of a records file: Tables 6-8, 10, Figures 4-6, "
-                                        "statistics, ANALYSIS.md")
+    p = sub.add_parser("analyze", help="RQ1-RQ4 analyses of a records file: coverage / selective risk, the "
+                                        "practitioners' gates, Tables 6-8, 10, Figures 4-6, statistics, "
+                                        "ANALYSIS.md")
     p.add_argument("records", help="records.jsonl of a reproduce run (run.json beside it is used)")
     p.add_argument("--out", default=None, help="output folder (default: analysis/ beside RECORDS)")
     p.add_argument("--latency", action="store_true",

@@ -413,7 +413,8 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())  # its title: the heading below says it
         body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
         body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
-        lines += ["", "## RQ2–RQ4 analyses (`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
+        lines += ["", "## Where the RQ1 difference comes from, the practitioners' gates, and the RQ2–RQ4 analyses "
+                  "(`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
     if tuned_md:
         lines += ["", tuned_md.replace("## The learned MDL", "## The learned MDL (`mdl-jax tune`)", 1)]
     lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "

@@ -1,7 +1,7 @@
 """The experiment pipeline, in data-flow order (each stage imported on use; most need torch):
 
   data.py → stores.py → store_signals.py   (M, R, A per question, computed by ``mdl_jax.signals``)
-  generation.py, serve.py    LLM backends (local transformers, OpenAI-compatible) and a local server
+  generation.py              LLM backends (local transformers, OpenAI-compatible); the local server is mdl_jax/serving
   systems.py                 B1, B2, B3 (MDL), CRAG, Self-RAG
   judgement.py               hallucination scoring (the paper's rule and the ref judge), ``mdl-jax judge``
   records.py                 durable, resumable records

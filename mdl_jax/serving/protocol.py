@@ -1,0 +1,300 @@
+"""What the local model server and the MDL gateway share: the OpenAI wire protocol as pydantic models
+that check types and ranges before any work, errors in OpenAI's JSON shape, the limits (one place),
+a body reader that cannot be hung or flooded, and server-sent events.
+
+Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request), 404
+(unknown model or route), 405, 408 (the body did not arrive in time), 413 (body too large), 502 (the
+gateway's upstream failed), 503 (overloaded or injected failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Every limit of both servers (CLI flags override some)."""
+    max_body_bytes: int = 1 << 20       # a request body; larger → 413 before it is read
+    body_timeout_s: float = 10.0        # the whole body must arrive within this (a short body under a
+                                        # larger Content-Length would otherwise pin the connection) → 408
+    keep_alive_s: float = 5.0           # idle keep-alive connections are closed after this (uvicorn)
+    max_tokens: int = 2048              # cap on max_tokens (default 150, the paper's)
+    default_max_tokens: int = 150
+    max_messages: int = 512
+    max_stop: int = 4                   # stop strings per request (OpenAI's limit)
+    max_prompts: int = 64               # legacy completions: prompts per request
+    max_logprobs: int = 20
+    max_queue: int = 512                # requests waiting for the model; more → 503
+    batch_rows: int = 16                # rows per generation batch
+    batch_tokens: int = 16384           # Σ (prompt + max_tokens) per batch
+    batch_wait_s: float = 0.005         # how long the batcher waits for more requests to join
+    long_prompt_tokens: int = 1024      # beyond either, a request runs in the long lane, so it never
+    long_max_tokens: int = 256          # holds back the short ones
+
+
+LIMITS = Limits()
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: HTTP ``status`` and ``{"error": {...}}``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def error_response(e: APIError):
+    from starlette.responses import JSONResponse
+
+    headers = {"Connection": "close"} if e.status in (408, 413) else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def install_error_handlers(app) -> None:
+    """Every error the app can raise leaves as OpenAI-shaped JSON (routes, methods and crashes too)."""
+    from starlette.exceptions import HTTPException
+
+    async def api_error(request, exc: APIError):
+        return error_response(exc)
+
+    async def http_error(request, exc: HTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) \
+            else str(exc.detail)
+        return error_response(APIError(exc.status_code, msg, "invalid_request_error", None, kind))
+
+    async def crash(request, exc: Exception):
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}", "server_error"))
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, crash)
+
+
+# --- reading a request ----------------------------------------------------------------------------
+
+def _check_strings(x, path: str = "", depth: int = 0) -> None:
+    """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here."""
+    if depth > 64:
+        raise APIError(400, "body: JSON nested deeper than 64 levels", param=path or None)
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, f"{path or 'body'}: string contains a lone surrogate (not valid Unicode)",
+                           param=path or None) from None
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            _check_strings(k, path, depth + 1)
+            _check_strings(v, f"{path}.{k}" if path else str(k), depth + 1)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            _check_strings(v, f"{path}[{i}]", depth + 1)
+
+
+async def read_json(request, limits: Limits = LIMITS) -> dict:
+    """The request body as a JSON object, or an APIError: 413 over ``max_body_bytes`` (by header or
+    as it streams), 408 when it does not arrive within ``body_timeout_s``, 400 when it is not UTF-8,
+    not JSON, not an object or holds lone surrogates."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            n = int(cl)
+        except ValueError:
+            raise APIError(400, f"Content-Length: expected an integer, got {cl!r}") from None
+        if n > limits.max_body_bytes:
+            raise APIError(413, f"body: {n} bytes is over the limit of {limits.max_body_bytes}",
+                           code="request_too_large")
+
+    async def collect() -> bytes:
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limits.max_body_bytes:
+                raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes",
+                               code="request_too_large")
+        return bytes(buf)
+
+    try:
+        raw = await asyncio.wait_for(collect(), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"body: not received within {limits.body_timeout_s:g} s "
+                            "(is Content-Length right?)", code="request_timeout") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"body: not valid UTF-8 (byte {e.start})") from None
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise APIError(400, "body: JSON nested too deeply") from None
+    except ValueError as e:
+        raise APIError(400, f"body: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, f"body: expected a JSON object, got {_json_kind(obj)}")
+    _check_strings(obj)
+    return obj
+
+
+def _json_kind(x) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(x), "a number")
+
+
+def parse(model: type[BaseModel], obj: dict):
+    """Validate ``obj`` against a request model; the first error becomes a 400 naming the field."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = [x for x in err["loc"] if not _union_tag(x)]
+        param = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x))
+                        for i, x in enumerate(loc)) or None
+        got = err.get("input")
+        shown = json.dumps(got, ensure_ascii=False)[:80] if _jsonable(got) else type(got).__name__
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        raise APIError(400, f"{param or 'body'}: {msg} (got {shown})", param=param) from None
+
+
+def _union_tag(x) -> bool:
+    """pydantic puts the tried member of a union into an error's location ('str', 'list[TextPart]')."""
+    return isinstance(x, str) and (x in ("str", "int", "float", "bool", "list", "dict")
+                                   or "[" in x or x.startswith("function-"))
+
+
+def _jsonable(x) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+# --- request models -------------------------------------------------------------------------------
+
+class _Req(BaseModel):
+    # Fields a client may send that we neither use nor refuse pass through (OpenAI adds fields over
+    # time); fields we cannot honour are refused by name in ``unsupported``.
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str = Field(strict=True)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+    name: str | None = Field(None, strict=True)
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+def _stop_list(v):
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if len(v) > LIMITS.max_stop:
+        raise ValueError(f"at most {LIMITS.max_stop} stop strings")
+    if any(not s for s in v):
+        raise ValueError("stop strings must not be empty")
+    return v
+
+
+class _Sampling(_Req):
+    model: str | None = Field(None, strict=True)
+    temperature: float | None = Field(None, strict=True, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, strict=True, ge=0.0, le=1.0)
+    seed: int | None = Field(None, strict=True, ge=-(1 << 63), le=(1 << 63) - 1)
+    stop: StrictStr | list[StrictStr] | None = None
+    n: int | None = Field(None, strict=True, ge=1)
+    stream: bool | None = Field(None, strict=True)
+    stream_options: dict | None = Field(None, strict=True)
+    presence_penalty: float | None = Field(None, strict=True, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, strict=True, ge=-2.0, le=2.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        return _stop_list(v)
+
+    def unsupported(self) -> None:
+        """400 for parameters this server would otherwise ignore without a word."""
+        if (self.n or 1) != 1:
+            raise APIError(400, f"n: only 1 is supported (got {self.n})", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name}: not supported (only 0)", param=name)
+        extra = self.model_extra or {}
+        for name in ("tools", "functions", "logit_bias", "response_format", "tool_choice",
+                     "function_call", "best_of", "suffix"):
+            v = extra.get(name)
+            if v not in (None, [], {}) and not (name == "response_format" and v == {"type": "text"}) \
+                    and not (name == "best_of" and v == 1) and not (name in ("tool_choice", "function_call")
+                                                                    and v in ("none", "auto")):
+                raise APIError(400, f"{name}: not supported by this server", param=name)
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1, max_length=LIMITS.max_messages)
+    max_tokens: int | None = Field(None, strict=True, ge=1)
+    max_completion_tokens: int | None = Field(None, strict=True, ge=1)
+    logprobs: bool | None = Field(None, strict=True)
+    top_logprobs: int | None = Field(None, strict=True, ge=0, le=LIMITS.max_logprobs)
+
+    def chat(self) -> list[dict]:
+        """The messages as the backend takes them: role and text only."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[StrictStr]
+    max_tokens: int | None = Field(None, strict=True, ge=0)
+    echo: bool | None = Field(None, strict=True)
+    logprobs: int | None = Field(None, strict=True, ge=0, le=LIMITS.max_logprobs)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and not 1 <= len(v) <= LIMITS.max_prompts:
+            raise ValueError(f"expected 1 to {LIMITS.max_prompts} prompts")
+        return v
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying a JSON object (or the literal ``[DONE]``)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
