@@ -155,6 +155,8 @@ def table7_md(t7a: dict, t7b: dict) -> str:
             cells.append(f"{r['accuracy_recal']:.1%}{d}")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {paper} |")
     lines += ["", "**(b) Supervised baselines** (5-fold CV; mean ± std over folds)", ""]
+    if "skipped" in t7b:  # too few records for the folds (analyze.folds_shortfall)
+        return "\n".join(lines + [f"Not run: {t7b['skipped']}."])
     grouped = "grouped" in t7b
     lines.append("| Method | Accuracy (stratified folds) | #Params |" +
                  (" Accuracy (folds grouped by question) |" if grouped else "") + " Paper: Acc / #Params |")
