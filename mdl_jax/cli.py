@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     """``mdl-jax``: returns the exit status (2 for bad input, with one ``mdl-jax: error:`` line)."""
     import warnings
 
-    warnings.formatwarning = _one_line_warning
+    saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     parser = Parser(prog="mdl-jax", description=__doc__)
     sub = parser.add_subparsers(dest="cmd")
     sub.add_parser("demo", help="decide for a handful of (M, R, A) triples and print a table")
@@ -243,6 +243,8 @@ def main(argv=None) -> int:
         return run(args)
     except SystemExit as e:  # parse errors, --help, and ``fail``
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        warnings.formatwarning = saved
 
 
 def _add_later_commands(sub) -> None:

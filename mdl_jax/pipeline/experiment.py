@@ -423,13 +423,6 @@ def reproduce_cmd(args) -> int:
         if args.n_calibration < 2:
             raise CommandError(f"reproduce: --n-calibration: this run calibrates (Section 3.4), which "
                                f"needs at least 2 questions per dataset, got {args.n_calibration}")
-        if not args.recalibrate:
-            # Not silent: a model other than the bundled one has no shipped config, so the run adds
-            # B2 answers on the calibration split to what the user asked for.
-            print(f"reproduce: {args.llm or 'this ' + args.backend + ' model'} has no shipped config, so "
-                  f"B3's config is calibrated on this run's split: {args.n_calibration} calibration "
-                  f"questions per dataset (one B2 answer each) besides the {args.n_questions} evaluated; "
-                  "--n-calibration changes the number, --config FILE skips calibration", file=sys.stderr)
     local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     remote = dict(call_timeout=args.call_timeout)
     try:
@@ -437,6 +430,13 @@ def reproduce_cmd(args) -> int:
                                **(local if args.backend == "local" else remote))
     except ValueError as e:  # e.g. no server URL for the openai backend: names the setting
         raise CommandError(f"reproduce: {e}") from None
+    if calibration == "run" and not args.recalibrate:
+        # Not silent: a model other than the bundled one has no shipped config, so the run adds
+        # B2 answers on the calibration split to what the user asked for.
+        print(f"reproduce: {args.llm or 'this ' + args.backend + ' model'} has no shipped config, so "
+              f"B3's config is calibrated on this run's split: {args.n_calibration} calibration "
+              f"questions per dataset (one B2 answer each) besides the {args.n_questions} evaluated; "
+              "--n-calibration changes the number, --config FILE skips calibration", file=sys.stderr)
     emb = Embedder(args.model, cache_dir=args.cache_dir)
     t0 = time.perf_counter()
     # what this run creates, it removes again if it fails on bad input before writing a record
