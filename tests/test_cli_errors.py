@@ -197,3 +197,30 @@ def test_llm_judge_check_help_does_not_start_the_job():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr
+
+
+def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tmp_path, capsys):
+    """19 §1: a records line torn inside a UTF-8 character, JSON non-records and a non-JSON line are
+    skipped with ONE warning per file by every consumer; every complete record is kept, and the
+    readers that crashed before (reproduce's tune step, analyze's loader, tune) work."""
+    import warnings
+
+    from mdl_jax.analysis.oracle import load_records
+    from mdl_jax.cli import main
+    from mdl_jax.pipeline import experiment, records
+
+    path = _records(tmp_path / "records.jsonl")
+    torn = json.dumps({"dataset": "truthfulqa", "qid": 99, "seed": 0, "system": "B1", "answer": "café"}, ensure_ascii=False)
+    with open(path, "ab") as f:
+        f.write(b"[1, 2, 3]\nnull\nnot json\n" + torn.encode()[:torn.encode().index("\xe9".encode()) + 1])
+    for read in (records.load, lambda p: load_records(p)[0]):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert len(read(path)) == 24
+        assert len(w) == 1 and "skipped 4 line(s)" in str(w[0].message), [str(x.message) for x in w]
+    # reproduce's last steps read the records again: the tune step now says why it did not train
+    assert "Not trained: 24 pooled" in experiment._tune(tmp_path)
+    capsys.readouterr()
+    assert main(["tune", str(path), "--steps", "3", "--seeds", "0", "--field-sets", "gates"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "tuned" / "TUNED.md").is_file()
