@@ -141,6 +141,12 @@ CASES = [
      lambda t: (Path(t, "in.jsonl").write_text('{"dataset": "halueval", "qid": 1, "answer": "x"}\n'),
                 ["judge", f"{t}/in.jsonl", "--judge", "llm", "--concurrency", "0"])[1], "--concurrency",
      ["in.judged.jsonl"]),
+    ("reproduce-openai-without-server",
+     lambda t: ["reproduce", "--backend", "openai", "--llm", "m", "--n-questions", "2", "--out", f"{t}/run"],
+     "MDL_JAX_OPENAI_BASE_URL", ["run"]),
+    ("reproduce-openai-without-model",
+     lambda t: ["reproduce", "--backend", "openai", "--n-questions", "2", "--out", f"{t}/run"],
+     "--llm", ["run"]),
     ("unknown-command", lambda t: ["frobnicate"], "invalid choice", []),
 ]
 SUBPROCESS = {"reproduce-n-questions-0", "tune-M-out-of-range"}
@@ -224,3 +230,15 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
     assert main(["tune", str(path), "--steps", "3", "--seeds", "0", "--field-sets", "gates"]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and (tmp_path / "tuned" / "TUNED.md").is_file()
+
+
+def test_too_few_records_for_folds_is_named_in_the_analyses_terms():
+    """analyze skips only Table 7(b) below 5 records of each oracle label from 5 questions, and says why."""
+    import numpy as np
+
+    from mdl_jax.analysis.analyze import folds_shortfall
+
+    assert folds_shortfall(np.array([1, 0] * 10), np.arange(20)) is None
+    why = folds_shortfall(np.array([1, 1, 1, 0, 0, 0, 0, 0, 0, 0]), np.arange(10))
+    assert "3 'adopt' and 7 'reject'" in why
+    assert "from 2 questions" in folds_shortfall(np.array([1, 0] * 10), np.arange(20) % 2)

@@ -261,3 +261,18 @@ def test_agreement_markdown(gold_agreement):
     md = jg.agreement_markdown(gold_agreement)
     assert "| ref | TruthfulQA | test | 188 |" in md and "| paper | HaluEval | dev | 60 |" in md
     assert md.count("| judge \\ gold | hallucinated | safe |") == 8
+
+
+def test_gold_split_regrouped_by_question_shares_no_question_between_dev_and_test():
+    """16 §7: the shipped split is by record (43 questions straddle it); ``question_split`` moves every
+    answer of a question with a dev answer to dev, and leaves the shipped column as it is."""
+    from mdl_jax.analysis.judges import load_gold, question_split
+
+    g = load_gold()
+    q = question_split(g)
+    dev_q = set(zip(g.loc[q == "dev", "dataset"], g.loc[q == "dev", "qid"]))
+    test_q = set(zip(g.loc[q == "test", "dataset"], g.loc[q == "test", "qid"]))
+    assert not dev_q & test_q
+    assert ((g["split"] == "dev") <= (q == "dev")).all()  # nothing read becomes test
+    assert int((q == "test").sum()) == 304 and int((g["split"] == "test").sum()) == 370
+    assert int(((q == "dev") & (g["split"] == "test")).sum()) == 66
