@@ -66,7 +66,12 @@ right entity with a wrong relation ("Korngold composed a film score to a movie c
 name an entity of the question as the answer, or invent side details without answering. Reading
 relations needs a model that reads (NLI, or an LLM far larger than SmolLM2-135M: as a Yes/No
 label-likelihood judge it agrees 40-44% with the gold set, 58-63% at a threshold chosen in-sample,
-``experiments/llm_judge_check.py``); none is installable offline here. Agreement with the whole test split (``tests/test_judges.py`` recomputes these):
+``experiments/llm_judge_check.py``); none is installable offline here, so users who have one run it
+through ``mdl-jax judge --judge llm`` (``judgement_llm.py``). The test half was scored (not read) while
+the rules were written and is split by record; ``analysis.judges.question_split`` regroups it by
+question for any further rule work, and the fresh ``paired-30x2`` figures above are reported apart
+(``analysis.judges.protocol_table``). Agreement with the whole test split (``tests/test_judges.py``
+recomputes these):
 
   ref    TruthfulQA 0.787 (148/188), HaluEval 0.802 (146/182)
   paper  TruthfulQA 0.745 (140/188), HaluEval 0.527 (96/182)
