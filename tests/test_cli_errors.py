@@ -91,6 +91,12 @@ CASES = [
      "is not a folder", []),
     ("reproduce-data-dir-missing", lambda t: ["reproduce", "--data-dir", f"{t}/nodata", "--out", f"{t}/run"],
      "--data-dir: no such folder", ["run"]),
+    # a data error found at run time: the run's lock, cache and folders are removed again
+    ("reproduce-empty-data-file",
+     lambda t: (Path(t, "data").mkdir(), Path(t, "data", "halueval_qa.jsonl").write_text(""),
+                ["reproduce", "--data-dir", f"{t}/data", "--datasets", "halueval", "--baseline-datasets",
+                 "halueval", "--cache-dir", f"{t}/cache", "--out", f"{t}/deep/run"])[2],
+     "halueval_qa.jsonl: no records", ["deep"]),
     ("signals-limit-0", lambda t: ["signals", "--limit", "0", "--out", f"{t}/s.parquet"], "--limit",
      ["s.parquet"]),
     # tune: flags at parse time; records checked before any folder is made
