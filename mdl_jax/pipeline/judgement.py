@@ -566,7 +566,8 @@ def register(sub) -> None:
     p.add_argument("--base-url", default=None,
                    help="llm: the server's API root, e.g. http://127.0.0.1:8123/v1")
     p.add_argument("--model", default=None, help="llm: the served model's name (the judge's id)")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR",
+    # Not OPENAI_API_KEY by default: that key would go to whatever server --base-url names.
+    p.add_argument("--api-key-env", default="MDL_JAX_JUDGE_API_KEY", metavar="VAR",
                    help="llm: environment variable holding the API key (unset: no key is sent); the key "
                         "is never logged or written")
     p.add_argument("--concurrency", type=positive_int, default=4, help="llm: requests in flight at once")
@@ -613,7 +614,7 @@ def judge_cmd(args) -> int:
             raise CommandError(f"judge: --judge llm needs {' and '.join(missing)} (an OpenAI-compatible "
                                "server and the model it serves)")
         key = os.environ.get(args.api_key_env)
-        if key is None and args.api_key_env != "OPENAI_API_KEY":
+        if key is None and args.api_key_env != "MDL_JAX_JUDGE_API_KEY":
             raise CommandError(f"judge: --api-key-env: the environment variable {args.api_key_env} is "
                                "not set")
     recs = read_answers(src)  # before any model loads or server call: bad input fails fast
