@@ -116,7 +116,7 @@ CASES = [
     ("tune-labels-all-equal", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", all_adopt=True))],
      "0 'reject'", ["tuned"]),
     ("tune-fewer-than-5-records", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", n_questions=1))],
-     "at least 5 pooled B1/B2/B3 records of each oracle label", ["tuned"]),
+     "at least 5 pooled B1/B2/B3 records of each oracle label from at least 5 questions", ["tuned"]),
     ("tune-no-such-file", lambda t: ["tune", f"{t}/none.jsonl"], "no such records file", ["tuned"]),
     # analyze
     ("analyze-wrong-typed-field", lambda t: ["analyze", str(_records(Path(t) / "r.jsonl", bad={"R": "high"}))],
@@ -237,14 +237,3 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
     err = capsys.readouterr().err
     assert "Traceback" not in err and (tmp_path / "tuned" / "TUNED.md").is_file()
 
-
-def test_too_few_records_for_folds_is_named_in_the_analyses_terms():
-    """analyze skips only Table 7(b) below 5 records of each oracle label from 5 questions, and says why."""
-    import numpy as np
-
-    from mdl_jax.analysis.analyze import folds_shortfall
-
-    assert folds_shortfall(np.array([1, 0] * 10), np.arange(20)) is None
-    why = folds_shortfall(np.array([1, 1, 1, 0, 0, 0, 0, 0, 0, 0]), np.arange(10))
-    assert "3 'adopt' and 7 'reject'" in why
-    assert "from 2 questions" in folds_shortfall(np.array([1, 0] * 10), np.arange(20) % 2)

@@ -620,7 +620,7 @@ def judge_cmd(args) -> int:
     recs = read_answers(src)  # before any model loads or server call: bad input fails fast
     embedder = None
     if any(j in JUDGES for j in args.judge):
-        from mdl_jax.pipeline.embeddings import Embedder
+        from mdl_jax.signals.embeddings import Embedder
 
         embedder = Embedder(cache_dir=args.cache_dir)
     if "llm" in args.judge:
