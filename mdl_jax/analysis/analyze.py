@@ -591,33 +591,44 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
 
 # ------------------------------------------------------------------------------------------- CLI
 
+ANALYZE_COST = ("about 1-2 minutes for the 3,600 pooled records of a paper-scale run on this 2-core "
+                "CPU (the sweeps and XGBoost dominate); --latency adds loading MiniLM and SmolLM2")
+
+
 def register(sub) -> None:
     """Add ``analyze`` to the ``mdl-jax`` subcommands."""
+    import argparse
+
+    from mdl_jax.cli import config_file, existing_dir, out_dir
+
     p = sub.add_parser("analyze", help="RQ1-RQ4 analyses of a records file: coverage / selective risk, the "
                                         "practitioners' gates, Tables 6-8, 10, Figures 4-6, statistics, "
-                                        "ANALYSIS.md")
+                                        "ANALYSIS.md",
+                       description="Run every RQ1-RQ4 analysis of a reproduce run's records (coverage, selective "
+                                   "risk, AURC, the B3 - B2 decomposition, the practitioners' gates, oracle labels, "
+                                   "Tables 6, 7, 8, 10, Figures 4-6, the sweeps, question-level statistics) "
+                                   "and write the tables, figures, analysis.json and ANALYSIS.md. No LLM is "
+                                   f"called. A bare run takes {ANALYZE_COST}.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("records", help="records.jsonl of a reproduce run (run.json beside it is used)")
-    p.add_argument("--out", default=None, help="output folder (default: analysis/ beside RECORDS)")
+    p.add_argument("--out", default=None, type=out_dir,
+                   help="output folder (None: analysis/ beside RECORDS)")
     p.add_argument("--latency", action="store_true",
                    help="also time signal aggregation, one MiniLM embedding and one SmolLM2 call (loads models)")
-    p.add_argument("--data-dir", default=None, help="dataset files (case-study questions, --latency stores)")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (--latency)")
-    p.add_argument("--config", default=None, metavar="FILE",
+    p.add_argument("--data-dir", default=None, type=existing_dir,
+                   help="dataset files (case-study questions, --latency stores)")
+    p.add_argument("--cache-dir", default=None, type=out_dir, help="embedding cache (--latency)")
+    p.add_argument("--config", default=None, metavar="FILE", type=config_file,
                    help="score every record with this config file (mdl_jax.save_config, e.g. from mdl-jax "
                         "tune) instead of the run's calibrated per-dataset configs")
     p.set_defaults(func=analyze_cmd)
 
 
 def analyze_cmd(args) -> int:
-    from mdl_jax.analysis.oracle import RecordsError
-
-    try:
-        res = analyze(args.records, args.out, latency=args.latency, data_dir=args.data_dir,
-                      cache_dir=args.cache_dir, progress=lambda m: print(m, file=sys.stderr),
-                      config=args.config)
-    except (RecordsError, ValueError) as e:  # ValueError: a broken config file, naming the field
-        print(f"mdl-jax analyze: {e}", file=sys.stderr)
-        return 2
+    """``mdl-jax analyze``: bad records raise ``RecordsError``, which the CLI prints as one line (exit 2)."""
+    res = analyze(args.records, args.out, latency=args.latency, data_dir=args.data_dir,
+                  cache_dir=args.cache_dir, progress=lambda m: print(m, file=sys.stderr),
+                  config=args.config)
     out = Path(args.out) if args.out else Path(args.records).parent / "analysis"
     print(f"wrote {out / 'ANALYSIS.md'} ({res['wall_s']['analyses']:.1f} s analyses, "
           f"{res['wall_s']['total']:.1f} s total)", file=sys.stderr)
@@ -625,15 +636,13 @@ def analyze_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    import argparse
+    """``python -m mdl_jax.analysis.analyze RECORDS ...``: the same as ``mdl-jax analyze``."""
+    from mdl_jax import cli
 
-    parser = argparse.ArgumentParser(prog="mdl-jax")
-    register(parser.add_subparsers(dest="cmd", required=True))
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "analyze":  # `python -m mdl_jax.analysis.analyze RECORDS` works too
         argv = ["analyze"] + argv
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return cli.main(argv)
 
 
 if __name__ == "__main__":

@@ -277,6 +277,14 @@ def _fmt_s(seconds) -> str:
     return "not recorded" if seconds is None else f"{float(seconds):.0f} s"
 
 
+def _llm_judges(out) -> list[str]:
+    """REPORT.md lines on any LLM judge used on this run (``judges.llm_section``), else none."""
+    from mdl_jax.analysis.judges import llm_section
+
+    md = llm_section(out)
+    return [md, ""] if md else []
+
+
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
                  tuned_md: str | None = None) -> Path:
     """REPORT.md and its tables/figure for a run folder.
@@ -402,10 +410,11 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
                   "reference-reading judge (`mdl_jax/pipeline/judgement.py` lists its rules: "
                   "containment of short references, yes/no polarity, negation, invented names). "
                   f"Their agreement with the shipped gold set ({len(gold)} answers of committed runs: "
-                  f"{runs}; each labelled blind by two readers). `ref`'s rules were written on the dev "
-                  "split only; no test answer was read while writing them. Target for `ref`: ≥ 90% on "
+                  f"{runs}; each labelled blind by two readers). `ref`'s rules were written by reading "
+                  "the dev split only (the protocol, with the fresh set's figure, follows the table). "
+                  "Target for `ref`: ≥ 90% on "
                   f"each dataset's test split ({'met' if met else 'not met'}):", "",
-                  gold_md, "", "### Table 4 under the ref judge", "", table4(ref), "",
+                  gold_md, "", *_llm_judges(out), "### Table 4 under the ref judge", "", table4(ref), "",
                   "### Table 5 under the ref judge", "", table5(ref)]
     if analysis_md:
         import re
