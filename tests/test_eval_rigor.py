@@ -203,3 +203,22 @@ def test_qr_study_reproduces_calibrate_and_decide_at_each_seed():
                 pred[m] = np.asarray(mdl_jax.decide(*sig, c).action) == 0
             assert row["adopt"] == pytest.approx(pred.mean())
             assert row["accuracy_paper"] == pytest.approx(np.mean(pred == y.astype(bool)))
+
+
+def test_a_resumed_run_keeps_the_tie_break_its_b3_records_were_decided_with(tmp_path):
+    """A run folder calibrated before the tie rule was recorded used the lowest tied θ0; resuming it
+    must calibrate the same way, while a fresh folder (or one without a calibration) gets the middle."""
+    import json
+
+    from mdl_jax.pipeline.experiment import prior_tie_break
+
+    rj = tmp_path / "run.json"
+    assert prior_tie_break(rj, "halueval") == "middle"  # no earlier run
+    rj.write_text(json.dumps({"datasets": {"halueval": {"calibration_agreement": 0.525}}}))
+    assert prior_tie_break(rj, "halueval") == "lowest"  # written before the rule was recorded
+    assert prior_tie_break(rj, "truthfulqa") == "middle"
+    rj.write_text(json.dumps({"datasets": {"halueval": {"calibration_agreement": 0.5,
+                                                        "tie_break": "middle"}}}))
+    assert prior_tie_break(rj, "halueval") == "middle"
+    rj.write_text(json.dumps({"datasets": {"halueval": {"calibration_agreement": None}}}))
+    assert prior_tie_break(rj, "halueval") == "middle"  # shipped config: nothing was calibrated

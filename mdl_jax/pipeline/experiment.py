@@ -233,7 +233,10 @@ class Experiment:
                 ok = [r for r in cal_recs if not r["failed"]]
                 M, R, A = (np.array([r[c] for r in ok], np.float32) for c in ("M", "R", "A"))
                 adopt = np.array([0 if r["hallucinated"] else 1 for r in ok], np.int32)
-                calib = mdl_jax.calibrate(M, R, A, adopt) if len(ok) >= 2 else None
+                # A run folder calibrated before ties were broken at the middle of the plateau keeps
+                # the rule its B3 records were decided with, so a resume never mixes two configs.
+                tie_break = prior_tie_break(self.out / "run.json", ds)
+                calib = mdl_jax.calibrate(M, R, A, adopt, tie_break=tie_break) if len(ok) >= 2 else None
                 mcfg, source = (calib.config, "calibrated on this run's split") if calib else \
                     (mdl_jax.MDLConfig(), "paper defaults (calibration failed)")
             else:
@@ -252,6 +255,7 @@ class Experiment:
                 "n_calibration": len(cal_st) if cfg.calibration == "run" else 0, "n_evaluated": len(ev_st),
                 "calibration_adopt_rate": float(adopt.mean()) if len(ok) else None,
                 "calibration_agreement": calib.best_agreement if calib else None,
+                "tie_break": calib.tie_break if calib else None,
                 "thresholds": [float(t) for t in mcfg.thresholds],
                 "n_min": float(mcfg.n_min), "n_max": float(mcfg.n_max),
                 "eval_qids": [s.item.qid for s in ev_st],
@@ -333,6 +337,16 @@ def _tune(out: Path) -> str | None:
         return markdown(learned_table(out / "records.jsonl", out / "tuned"))
     except RecordsError as e:  # e.g. every oracle label equal: a report line, not a crash
         return f"## The learned MDL\n\nNot trained: {e}"
+
+
+def prior_tie_break(run_json: Path, dataset: str) -> str:
+    """The tie-break rule a run folder's earlier calibration of ``dataset`` used: "lowest" for a run
+    written before the rule was recorded (that was the only rule then), else the recorded one; a new
+    run gets the default ("middle")."""
+    prev = (_read_json(run_json) or {}).get("datasets", {}).get(dataset)
+    if not isinstance(prev, dict) or prev.get("calibration_agreement") is None:
+        return "middle"
+    return prev.get("tie_break") or "lowest"
 
 
 def _read_json(path: Path):
