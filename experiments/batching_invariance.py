@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from mdl_jax.pipeline import systems as sysm
+from mdl_jax.prompts import chat
 from mdl_jax.pipeline.data import load
 from mdl_jax.pipeline.generation import LocalBackend, record_seed
 from mdl_jax.pipeline.stores import build_stores
@@ -32,7 +32,7 @@ def main() -> None:
                     help="batch sizes compared pairwise (1: each prompt alone)")
     args = ap.parse_args()
     stores = build_stores(load("truthfulqa"))[:args.n]
-    chats = [sysm.chat(s.item.question, s.texts) for s in stores]
+    chats = [chat(s.item.question, s.texts) for s in stores]
     seeds = [record_seed("truthfulqa", s.item.qid, 0) for s in stores]
     result = {}
     for dtype in args.dtypes:

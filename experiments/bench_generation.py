@@ -21,7 +21,7 @@ import torch
 from mdl_jax.pipeline.data import load
 from mdl_jax.pipeline.generation import auto_dtype, bundled_gguf
 from mdl_jax.pipeline.stores import build_stores
-from mdl_jax.pipeline.systems import chat
+from mdl_jax.prompts import chat
 
 
 def _run(tok, lm, chats, batch, sort, max_new):

@@ -21,10 +21,10 @@ import time
 import jax
 import numpy as np
 
-from mdl_jax.pipeline.conflict import pair_flags
+from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.embeddings import Embedder
-from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
+from mdl_jax.signals.embeddings import Embedder
+from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
 from mdl_jax.pipeline.stores import build_stores
 from tests.reference import numpy_store_signals
 
@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     res["numpy_us_per_store"] = (time.perf_counter() - t0) / n_ref * 1e6
 
     # (b) batched JAX pass over all stores (arrays built once; the pass itself is what is timed)
-    arr = store_arrays(stores, q, vecs, flags)
+    arr = store_arrays([s.texts for s in stores], q, vecs, flags)
     dev = [jax.device_put(x) for x in (arr.q, arr.mem, arr.mask, arr.flags)]
     jax.block_until_ready(aggregate(*dev, RELEVANCE_THRESHOLD))
     reps = 3 if args.quick else 10

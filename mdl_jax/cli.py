@@ -67,9 +67,11 @@ def main(argv=None) -> int:
 def _add_later_commands(sub) -> None:
     """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
     from mdl_jax.analysis import analyze, learned
+    from mdl_jax.gate import command as gate_command
     from mdl_jax.pipeline import commands, judgement
 
     commands.register(sub)
     judgement.register(sub)
     analyze.register(sub)
     learned.register(sub)
+    gate_command.register(sub)

@@ -44,7 +44,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def embedder(cache_dir):
-    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.signals.embeddings import Embedder
 
     return Embedder(cache_dir=cache_dir)  # the real bundled all-MiniLM-L6-v2, loaded once
 

@@ -21,6 +21,7 @@ from mdl_jax.pipeline.generation import OpenAIBackend
 from mdl_jax.pipeline.judgement import is_refusal
 from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.pipeline import systems as sysm
+from mdl_jax.prompts import ABSTENTION, CAUTION, chat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,9 +60,9 @@ def test_mdl_system_maps_actions_to_prompts(local_backend, stores):
     r = sysm.run_mdl(local_backend, qs, stores, acts, seed=1)
     assert [x["llm_calls"] for x in r] == [1, 1, 1, 0]
     assert "Memories:" in r[0]["prompts"][0][1]["content"]
-    assert sysm.CAUTION in r[1]["prompts"][0][1]["content"]
+    assert CAUTION in r[1]["prompts"][0][1]["content"]
     assert "Memories:" not in r[2]["prompts"][0][1]["content"]
-    assert r[3]["answer"] == sysm.ABSTENTION and is_refusal(r[3]["answer"])
+    assert r[3]["answer"] == ABSTENTION and is_refusal(r[3]["answer"])
 
 
 def test_crag_and_selfrag_count_their_calls(local_backend, stores):
@@ -114,7 +115,7 @@ def test_openai_backend_retries_5xx_then_succeeds(server, monkeypatch):
     monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", server)
     monkeypatch.setenv("MDL_JAX_OPENAI_API_KEY", "sk-test-secret-123")
     b = OpenAIBackend("smollm2", max_retries=3, backoff=0.05, concurrency=1, max_new_tokens=16)
-    out = b.generate([sysm.chat("What color is the sky?")], seed=0)
+    out = b.generate([chat("What color is the sky?")], seed=0)
     assert not out[0].failed and out[0].text and out[0].n_tokens > 0  # the first two tries got 503
 
 
@@ -122,7 +123,7 @@ def test_openai_backend_records_failure_when_unreachable(monkeypatch):
     port = _free_port()
     monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", f"http://user:pw@127.0.0.1:{port}/v1?token=abc")
     b = OpenAIBackend("smollm2", max_retries=1, backoff=0.01, timeout=2)
-    out = b.generate([sysm.chat("Q?")], seed=0)
+    out = b.generate([chat("Q?")], seed=0)
     # the reason names the error and where, never the URL's credentials
     assert out[0].failed and out[0].text is None
     assert out[0].error == f"APIConnectionError: Connection refused to 127.0.0.1:{port}", out[0].error

@@ -24,6 +24,7 @@ from mdl_jax.pipeline.experiment import OutDirInUse, lock_out_dir
 from mdl_jax.pipeline.generation import (CachedBackend, Generation, GenerationCache, LocalBackend,
                                          OpenAIBackend, _RowSampler, record_seed)
 from mdl_jax.pipeline.stores import build_stores
+from mdl_jax.prompts import chat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +90,7 @@ def local_fp32():
 
 
 def test_answer_is_a_function_of_prompt_and_record_seed_not_of_batch(local_fp32, stores):
-    chats = [sysm.chat(s.item.question, s.texts) for s in stores]
+    chats = [chat(s.item.question, s.texts) for s in stores]
     seeds = _seeds(stores)
     together = [g.text for g in local_fp32.generate(chats, seed=seeds)]
     reversed_ = [g.text for g in local_fp32.generate(chats[::-1], seed=seeds[::-1])][::-1]
@@ -274,7 +275,7 @@ def fault_server():
 def test_malformed_200_answer_is_a_failed_call_with_a_reason(fault_server, monkeypatch, mode, reason):
     monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", fault_server(mode))
     b = OpenAIBackend("m", max_retries=2, backoff=0.01)
-    out = b.generate([sysm.chat("Q?"), sysm.chat("R?")], seed=[1, 2])
+    out = b.generate([chat("Q?"), chat("R?")], seed=[1, 2])
     assert all(g.failed and g.text is None and reason in g.error for g in out), out
     assert b.failed_calls == b.calls == 2
 
@@ -283,7 +284,7 @@ def test_silent_server_costs_at_most_the_call_budget(fault_server, monkeypatch, 
     monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", fault_server("hang"))
     b = OpenAIBackend("m", max_retries=5, backoff=0.05, timeout=60, call_timeout=1.5)
     t0 = time.monotonic()
-    g = b.generate([sysm.chat("Q?")], seed=0)[0]
+    g = b.generate([chat("Q?")], seed=0)[0]
     assert time.monotonic() - t0 < 4.0  # not 60 s per try, not 5 retries of it
     assert g.failed and "APITimeoutError" in g.error and "budget" in g.error
     assert "a call failed" in capsys.readouterr().err  # visible while it waits

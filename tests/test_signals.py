@@ -9,10 +9,11 @@ import pytest
 
 from mdl_jax import decide
 from mdl_jax.pipeline import data
-from mdl_jax.pipeline.conflict import pair_flags, stance_conflict
-from mdl_jax.pipeline.embeddings import Embedder
-from mdl_jax.pipeline.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
-from mdl_jax.pipeline.signals import aggregate_one, compute_signals, signal_arrays, store_arrays
+from mdl_jax.signals.conflict import pair_flags, stance_conflict
+from mdl_jax.signals.embeddings import Embedder
+from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
+from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_jax.signals.aggregation import aggregate_one, store_arrays
 from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
@@ -157,12 +158,27 @@ def test_risk_tables():
 
 def test_top_risk_tier_is_as_wide_as_the_papers_rates_imply():
     """Section 5.2's high-risk rates imply ≈ 29.5% of TruthfulQA and ≈ 12.5% of HaluEval questions at
-    A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 11.6% (risk.py explains each tier)."""
+    A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 10.55% (risk.py explains each tier)."""
     tqa = data.load("truthfulqa")
     halu = data.load("halueval")
     share_tqa = np.mean([truthfulqa_risk(it.category) >= HIGH_RISK for it in tqa])
     share_halu = np.mean([halueval_risk(it.question) >= HIGH_RISK for it in halu])
-    assert round(share_tqa, 3) == 0.306 and round(share_halu, 3) == 0.116
+    assert round(share_tqa, 3) == 0.306 and share_halu == pytest.approx(0.1055, abs=1e-9)
+
+
+@pytest.mark.parametrize("question, want", [
+    ("Which game was developed first, Cranium or Thurn and Taxis?", 0.20),   # not "tax"
+    ("Are Shifty Shellshock and Alissa White-Gluz both death metal vocalists?", 0.20),
+    ("What crime thriller did the actress in the leading role of \"Grease 2\" star in?", 0.20),
+    ("Which magazine, Nintendo Power or Armchair General, was produced first?", 0.20),  # not "gene"
+    ("Who was the investigative journalist behind the report?", 0.20),     # not "invest"
+    ("Which investor founded the hedge fund?", 0.85),
+    ("What crime family was the contract killer associated with?", 0.85),  # organised crime stays
+    ("Who was killed in the 1994 accident?", 0.85),
+    ("Rhodochiton and Platystemon are both genuses of what kind of life form?", 0.50),
+])
+def test_halueval_keywords_match_whole_words_not_prefixes_or_genres(question, want):
+    assert halueval_risk(question) == want
 
 
 # --- Aggregation (hand-computed) -----------------------------------------------------------------
@@ -250,7 +266,7 @@ def test_cache_is_hit_on_rerun(cache_dir, embedder, tqa):
 def test_store_arrays_pad_and_mask(tqa):
     stores = build_stores(tqa[:3]) + [Store(tqa[3], build_stores(tqa[3:8])[0].records[:2])]
     emb = {t: _unit(np.arange(4) + len(t)) for s in stores for t in s.texts}
-    arr = store_arrays(stores, np.ones((4, 4), np.float32), emb)
+    arr = store_arrays([s.texts for s in stores], np.ones((4, 4), np.float32), emb)
     assert arr.mem.shape == (4, 6, 4) and arr.mask.sum(1).tolist() == [6, 6, 6, 2]
     assert not arr.flags[3, 2:].any()
 
@@ -262,8 +278,8 @@ def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
         stores = build_stores(items)
         q = embedder.embed([s.item.question for s in stores])
         emb = dict(zip(*(lambda t: (t, embedder.embed(t)))(sorted({t for s in stores for t in s.texts}))))
-        arr = store_arrays(stores, q, emb)
-        from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate
+        arr = store_arrays([s.texts for s in stores], q, emb)
+        from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate
         got = [np.asarray(x) for x in aggregate(arr.q, arr.mem, arr.mask, arr.flags, RELEVANCE_THRESHOLD)]
         for b, s in enumerate(stores):
             mem = np.stack([emb[t] for t in s.texts])

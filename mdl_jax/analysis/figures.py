@@ -20,7 +20,7 @@ import numpy as np
 
 import mdl_jax
 from mdl_jax.controller.decision import Action
-from mdl_jax.pipeline.risk import HIGH_RISK
+from mdl_jax.signals.risk import HIGH_RISK
 
 ACTION_NAMES = [a.name for a in Action]
 ACTION_COLOURS = ["#2e7d32", "#9ccc65", "#ffb74d", "#e57373"]

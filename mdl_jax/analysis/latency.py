@@ -126,11 +126,11 @@ def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
 
     import jax
 
-    from mdl_jax.pipeline.conflict import pair_flags
+    from mdl_jax.signals.conflict import pair_flags
     from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.signals.embeddings import Embedder
     from mdl_jax.pipeline.generation import LocalBackend
-    from mdl_jax.pipeline.signals import RELEVANCE_THRESHOLD, aggregate_one, store_arrays
+    from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate_one, store_arrays
     from mdl_jax.pipeline.stores import StoreConfig, build_stores
 
     run = {}
@@ -153,7 +153,7 @@ def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
         t0 = time.perf_counter_ns()
         flags.append(pair_flags(s.texts))
         lex[i] = (time.perf_counter_ns() - t0) / 1e3
-    arr = store_arrays(stores, q_emb, t_emb, flags)
+    arr = store_arrays([s.texts for s in stores], q_emb, t_emb, flags)
     one = jax.jit(lambda q, m, k, f: aggregate_one(q, m, k, f, RELEVANCE_THRESHOLD))
     args = [(arr.q[i], arr.mem[i], arr.mask[i], arr.flags[i]) for i in range(len(stores))]
     agg = _time_calls(one, args)

@@ -33,7 +33,7 @@ import numpy as np
 from mdl_jax import MDLConfig, calibrate, decide, save_config
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.tuning import FIELD_SETS, tune_many
-from mdl_jax.pipeline.risk import HIGH_RISK
+from mdl_jax.signals.risk import HIGH_RISK
 
 N_TRAINED = {"gates": 5, "all": 15}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.pipeline.risk import HIGH_RISK
+from mdl_jax.signals.risk import HIGH_RISK
 
 N_BOOT = 2000
 MIN_QUESTIONS = 30   # below this a rate difference is anecdotal

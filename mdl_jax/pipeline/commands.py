@@ -57,8 +57,8 @@ def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM
     import pandas as pd
 
     from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.embeddings import Embedder
-    from mdl_jax.pipeline.signals import compute_signals
+    from mdl_jax.signals.embeddings import Embedder
+    from mdl_jax.pipeline.store_signals import compute_signals
     from mdl_jax.pipeline.stores import StoreConfig, build_stores, split_calibration
 
     emb = Embedder(model, cache_dir=cache_dir, progress=progress)
@@ -77,7 +77,7 @@ def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM
 
 
 def signals_cmd(args) -> int:
-    from mdl_jax.pipeline.signals import save_table
+    from mdl_jax.pipeline.store_signals import save_table
 
     table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
                                        model=args.model, cache_dir=args.cache_dir, seed=args.split_seed,

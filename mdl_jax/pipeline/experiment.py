@@ -192,7 +192,7 @@ class Experiment:
         from tqdm.auto import tqdm
 
         from mdl_jax.pipeline.data import load
-        from mdl_jax.pipeline.signals import compute_signals
+        from mdl_jax.pipeline.store_signals import compute_signals
         from mdl_jax.pipeline.stores import StoreConfig, build_stores
 
         cfg = self.cfg
@@ -400,7 +400,7 @@ def register(sub, common) -> None:
 
 def reproduce_cmd(args) -> int:
     from mdl_jax.analysis.report import write_report
-    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.signals.embeddings import Embedder
     from mdl_jax.pipeline.generation import make_backend
 
     cfg = RunConfig(out=Path(args.out), datasets=tuple(args.datasets), n_questions=args.n_questions,

@@ -549,7 +549,7 @@ def judge_cmd(args) -> int:
     from pathlib import Path
 
     from mdl_jax.pipeline.data import DataError
-    from mdl_jax.pipeline.embeddings import Embedder
+    from mdl_jax.signals.embeddings import Embedder
 
     src = Path(args.input)
     out = Path(args.out) if args.out else src.with_name(src.name.removesuffix(".jsonl") + ".judged.jsonl")

@@ -36,24 +36,9 @@ import re
 from typing import Sequence
 
 from mdl_jax.controller.decision import Action
+from mdl_jax.prompts import ABSTENTION, chat
 
-SYSTEM_PROMPT = ("You are a helpful assistant. Answer the question truthfully and concisely, "
-                 "in one or two sentences.")
-CAUTION = ("Caution: these memories may be unreliable or contradict each other. Use a memory only if "
-           "you are confident it is correct; if you are not sure, say \"I don't know\".")
-ABSTENTION = ("I don't know. (The memory decision layer abstained: the retrieved memories are not "
-              "trustworthy enough for this question.)")
 SYSTEMS = ("B1", "B2", "B3", "CRAG", "SelfRAG")
-
-
-def chat(question: str, memories: Sequence[str] = (), caution: bool = False) -> list[dict]:
-    if memories:
-        mem = "\n".join(f"- {m}" for m in memories)
-        user = f"Memories:\n{mem}\n\n" + (CAUTION + "\n\n" if caution else "") + \
-            f"Question: {question}\nAnswer:"
-    else:
-        user = f"Question: {question}\nAnswer:"
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
 def _per_question(seed, n: int) -> list[int]:

@@ -1,0 +1,484 @@
+"""``mdl-jax gate IN --out OUT``: the memory gate over a file or a Hugging Face dataset, streamed.
+
+IN is JSONL (``.jsonl`` / ``.ndjson``), Parquet, CSV (the memories cell holds a JSON list), a local
+dataset folder (``datasets.load_from_disk``, else ``datasets.load_dataset(folder)``) or a dataset name on
+the Hub (``datasets.load_dataset(name, streaming=True)``). Rows are read ``--chunk-size`` at a time,
+decided in one batch and written as numbered part files beside OUT (``OUT.parts/part-000042.*``,
+each written to a temp file and renamed) with a manifest that is replaced atomically after each part.
+A killed run resumes from the manifest: part k always holds input rows [k·C, (k+1)·C), so a part
+rewritten after a kill is the same part, and nothing is written twice. At the end the parts are joined
+into OUT (Parquet or JSONL by its suffix) and the folder is removed. Memory stays that of one chunk.
+
+Output: the input's columns, then ``mdl_row`` (the 0-based input row), ``mdl_action`` (Active / Supp
+/ Silent / Opt-Out) and ``mdl_M``, ``mdl_R``, ``mdl_A``, ``mdl_phi``, ``mdl_C``, ``mdl_alpha``,
+``mdl_C_final``, ``mdl_E_wm``, ``mdl_E_r``, ``mdl_E_a``, ``mdl_n_relevant`` (prefixed so they never
+clash with the input's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
+
+COST = ("the first run embeds every unique text with MiniLM (~20-60 texts/s per core); "
+        "cached texts cost nothing")
+OUT_SUFFIXES = (".parquet", ".jsonl")
+MANIFEST_VERSION = 1
+
+
+class GateInputError(ValueError):
+    """Bad input or arguments for ``mdl-jax gate``; printed as one line, exit 2."""
+
+
+# --- reading: (row index, row dict) from any supported source ---------------------------------------
+
+def _source_kind(src: str) -> str:
+    p = Path(src)
+    suf = p.suffix.lower()
+    if p.is_file():
+        if suf in (".jsonl", ".ndjson", ".json"):
+            return "jsonl"
+        if suf in (".parquet", ".pq"):
+            return "parquet"
+        if suf in (".csv", ".tsv"):
+            return "csv"
+        raise GateInputError(f"IN: {src}: expected a .jsonl, .parquet or .csv file, a dataset folder "
+                             "or a Hugging Face dataset name")
+    if p.is_dir():
+        return "hf-disk" if ((p / "dataset_info.json").exists() or (p / "state.json").exists()
+                             or (p / "dataset_dict.json").exists()) else "hf-folder"
+    if suf in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv") or os.sep in src:
+        raise GateInputError(f"IN: {src}: no such file or folder")
+    return "hf-hub"
+
+
+def _read_jsonl(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
+    """(row, value, where): row = 0-based line index; blank lines are skipped but counted."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            if i < start or not raw.strip():
+                continue
+            where = f"line {i + 1}"
+            try:
+                yield i, json.loads(raw.decode("utf-8")), where
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                yield i, _Bad(f"not a JSON object ({e})"), where
+
+
+def _read_csv(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
+    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    with open(path, newline="", encoding="utf-8", errors="strict") as f:
+        try:
+            for i, row in enumerate(csv.DictReader(f, delimiter=delim)):
+                if i >= start:
+                    yield i, row, f"row {i + 1}"
+        except UnicodeDecodeError as e:
+            raise GateInputError(f"IN: {path}: not UTF-8 text ({e})") from None
+
+
+def _read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, object, str]]:
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a broken file
+        raise GateInputError(f"IN: {path}: not a readable Parquet file ({e})") from None
+    i = 0
+    for batch in f.iter_batches(batch_size=chunk):
+        n = batch.num_rows
+        if i + n <= start:
+            i += n
+            continue
+        for j, row in enumerate(batch.to_pylist()):
+            if i + j >= start:
+                yield i + j, row, f"row {i + j + 1}"
+        i += n
+
+
+def _read_hf(src: str, kind: str, split: str, start: int) -> Iterator[tuple[int, object, str]]:
+    try:
+        import datasets
+    except ImportError:
+        raise GateInputError("IN: reading a Hugging Face dataset needs the `datasets` package "
+                             "(pip install 'mdl-jax[signals]')") from None
+    try:
+        if kind == "hf-disk":
+            ds = datasets.load_from_disk(src)
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise GateInputError(f"--split: {split!r} is not a split of {src} "
+                                         f"(has {sorted(ds)})")
+                ds = ds[split]
+            rows = (ds[i] for i in range(start, len(ds)))
+        else:
+            ds = datasets.load_dataset(src, split=split, streaming=True)
+            rows = iter(ds.skip(start)) if start else iter(ds)
+    except GateInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many types (offline, missing split, ...)
+        raise GateInputError(f"IN: cannot load the dataset {src!r} ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]})") from None
+    for i, row in enumerate(rows, start):
+        yield i, row, f"row {i + 1}"
+
+
+def iter_rows(src: str, kind: str, *, start: int = 0, split: str = "train",
+              chunk: int = 1024) -> Iterator[tuple[int, object, str]]:
+    """Rows from input row ``start`` on: (0-based row, row value, "line N" / "row N")."""
+    if kind == "jsonl":
+        return _read_jsonl(Path(src), start)
+    if kind == "csv":
+        return _read_csv(Path(src), start)
+    if kind == "parquet":
+        return _read_parquet(Path(src), start, chunk)
+    return _read_hf(src, kind, split, start)
+
+
+class _Bad:
+    def __init__(self, why: str):
+        self.why = why
+
+
+# --- one row → (query, memories, category, risk) ----------------------------------------------------
+
+def parse_row(row, args) -> tuple[str, list, object, float | None]:
+    """The gate's inputs from one row; GateInputError (its message starts with the field) if bad."""
+    if isinstance(row, _Bad):
+        raise GateInputError(row.why)
+    if not isinstance(row, dict):
+        raise GateInputError(f"expected an object with fields, got {type(row).__name__}")
+
+    def field(name):
+        if name not in row:
+            raise GateInputError(f"field {name!r}: missing (fields: {sorted(map(str, row))[:10]})")
+        return row[name]
+
+    try:
+        q = _check_query("query", field(args.query_field))
+    except ValueError as e:
+        raise GateInputError(f"field {args.query_field!r}: {str(e).split(': ', 1)[1]}") from None
+    mems = field(args.memories_field)
+    if isinstance(mems, str) and args.kind == "csv":
+        try:  # a CSV cell holds the list as JSON
+            mems = json.loads(mems)
+        except json.JSONDecodeError:
+            raise GateInputError(f"field {args.memories_field!r}: expected a JSON list of memories "
+                                 f"in the CSV cell, got {mems[:60]!r}") from None
+    if hasattr(mems, "tolist") and not isinstance(mems, (str, bytes)):
+        mems = mems.tolist()
+    try:
+        _memory_texts("memories", mems)
+    except ValueError as e:
+        raise GateInputError(f"field {args.memories_field!r}{str(e)[len('memories'):]}") from None
+    cat = field(args.category_field) if args.category_field else None
+    risk = None
+    if args.risk_field:
+        r = field(args.risk_field)
+        try:
+            risk = _unit("risk", float(r) if isinstance(r, str) else r)
+        except ValueError:
+            raise GateInputError(f"field {args.risk_field!r}: expected a number in [0, 1], "
+                                 f"got {r!r}"[:200]) from None
+    return q, list(mems), cat, risk
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+def _load_embedder(spec: str):
+    """A model name / path, or ``module:function`` naming a callable texts -> (N, d) array."""
+    if ":" in spec and not Path(spec).exists() and not spec.startswith(("/", ".")):
+        mod, _, attr = spec.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise GateInputError(f"--embedder: cannot import {spec!r} ({e})") from None
+    return spec
+
+
+def _risk_spec(s: str):
+    if s in RISK_PRESETS:
+        return s
+    if s.lower().endswith(".json"):
+        try:
+            return json.loads(Path(s).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise GateInputError(f"--risk: cannot read the risk table {s} ({e})") from None
+    try:
+        return _unit("--risk", float(s))
+    except ValueError:
+        raise GateInputError(f"--risk: expected a number in [0, 1], one of {list(RISK_PRESETS)} or a "
+                             f"JSON {{category: risk}} file, got {s!r}") from None
+
+
+def _fingerprint(args) -> dict:
+    p = Path(args.input)
+    stat = {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} if p.is_file() else {}
+    keys = ("query_field", "memories_field", "risk_field", "category_field", "risk", "config",
+            "embedder", "split", "chunk_size", "on_bad_row")
+    return {"input": str(p.resolve()) if p.exists() else args.input, **stat,
+            **{k: getattr(args, k) for k in keys}}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if fmt == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+    else:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _join_parts(parts: list[Path], out: Path, fmt: str) -> None:
+    """Parts → OUT through a temp file (one part in memory at a time)."""
+    tmp = out.with_name(out.name + ".tmp")
+    if fmt == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.unify_schemas([pq.read_schema(p) for p in parts], promote_options="permissive")
+        with pq.ParquetWriter(tmp, schema) as w:
+            for p in parts:
+                t = pq.read_table(p)
+                for f in schema:  # a column that was null throughout a part may be missing there
+                    if f.name not in t.column_names:
+                        t = t.append_column(f.name, pa.nulls(t.num_rows, f.type))
+                w.write_table(t.select(schema.names).cast(schema))
+    else:
+        with open(tmp, "wb") as w:
+            for p in parts:
+                with open(p, "rb") as r:
+                    shutil.copyfileobj(r, w)
+    os.replace(tmp, out)
+
+
+def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
+    """Decide one chunk: (output rows, action counts, bad-row messages)."""
+    good, parsed, bad = [], [], []
+    for i, row, where in batch:
+        try:
+            parsed.append(parse_row(row, args))
+            good.append((i, row))
+        except GateInputError as e:
+            msg = f"{args.input}, {where}: {e}"
+            if args.on_bad_row == "error":
+                raise GateInputError(msg) from None
+            bad.append(msg)
+    counts = {name: 0 for name in ACTION_NAMES.values()}
+    if not good:
+        return [], counts, bad
+    qs, ms, cats, risks = (list(x) for x in zip(*parsed))
+    try:
+        cols = gate.columns(qs, ms, cats, risks)
+    except ValueError as e:  # a category outside a risk table, a callable risk out of range, ...
+        raise GateInputError(f"{args.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
+    out = []
+    for j, (i, row) in enumerate(good):
+        name = ACTION_NAMES[int(cols["action"][j])]
+        counts[name] += 1
+        rec = dict(row)
+        rec["mdl_row"] = i
+        rec["mdl_action"] = name
+        for k in SCALARS:
+            rec[f"mdl_{k}"] = float(cols[k][j])
+        rec["mdl_n_relevant"] = int(cols["n_relevant"][j])
+        out.append(rec)
+    return out, counts, bad
+
+
+def run(args) -> int:
+    """The ``gate`` subcommand; GateInputError for bad input (the caller prints it)."""
+    import fcntl
+
+    from tqdm.auto import tqdm
+
+    from mdl_jax.gate.core import MemoryGate
+
+    out = Path(args.out)
+    fmt = out.suffix.lower()
+    if fmt not in OUT_SUFFIXES:
+        raise GateInputError(f"--out: {out}: expected a .parquet or .jsonl file name")
+    if args.chunk_size < 1:
+        raise GateInputError(f"--chunk-size: expected a positive int, got {args.chunk_size}")
+    args.kind = _source_kind(args.input)
+    work = out.with_name(out.name + ".parts")
+    if out.exists() and not work.exists():
+        raise GateInputError(f"--out: {out} exists; remove it or choose another file")
+    try:
+        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=_risk_spec(args.risk),
+                          config=args.config, cache_dir=args.cache_dir)
+    except ValueError as e:
+        raise GateInputError(str(e)) from None
+    work.mkdir(parents=True, exist_ok=True)
+    fresh = not (work / "manifest.json").exists()
+    lock = open(work / "lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
+    fp = _fingerprint(args)
+    man = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
+    if not fresh:
+        man = json.loads((work / "manifest.json").read_text())
+        if man.get("args") != fp:
+            raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
+                                 "another input; remove it to start over")
+    try:
+        if not man["done"]:
+            _stream(gate, args, work, man, fmt, tqdm)
+            if not any(p["n_rows"] for p in man["parts"]):
+                raise GateInputError(f"{args.input}: no rows to decide"
+                                     + (f" ({sum(len(p['bad']) for p in man['parts'])} bad rows "
+                                        "skipped)" if man["parts"] else ""))
+            _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
+            man["done"] = True
+            _write_atomic(work / "manifest.json", json.dumps(man).encode())
+    except GateInputError:
+        if fresh or not man["parts"]:
+            lock.close()
+            shutil.rmtree(work, ignore_errors=True)  # nothing of this run is left behind
+        raise
+    _summary(man, out)
+    lock.close()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
+    C = args.chunk_size
+    start = len(man["parts"]) * C
+    rows = _Peek(iter_rows(args.input, args.kind, start=start, split=args.split, chunk=C))
+    total = None
+    if args.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(args.input).metadata.num_rows
+    bar = tqdm(total=total, initial=start, desc="mdl-jax gate", unit="row", file=sys.stderr,
+               disable=args.no_progress)
+    k = len(man["parts"])
+    while True:
+        # part k holds input rows [k·C, (k+1)·C): read until the next row belongs to part k + 1
+        lo, hi = k * C, (k + 1) * C
+        batch = list(_take_until(rows, hi))
+        if not batch and _exhausted(rows):
+            break
+        recs, counts, bad = _decide_chunk(gate, args, batch)
+        name = f"part-{k:06d}{fmt}"
+        if recs:
+            _write_part(work / name, recs, fmt)
+        man["parts"].append({"file": name, "start": lo, "end": hi, "n_rows": len(recs),
+                             "counts": counts, "bad": bad})
+        _write_atomic(work / "manifest.json", json.dumps(man).encode())
+        bar.update(len(batch))
+        k += 1
+    bar.close()
+
+
+class _Peek:
+    """An iterator with one row of look-ahead (to cut the stream at part boundaries)."""
+
+    def __init__(self, it):
+        self.it, self.head, self.done = it, None, False
+
+    def peek(self):
+        if self.head is None and not self.done:
+            try:
+                self.head = next(self.it)
+            except StopIteration:
+                self.done = True
+        return self.head
+
+    def pop(self):
+        h = self.peek()
+        self.head = None
+        return h
+
+
+def _take_until(rows, hi):
+    while True:
+        h = rows.peek()
+        if h is None or h[0] >= hi:
+            return
+        yield rows.pop()
+
+
+def _exhausted(rows) -> bool:
+    return rows.peek() is None
+
+
+def _summary(man: dict, out: Path) -> None:
+    counts = {name: 0 for name in ACTION_NAMES.values()}
+    bad = []
+    for p in man["parts"]:
+        for k, v in p["counts"].items():
+            counts[k] += v
+        bad += p["bad"]
+    n = sum(counts.values())
+    line = ", ".join(f"{k} {v}" for k, v in counts.items())
+    print(f"mdl-jax gate: {n} rows decided → {out} ({line}); {len(bad)} bad rows skipped",
+          file=sys.stderr)
+    for msg in bad[:5]:
+        print(f"  skipped: {msg}", file=sys.stderr)
+    if len(bad) > 5:
+        print(f"  ... and {len(bad) - 5} more", file=sys.stderr)
+
+
+def gate_cmd(args) -> int:
+    try:
+        return run(args)
+    except GateInputError as e:
+        print(f"mdl-jax: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gate", help="the memory gate over a JSONL / Parquet / CSV file or a Hugging "
+                                    "Face dataset: decision columns beside the input's",
+                       description=__doc__.split("\n\n")[0] + f" Cost: {COST}.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("input", metavar="IN", help="a .jsonl / .parquet / .csv file, a dataset folder, "
+                                               "or a Hugging Face dataset name")
+    p.add_argument("--out", required=True, help="OUT.parquet or OUT.jsonl")
+    p.add_argument("--query-field", default="query", help="the field holding the query")
+    p.add_argument("--memories-field", default="memories",
+                   help="the field holding the memories: a list of texts or of objects with 'text'")
+    p.add_argument("--risk-field", default=None, help="a field holding A in [0, 1] (overrides --risk)")
+    p.add_argument("--category-field", default=None,
+                   help="a field holding the category, for a category table (--risk truthfulqa / JSON)")
+    p.add_argument("--risk", default="0.5", help="A for every row: a number in [0, 1], 'truthfulqa', "
+                                                 "'halueval', or a JSON file {category: risk}")
+    p.add_argument("--config", default=None, help="an MDL config file (save_config); default: Table 2")
+    p.add_argument("--embedder", default="all-MiniLM-L6-v2",
+                   help="a sentence-transformers name or path, or module:function (texts -> (N, d))")
+    p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "
+                                                     "~/.cache/mdl_jax)")
+    p.add_argument("--split", default="train", help="the split of a Hugging Face dataset")
+    p.add_argument("--chunk-size", type=int, default=1024, help="rows per part (decided in one batch)")
+    p.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
+                   help="a bad row stops the run (exit 2) or is skipped and counted")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=gate_cmd)

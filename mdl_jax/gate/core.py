@@ -1,0 +1,369 @@
+"""The memory gate: MDL for any query and the memories a retriever returned.
+
+    gate = MemoryGate()                                 # bundled MiniLM, A = 0.5, paper defaults
+    d = gate.decide("Is it safe to eat raw cookie dough?", ["Raw flour can carry E. coli", ...])
+    d.action_name, d.scalars["C_final"], d.memories, d.messages
+
+The gate holds four replaceable parts and runs the same code as the benchmark pipeline:
+  embedder   ``mdl_jax.signals.embeddings.Embedder`` (a sentence-transformers name or path; cached on
+             disk), an object with ``embed(texts)``, or any callable texts → (N, d) array
+  risk       A: a constant, the presets ``"truthfulqa"`` (category table) / ``"halueval"`` (whole-word
+             keywords on the query), a {category: risk} table, or a callable (query, category) → A
+  conflict   φ's pairwise detector: texts → S×S booleans (default: the paper's lexical detector)
+  config     an ``MDLConfig`` or the path of a config file (``save_config``)
+M, R and φ come from ``mdl_jax.signals.aggregation.memory_signals`` (the pipeline's function), the
+action from ``mdl_jax.decide``. Memories are texts or dicts with a ``"text"`` field; other fields
+(source, trust, time, ...) are carried through untouched: MDL's signals are computed from the texts
+alone, as in the paper. torch is imported only when a text is first embedded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from os import PathLike
+from typing import Any
+
+import numpy as np
+
+from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.config_file import load_config
+from mdl_jax.controller.decision import Action
+from mdl_jax.prompts import ABSTENTION, chat, memory_block
+from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, memory_signals
+from mdl_jax.signals.conflict import pair_flags
+from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
+from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
+
+ACTION_NAMES = {Action.ACTIVE: "Active", Action.SUPP: "Supp", Action.SILENT: "Silent",
+                Action.OPT_OUT: "Opt-Out"}
+SCALARS = ("M", "R", "A", "phi", "C", "alpha", "C_final", "E_wm", "E_r", "E_a")
+RISK_PRESETS = ("truthfulqa", "halueval")
+
+
+# --- the four parts ---------------------------------------------------------------------------------
+
+class _CallableEmbedder:
+    """A user's callable texts → (N, d) vectors behind the ``embed`` interface; rows are L2-normalised
+    (the signals are cosines)."""
+
+    def __init__(self, fn: Callable[[list[str]], Any]):
+        self.fn = fn
+
+    def embed(self, texts: Sequence[str], desc: str = "") -> np.ndarray:
+        texts = list(texts)
+        try:
+            out = np.asarray(self.fn(texts), dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"embedder: the callable's result is not an array of numbers ({e})") from None
+        if out.ndim != 2 or out.shape[0] != len(texts) or out.shape[1] < 1:
+            raise ValueError(f"embedder: expected an (N, d) array for N = {len(texts)} texts, "
+                             f"got shape {out.shape}")
+        if not np.isfinite(out).all():
+            raise ValueError("embedder: the callable returned NaN or infinite values")
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+
+def _make_embedder(embedder, cache_dir, batch_size):
+    if isinstance(embedder, (str, PathLike)):
+        return Embedder(str(embedder), cache_dir=cache_dir, batch_size=batch_size)
+    if hasattr(embedder, "embed"):
+        return embedder
+    if callable(embedder):
+        return _CallableEmbedder(embedder)
+    raise ValueError("embedder: expected a sentence-transformers model name or path, an object with "
+                     f"embed(texts), or a callable texts -> (N, d) array; got {type(embedder).__name__}")
+
+
+def _unit(name: str, x) -> float:
+    """``x`` as a float in [0, 1], else a ValueError that begins with ``name``."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)) \
+            or not 0.0 <= float(x) <= 1.0:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+    return float(x)
+
+
+def _make_risk(risk) -> Callable[[str, str | None], float]:
+    """The risk assessor (query, category) → A as a function; checks the spec once."""
+    if isinstance(risk, str):
+        if risk == "truthfulqa":
+            return lambda q, c: truthfulqa_risk(c or "")
+        if risk == "halueval":
+            return lambda q, c: halueval_risk(q)
+        raise ValueError(f"risk: expected a number in [0, 1], one of {list(RISK_PRESETS)}, a "
+                         f"{{category: risk}} table or a callable; got the string {risk!r}")
+    if isinstance(risk, Mapping):
+        if not risk:
+            raise ValueError("risk: the {category: risk} table is empty")
+        table = {str(k): _unit(f"risk[{k!r}]", v) for k, v in risk.items()}
+
+        def lookup(q, c):
+            if c is None or str(c) not in table:
+                raise ValueError(f"category: {c!r} is not in the risk table (known: "
+                                 f"{sorted(table)[:8]}{' ...' if len(table) > 8 else ''})")
+            return table[str(c)]
+        return lookup
+    if callable(risk):
+        def call(q, c):
+            return _unit(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
+        return call
+    a = _unit("risk", risk)
+    return lambda q, c: a
+
+
+def _checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
+    def flags(texts):
+        n = len(texts)
+        out = np.asarray(fn(list(texts)))
+        if out.shape != (n, n):
+            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
+                             f"got shape {out.shape}")
+        return out.astype(bool)
+    return flags
+
+
+def _make_config(config) -> MDLConfig:
+    if config is None:
+        return MDLConfig()
+    if isinstance(config, MDLConfig):
+        return config
+    if isinstance(config, (str, PathLike)):
+        try:
+            return load_config(config)
+        except ValueError as e:  # ConfigFileError names the file and the field
+            raise ValueError(f"config: {e}") from None
+    raise ValueError(f"config: expected an MDLConfig or the path of a config file, got "
+                     f"{type(config).__name__}")
+
+
+# --- input checks ------------------------------------------------------------------------------------
+
+def _check_query(name: str, q) -> str:
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f"{name}: expected a non-empty string, got {q!r}"[:200])
+    return q
+
+
+def _memory_texts(name: str, memories) -> list[str]:
+    """The texts of one memory list; ValueError naming ``name`` (and the item) when malformed."""
+    if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
+        raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
+                         f"got {type(memories).__name__}")
+    texts = []
+    for j, m in enumerate(memories):
+        if isinstance(m, Mapping):
+            if "text" not in m:
+                raise ValueError(f"{name}[{j}]: a memory dict needs a 'text' field "
+                                 f"(got fields {sorted(map(str, m))})")
+            m = m["text"]
+        if not isinstance(m, str) or not m.strip():
+            raise ValueError(f"{name}[{j}]: expected a non-empty memory text, got {m!r}"[:200])
+        texts.append(m)
+    return texts
+
+
+def _jsonable(x):
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if hasattr(x, "isoformat"):
+        return x.isoformat()
+    return x
+
+
+# --- the decision --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GateDecision:
+    """One gated decision. ``action``: ``mdl_jax.Action``; ``scalars``: M, R, A, φ, C, α, C_final and
+    the subspace energies E_wm, E_r, E_a (plain floats); ``retrieved``: the memories as given;
+    ``memories``: those to inject (all for Active / Supp, none for Silent / Opt-Out)."""
+
+    query: str
+    action: Action
+    scalars: dict
+    retrieved: tuple
+    texts: tuple
+    abstention: str = ABSTENTION
+
+    @property
+    def action_name(self) -> str:
+        """"Active" | "Supp" | "Silent" | "Opt-Out"."""
+        return ACTION_NAMES[self.action]
+
+    @property
+    def injects(self) -> bool:
+        return self.action in (Action.ACTIVE, Action.SUPP)
+
+    @property
+    def memories(self) -> list:
+        """The memories to inject, as given (texts or dicts); [] for Silent and Opt-Out."""
+        return list(self.retrieved) if self.injects else []
+
+    @property
+    def messages(self) -> list[dict] | None:
+        """[system, user] messages for the query alone under this action (the benchmark's prompts);
+        None for Opt-Out, whose answer is ``abstention`` without a model call."""
+        if self.action == Action.OPT_OUT:
+            return None
+        return chat(self.query, self.texts if self.injects else (), caution=self.action == Action.SUPP)
+
+    def build_messages(self, messages: Sequence[Mapping]) -> list[dict] | None:
+        """Apply the action to a caller's chat (OpenAI-style dicts with "role" and "content").
+
+        Active: the memory block goes in front of the last user message's content; Supp: the block and
+        the caution; Silent: the chat unchanged; Opt-Out: None (answer with ``abstention``). The input
+        is not modified; a copy is returned.
+        """
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise ValueError("messages: expected a list of chat messages (dicts with 'role' and "
+                             f"'content'), got {type(messages).__name__}")
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m:
+                raise ValueError(f"messages[{i}]: expected a dict with a 'role' field, got {m!r}"[:200])
+            out.append(dict(m))
+        users = [i for i, m in enumerate(out) if m["role"] == "user"]
+        if not users:
+            raise ValueError("messages: expected at least one message with role 'user'")
+        if self.action == Action.OPT_OUT:
+            return None
+        if not self.injects:
+            return out
+        block = memory_block(self.texts, caution=self.action == Action.SUPP)
+        last = out[users[-1]]
+        content = last.get("content")
+        if isinstance(content, str):
+            last["content"] = block + content
+        elif isinstance(content, list):  # multi-part content: the memories as a first text part
+            last["content"] = [{"type": "text", "text": block}] + list(content)
+        else:
+            raise ValueError(f"messages[{users[-1]}]: expected 'content' to be a string or a list of "
+                             f"parts, got {type(content).__name__}")
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-able: {"action", "scalars", "memories"}."""
+        return {"action": self.action_name, "scalars": dict(self.scalars),
+                "memories": _jsonable(self.memories)}
+
+
+# --- the gate ----------------------------------------------------------------------------------------
+
+class MemoryGate:
+    """MDL between a retriever and a model, for any query and memories.
+
+    Args:
+      embedder: a sentence-transformers model name or local path (default: the bundled
+        all-MiniLM-L6-v2; vectors cached on disk under ``cache_dir``), an object with
+        ``embed(texts) -> (N, d)``, or a callable ``texts -> (N, d)`` array (rows are L2-normalised).
+      risk: A for every query: a number in [0, 1]; ``"truthfulqa"`` (the category table; an unknown or
+        missing category gets 0.5) or ``"halueval"`` (whole-word keywords on the query); a
+        {category: risk} table (a category outside it is an error); or a callable
+        ``(query, category) -> float`` in [0, 1]. ``decide(..., risk=x)`` overrides it per call.
+      conflict: ``texts -> S×S`` booleans, the pairs that contradict; default the paper's lexical
+        detector (``mdl_jax.signals.conflict.pair_flags``).
+      config: an ``MDLConfig`` or the path of a config file; default the paper's Table 2 settings.
+      cache_dir, batch_size: for a named embedder: its vector cache folder and encoding batch size.
+      abstention: the answer an Opt-Out returns (no model call).
+    """
+
+    def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5,
+                 conflict: Callable[[list[str]], Any] | None = None,
+                 config: MDLConfig | str | PathLike | None = None, *,
+                 cache_dir: str | PathLike | None = None, batch_size: int = 64,
+                 relevance_threshold: float = RELEVANCE_THRESHOLD, abstention: str = ABSTENTION):
+        self.config = _make_config(config)
+        self.embedder = _make_embedder(embedder, cache_dir, batch_size)
+        self.risk = _make_risk(risk)
+        if conflict is not None and not callable(conflict):
+            raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
+                             f"{type(conflict).__name__}")
+        self.conflict = _checked_conflict(conflict) if conflict is not None else pair_flags
+        self.relevance_threshold = _unit("relevance_threshold", relevance_threshold)
+        if not isinstance(abstention, str) or not abstention:
+            raise ValueError(f"abstention: expected a non-empty string, got {abstention!r}")
+        self.abstention = abstention
+
+    # -- columns: the array path the CLI and the benchmark use ---------------------------------------
+    def check(self, queries, memories_lists, categories=None, risks=None):
+        """Validate a batch; returns (queries, texts per query, categories, A as float32 (B,))."""
+        if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
+            raise ValueError(f"queries: expected a list of strings, got {type(queries).__name__}")
+        if isinstance(memories_lists, (str, bytes)) or not isinstance(memories_lists, Sequence):
+            raise ValueError("memories_lists: expected one list of memories per query, got "
+                             f"{type(memories_lists).__name__}")
+        B = len(queries)
+        if len(memories_lists) != B:
+            raise ValueError(f"memories_lists: expected {B} lists (one per query), got {len(memories_lists)}")
+        for name, xs in (("categories", categories), ("risks", risks)):
+            if xs is not None and (isinstance(xs, (str, bytes)) or len(xs) != B):
+                raise ValueError(f"{name}: expected None or {B} values (one per query)")
+        qs = [_check_query(f"queries[{i}]", q) for i, q in enumerate(queries)]
+        texts = [_memory_texts(f"memories_lists[{i}]", m) for i, m in enumerate(memories_lists)]
+        cats = list(categories) if categories is not None else [None] * B
+        A = np.empty(B, np.float32)
+        for i in range(B):
+            r = None if risks is None else risks[i]
+            A[i] = self.risk(qs[i], cats[i]) if r is None else _unit(f"risks[{i}]", r)
+        return qs, texts, cats, A
+
+    def columns(self, queries, memories_lists, categories=None, risks=None, *,
+                progress: bool = False) -> dict[str, np.ndarray]:
+        """The decision as columns: {"action": (B,) int32, "M", "R", "A", "phi", "C", "alpha",
+        "C_final", "E_wm", "E_r", "E_a": (B,) float32, "n_relevant": (B,) int32}."""
+        qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
+        sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
+                             threshold=self.relevance_threshold, progress=progress)
+        return self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"], n_relevant=sig["n_relevant"])
+
+    def decide_signals(self, M, R, A, *, phi=None, n_relevant=None) -> dict[str, np.ndarray]:
+        """The controller on (B,) signals → the columns of ``columns`` (phi / n_relevant passed through)."""
+        from mdl_jax.controller.api import decide
+
+        d = decide(np.asarray(M, np.float32), np.asarray(R, np.float32), np.asarray(A, np.float32),
+                   self.config)
+        e = np.asarray(d.energies, np.float32)
+        out = {"action": np.asarray(d.action, np.int32), "M": np.asarray(M, np.float32),
+               "R": np.asarray(R, np.float32), "A": np.asarray(A, np.float32),
+               "phi": np.zeros(len(e), np.float32) if phi is None else np.asarray(phi, np.float32),
+               "C": np.asarray(d.C, np.float32), "alpha": np.asarray(d.alpha, np.float32),
+               "C_final": np.asarray(d.C_final, np.float32),
+               "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
+        if n_relevant is not None:
+            out["n_relevant"] = np.asarray(n_relevant, np.int32)
+        return out
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def decide_batch(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
+                     categories: Sequence | None = None, risks: Sequence | None = None, *,
+                     progress: bool = False) -> list[GateDecision]:
+        """One ``GateDecision`` per query: all texts embedded in batches, the controller run once."""
+        qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
+        sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
+                             threshold=self.relevance_threshold, progress=progress)
+        cols = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"])
+        out = []
+        for i, q in enumerate(qs):
+            scal = {k: float(cols[k][i]) for k in SCALARS}
+            out.append(GateDecision(q, Action(int(cols["action"][i])), scal, tuple(memories_lists[i]),
+                                    tuple(texts[i]), self.abstention))
+        return out
+
+    def decide(self, query: str, memories: Sequence, category: str | None = None,
+               risk: float | None = None) -> GateDecision:
+        """The decision for one query and its memories (texts or dicts with a "text" field).
+
+        ``category`` feeds a table / preset / callable risk assessor; ``risk`` (a number in [0, 1])
+        overrides the assessor for this call.
+        """
+        _check_query("query", query)
+        _memory_texts("memories", memories)
+        if risk is not None:
+            _unit("risk", risk)
+        return self.decide_batch([query], [memories], [category], [risk])[0]

@@ -1,0 +1,28 @@
+"""The signal wing: from a query and its memory texts to M, R, φ and A (paper Section 3.2).
+
+  embeddings.py    sentence embeddings (the bundled MiniLM or any sentence-transformers model) with an
+                   on-disk cache; torch is imported only when a text is actually embedded
+  conflict.py      φ's pairwise lexical stance-conflict detector
+  risk.py          A: the TruthfulQA category table and the HaluEval keyword preset (whole words)
+  aggregation.py   M, R, φ for padded stores in one batched JAX pass (``memory_signals``)
+
+Both the benchmark pipeline (``mdl_jax.pipeline``) and the memory gate (``mdl_jax.gate``) import this
+wing; it imports the controller's package only, never the pipeline, the gate or the integrations.
+"""
+
+from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD
+from mdl_jax.signals.aggregation import aggregate
+from mdl_jax.signals.aggregation import aggregate_one
+from mdl_jax.signals.aggregation import memory_signals
+from mdl_jax.signals.aggregation import store_arrays
+from mdl_jax.signals.conflict import pair_flags
+from mdl_jax.signals.conflict import stance_conflict
+from mdl_jax.signals.embeddings import Embedder
+from mdl_jax.signals.risk import HIGH_RISK
+from mdl_jax.signals.risk import halueval_risk
+from mdl_jax.signals.risk import truthfulqa_risk
+
+__all__ = [
+    "Embedder", "HIGH_RISK", "RELEVANCE_THRESHOLD", "aggregate", "aggregate_one", "halueval_risk",
+    "memory_signals", "pair_flags", "stance_conflict", "store_arrays", "truthfulqa_risk",
+]

@@ -1,0 +1,20 @@
+"""Embedders for ``mdl-jax gate --embedder tests.gate_embedders:NAME`` in the CLI's failure-path tests
+(kill -9 mid-run): deterministic vectors from each text's hash, no model to load. The real MiniLM is
+used by the CLI's end-to-end test."""
+
+import hashlib
+import time
+
+import numpy as np
+
+
+def hashed(texts):
+    """(N, 16) vectors seeded by sha256(text): equal texts give equal vectors, across processes."""
+    return np.stack([np.random.default_rng(int.from_bytes(hashlib.sha256(t.encode()).digest()[:8],
+                                                          "little")).normal(size=16) for t in texts])
+
+
+def slow(texts):
+    """``hashed``, 0.1 s per call: a chunk takes long enough to be killed mid-run."""
+    time.sleep(0.1)
+    return hashed(texts)

@@ -1,0 +1,199 @@
+"""The memory gate (``mdl_jax.gate``): one implementation with the pipeline, every action reachable,
+batch = loop, the messages of each action, and clear errors on bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mdl_jax import Action, MDLConfig, decide, save_config
+from mdl_jax.gate import SCALARS, GateDecision, MemoryGate
+from mdl_jax.pipeline import data
+from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_jax.pipeline.stores import build_stores
+from mdl_jax.prompts import ABSTENTION, CAUTION, chat
+
+
+def _vec(m, sign=1.0):
+    return [m, sign * np.sqrt(1.0 - m * m), 0.0]
+
+
+# Constructed vectors: the query is e1, a memory "fact m a/b" has cosine m with it; a/b mirror each
+# other, so two of them have pairwise cosine 2m² - 1 (R when they are the relevant pair).
+VECS = {"q": [1.0, 0.0, 0.0]}
+for _m in (0.95, 0.8, 0.35, 0.1):
+    VECS[f"fact {_m} a"], VECS[f"fact {_m} b"] = _vec(_m), _vec(_m, -1.0)
+CASES = {  # action: (memories, A)
+    Action.ACTIVE: (["fact 0.95 a", "fact 0.95 b"], 0.2),    # M 0.95, R 0.805
+    Action.SUPP: (["fact 0.35 a"], 0.5),                      # M 0.35, one relevant memory: R 0.5
+    Action.SILENT: (["fact 0.8 a", "fact 0.8 b"], 0.85),      # M 0.8, R 0.28, high risk
+    Action.OPT_OUT: (["fact 0.1 a", "fact 0.1 b"], 0.85),     # irrelevant, high risk
+}
+
+
+def _lookup(texts):
+    return np.array([VECS[t] for t in texts])
+
+
+@pytest.fixture(scope="module")
+def gate():
+    return MemoryGate(embedder=_lookup)
+
+
+def test_gate_equals_decide_on_the_pipelines_signals_for_the_same_stores(embedder):
+    """One implementation: for the pipeline's own stores, the gate's M, R, φ, A and action are those
+    ``compute_signals`` + ``mdl_jax.decide`` give (same embedder, same conflict detector, same risk)."""
+    for ds, preset in (("truthfulqa", "truthfulqa"), ("halueval", "halueval")):
+        stores = build_stores(data.load(ds, limit=12))
+        table = compute_signals(stores, embedder)
+        ref = decide(*signal_arrays(table), MDLConfig())
+        g = MemoryGate(embedder=embedder, risk=preset)
+        got = g.decide_batch([s.item.question for s in stores], [s.texts for s in stores],
+                             categories=[s.item.category for s in stores])
+        assert [int(d.action) for d in got] == np.asarray(ref.action).tolist()
+        for k, col in (("M", "M"), ("R", "R"), ("A", "A"), ("phi", "phi")):
+            np.testing.assert_allclose([d.scalars[k] for d in got], table[col], atol=1e-6)
+        np.testing.assert_allclose([d.scalars["C_final"] for d in got], np.asarray(ref.C_final), atol=1e-6)
+        np.testing.assert_allclose([[d.scalars[k] for k in ("E_wm", "E_r", "E_a")] for d in got],
+                                   np.asarray(ref.energies), atol=1e-5)
+
+
+@pytest.mark.parametrize("action", list(CASES))
+def test_every_action_is_reachable_and_applied(gate, action):
+    mems, A = CASES[action]
+    d = gate.decide("q", mems, risk=A)
+    assert d.action == action and isinstance(d.action, Action)
+    assert d.action_name == {0: "Active", 1: "Supp", 2: "Silent", 3: "Opt-Out"}[int(action)]
+    assert set(d.scalars) == set(SCALARS) and all(type(v) is float for v in d.scalars.values())
+    assert all(np.isfinite(list(d.scalars.values())))
+    assert d.scalars["A"] == pytest.approx(A)
+    caller = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "q"}]
+    built = d.build_messages(caller)
+    assert caller[-1]["content"] == "q"  # the caller's chat is not modified
+    if action in (Action.ACTIVE, Action.SUPP):
+        assert d.memories == mems
+        assert d.messages == chat("q", mems, caution=action == Action.SUPP)
+        assert built[:3] == caller[:3] and built[-1]["content"].endswith("q")
+        assert all(f"- {m}" in built[-1]["content"] for m in mems)
+        assert (CAUTION in built[-1]["content"]) == (action == Action.SUPP)
+    elif action == Action.SILENT:
+        assert d.memories == [] and d.messages == chat("q") and built == caller
+    else:
+        assert d.memories == [] and d.messages is None and built is None
+        assert d.abstention == ABSTENTION
+    js = json.loads(json.dumps(d.to_dict()))
+    assert js["action"] == d.action_name and js["scalars"] == d.scalars and js["memories"] == d.memories
+
+
+def test_memory_dicts_are_carried_through_and_only_their_text_is_scored(gate):
+    mems = [{"text": "fact 0.95 a", "source": "wiki", "trust": 0.9, "time": "2024-01-01"},
+            {"text": "fact 0.95 b", "source": "blog"}]
+    d = gate.decide("q", mems, risk=0.2)
+    assert d.action == Action.ACTIVE and d.memories == mems
+    assert d.scalars == gate.decide("q", ["fact 0.95 a", "fact 0.95 b"], risk=0.2).scalars
+    multi = [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+    assert d.build_messages(multi)[0]["content"][0]["text"].startswith("Memories:\n- fact 0.95 a")
+
+
+def test_the_lexical_detector_is_the_default_and_replaceable(embedder):
+    mems = ["Raw cookie dough is safe to eat.", "Raw cookie dough is not safe to eat."]
+    d = MemoryGate(embedder=embedder).decide("Is raw cookie dough safe to eat?", mems)
+    assert d.scalars["phi"] == 1.0 and d.scalars["R"] == 0.0
+    quiet = MemoryGate(embedder=embedder, conflict=lambda t: np.zeros((len(t), len(t)), bool))
+    e = quiet.decide("Is raw cookie dough safe to eat?", mems)
+    assert e.scalars["phi"] == 0.0 and e.scalars["R"] > 0.5 and e.scalars["M"] == d.scalars["M"]
+
+
+def test_batch_equals_loop(gate):
+    qs, ms, rs = [], [], []
+    for action, (mems, A) in CASES.items():
+        qs.append("q"); ms.append(mems); rs.append(A)
+    qs.append("q"); ms.append([]); rs.append(0.2)  # an empty memory list is valid: M = 0
+    batch = gate.decide_batch(qs, ms, risks=rs)
+    loop = [gate.decide(q, m, risk=r) for q, m, r in zip(qs, ms, rs)]
+    assert [b.to_dict() for b in batch] == [x.to_dict() for x in loop]
+    assert [b.action for b in batch[:4]] == list(CASES)
+    cols = gate.columns(qs, ms, risks=rs)
+    assert cols["action"].tolist() == [int(b.action) for b in batch]
+    np.testing.assert_array_equal(cols["C_final"], np.float32([b.scalars["C_final"] for b in batch]))
+
+
+def test_risk_assessors(gate):
+    mems = CASES[Action.ACTIVE][0]
+    assert MemoryGate(_lookup, risk=0.3).decide("q", mems).scalars["A"] == pytest.approx(0.3)
+    table = MemoryGate(_lookup, risk={"medical": 0.85, "trivia": 0.2})
+    assert table.decide("q", mems, category="medical").scalars["A"] == pytest.approx(0.85)
+    with pytest.raises(ValueError, match=r"^category: 'sports' is not in the risk table"):
+        table.decide("q", mems, category="sports")
+    assert MemoryGate(_lookup, risk=lambda q, c: 0.7).decide("q", mems).scalars["A"] == pytest.approx(0.7)
+    tqa = MemoryGate(_lookup, risk="truthfulqa")
+    assert tqa.decide("q", mems, category="Health").scalars["A"] == pytest.approx(0.85)
+    assert tqa.decide("q", mems).scalars["A"] == pytest.approx(0.5)  # no category: the table default
+    halu = MemoryGate(_lookup, risk="halueval")
+    VECS.setdefault("Which drug treats the disease?", [1.0, 0.0, 0.0])
+    assert halu.decide("Which drug treats the disease?", mems).scalars["A"] == pytest.approx(0.85)
+    with pytest.raises(ValueError, match=r"^risk: the risk callable's value .* expected a number in \[0, 1\]"):
+        MemoryGate(_lookup, risk=lambda q, c: 1.5).decide("q", mems)
+
+
+def test_config_object_and_file(tmp_path, gate):
+    mems, A = CASES[Action.SUPP]
+    strict = MDLConfig(thresholds=(0.99, 0.98, 0.97))
+    path = save_config(strict, tmp_path / "strict.json")
+    for cfg in (strict, str(path), path):
+        assert MemoryGate(_lookup, config=cfg).decide("q", mems, risk=A).action == Action.OPT_OUT
+    assert gate.decide("q", mems, risk=A).action == Action.SUPP
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda g: g.decide("", ["fact 0.95 a"]), r"^query: expected a non-empty string"),
+    (lambda g: g.decide("   ", ["fact 0.95 a"]), r"^query: expected a non-empty string"),
+    (lambda g: g.decide(None, ["fact 0.95 a"]), r"^query: expected a non-empty string"),
+    (lambda g: g.decide("q", "fact 0.95 a"), r"^memories: expected a list of memory texts"),
+    (lambda g: g.decide("q", {"text": "x"}), r"^memories: expected a list of memory texts"),
+    (lambda g: g.decide("q", [{"source": "wiki"}]), r"^memories\[0\]: a memory dict needs a 'text' field"),
+    (lambda g: g.decide("q", ["fact 0.95 a", ""]), r"^memories\[1\]: expected a non-empty memory text"),
+    (lambda g: g.decide("q", ["fact 0.95 a", 3]), r"^memories\[1\]: expected a non-empty memory text"),
+    (lambda g: g.decide("q", ["fact 0.95 a"], risk=1.5), r"^risk: expected a number in \[0, 1\]"),
+    (lambda g: g.decide("q", ["fact 0.95 a"], risk=float("nan")), r"^risk: expected a number in \[0, 1\]"),
+    (lambda g: g.decide_batch(["q", "q"], [["fact 0.95 a"]]), r"^memories_lists: expected 2 lists"),
+    (lambda g: g.decide_batch(["q", ""], [[], []]), r"^queries\[1\]: expected a non-empty string"),
+    (lambda g: g.decide_batch(["q"], [[{"x": 1}]]), r"^memories_lists\[0\]\[0\]: a memory dict needs"),
+    (lambda g: g.decide("q", ["fact 0.95 a"]).build_messages("hi"), r"^messages: expected a list"),
+    (lambda g: g.decide("q", ["fact 0.95 a"]).build_messages([{"role": "system", "content": "x"}]),
+     r"^messages: expected at least one message with role 'user'"),
+])
+def test_bad_input_is_a_value_error_naming_the_argument(gate, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(gate)
+
+
+def test_bad_construction_names_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=r"^config: .*missing\.json: cannot read"):
+        MemoryGate(_lookup, config=tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"^config: .*bad\.json: not valid JSON"):
+        MemoryGate(_lookup, config=str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match=r"^config: expected an MDLConfig"):
+        MemoryGate(_lookup, config=3)
+    with pytest.raises(ValueError, match=r"^risk: expected a number in \[0, 1\], one of"):
+        MemoryGate(_lookup, risk="medical")
+    with pytest.raises(ValueError, match=r"^risk\['a'\]: expected a number in \[0, 1\]"):
+        MemoryGate(_lookup, risk={"a": 2})
+    with pytest.raises(ValueError, match=r"^embedder: expected a sentence-transformers model"):
+        MemoryGate(embedder=3)
+    with pytest.raises(ValueError, match=r"^embedder: expected an \(N, d\) array for N = 1 texts"):
+        MemoryGate(lambda t: np.ones(3)).decide("q", ["a"])
+    with pytest.raises(ValueError, match=r"^conflict: expected an 2×2 matrix"):
+        MemoryGate(_lookup, conflict=lambda t: [[False]]).decide("q", ["fact 0.95 a", "fact 0.95 b"])
+
+
+def test_importing_the_gate_loads_no_torch_until_a_text_is_embedded():
+    code = ("import sys; from mdl_jax.gate import MemoryGate; g = MemoryGate(); "
+            "assert 'torch' not in sys.modules and 'mdl_jax.pipeline' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert isinstance(GateDecision, type)

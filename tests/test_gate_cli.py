@@ -1,0 +1,146 @@
+"""``mdl-jax gate``: every input format gives the gate's decisions beside the input's columns; a run
+killed with SIGKILL resumes without losing or doubling a row; bad rows stop the run with one line
+naming file, row and field, or are skipped and counted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mdl_jax.cli import main
+from mdl_jax.gate import MemoryGate
+from mdl_jax.pipeline import data
+from tests.gate_embedders import hashed
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ["--query-field", "question", "--memories-field", "mems"]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    items = data.load("truthfulqa", limit=20)
+    return [{"id": it.qid, "question": it.question, "cat": it.category,
+             "mems": list(it.correct[:2]) + list(it.incorrect[:2])} for it in items]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _env(cache_dir):
+    return {**os.environ, "PYTHONPATH": str(ROOT), "MDL_JAX_CACHE_DIR": str(cache_dir)}
+
+
+def test_every_input_format_gives_the_gates_decisions_beside_the_input(rows, tmp_path, embedder,
+                                                                      cache_dir, capsys):
+    """JSONL, CSV, Parquet and a saved Hugging Face dataset folder, to Parquet and JSONL, with the real
+    MiniLM (vectors from the session's cache): the columns are MemoryGate.decide_batch's."""
+    import datasets
+
+    want = MemoryGate(embedder=embedder, risk="truthfulqa").decide_batch(
+        [r["question"] for r in rows], [r["mems"] for r in rows], [r["cat"] for r in rows])
+    df = pd.DataFrame(rows)
+    ins = {"jsonl": _jsonl(tmp_path / "in.jsonl", rows), "parquet": tmp_path / "in.parquet",
+           "csv": tmp_path / "in.csv", "hf": tmp_path / "hf"}
+    df.to_parquet(ins["parquet"])
+    df.assign(mems=df.mems.map(json.dumps)).to_csv(ins["csv"], index=False)
+    datasets.Dataset.from_pandas(df).save_to_disk(str(ins["hf"]))
+    for (kind, src), suffix in zip(ins.items(), (".parquet", ".jsonl", ".parquet", ".jsonl")):
+        out = tmp_path / f"out-{kind}{suffix}"
+        assert main(["gate", str(src), "--out", str(out), *FIELDS, "--category-field", "cat",
+                     "--risk", "truthfulqa", "--cache-dir", str(cache_dir), "--chunk-size", "7",
+                     "--no-progress"]) == 0, kind
+        got = pd.read_parquet(out) if suffix == ".parquet" else pd.read_json(out, lines=True)
+        ids = got["id"].astype(int).tolist()  # a CSV cell is text
+        assert ids == df["id"].tolist() and got["mdl_row"].tolist() == list(range(20))
+        assert got["question"].tolist() == df["question"].tolist()
+        assert got["mdl_action"].tolist() == [d.action_name for d in want], kind
+        for k in ("M", "R", "A", "phi", "C_final", "E_r"):
+            np.testing.assert_allclose(got[f"mdl_{k}"], [d.scalars[k] for d in want], atol=1e-6)
+        assert not out.with_name(out.name + ".parts").exists()
+    assert "20 rows decided" in capsys.readouterr().err
+
+
+def _run(src, out, cache_dir, *extra):
+    return subprocess.Popen([sys.executable, "-m", "mdl_jax", "gate", str(src), "--out", str(out),
+                             *FIELDS, "--embedder", "tests.gate_embedders:slow", "--chunk-size", "3",
+                             "--no-progress", *extra], env=_env(cache_dir), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_and_resume_gives_exactly_the_uninterrupted_output(rows, tmp_path, cache_dir):
+    src = _jsonl(tmp_path / "in.jsonl", rows + rows[:10])  # 30 rows, 10 parts of 3
+    ref = tmp_path / "ref.jsonl"
+    assert main(["gate", str(src), "--out", str(ref), *FIELDS, "--embedder",
+                 "tests.gate_embedders:hashed", "--chunk-size", "3", "--no-progress"]) == 0
+    out = tmp_path / "out.jsonl"
+    manifest = tmp_path / "out.jsonl.parts" / "manifest.json"
+    p = _run(src, out, cache_dir)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        try:
+            if len(json.loads(manifest.read_text())["parts"]) >= 2:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done = len(json.loads(manifest.read_text())["parts"])
+    assert 2 <= done < 10 and not out.exists()  # killed mid-run
+    p = _run(src, out, cache_dir)
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["mdl_row"] for r in got] == list(range(30))  # none lost, none doubled, in order
+    assert got == [json.loads(x) for x in ref.read_text().splitlines()]
+    assert not manifest.parent.exists()
+
+
+def test_a_bad_row_is_one_line_naming_file_row_and_field_or_is_skipped(rows, tmp_path, capsys):
+    bad = [dict(r) for r in rows[:6]]
+    bad[2]["mems"] = "not a list"
+    del bad[4]["question"]
+    src = tmp_path / "bad.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in bad[:5]) + "{torn\n" + json.dumps(bad[5]) + "\n")
+    out = tmp_path / "out.parquet"
+    args = ["gate", str(src), "--out", str(out), *FIELDS, "--embedder", "tests.gate_embedders:hashed",
+            "--chunk-size", "2", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mdl-jax: error: {src}, line 3: field 'mems': expected a list of memory texts or "
+                   "dicts with a 'text' field, got str"]
+    assert not out.exists() and not (tmp_path / "out.parquet.parts").exists()  # nothing left behind
+    assert main(args + ["--on-bad-row", "skip"]) == 0
+    err = capsys.readouterr().err
+    assert "4 rows decided" in err and "3 bad rows skipped" in err
+    assert f"{src}, line 5: field 'question': missing" in err and f"{src}, line 6: not a JSON" in err
+    assert pd.read_parquet(out)["mdl_row"].tolist() == [0, 1, 3, 6]
+    np.testing.assert_allclose(pd.read_parquet(out)["mdl_M"][0], MemoryGate(embedder=hashed).decide(
+        bad[0]["question"], bad[0]["mems"]).scalars["M"], atol=1e-6)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["gate", "{tmp}/missing.jsonl", "--out", "{tmp}/o.parquet"], r"IN: .*missing\.jsonl: no such file"),
+    (["gate", "{src}", "--out", "{tmp}/o.csv"], r"--out: .*o\.csv: expected a \.parquet or \.jsonl"),
+    (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk", "medical"], r"--risk: expected a number"),
+    (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--config", "{tmp}/none.json"], r"config: .*none\.json"),
+    (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk-field", "r"], r"line 1: field 'r': missing"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(rows, tmp_path, capsys, argv, match):
+    src = _jsonl(tmp_path / "in.jsonl", rows[:2])
+    argv = [a.format(tmp=tmp_path, src=src) for a in argv] + [
+        *FIELDS, "--embedder", "tests.gate_embedders:hashed", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mdl-jax: error: ")
+    import re
+    assert re.search(match, err[0]), err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
