@@ -62,6 +62,8 @@ class Job:
     batch: str = ""               # "<lane>-<n>": which batch it ran in (x-mdl-batch header)
     batch_rows: int = 0
     queued_s: float = 0.0         # enqueue → its batch starts
+    waited: int = 0               # batches its lane started while it was queued
+    span: tuple = (0.0, 0.0)      # its batch's start and end (server's monotonic clock)
 
     @property
     def key(self):
@@ -81,11 +83,12 @@ class Lane:
         self.wake = asyncio.Event()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"mdl-serve-{name}")
         self.batches = itertools.count(1)
-        self.enqueued_at: dict[int, float] = {}
+        self.started = 0
+        self.enqueued_at: dict[int, tuple[float, int]] = {}
 
     def put(self, job: Job) -> None:
         job.future = asyncio.get_running_loop().create_future()
-        self.enqueued_at[id(job)] = time.monotonic()
+        self.enqueued_at[id(job)] = (time.monotonic(), self.started)
         self.jobs.append(job)
         self.wake.set()
 
@@ -120,10 +123,13 @@ class Lane:
             name = f"{self.name}-{next(self.batches)}"
             t = time.monotonic()
             for j in batch:
-                j.batch, j.batch_rows = name, len(batch)
-                j.queued_s = t - self.enqueued_at.pop(id(j), t)
+                t0, n0 = self.enqueued_at.pop(id(j), (t, self.started))
+                j.batch, j.batch_rows, j.queued_s, j.waited = name, len(batch), t - t0, self.started - n0
+            self.started += 1
             try:
                 results = await loop.run_in_executor(self.pool, self._generate, batch, loop)
+                for j in batch:
+                    j.span = (t, time.monotonic())
                 for j, r in zip(batch, results):
                     if not j.future.done():
                         j.future.set_result(r)
@@ -234,7 +240,9 @@ class ModelServer:
 def _headers(jobs: list[Job]) -> dict:
     return {"x-mdl-batch": ",".join(j.batch for j in jobs),
             "x-mdl-batch-rows": ",".join(str(j.batch_rows) for j in jobs),
-            "x-mdl-queued-ms": ",".join(f"{1e3 * j.queued_s:.1f}" for j in jobs)}
+            "x-mdl-queued-ms": ",".join(f"{1e3 * j.queued_s:.1f}" for j in jobs),
+            "x-mdl-waited-batches": ",".join(str(j.waited) for j in jobs),
+            "x-mdl-batch-span": ",".join(f"{j.span[0]:.6f}:{j.span[1]:.6f}" for j in jobs)}
 
 
 def make_app(srv: ModelServer):
@@ -279,7 +287,7 @@ def make_app(srv: ModelServer):
         srv.injected_failure()
         job = Job(prompt, 0 if req.seed is None else req.seed, mt,
                   0.7 if req.temperature is None else req.temperature,
-                  0.9 if req.top_p is None else req.top_p, req.stop, n_prompt,
+                  0.9 if req.top_p is None else req.top_p, list(req.stop or []), n_prompt,
                   logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                   stream=asyncio.Queue() if req.stream else None)
         srv.enqueue(job)
@@ -335,7 +343,7 @@ def make_app(srv: ModelServer):
             for p, n in zip(prompts, counts):
                 jobs.append(srv.enqueue(Job(p, 0 if req.seed is None else req.seed, mt,
                                             0.7 if req.temperature is None else req.temperature,
-                                            0.9 if req.top_p is None else req.top_p, req.stop, n)))
+                                            0.9 if req.top_p is None else req.top_p, list(req.stop or []), n)))
             for i, (p, j) in enumerate(zip(prompts, jobs)):
                 g, _ = await j.future
                 n_completion += g.n_tokens
@@ -366,7 +374,6 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
 
     ids: list[int] = []
     sent = ""
-    hold = max((len(s) - 1 for s in job.stop), default=0)
     try:
         yield chunk({"role": "assistant", "content": ""})
         while (token := await job.stream.get()) is not None:
@@ -375,7 +382,7 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
             if text.endswith("\ufffd"):
                 continue
             hit = min([j for j in (text.find(s) for s in job.stop) if j >= 0], default=None)
-            text = text[:hit] if hit is not None else text[:max(len(text) - hold, 0)]
+            text = text[:hit] if hit is not None else text[:len(text) - _stop_prefix(text, job.stop)]
             visible = text.lstrip().rstrip()
             if visible.startswith(sent) and len(visible) > len(sent):
                 yield chunk({"content": visible[len(sent):]})
@@ -397,6 +404,14 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
         yield sse("[DONE]")
     finally:
         job.cancelled = True  # harmless when done; ends the row when the client went away
+
+
+def _stop_prefix(text: str, stops) -> int:
+    """Length of the longest end of ``text`` that may still grow into a stop string (held back)."""
+    for k in range(min(len(text), max((len(s) - 1 for s in stops), default=0)), 0, -1):
+        if any(s.startswith(text[-k:]) for s in stops):
+            return k
+    return 0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -432,6 +447,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="bundled:smollm2", help="bundled:smollm2, a Hugging Face id or a path")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=LIMITS.max_tokens, help="cap on a request's max_tokens")
+    p.add_argument("--body-timeout", type=float, default=LIMITS.body_timeout_s,
+                   help="seconds a request body may take to arrive (then 408)")
     p.add_argument("--fail-first", type=int, default=0,
                    help="answer the first N completion requests with 503 (fault injection)")
     args = p.parse_args(argv)
@@ -441,7 +458,9 @@ def main(argv=None) -> int:
         p.error(f"--fail-first: expected >= 0, got {args.fail_first}")
     if not 1 <= args.max_tokens <= 1 << 20:
         p.error(f"--max-tokens: expected >= 1, got {args.max_tokens}")
-    limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens)
+    if not 0 < args.body_timeout <= 3600:
+        p.error(f"--body-timeout: expected seconds in (0, 3600], got {args.body_timeout}")
+    limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens, body_timeout_s=args.body_timeout)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
