@@ -84,6 +84,7 @@ class Lane:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"mdl-serve-{name}")
         self.batches = itertools.count(1)
         self.started = 0
+        self.running: str | None = None  # the batch in the worker thread now (health endpoint)
         self.enqueued_at: dict[int, tuple[float, int]] = {}
 
     def put(self, job: Job) -> None:
@@ -126,6 +127,7 @@ class Lane:
                 t0, n0 = self.enqueued_at.pop(id(j), (t, self.started))
                 j.batch, j.batch_rows, j.queued_s, j.waited = name, len(batch), t - t0, self.started - n0
             self.started += 1
+            self.running = name
             try:
                 results = await loop.run_in_executor(self.pool, self._generate, batch, loop)
                 for j in batch:
@@ -138,6 +140,7 @@ class Lane:
                     if not j.future.done():
                         j.future.set_exception(APIError(500, f"generation failed: {type(e).__name__}: "
                                                              f"{str(e)[:200]}", "server_error"))
+            self.running = None
             for j in batch:
                 if j.stream is not None:
                     j.stream.put_nowait(None)
@@ -269,7 +272,8 @@ def make_app(srv: ModelServer):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "queued": {k: len(v.jobs) for k, v in srv.lanes.items()}}
+        return {"status": "ok", "queued": {k: len(v.jobs) for k, v in srv.lanes.items()},
+                "running": {k: v.running for k, v in srv.lanes.items()}}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
