@@ -69,9 +69,11 @@ def _add_later_commands(sub) -> None:
     from mdl_jax.analysis import analyze, learned
     from mdl_jax.gate import command as gate_command
     from mdl_jax.pipeline import commands, judgement
+    from mdl_jax.serving import command as gateway_command
 
     commands.register(sub)
     judgement.register(sub)
     analyze.register(sub)
     learned.register(sub)
     gate_command.register(sub)
+    gateway_command.register(sub)

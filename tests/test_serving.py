@@ -37,18 +37,44 @@ def start_server(*args: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split(" on ")[-1].strip()  # http://127.0.0.1:PORT/v1
 
 
+KEY = "sk-test-serving-7f3a"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SERVER_ARGS = ("--body-timeout", "1", "--max-tokens", "512", "--api-key", KEY)
+
+
+class Upstream:
+    """The module's one real server; the last test kills it and starts it again on the same port."""
+
+    def __init__(self):
+        self.proc, self.url = start_server("--port", "0", *SERVER_ARGS)
+        self.port = int(self.url.split(":")[-1].split("/")[0])
+
+    def restart(self):
+        self.proc, url = start_server("--port", str(self.port), *SERVER_ARGS)
+        assert url == self.url
+
+
 @pytest.fixture(scope="module")
-def server():
-    proc, url = start_server("--port", "0", "--body-timeout", "1", "--max-tokens", "512")
+def upstream():
+    up = Upstream()
     try:
-        yield url
+        yield up
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        up.proc.terminate()
+        up.proc.wait(timeout=30)
 
 
-def client(url: str):
-    return openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=120)
+@pytest.fixture
+def server(upstream):
+    return upstream.url
+
+
+def client(url: str, key: str = KEY):
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
+
+
+def raw(url: str, timeout: float = 120):
+    return httpx.Client(base_url=url, headers=AUTH, timeout=timeout)
 
 
 def chat(text: str) -> list[dict]:
@@ -102,7 +128,7 @@ RAW_BAD = [  # bodies that are not a JSON object of the right kind
 
 
 def test_every_wrong_typed_or_out_of_range_request_gets_a_400_naming_its_field(server):
-    with httpx.Client(base_url=server, timeout=60) as h:
+    with raw(server, 60) as h:
         for body, param in BAD:
             assert_error(h.post("/chat/completions", json=body), 400, param)
         for raw, param in RAW_BAD:
@@ -124,10 +150,12 @@ def test_every_wrong_typed_or_out_of_range_request_gets_a_400_naming_its_field(s
 def test_unknown_model_is_404_and_models_are_listed(server):
     c = client(server)
     assert {"smollm2", "bundled:smollm2"} <= {m.id for m in c.models.list()}
+    with pytest.raises(openai.AuthenticationError):  # --api-key: a wrong key is refused
+        client(server, key="sk-wrong").models.list()
     with pytest.raises(openai.NotFoundError) as e:
         c.chat.completions.create(model="gpt-99", messages=chat("Hi"), max_tokens=1)
     assert e.value.body["code"] == "model_not_found" and "gpt-99" in e.value.body["message"]
-    with httpx.Client(base_url=server) as h:
+    with raw(server) as h:
         assert_error(h.post("/completions", json={"model": "gpt-99", "prompt": "x"}), 404, "model")
         assert_error(h.get("/models/gpt-99"), 404, "model")
 
@@ -142,6 +170,7 @@ def test_prompt_beyond_the_context_and_oversized_bodies_are_refused_before_any_w
     host, port = server.split("//")[1].split("/")[0].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\n"
                   b"Content-Length: 5000000\r\n\r\n")
         head, body = _read_response(s)
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
@@ -164,6 +193,7 @@ def test_a_wrong_content_length_gets_408_and_pins_nothing(server):
     host, port = server.split("//")[1].split("/")[0].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\n"
                   b"Content-Length: 100\r\n\r\n{\"model\":")
         # while that body never completes, others are served
         r = client(server).chat.completions.create(model="smollm2", messages=chat("Hi"), max_tokens=1)
@@ -211,7 +241,7 @@ def test_streaming_adds_up_to_the_plain_answer(server):
     assert finals == [plain.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
     # raw SSE: data lines, the last one [DONE]
-    with httpx.Client(base_url=server, timeout=120) as h:
+    with raw(server) as h:
         with h.stream("POST", "/chat/completions", json={"model": "smollm2", "messages": q,
                                                          "max_tokens": 8, "seed": 3, "stream": True}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -240,7 +270,7 @@ def test_legacy_echo_scoring_equals_the_local_models_label_scores(server, local_
         got = sum(x for x, o in zip(lp.token_logprobs, lp.text_offset) if o >= len(head))
         assert got == pytest.approx(w, abs=0.1)
         assert r.usage.prompt_tokens == len(lp.tokens) and r.usage.completion_tokens == 0
-    with httpx.Client(base_url=server, timeout=120) as h:
+    with raw(server) as h:
         body = h.post("/completions", json={"model": "smollm2", "prompt": ["a b", "c"], "max_tokens": 0,
                                             "echo": True, "logprobs": 2}).json()
         assert [ch["index"] for ch in body["choices"]] == [0, 1]
@@ -260,7 +290,7 @@ def test_a_huge_request_runs_beside_twenty_concurrent_small_ones(server):
     huge_out = {}
 
     def huge():
-        with httpx.Client(base_url=server, timeout=300) as h:
+        with raw(server, 300) as h:
             r = h.post("/chat/completions", json={
                 "model": "smollm2", "messages": chat("Repeat the word data forever. " + "data " * 1500),
                 "max_tokens": 300, "temperature": 0})
@@ -278,7 +308,7 @@ def test_a_huge_request_runs_beside_twenty_concurrent_small_ones(server):
     small = [None] * 20
 
     def one(i):
-        with httpx.Client(base_url=server, timeout=300) as h:
+        with raw(server, 300) as h:
             small[i] = h.post("/chat/completions", json={"model": "smollm2", "max_tokens": 3, "seed": i,
                                                          "messages": chat(f"Say the number {i}.")})
 
@@ -299,3 +329,163 @@ def test_a_huge_request_runs_beside_twenty_concurrent_small_ones(server):
         start = float(r.headers["x-mdl-batch-span"].split(":")[0])
         assert start < huge_end  # it did not wait for the huge one
     assert max(int(r.headers["x-mdl-batch-rows"]) for r in small) > 1  # batched, not one at a time
+
+
+# --- the MDL gateway (mdl-jax gateway) with this module's server as its upstream ------------------
+
+Q = "What is the capital of France?"
+CASES = {  # (memories, risk) → the action the real MiniLM + the paper's config give
+    "Active": (["Paris is the capital of France.", "The capital city of France is Paris."], 0.2),
+    "Supp": (["Europe has many old cities with museums.", "Wine is produced in many regions."], 0.5),
+    "Silent": (["France is famous for its cheese and wine.", "The Eiffel Tower is in a French city."], 0.85),
+    "Opt-Out": (["Bananas are rich in potassium.", "The Pacific is the largest ocean."], 0.85),
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream, cache_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "mdl_jax", "gateway", "--upstream", upstream.url,
+                                 "--port", "0", "--timeout", "60"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    assert "MDL gateway on" in line, (line, log.read_text())
+    try:
+        yield line.split(" on ")[1].split(" ")[0], log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _gw(gateway, q=Q, case="Active", **kw):
+    mems, risk = CASES[case]
+    return client(gateway[0]).chat.completions.create(
+        model="smollm2", messages=chat(q), max_tokens=kw.pop("max_tokens", 4), seed=kw.pop("seed", 1),
+        extra_body={"mdl": {"memories": mems, "risk": risk}}, **kw)
+
+
+def _upstream_requests(upstream) -> int:
+    return httpx.get(upstream.url[:-len("/v1")] + "/health").json()["requests"]
+
+
+def test_gateway_reaches_every_action_and_forwards_the_messages_for_it(upstream, gateway):
+    from mdl_jax.prompts import CAUTION, memory_block
+
+    c = client(upstream.url)
+    for case, (mems, risk) in CASES.items():
+        before = _upstream_requests(upstream)
+        r = _gw(gateway, case=case)
+        info = r.model_extra["mdl"]
+        assert info["action"] == case and set(info["scalars"]) >= {"M", "R", "A", "C", "alpha", "C_final"}
+        assert info["scalars"]["A"] == pytest.approx(risk)
+        if case == "Opt-Out":  # the abstention, and the upstream never called
+            assert not info["upstream"] and r.choices[0].message.content
+            assert _upstream_requests(upstream) == before
+            continue
+        assert info["upstream"] and _upstream_requests(upstream) == before + 1
+        # the answer is the upstream's to exactly the messages of the action (paired sampling)
+        block = memory_block(mems, caution=case == "Supp") if case != "Silent" else ""
+        direct = c.chat.completions.create(model="smollm2", messages=chat(block + Q), max_tokens=4, seed=1)
+        assert r.choices[0].message.content == direct.choices[0].message.content
+        assert r.usage.prompt_tokens == direct.usage.prompt_tokens
+        assert info["memories"] == (mems if case != "Silent" else [])
+        assert (CAUTION in block) == (case == "Supp")
+
+
+def test_gateway_streams_with_the_decision_on_the_first_chunk(gateway):
+    for case in ("Active", "Opt-Out"):
+        plain = _gw(gateway, case=case, max_tokens=6)
+        chunks = list(_gw(gateway, case=case, max_tokens=6, stream=True))
+        assert chunks[0].model_extra["mdl"]["action"] == case
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+            plain.choices[0].message.content
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == plain.choices[0].finish_reason
+
+
+def test_gateway_50_concurrent_requests_lose_and_mix_up_nothing(gateway):
+    import asyncio
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=gateway[0], api_key=KEY, max_retries=0, timeout=300)
+        reqs = []
+        for i in range(50):
+            mem = f"Note {i}: " + "the capital of France is Paris. " * (1 + i % 5)
+            reqs.append(c.chat.completions.create(
+                model="smollm2", messages=chat(Q), max_tokens=1, seed=i,
+                extra_body={"mdl": {"memories": [mem, {"text": f"Paris is in France ({i}).", "id": i}],
+                                    "risk": 0.2 if i % 2 else 0.85}}))
+        out = await asyncio.gather(*reqs)
+        await c.close()
+        return out
+
+    out = asyncio.run(main())
+    by_len = {}
+    for i, r in enumerate(out):
+        info = r.model_extra["mdl"]
+        assert info["scalars"]["A"] == pytest.approx(0.2 if i % 2 else 0.85)
+        if info["upstream"] and info["memories"]:
+            assert info["memories"][1] == {"text": f"Paris is in France ({i}).", "id": i}  # its own
+            by_len.setdefault((i % 5, info["action"]), set()).add(r.usage.prompt_tokens - len(str(i)))
+        assert r.choices[0].message.content is not None
+    assert by_len  # answers forwarded with memories: their prompt length follows their own memory
+
+
+def test_gateway_refuses_malformed_requests_with_openai_errors_and_never_logs_the_key(upstream, gateway):
+    url, log = gateway
+    good = {"model": "smollm2", "messages": chat(Q), "max_tokens": 1}
+    with raw(url) as h:
+        for body, param in [
+            ({**good, "mdl": {"memories": "text"}}, "mdl.memories"),
+            ({**good, "mdl": {"memories": [""]}}, "mdl.memories"),
+            ({**good, "mdl": {"memories": [{"source": "x"}]}}, "mdl.memories[0].text"),
+            ({**good, "mdl": {"risk": 1.5}}, "mdl.risk"),
+            ({**good, "mdl": {"risk": "high"}}, "mdl.risk"),
+            ({**good, "mdl": {"memorys": []}}, "mdl.memorys"),
+            ({**good, "messages": "hi"}, "messages"),
+            ({**good, "messages": [{"role": "system", "content": "x"}]}, "messages"),
+            ({"messages": chat(Q)}, "model"),
+        ]:
+            assert_error(h.post("/chat/completions", json=body), 400, param)
+        assert_error(h.post("/chat/completions", content=b"[1]", headers={"Content-Type": "application/json"}), 400)
+    # the upstream's own 4xx comes back as it was: a wrong key (passed through), an unknown model
+    active = {"mdl": {"memories": CASES["Active"][0], "risk": CASES["Active"][1]}}
+    with pytest.raises(openai.AuthenticationError):
+        client(url, key="sk-wrong-key-in-gateway").chat.completions.create(
+            model="smollm2", messages=chat(Q), max_tokens=1, extra_body=active)
+    with pytest.raises(openai.NotFoundError):
+        client(url).chat.completions.create(model="nope", messages=chat(Q), max_tokens=1, extra_body=active)
+    assert "smollm2" in {m.id for m in client(url).models.list()}
+    text = log.read_text()
+    assert KEY not in text and "sk-wrong-key-in-gateway" not in text
+
+
+def test_gateway_survives_its_upstream_being_killed_and_recovers(upstream, gateway):
+    """Last in the module: kill -9 the upstream mid-stream, get 502s with a reason (Opt-Out still
+    answers), start the upstream again on its port, and the gateway serves again."""
+    import signal
+
+    stream = _gw(gateway, case="Silent", max_tokens=300, stream=True, temperature=0.0)
+    first = next(iter(stream))
+    assert first.model_extra["mdl"]["action"] == "Silent"
+    upstream.proc.send_signal(signal.SIGKILL)
+    upstream.proc.wait(timeout=30)
+    try:
+        for ch in stream:  # the rest of the stream: ends (an error event or a cut), never hangs
+            pass
+    except openai.APIError:
+        pass
+    for _ in range(3):
+        with pytest.raises(openai.InternalServerError) as e:
+            _gw(gateway, case="Active")
+        assert e.value.status_code == 502 and "upstream" in e.value.message
+    with raw(gateway[0]) as h:
+        err = assert_error(h.post("/chat/completions", json={
+            "model": "smollm2", "messages": chat(Q), "mdl": {"memories": CASES["Active"][0], "risk": 0.2}}), 502)
+        assert err["code"] == "upstream_error" and "connection refused" in err["message"]
+        assert_error(h.get("/models"), 502)
+    assert _gw(gateway, case="Opt-Out").model_extra["mdl"]["action"] == "Opt-Out"  # no upstream needed
+    upstream.restart()
+    r = _gw(gateway, case="Active")
+    assert r.model_extra["mdl"]["upstream"] and r.choices[0].message.content

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +40,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 
 from mdl_jax.serving.protocol import (LIMITS, SSE_HEADERS, APIError, ChatRequest, CompletionRequest,
-                                      Limits, install_error_handlers, new_id, now, parse, read_json,
-                                      sse)
+                                      Limits, bind, install_error_handlers, new_id, now, parse,
+                                      read_json, run_app, sse)
 
 
 @dataclasses.dataclass(eq=False)
@@ -175,8 +174,9 @@ class ModelServer:
     """State of one server: the backend, its names, the lanes, the fault injection counter."""
 
     def __init__(self, backend, limits: Limits = LIMITS, fail_first: int = 0,
-                 names: list[str] | None = None):
+                 names: list[str] | None = None, api_key: str | None = None):
         self.backend, self.limits = backend, limits
+        self.api_key = api_key
         self.to_fail = fail_first
         self.requests = 0
         m = backend.model
@@ -197,6 +197,17 @@ class ModelServer:
             lane = Lane(name, b, self.limits)
             self.lanes[name] = lane
             asyncio.get_running_loop().create_task(lane.run())
+
+    def auth(self, request) -> None:
+        """With ``--api-key``, every /v1 request must carry ``Authorization: Bearer <key>`` (401)."""
+        if self.api_key is None:
+            return
+        import hmac
+
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "Incorrect API key provided (Authorization: Bearer <key>)",
+                           code="invalid_api_key")
 
     def check_model(self, model: str | None) -> str:
         if model is None:
@@ -263,20 +274,23 @@ def make_app(srv: ModelServer):
         return {"id": name, "object": "model", "created": 0, "owned_by": "mdl-jax"}
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        srv.auth(request)
         return {"object": "list", "data": [model_card(n) for n in srv.names]}
 
     @app.get("/v1/models/{name:path}")
-    async def model(name: str):
+    async def model(name: str, request: Request):
+        srv.auth(request)
         return model_card(srv.check_model(name))
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "queued": {k: len(v.jobs) for k, v in srv.lanes.items()},
-                "running": {k: v.running for k, v in srv.lanes.items()}}
+                "running": {k: v.running for k, v in srv.lanes.items()}, "requests": srv.requests}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        srv.auth(request)
         req = parse(ChatRequest, await read_json(request, srv.limits))
         req.unsupported()
         name = srv.check_model(req.model)
@@ -312,6 +326,7 @@ def make_app(srv: ModelServer):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        srv.auth(request)
         req = parse(CompletionRequest, await read_json(request, srv.limits))
         req.unsupported()
         name = srv.check_model(req.model)
@@ -418,31 +433,6 @@ def _stop_prefix(text: str, stops) -> int:
     return 0
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (so the port is known, and taken, before the first request)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
-    """uvicorn on an already bound socket, with the keep-alive timeout of ``limits``; no access log
-    (nothing a client sends, an API key included, is ever written out)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, timeout_keep_alive=limits.keep_alive_s, log_level="warning",
-                            access_log=False, limit_concurrency=4096, lifespan="on",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mdl_jax.serve", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -453,6 +443,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=LIMITS.max_tokens, help="cap on a request's max_tokens")
     p.add_argument("--body-timeout", type=float, default=LIMITS.body_timeout_s,
                    help="seconds a request body may take to arrive (then 408)")
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer KEY); default MDL_JAX_SERVE_API_KEY, else none")
     p.add_argument("--fail-first", type=int, default=0,
                    help="answer the first N completion requests with 503 (fault injection)")
     args = p.parse_args(argv)
@@ -473,7 +465,8 @@ def main(argv=None) -> int:
     from mdl_jax.pipeline.generation import LocalBackend
 
     backend = LocalBackend(args.model, batch_size=limits.batch_rows, device=args.device)
-    srv = ModelServer(backend, limits, args.fail_first)  # loads the model before accepting requests
+    srv = ModelServer(backend, limits, args.fail_first,
+                      api_key=args.api_key or os.environ.get("MDL_JAX_SERVE_API_KEY") or None)  # loads the model before accepting requests
     host, port = sock.getsockname()[:2]
     print(f"serving {args.model} on http://{host}:{port}/v1", flush=True)
     run_app(make_app(srv), sock, limits)
