@@ -16,6 +16,7 @@ Silent: the chat unchanged) and forwards them upstream with every other field as
 answers with the abstention and never calls the upstream. The answer is the upstream's completion
 plus an ``mdl`` object: ``{"action", "scalars": {M, R, A, phi, C, alpha, C_final, E_wm, E_r, E_a},
 "memories", "upstream": bool}``. Streaming passes through; the ``mdl`` object rides on the first chunk.
+Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time and how many requests shared it.
 
 The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
 Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
@@ -105,9 +106,11 @@ class GateBatcher:
             if not batch:
                 continue
             try:
+                t = time.perf_counter()
                 ds = await loop.run_in_executor(self.pool, self._decide, batch)
+                took = time.perf_counter() - t
                 for it, d in zip(batch, ds):
-                    it[4].set_result(d)
+                    it[4].set_result((d, took, len(batch)))
             except Exception as e:  # noqa: BLE001 - one failed batch fails its requests only
                 for it in batch:
                     if not it[4].done():
@@ -211,16 +214,17 @@ def make_app(gw: Gateway):
             gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
         except ValueError as e:
             raise APIError(400, f"mdl: {e}", param="mdl") from None
-        d = await gw.batcher.decide(query, mems, req.mdl.category, req.mdl.risk)
+        d, took, rows = await gw.batcher.decide(query, mems, req.mdl.category, req.mdl.risk)
+        timing = {"x-mdl-decision-ms": f"{1e3 * took:.2f}", "x-mdl-decision-batch": str(rows)}
         messages = d.build_messages([m.model_dump(exclude_none=True) for m in req.messages])
         info = {**d.to_dict(), "upstream": messages is not None}
         if messages is None:  # Opt-Out: the abstention, no model call
-            return _abstain(req, d.abstention, info)
+            return _abstain(req, d.abstention, info, timing)
         body = {k: v for k, v in obj.items() if k != "mdl"}
         body["messages"] = messages
         url = gw.upstream + "/chat/completions"
         if req.stream:
-            return await _forward_stream(gw, request, url, body, info)
+            return await _forward_stream(gw, request, url, body, info, timing)
         try:
             r = await gw.http.post(url, json=body, headers=gw.headers(request))
         except httpx.HTTPError as e:
@@ -238,12 +242,12 @@ def make_app(gw: Gateway):
             raise APIError(502, f"upstream {gw.where} answered with a body that is not a chat completion",
                            "upstream_error", code="upstream_error") from None
         out["mdl"] = info
-        return JSONResponse(out)
+        return JSONResponse(out, headers=timing)
 
     return app
 
 
-def _abstain(req: GatewayRequest, text: str, info: dict):
+def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
     cid, created = new_id("chatcmpl-mdl"), now()
     if not req.stream:
         return JSONResponse({
@@ -251,7 +255,7 @@ def _abstain(req: GatewayRequest, text: str, info: dict):
             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "mdl": info})
+            "mdl": info}, headers=timing)
 
     def chunk(delta, finish=None, **extra):
         return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
@@ -264,10 +268,10 @@ def _abstain(req: GatewayRequest, text: str, info: dict):
         yield chunk({}, "stop")
         yield sse("[DONE]")
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
 
 
-async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, info: dict):
+async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, info: dict, timing: dict):
     """Open the upstream stream first (its errors are still an HTTP status), then pass events through,
     the ``mdl`` object added to the first one. An upstream that dies mid-stream ends the stream with
     an error event (the status line has gone out)."""
@@ -306,4 +310,4 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
         finally:
             await r.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
