@@ -131,8 +131,8 @@ def test_every_wrong_typed_or_out_of_range_request_gets_a_400_naming_its_field(s
     with raw(server, 60) as h:
         for body, param in BAD:
             assert_error(h.post("/chat/completions", json=body), 400, param)
-        for raw, param in RAW_BAD:
-            assert_error(h.post("/chat/completions", content=raw,
+        for blob, param in RAW_BAD:
+            assert_error(h.post("/chat/completions", content=blob,
                                 headers={"Content-Type": "application/json"}), 400, param)
         # the server is still up and answers a good request; null means "the default" (OpenAI)
         r = h.post("/chat/completions", json={**GOOD, "temperature": None, "seed": None})
