@@ -33,7 +33,7 @@ def start_server(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     line = proc.stdout.readline()  # printed once the model is loaded and the port bound
-    assert "serving" in line, line
+    assert "serving" in line and " on http://127.0.0.1:" in line, line  # 127.0.0.1 unless told
     return proc, line.split(" on ")[-1].strip()  # http://127.0.0.1:PORT/v1
 
 
@@ -351,7 +351,7 @@ def gateway(upstream, cache_dir, tmp_path_factory):
                                  "--port", "0", "--timeout", "60"], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     line = proc.stdout.readline()
-    assert "MDL gateway on" in line, (line, log.read_text())
+    assert "MDL gateway on http://127.0.0.1:" in line, (line, log.read_text())  # 127.0.0.1 unless told
     try:
         yield line.split(" on ")[1].split(" ")[0], log
     finally:
