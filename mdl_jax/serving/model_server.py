@@ -465,8 +465,13 @@ def main(argv=None) -> int:
     from mdl_jax.pipeline.generation import LocalBackend
 
     backend = LocalBackend(args.model, batch_size=limits.batch_rows, device=args.device)
-    srv = ModelServer(backend, limits, args.fail_first,
-                      api_key=args.api_key or os.environ.get("MDL_JAX_SERVE_API_KEY") or None)  # loads the model before accepting requests
+    try:
+        srv = ModelServer(backend, limits, args.fail_first,
+                          api_key=args.api_key or os.environ.get("MDL_JAX_SERVE_API_KEY") or None)
+    except (OSError, ValueError, RuntimeError) as e:  # no such model, no weights, a bad device
+        sock.close()
+        print(f"mdl_jax.serve: error: --model {args.model}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
+        return 2  # loads the model before accepting requests
     host, port = sock.getsockname()[:2]
     print(f"serving {args.model} on http://{host}:{port}/v1", flush=True)
     run_app(make_app(srv), sock, limits)
