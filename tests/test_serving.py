@@ -5,7 +5,10 @@ Properties: a wrong-typed request gets a 400 with an OpenAI error body (never a 
 limits on body, prompt and max_tokens; a wrong Content-Length gets a 408 and pins nothing; streaming
 adds up to the plain answer; stop, finish_reason and usage are true; the answer is LocalBackend's
 (paired sampling); legacy echo scoring equals the local model's label scores; a huge request runs
-beside, not ahead of, 20 concurrent small ones.
+beside, not ahead of, 20 concurrent small ones. Then the MDL gateway (``mdl-jax gateway``) in front of
+that server: all four actions with exactly the action's messages forwarded (Opt-Out without an upstream
+call), streaming with the decision on the first chunk, 50 concurrent requests, malformed requests, the
+key never logged, and the upstream killed mid-stream (502s, the gateway stays up) and started again.
 """
 
 from __future__ import annotations
