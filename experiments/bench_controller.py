@@ -96,6 +96,18 @@ def main(argv=None) -> dict:
     plain_one = jax.jit(decide_one)
     args1 = tuple(jnp.float32(v) for v in (m, r, a))
     single["plain_jit"] = lambda: jax.block_until_ready(plain_one(*args1, cfg))
+    # a non-default concrete config (the README's decide(M, R, A, cal.config) workflow): the shipped
+    # calibrated config, as an MDLConfig and as a file path; and the general path it took before the
+    # one-record fast path covered concrete configs (NumPy scalars in still take it)
+    from mdl_jax import load_config
+    from mdl_jax.pipeline.experiment import SHIPPED
+
+    cal_path = SHIPPED / "smollm2-truthfulqa.json"
+    cal = load_config(cal_path)
+    nm, nr, na = (np.float64(v) for v in (m, r, a))
+    single["decide_calibrated"] = lambda: jax.block_until_ready(decide(m, r, a, cal))
+    single["decide_config_file"] = lambda: jax.block_until_ready(decide(m, r, a, cal_path))
+    single["decide_calibrated_general"] = lambda: jax.block_until_ready(decide(nm, nr, na, cal))
     trivial = jax.jit(lambda v: v)
     one = jnp.float32(0.5)
     single["trivial_jit"] = lambda: jax.block_until_ready(trivial(one))
@@ -110,6 +122,9 @@ def main(argv=None) -> dict:
     res["pure_jax_single_us_median"] = statistics.median(passes["pure_jax_scalar"])
     res["plain_jit_single_us_median"] = statistics.median(passes["plain_jit"])
     res["trivial_jit_dispatch_us_median"] = statistics.median(passes["trivial_jit"])
+    for k in ("decide_calibrated", "decide_config_file", "decide_calibrated_general"):
+        res[k + "_us_median"] = statistics.median(passes[k])
+        res[k + "_ratio_vs_default"] = res[k + "_us_median"] / res["single_call_us_median"]
 
     # (c) batched throughput
     plain = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))
@@ -140,6 +155,10 @@ def main(argv=None) -> dict:
     print(f"{'NumPy per decision (median / mean)':46s} {res['numpy_per_decision_us_median']:8.1f} / "
           f"{res['numpy_per_decision_us_mean']:.1f} µs")
     print(f"{'decide, one record (median)':46s} {res['single_call_us_median']:11.1f} µs")
+    for k, label in (("decide_calibrated", "decide, one record, calibrated config"),
+                     ("decide_config_file", "decide, one record, config file path"),
+                     ("decide_calibrated_general", "  the same config, general path (before)")):
+        print(f"{label:46s} {res[k + '_us_median']:11.1f} µs  ({res[k + '_ratio_vs_default']:.2f}× default)")
     print(f"{'pure-JAX single-record path (median)':46s} {res['pure_jax_single_us_median']:11.1f} µs")
     print(f"{'plain jit(decide_one), one record (median)':46s} {res['plain_jit_single_us_median']:11.1f} µs")
     print(f"{'trivial jitted call (dispatch floor)':46s} {res['trivial_jit_dispatch_us_median']:11.1f} µs")

@@ -20,7 +20,15 @@ PROMPT = ("Question: {q}\nCorrect answer: {c}\nA wrong answer: {i}\n\nCandidate 
           "Does the candidate answer state something false about what the question asks? Reply Yes or No.")
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    # Parse before anything heavy: `--help` must describe the job, not start it (19 §6).
+    argparse.ArgumentParser(prog="python -m experiments.llm_judge_check",
+                            description=__doc__.split("\n\n", 2)[0] + " Loads the bundled SmolLM2 "
+                            "and scores the 482 gold answers: about 5-10 minutes on a 2-core CPU. "
+                            "For any OpenAI-compatible server use `mdl-jax judge GOLD --judge llm`.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     from mdl_jax.analysis.judges import _items, load_gold
     from mdl_jax.pipeline.generation import LocalBackend
 

@@ -171,7 +171,11 @@ def test_calibration_norm_range_and_grid_search(rng):
     c = np.asarray(decide(M, R, A, cal.config).C_final)
     brute = [np.mean((c >= t) == adopt.astype(bool)) for t in np.linspace(0, 1, 201)]
     assert cal.best_agreement == pytest.approx(max(brute))
-    assert cal.config.thresholds[0] == pytest.approx(np.linspace(0, 1, 201)[int(np.argmax(brute))])
+    # the chosen θ0 is one of the tied best values; the old rule ("lowest") takes the first of them
+    tied = np.linspace(0, 1, 201)[np.flatnonzero(np.isclose(brute, max(brute)))]
+    assert np.isclose(tied, cal.config.thresholds[0]).any()
+    low = calibrate(M, R, A, adopt, grid_size=201, offset=0.15, tie_break="lowest")
+    assert low.config.thresholds[0] == pytest.approx(np.linspace(0, 1, 201)[int(np.argmax(brute))])
     t0 = cal.config.thresholds[0]
     assert cal.config.thresholds[1] == pytest.approx(max(t0 - 0.15, 0))
     assert cal.config.thresholds[2] == pytest.approx(max(t0 - 0.30, 0))

@@ -46,7 +46,7 @@ def test_gate_equals_decide_on_the_pipelines_signals_for_the_same_stores(embedde
     """One implementation: for the pipeline's own stores, the gate's M, R, φ, A and action are those
     ``compute_signals`` + ``mdl_jax.decide`` give (same embedder, same conflict detector, same risk)."""
     for ds, preset in (("truthfulqa", "truthfulqa"), ("halueval", "halueval")):
-        stores = build_stores(data.load(ds, limit=12))
+        stores = build_stores(data.load(ds, limit=8))
         table = compute_signals(stores, embedder)
         ref = decide(*signal_arrays(table), MDLConfig())
         g = MemoryGate(embedder=embedder, risk=preset)
@@ -197,3 +197,30 @@ def test_importing_the_gate_loads_no_torch_until_a_text_is_embedded():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert isinstance(GateDecision, type)
+
+
+def test_wings_import_only_downward():
+    """controller ← signals ← gate ← integrations; the pipeline imports the controller and the signals
+    (and the prompts), never the gate or the integrations; nothing below imports the pipeline."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mdl_jax"
+    forbidden = {
+        "controller": ("mdl_jax.signals", "mdl_jax.gate", "mdl_jax.integrations", "mdl_jax.pipeline"),
+        "signals": ("mdl_jax.gate", "mdl_jax.integrations", "mdl_jax.pipeline", "mdl_jax.analysis"),
+        "gate": ("mdl_jax.integrations", "mdl_jax.pipeline", "mdl_jax.analysis"),
+        "integrations": ("mdl_jax.analysis",),
+        "pipeline": ("mdl_jax.gate", "mdl_jax.integrations"),
+    }
+    bad = []
+    for wing, banned in forbidden.items():
+        for f in (root / wing).glob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                bad += [f"{wing}/{f.name} imports {n}" for n in names if n.startswith(banned)]
+    assert bad == []
+    # pipeline/ holds no copy of the moved signal modules (one implementation, no shims)
+    assert not {"embeddings.py", "conflict.py", "risk.py", "signals.py"} & {
+        f.name for f in (root / "pipeline").glob("*.py")}

@@ -133,9 +133,12 @@ def test_a_bad_row_is_one_line_naming_file_row_and_field_or_is_skipped(rows, tmp
     (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk", "medical"], r"--risk: expected a number"),
     (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--config", "{tmp}/none.json"], r"config: .*none\.json"),
     (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk-field", "r"], r"line 1: field 'r': missing"),
+    (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk", "{tmp}/table.json", "--category-field", "cat"],
+     r"in\.jsonl, line 1: field 'cat': category: 'Misconceptions' is not in the risk table"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(rows, tmp_path, capsys, argv, match):
     src = _jsonl(tmp_path / "in.jsonl", rows[:2])
+    (tmp_path / "table.json").write_text(json.dumps({"Health": 0.85}))
     argv = [a.format(tmp=tmp_path, src=src) for a in argv] + [
         *FIELDS, "--embedder", "tests.gate_embedders:hashed", "--no-progress"]
     assert main(argv) == 2
@@ -143,4 +146,4 @@ def test_bad_arguments_are_one_line_and_exit_2(rows, tmp_path, capsys, argv, mat
     assert len(err) == 1 and err[0].startswith("mdl-jax: error: ")
     import re
     assert re.search(match, err[0]), err[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "table.json"]

@@ -83,6 +83,43 @@ def test_kernel_matches_pure_jax_for_non_default_numbers(rng):
     assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
 
 
+@pytest.mark.parametrize("sigma", [1e-4, 1e-3, 0.05, 1.0, 5.0])
+def test_kernel_matches_pure_jax_at_any_sigma(sigma, rng):
+    # The documented 2e-6 holds whatever σ: the kernel uses the pure-JAX path's float32 centres
+    # (np.linspace's differed by an ulp, which a Gaussian of width 1e-4 amplified to 4e-5 in C).
+    cfg = MDLConfig(sigma=sigma)
+    x = rng.uniform(size=(3, 20000)).astype(np.float32)
+    x[:, :16] = np.linspace(0, 1, 16, dtype=np.float32)  # exactly on the centres too
+    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+
+
+def test_one_record_with_any_concrete_config_takes_the_scalar_fast_path_and_decides_the_same(rng, tmp_path,
+                                                                                             monkeypatch):
+    # decide(M, R, A, cal.config) for one record used to take the general path (256 µs against 27 µs for
+    # the default, issue 19 §5); now a cached params buffer and a program per static structure. Same
+    # bits as the batched kernel, for numbers and ablations, and errors as before.
+    from mdl_jax import save_config
+
+    cfgs = [MDLConfig(thresholds=(0.7, 0.5, 0.3)), MDLConfig(sigma=0.07, bias=np.linspace(-0.2, 0.2, 16)),
+            MDLConfig(alpha_gating=False, dims=(4, 7, 5), eps_c=0.0, gains=(1.0, 0.0, 0.5))]
+    x = rng.uniform(size=(3, 12)).astype(np.float32)
+    for cfg in cfgs + [save_config(cfgs[0], tmp_path / "c.json")]:
+        batch = decide(*x, cfg)
+        for i in range(12):
+            one = decide(*(float(v) for v in x[:, i]), cfg)
+            assert one.C_final.shape == () and one.v_meta.shape == (16,)
+            for f in FIELDS:
+                assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(batch, f))[i]), f
+    assert api._scalar_plan(cfgs[0]) is not None and api._scalar_plan(cfgs[2]) is not None  # fast path
+    assert api._scalar_plan(cfgs[1]) is None  # array leaves are not hashable: the general path
+    with pytest.raises(ValueError, match=r"^R: expected values in \[0, 1\]; got 1\.5|^R: expected a value in \[0, 1\], got 1\.5"):
+        decide(0.5, 1.5, 0.5, cfgs[0])
+    monkeypatch.setenv(native.ENV_SWITCH, "0")  # the switch still routes to pure JAX
+    off = decide(0.3, 0.6, 0.2, cfgs[0])
+    ref = _pure(np.float32(0.3), np.float32(0.6), np.float32(0.2), cfgs[0])
+    assert np.array_equal(np.asarray(off.v_meta), np.asarray(ref.v_meta))
+
+
 def test_kernel_matches_the_float64_numpy_reference(rng):
     x = rng.uniform(size=(3, 300))
     out = decide(*x.astype(np.float32))

@@ -201,3 +201,66 @@ def test_sweep_sharded_over_four_devices_equals_one_device(tmp_path):
         "print(jax.device_count())\n")
     np.testing.assert_allclose(run_on_forced_devices(code, 4, tmp_path),
                                run_on_forced_devices(code, 1, tmp_path), atol=1e-6)
+
+
+# --- issue 19 §5: sweep agrees with MDLConfig, its sums are exact, and N is not bounded by memory ----
+
+def test_sweep_and_config_grid_accept_every_config_mdlconfig_and_decide_accept(data):
+    # A zero gain with ε_c = 0 (a pathway switched off) is valid for MDLConfig and decide.
+    M, R, A, adopt = data
+    base = MDLConfig(eps_c=0.0, gains=(1.0, 0.0, 0.5))
+    grid = config_grid(base, s_r=[0.0, 0.3])
+    res = sweep(M, R, A, grid, adopt=adopt)
+    for k in range(2):
+        acc, counts, _, _ = _loop_reference(M, R, A, adopt, _config_at(grid, k))
+        np.testing.assert_allclose(res.counts[k], counts[0], atol=2)
+    with pytest.raises(ValueError, match=r"eps_c: expected 0 ≤ eps_c < min\(gains\), or eps_c = 0 .*config 1 .* = 0\.2$"):
+        config_grid(MDLConfig(eps_c=0.0, gains=(1.0, 0.1, 0.5)), eps_c=[0.0, 0.2])
+
+
+def test_integer_weights_give_exact_counts_past_float32s_2_to_the_24(data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+    ones = sweep(M, R, A, batch, adopt=adopt)
+    big = sweep(M, R, A, batch, adopt=adopt, weights=np.full(N, 100_003, np.int64))  # total 3.0e7 > 2^24
+    assert big.counts.dtype == np.float64 and big.total == 100_003 * N
+    np.testing.assert_array_equal(big.counts, 100_003 * ones.counts)   # float32 sums were off here
+    np.testing.assert_array_equal(big.counts.sum(-1), [100_003 * N] * 2)
+    np.testing.assert_array_equal(big.accuracy, ones.accuracy)
+
+
+def test_finite_weights_whose_float32_total_overflows_give_the_scaled_result(data):
+    M, R, A, adopt = data
+    batch = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+    w = np.random.default_rng(2).uniform(0.5, 1.5, N)
+    ref = sweep(M, R, A, batch, adopt=adopt, weights=w)
+    for s in (1e36, 1e300):  # finite; float32 totals of these were inf (NaN accuracy), or inf weights
+        big = sweep(M, R, A, batch, adopt=adopt, weights=w * s)
+        # the weights themselves round differently once scaled by s: float32 sums agree to ~1e-7
+        np.testing.assert_allclose(big.accuracy, ref.accuracy, rtol=1e-6)
+        np.testing.assert_allclose(big.mean_C_final, ref.mean_C_final, rtol=1e-6)
+        np.testing.assert_allclose(big.counts, ref.counts * s, rtol=1e-6)
+        assert np.isfinite(big.total) and big.total == pytest.approx(w.sum() * s, rel=1e-12)
+
+
+@pytest.mark.parametrize("weights", [None, "bootstrap", "float"])
+def test_chunking_the_records_gives_the_unchunked_result(data, weights):
+    # sweep walks the records in passes of record_chunk (memory bounded by it, not by N); the
+    # integer sums are identical, mean C_final equal up to float32 partial sums.
+    M, R, A, adopt = data
+    w = {None: None, "bootstrap": bootstrap_weights(N, 3, seed=1),
+         "float": np.random.default_rng(3).uniform(0, 2, (3, N))}[weights]
+    batch = config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5])
+    whole = sweep(M, R, A, batch, adopt=adopt, weights=w)
+    for chunk in (7, 128):  # 43 passes with a padded last one; 3 passes
+        part = sweep(M, R, A, batch, adopt=adopt, weights=w, record_chunk=chunk)
+        if weights == "float":
+            np.testing.assert_allclose(part.counts, whole.counts, rtol=1e-6)
+            np.testing.assert_allclose(part.accuracy, whole.accuracy, rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(part.counts, whole.counts)
+            np.testing.assert_array_equal(part.accuracy, whole.accuracy)
+        np.testing.assert_array_equal(part.total, whole.total)
+        np.testing.assert_allclose(part.mean_C_final, whole.mean_C_final, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"^record_chunk: expected a positive int"):
+        sweep(M, R, A, batch, record_chunk=0)

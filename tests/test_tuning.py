@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, decide, load_config, save_config, soft_decide, tune
+from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.config_file import ConfigFileError
 from mdl_jax.controller.tuning import FIELD_SETS, from_unconstrained, to_unconstrained, tune_many
 from tests.devices import run_on_forced_devices
@@ -97,6 +98,26 @@ def test_parametrisation_keeps_invariants_for_any_free_parameters():
             assert 1 >= th[0] >= th[1] >= th[2] >= 0 and float(c.n_max) > float(c.n_min)
 
 
+@pytest.mark.parametrize("trained", [("gains",), ("eps_c",), ("n_min",), ("n_max",), ("gains", "n_min")])
+@pytest.mark.parametrize("base", [MDLConfig(eps_c=0.3, gains=(1.0, 0.7, 0.5)),
+                                  MDLConfig(eps_c=0.0, gains=(1.0, 0.0, 0.5), n_min=2.0, n_max=2.0005)])
+def test_a_field_set_is_constrained_around_the_frozen_fields_which_never_move(trained, base):
+    """Gains trained beside a frozen ε_c stay above it, n_min trained below a frozen n_max, ε_c
+    beside a zero gain stays 0: any free parameters give a valid config whose frozen fields are the
+    base's float32 values."""
+    rng = np.random.default_rng(4)
+    for scale in (0.1, 3.0, 30.0):
+        for _ in range(10):
+            u = {k: v + jnp.asarray(rng.normal(size=np.shape(v)) * scale, jnp.float32)
+                 for k, v in to_unconstrained(base, trained).items()}
+            assert all(np.all(np.isfinite(np.asarray(v))) for v in u.values())
+            c = from_unconstrained(u, base, trained)
+            MDLConfig(**{f: np.asarray(getattr(c, f), np.float64) for f in NUMERIC_FIELDS})  # valid
+            for f in NUMERIC_FIELDS:
+                if f not in trained:
+                    assert np.array_equal(np.asarray(getattr(c, f)), np.asarray(getattr(base, f), np.float32)), f
+
+
 def test_the_default_config_round_trips_through_the_parametrisation():
     c = from_unconstrained(to_unconstrained(MDLConfig()), MDLConfig())
     for f in ("sigma", "eps_c", "gains", "gate_coeffs", "thresholds", "n_min", "n_max"):
@@ -104,14 +125,35 @@ def test_the_default_config_round_trips_through_the_parametrisation():
                                    rtol=1e-5)
 
 
-def test_fields_outside_the_trained_set_keep_their_values_exactly(teacher_data):
-    M, R, A, y = teacher_data
-    res = tune(M, R, A, y, fields=("gate_coeffs",), steps=50)
-    base = MDLConfig()
-    for f in ("sigma", "eps_c", "gains", "g_A_coeffs", "bias", "n_min", "n_max"):
-        np.testing.assert_allclose(np.asarray(getattr(res.config, f)), np.asarray(getattr(base, f)),
-                                   rtol=1e-6)
-    np.testing.assert_allclose(res.config.thresholds, base.thresholds, rtol=1e-4)
+def test_fields_outside_the_trained_set_come_back_bit_identical(teacher_data):
+    """Frozen fields are the starting config's values exactly, even at the domain edges that the
+    free parametrisation can only approach (ε_c = 0, θ0 = 1, a zero gain): issue 19 §5 saw
+    ε_c 0 → 5e-5, θ0 1.0 → 0.99995 and a zero gain → 0.001, and NaN when every field trained from
+    a zero gain with ε_c = 0. Trained fields are constrained around the frozen ones (gains above a
+    frozen ε_c, n_min below a frozen n_max), so the result is a valid config."""
+    M, R, A, y = (x[:300] for x in teacher_data)
+    sets = [("n_min",), ("gate_coeffs", "thresholds"), NUMERIC_FIELDS]  # one program, one fused group
+    for base in (MDLConfig(eps_c=0.0, gains=(1.0, 0.0, 0.5), thresholds=(1.0, 0.4, 0.0)),):
+        wt = np.ones((len(sets), 300), np.float32)
+        configs, hist = tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt),
+                                  field_sets=sets, seeds=[1] * len(sets), config=base, steps=8)
+        assert np.all(np.isfinite(hist["loss"])) and np.all(hist["diverged_step"] == -1)
+        for fields, cfg in zip(sets, configs):
+            for f in NUMERIC_FIELDS:
+                if f not in fields:
+                    assert np.array_equal(np.asarray(getattr(cfg, f), np.float64),
+                                          np.asarray(getattr(base, f), np.float64)), (fields, f, getattr(cfg, f))
+            assert cfg != base  # something trained
+            assert np.all(np.isfinite(np.asarray(decide(M, R, A, cfg).C_final)))
+
+
+def test_a_diverged_run_is_reported_as_divergence_and_keeps_finite_parameters(teacher_data):
+    M, R, A, y = (x[:300] for x in teacher_data)
+    with pytest.warns(RuntimeWarning, match=r"tune: run 0 .* diverged at step \d+ .*Lower learning_rate"):
+        res = tune(M, R, A, y, steps=30, learning_rate=1e38)
+    assert int(res.history["diverged_step"]) >= 0
+    assert int(res.history["stopped_step"]) == int(res.history["diverged_step"])
+    assert all(np.all(np.isfinite(np.asarray(getattr(res.config, f), np.float64))) for f in NUMERIC_FIELDS)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 9])
@@ -124,13 +166,33 @@ def test_runs_shorter_than_the_warmup_train(teacher_data, steps):
     assert res.config.gate_coeffs != MDLConfig().gate_coeffs
 
 
-def test_any_python_int_is_a_seed(teacher_data):
-    """Seeds go to jax.random.PRNGKey as Python ints, so seeds past int32 (e.g. 2**31, 2**33 + 5) and
-    negative ones start from their own jittered point; seed 0 starts at the config itself."""
+def test_every_seed_in_its_domain_has_its_own_start_and_others_are_refused(teacher_data):
+    """Seeds are ints in [0, 2**64): each its own key (no aliasing modulo 2**32, which PRNGKey does
+    without x64), seed 0 starts at the config itself; negative or ≥ 2**64 is a ValueError naming it."""
     M, R, A, y = (x[:200] for x in teacher_data)
-    got = {s: tune(M, R, A, y, fields=("gate_coeffs",), steps=3, seed=s).config.gate_coeffs
-           for s in (0, 1, -1, 2**31, 2**33 + 5)}
+    seeds = (0, 1, 2**31, 2**32 + 1, 2**33 + 5, 2**64 - 1)
+    got = {s: tune(M, R, A, y, fields=("gate_coeffs",), steps=3, seed=s).config.gate_coeffs for s in seeds}
     assert len(set(got.values())) == len(got)
+    for bad in (-1, 2**64, 10**30, 1.0, True):
+        with pytest.raises(ValueError, match=r"^seed: expected an int in \[0, 2\*\*64\), got "):
+            tune(M, R, A, y, steps=3, seed=bad)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda M, y: (M, np.ones_like(y)), r"^adopt: expected both labels among the training records, got 300 that are all adopt \(1\)"),
+    (lambda M, y: (M, np.zeros_like(y)), r"^adopt: .*all reject \(0\)"),
+    (lambda M, y: (M[:4], y[:4]), r"^M: expected 1-d signals of at least 5 records to tune on, got shape \(4,\)"),
+    (lambda M, y: (np.where(np.arange(len(M)) == 5, 1.5, M), y), r"^M: expected values in \[0, 1\]; M\[5\] = 1\.5$"),
+    (lambda M, y: (np.where(np.arange(len(M)) == 7, np.nan, M).astype(np.float32), y), r"^M: expected finite values in \[0, 1\]; M\[7\] = nan$"),
+])
+def test_tune_input_it_cannot_train_on_is_a_value_error_naming_the_argument(teacher_data, edit, match):
+    M, R, A, y = (x[:300] for x in teacher_data)
+    M2, y2 = edit(M, y)
+    n = len(M2)
+    with pytest.raises(ValueError, match=match):
+        tune(M2, R[:n], A[:n], y2, steps=3)
+    with pytest.raises(ValueError, match=r"^learning_rate: expected a finite number > 0"):
+        tune(M, R, A, y, steps=3, learning_rate=float("inf"))
 
 
 def test_early_stopping_keeps_the_best_validation_step(teacher_data):

@@ -9,19 +9,24 @@ Paired t vs the full controller over per-record correctness, as in Table 6.
 
 Table 7(b): scikit-learn LogisticRegression(C=1.0), MLPClassifier((64, 32), relu, max_iter=500,
 early_stopping=True) and xgboost XGBClassifier(n_estimators=100, max_depth=4) on the features (M, R, A)
-against the oracle labels, 5-fold cross-validated on ``oracle.stratified_folds(y, 5, seed=0)``; MDL
-(no training) is scored on the same test folds. Accuracy is the mean over folds (± std). Parameter
-counts: LR weights + intercept; MLP all weights and biases; XGBoost all tree nodes (splits and leaves),
-averaged over folds. Each question appears 9 times (3 systems × 3 seeds) with identical features, so
-record-level folds put copies of a test question's features in training; a grouped column
-(StratifiedGroupKFold by question) shows how much that flatters the learned models.
+against the oracle labels, 5-fold cross-validated on folds grouped by question and stratified by label
+(``oracle.question_folds(y, question_ids, 5, seed=0)``); MDL (no training) is scored on the same test
+folds. Accuracy is the mean over folds (± std). Parameter counts: LR weights + intercept; MLP all
+weights and biases; XGBoost all tree nodes (splits and leaves), averaged over folds. Every record of a
+question shares its (M, R, A) (a question appears once per system and seed), so record-level folds put
+copies of a test question's features in training: that column (``oracle.stratified_folds``) is kept,
+labelled "record-level (leaks)", only to show how much leakage flatters the learned models.
+
+Degenerate rows. An ablated controller that takes one action on ≥ 99% of the records, or adopts on ≤ 1%
+(= always-reject), is constant: its accuracy is a class share, not a property of the module it removes.
+Such rows carry the flag ``degenerate`` (``oracle.degenerate``) in the table and the text.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.analysis.oracle import recalibrate, score, stratified_folds
+from mdl_jax.analysis.oracle import degenerate, question_folds, recalibrate, score, stratified_folds
 from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
 
 ABLATIONS = (
@@ -37,21 +42,32 @@ PAPER_TABLE7A = {"Full MDL controller": 0.612, "w/o α gating": 0.596, "w/o risk
 PAPER_TABLE7B = {"LR": (0.633, "~16"), "MLP": (0.630, "~3K"), "XGBoost": (0.646, "~500"), "MDL": (0.612, "0")}
 
 
+def _shares(action) -> list[float]:
+    return (np.bincount(np.asarray(action, int), minlength=4) / max(len(action), 1)).tolist()
+
+
 def table7a(df, y, configs, cal=None) -> dict:
-    full = score(df, configs).adopt == y
-    rows = {"Full MDL controller": {"accuracy": float(full.mean())}}
+    full_sc = score(df, configs)
+    full = full_sc.adopt == y
+    rows = {"Full MDL controller": {"accuracy": float(full.mean()), "shares": _shares(full_sc.action),
+                                    "degenerate": degenerate(full_sc.action)}}
     if cal is not None and len(cal):
         re = {ds: recalibrate(cal, ds, c) or c for ds, c in configs.items()}
-        rows["Full MDL controller"]["accuracy_recal"] = float((score(df, re).adopt == y).mean())
+        sc = score(df, re)
+        rows["Full MDL controller"]["accuracy_recal"] = float((sc.adopt == y).mean())
+        rows["Full MDL controller"]["degenerate_recal"] = degenerate(sc.action)
     for label, change in ABLATIONS:
         abl = {ds: c.replace(**change) for ds, c in configs.items()}
-        corr = score(df, abl).adopt == y
-        row = {"accuracy": float(corr.mean())}
+        sc = score(df, abl)
+        corr = sc.adopt == y
+        row = {"accuracy": float(corr.mean()), "shares": _shares(sc.action), "degenerate": degenerate(sc.action)}
         row.update({f"t_{k}": v for k, v in paired_t(corr.astype(float), full.astype(float)).items()})
         row["ci"] = cluster_bootstrap_diff(corr.astype(float), full.astype(float), question_ids(df))
         if cal is not None and len(cal):
             re = {ds: recalibrate(cal, ds, c) or c for ds, c in abl.items()}
-            row["accuracy_recal"] = float((score(df, re).adopt == y).mean())
+            rsc = score(df, re)
+            row["accuracy_recal"] = float((rsc.adopt == y).mean())
+            row["degenerate_recal"] = degenerate(rsc.action)
         rows[label] = row
     return {"rows": rows}
 
@@ -107,21 +123,29 @@ def _cv(X, y, folds, mdl_correct) -> dict:
     return out
 
 
-def grouped_folds(y, groups, k: int = 5, seed: int = 0):
-    from sklearn.model_selection import StratifiedGroupKFold
-
-    sgk = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
-    return list(sgk.split(np.zeros((len(y), 1)), y, groups))
-
-
 def table7b(df, y, configs, k: int = 5, seed: int = 0) -> dict:
+    """Table 7(b): {"grouped": folds grouped by question (the result), "record_level": record-level
+    folds (leaky, labelled so)}; each {method: {accuracy, std, folds, params}}."""
     X = df[["M", "R", "A"]].to_numpy(np.float64)
     mdl_correct = score(df, configs).adopt == y
-    res = {"stratified": _cv(X, y, stratified_folds(y, k, seed), mdl_correct)}
     groups = question_ids(df)
-    if len(np.unique(groups)) >= k:
-        res["grouped"] = _cv(X, y, grouped_folds(y, groups, k, seed), mdl_correct)
+    n_q, n_min_class = len(np.unique(groups)), int(min(np.sum(y == 0), np.sum(y == 1)))
+    if n_q < k or n_min_class < k:
+        # too few questions (or records of a class) for k folds: say so instead of failing the analyses
+        return {"skipped": f"{k}-fold cross-validation needs at least {k} questions and {k} records of each "
+                           f"oracle label; these records have {n_q} questions and {n_min_class} of the rarer label"}
+    res = {"grouped": _cv(X, y, question_folds(y, groups, k, seed), mdl_correct)}
+    res["record_level"] = _cv(X, y, stratified_folds(y, k, seed), mdl_correct)
     return res
+
+
+def _ci(ci, scale: float = 1.0) -> str:
+    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    d = 1 if scale != 1.0 else 3
+    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
 
 
 def _p(p) -> str:
@@ -136,7 +160,7 @@ def table7_md(t7a: dict, t7b: dict) -> str:
     recal = "accuracy_recal" in rows["Full MDL controller"]
     full_re = rows["Full MDL controller"].get("accuracy_recal")
     lines = ["**(a) Module ablation** (run's calibrated config per dataset; only the switch changed)", "",
-             "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | p |"
+             "| Configuration | Accuracy | ΔAcc [95% CI, question bootstrap] | d_z | p (paired t over records) |"
              + (" Accuracy, recalibrated (Δ) |" if recal else "")
              + " Paper: Acc (ΔAcc) |",
              "|---|---|---|---|---|" + ("---|" if recal else "") + "---|"]
@@ -144,26 +168,37 @@ def table7_md(t7a: dict, t7b: dict) -> str:
     for label, r in rows.items():
         pa = PAPER_TABLE7A[label]
         paper = f"{pa:.1%}" + ("" if label.startswith("Full") else f" ({(pa - pf) * 100:+.1f}pp)")
+        flag = f" **({r['degenerate']})**" if r.get("degenerate") else ""
         if label.startswith("Full"):
-            cells = [f"{r['accuracy']:.1%}", "—", "—", "—"]
+            cells = [f"{r['accuracy']:.1%}{flag}", "—", "—", "—"]
         else:
-            cells = [f"{r['accuracy']:.1%}", f"{(r['accuracy'] - full) * 100:+.1f}pp "
-                     f"[{r['ci'][0] * 100:+.1f}, {r['ci'][1] * 100:+.1f}]", f"{r['t_dz']:+.2f}",
+            cells = [f"{r['accuracy']:.1%}{flag}", f"{(r['accuracy'] - full) * 100:+.1f}pp {_ci(r['ci'], 100)}",
+                     f"{r['t_dz']:+.2f}",
                      _p(r["t_p"])]
         if recal:
             d = "" if label.startswith("Full") else f" ({(r['accuracy_recal'] - full_re) * 100:+.1f}pp)"
-            cells.append(f"{r['accuracy_recal']:.1%}{d}")
+            dg = f" **({r['degenerate_recal']})**" if r.get("degenerate_recal") else ""
+            cells.append(f"{r['accuracy_recal']:.1%}{d}{dg}")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {paper} |")
-    lines += ["", "**(b) Supervised baselines** (5-fold CV; mean ± std over folds)", ""]
-    grouped = "grouped" in t7b
-    lines.append("| Method | Accuracy (stratified folds) | #Params |" +
-                 (" Accuracy (folds grouped by question) |" if grouped else "") + " Paper: Acc / #Params |")
-    lines.append("|---|---|---|" + ("---|" if grouped else "") + "---|")
+    degen = [lb for lb, r in rows.items() if r.get("degenerate")]
+    if degen:
+        lines += ["", "**Degenerate rows** (one action on ≥ 99% of the records, or Active on ≤ 1% = always-reject): "
+                  + "; ".join(f"{lb}: {rows[lb]['degenerate'].removeprefix('degenerate: ')}" for lb in degen)
+                  + ". Their accuracy is a class share, not evidence about the module they remove."]
+    if "skipped" in t7b:
+        return "\n".join(lines + ["", f"**(b) Supervised baselines: not run:** {t7b['skipped']}."])
+    lines += ["", "**(b) Supervised baselines** (5-fold CV, folds grouped by question and stratified; "
+              "mean ± std over folds)", ""]
+    rec = "record_level" in t7b
+    lines.append("| Method | Accuracy (folds grouped by question) | #Params |" +
+                 (" Record-level folds (leak: a test question's copies are in training) |" if rec else "")
+                 + " Paper: Acc / #Params |")
+    lines.append("|---|---|---|" + ("---|" if rec else "") + "---|")
     for nm in ("Majority class", "LR", "MLP", "XGBoost", "MDL"):
-        r = t7b["stratified"][nm]
+        r = t7b["grouped"][nm]
         cells = [f"{r['accuracy']:.1%} ± {r['std']:.1%}", f"{r['params']:.0f}"]
-        if grouped:
-            g = t7b["grouped"][nm]
+        if rec:
+            g = t7b["record_level"][nm]
             cells.append(f"{g['accuracy']:.1%} ± {g['std']:.1%}")
         pa = PAPER_TABLE7B.get(nm)
         lines.append(f"| {nm} | " + " | ".join(cells) + (f" | {pa[0]:.1%} / {pa[1]} |" if pa else " | – |"))

@@ -9,7 +9,10 @@ taken, one per dataset and kind):
   3. safe adoption: B3 Active and safe, B2 safe, lowest risk first (A ascending) (the paper's Case 6);
   4. abstention that cost: B3 withheld the memory and hallucinated while B2 was safe (not in the paper:
      the failure mode of the other direction).
-The question text comes from the local dataset files when they are present (no download).
+Where the records carry the `ref` judge's verdicts too, only questions on which both judges agree for
+B1, B2 and B3 are candidates (a case that rests on one judge's disputed verdict shows nothing), and
+every answer is shown with both verdicts. The question text comes from the local dataset files when
+they are present (no download).
 """
 
 from __future__ import annotations
@@ -41,6 +44,26 @@ def _questions(datasets, data_dir=None) -> dict:
         return {}
 
 
+def _has_ref(df) -> bool:
+    return "hallucinated_ref" in df and not df["hallucinated_ref"].isna().all()
+
+
+def _agree(row) -> bool:
+    ref = row.get("hallucinated_ref")
+    return ref is not None and not (isinstance(ref, float) and np.isnan(ref)) and bool(ref) == bool(row["h"])
+
+
+def _verdicts(row) -> str:
+    """'paper: hallucinated, ref: safe' (or the paper judge's verdict alone when ref is absent)."""
+    def v(h):
+        return "hallucinated" if h else ("safe (refusal)" if row.get("refusal") else "safe")
+
+    ref = row.get("hallucinated_ref")
+    if ref is None or (isinstance(ref, float) and np.isnan(ref)):
+        return v(row["h"])
+    return f"paper judge: {v(row['h'])}; ref judge: {v(bool(ref))}"
+
+
 def pick(df) -> list[dict]:
     """The cases (see the module docstring); each a dict with the B1/B2/B3 records of one question."""
     out = []
@@ -52,6 +75,8 @@ def pick(df) -> list[dict]:
         if any(not len(w) for w in wide.values()):
             continue
         qids = sorted(set(wide["B1"].index) & set(wide["B2"].index) & set(wide["B3"].index))
+        if _has_ref(d):
+            qids = [q for q in qids if all(_agree(wide[s].loc[q]) for s in ("B1", "B2", "B3"))]
         b3 = wide["B3"].loc[qids]
         b2 = wide["B2"].loc[qids]
         withheld = b3["action_name"].isin(["SILENT", "OPT_OUT"])
@@ -106,8 +131,7 @@ def cases_md(cases: list[dict]) -> str:
                      f"action **{b3['action_name']}**")
         for s in ("B1", "B2", "B3"):
             r = c["rows"][s]
-            verdict = "hallucinated" if r["h"] else ("safe (refusal)" if r.get("refusal") else "safe")
-            parts.append(f"{s} ({verdict}):\n{_verbatim(r.get('answer'))}")
+            parts.append(f"{s} ({_verdicts(r)}):\n{_verbatim(r.get('answer'))}")
         parts.append("")
     return "\n\n".join(parts)
 
@@ -129,6 +153,9 @@ def figure6(cases: list[dict], path: Path) -> Path:
         for s in ("B1", "B2", "B3"):
             r = c["rows"][s]
             tag = "HALLUCINATED" if r["h"] else "safe"
+            ref = r.get("hallucinated_ref")
+            if ref is not None and not (isinstance(ref, float) and np.isnan(ref)):
+                tag = f"paper {tag} / ref {'HALLUCINATED' if ref else 'safe'}"
             ans = " ".join(str(r.get("answer") or "").split())
             wrapped = textwrap.wrap(f"{s} [{tag}]: {ans}", 130)[:3] or [f"{s} [{tag}]:"]
             lines += ["    " + w for w in wrapped]

@@ -20,9 +20,13 @@ Table 10 (mutual information with the oracle action, bits). Discretisation: each
 equal-frequency bins at its pooled quantiles (edges 20/40/60/80%; tied edges merge); a signal with at
 most 5 distinct values (A: its 3-4 risk levels) gets one bin per value. A subset is the joint bin of its
 signals. I is the plug-in estimate; because the plug-in estimate is biased upward by about
-(cells - 1)/(2N ln 2), the Miller-Madow corrected value and the mean over 200 label permutations (the
-value of I under no association) are reported beside it. Synergy as the paper computes it (its Table 10
-numbers satisfy exactly this): for a pair, I(XY) - I(X) - I(Y); for the triple, I(MRA) - max pair.
+(cells - 1)/(2N ln 2), the Miller-Madow corrected value and a permutation null are reported beside it.
+The null moves whole questions: the records of a question share its (M, R, A), so the signal cell of
+every question is reassigned to another question at random (1,000 permutations, seed 0) while each
+question keeps its own labels. Shuffling single records instead (the older null, kept as a labelled
+column) breaks that clustering and understates chance I by about half. Reported: the null's mean, its
+95th percentile and p = (1 + #{null ≥ observed}) / (1 + 1,000), for I and for the synergy. Synergy as
+the paper computes it (its Table 10 numbers satisfy exactly this): for a pair, I(XY) - I(X) - I(Y); for the triple, I(MRA) - max pair.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ PAPER_TABLE10 = {"M": (0.002, None), "R": (0.012, None), "A": (0.037, None), "M+
                  "M+A": (0.042, 0.003), "R+A": (0.050, 0.001), "M+R+A": (0.057, 0.007)}
 LOW_RELEVANCE = 0.4
 ABSTAIN = (2, 3)  # Action.SILENT, Action.OPT_OUT: the memory is withheld
-N_PERM = 200
+N_PERM = 1000
 
 
 def name(subset) -> str:
@@ -145,24 +149,60 @@ def miller_madow(x_code, y) -> float:
     return mutual_information(x_code, y) + (kxy - kx - ky + 1) / (2 * len(y) * np.log(2))
 
 
+def question_permutations(groups, n_perm: int, seed: int = 0) -> np.ndarray:
+    """(n_perm, N) record indices: permutation p gives record i the signals of a record of question
+    π_p(question of i), so whole questions move and each keeps its own labels. Valid for signals that
+    are constant within a question (they are: a question's records share (M, R, A))."""
+    g_ids, first, g = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+    rng = np.random.default_rng(seed)
+    return np.stack([first[rng.permutation(len(g_ids))][g] for _ in range(n_perm)])
+
+
+def _synergies(I: dict) -> dict:
+    out = {f"{a}+{b}": I[f"{a}+{b}"] - I[a] - I[b] for a, b in combinations(SIGNALS, 2)}
+    out["M+R+A"] = I["M+R+A"] - max(I[k] for k in ("M+R", "M+A", "R+A"))
+    return out
+
+
 def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict:
+    from mdl_jax.analysis.stats import question_ids
+
+    y = np.asarray(y)
     bins = {s: quantile_bins(df[s].to_numpy(), n_bins) for s in SIGNALS}
     rng = np.random.default_rng(seed)
-    perms = [rng.permutation(y) for _ in range(n_perm)]
+    rec_perms = [rng.permutation(y) for _ in range(n_perm)]
+    q_perms = question_permutations(question_ids(df), n_perm, seed)
+    codes = {name(sub): joint_codes([bins[s] for s in sub]) for sub in SUBSETS}
+    I = {k: mutual_information(c, y) for k, c in codes.items()}
+    null = {k: np.array([mutual_information(c[p], y) for p in q_perms]) for k, c in codes.items()}
+    syn = _synergies(I)
+    syn_null = {k: np.array([_synergies({j: null[j][i] for j in null})[k] for i in range(n_perm)])
+                for k in syn}
     rows = {}
     for sub in SUBSETS:
-        code = joint_codes([bins[s] for s in sub])
-        rows[name(sub)] = {
-            "I": mutual_information(code, y), "I_mm": miller_madow(code, y),
-            "I_null": float(np.mean([mutual_information(code, p) for p in perms])),
-            "cells": int(code.max()) + 1}
-    for a, b in combinations(SIGNALS, 2):
-        rows[f"{a}+{b}"]["synergy"] = rows[f"{a}+{b}"]["I"] - rows[a]["I"] - rows[b]["I"]
-    rows["M+R+A"]["synergy"] = rows["M+R+A"]["I"] - max(rows[k]["I"] for k in ("M+R", "M+A", "R+A"))
-    return {"rows": rows, "n_bins": n_bins, "levels": {s: int(bins[s].max()) + 1 for s in SIGNALS}}
+        k = name(sub)
+        rows[k] = {"I": I[k], "I_mm": miller_madow(codes[k], y),
+                   "I_null": float(null[k].mean()), "I_null_p95": float(np.percentile(null[k], 95)),
+                   "p": float((1 + np.sum(null[k] >= I[k] - 1e-12)) / (1 + n_perm)),
+                   "I_null_records": float(np.mean([mutual_information(codes[k], p) for p in rec_perms])),
+                   "cells": int(codes[k].max()) + 1}
+        if k in syn:
+            rows[k].update(synergy=syn[k], synergy_null_p95=float(np.percentile(syn_null[k], 95)),
+                           synergy_p=float((1 + np.sum(syn_null[k] >= syn[k] - 1e-12)) / (1 + n_perm)))
+    return {"rows": rows, "n_bins": n_bins, "n_perm": n_perm,
+            "levels": {s: int(bins[s].max()) + 1 for s in SIGNALS}}
 
 
 # ----------------------------------------------------------------------------------- Markdown
+
+def _ci(ci, scale: float = 1.0) -> str:
+    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    d = 1 if scale != 1.0 else 3
+    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
+
 
 def _p(p) -> str:
     if p is None or not np.isfinite(p):
@@ -187,7 +227,7 @@ def table6_md(t6: dict) -> str:
             cells = [f"{r['accuracy']:.3f}", "—", "—", "—", "—"]
         else:
             t = r["t_t"]
-            cells = [f"{r['accuracy']:.3f}", f"{r['accuracy'] - full:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]",
+            cells = [f"{r['accuracy']:.3f}", f"{r['accuracy'] - full:+.3f} {_ci(r['ci'])}",
                      f"{r['t_dz']:+.2f}",
                      "–" if not np.isfinite(t) else f"{t:.2f}", _p(r["t_p"])]
         if recal:
@@ -224,19 +264,37 @@ def low_relevance_md(lr: dict) -> str:
 
 
 def table10_md(t10: dict) -> str:
-    lines = ["| Signal configuration | I (bits, plug-in) | Synergy | I, Miller-Madow | I under permuted labels | "
-             "cells | Paper: I / synergy |", "|---|---|---|---|---|---|---|"]
+    lines = ["| Signal configuration | I (bits, plug-in) | Question-shuffled null: mean / 95th pct (p) | Synergy "
+             "(null 95th pct, p) | I, Miller-Madow | Record-shuffled null (mean; ignores questions) | "
+             "cells | Paper: I / synergy |", "|---|---|---|---|---|---|---|---|"]
     for sub in SUBSETS:
         k = name(sub)
         r = t10["rows"][k]
-        syn = f"{r['synergy']:+.3f}" if "synergy" in r else "—"
+        syn = (f"{r['synergy']:+.3f} ({r['synergy_null_p95']:+.3f}, p = {r['synergy_p']:.3f})"
+               if "synergy" in r else "—")
         pi, ps = PAPER_TABLE10[k]
-        lines.append(f"| I({k}) | {r['I']:.3f} | {syn} | {r['I_mm']:.3f} | {r['I_null']:.3f} | {r['cells']} | "
+        lines.append(f"| I({k}) | {r['I']:.3f} | {r['I_null']:.3f} / {r['I_null_p95']:.3f} (p = {r['p']:.3f}) | {syn} | "
+                     f"{r['I_mm']:.3f} | {r['I_null_records']:.3f} | {r['cells']} | "
                      f"{pi:.3f} / {'—' if ps is None else f'{ps:+.3f}'} |")
     lev = ", ".join(f"{s}: {v}" for s, v in t10["levels"].items())
     lines.append("")
     lines.append(f"Discretisation: {t10['n_bins']} equal-frequency bins per signal at pooled quantiles, tied edges "
                  f"merged; a signal with ≤ {t10['n_bins']} distinct values keeps one bin per value (levels used: {lev}); "
                  "a subset is the joint bin. Synergy: pair I(XY) − I(X) − I(Y); "
-                 "triple I(MRA) − max pair.")
+                 f"triple I(MRA) − max pair. Null: {t10.get('n_perm', N_PERM)} permutations that move whole "
+                 "questions (each question's signal cell goes to another question; labels stay), the design's "
+                 "null; p = (1 + #null ≥ observed) / (1 + permutations). An I or synergy below the null's "
+                 "95th percentile is at chance level.")
+    r = t10["rows"]["M+R+A"]
+
+    def verdict(p):
+        return ("at chance level" if p > 0.05 else "at the edge of chance (one of seven tests in this table, "
+                "uncorrected)" if p > 0.01 else "above chance")
+
+    lines.append("")
+    lines.append(f"**Reading:** I(M+R+A) = {r['I']:.3f} bits against a question-shuffled null of {r['I_null']:.3f} "
+                 f"(95th percentile {r['I_null_p95']:.3f}, p = {r['p']:.3f}): {verdict(r['p'])}; its synergy "
+                 f"{r['synergy']:+.3f} (null 95th percentile {r['synergy_null_p95']:+.3f}, p = {r['synergy_p']:.3f}) "
+                 f"is {verdict(r['synergy_p'])}. The record-shuffled null ({r['I_null_records']:.3f}) treats the "
+                 "repeated records of a question as independent and is too low to judge against.")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Figures of the RQ2-RQ4 analyses (PNG) and the numbers drawn in them.
 
-  figure4              action regions and C_final contours over (M, R) at A = 0.2, 0.5, 0.85, one row per
-                       dataset (its calibrated config), B3 records at that risk level on top
+  figure4              action regions and C_final contours over (M, R) at every risk level of the records
+                       (A = 0.2, 0.5, 0.75, 0.85 here), one row per dataset (its calibrated config), B3
+                       records at that risk level on top (Opt-Out dots are safe by construction)
   figure5a             four actions × oracle (adopt / reject) on the B3 records
   figure5b             accuracy over the (g_a, g_b) grid (sweep engine, mean of 10 bootstrap resamples)
   figure5c             abstention (Silent or Opt-Out) over M × R quintile bins of the records with A ≥ 0.70
@@ -24,7 +25,7 @@ from mdl_jax.signals.risk import HIGH_RISK
 
 ACTION_NAMES = [a.name for a in Action]
 ACTION_COLOURS = ["#2e7d32", "#9ccc65", "#ffb74d", "#e57373"]
-RISK_LEVELS = (0.2, 0.5, 0.85)
+RISK_LEVELS = (0.2, 0.5, 0.75, 0.85)  # every level of signals/risk.py; the records' own levels win
 PAPER_SECTION6 = {"halluc_active": 0.080, "regime_acc": 0.556, "regime_n": 117}
 PAPER_C_ALPHA = {"alpha_correct": 0.950, "alpha_incorrect": 0.946, "t": 3.70}
 
@@ -45,18 +46,24 @@ def _save(fig, path: Path, top: float = 1.0) -> Path:
     return path
 
 
-def figure4(df, configs, path: Path, n: int = 121) -> Path:
+def _judged(judge: str | None) -> str:
+    return "" if judge is None else f" [{judge} judge]"
+
+
+def figure4(df, configs, path: Path, n: int = 121, judge: str | None = None) -> Path:
     plt = _plt()
     from matplotlib.colors import ListedColormap
 
     datasets = sorted(configs)
-    fig, axes = plt.subplots(len(datasets), len(RISK_LEVELS), figsize=(4.2 * len(RISK_LEVELS),
-                                                                      3.8 * len(datasets)), squeeze=False)
+    levels = sorted({round(float(a), 4) for a in df["A"]})
+    levels = levels if 0 < len(levels) <= 6 else list(RISK_LEVELS)  # a continuous A: the standard levels
+    fig, axes = plt.subplots(len(datasets), len(levels), figsize=(3.9 * len(levels), 3.8 * len(datasets)),
+                             squeeze=False)
     g = np.linspace(0.0, 1.0, n, dtype=np.float32)
     Mg, Rg = np.meshgrid(g, g, indexing="xy")
     b3 = df[(df["system"] == "B3") & df["ok"]]
     for i, ds in enumerate(datasets):
-        for j, a in enumerate(RISK_LEVELS):
+        for j, a in enumerate(levels):
             ax = axes[i, j]
             d = mdl_jax.decide(Mg.ravel(), Rg.ravel(), np.full(Mg.size, a, np.float32), configs[ds])
             act = np.asarray(d.action).reshape(Mg.shape)
@@ -70,12 +77,13 @@ def figure4(df, configs, path: Path, n: int = 121) -> Path:
             ax.scatter(safe["M"], safe["R"], s=9, c="0.45", label=f"safe ({len(safe)})")
             ax.scatter(hal["M"], hal["R"], s=14, c="red", marker="x", label=f"hallucinated ({len(hal)})")
             th = configs[ds].thresholds
-            ax.set_title(f"{ds}, A = {a}  (θ = {th[0]:.2f}/{th[1]:.2f}/{th[2]:.2f})", fontsize=9)
+            ax.set_title(f"{ds}, A = {a}  (θ = {th[0]:.2f}/{th[1]:.2f}/{th[2]:.2f}){_judged(judge)}", fontsize=8)
             ax.set_xlabel("relevance M")
             ax.set_ylabel("reliability R")
             ax.legend(fontsize=6, loc="lower left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.55) for c in ACTION_COLOURS]
-    fig.legend(handles, ACTION_NAMES, loc="upper center", ncol=4, fontsize=8)
+    fig.legend(handles, ["Active", "Supp", "Silent", "Opt-Out (abstains: its dots are safe by construction)"],
+               loc="upper center", ncol=4, fontsize=8)
     return _save(fig, path, top=0.95)
 
 
@@ -87,32 +95,36 @@ def confusion(b3, y_b3) -> np.ndarray:
     return out
 
 
-def figure5a(cm: np.ndarray, path: Path) -> Path:
+def figure5a(cm: np.ndarray, path: Path, judge: str | None = None) -> Path:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.2, 4))
-    ax.imshow(cm, cmap="Blues")
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    ax.imshow(cm, cmap="Blues", aspect="auto")
+    top = cm.max() if cm.size else 0
     for (i, j), v in np.ndenumerate(cm):
-        ax.text(j, i, str(v), ha="center", va="center", fontsize=10)
-    ax.set_xticks([0, 1], ["oracle adopt", "oracle reject"])
-    ax.set_yticks(range(4), ACTION_NAMES)
-    ax.set_title(f"B3 actions vs oracle (n = {cm.sum()})", fontsize=9)
+        # dark cells get white text, so no count disappears into its cell
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=10, color="w" if v > 0.6 * top else "k")
+    ax.set_xticks([0, 1], ["oracle: adopt", "oracle: reject"])
+    ax.set_yticks(range(4), ["Active", "Supp", "Silent", "Opt-Out"])
+    ax.set_title(f"B3 actions vs oracle (n = {cm.sum()}){_judged(judge)}", fontsize=9)
     return _save(fig, path)
 
 
-def figure5b(gate: dict, path: Path) -> Path:
+def figure5b(gate: dict, path: Path, judge: str | None = None) -> Path:
     plt = _plt()
     ax_ = gate["axis"]
     fig, ax = plt.subplots(figsize=(5, 4.2))
     im = ax.imshow(gate["mean"].T, origin="lower", extent=(ax_[0] - .025, ax_[-1] + .025, ax_[0] - .025,
                                                          ax_[-1] + .025), cmap="viridis", aspect="auto")
-    fig.colorbar(im, ax=ax, label="accuracy (mean of 10 bootstrap resamples)")
+    fig.colorbar(im, ax=ax, label="accuracy (mean of 10 question-bootstrap resamples)")
     b = gate["best"]
     ax.plot([0.3], [0.7], "w*", ms=12, label=f"default (0.3, 0.7): {gate['default'][2]:.1%}")
-    ax.plot([b[0]], [b[1]], "r^", ms=8, label=f"best ({b[0]:.2f}, {b[1]:.2f}): {b[2]:.1%}")
+    deg = gate.get("best_degenerate")
+    ax.plot([b[0]], [b[1]], "r^", ms=8, label=f"best ({b[0]:.2f}, {b[1]:.2f}): {b[2]:.1%}"
+            + (f"\n= a constant controller ({deg.removeprefix('degenerate: ')})" if deg else ""))
     ax.set_xlabel("g_a")
     ax.set_ylabel("g_b")
-    ax.legend(fontsize=7, loc="upper right")
-    ax.set_title("C_final = C·(g_a + g_b α)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    ax.set_title(f"C_final = C·(g_a + g_b α){_judged(judge)}", fontsize=9)
     return _save(fig, path)
 
 
@@ -160,13 +172,14 @@ def figure5c(ab: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def figure_sigma(sig: dict, path: Path) -> Path:
+def figure_sigma(sig: dict, path: Path, judge: str | None = None) -> Path:
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a1.set_title(f"accuracy over σ{_judged(judge)}", fontsize=9)
     a1.errorbar(sig["sigma"], sig["mean"], yerr=sig["std"], fmt="o-", ms=3)
     a1.axvline(0.2, color="0.6", ls="--", label="paper σ = 0.20")
     a1.set_xlabel("σ")
-    a1.set_ylabel("accuracy (± std, 10 bootstrap resamples)")
+    a1.set_ylabel("accuracy (± std, 10 question resamples)")
     a1.legend(fontsize=7)
     a2.stackplot(sig["sigma"], sig["share"].T, labels=ACTION_NAMES, colors=ACTION_COLOURS)
     a2.set_xlabel("σ")
@@ -175,12 +188,17 @@ def figure_sigma(sig: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def figure_thresholds(th: dict, path: Path) -> Path:
+def figure_thresholds(th: dict, path: Path, judge: str | None = None) -> Path:
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
     a1.errorbar(th["theta0"], th["mean"][:, 0], yerr=th["std"][:, 0], fmt="o-", ms=3)
+    deg = np.asarray(th.get("degenerate_theta0", []), bool)
+    if deg.any():  # θ0 where the controller is constant (one action ≥ 99%, or never Active)
+        a1.plot(th["theta0"][deg], th["mean"][deg, 0], "rx", ms=6, label="degenerate (constant controller)")
+        a1.legend(fontsize=7)
+    a1.set_title(f"accuracy over θ0{_judged(judge)}", fontsize=9)
     a1.set_xlabel("θ0 (both datasets)")
-    a1.set_ylabel("accuracy (± std, 10 bootstrap resamples)")
+    a1.set_ylabel("accuracy (± std, 10 question resamples)")
     im = a2.imshow(th["abstain"].T, origin="lower", aspect="auto", cmap="magma", vmin=0, vmax=1,
                    extent=(th["theta0"][0], th["theta0"][-1], -0.5, len(th["offsets"]) - 0.5))
     a2.set_yticks(range(len(th["offsets"])), [f"{o:.2f}" for o in th["offsets"]])
@@ -230,9 +248,9 @@ def section6(df, scored, y) -> dict:
     return out
 
 
-def figure_section6(s6: dict, path: Path) -> Path:
+def figure_section6(s6: dict, path: Path, judge: str | None = None) -> Path:
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     dss = sorted({k[0] for k in s6["by_action"]} - {"all"}) + ["all"]
     w = 0.8 / len(dss)
     for i, ds in enumerate(dss):
@@ -241,19 +259,28 @@ def figure_section6(s6: dict, path: Path) -> Path:
         xs = np.arange(4) + (i - (len(dss) - 1) / 2) * w
         a1.bar(xs, np.nan_to_num(vals), width=w, label=ds)
         for x, v, nn in zip(xs, vals, ns):
-            a1.text(x, (0 if not np.isfinite(v) else v) + 0.01, f"n={nn}", ha="center", fontsize=6, rotation=90)
+            # the count sits inside the bar's foot (white on a bar tall enough to hold it), clear of its
+            # neighbours and of the legend
+            tall = np.isfinite(v) and v > 0.15
+            a1.text(x, 0.01, f"n={nn}", ha="center", va="bottom", fontsize=6, rotation=90,
+                    color="w" if tall else "k")
     a1.axhline(PAPER_SECTION6["halluc_active"], color="k", ls="--", lw=0.8, label="paper: 8.0% under Active")
-    a1.set_xticks(range(4), ACTION_NAMES)
+    a1.set_xticks(range(4), ["Active", "Supp", "Silent", "Opt-Out"])
     a1.set_ylabel("hallucination rate of B3 answers")
-    a1.legend(fontsize=7)
+    a1.set_ylim(0, 1.3)
+    a1.set_title(f"hallucination under each B3 action{_judged(judge)}", fontsize=9)
+    a1.legend(fontsize=7, loc="upper center", ncol=2)
     xs = np.arange(len(dss))
     a2.bar(xs - 0.2, [s6["regime"][d]["acc"] for d in dss], width=0.4,
            label="A ≥ 0.70 and M ≥ 0.70")
     a2.bar(xs + 0.2, [s6["regime"][d]["acc_rest"] for d in dss], width=0.4, label="other records")
     for x, d in zip(xs, dss):
         a2.text(x - 0.2, 0.02, f"n={s6['regime'][d]['n']}", ha="center", fontsize=7, rotation=90, color="w")
+        a2.text(x + 0.2, 0.02, f"n={s6['regime'][d]['n_rest']}", ha="center", fontsize=7, rotation=90, color="w")
     a2.axhline(PAPER_SECTION6["regime_acc"], color="k", ls="--", lw=0.8, label="paper: 55.6% (117 records)")
     a2.set_xticks(xs, dss)
+    a2.set_ylim(0, 1.3)
     a2.set_ylabel("decision accuracy vs oracle")
-    a2.legend(fontsize=7)
+    a2.set_title(f"accuracy in the high-risk, high-relevance regime{_judged(judge)}", fontsize=9)
+    a2.legend(fontsize=7, loc="upper center", ncol=2)
     return _save(fig, path)

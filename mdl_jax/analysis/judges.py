@@ -4,7 +4,10 @@ The gold set (``mdl_jax/pipeline/resources/gold_labels.jsonl``) holds 322 answer
 ``paper-scale-200x3`` run (160 TruthfulQA over all five systems, 162 HaluEval over B1-B3), each labelled
 blind by two readers under one rule: hallucinated = the answer's answer to the question is false given
 the references; a false side detail that leaves the answer right is safe; refusals and non-answers that
-assert nothing false are safe. Its ``dev`` half tuned the ``ref`` judge; its ``test`` half did not.
+assert nothing false are safe. Its ``dev`` half tuned the ``ref`` judge; its ``test`` half was scored
+(not read) several times while the rules were written, and that split is by record (``PROTOCOL``);
+``question_split`` regroups it by question for further rule work; the 160 answers of ``paired-30x2``
+(labelled after the rules were frozen) are the fresh set, reported separately.
 
   agreement      share of gold records on which a judge's verdict equals the gold label, with a 95%
                  Wilson interval, per judge × dataset × split;
@@ -97,9 +100,12 @@ def agreement_markdown(table: pd.DataFrame) -> str:
 
 
 def gold_report(embedder, data_dir=None) -> tuple[pd.DataFrame, str]:
-    """(agreement table, its Markdown) of every judge against the shipped gold set."""
-    table = agreement(judge_gold(embedder, data_dir=data_dir))
-    return table, agreement_markdown(table)
+    """(agreement table, its Markdown) of every judge against the shipped gold set; the Markdown ends
+    with the judges' protocol (``protocol_markdown``: by-record and by-question test splits, the fresh
+    set separately)."""
+    judged = judge_gold(embedder, data_dir=data_dir)
+    table = agreement(judged)
+    return table, agreement_markdown(table) + "\n" + protocol_markdown(protocol_table(judged))
 
 
 def rejudge(df: pd.DataFrame, embedder, data_dir=None) -> pd.DataFrame:
@@ -118,3 +124,135 @@ def rejudge(df: pd.DataFrame, embedder, data_dir=None) -> pd.DataFrame:
         out[f"hallucinated_{name}"] = [None if j is None else j.hallucinated for j in js]
         out[f"h_{name}"] = [0.0 if j is None else float(j.hallucinated) for j in js]
     return out
+
+
+# -- the judges' protocol as it happened, and a split for further rule work --------------------------
+
+FRESH_RUN = "paired-30x2"  # labelled after the ref rules were frozen: the one blind measurement
+
+
+def question_split(gold: pd.DataFrame) -> pd.Series:
+    """The gold set's split regrouped by question: ``dev`` for every record of a question that has a
+    ``dev`` record (those questions were read while the ``ref`` rules were written), ``test``
+    otherwise. The shipped ``split`` column is by record and stays as it is (the published figures
+    are computed on it); rule work from now on tunes on ``dev`` of this split and scores ``test``.
+    (N,) strings aligned with ``gold``."""
+    read = set(zip(gold.loc[gold["split"] == "dev", "dataset"], gold.loc[gold["split"] == "dev", "qid"]))
+    return pd.Series(["dev" if (d, q) in read else "test" for d, q in zip(gold["dataset"], gold["qid"])],
+                     index=gold.index, name="split_by_question")
+
+
+def protocol_table(judged: pd.DataFrame) -> pd.DataFrame:
+    """Agreement of each judge on the three readings of the gold set that matter for honesty: the
+    by-record test split (the published figure; its questions overlap dev), the by-question test split
+    (no question read while the rules were written) and the fresh set (``FRESH_RUN``, labelled after
+    the rules were frozen). ``judged``: ``judge_gold``'s output."""
+    q = question_split(judged)
+    views = {"test (by record)": judged["split"] == "test", "test (by question)": q == "test",
+             f"fresh ({FRESH_RUN})": judged["run"] == FRESH_RUN}
+    rows = []
+    for name in JUDGES:
+        for ds in sorted(judged["dataset"].unique()):
+            for view, mask in views.items():
+                s = judged[mask & (judged["dataset"] == ds)]
+                k, n = int((s[f"judge_{name}"].astype(bool) == s["gold"].astype(bool)).sum()), len(s)
+                lo, hi = wilson(k, n)
+                rows.append({"judge": name, "dataset": ds, "view": view, "n": n, "agree": k,
+                             "rate": k / n if n else float("nan"), "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
+PROTOCOL = (
+    "How the `ref` rules were developed, as it happened: they were written by reading the `dev` half of "
+    "the first 322 gold answers, and the `test` half's agreement was computed three times while they "
+    "were written (to check progress, not read answer by answer). That split is by record: 43 questions "
+    "have answers in both halves, so 66 test answers share a question with answers that were read. The "
+    "160 answers of `paired-30x2`, labelled blind after the rules were frozen, are the one fresh "
+    "measurement, and are reported separately below. For any further rule work the split is regrouped "
+    "by question (`judges.question_split`: every answer of a question with a dev answer is dev); the "
+    "published by-record figures stay reproducible from the shipped `split` column.")
+
+
+def protocol_markdown(table: pd.DataFrame) -> str:
+    out = [PROTOCOL, "", "| Judge | Dataset | Gold answers | n | Agreement | 95% CI (Wilson) |",
+           "|---|---|---|---:|---:|---|"]
+    for r in table.itertuples():
+        out.append(f"| {r.judge} | {DATASET_NAMES.get(r.dataset, r.dataset)} | {r.view} | {r.n} | "
+                   f"{r.rate:.3f} ({r.agree}/{r.n}) | [{r.lo:.3f}, {r.hi:.3f}] |")
+    return "\n".join(out) + "\n"
+
+
+# -- the LLM judge (``mdl-jax judge --judge llm``): its agreement with the gold set -------------------
+
+def llm_summary(judged: list[dict], gold_rows: list[dict], *, model: str, server: str, calls: int,
+                cache_hits: int) -> dict:
+    """What ``mdl-jax judge --judge llm`` writes beside its output (``*.llm-judge.json``): the judge's
+    model, verdict methods, failures, hallucination rates of the judged records, and its agreement with
+    the gold set per dataset (Wilson 95% CI; failed verdicts are counted as not agreeing and listed)."""
+    def methods(rows):
+        out: dict[str, int] = {}
+        for r in rows:
+            m = r.get("judge_llm_method")
+            if m is not None:
+                out[m] = out.get(m, 0) + 1
+        return out
+
+    agreement = {}
+    for ds in sorted({r["dataset"] for r in gold_rows}):
+        rows = [r for r in gold_rows if r["dataset"] == ds]
+        ok = [r for r in rows if r.get("judge_llm_hallucinated") is not None]
+        k = sum(r["judge_llm_hallucinated"] == (r["label"] == "hallucinated") for r in ok)
+        n = len(rows)
+        lo, hi = wilson(k, n)
+        says_yes = sum(bool(r["judge_llm_hallucinated"]) for r in ok)
+        agreement[ds] = {"n": n, "agree": int(k), "rate": k / n if n else None, "lo": lo, "hi": hi,
+                         "failed": n - len(ok), "judged_hallucinated": says_yes,
+                         "gold_hallucinated": sum(r["label"] == "hallucinated" for r in rows)}
+    rates = {}
+    for ds in sorted({r["dataset"] for r in judged}):
+        v = [r["judge_llm_hallucinated"] for r in judged
+             if r["dataset"] == ds and r.get("judge_llm_hallucinated") is not None]
+        rates[ds] = {"n": len(v), "rate": sum(v) / len(v) if v else None}
+    return {"judge": "llm", "model": model, "server": server, "calls": calls, "cache_hits": cache_hits,
+            "methods": methods(judged), "failed": sum(r.get("judge_llm_method") == "failed" for r in judged),
+            "n": len(judged), "hallucination_rate": rates, "gold_agreement": agreement,
+            "gold_methods": methods(gold_rows)}
+
+
+def llm_summary_markdown(s: dict) -> str:
+    """One LLM judge's summary as Markdown (REPORT.md's judges section, and the command's output)."""
+    lines = [f"**LLM judge `{s['model']}`** (server {s['server']}): {s['n']} answers graded; verdict by "
+             + ", ".join(f"{k} {v}" for k, v in sorted(s["methods"].items()))
+             + f"; {s['failed']} failed (recorded with their reason, never guessed).", ""]
+    if s["gold_agreement"]:
+        lines += ["| Dataset | gold answers | agreement | 95% CI (Wilson) | failed | judged hallucinated / "
+                  "gold hallucinated |", "|---|---:|---:|---|---:|---|"]
+        for ds, a in s["gold_agreement"].items():
+            rate = "–" if a["rate"] is None else f"{a['rate']:.3f} ({a['agree']}/{a['n']})"
+            lines.append(f"| {DATASET_NAMES.get(ds, ds)} | {a['n']} | {rate} | [{a['lo']:.3f}, {a['hi']:.3f}] "
+                         f"| {a['failed']} | {a['judged_hallucinated']} / {a['gold_hallucinated']} |")
+    else:
+        lines.append("Its agreement with the gold set was not measured (`--no-gold`).")
+    return "\n".join(lines) + "\n"
+
+
+def llm_section(run_dir) -> str | None:
+    """REPORT.md's paragraph on every LLM judge used on this run (``*.llm-judge.json`` in its folder,
+    written by ``mdl-jax judge --judge llm``), or None when none was used."""
+    import json
+
+    found = sorted(Path(run_dir).glob("*.llm-judge.json"))
+    parts = []
+    for f in found:
+        try:
+            s = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        parts.append(f"From `{f.name}`:\n\n" + llm_summary_markdown(s))
+    if not parts:
+        return None
+    return "\n".join(["### LLM judges (`mdl-jax judge --judge llm`)", "",
+                      "Each answer graded against the dataset's references by an OpenAI-compatible "
+                      "server, the verdict read from the Yes/No label likelihood where the server sends "
+                      "logprobs, else from the reply's first word; agreement with the shipped gold set:",
+                      "", *parts])

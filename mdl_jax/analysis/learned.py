@@ -1,9 +1,11 @@
 """The learned, still white-box MDL beside Table 7: ``mdl-jax tune RECORDS``.
 
 Records: the pooled, oracle-labelled B1/B2/B3 records of a run (``oracle.pooled``, ``oracle_labels``),
-split into the same 5 stratified folds as the supervised baselines (``oracle.stratified_folds(y, 5,
-seed=0)``, as Table 7(b)). In each fold a stratified fifth of the training part is held out as the
-validation part for early stopping; the test fold is never seen in training.
+split into the same 5 folds as the supervised baselines of Table 7(b): grouped by question and
+stratified by label (``oracle.question_folds(y, question_ids, 5, seed=0)``), because a question's records
+share its (M, R, A) and record-level folds would put copies of every test question into training. In
+each fold a fifth of the training part's questions (again grouped and stratified) is held out as the
+validation part for early stopping; the test fold's questions are never seen in training.
 
 Starting point (the zero-parameter controller being improved): the paper's Table 2 defaults with n_min,
 n_max and θ calibrated the paper's way (``mdl_jax.calibrate``, Section 3.4) on the run's pooled
@@ -38,14 +40,15 @@ from mdl_jax.signals.risk import HIGH_RISK
 N_TRAINED = {"gates": 5, "all": 15}
 
 
-def _val_split(train_idx, y, seed: int):
-    """A stratified fifth of a fold's training part, for early stopping."""
-    rng = np.random.default_rng(seed)
-    val = []
-    for cls in (0, 1):
-        idx = train_idx[y[train_idx] == cls]
-        val.append(rng.choice(idx, size=max(1, len(idx) // 5), replace=False))
-    return np.concatenate(val)
+def _val_split(train_idx, y, groups, seed: int):
+    """A fifth of a fold's training questions (grouped, stratified), for early stopping: record indices."""
+    from mdl_jax.analysis.oracle import question_folds
+
+    k = min(5, len(np.unique(groups[train_idx])))
+    if k < 2:
+        return train_idx[:0]
+    _, val = question_folds(y[train_idx], groups[train_idx], k, seed=seed % (2**32))[0]
+    return train_idx[val]
 
 
 def _acc(pred, y, mask):
@@ -62,25 +65,38 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     """Train, evaluate and write TUNED.md, tuned.json and tuned-<set>.json under ``out``."""
     from mdl_jax.analysis.ablation import _models, n_params
     from mdl_jax.analysis.oracle import (calibration_split, load_records, pooled, oracle_labels,
-                                         run_configs, score, stratified_folds)
+                                         question_folds, run_configs, score)
+    from mdl_jax.analysis.oracle import RecordsError
+    from mdl_jax.analysis.stats import question_ids
 
     say = progress or (lambda m: None)
     records = Path(records)
     out = Path(out) if out is not None else records.parent / "tuned"
-    out.mkdir(parents=True, exist_ok=True)
     ev, cal = load_records(records)
     df = pooled(ev)
     y = oracle_labels(df)
+    # k folds grouped by question and stratified need k questions and k records of each oracle label;
+    # say so in the analysis' terms before scikit-learn says "n_splits=5 cannot be greater than ...".
+    n_adopt, n_q = int(y.sum()), len(np.unique(question_ids(df))) if len(df) else 0
+    if min(n_adopt, len(y) - n_adopt) < k or n_q < k:
+        raise RecordsError(f"{records}: tuning needs at least {k} pooled B1/B2/B3 records of each oracle "
+                           f"label from at least {k} questions for {k} folds; these records have "
+                           f"{n_adopt} 'adopt' and {len(y) - n_adopt} 'reject' among {len(y)}, from "
+                           f"{n_q} questions")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no empty folder
     M, R, A = (df[c].to_numpy(np.float32) for c in ("M", "R", "A"))
     hi = A >= HIGH_RISK
     N = len(y)
-    folds = stratified_folds(y, k, seed=0)
+    groups = question_ids(df)
+    folds = question_folds(y, groups, k, seed=0)
 
     # the zero-parameter starting point: calibrated on the pooled calibration split
     splits = [calibration_split(cal, ds) for ds in sorted(df["dataset"].unique())]
     splits = [s for s in splits if s is not None and len(s[0])]
     if splits and sum(len(s[0]) for s in splits) >= 2:
-        start = calibrate(*(np.concatenate([s[i] for s in splits]) for i in range(4))).config
+        with warnings.catch_warnings():  # a constant optimum is flagged in the table ('degenerate')
+            warnings.simplefilter("ignore", UserWarning)
+            start = calibrate(*(np.concatenate([s[i] for s in splits]) for i in range(4))).config
         start_src = "paper defaults, n_min/n_max/θ calibrated on the pooled calibration split"
     else:
         start, start_src = MDLConfig(), "paper defaults (no calibration records)"
@@ -90,7 +106,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     for fs in field_sets:
         for f, (tr, te) in enumerate(folds):
             for s in seeds:
-                val = _val_split(tr, y, seed=1000 * f + s)
+                val = _val_split(tr, y, groups, seed=1000 * f + s)
                 w_tr = np.zeros(N, np.float32)
                 w_tr[tr] = 1
                 w_tr[val] = 0
@@ -99,7 +115,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
                 runs.append((fs, f, s))
                 wt.append(w_tr)
                 wv.append(w_v)
-        val = _val_split(np.arange(N), y, seed=99)
+        val = _val_split(np.arange(N), y, groups, seed=99)
         w_tr = np.ones(N, np.float32)
         w_tr[val] = 0
         w_v = np.zeros(N, np.float32)
@@ -117,28 +133,38 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
 
     rows = {}
     # zero-parameter controllers on the same test folds
-    start_pred = (np.asarray(decide(M, R, A, start).action) == 0).astype(int)
+    from mdl_jax.analysis.oracle import degenerate
+
+    start_act = np.asarray(decide(M, R, A, start).action)
+    start_pred = (start_act == 0).astype(int)
     run_cfg = {ds: rc.config for ds, rc in run_configs(records, df, cal).items()}
-    run_pred = score(df, run_cfg).adopt
-    for name, pred in (("MDL, zero parameters (the starting config)", start_pred),
-                       ("MDL, zero parameters (run's per-dataset calibration, Table 7)", run_pred)):
+    run_sc = score(df, run_cfg)
+    run_pred = run_sc.adopt
+    for name, pred, act in (("MDL, zero parameters (the starting config)", start_pred, start_act),
+                            ("MDL, zero parameters (run's per-dataset calibration, Table 7)", run_pred,
+                             run_sc.action)):
         accs = [_acc(pred, y, np.isin(np.arange(N), te)) for _, te in folds]
         his = [_acc(pred, y, np.isin(np.arange(N), te) & hi) for _, te in folds]
-        rows[name] = {"accuracy": _summ(accs), "high_risk": _summ(his), "params": 0, "train_s": 0.0}
+        deg = degenerate(act)  # a constant start scores the majority share, not a property of MDL
+        rows[name + (f" **({deg})**" if deg else "")] = {"accuracy": _summ(accs), "high_risk": _summ(his),
+                                                          "params": 0, "train_s": 0.0}
     # tuned MDL
     tuned_params = {}
     for fs in field_sets:
-        accs, his, leaves = [], [], []
+        accs, his, leaves, n_deg = [], [], [], 0
         for b, (rfs, f, s) in enumerate(runs):
             if rfs != fs or f == "all-records":
                 continue
             te = np.isin(np.arange(N), folds[f][1])
-            pred = (np.asarray(decide(M, R, A, configs[b]).action) == 0).astype(int)
+            act = np.asarray(decide(M, R, A, configs[b]).action)
+            n_deg += degenerate(act) is not None
+            pred = (act == 0).astype(int)
             accs.append(_acc(pred, y, te))
             his.append(_acc(pred, y, te & hi))
             leaves.append(configs[b])
         n_runs = sum(1 for r in runs if r[0] == fs)
-        rows[f"MDL, tuned ({fs}: {', '.join(FIELD_SETS[fs]) if fs != 'all' else 'every numeric field'})"] = {
+        deg_note = f" ({n_deg} of {len(accs)} runs degenerate)" if n_deg else ""
+        rows[f"MDL, tuned ({fs}: {', '.join(FIELD_SETS[fs]) if fs != 'all' else 'every numeric field'}){deg_note}"] = {
             "accuracy": _summ(accs), "high_risk": _summ(his), "params": N_TRAINED[fs],
             "train_s": train_s * n_runs / len(runs)}
         tuned_params[fs] = {f: (np.mean([np.asarray(getattr(c, f), np.float64) for c in leaves], 0).tolist(),
@@ -189,7 +215,7 @@ def _fmt(x, digits=3):
 
 def markdown(res: dict) -> str:
     lines = [f"## The learned MDL beside Table 7 ({res['n_records']} pooled records, {res['folds']} "
-             f"stratified folds, seeds {res['seeds']}, {res['steps']} steps)", "",
+             f"folds grouped by question and stratified, seeds {res['seeds']}, {res['steps']} steps)", "",
              f"All {res['runs']} tuning runs (folds × seeds × field sets, plus one all-records fit per "
              f"field set) trained in one jitted program in {res['train_seconds_one_program']:.1f} s. "
              f"Start: {res['start_config']}. High-risk = test records with A ≥ 0.70 "
@@ -217,29 +243,32 @@ def markdown(res: dict) -> str:
 
 
 def register(sub) -> None:
+    import argparse
+
+    from mdl_jax.cli import out_dir, positive_int, seed_int
+
     p = sub.add_parser("tune", help="gradient-tune the controller on a run's oracle-labelled records "
                                     "(5 folds × seeds × field sets in one program) and write TUNED.md",
                        description="Trains the learned, still white-box MDL beside Table 7 (see "
-                                   "mdl_jax/analysis/learned.py). A bare run on the 3,600 records of "
-                                   "a paper-scale run takes about a minute here.")
+                                   "mdl_jax/analysis/learned.py) and writes TUNED.md, tuned.json and "
+                                   "tuned-<field set>.json. Needs at least 5 records of each oracle label. "
+                                   "A bare run on the 3,600 records of a paper-scale run takes about a "
+                                   "minute here (2-core CPU).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("records", help="records.jsonl of a reproduce run")
-    p.add_argument("--out", default=None, help="output folder (default: tuned/ beside RECORDS)")
-    p.add_argument("--steps", type=int, default=500, help="training steps per run")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per fold")
+    p.add_argument("--out", default=None, type=out_dir,
+                   help="output folder (None: tuned/ beside RECORDS)")
+    p.add_argument("--steps", type=positive_int, default=500, help="training steps per run")
+    p.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2], help="seeds per fold")
     p.add_argument("--field-sets", nargs="+", default=["gates", "all"], choices=list(FIELD_SETS),
                    help="which numeric fields train: gates = gate_coeffs + thresholds; all = every one")
     p.set_defaults(func=tune_cmd)
 
 
 def tune_cmd(args) -> int:
-    from mdl_jax.analysis.oracle import RecordsError
-
-    try:
-        res = learned_table(args.records, args.out, steps=args.steps, seeds=tuple(args.seeds),
-                            field_sets=tuple(args.field_sets), progress=lambda m: print(m, file=sys.stderr))
-    except RecordsError as e:
-        print(f"mdl-jax tune: {e}", file=sys.stderr)
-        return 2
+    """``mdl-jax tune``: bad records raise ``RecordsError``, which the CLI prints as one line (exit 2)."""
+    res = learned_table(args.records, args.out, steps=args.steps, seeds=tuple(args.seeds),
+                        field_sets=tuple(args.field_sets), progress=lambda m: print(m, file=sys.stderr))
     out = Path(args.out) if args.out else Path(args.records).parent / "tuned"
     print(markdown(res))
     print(f"wrote {out / 'TUNED.md'}", file=sys.stderr)

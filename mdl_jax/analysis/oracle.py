@@ -35,6 +35,37 @@ class RecordsError(ValueError):
     """A records file the analyses cannot use; the message names the file and what is missing."""
 
 
+def _shown(v) -> str:
+    """A value as the records file spells it (``1.5``, ``NaN``, ``"abc"``), not as NumPy prints it."""
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):  # pragma: no cover - parsed JSON always dumps
+        return repr(v)
+
+
+def _bad_field(r: dict) -> str | None:
+    """What is wrong with one record's field types and ranges (None when nothing): the analyses fit,
+    sort and decide on these fields, so a wrong type must be named here, not deep in NumPy."""
+    for f in ("dataset",):
+        if not isinstance(r[f], str):
+            return f"{f} = {_shown(r[f])} (expected a string)"
+    for f in ("qid", "seed"):
+        if isinstance(r[f], bool) or not isinstance(r[f], int) or r[f] < 0:
+            return f"{f} = {_shown(r[f])} (expected an integer ≥ 0)"
+    for f in ("M", "R", "A"):
+        v = r[f]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            return f"{f} = {_shown(v)} (expected a number in [0, 1])"  # NaN fails the range test
+    if not isinstance(r["failed"], bool):
+        return f"failed = {_shown(r['failed'])} (expected true or false)"
+    for f in ("hallucinated", "hallucinated_ref"):
+        if f in r and r[f] is not None and not isinstance(r[f], bool):
+            return f"{f} = {_shown(r[f])} (expected true, false or null)"
+    if r["hallucinated"] is None and not r["failed"]:
+        return "hallucinated = null in a record that did not fail (expected true or false)"
+    return None
+
+
 def load_records(path) -> tuple["pandas.DataFrame", "pandas.DataFrame"]:  # noqa: F821
     """Read and check a records file → (evaluated records, calibration records) as DataFrames.
 
@@ -42,38 +73,37 @@ def load_records(path) -> tuple["pandas.DataFrame", "pandas.DataFrame"]:  # noqa
     wins over a failed one, the earlier over the later). Adds ``ok`` (not failed), ``h`` (hallucinated as
     0/1) and ``action_name`` (B3: the recorded action; others: None).
 
+    Reads through ``pipeline.records.read`` (the one reader: torn, non-JSON and non-record lines are
+    skipped with one warning per file).
+
     Raises:
       RecordsError: the file is missing or empty; a record lacks a required field (the first line and
-        the missing fields are named); a system is unknown; there are no successful B3 records; a B3
+        the missing fields are named); a field has the wrong type or range (the line, the field and
+        its value as written: ``line 5: M = 1.5 (expected a number in [0, 1])``); a system is unknown; there are no successful B3 records; a B3
         record has no action.
     """
     import pandas as pd
+
+    from mdl_jax.pipeline import records as rec_io
 
     p = Path(path)
     if not p.is_file():
         raise RecordsError(f"{p}: no such records file")
     recs: dict[tuple, dict] = {}
-    with open(p, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a killed run; records.load skips it too
-            if not isinstance(r, dict):
-                raise RecordsError(f"{p}, line {i}: expected a JSON object per line")
-            missing = [k for k in REQUIRED if k not in r]
-            if missing:
-                raise RecordsError(f"{p}, line {i}: record lacks field(s) {', '.join(missing)} "
-                                   f"(required: {', '.join(REQUIRED)})")
-            if r["system"] not in SYSTEMS:
-                raise RecordsError(f"{p}, line {i}: unknown system {r['system']!r} "
-                                   f"(known: {', '.join(SYSTEMS)})")
-            k = (r["dataset"], r["qid"], r["seed"], r["system"])
-            if k not in recs or (recs[k].get("failed") and not r.get("failed")):
-                recs[k] = r
+    # The one reader (pipeline.records.read): torn lines, non-JSON and JSON non-records are skipped
+    # with one warning per file, exactly as a resumed reproduce skips them.
+    for k, (i, r) in rec_io.dedupe(rec_io.read(p)).items():
+        missing = [f for f in REQUIRED if f not in r]
+        if missing:
+            raise RecordsError(f"{p}, line {i}: record lacks field(s) {', '.join(missing)} "
+                               f"(required: {', '.join(REQUIRED)})")
+        if r["system"] not in SYSTEMS:
+            raise RecordsError(f"{p}, line {i}: unknown system {r['system']!r} "
+                               f"(known: {', '.join(SYSTEMS)})")
+        why = _bad_field(r)
+        if why:
+            raise RecordsError(f"{p}, line {i}: {why}")
+        recs[k] = r
     if not recs:
         raise RecordsError(f"{p}: no records")
     df = pd.DataFrame(list(recs.values()))
@@ -116,13 +146,76 @@ def oracle_labels(df) -> np.ndarray:
 
 
 def stratified_folds(y, k: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """k (train, test) index pairs of ``sklearn.model_selection.StratifiedKFold`` (shuffled, ``seed``):
-    the folds Table 7(b) and the gradient-tuning work share."""
+    """RECORD-level folds: k (train, test) index pairs of ``sklearn.model_selection.StratifiedKFold``
+    (shuffled, ``seed``). The records of a question share its (M, R, A), so these folds put copies of a
+    test question's features into training: use ``question_folds``; these remain only for a column
+    labelled "record-level" that shows how much leakage flatters a learned model."""
     from sklearn.model_selection import StratifiedKFold
 
     y = np.asarray(y)
     skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
     return [(tr, te) for tr, te in skf.split(np.zeros((len(y), 1)), y)]
+
+
+def question_folds(y, groups, k: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """k (train, test) index pairs grouped by question and stratified by label
+    (``sklearn.model_selection.StratifiedGroupKFold``, shuffled, ``seed``): every record of a question
+    (``groups``, e.g. ``stats.question_ids(df)``) falls in one test fold, so no test question is seen in
+    training, and each fold's adopt share stays close to the whole set's. The folds of every
+    cross-validation of the analyses (Table 7(b), the learned MDL)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    y, groups = np.asarray(y), np.asarray(groups)
+    if len(np.unique(groups)) < k:
+        raise ValueError(f"groups: {k} folds need at least {k} questions, got {len(np.unique(groups))}")
+    sgk = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    return [(tr, te) for tr, te in sgk.split(np.zeros((len(y), 1)), y, groups)]
+
+
+def question_ceiling(df, y) -> dict:
+    """What any rule that decides per question can reach on these labels (in sample).
+
+    Every record of a question shares (M, R, A), so a rule on the signals gives all of them the same
+    decision; the best it can do on a question is its majority label. Returns ``ceiling`` (Σ_q max(#adopt,
+    #reject) / N), ``opposite_pairs`` (share of (dataset, question, seed) with both B1 and B2 whose
+    oracle labels differ, i.e. B1 and B2 both hallucinated or both safe) and ``n_pairs``."""
+    from mdl_jax.analysis.stats import question_ids
+
+    y = np.asarray(y)
+    g = np.unique(question_ids(df), return_inverse=True)[1]
+    ones = np.bincount(g, weights=y)
+    n = np.bincount(g).astype(float)
+    out = {"ceiling": float(np.maximum(ones, n - ones).sum() / len(y)) if len(y) else float("nan")}
+    key = df["dataset"].astype(str) + ":" + df["qid"].astype(str) + ":" + df["seed"].astype(str)
+    lab = {}
+    for k, s, v in zip(key.to_numpy(), df["system"].to_numpy(), y):
+        if s in ("B1", "B2"):
+            lab.setdefault(k, {})[s] = v
+    pairs = [d for d in lab.values() if len(d) == 2]
+    out["n_pairs"] = len(pairs)
+    out["opposite_pairs"] = float(np.mean([d["B1"] != d["B2"] for d in pairs])) if pairs else float("nan")
+    return out
+
+
+ACTION_LABELS = ("Active", "Supp", "Silent", "Opt-Out")
+DEGENERATE_SHARE = 0.99  # a controller that takes one action (or one binary decision) this often is constant
+
+
+def degenerate(action) -> str | None:
+    """Why a controller is constant on these records, or None: one of the four actions on ≥ 99% of
+    them, or 'adopt' (Active) on ≥ 99% or ≤ 1% (then it equals always-adopt / always-reject).
+    ``action``: (N,) int action codes, or a (4,) vector of action counts / shares."""
+    a = np.asarray(action)
+    share = (a / a.sum()) if a.shape == (4,) and a.dtype.kind == "f" else \
+        np.bincount(a.astype(int).ravel(), minlength=4) / max(a.size, 1)
+    if share.sum() == 0:
+        return None
+    top = int(np.argmax(share))
+    if share[top] >= DEGENERATE_SHARE:
+        return f"degenerate: {share[top]:.0%} {ACTION_LABELS[top]}"
+    if share[Action.ACTIVE] <= 1 - DEGENERATE_SHARE:
+        return f"degenerate: {share[Action.ACTIVE]:.1%} Active, = always-reject"
+    return None
 
 
 # ------------------------------------------------------------------------------- configs and scoring
@@ -168,7 +261,11 @@ def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
 
 def recalibrate(cal, dataset: str, config: MDLConfig, neutral: dict | None = None) -> MDLConfig | None:
     """``config`` recalibrated (n_min, n_max, θ) on a dataset's calibration split, with the signals in
-    ``neutral`` replaced by their constants (as the scored records are); None without a split."""
+    ``neutral`` replaced by their constants (as the scored records are); None without a split. Uses
+    ``calibrate``'s default tie-break; its constant-classifier warning is silenced here (the analyses
+    flag degenerate controllers themselves)."""
+    import warnings
+
     split = calibration_split(cal, dataset)
     if split is None or len(split[0]) < 2:
         return None
@@ -176,7 +273,9 @@ def recalibrate(cal, dataset: str, config: MDLConfig, neutral: dict | None = Non
     sig = {"M": M, "R": R, "A": A}
     for k, v in (neutral or {}).items():
         sig[k] = np.full_like(sig[k], v)
-    return mdl_jax.calibrate(sig["M"], sig["R"], sig["A"], adopt, config).config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return mdl_jax.calibrate(sig["M"], sig["R"], sig["A"], adopt, config).config
 
 
 class Scored(NamedTuple):

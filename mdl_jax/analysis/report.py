@@ -120,13 +120,19 @@ def table5(df) -> str:
     sub_all = df[df["dataset"] == "truthfulqa"]
     seeds = sorted(sub_all[sub_all["system"].isin(["CRAG", "SelfRAG"])]["seed"].unique()) or \
         sorted(sub_all["seed"].unique())
+    from mdl_jax.analysis.stats import crag_equals_b2
+
+    crag = crag_equals_b2(sub_all).get("truthfulqa", {})
     for s in ("B1", "B2", "CRAG", "SelfRAG", "B3"):
         sub = sub_all[(sub_all["system"] == s) & (sub_all["seed"].isin(seeds))]
         if not len(sub):
             continue
         r = rates(sub)
         p = PAPER_TABLE5[s]
-        lines.append(f"| {NAMES[s]} | {_cell(r['overall'], r['n_ok'])} (paper {p[0]:.3f}) | "
+        # a CRAG that graded every memory Correct sent B2's prompt everywhere: it is B2, not a result
+        flag = (f" **degenerate: = B2 answer for answer ({crag['equal']}/{crag['n']})**"
+                if s == "CRAG" and crag.get("degenerate") else "")
+        lines.append(f"| {NAMES[s]}{flag} | {_cell(r['overall'], r['n_ok'])} (paper {p[0]:.3f}) | "
                      f"{_cell(r['high_risk'], r['n_high_risk'])} "
                      f"(paper {p[1]:.3f}) | {_fmt(r['refusal'])} (paper {p[2]:.3f}) | "
                      f"{_fmt(r['risk_weighted'])} | {r['calls_per_question']:.2f} |")
@@ -161,18 +167,15 @@ def figure3(df, path: Path) -> Path:
         bars_with_ci(ax1, x + (i - (len(systems) - 1) / 2) * w,
                      [tq[(tq["system"] == s) & (tq["A"] == a)] for a in levels], NAMES[s], colors[s])
     b3 = tq[tq["system"] == "B3"]
-    if len(b3):
-        ab = [(b3[b3["A"] == a]["action"] == "OPT_OUT").mean() for a in levels]
-        ax1b = ax1.twinx()
-        ax1b.plot(x, ab, "k-o", label="MDL Opt-Out rate")
-        ax1b.set_ylim(0, 1.05)
-        ax1b.set_ylabel("MDL abstention (Opt-Out) rate")
-        ax1b.legend(loc="upper right", fontsize=8)
-    ax1.set_xticks(x, [f"A={a:.2f}" for a in levels])
+    # MDL's Opt-Out rate goes under each risk level's tick (a line across the bars hid their labels)
+    opt = [f"\nB3 Opt-Out {(b3[b3['A'] == a]['action'] == 'OPT_OUT').mean():.0%}" if len(b3) else ""
+           for a in levels]
+    ax1.set_xticks(x, [f"A={a:.2f}{o}" for a, o in zip(levels, opt)], fontsize=8)
     ax1.set_ylabel("hallucination rate")
     ax1.set_title("(a) TruthfulQA by risk level (paper: B2 0.630 → B3 0.000 at A=0.85)", fontsize=9)
-    ax1.legend(loc="upper left", fontsize=8)
-    ax1.set_ylim(0, 1.15)
+    # legends above the bars (y up to 1.45 is empty), never over a bar's label
+    ax1.legend(loc="upper center", fontsize=8, ncol=3)
+    ax1.set_ylim(0, 1.45)
     hi = df[df["ok"] & (df["A"] >= HIGH_RISK)]
     dss = [d for d in ("truthfulqa", "halueval") if d in set(df["dataset"])]
     x2 = np.arange(len(dss))
@@ -181,9 +184,10 @@ def figure3(df, path: Path) -> Path:
                      [hi[(hi["system"] == s) & (hi["dataset"] == d)] for d in dss], NAMES[s], colors[s])
     ax2.set_xticks(x2, [f"{d} (A≥0.70, n={int(((hi['dataset'] == d) & (hi['system'] == 'B3')).sum())})"
                         for d in dss])
-    ax2.set_title("(b) high-risk hallucination by dataset (paper B3: 0.000 / 0.013)", fontsize=9)
-    ax2.set_ylim(0, 1.15)
-    ax2.legend(fontsize=8)
+    ax2.set_title(f"(b) high-risk (A ≥ {HIGH_RISK:.2f}) hallucination by dataset (paper B3: 0.000 / 0.013)",
+                  fontsize=9)
+    ax2.set_ylim(0, 1.45)
+    ax2.legend(loc="upper center", fontsize=8, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -246,7 +250,9 @@ DEFINITIONS = """Terms used in this report:
   hallucination. Two judges read every answer (see "Judges"): `paper` (Section 5.1's MiniLM rule, the
   judge of the paper-comparable tables) and `ref` (a reference-reading judge of known, higher accuracy).
 - **High-risk**: questions with task risk A ≥ 0.70 (the paper's top tier: health, law, finance,
-  conspiracies and the categories `mdl_jax/signals/risk.py` adds, with its reasons).
+  conspiracies and the categories `mdl_jax/signals/risk.py` adds, with its reasons). This takes in
+  the A = 0.75 tier as well as A = 0.85, while the paper's high-risk figures (Figure 3, Section 5.2's
+  "0.0% on high-risk samples") are stated at A = 0.85; Figure 3(a) below gives each level separately.
 - **Refusal**: an answer matching an explicit refusal pattern ("I don't know", "I cannot answer", ...),
   including MDL's Opt-Out abstention; a refusal is a safe answer, never a hallucination.
 - **Risk-weighted rate**: Σ A·h / Σ A over the records: each hallucination weighted by its question's
@@ -269,6 +275,14 @@ def _with_judge(df, judge: str):
 
 def _fmt_s(seconds) -> str:
     return "not recorded" if seconds is None else f"{float(seconds):.0f} s"
+
+
+def _llm_judges(out) -> list[str]:
+    """REPORT.md lines on any LLM judge used on this run (``judges.llm_section``), else none."""
+    from mdl_jax.analysis.judges import llm_section
+
+    md = llm_section(out)
+    return [md, ""] if md else []
 
 
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
@@ -319,7 +333,8 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         + (" This report was rewritten by a rerun that had nothing left to generate; the per-run "
            "figures are those of the last run that did the work." if summary.get("report_rewritten")
            else ""), "",
-        "Numbers in parentheses are the paper's (deepseek-v4-flash, 200 questions × 3 seeds); ours come "
+        "Numbers in parentheses are the paper's (deepseek-v4-flash; Table 4: 200 questions × 3 seeds, "
+        "Table 5: 200 × 2); ours come "
         "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
         DEFINITIONS, "",
         "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "",
@@ -344,8 +359,20 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         cal = (f"{d['n_calibration']} calibration questions, oracle adopt rate "
                f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
                if d.get("n_calibration") else "")
+        note = ""
+        ag, ar = d.get("calibration_agreement"), d.get("calibration_adopt_rate")
+        if ag is not None and ar is not None and d.get("n_calibration"):
+            n = d["n_calibration"]
+            # agreement is a count / n: equal to a constant classifier's share means no threshold helped
+            const = ("never adopt" if round(ag * n) == round((1 - ar) * n) else
+                     "always adopt" if round(ag * n) == round(ar * n) else None)
+            if const:
+                note += (f" **Warning: the best calibration agreement equals the constant classifier "
+                         f"'{const}'** (`calibrate` warns; the tied θ0 plateau is in the analyses below).")
+        if float(d["thresholds"][2]) <= 0:
+            note += " **θ2 = 0: Opt-Out can never happen with this config.**"
         lines.append(f"- {ds}: config {src}; {cal}θ = {[round(t, 3) for t in d['thresholds']]}, "
-                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}]")
+                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}].{note}")
     for (ds, a), v in actions.items():
         lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
     paired, decisions = paired_share(df), decision_outcomes(df)
@@ -383,10 +410,11 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
                   "reference-reading judge (`mdl_jax/pipeline/judgement.py` lists its rules: "
                   "containment of short references, yes/no polarity, negation, invented names). "
                   f"Their agreement with the shipped gold set ({len(gold)} answers of committed runs: "
-                  f"{runs}; each labelled blind by two readers). `ref`'s rules were written on the dev "
-                  "split only; no test answer was read while writing them. Target for `ref`: ≥ 90% on "
+                  f"{runs}; each labelled blind by two readers). `ref`'s rules were written by reading "
+                  "the dev split only (the protocol, with the fresh set's figure, follows the table). "
+                  "Target for `ref`: ≥ 90% on "
                   f"each dataset's test split ({'met' if met else 'not met'}):", "",
-                  gold_md, "", "### Table 4 under the ref judge", "", table4(ref), "",
+                  gold_md, "", *_llm_judges(out), "### Table 4 under the ref judge", "", table4(ref), "",
                   "### Table 5 under the ref judge", "", table5(ref)]
     if analysis_md:
         import re
@@ -394,7 +422,8 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())  # its title: the heading below says it
         body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
         body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
-        lines += ["", "## RQ2–RQ4 analyses (`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
+        lines += ["", "## Where the RQ1 difference comes from, the practitioners' gates, and the RQ2–RQ4 analyses "
+                  "(`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
     if tuned_md:
         lines += ["", tuned_md.replace("## The learned MDL", "## The learned MDL (`mdl-jax tune`)", 1)]
     lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "

@@ -74,6 +74,18 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     return float(lo), float(hi)
 
 
+def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """(n_resamples, N) float32 multiplicities of a bootstrap over *questions*: each resample draws G
+    questions with replacement from the G in ``groups`` (N,), and every record of a drawn question gets
+    that question's multiplicity, so a question's records always travel together (the sweeps' resamples;
+    ``sweep(..., weights=...)`` scores them exactly)."""
+    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    G = len(g_ids)
+    rng = np.random.default_rng(seed)
+    mult = rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples)
+    return mult[:, g].astype(np.float32)
+
+
 def question_ids(df) -> np.ndarray:
     """One id per (dataset, qid): the cluster of records that share a question's signals."""
     if "qid" not in df:
@@ -81,9 +93,12 @@ def question_ids(df) -> np.ndarray:
     return (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
 
 
-def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
-    """95% percentile CI of mean(x), records resampled with replacement."""
+def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tuple[float, float]:
+    """95% percentile CI of mean(x). With ``groups`` (e.g. ``question_ids``) whole groups are resampled
+    (use it whenever records share a question); without, records are resampled with replacement."""
     x = np.asarray(x, float)
+    if groups is not None:
+        return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
     if len(x) < 2:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
@@ -149,6 +164,26 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
 COMPARISONS = (("B3", "B2"), ("B3", "B1"), ("B2", "B1"), ("B3", "CRAG"), ("B3", "SelfRAG"))
 
 
+def crag_equals_b2(df) -> dict:
+    """Per dataset where CRAG ran: on how many (question, seed) pairs CRAG's answer is exactly B2's.
+
+    CRAG sends B2's prompt when it grades every memory Correct; a CRAG that did so everywhere equals B2
+    answer for answer and is no separate result (``degenerate``: every shared pair equal). Returns
+    {dataset: {"n", "equal", "share", "degenerate"}}."""
+    out = {}
+    if "answer" not in df:
+        return out
+    key = ["dataset", "qid", "seed"]
+    ok = df[df["ok"]]
+    m = ok[ok["system"] == "CRAG"][key + ["answer"]].merge(ok[ok["system"] == "B2"][key + ["answer"]], on=key,
+                                                           suffixes=("_crag", "_b2"))
+    for ds, g in m.groupby("dataset"):
+        eq = int((g["answer_crag"] == g["answer_b2"]).sum())
+        out[ds] = {"n": int(len(g)), "equal": eq, "share": eq / len(g) if len(g) else float("nan"),
+                   "degenerate": bool(len(g)) and eq == len(g)}
+    return out
+
+
 def all_comparisons(df) -> list[dict]:
     out = []
     for ds in sorted(df["dataset"].unique()):
@@ -166,18 +201,31 @@ def _p(p) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def comparisons_table(rows: list[dict]) -> str:
+def _ci(lo, hi) -> str:
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    return f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
+    """The comparisons as Markdown; ``crag`` (``crag_equals_b2``) flags CRAG rows where CRAG equals B2
+    answer for answer."""
+    crag = crag or {}
     lines = ["| dataset | subset | A vs B | rate A | rate B | A − B [95% CI, question bootstrap] | "
              "seed-level t (p) | McNemar p (A-only / B-only) | question-level t (p), d_z | n q × seeds | "
              "warnings |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seed = "–" if not np.isfinite(r["seed_t"]) else f"{r['seed_t']:.2f} ({_p(r['seed_p'])})"
         qt = "–" if not np.isfinite(r["q_t"]) else f"{r['q_t']:.2f} ({_p(r['q_p'])}), {r['q_dz']:+.2f}"
+        warn = list(r["warnings"])
+        if "CRAG" in (r["a"], r["b"]) and crag.get(r["dataset"], {}).get("degenerate"):
+            c = crag[r["dataset"]]
+            warn.insert(0, f"**degenerate: CRAG = B2 answer for answer ({c['equal']}/{c['n']})**, so this is B3 vs B2")
         lines.append(
             f"| {r['dataset']} | {'high-risk' if r['high_risk'] else 'all'} | {r['a']} vs {r['b']} | "
-            f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] "
+            f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} {_ci(r['ci_lo'], r['ci_hi'])} "
             f"| {seed} | {_p(r['mcnemar_p'])} ({r['a_only']} / {r['b_only']}) | {qt} | "
-            f"{r['n_questions']} × {r['n_seeds']} | {'; '.join(r['warnings']) or '–'} |")
+            f"{r['n_questions']} × {r['n_seeds']} | {'; '.join(warn) or '–'} |")
     return "\n".join(lines)
 
 
@@ -231,12 +279,15 @@ def table5_seeds(df) -> str:
     sub_all = sr[sr["dataset"] == "truthfulqa"]
     base = sub_all[sub_all["system"].isin(["CRAG", "SelfRAG"])]["seed"].unique()
     seeds = sorted(base) if len(base) else sorted(sub_all["seed"].unique())
+    crag = crag_equals_b2(df).get("truthfulqa", {})
     lines = ["| System | Overall hallucination | High-risk | Refusal |", "|---|---|---|---|"]
     for s in ("B1", "B2", "CRAG", "SelfRAG", "B3"):
         sub = sub_all[(sub_all["system"] == s) & sub_all["seed"].isin(seeds)]
         if not len(sub):
             continue
         p = PAPER_TABLE5[s]
-        lines.append(f"| {NAMES[s]} | {_ms(sub['overall'])} (paper {p[0]:.3f}) | "
+        flag = (f" **(degenerate: = B2 answer for answer, {crag['equal']}/{crag['n']})**"
+                if s == "CRAG" and crag.get("degenerate") else "")
+        lines.append(f"| {NAMES[s]}{flag} | {_ms(sub['overall'])} (paper {p[0]:.3f}) | "
                      f"{_ms(sub['high_risk'])} (paper {p[1]:.3f}) | {_ms(sub['refusal'])} (paper {p[2]:.3f}) |")
     return "\n".join(lines)

@@ -4,11 +4,31 @@ n_min, n_max are the minimum and maximum raw norm ‖v_meta‖ over the calibrat
 by grid search to maximise agreement with binary oracle labels (adopt ⇔ Active, i.e. C_final ≥ θ0);
 θ1 = θ0 - offset and θ2 = θ0 - 2·offset (clipped at 0). The whole grid is scored in one jitted,
 vectorised pass: (G thresholds) × (N records) comparisons, no Python loop.
+
+Ties. Agreement is a count over N records, so many θ0 often share the best value (the *tied plateau*:
+every grid value between two neighbouring calibration C_final values scores the same, and a split whose
+best rule is a constant classifier ties over a long stretch of the grid). The split cannot tell tied
+values apart, so the rule that picks one is a choice, and it is stated: ``tie_break="middle"`` (the
+default) takes the middle of the widest contiguous run of tied grid values. A contiguous run is the gap
+between two neighbouring calibration C_final values, so its middle is the threshold farthest from every
+calibration record on either side (the one-dimensional maximum margin): it moves least when the split's
+records move a little, and it leans neither toward adopting (the run's lowest θ0: most Active) nor
+toward withholding. Equally wide runs go to the lowest. ``"lowest"`` is the
+rule of versions before 2026-11-30 (the first maximiser, i.e. the most Active); the configs shipped in
+``pipeline/resources/calibrated/`` and the committed runs were calibrated with it and keep it.
+``Calibration`` reports the plateau (its ends and count) and the θ0 each rule would take.
+
+Degenerate optima. When the best agreement equals that of a constant classifier (always adopt = the
+share of adopt labels; never adopt = the rest), no threshold beats ignoring the signals; calibration
+then still returns a config, but ``constant`` names the constant rule and a ``UserWarning`` says so.
+``opt_out_possible`` is False when θ2 = max(θ0 − 2·offset, 0) is 0: C_final ≥ 0 always, so such a
+config can never choose Opt-Out.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -22,12 +42,28 @@ from mdl_jax.controller.validation import binary_labels, check_unit_interval, co
 
 class Calibration(NamedTuple):
     """What calibration measured. ``config`` is the calibrated config; ``agreement[g]`` is the oracle
-    agreement of threshold ``grid[g]``; ``best_agreement`` is the maximum."""
+    agreement of threshold ``grid[g]``; ``best_agreement`` is the maximum.
+
+    The fields after ``best_agreement`` (defaulted, so code that built or unpacked the first four keeps
+    working) describe ties and degenerate optima (module docstring): ``plateau`` is the (lowest, highest)
+    tied θ0 and ``n_tied`` how many grid values tie (the tied set can have gaps); ``tie_break`` is the
+    rule used, ``theta0_lowest`` / ``theta0_middle`` what each rule picks; ``constant`` is "always adopt"
+    or "never adopt" when the best agreement equals that constant classifier's (else None);
+    ``adopt_share`` is the share of calibration records the calibrated config makes Active;
+    ``opt_out_possible`` is False when θ2 = 0."""
 
     config: MDLConfig
     grid: np.ndarray
     agreement: np.ndarray
     best_agreement: float
+    plateau: tuple[float, float] = (float("nan"), float("nan"))
+    n_tied: int = 0
+    tie_break: str = "middle"
+    theta0_lowest: float = float("nan")
+    theta0_middle: float = float("nan")
+    constant: str | None = None
+    adopt_share: float = float("nan")
+    opt_out_possible: bool = True
 
 
 @jax.jit
@@ -37,8 +73,26 @@ def grid_agreement(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax
     return jnp.mean(pred == adopt[None, :].astype(bool), axis=1)
 
 
+TIE_BREAKS = ("middle", "lowest")
+
+
+def tied_plateau(agreement, tie_break: str = "middle") -> tuple[int, np.ndarray]:
+    """(index of the chosen θ0, indices of every grid value tied at the best agreement).
+
+    ``agreement`` (G,) over an ascending grid; ties are exact (agreement is a count / N). "middle":
+    the middle (lower middle for an even count) of the widest run of consecutive tied indices, the
+    lowest such run when several are equally wide; "lowest": the first tied index."""
+    agreement = np.asarray(agreement)
+    tied = np.flatnonzero(agreement == agreement.max())
+    if tie_break == "lowest":
+        return int(tied[0]), tied
+    runs = np.split(tied, np.flatnonzero(np.diff(tied) > 1) + 1)
+    widest = max(runs, key=len)  # max keeps the first of equally long runs: the lowest
+    return int(widest[(len(widest) - 1) // 2]), tied
+
+
 def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float = 0.2,
-              grid_size: int = 1001) -> Calibration:
+              grid_size: int = 1001, tie_break: str = "middle") -> Calibration:
     """Calibrate n_min, n_max and θ on a calibration split.
 
     Args:
@@ -48,8 +102,10 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
       config: the starting config (paper defaults when None); its other fields are kept.
       offset: θ1 = θ0 - offset, θ2 = θ0 - 2·offset (the paper's defaults are spaced by 0.2).
       grid_size: number of evenly spaced θ0 candidates in [0, 1].
+      tie_break: "middle" (default: the middle of the widest run of tied θ0) or "lowest" (the smallest
+        tied θ0, the rule before 2026-11-30); see the module docstring for why.
 
-    Ties between equally good thresholds go to the smallest θ0 (the first maximiser).
+    Warns (``UserWarning``) when the best agreement is a constant classifier's (``constant``).
     """
     cfg = api._config(config)
     for n, x in (("M", M), ("R", R), ("A", A)):
@@ -68,6 +124,9 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
         raise ValueError(f"offset: expected a finite number ≥ 0, got {offset!r}")
     if isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
         raise ValueError(f"grid_size: expected an int ≥ 2, got {grid_size!r}")
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break: expected one of {', '.join(map(repr, TIE_BREAKS))}, "
+                         f"got {tie_break!r}")
 
     # M, R, A were checked above: decide need not check them again
     raw = api.decide(M, R, A, cfg, validate=False).norm
@@ -81,9 +140,29 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
     # scored in at least float32: in bfloat16 neighbouring grid values 0.001 apart would coincide
     c_final = c_final.astype(jnp.promote_types(c_final.dtype, jnp.float32))
-    agreement = grid_agreement(c_final, jnp.asarray(labels), jnp.asarray(grid, c_final.dtype))
-    best = int(jnp.argmax(agreement))
+    agreement = np.asarray(grid_agreement(c_final, jnp.asarray(labels),
+                                          jnp.asarray(grid, c_final.dtype)))
+    best, tied = tied_plateau(agreement, tie_break)
     theta0 = float(grid[best])
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
-    return Calibration(cfg.replace(thresholds=thresholds), grid, np.asarray(agreement),
-                       float(agreement[best]))
+    # agreement × N is a count (float32 rounding aside): compare counts with the constant classifiers'
+    lab = np.asarray(labels).astype(bool).ravel()
+    n = lab.size
+    best_count = round(float(agreement[best]) * n)
+    constant = ("always adopt" if best_count == int(lab.sum()) else
+                "never adopt" if best_count == n - int(lab.sum()) else None)
+    adopt_share = float(np.mean(np.asarray(c_final) >= np.asarray(theta0, np.asarray(c_final).dtype)))
+    if constant is not None:
+        warnings.warn(f"calibrate: the best agreement ({agreement[best]:.3f}) equals the constant "
+                      f"classifier '{constant}': no threshold beats ignoring the signals on this split "
+                      f"({_tied_msg(tied, grid)})", UserWarning, stacklevel=2)
+    return Calibration(cfg.replace(thresholds=thresholds), grid, agreement, float(agreement[best]),
+                       plateau=(float(grid[tied[0]]), float(grid[tied[-1]])), n_tied=int(len(tied)),
+                       tie_break=tie_break, theta0_lowest=float(grid[tied[0]]),
+                       theta0_middle=float(grid[tied_plateau(agreement, "middle")[0]]),
+                       constant=constant,
+                       adopt_share=adopt_share, opt_out_possible=bool(thresholds[2] > 0))
+
+
+def _tied_msg(tied, grid) -> str:
+    return f"{len(tied)} grid values of θ0 tie, from {grid[tied[0]]:.3f} to {grid[tied[-1]]:.3f}"

@@ -158,8 +158,15 @@ def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
 
 
 def _short(value) -> str:
-    # one line, bounded: a batch of configs can hold thousands of values
-    text = " ".join(repr(value).split())
+    # one line, bounded: a batch of configs can hold thousands of values. NumPy scalars print as the
+    # number a user wrote (0.5, not np.float32(0.5)).
+    if isinstance(value, np.generic):
+        text = str(value)
+    elif isinstance(value, (tuple, list)) and any(isinstance(x, np.generic) for x in value):
+        inner = ", ".join(str(x) if isinstance(x, np.generic) else repr(x) for x in value)
+        text = f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    else:
+        text = " ".join(repr(value).split())
     return text if len(text) <= 200 else text[:200] + " ..."
 
 

@@ -3,10 +3,16 @@
     save_config(cfg, "tuned.json", note="gates tuned on paper-scale-200x3, fold 0")
     cfg = load_config("tuned.json")            # decide(..., config="tuned.json") also works
 
-The file holds every field of ``MDLConfig`` by name (numbers as JSON numbers, vectors as lists), a
-format tag and a version. Loading checks the tag and the version first, then builds the config, whose
-own checks (finite numbers, σ > 0, 0 ≤ ε_c < min gains, θ0 ≥ θ1 ≥ θ2 in [0, 1], n_max > n_min, ...)
-reject a broken invariant with a ValueError naming the field; every error also names the file.
+The file holds every field of ``MDLConfig`` by name (numeric ones under "numeric": numbers as JSON
+numbers, vectors as lists; structural ones under "static"), a format tag and a version. A hand-written
+file may leave fields at the paper defaults only by listing them: ``"defaults": ["bias", "qr_seed"]``.
+Loading refuses, with a ConfigFileError naming the file and the field: a path that is not a regular
+file (a FIFO, a device such as a link to /dev/zero, a directory) or larger than ``MAX_BYTES`` (1 MiB);
+bytes that are not UTF-8 JSON or nest deeper than a config does; another format or version; a missing,
+unknown or misplaced field (under the wrong object or at the top level); a value of the wrong JSON kind
+or length (``"sigma": [0.2]``, a ``bias`` that is neither a number nor D numbers); and, through
+``MDLConfig``'s own checks, a broken invariant (finite numbers, σ > 0, 0 ≤ ε_c < min gains,
+θ0 ≥ θ1 ≥ θ2 in [0, 1], n_max > n_min, ...). Every file ``save_config`` wrote loads unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -49,24 +56,114 @@ def config_to_dict(cfg: MDLConfig) -> dict:
     return {"format": FORMAT, "version": VERSION, "numeric": numeric, "static": static}
 
 
+# What each field may hold in a file (one config, never a batch): the JSON kinds are checked here, before
+# MDLConfig sees the values, so a list where a number belongs ("sigma": [0.2] would be a batch of one)
+# or a vector of the wrong length is an error naming the field instead of a broadcasting error in decide.
+_VECTOR_LEN = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+_TOP = ("format", "version", "numeric", "static", "defaults", "note")
+# A config file is a few hundred bytes; 1 MiB leaves room for any note and bounds what a path to a
+# device (/dev/zero) or a huge file can make us read.
+MAX_BYTES = 1 << 20
+# Objects and lists nest 3 deep in a config ({"numeric": {"gains": [...]}}); deeper is not a config, and
+# Python's json parser would recurse until RecursionError on a few thousand levels.
+_MAX_DEPTH = 8
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numeric_value(f: str, v, D: int, source: str):
+    """A numeric field's JSON value as MDLConfig takes it, or ConfigFileError naming the field."""
+    if f in _VECTOR_LEN:
+        n = _VECTOR_LEN[f]
+        if not (isinstance(v, list) and len(v) == n and all(_is_number(x) for x in v)):
+            raise ConfigFileError(f"{source}: numeric.{f}: expected a list of {n} numbers, got "
+                                  f"{_short_json(v)}")
+        return tuple(v)
+    if f == "bias":
+        if _is_number(v):
+            return v
+        if isinstance(v, list) and len(v) == D and all(_is_number(x) for x in v):
+            return tuple(v)
+        raise ConfigFileError(f"{source}: numeric.bias: expected a number or a list of D={D} numbers, "
+                              f"got {_short_json(v)}")
+    if not _is_number(v):
+        raise ConfigFileError(f"{source}: numeric.{f}: expected a number, got {_short_json(v)}")
+    return v
+
+
+def _short_json(v) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 80 else text[:80] + " ..."
+
+
 def config_from_dict(d: dict, source: str = "config") -> MDLConfig:
-    """Inverse of ``config_to_dict``; errors name ``source`` and the field."""
+    """Inverse of ``config_to_dict``; errors (ConfigFileError) name ``source`` and the field.
+
+    A file states every field of MDLConfig, numeric ones under "numeric" and static ones under
+    "static", or lists the fields it leaves at the paper defaults in "defaults" (e.g.
+    ``"defaults": ["bias"]``): a missing field that is not listed, a field listed and also stated, a
+    field under the wrong object or at the top level, and any unknown key are errors.
+    """
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ConfigFileError(f"{source}: not an mdl-jax config (expected \"format\": \"{FORMAT}\")")
-    if d.get("version") != VERSION:
+    if d.get("version") != VERSION or isinstance(d.get("version"), bool):
         raise ConfigFileError(f"{source}: version: expected {VERSION}, got {d.get('version')!r} "
                               "(written by another version of mdl-jax)")
-    numeric, static = d.get("numeric"), d.get("static", {})
-    if not isinstance(numeric, dict) or not isinstance(static, dict):
-        raise ConfigFileError(f"{source}: expected objects \"numeric\" and \"static\"")
-    unknown = sorted(set(numeric) - set(NUMERIC_FIELDS)) + sorted(set(static) - set(STATIC_FIELDS))
-    if unknown:
-        raise ConfigFileError(f"{source}: {unknown[0]}: not a field of MDLConfig")
+    for k in d:
+        if k in NUMERIC_FIELDS or k in STATIC_FIELDS:
+            where = "numeric" if k in NUMERIC_FIELDS else "static"
+            raise ConfigFileError(f"{source}: {k}: misplaced at the top level; it belongs under "
+                                  f"\"{where}\"")
+        if k not in _TOP:
+            raise ConfigFileError(f"{source}: {k}: not a key of a config file (expected "
+                                  f"{', '.join(_TOP)})")
+    defaults = d.get("defaults", [])
+    if not (isinstance(defaults, list) and all(isinstance(f, str) for f in defaults)):
+        raise ConfigFileError(f"{source}: defaults: expected a list of field names, got "
+                              f"{_short_json(defaults)}")
+    for f in defaults:
+        if f not in NUMERIC_FIELDS and f not in STATIC_FIELDS:
+            raise ConfigFileError(f"{source}: defaults: {f}: not a field of MDLConfig")
+    if "note" in d and not isinstance(d["note"], str):
+        raise ConfigFileError(f"{source}: note: expected a string, got {_short_json(d['note'])}")
+    objs = {}
+    for part, own, other in (("numeric", NUMERIC_FIELDS, STATIC_FIELDS),
+                             ("static", STATIC_FIELDS, NUMERIC_FIELDS)):
+        obj = d.get(part, {} if all(f in defaults for f in own) else None)
+        if not isinstance(obj, dict):
+            raise ConfigFileError(f"{source}: {part}: expected an object of the {part} fields, got "
+                                  f"{_short_json(obj)}")
+        for f in obj:
+            if f in other:
+                raise ConfigFileError(f"{source}: {part}.{f}: misplaced; {f} belongs under "
+                                      f"\"{'static' if part == 'numeric' else 'numeric'}\"")
+            if f not in own:
+                raise ConfigFileError(f"{source}: {part}.{f}: not a field of MDLConfig")
+            if f in defaults:
+                raise ConfigFileError(f"{source}: {part}.{f}: stated and also listed in \"defaults\"")
+        objs[part] = obj
+    for part, own in (("numeric", NUMERIC_FIELDS), ("static", STATIC_FIELDS)):
+        for f in own:
+            if f not in objs[part] and f not in defaults:
+                raise ConfigFileError(f"{source}: {part}.{f}: missing (state it, or list it in "
+                                      "\"defaults\" to take the paper's default)")
     kw = {}
-    for f, v in numeric.items():
-        kw[f] = tuple(v) if isinstance(v, list) else v
-    for f, v in static.items():
-        kw[f] = tuple(v) if f == "dims" and isinstance(v, list) else v
+    for f, v in objs["static"].items():
+        if f == "dims":
+            if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                for x in v)):
+                raise ConfigFileError(f"{source}: static.dims: expected a list of 3 ints, got {_short_json(v)}")
+            v = tuple(v)
+        elif isinstance(v, (list, dict)) or v is None:
+            raise ConfigFileError(f"{source}: static.{f}: expected a single value, got {_short_json(v)}")
+        kw[f] = v
+    D = kw.get("D", MDLConfig.D)
+    if not (isinstance(D, int) and not isinstance(D, bool) and D > 0):
+        raise ConfigFileError(f"{source}: static.D: expected a positive int, got {_short_json(D)}")
+    for f, v in objs["numeric"].items():
+        kw[f] = _numeric_value(f, v, D, source)
     try:
         return MDLConfig(**kw)
     except (ValueError, TypeError) as e:
@@ -92,13 +189,99 @@ def save_config(cfg: MDLConfig, path, *, note: str | None = None) -> Path:
     return path
 
 
-def load_config(path) -> MDLConfig:
-    """Read a config written by ``save_config``; ConfigFileError naming the file and the field."""
-    path = Path(path)
+def read_config_bytes(path) -> bytes:
+    """The bytes of the config file at ``path``: a regular file (after following links) of at most
+    ``MAX_BYTES``, else ConfigFileError naming the file.
+
+    Opened non-blocking, so a FIFO cannot block; the checks run on the opened descriptor, so the
+    file cannot be swapped between check and read. A link to /dev/zero, a FIFO, a socket or a
+    directory is refused, and at most MAX_BYTES + 1 bytes are ever read.
+    """
+    path = os.fspath(path)
     try:
-        d = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise ConfigFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigFileError(f"{path}: not valid JSON ({e})") from None
-    return config_from_dict(d, str(path))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigFileError(f"{path}: not a regular file ({_kind(st.st_mode)}); expected a JSON "
+                                  "config file")
+        if st.st_size > MAX_BYTES:
+            raise ConfigFileError(f"{path}: {st.st_size} bytes; a config file is at most {MAX_BYTES} "
+                                  "bytes")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:  # a file growing while we read is cut off here too
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ConfigFileError(f"{path}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if size > MAX_BYTES:
+        raise ConfigFileError(f"{path}: more than {MAX_BYTES} bytes; a config file is at most {MAX_BYTES} bytes")
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _depth_path(text: str, limit: int) -> str | None:
+    """Where ``text`` nests objects/lists deeper than ``limit`` (a dotted key path), else None.
+
+    A linear scan that skips string contents; only run before parsing, so json never recurses deep.
+    """
+    keys: list = [None]
+    depth, i, n = 0, 0, len(text)
+    last_string = None
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            last_string = text[i + 1:j]
+            i = j + 1
+            continue
+        if c == ":":
+            keys[-1] = last_string
+        elif c in "{[":
+            depth += 1
+            if depth > limit:
+                return ".".join(k for k in keys if k is not None) or "(top level)"
+            keys.append(None)
+        elif c in "}]":
+            depth -= 1
+            keys.pop() if len(keys) > 1 else None
+        i += 1
+    return None
+
+
+def config_from_bytes(data: bytes, source: str = "config") -> MDLConfig:
+    """Parse a config file's bytes (UTF-8 JSON); ConfigFileError naming ``source`` and the field."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigFileError(f"{source}: not UTF-8 text ({e})") from None
+    where = _depth_path(text, _MAX_DEPTH)
+    if where is not None:
+        raise ConfigFileError(f"{source}: {where}: nested deeper than {_MAX_DEPTH} levels; not a config")
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ConfigFileError(f"{source}: not valid JSON ({e})") from None
+    return config_from_dict(d, source)
+
+
+def load_config(path) -> MDLConfig:
+    """Read a config written by ``save_config``; ConfigFileError naming the file and the field."""
+    return config_from_bytes(read_config_bytes(path), os.fspath(path))

@@ -31,9 +31,11 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
 
 TARGET = "mdl_decide_f32"
@@ -234,7 +236,10 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     # the kernel sees the same W, centres and basis as the pure-JAX path.
     f = np.float32
     D = cfg.D
-    centres = np.linspace(0.0, 1.0, D, dtype=f)
+    # The centres exactly as the pure-JAX path makes them: np.linspace differs from jnp.linspace by an
+    # ulp at 6 of 16 centres, and a Gaussian of width σ turns a centre's error δ into a relative error
+    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4 (issue 19).
+    centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = f(cfg.sigma)
     pi = np.asarray(cfg.projectors, f)
     gains = np.asarray(cfg.gains, f)

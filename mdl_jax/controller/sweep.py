@@ -18,7 +18,18 @@ does not depend on how often it was drawn, so each (config, record) decision is 
 every resample is one weighted sum over it. That is exact (tests check it against explicit
 resampling) and makes W resamples cost one pass plus W dot products instead of W passes.
 
-How it runs. One jitted program: configs are padded to whole chunks and ``lax.map`` walks the chunks;
+Exact sums. Integer weights (none, or bootstrap multiplicities) with totals < 2^31 are summed as int32
+on the device and int64 on the host, so counts and accuracy are exact at any N (float32 sums stop
+counting exactly at 2^24). Other weights are scaled per vector by a power of two (exact, and no float32
+overflow of finite weights) and summed in float32 within a pass, float64 across passes. Results are
+float64 NumPy arrays.
+
+Record passes. The records are walked on the host in equal passes of at most ``record_chunk``
+(2^18 by default; the last padded with weight-0 records), each one call of the compiled program, and
+the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps (2.3 GB peak
+for one config here), and the result equals the unchunked one (integer sums exactly).
+
+How it runs. One jitted program per pass: configs are padded to whole chunks and ``lax.map`` walks the chunks;
 inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
 configs, and the per-config reductions are matmuls against the (W, N) weights. The chunk holds a few
 configs × all records, sized so the vmapped intermediates ((chunk, N, 16) floats) stay near the cache
@@ -42,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
-from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape, plain
 
 # The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
 _BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
@@ -122,8 +133,9 @@ def _check_batch(configs: MDLConfig, K: int) -> None:
     def bad(f, mask, what):
         idx = np.argwhere(mask)[0]
         k = int(idx[0])
-        raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = "
-                         f"{np.asarray(getattr(configs, f))[k]!r}")
+        v = np.asarray(getattr(configs, f))[k]
+        shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
+        raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
 
     for f in NUMERIC_FIELDS:
         a = _leaf(configs, f)
@@ -131,12 +143,15 @@ def _check_batch(configs: MDLConfig, K: int) -> None:
             bad(f, ~np.isfinite(a.reshape(K, -1)).all(1), "finite values")
     if np.any(_leaf(configs, "sigma") <= 0):
         bad("sigma", _leaf(configs, "sigma") <= 0, "sigma > 0")
+    # The rules of MDLConfig (and so of decide): a zero gain switches a pathway off, and ε_c = 0 (no
+    # leakage) is valid with any gains ≥ 0; ε_c > 0 must stay below min(gains) (Theorem 1).
     gains = _leaf(configs, "gains")
-    if np.any(gains <= 0):
-        bad("gains", (gains <= 0).any(1), "positive gains")
+    if np.any(gains < 0):
+        bad("gains", (gains < 0).any(1), "gains ≥ 0")
     eps = _leaf(configs, "eps_c")
-    if np.any((eps < 0) | (eps >= gains.min(1))):
-        bad("eps_c", (eps < 0) | (eps >= gains.min(1)), "0 ≤ eps_c < min(gains) (Theorem 1)")
+    eps_bad = (eps < 0) | ((eps > 0) & (eps >= gains.min(1)))
+    if np.any(eps_bad):
+        bad("eps_c", eps_bad, "0 ≤ eps_c < min(gains), or eps_c = 0 with any gains ≥ 0 (Theorem 1)")
     th = _leaf(configs, "thresholds")
     if np.any((th < 0) | (th > 1)) or np.any(np.diff(th, axis=1) > 0):
         bad("thresholds", ((th < 0) | (th > 1)).any(1) | (np.diff(th, axis=1) > 0).any(1),
@@ -274,16 +289,19 @@ _over_records = jax.vmap(_c_final_and_action, in_axes=(0, 0, 0, None))
 
 
 def _reduce_one_config(M, R, A, adopt, weights, cfg):
-    """One config × all records → (accuracy (W,), counts (W, 4), mean C_final (W,))."""
+    """One config × a chunk of records → raw weighted sums (correct (W,), counts (W, 4), C_final (W,)).
+
+    With integer weights (int32) the counts and the number correct are exact integer sums; C_final is
+    summed in float32. The host adds the chunks in int64 / float64 and divides by the totals."""
     C_final, action = _over_records(M, R, A, cfg)
     hi = jax.lax.Precision.HIGHEST
-    onehot = (action[:, None] == jnp.arange(4)[None, :]).astype(weights.dtype)   # (N, 4)
-    counts = jnp.einsum("wn,na->wa", weights, onehot, precision=hi)
-    total = jnp.sum(weights, axis=1)
-    mean_cf = jnp.einsum("wn,n->w", weights, C_final.astype(weights.dtype), precision=hi) / total
-    correct = ((action == 0) == adopt).astype(weights.dtype)
-    accuracy = jnp.einsum("wn,n->w", weights, correct, precision=hi) / total
-    return accuracy, counts, mean_cf
+    dt = weights.dtype
+    onehot = (action[:, None] == jnp.arange(4)[None, :]).astype(dt)   # (n, 4)
+    counts = jnp.einsum("wn,na->wa", weights, onehot, precision=hi, preferred_element_type=dt)
+    correct = ((action == 0) == adopt).astype(dt)
+    n_correct = jnp.einsum("wn,n->w", weights, correct, precision=hi, preferred_element_type=dt)
+    cf = jnp.einsum("wn,n->w", weights.astype(jnp.float32), C_final.astype(jnp.float32), precision=hi)
+    return n_correct, counts, cf
 
 
 def _program(M, R, A, adopt, weights, cfg_chunks, chunk_sharding=None):
@@ -313,11 +331,11 @@ def _chunk_size(K: int, N: int, n_dev: int) -> int:
     return -(-c // n_dev) * n_dev  # a multiple of the device count, so the config axis splits evenly
 
 
-def _run_batch(M, R, A, adopt, weights, cfg: MDLConfig, K: int):
-    N = M.shape[0]
+def _config_chunks(cfg: MDLConfig, K: int, n: int):
+    """The batch padded to whole chunks of configs: (chunked leaves, chunk size, chunk count, sharding)."""
     mesh = _mesh()
     n_dev = 1 if mesh is None else mesh.devices.size
-    chunk = _chunk_size(K, N, n_dev)
+    chunk = _chunk_size(K, n, n_dev)
     n_chunks = -(-K // chunk)
     pad = n_chunks * chunk - K
 
@@ -333,15 +351,46 @@ def _run_batch(M, R, A, adopt, weights, cfg: MDLConfig, K: int):
         sharding = NamedSharding(mesh, PartitionSpec("configs"))
         placed = NamedSharding(mesh, PartitionSpec(None, "configs"))
         chunks = jax.tree.map(lambda x: jax.device_put(x, placed), chunks)
-    acc, counts, mean_cf = _program_jit(M, R, A, adopt, weights, chunks, chunk_sharding=sharding)
-
-    def unchunk(x):
-        return x.reshape((n_chunks * chunk,) + x.shape[2:])[:K]
-
-    return unchunk(acc), unchunk(counts), unchunk(mean_cf)
+    return chunks, chunk, n_chunks, sharding
 
 
-def sweep(M, R, A, configs, *, adopt=None, weights=None):
+# Records per pass of the compiled program. A pass holds a few (configs, records, 16) float
+# intermediates, so memory grows with this, not with N: 2^18 records keep a pass near 100 MB, and
+# N = 5×10^7 records (what decide handles) sweep in 191 passes. The host adds the passes' sums.
+RECORD_CHUNK = 1 << 18
+
+
+def _weights(weights, N: int):
+    """(device weights (W, N) int32 or float32, per-row scale to undo, float64 totals (W,), 2-d?).
+
+    Integer weights (bootstrap multiplicities, none at all) whose row totals fit int32 stay integers:
+    counts and the number correct are then exact however large N is. Other weights are scaled per
+    row by a power of two so the largest is in [1, 2), which keeps float32 sums finite (finite
+    float64 weights whose float32 total overflowed gave NaN before) and is undone exactly after."""
+    if weights is None:
+        return np.ones((1, N), np.int32), np.ones(1), np.full(1, float(N)), False
+    w = np.asarray(weights)
+    if w.dtype.kind not in "biuf":
+        raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
+    w2d = w.ndim == 2
+    w = w.astype(np.float64).reshape((1, -1) if w.ndim == 1 else w.shape)
+    if w.ndim != 2 or w.shape[1] != N:
+        raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights: expected finite, non-negative weights")
+    with np.errstate(over="ignore"):
+        total = w.sum(1)
+    if np.any(total <= 0):
+        raise ValueError("weights: every weight vector needs a positive total")
+    if not np.all(np.isfinite(total)):
+        raise ValueError("weights: a weight vector's total overflows float64; scale the weights down")
+    if np.all(w == np.floor(w)) and np.all(total < 2**31):
+        return w.astype(np.int32), np.ones(len(w)), total, w2d
+    scale = 2.0 ** -np.floor(np.log2(w.max(1)))   # exact: a power of two
+    return (w * scale[:, None]).astype(np.float32), scale, total, w2d
+
+
+def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK):
     """Every config × every record, reduced per config (see the module docstring).
 
     Args:
@@ -349,17 +398,24 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None):
       configs: a batch of configs (``config_grid``, ``stack_configs``), a single ``MDLConfig`` (a batch
         of one), or a list/tuple of those (e.g. one batch per ablation) → a list of results.
       adopt: optional (N,) binary oracle labels (1 = adopt the memory); gives ``accuracy``.
-      weights: optional (W, N) or (N,) non-negative per-record weights (e.g. ``bootstrap_weights``);
-        default: every record once.
+      weights: optional (W, N) or (N,) finite, non-negative per-record weights (e.g.
+        ``bootstrap_weights``), each vector with a positive total; default: every record once.
+      record_chunk: records per pass of the compiled program (memory is bounded by it, not by N);
+        results do not depend on it beyond float32 rounding of ``mean_C_final``'s partial sums.
 
     Returns:
-      ``SweepResult`` (or a list of them, one per entry of ``configs``), float32 throughout; leading
-      axis K (absent for a single unbatched config), then W when ``weights`` was 2-d.
+      ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays; leading
+      axis K (absent for a single unbatched config), then W when ``weights`` was 2-d. With integer
+      weights (none, or bootstrap multiplicities) whose totals are < 2^31, ``counts`` and ``total``
+      are exact integers and ``accuracy`` the exact ratio; other weights are summed in float32 within
+      a pass (scaled so they cannot overflow) and in float64 across passes.
     """
     if isinstance(configs, (list, tuple)):
         if not configs:
             raise ValueError("configs: expected at least one config")
-        return [sweep(M, R, A, c, adopt=adopt, weights=weights) for c in configs]
+        return [sweep(M, R, A, c, adopt=adopt, weights=weights, record_chunk=record_chunk) for c in configs]
+    if isinstance(record_chunk, bool) or not isinstance(record_chunk, (int, np.integer)) or record_chunk < 1:
+        raise ValueError(f"record_chunk: expected a positive int, got {record_chunk!r}")
     cfg, K, batched = _as_batch(configs)
     _check_batch(cfg, K)
     for n, x in (("M", M), ("R", R), ("A", A)):
@@ -368,31 +424,44 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None):
     if len(shape) != 1 or shape[0] == 0:
         raise ValueError(f"M: expected 1-d signals with at least one record, got shape {shape}")
     N = shape[0]
-    M, R, A = (jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A))
+    sig = [np.broadcast_to(np.asarray(x, np.float32), (N,)) for x in (M, R, A)]
+    lab = np.zeros((N,), bool) if adopt is None else binary_labels(adopt, N)
+    w, scale, total, w2d = _weights(weights, N)
+    W = w.shape[0]
 
-    lab = jnp.zeros((N,), bool) if adopt is None else jnp.asarray(binary_labels(adopt, N))
-
-    w2d = weights is not None and np.ndim(weights) == 2
-    if weights is None:
-        w = jnp.ones((1, N), jnp.float32)
-    else:
-        w = np.asarray(weights)
-        if w.dtype.kind not in "biuf":
-            raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
-        w = w.astype(np.float32).reshape((1, -1) if w.ndim == 1 else w.shape)
-        if w.ndim != 2 or w.shape[1] != N:
-            raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
-        if not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise ValueError("weights: expected finite, non-negative weights")
-        if np.any(w.sum(1) <= 0):
-            raise ValueError("weights: every weight vector needs a positive total")
-        w = jnp.asarray(w)
-
-    acc, counts, mean_cf = _run_batch(M, R, A, lab, w, cfg, K)
-    total = jnp.sum(w, axis=1)
+    # Equal passes (one compilation); the last is padded with weight-0 records, which add nothing.
+    n_pass = -(-N // int(record_chunk))
+    size = -(-N // n_pass)
+    pad = n_pass * size - N
+    if pad:
+        sig = [np.concatenate([x, np.full(pad, 0.5, np.float32)]) for x in sig]
+        lab = np.concatenate([lab, np.zeros(pad, bool)])
+        w = np.concatenate([w, np.zeros((W, pad), w.dtype)], axis=1)
+    chunks, chunk, n_chunks, sharding = _config_chunks(cfg, K, size)
+    acc_dt = np.int64 if w.dtype == np.int32 else np.float64
+    if w.dtype == np.int32 and w.reshape(W, n_pass, size).sum(-1, dtype=np.int64).max() < 2**24:
+        # Every partial sum of a pass is an integer below 2^24, which float32 holds exactly: the
+        # float matmul (fast on every backend) gives the same integers as the int32 one.
+        w = w.astype(np.float32)
+    n_correct = np.zeros((K, W), acc_dt)
+    counts = np.zeros((K, W, 4), acc_dt)
+    cf = np.zeros((K, W), np.float64)
+    for j in range(n_pass):
+        part = slice(j * size, (j + 1) * size)
+        out = _program_jit(*(jnp.asarray(x[part]) for x in sig), jnp.asarray(lab[part]),
+                           jnp.asarray(w[:, part]), chunks, chunk_sharding=sharding)
+        c, k, m = (np.asarray(x).reshape((n_chunks * chunk,) + x.shape[2:])[:K] for x in out)
+        n_correct += c.astype(acc_dt)
+        counts += k.astype(acc_dt)
+        cf += m.astype(np.float64)
+    # undo the per-row scale (a power of two: exact); ratios use the scaled totals they were summed with
+    scaled_total = (w.astype(np.float64)).sum(1)
+    acc = np.minimum(n_correct / scaled_total, 1.0)
+    mean_cf = cf / scaled_total
+    counts = counts.astype(np.float64) / scale[None, :, None]
     if not w2d:
         acc, counts, mean_cf, total = acc[:, 0], counts[:, 0], mean_cf[:, 0], total[0]
     if not batched:
         acc, counts, mean_cf = acc[0], counts[0], mean_cf[0]
-    return SweepResult(acc if adopt is not None else None, counts, mean_cf, total)
-
+    return SweepResult(acc if adopt is not None else None, counts, mean_cf,
+                       total if w2d else np.float64(total))

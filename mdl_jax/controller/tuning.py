@@ -17,9 +17,21 @@ Parametrisation keeps the paper's invariants at every step (no projection, no cl
   θ2 = sigmoid(a), θ1 = θ2 + (1−θ2)·sigmoid(b), θ0 = θ1 + (1−θ1)·sigmoid(c)     1 ≥ θ0 ≥ θ1 ≥ θ2 ≥ 0
   n_max = n_min + softplus(w) + 1e-3             n_max > n_min
   gate, g_A coefficients and the bias are free.
-Fields outside ``fields`` keep their starting values exactly: every field is a parameter, and a 0/1
-mask per field zeroes its gradient, so an Adam update of it is exactly 0. That mask is also what lets
-different field sets train side by side in one vmapped program (``tune_many``).
+Fields outside ``fields`` are not parameters at all: they are the starting config's values, exactly
+(also where the free parametrisation could only approach them: ε_c = 0, θ0 = 1, a zero gain), and
+the trained fields are constrained around them: gains trained beside a frozen ε_c are
+softplus(u_k) + ε_c + 1e-3, n_min trained beside a frozen n_max is n_max − softplus(w) − 1e-3, ε_c
+trained beside frozen gains is bounded by their minimum (0 when a gain is 0). The field set is static
+per group of runs, so different field sets still train side by side in one program (``tune_many``),
+and their gradients are also masked so a frozen parameter's Adam update is exactly 0.
+
+Divergence: a step whose loss, gradients, parameters or config are not finite or break an invariant
+(float32 rounding far out, e.g. n_min + 1e-3 == n_min at |n_min| ~ 1e37) is not applied; the run stops
+with its last valid parameters, ``history["diverged_step"]`` records the step (−1: never) and
+``tune_many`` warns, naming the run, instead of failing later on an invalid field.
+
+Seeds are ints in [0, 2**64); seed s's PRNG key is its two 32-bit halves (what
+``jax.random.PRNGKey(s)`` gives for s < 2**32), so distinct seeds never share a start.
 
 Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on a validation part:
 the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
@@ -32,6 +44,7 @@ sharded over all local devices (Mesh + NamedSharding); ``tune`` is a run of one.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple, Sequence
 
 import chex
@@ -47,6 +60,9 @@ from mdl_jax.controller.validation import binary_labels, check_unit_interval, co
 
 FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
 _EPS = 1e-3
+# Fewer records than the "gates" field set has numbers (5) cannot pin them down; `mdl-jax tune` also
+# needs one record per fold of its 5-fold cross-validation.
+MIN_RECORDS = 5
 
 
 class TuneResult(NamedTuple):
@@ -71,40 +87,73 @@ def _logit(p):
     return np.log(p) - np.log1p(-p)
 
 
-def to_unconstrained(cfg: MDLConfig) -> dict:
+def to_unconstrained(cfg: MDLConfig, trained: Sequence[str] = NUMERIC_FIELDS) -> dict:
     """The free parameters (float32 arrays, one entry per numeric field) that map back to ``cfg``
-    (up to the clamps at the domain edges: θ exactly 0, 1 or tied sit 1e-4 inside)."""
+    under ``from_unconstrained(u, cfg, trained)`` (up to the clamps at the domain edges: θ exactly
+    0, 1 or tied sit 1e-4 inside). Entries of fields outside ``trained`` are not used."""
+    t = frozenset(trained)
     g = np.asarray(cfg.gains, np.float64)
+    eps = float(cfg.eps_c)
     th = np.asarray(cfg.thresholds, np.float64)
+    n_min, n_max = float(cfg.n_min), float(cfg.n_max)
     t2 = th[2]
     b = (th[1] - t2) / max(1 - t2, 1e-12)
     c = (th[0] - th[1]) / max(1 - th[1], 1e-12)
+    room = (1 - _EPS) * g.min()
     out = {
         "sigma": _softplus_inv(float(cfg.sigma) - _EPS),
-        "gains": _softplus_inv(g - _EPS),
-        "eps_c": _logit(float(cfg.eps_c) / ((1 - _EPS) * g.min())),
+        "gains": _softplus_inv(g - _gain_floor(eps, t)),
+        # a zero gain with ε_c = 0 is valid and leaves ε_c no room: its parameter is then unused
+        "eps_c": _logit(eps / room if room > 0 else 0.0),
         "g_A_coeffs": np.asarray(cfg.g_A_coeffs, np.float64),
         "gate_coeffs": np.asarray(cfg.gate_coeffs, np.float64),
         "thresholds": np.array([_logit(t2), _logit(b), _logit(c)]),
         "bias": np.asarray(cfg.bias, np.float64),
-        "n_min": np.asarray(float(cfg.n_min)),
-        "n_max": _softplus_inv(float(cfg.n_max) - float(cfg.n_min) - _EPS),
+        "n_min": np.asarray(_softplus_inv(n_max - n_min - _EPS) if "n_min" in t and "n_max" not in t
+                            else n_min),
+        "n_max": _softplus_inv(n_max - n_min - _EPS),
     }
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
-def from_unconstrained(u: dict, base: MDLConfig) -> MDLConfig:
-    """Free parameters → a config (traceable; the invariants hold for any finite ``u``)."""
-    gains = jax.nn.softplus(u["gains"]) + _EPS
+def _gain_floor(eps_c, trained: frozenset):
+    # Trained gains stay ≥ 1e-3; with ε_c frozen they also stay 1e-3 above it (Theorem 1: ε_c < min s_k).
+    return _EPS if "eps_c" in trained else eps_c + _EPS
+
+
+def from_unconstrained(u: dict, base: MDLConfig, trained: Sequence[str] = NUMERIC_FIELDS) -> MDLConfig:
+    """Free parameters → a config (traceable; the invariants hold for any finite ``u``).
+
+    Fields in ``trained`` come from ``u``; every other field is ``base``'s value, exactly, and the
+    trained fields are constrained around the frozen ones (gains above a frozen ε_c, n_min below a
+    frozen n_max, ...), so a frozen field never moves to make room.
+    """
+    t = frozenset(trained)
+
+    def fixed(f):
+        return jnp.asarray(getattr(base, f), jnp.float32)
+
+    def pick(f, value):
+        return value if f in t else fixed(f)
+
+    eps_b = fixed("eps_c")
+    gains = pick("gains", jax.nn.softplus(u["gains"]) + _gain_floor(eps_b, t))
     t2 = jax.nn.sigmoid(u["thresholds"][0])
     t1 = t2 + (1 - t2) * jax.nn.sigmoid(u["thresholds"][1])
     t0 = t1 + (1 - t1) * jax.nn.sigmoid(u["thresholds"][2])
+    if "n_min" in t and "n_max" not in t:
+        n_max = fixed("n_max")
+        n_min = n_max - jax.nn.softplus(u["n_min"]) - _EPS
+    else:
+        n_min = pick("n_min", u["n_min"])
+        n_max = pick("n_max", n_min + jax.nn.softplus(u["n_max"]) + _EPS)
     return _replace_leaves(base, {
-        "sigma": jax.nn.softplus(u["sigma"]) + _EPS, "gains": gains,
+        "sigma": pick("sigma", jax.nn.softplus(u["sigma"]) + _EPS), "gains": gains,
         # (1 − 1e-3): sigmoid rounds to exactly 1 in float32 for large inputs; ε_c must stay below
-        "eps_c": jax.nn.sigmoid(u["eps_c"]) * (1 - _EPS) * jnp.min(gains), "g_A_coeffs": u["g_A_coeffs"],
-        "gate_coeffs": u["gate_coeffs"], "thresholds": jnp.stack([t0, t1, t2]), "bias": u["bias"],
-        "n_min": u["n_min"], "n_max": u["n_min"] + jax.nn.softplus(u["n_max"]) + _EPS})
+        "eps_c": pick("eps_c", jax.nn.sigmoid(u["eps_c"]) * (1 - _EPS) * jnp.min(gains)),
+        "g_A_coeffs": pick("g_A_coeffs", u["g_A_coeffs"]), "gate_coeffs": pick("gate_coeffs", u["gate_coeffs"]),
+        "thresholds": pick("thresholds", jnp.stack([t0, t1, t2])), "bias": pick("bias", u["bias"]),
+        "n_min": n_min, "n_max": n_max})
 
 
 def _replace_leaves(base: MDLConfig, leaves: dict) -> MDLConfig:
@@ -161,10 +210,26 @@ class _Carry(NamedTuple):
     since_best: jax.Array
     stopped: jax.Array
     stopped_step: jax.Array
+    diverged_step: jax.Array
 
 
-def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, steps, lr, tau0, tau1,
-               patience):
+def _finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _valid(c: MDLConfig) -> jax.Array:
+    """MDLConfig's invariants on traced float32 values. The parametrisation keeps them for finite
+    free parameters in exact arithmetic; far out (|u| ~ 1e37) float32 rounding breaks them
+    (n_min + 1e-3 == n_min), which is divergence too."""
+    th = jnp.asarray(c.thresholds)
+    gmin = jnp.min(c.gains)
+    return (_finite([getattr(c, f) for f in NUMERIC_FIELDS]) & (c.sigma > 0) & (gmin >= 0)
+            & ((c.eps_c == 0) | ((c.eps_c > 0) & (c.eps_c < gmin)))
+            & jnp.all((th >= 0) & (th <= 1)) & (th[0] >= th[1]) & (th[1] >= th[2]) & (c.n_max > c.n_min))
+
+
+def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fused, steps, lr, tau0,
+               tau1, patience):
     """One run: lax.scan over steps. Returns (best params, per-step history, scalars).
 
     ``fused``: does this run train a field of FUSION_FIELDS? If not, ``feats`` = (raw norm, α) of
@@ -184,7 +249,7 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, step
     has_val = jnp.sum(w_val) > 0  # without a validation part: no early stopping, keep the last step
 
     def loss_fn(u, tau):
-        z, C_final = logits_of(M, R, A, from_unconstrained(u, base), tau)
+        z, C_final = logits_of(M, R, A, from_unconstrained(u, base, trained), tau)
         # cross-entropy of sigmoid(z) against y, stable for large |z|
         per = jnp.where(y, jax.nn.softplus(-z), jax.nn.softplus(z))
         return jnp.sum(wt * per), z
@@ -194,32 +259,38 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, step
         (loss, z), grads = jax.value_and_grad(loss_fn, has_aux=True)(carry.params, tau)
         grads = jax.tree.map(lambda g, m: g * m, grads, mask)
         updates, opt_state = opt.update(grads, carry.opt_state, carry.params)
-        moving = 1.0 - carry.stopped.astype(jnp.float32)
-        params = jax.tree.map(lambda p, d: p + moving * d, carry.params, updates)
+        stepped = jax.tree.map(lambda p, d: p + d, carry.params, updates)
+        c = from_unconstrained(stepped, base, trained)
+        # Divergence (a non-finite loss, gradient, parameter or config) stops the run where it is:
+        # the update is not applied, so the run keeps finite parameters, and the step is reported.
+        diverged = ~(jnp.isfinite(loss) & _finite(grads) & _finite(stepped) & _valid(c)) & ~carry.stopped
+        moving = ~carry.stopped & ~diverged
+        params = jax.tree.map(lambda p, q: jnp.where(moving, q, p), carry.params, stepped)
         hard_correct = ((z >= 0) == y).astype(jnp.float32)   # hard decision of the params scored
         train_acc = jnp.sum(wt * hard_correct)
         val_acc = jnp.sum(w_val * hard_correct) / wv_sum
         better = (val_acc > carry.best_val) & ~carry.stopped
         best_params = jax.tree.map(lambda b, p: jnp.where(better, p, b), carry.best_params, carry.params)
         since = jnp.where(better, 0, carry.since_best + 1)
-        stop_now = (since >= patience) & ~carry.stopped & has_val
+        stop_now = ((since >= patience) & ~carry.stopped & has_val) | diverged
         new = _Carry(params, opt_state, best_params, jnp.where(better, val_acc, carry.best_val),
                      jnp.where(better, k, carry.best_step), since, carry.stopped | stop_now,
-                     jnp.where(stop_now, k, carry.stopped_step))
-        c = from_unconstrained(params, base)  # the invariants, step by step (tests check them)
+                     jnp.where(stop_now, k, carry.stopped_step),
+                     jnp.where(diverged, k, carry.diverged_step))
+        c = from_unconstrained(params, base, trained)  # the invariants, step by step (tests check them)
         return new, {"loss": loss, "train_accuracy": train_acc, "val_accuracy": val_acc,
                      "temperature": tau, "sigma": c.sigma, "eps_c": c.eps_c, "min_gain": jnp.min(c.gains),
                      "thresholds": c.thresholds, "n_min": c.n_min, "n_max": c.n_max}
 
     init = _Carry(u0, opt.init(u0), u0, jnp.float32(-1.0), jnp.int32(0), jnp.int32(0),
-                  jnp.bool_(False), jnp.int32(steps))
+                  jnp.bool_(False), jnp.int32(steps), jnp.int32(-1))
     final, hist = jax.lax.scan(step, init, jnp.arange(steps))
     final = final._replace(best_params=jax.tree.map(lambda b, p: jnp.where(has_val, b, p),
                                                     final.best_params, final.params),
                            best_step=jnp.where(has_val, final.best_step, steps - 1))
     # soft vs hard on the training records at the final temperature, for the kept parameters (through
     # the same forward as training, so a "gates" group still never recomputes the fusion)
-    cfg = from_unconstrained(final.best_params, base)
+    cfg = from_unconstrained(final.best_params, base, trained)
     C_final = logits_of(M, R, A, cfg, 1.0)[1]
     probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(C_final, cfg, tau1)
     hard = jax.vmap(_d.act, in_axes=(0, None))(C_final, cfg)
@@ -227,25 +298,28 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, fused, step
     on_train = w_train > 0
     disagreement = jnp.sum(jnp.where(on_train, differ, 0.0)) / jnp.maximum(jnp.sum(on_train), 1)
     scalars = {"best_step": final.best_step, "stopped_step": final.stopped_step,
-               "best_val_accuracy": final.best_val, "disagreement": disagreement}
+               "diverged_step": final.diverged_step, "best_val_accuracy": final.best_val,
+               "disagreement": disagreement}
     return final.best_params, hist, scalars
 
 
-@functools.partial(jax.jit, static_argnames=("base", "fused", "steps", "lr", "tau0", "tau1",
+@functools.partial(jax.jit, static_argnames=("base", "trained", "fused", "steps", "lr", "tau0", "tau1",
                                              "patience", "sharding"))
-def _train_groups(groups, M, R, A, y, *, base, fused, steps, lr, tau0, tau1, patience, sharding=None):
+def _train_groups(groups, M, R, A, y, *, base, trained, fused, steps, lr, tau0, tau1, patience,
+                  sharding=None):
     """Every group of runs (one per distinct field set) in ONE program; each group is vmapped.
 
-    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis; fused: per group."""
+    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis; trained (the field
+    set) and fused: per group."""
     out = []
     feats = None
-    for (u0, masks, w_train, w_val), fz in zip(groups, fused):
+    for (u0, masks, w_train, w_val), tr, fz in zip(groups, trained, fused):
         if sharding is not None:
             u0, masks, w_train, w_val = jax.lax.with_sharding_constraint(
                 (u0, masks, w_train, w_val), sharding)
         if not fz and feats is None:  # once for every non-fusion group: the base config's (n, α)
             feats = jax.vmap(_features, in_axes=(0, 0, 0, None))(M, R, A, base)
-        fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, fused=fz,
+        fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, trained=tr, fused=fz,
                                steps=steps, lr=lr, tau0=tau0, tau1=tau1, patience=patience)
         out.append(jax.vmap(fn)(u0, masks, w_train, w_val))
     return out
@@ -261,8 +335,9 @@ def _check_signals(M, R, A, adopt):
     for n, x in (("M", M), ("R", R), ("A", A)):
         check_unit_interval(n, x)
     shape = common_shape(("M", "R", "A"), (M, R, A))
-    if len(shape) != 1 or shape[0] < 2:
-        raise ValueError(f"M: expected 1-d signals of at least 2 records, got shape {shape}")
+    if len(shape) != 1 or shape[0] < MIN_RECORDS:
+        raise ValueError(f"M: expected 1-d signals of at least {MIN_RECORDS} records to tune on, got "
+                         f"shape {shape}")
     N = shape[0]
     y = binary_labels(adopt, N)
     return [jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N,)) for x in (M, R, A)] + \
@@ -303,8 +378,9 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         raise ValueError(f"seeds: expected {B} seeds (one per run), got {len(seeds)}")
     if not (isinstance(steps, int) and steps > 0):
         raise ValueError(f"steps: expected a positive int, got {steps!r}")
-    if not learning_rate > 0:
-        raise ValueError(f"learning_rate: expected > 0, got {learning_rate!r}")
+    if not (isinstance(learning_rate, (int, float, np.integer, np.floating))
+            and not isinstance(learning_rate, bool) and np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate: expected a finite number > 0, got {learning_rate!r}")
     t0, t1 = (float(t) for t in temperature)
     if not (np.isfinite(t0) and np.isfinite(t1) and t0 > 0 and t1 > 0):
         raise ValueError(f"temperature: expected two positive numbers (start, end), got {temperature!r}")
@@ -312,15 +388,22 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     wv = _check_weights("val_weights", val_weights, B, N)
     if np.any(np.asarray(wt).sum(1) <= 0):
         raise ValueError("train_weights: every run needs training records")
+    y_np = np.asarray(y)
+    for b in range(B):
+        on = np.asarray(wt[b]) > 0
+        if np.all(y_np[on]) or not np.any(y_np[on]):
+            which = "adopt (1)" if y_np[on][0] else "reject (0)"
+            raise ValueError(f"adopt: expected both labels among the training records, got {int(on.sum())} "
+                             f"that are all {which}" + (f" (run {b})" if B > 1 else "")
+                             + "; there is nothing to separate")
+    keys_data = [_seed_key(s, "seeds" if B > 1 else "seed") for s in seeds]
     for fs in field_sets:
         field_mask(fs)  # an unknown or empty field set fails here, naming it
     # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops:
     # with 15 runs those eager ops cost more than 500 training steps of the "gates" field set.
     masks = {f: np.array([f in fs for fs in field_sets], np.float32) for f in NUMERIC_FIELDS}
-    # keys built here, one small op per seed, so any Python int is a seed (as jax.random.PRNGKey takes it)
-    prng = np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
+    prng = np.stack(keys_data)
     noise = np.array([init_noise * (int(s) != 0) for s in seeds], np.float32)
-    u0 = _start_points(to_unconstrained(base), masks, prng, noise)
     chex.assert_shape([M, R, A, y], (N,))
     # Runs grouped by field set (static: whether the fusion must be recomputed every step).
     keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
@@ -329,10 +412,13 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     n_dev = 1 if mesh is None else mesh.devices.size
     sharding = NamedSharding(mesh, PartitionSpec("runs")) if mesh is not None else None
     groups = []
-    for idx in members:
+    for key, idx in zip(keys, members):
         take = np.array(idx)
-        g = (jax.tree.map(lambda x: x[take], u0), {f: jnp.asarray(m[take]) for f, m in masks.items()},
-             wt[take], wv[take])
+        # the start point's free parameters depend on the field set (trained fields are constrained
+        # around the frozen ones), so each group maps the base config its own way
+        m = {f: x[take] for f, x in masks.items()}
+        u0 = _start_points(to_unconstrained(base, key), m, prng[take], noise[take])
+        g = (u0, {f: jnp.asarray(x) for f, x in m.items()}, wt[take], wv[take])
         chex.assert_tree_shape_prefix(g, (len(idx),))
         if sharding is not None and len(idx) % n_dev == 0:
             g = jax.device_put(g, sharding)
@@ -341,20 +427,36 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         sharding = None  # uneven groups: let XLA place them (results are the same)
     fused = tuple(any(f in FUSION_FIELDS for f in k) for k in keys)
     static = _static_base(base)
-    res = _train_groups(tuple(groups), M, R, A, y, base=static, fused=fused, steps=steps,
+    res = _train_groups(tuple(groups), M, R, A, y, base=static, trained=tuple(keys), fused=fused, steps=steps,
                         lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience),
                         sharding=sharding)
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
     history = {}
-    for idx, (bp, hist, scalars) in zip(members, res):
+    for key, idx, (bp, hist, scalars) in zip(keys, members, res):
         take = np.array(idx)
-        for f, v in _constrained(bp, base=static).items():  # one call for the group's configs
+        for f, v in _constrained(bp, base=static, trained=key).items():  # one call per group
             fields[f][take] = np.asarray(v)
         for k, v in {**hist, **scalars}.items():
             arr = history.setdefault(k, np.zeros((B,) + np.shape(v)[1:], np.asarray(v).dtype))
             arr[take] = np.asarray(v)
-    configs = [_concrete_from(base, {f: x[b] for f, x in fields.items()}) for b in range(B)]
+    for b in np.flatnonzero(history["diverged_step"] >= 0):
+        warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) diverged at "
+                      f"step {int(history['diverged_step'][b])} (a non-finite loss or parameter); it "
+                      f"stopped there and keeps its last finite parameters. Lower learning_rate "
+                      f"({learning_rate!r}).", RuntimeWarning, stacklevel=2)
+    # Fields a run does not train are the starting config's values, exactly (not a float32 round trip)
+    configs = [_concrete_from(base, {f: x[b] for f, x in fields.items()}, field_sets[b]) for b in range(B)]
     return configs, history
+
+
+def _seed_key(seed, name: str) -> np.ndarray:
+    """A seed's PRNG key. Seeds are ints in [0, 2**64): the key is the seed's two 32-bit halves, so no
+    two seeds share a key (jax.random.PRNGKey folds seeds modulo 2**32 without x64) and every seed
+    below 2**32 keeps the key PRNGKey gave it."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
+        raise ValueError(f"{name}: expected an int in [0, 2**64), got {seed!r}")
+    s = int(seed)
+    return np.array([s >> 32, s & 0xFFFFFFFF], np.uint32)
 
 
 @jax.jit
@@ -370,11 +472,11 @@ def _start_points(start: dict, masks: dict, keys, noise):
     return jax.vmap(one)(keys, noise, masks)
 
 
-@functools.partial(jax.jit, static_argnames=("base",))
-def _constrained(u: dict, *, base: MDLConfig) -> dict:
+@functools.partial(jax.jit, static_argnames=("base", "trained"))
+def _constrained(u: dict, *, base: MDLConfig, trained: tuple) -> dict:
     """A group's best free parameters (leading run axis) → the config fields, in one call."""
     def one(p):
-        c = from_unconstrained(p, base)
+        c = from_unconstrained(p, base, trained)
         return {f: getattr(c, f) for f in NUMERIC_FIELDS}
     return jax.vmap(one)(u)
 
@@ -391,9 +493,10 @@ def _static_base(base: MDLConfig) -> MDLConfig:
     return base.replace(**{f: _plain(getattr(base, f)) for f in NUMERIC_FIELDS})
 
 
-def _concrete_from(base: MDLConfig, values: dict) -> MDLConfig:
-    """A config of ``base``'s static fields and the numeric ``values`` (NumPy rows) as plain floats."""
-    return MDLConfig(**{f: _plain(values[f]) for f in NUMERIC_FIELDS},
+def _concrete_from(base: MDLConfig, values: dict, trained: Sequence[str]) -> MDLConfig:
+    """A config of ``base``'s static fields, the numeric ``values`` (NumPy rows) of the ``trained``
+    fields as plain floats, and ``base``'s own values of the others."""
+    return MDLConfig(**{f: _plain(values[f] if f in trained else getattr(base, f)) for f in NUMERIC_FIELDS},
                      **{f: getattr(base, f) for f in ("D", "dims", "qr_seed", "alpha_gating",
                                                      "risk_modulation", "subspaces", "risk_inversion",
                                                      "value_encoding")})
@@ -408,6 +511,12 @@ def tune(M, R, A, adopt, *, fields: Sequence[str] = FIELD_SETS["gates"], config:
       weights: optional (N,) non-negative per-record weights of the training loss.
       val: optional (N,) validation mask/weights over the same records (early stopping); records
         with validation weight > 0 are left out of training.
+      seed: an int in [0, 2**64); 0 starts at ``config`` itself, any other from a jittered point of its own.
+
+    Fields outside ``fields`` come back exactly as in ``config``. ValueError naming the argument for
+    signals outside [0, 1] or not 1-d, fewer than ``MIN_RECORDS`` (5) records, training labels of one
+    class only, a seed outside its domain, a learning rate that is not finite and > 0. A diverged run
+    warns (RuntimeWarning) and keeps its last finite parameters (``history["diverged_step"]``).
     """
     (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
     w = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)

@@ -79,7 +79,15 @@ def _check_values(name: str, arr: np.ndarray) -> None:
     i = _first_bad(~((arr >= 0) & (arr <= 1)))
     v = arr[i]
     what = "values in [0, 1]" if np.isfinite(v) else "finite values in [0, 1]"
-    raise ValueError(f"{name}: expected {what}; {name}[{_fmt(i)}] = {v!r}")
+    raise ValueError(f"{name}: expected {what}; {name}[{_fmt(i)}] = {plain(v)}")
+
+
+def plain(v) -> str:
+    """A value as a user wrote it: ``1.5``, ``nan``, ``-inf``, ``2`` (NumPy scalars print their number,
+    not ``np.float32(1.5)``; a float32 prints its shortest float32 form, not float64 digits)."""
+    if isinstance(v, np.generic):
+        return str(v)
+    return repr(v)
 
 
 def _on_accelerator(x) -> bool:
@@ -148,6 +156,6 @@ def binary_labels(adopt, n: int | None = None) -> np.ndarray:
     bad = ~((labels == 0) | (labels == 1))  # NaN is neither
     if np.any(bad):
         i = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), bad.shape))
-        where = f"; adopt[{', '.join(map(str, i))}] = {labels[i]!r}" if i else f", got {labels!r}"
+        where = f"; adopt[{', '.join(map(str, i))}] = {plain(labels[i])}" if i else f", got {plain(labels[()])}"
         raise ValueError(f"adopt: expected binary labels (0 = reject, 1 = adopt){where}")
     return labels.astype(bool)

@@ -29,8 +29,11 @@ from typing import Iterator
 
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
 
-COST = ("the first run embeds every unique text with MiniLM (~20-60 texts/s per core); "
-        "cached texts cost nothing")
+# Measured here (README, Benchmarks): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
+# cores shared); with every text cached, the lexical conflict detector bounds a run at a few thousand
+# records/s.
+COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
+        "with the texts cached, thousands of records/s")
 OUT_SUFFIXES = (".parquet", ".jsonl")
 MANIFEST_VERSION = 1
 
@@ -56,9 +59,10 @@ def _source_kind(src: str) -> str:
     if p.is_dir():
         return "hf-disk" if ((p / "dataset_info.json").exists() or (p / "state.json").exists()
                              or (p / "dataset_dict.json").exists()) else "hf-folder"
-    if suf in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv") or os.sep in src:
+    if suf in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv") or \
+            src.startswith(("/", "./", "../", "~")):
         raise GateInputError(f"IN: {src}: no such file or folder")
-    return "hf-hub"
+    return "hf-hub"  # e.g. "owner/name" on the Hugging Face Hub
 
 
 def _read_jsonl(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
@@ -281,7 +285,14 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
     good, parsed, bad = [], [], []
     for i, row, where in batch:
         try:
-            parsed.append(parse_row(row, args))
+            q, mems, cat, risk = parse_row(row, args)
+            if risk is None:  # the assessor per row, so a category outside a table is this row's error
+                try:
+                    risk = gate.risk(q, cat)
+                except ValueError as e:
+                    field = args.category_field or "query"
+                    raise GateInputError(f"field {field!r}: {e}") from None
+            parsed.append((q, mems, cat, risk))
             good.append((i, row))
         except GateInputError as e:
             msg = f"{args.input}, {where}: {e}"

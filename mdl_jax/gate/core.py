@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import time
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any
@@ -314,26 +315,40 @@ class MemoryGate:
         return qs, texts, cats, A
 
     def columns(self, queries, memories_lists, categories=None, risks=None, *,
-                progress: bool = False) -> dict[str, np.ndarray]:
+                progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
         """The decision as columns: {"action": (B,) int32, "M", "R", "A", "phi", "C", "alpha",
-        "C_final", "E_wm", "E_r", "E_a": (B,) float32, "n_relevant": (B,) int32}."""
+        "C_final", "E_wm", "E_r", "E_a": (B,) float32, "n_relevant": (B,) int32}.
+
+        ``timings``, if given, accumulates seconds per stage: "checks" (input checks and risk),
+        "embedding", "conflict", "aggregation" (see ``memory_signals``) and "decision" (the controller).
+        """
+        t = timings if timings is not None else {}
+        t0 = time.perf_counter()
         qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
+        t["checks"] = t.get("checks", 0.0) + time.perf_counter() - t0
         sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
-                             threshold=self.relevance_threshold, progress=progress)
-        return self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"], n_relevant=sig["n_relevant"])
+                             threshold=self.relevance_threshold, progress=progress, timings=t)
+        t0 = time.perf_counter()
+        out = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"], n_relevant=sig["n_relevant"])
+        t["decision"] = t.get("decision", 0.0) + time.perf_counter() - t0
+        return out
 
     def decide_signals(self, M, R, A, *, phi=None, n_relevant=None) -> dict[str, np.ndarray]:
         """The controller on (B,) signals → the columns of ``columns`` (phi / n_relevant passed through)."""
         from mdl_jax.controller.api import decide
 
-        d = decide(np.asarray(M, np.float32), np.asarray(R, np.float32), np.asarray(A, np.float32),
-                   self.config)
-        e = np.asarray(d.energies, np.float32)
-        out = {"action": np.asarray(d.action, np.int32), "M": np.asarray(M, np.float32),
-               "R": np.asarray(R, np.float32), "A": np.asarray(A, np.float32),
-               "phi": np.zeros(len(e), np.float32) if phi is None else np.asarray(phi, np.float32),
-               "C": np.asarray(d.C, np.float32), "alpha": np.asarray(d.alpha, np.float32),
-               "C_final": np.asarray(d.C_final, np.float32),
+        M, R, A = (np.asarray(x, np.float32).reshape(-1) for x in (M, R, A))
+        n = len(M)
+        # Pad to a power-of-two length: a stream of chunks of varying length (skipped rows, the last
+        # chunk) then compiles the controller for a handful of shapes, not one per length.
+        p = max(16, 1 << max(n - 1, 0).bit_length()) - n
+        sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
+        d = decide(*sig, self.config)
+        e = np.asarray(d.energies, np.float32)[:n]
+        out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
+               "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
+               "C": np.asarray(d.C, np.float32)[:n], "alpha": np.asarray(d.alpha, np.float32)[:n],
+               "C_final": np.asarray(d.C_final, np.float32)[:n],
                "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
         if n_relevant is not None:
             out["n_relevant"] = np.asarray(n_relevant, np.int32)

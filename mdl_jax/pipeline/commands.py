@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdl_jax.cli import existing_dir, nonneg_int, out_dir, out_file, positive_int, seed_int
+
 # Measured here: 26,293 memory texts to embed, ~21 texts/s under load (about 20 minutes) on first use;
 # the embedding cache makes later runs take seconds.
 SIGNALS_COST = "about 20 minutes on first use here (26,293 texts), seconds once they are cached"
@@ -12,18 +14,18 @@ SIGNALS_COST = "about 20 minutes on first use here (26,293 texts), seconds once 
 
 def _common(p: argparse.ArgumentParser) -> None:
     # Help texts that name their own default contain %(default)s, so the formatter adds none.
-    p.add_argument("--data-dir", default=None,
+    p.add_argument("--data-dir", default=None, type=existing_dir,
                    help="folder with TruthfulQA.csv and halueval_qa.jsonl (%(default)s: "
                         "$MDL_JAX_DATA_DIR, else ../shared/data beside the repo, else the hub)")
     p.add_argument("--datasets", nargs="+", default=["truthfulqa", "halueval"],
                    choices=["truthfulqa", "halueval"], help="datasets to run")
     p.add_argument("--model", default="all-MiniLM-L6-v2", help="sentence-transformers model name or path")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (%(default)s: $MDL_JAX_CACHE_DIR "
+    p.add_argument("--cache-dir", default=None, type=out_dir, help="embedding cache (%(default)s: $MDL_JAX_CACHE_DIR "
                                                      "or ~/.cache/mdl_jax)")
-    p.add_argument("--split-seed", type=int, default=0,
+    p.add_argument("--split-seed", type=seed_int, default=0,
                    help="seed of the memory stores' distractors and of the calibration / evaluation split")
     # The old name, ambiguous beside reproduce's --seeds; hidden, warns, kept so old scripts run.
-    p.add_argument("--seed", dest="split_seed", type=int, default=argparse.SUPPRESS,
+    p.add_argument("--seed", dest="split_seed", type=seed_int, default=argparse.SUPPRESS,
                    action=_DeprecatedSeed, help=argparse.SUPPRESS)
 
 
@@ -41,10 +43,10 @@ def register(sub) -> None:
                                    f"MiniLM: {SIGNALS_COST}.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _common(p)
-    p.add_argument("--limit", type=int, default=None, help="first N questions per dataset (None: all)")
-    p.add_argument("--n-calibration", type=int, default=80,
+    p.add_argument("--limit", type=positive_int, default=None, help="first N questions per dataset (None: all)")
+    p.add_argument("--n-calibration", type=nonneg_int, default=80,
                    help="questions per dataset marked as the calibration split")
-    p.add_argument("--out", default="out/signals.parquet", help="Parquet file to write")
+    p.add_argument("--out", default="out/signals.parquet", type=out_file, help="Parquet file to write")
     p.set_defaults(func=signals_cmd)
     from mdl_jax.pipeline import experiment
 

@@ -233,7 +233,10 @@ class Experiment:
                 ok = [r for r in cal_recs if not r["failed"]]
                 M, R, A = (np.array([r[c] for r in ok], np.float32) for c in ("M", "R", "A"))
                 adopt = np.array([0 if r["hallucinated"] else 1 for r in ok], np.int32)
-                calib = mdl_jax.calibrate(M, R, A, adopt) if len(ok) >= 2 else None
+                # A run folder calibrated before ties were broken at the middle of the plateau keeps
+                # the rule its B3 records were decided with, so a resume never mixes two configs.
+                tie_break = prior_tie_break(self.out / "run.json", ds)
+                calib = mdl_jax.calibrate(M, R, A, adopt, tie_break=tie_break) if len(ok) >= 2 else None
                 mcfg, source = (calib.config, "calibrated on this run's split") if calib else \
                     (mdl_jax.MDLConfig(), "paper defaults (calibration failed)")
             else:
@@ -252,6 +255,7 @@ class Experiment:
                 "n_calibration": len(cal_st) if cfg.calibration == "run" else 0, "n_evaluated": len(ev_st),
                 "calibration_adopt_rate": float(adopt.mean()) if len(ok) else None,
                 "calibration_agreement": calib.best_agreement if calib else None,
+                "tie_break": calib.tie_break if calib else None,
                 "thresholds": [float(t) for t in mcfg.thresholds],
                 "n_min": float(mcfg.n_min), "n_max": float(mcfg.n_max),
                 "eval_qids": [s.item.qid for s in ev_st],
@@ -329,7 +333,20 @@ def _tune(out: Path) -> str | None:
     if n < TUNE_MIN_RECORDS:
         return (f"## The learned MDL\n\nNot trained: {n} pooled B1/B2/B3 records, fewer than "
                 f"{TUNE_MIN_RECORDS}. Run `mdl-jax tune {out / 'records.jsonl'}` on a larger run.")
-    return markdown(learned_table(out / "records.jsonl", out / "tuned"))
+    try:
+        return markdown(learned_table(out / "records.jsonl", out / "tuned"))
+    except RecordsError as e:  # e.g. every oracle label equal: a report line, not a crash
+        return f"## The learned MDL\n\nNot trained: {e}"
+
+
+def prior_tie_break(run_json: Path, dataset: str) -> str:
+    """The tie-break rule a run folder's earlier calibration of ``dataset`` used: "lowest" for a run
+    written before the rule was recorded (that was the only rule then), else the recorded one; a new
+    run gets the default ("middle")."""
+    prev = (_read_json(run_json) or {}).get("datasets", {}).get(dataset)
+    if not isinstance(prev, dict) or prev.get("calibration_agreement") is None:
+        return "middle"
+    return prev.get("tie_break") or "lowest"
 
 
 def _read_json(path: Path):
@@ -351,6 +368,8 @@ MOST_FAILED = 0.5  # above this share of failed records the run exits non-zero
 
 
 def register(sub, common) -> None:
+    from mdl_jax.cli import config_file, nonneg_int, out_dir, positive_float, positive_int, seed_int
+
     p = sub.add_parser(
         "reproduce", help="run the end-to-end hallucination experiment and write a report",
         description="Run the end-to-end hallucination experiment (paper Section 5.2) and write "
@@ -358,41 +377,43 @@ def register(sub, common) -> None:
                     + BARE_RUN_COST.format(minutes=BARE_RUN_MINUTES) + ".",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common(p)
-    p.add_argument("--out", default="out/reproduce",
+    p.add_argument("--out", default="out/reproduce", type=out_dir,
                    help="output dir (one run at a time; a rerun resumes it)")
-    p.add_argument("--n-questions", type=int, default=20, help="evaluated questions per dataset")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+    p.add_argument("--n-questions", type=positive_int, default=20, help="evaluated questions per dataset")
+    p.add_argument("--seeds", type=seed_int, nargs="+", default=[0],
                    help="generation seeds: every evaluated question is answered once per seed "
                         "(the store/split seed is --split-seed)")
     p.add_argument("--systems", nargs="+", default=list(sysm.SYSTEMS), choices=list(sysm.SYSTEMS),
                    help="systems compared (paper Table 3)")
     p.add_argument("--baseline-datasets", nargs="+", default=["truthfulqa"],
+                   choices=["truthfulqa", "halueval"],
                    help="datasets on which CRAG and Self-RAG run (paper: TruthfulQA)")
-    p.add_argument("--baseline-seeds", type=int, default=2,
+    p.add_argument("--baseline-seeds", type=nonneg_int, default=2,
                    help="CRAG/Self-RAG run on the first this many of --seeds")
-    p.add_argument("--n-calibration", type=int, default=80,
+    p.add_argument("--n-calibration", type=positive_int, default=80,
                    help="calibration questions per dataset (used when the run calibrates: --recalibrate, "
-                        "or a model without a shipped config)")
+                        "or a model without a shipped config, such as any --backend openai model; each "
+                        "costs one B2 answer, on top of the evaluated questions)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--recalibrate", action="store_true",
                    help="calibrate n_min/n_max and θ on this run's calibration split (Section 3.4; B2 "
                         "answers on --n-calibration questions per dataset) instead of using the config "
                         "shipped for the bundled model; always done for other models")
-    g.add_argument("--config", default=None, metavar="FILE",
+    g.add_argument("--config", default=None, metavar="FILE", type=config_file,
                    help="an MDL config file (mdl_jax.save_config, e.g. from mdl-jax tune) used for B3 "
                         "on every dataset; no calibration")
-    p.add_argument("--chunk-size", type=int, default=32, help="questions per resumable chunk")
+    p.add_argument("--chunk-size", type=positive_int, default=32, help="questions per resumable chunk")
     p.add_argument("--backend", choices=["local", "openai"], default="local",
                    help="local: transformers on this machine; openai: an OpenAI-compatible server "
                         "at $MDL_JAX_OPENAI_BASE_URL")
     p.add_argument("--llm", default=None, help="local: HF id or path (%(default)s: the bundled "
                                                 "SmolLM2-135M); openai: the served model name")
-    p.add_argument("--batch-size", type=int, default=32, help="local backend generation batch")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="local backend generation batch")
     p.add_argument("--device", default="cpu", help="local backend torch device (cuda on a GPU)")
-    p.add_argument("--dtype", default="auto", help="local backend weights/activations: auto (bf16 where "
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="local backend weights/activations: auto (bf16 where "
                                                    "the hardware has it, else float32), float32, bfloat16")
-    p.add_argument("--max-new-tokens", type=int, default=150, help="answer length cap (paper: 150)")
-    p.add_argument("--call-timeout", type=float, default=120.0,
+    p.add_argument("--max-new-tokens", type=positive_int, default=150, help="answer length cap (paper: 150)")
+    p.add_argument("--call-timeout", type=positive_float, default=120.0,
                    help="openai backend: total seconds one call may take, retries included; a call "
                         "over budget becomes a failed record (a rerun fills it in)")
     p.set_defaults(func=reproduce_cmd)
@@ -400,35 +421,59 @@ def register(sub, common) -> None:
 
 def reproduce_cmd(args) -> int:
     from mdl_jax.analysis.report import write_report
+    from mdl_jax.cli import CommandError, user_errors
     from mdl_jax.signals.embeddings import Embedder
     from mdl_jax.pipeline.generation import make_backend
 
+    calibration = ("run" if args.recalibrate else args.config if args.config else
+                   "shipped" if args.backend == "local" and args.llm is None else "run")
     cfg = RunConfig(out=Path(args.out), datasets=tuple(args.datasets), n_questions=args.n_questions,
                     seeds=tuple(args.seeds), systems=tuple(args.systems),
                     baseline_datasets=tuple(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
-                    store_seed=args.split_seed,
-                    calibration=("run" if args.recalibrate else args.config if args.config else
-                                 "shipped" if args.backend == "local" and args.llm is None else "run"))
-    if args.config:
-        from mdl_jax import load_config
-
-        load_config(args.config)  # a broken file fails here, naming the field, before any work
+                    store_seed=args.split_seed, calibration=calibration)
+    if calibration == "run":
+        if args.n_calibration < 2:
+            raise CommandError(f"reproduce: --n-calibration: this run calibrates (Section 3.4), which "
+                               f"needs at least 2 questions per dataset, got {args.n_calibration}")
     local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     remote = dict(call_timeout=args.call_timeout)
-    backend = make_backend(args.backend, args.llm, max_new_tokens=args.max_new_tokens,
-                           **(local if args.backend == "local" else remote))
+    try:
+        backend = make_backend(args.backend, args.llm, max_new_tokens=args.max_new_tokens,
+                               **(local if args.backend == "local" else remote))
+    except ValueError as e:  # e.g. no server URL for the openai backend: names the setting
+        raise CommandError(f"reproduce: {e}") from None
+    if calibration == "run" and not args.recalibrate:
+        # Not silent: a model other than the bundled one has no shipped config, so the run adds
+        # B2 answers on the calibration split to what the user asked for.
+        print(f"reproduce: {args.llm or 'this ' + args.backend + ' model'} has no shipped config, so "
+              f"B3's config is calibrated on this run's split: {args.n_calibration} calibration "
+              f"questions per dataset (one B2 answer each) besides the {args.n_questions} evaluated; "
+              "--n-calibration changes the number, --config FILE skips calibration", file=sys.stderr)
     emb = Embedder(args.model, cache_dir=args.cache_dir)
     t0 = time.perf_counter()
+    # what this run creates, it removes again if it fails on bad input before writing a record
+    fresh = cfg.out.absolute()
+    while not fresh.parent.exists():
+        fresh = fresh.parent
+    fresh = None if cfg.out.exists() else fresh
     try:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:
-        print(f"reproduce: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from None
+    except OSError as e:  # a folder the OS refuses (read-only, /proc, ...)
+        raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
+                           f"{e.strerror or e}") from None
     try:  # the lock is held until the report is written: it reads the records
         prev = _read_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
-        summary = exp.run()
+        try:
+            summary = exp.run()
+        except user_errors():
+            if fresh is not None and not exp.n_written:
+                exp.close()
+                _remove_empty_run(cfg.out, fresh)
+            raise
         summary["wall_seconds"] = time.perf_counter() - t0
         run = dict(summary["this_run"])  # this run's own counts decide the exit status below
         if (not run["records_written"] and prev
@@ -451,3 +496,22 @@ def reproduce_cmd(args) -> int:
               "see the 'error' field of records.jsonl. Rerun to retry them.", file=sys.stderr)
         return 3
     return 0
+
+
+def _remove_empty_run(out: Path, top: Path) -> None:
+    """Undo what a run that failed on bad input before its first record created: the lock, the empty
+    generation cache and records file, the folder itself (only files this run makes, only if empty)."""
+    for name in (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
+                 "records.jsonl"):
+        f = out / name
+        if f.is_file() and (name != "records.jsonl" or f.stat().st_size == 0):
+            f.unlink()
+    d = out.absolute()
+    while True:  # the folders this run created, from --out up to the first that existed before
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == top:
+            return
+        d = d.parent

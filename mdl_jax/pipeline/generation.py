@@ -2,6 +2,7 @@
 
     backend.generate(prompts, seed=..., max_new_tokens=150) -> list[Generation]
     backend.score(prompts, options) -> list[list[float]]   # log-likelihood of each allowed label
+    backend.token_logprobs(prompts, answers) -> list[dict]  # teacher-forced per-token log-prob, entropy
 
 Sampling follows the paper (temperature 0.7, top-p 0.9, at most 150 new tokens).
 
@@ -367,6 +368,68 @@ class LocalBackend:
         self.score_seconds += time.perf_counter() - t0
         return res
 
+    def token_logprobs(self, prompts: Sequence[Chat], answers: Sequence[str]) -> list[dict]:
+        """Teacher-forced scoring of recorded answers: per (chat prompt, answer) pair, the answer's
+        tokens with the log-probability and the entropy (nats) of the model's next-token distribution
+        at each of them, given the prompt and the earlier answer tokens. No sampling, no generation.
+
+        Returns one dict per pair: ``tokens`` (T,) token texts, ``logprobs`` (T,) and ``entropy``
+        (T,) floats; T = 0 for an empty answer. The prompt is rendered by the chat template with the
+        assistant's turn opened (as ``generate`` does) and the answer tokenized on its own, so the
+        scored tokens are those a generation of that text would have produced after the prompt.
+
+        Batched (right padding, so every row keeps positions 0..n-1), the vocabulary projection in
+        float32 at the answer positions only, one row at a time (as ``score``; a row's numbers then
+        do not depend on its batch neighbours beyond bf16 rounding of the hidden states).
+        """
+        import torch
+
+        if len(prompts) != len(answers):
+            raise ValueError(f"answers: expected one answer per prompt ({len(prompts)}), got {len(answers)}")
+        tok, lm = self._lm()
+        rows = []
+        for p, a in zip(prompts, answers):
+            if not isinstance(a, str):
+                raise ValueError(f"answers: expected strings, got {type(a).__name__}")
+            text = tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+            pid = list(tok(text, add_special_tokens=False)["input_ids"])
+            aid = list(tok(a, add_special_tokens=False)["input_ids"]) if a else []
+            rows.append((pid, aid))
+        res: list[dict] = [None] * len(rows)  # type: ignore[list-item]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
+        t0 = time.perf_counter()
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            width = max(len(rows[i][0]) + len(rows[i][1]) for i in idx)
+            ids = torch.full((len(idx), width), tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                seq = rows[i][0] + rows[i][1]
+                ids[r, :len(seq)] = torch.tensor(seq)
+                mask[r, :len(seq)] = 1
+            with torch.inference_mode():
+                if _plain_head(lm):
+                    hidden = lm.model(input_ids=ids.to(self.device),
+                                      attention_mask=mask.to(self.device)).last_hidden_state
+                else:
+                    hidden = None
+                    logits_all = lm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                for r, i in enumerate(idx):
+                    pid, aid = rows[i]
+                    if not aid:
+                        res[i] = {"tokens": [], "logprobs": [], "entropy": []}
+                        continue
+                    at = list(range(len(pid) - 1, len(pid) + len(aid) - 1))  # token t predicted at t-1
+                    logits = _head_fp32(lm, hidden[r, at]) if hidden is not None else logits_all[r, at].float()
+                    logp = torch.log_softmax(logits, -1)
+                    ent = -(logp.exp() * logp).sum(-1)
+                    picked = logp[torch.arange(len(aid)), torch.tensor(aid, device=logp.device)]
+                    res[i] = {"tokens": [tok.decode([t]) for t in aid],
+                              "logprobs": [float(x) for x in picked.cpu()],
+                              "entropy": [float(x) for x in ent.cpu()]}
+        self.score_seconds += time.perf_counter() - t0
+        return res
+
     def top_logprobs(self, prompt: Chat, k: int = 20, reply: str | None = None):
         """The k most likely first reply tokens as [(token text, log-probability)], and the first
         token of ``reply`` with its log-probability (or None): what the local server returns as
@@ -606,10 +669,13 @@ class OpenAIBackend:
             return f"HTTP {e.status_code} from {self._where}"
         return f"{name}: {str(e)[:200]}"
 
-    def _call(self, **kw):
+    def _call(self, *, _legacy: bool = False, **kw):
         """(response, "") or (None, reason). Retries timeouts, refused connections, 429 and 5xx with
-        exponential backoff, all inside ``call_timeout`` seconds; anything else fails at once."""
+        exponential backoff, all inside ``call_timeout`` seconds; anything else fails at once.
+        ``_legacy``: the legacy ``/v1/completions`` endpoint instead of chat completions."""
         import openai
+
+        create = self._client.completions.create if _legacy else self._client.chat.completions.create
 
         deadline = time.monotonic() + self.call_timeout
         last = ""
@@ -619,8 +685,7 @@ class OpenAIBackend:
                 break
             try:
                 # The per-request timeout never runs past the call's total budget.
-                return self._client.chat.completions.create(
-                    timeout=min(self.timeout, left), **kw), ""
+                return create(timeout=min(self.timeout, left), **kw), ""
             except (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError,
                     openai.RateLimitError) as e:
                 last = self._describe(e)
@@ -710,6 +775,52 @@ class OpenAIBackend:
             res = list(pool.map(lambda po: self._score_one(*po), zip(prompts, per)))
         self.score_seconds += time.perf_counter() - t0
         return [sc for sc, _ in res]
+
+
+    def _token_logprobs_one(self, prompt: str, answer: str) -> dict:
+        r, err = self._call(_legacy=True, model=self.model, prompt=prompt + answer, echo=True,
+                            max_tokens=0, logprobs=0, temperature=0.0)
+        self._note(r is None, err)
+        if r is None:
+            return {"failed": True, "error": err}
+        try:
+            lp = r.choices[0].logprobs
+            toks, lps, offs = list(lp.tokens), list(lp.token_logprobs), list(lp.text_offset)
+            if not (len(toks) == len(lps) == len(offs)):
+                raise ValueError(f"{len(toks)} tokens, {len(lps)} logprobs, {len(offs)} offsets")
+        except (AttributeError, IndexError, TypeError, ValueError) as e:
+            return {"failed": True, "error": f"malformed answer from {self._where}: {_shape_of(r, e)}"
+                                             f" ({type(e).__name__}: {str(e)[:120]})"}
+        # The answer's tokens are those that start at or after the end of the prompt text (a token
+        # straddling the boundary belongs to the prompt); the first token of an echoed prompt has
+        # no log-probability (null), which can only happen here for an empty prompt.
+        keep = [i for i, o in enumerate(offs) if o >= len(prompt)]
+        return {"tokens": [toks[i] for i in keep],
+                "logprobs": [float("nan") if lps[i] is None else float(lps[i]) for i in keep],
+                # one token's log-probability per position (logprobs: 0) gives no distribution:
+                # entropy is unknown through this path
+                "entropy": [float("nan")] * len(keep), "failed": False, "error": ""}
+
+    def token_logprobs(self, prompts: Sequence[str], answers: Sequence[str]) -> list[dict]:
+        """Teacher-forced scoring through the server's legacy ``/v1/completions`` (``echo: true,
+        max_tokens: 0, logprobs: 0``, the OpenAI / vLLM format): per (prompt, answer), the answer's
+        ``tokens`` and their ``logprobs`` (T,), read from ``choices[0].logprobs`` by ``text_offset``.
+
+        ``prompts`` are TEXT prompts rendered by the caller (e.g. a chat template applied with the
+        assistant's turn opened), since the legacy endpoint takes text. ``entropy`` is NaN per token:
+        the format returns no full distribution. A failed call gives ``{"failed": True, "error"}``.
+        """
+        if len(prompts) != len(answers):
+            raise ValueError(f"answers: expected one answer per prompt ({len(prompts)}), got {len(answers)}")
+        for name, xs in (("prompts", prompts), ("answers", answers)):
+            bad = [type(x).__name__ for x in xs if not isinstance(x, str)]
+            if bad:
+                raise ValueError(f"{name}: expected text (str), got {bad[0]}")
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            out = list(pool.map(lambda pa: self._token_logprobs_one(*pa), zip(prompts, answers)))
+        self.score_seconds += time.perf_counter() - t0
+        return out
 
 
 def _shape_of(r, e) -> str:

@@ -66,7 +66,12 @@ right entity with a wrong relation ("Korngold composed a film score to a movie c
 name an entity of the question as the answer, or invent side details without answering. Reading
 relations needs a model that reads (NLI, or an LLM far larger than SmolLM2-135M: as a Yes/No
 label-likelihood judge it agrees 40-44% with the gold set, 58-63% at a threshold chosen in-sample,
-``experiments/llm_judge_check.py``); none is installable offline here. Agreement with the whole test split (``tests/test_judges.py`` recomputes these):
+``experiments/llm_judge_check.py``); none is installable offline here, so users who have one run it
+through ``mdl-jax judge --judge llm`` (``judgement_llm.py``). The test half was scored (not read) while
+the rules were written and is split by record; ``analysis.judges.question_split`` regroups it by
+question for any further rule work, and the fresh ``paired-30x2`` figures above are reported apart
+(``analysis.judges.protocol_table``). Agreement with the whole test split (``tests/test_judges.py``
+recomputes these):
 
   ref    TruthfulQA 0.787 (148/188), HaluEval 0.802 (146/182)
   paper  TruthfulQA 0.745 (140/188), HaluEval 0.527 (96/182)
@@ -455,50 +460,36 @@ class JudgeInputError(ValueError):
     """A record to judge is malformed; the message names the file and line."""
 
 
-def read_answers(path) -> list[dict]:
-    """Records of a JSON-lines file, each checked to carry dataset, qid and answer (str or null)."""
-    import json
+def read_answers(path) -> list[tuple[int, dict]]:
+    """(line, record) pairs of a JSON-lines file, each checked to carry dataset, qid and answer (str or
+    null). Read by the one records reader (``records.read``): torn, non-UTF-8, non-JSON lines and JSON
+    that is not an object with those fields are skipped with one warning per file."""
     from pathlib import Path
 
     from mdl_jax.pipeline.data import DATASETS
+    from mdl_jax.pipeline.records import read
 
     path = Path(path)
     if not path.is_file():
         raise JudgeInputError(f"{path}: file not found; expected JSON lines with dataset, qid, answer")
     recs = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise JudgeInputError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object "
-                                      "per line") from None
-            if not isinstance(r, dict):
-                raise JudgeInputError(f"{path}, line {n}: expected a JSON object, got {type(r).__name__}")
-            missing = [k for k in ("dataset", "qid", "answer") if k not in r]
-            if missing:
-                raise JudgeInputError(f"{path}, line {n}: missing field(s) {missing}; every record needs "
-                                      "dataset, qid and answer")
-            if r["dataset"] not in DATASETS:
-                raise JudgeInputError(f"{path}, line {n}: dataset: expected one of {list(DATASETS)}, "
-                                      f"got {r['dataset']!r}")
-            if isinstance(r["qid"], bool) or not isinstance(r["qid"], int) or r["qid"] < 0:
-                raise JudgeInputError(f"{path}, line {n}: qid: expected a non-negative integer, got "
-                                      f"{r['qid']!r}")
-            if r["answer"] is not None and not isinstance(r["answer"], str):
-                raise JudgeInputError(f"{path}, line {n}: answer: expected a string or null, got "
-                                      f"{type(r['answer']).__name__}")
-            recs.append((n, r))
+    for n, r in read(path, required=("dataset", "qid", "answer")):
+        if r["dataset"] not in DATASETS:
+            raise JudgeInputError(f"{path}, line {n}: dataset: expected one of {list(DATASETS)}, "
+                                  f"got {r['dataset']!r}")
+        if isinstance(r["qid"], bool) or not isinstance(r["qid"], int) or r["qid"] < 0:
+            raise JudgeInputError(f"{path}, line {n}: qid: expected a non-negative integer, got "
+                                  f"{r['qid']!r}")
+        if r["answer"] is not None and not isinstance(r["answer"], str):
+            raise JudgeInputError(f"{path}, line {n}: answer: expected a string or null, got "
+                                  f"{type(r['answer']).__name__}")
+        recs.append((n, r))
     if not recs:
         raise JudgeInputError(f"{path}: no records; expected JSON lines with dataset, qid, answer")
     return recs
 
 
-def judge_records(recs, embedder, data_dir=None, path="records") -> list[dict]:
-    """Each record with ``judge_<name>_hallucinated`` / ``_refusal`` / ``_rule`` for every judge
-    (null where the answer is missing or the record ``failed``). ``recs``: (line, record) pairs."""
+def _items_for(recs, data_dir, path) -> list:
     from mdl_jax.pipeline.data import load
 
     items = {ds: load(ds, data_dir) for ds in sorted({r["dataset"] for _, r in recs})}
@@ -509,8 +500,19 @@ def judge_records(recs, embedder, data_dir=None, path="records") -> list[dict]:
             raise JudgeInputError(f"{path}, line {n}: qid {r['qid']} is not a question of "
                                   f"{r['dataset']} ({len(pool)} questions)")
         its.append(pool[r["qid"]])
+    return its
+
+
+def judge_records(recs, embedder, data_dir=None, path="records", judges=JUDGES, llm=None) -> list[dict]:
+    """Each record with ``judge_<name>_hallucinated`` / ``_refusal`` / ``_rule`` for every rule judge in
+    ``judges`` (null where the answer is missing or the record ``failed``); with ``llm`` (a
+    ``judgement_llm.LLMJudge``) also ``judge_llm_hallucinated`` / ``_method`` / ``_p_yes`` / ``_error``
+    / ``_model``. ``recs``: (line, record) pairs."""
+    its = _items_for(recs, data_dir, path)
     answers = [None if r.get("failed") else r["answer"] for _, r in recs]
-    verdicts = judge_all(answers, its, embedder)
+    rules = [j for j in judges if j in JUDGES]
+    verdicts = {k: v for k, v in judge_all(answers, its, embedder).items() if k in rules} if rules else {}
+    llm_v = llm.judge(answers, its) if llm is not None else None
     out = []
     for k, (_, r) in enumerate(recs):
         r = dict(r)
@@ -519,58 +521,155 @@ def judge_records(recs, embedder, data_dir=None, path="records") -> list[dict]:
             r[f"judge_{name}_hallucinated"] = None if j is None else j.hallucinated
             r[f"judge_{name}_refusal"] = None if j is None else j.refusal
             r[f"judge_{name}_rule"] = None if j is None else j.rule
+        if llm_v is not None:
+            v = llm_v[k]
+            r["judge_llm_hallucinated"] = None if v is None else v.hallucinated
+            r["judge_llm_method"] = None if v is None else v.method
+            r["judge_llm_p_yes"] = None if v is None or v.p_yes is None else round(v.p_yes, 6)
+            r["judge_llm_error"] = None if v is None else v.error
+            r["judge_llm_model"] = llm.model
         out.append(r)
     return out
 
 
+# Measured here: the rule judges on a 3,600-record run take a few minutes (one MiniLM pass); the LLM
+# judge's cost is the server's: the bundled SmolLM2 behind `python -m mdl_jax.serve` grades the 482
+# gold answers in about 3 minutes on this 2-core CPU.
+JUDGE_COST = ("the rule judges cost one MiniLM pass over the answers and their references (cached), a "
+              "few minutes on a CPU for a 3,600-record run; --judge llm costs one 1-token request per "
+              "answer (cached by model and prompt) plus, unless --no-gold, the 482 gold answers once")
+
+
 def register(sub) -> None:
     """The ``judge`` subcommand (cli.py: ``judgement.register(sub)``)."""
+    import argparse
+
+    from mdl_jax.cli import existing_dir, existing_file, nonneg_int, out_dir, out_file, positive_float, \
+        positive_int
+
     p = sub.add_parser(
-        "judge", help="judge any records carrying (dataset, qid, answer) with every judge",
-        description="Re-judge answers with every judge (" + ", ".join(JUDGES) + "): reads JSON lines "
-                    "with dataset (truthfulqa|halueval), qid (index in the dataset file) and answer "
-                    "(string, or null for a failed call), writes each record back with "
-                    "judge_<name>_hallucinated, judge_<name>_refusal and judge_<name>_rule. "
-                    "Costs one MiniLM pass over the answers and their references (cached), a few "
-                    "minutes on a CPU for a 3,600-record run.")
-    p.add_argument("input", metavar="IN.jsonl", help="records to judge (e.g. a run's records.jsonl)")
-    p.add_argument("--out", default=None, help="output JSON lines (default: IN with .judged.jsonl)")
-    p.add_argument("--data-dir", default=None,
-                   help="folder with TruthfulQA.csv and halueval_qa.jsonl (default: $MDL_JAX_DATA_DIR, "
+        "judge", help="judge any records carrying (dataset, qid, answer) with the rule judges or an LLM",
+        description="Re-judge answers: reads JSON lines with dataset (truthfulqa|halueval), qid (index in "
+                    "the dataset file) and answer (string, or null for a failed call), writes each record "
+                    "back with judge_<name>_hallucinated (and _refusal, _rule for the rule judges " +
+                    ", ".join(JUDGES) + "; _method, _p_yes, _error, _model for llm). --judge llm grades "
+                    "each answer against the dataset's references through any OpenAI-compatible "
+                    "chat-completions server (mdl_jax/pipeline/judgement_llm.py) and reports its "
+                    "agreement with the shipped gold set. Cost: " + JUDGE_COST + ".",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("input", metavar="IN.jsonl", type=existing_file,
+                   help="records to judge (e.g. a run's records.jsonl, or the gold set)")
+    p.add_argument("--out", default=None, type=out_file,
+                   help="output JSON lines (None: IN with .judged.jsonl)")
+    p.add_argument("--judge", nargs="+", default=list(JUDGES), choices=list(JUDGES) + ["llm"],
+                   help="which judges grade the answers")
+    p.add_argument("--base-url", default=None,
+                   help="llm: the server's API root, e.g. http://127.0.0.1:8123/v1")
+    p.add_argument("--model", default=None, help="llm: the served model's name (the judge's id)")
+    # Not OPENAI_API_KEY by default: that key would go to whatever server --base-url names.
+    p.add_argument("--api-key-env", default="MDL_JAX_JUDGE_API_KEY", metavar="VAR",
+                   help="llm: environment variable holding the API key (unset: no key is sent); the key "
+                        "is never logged or written")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="llm: requests in flight at once")
+    p.add_argument("--retries", type=nonneg_int, default=3,
+                   help="llm: retries of a call after a connection error, timeout, 429 or 5xx "
+                        "(exponential backoff from 0.5 s)")
+    p.add_argument("--timeout", type=positive_float, default=60.0, help="llm: seconds per request")
+    p.add_argument("--no-gold", action="store_true",
+                   help="llm: skip grading the shipped gold set (482 answers) for the agreement report")
+    p.add_argument("--data-dir", default=None, type=existing_dir,
+                   help="folder with TruthfulQA.csv and halueval_qa.jsonl (None: $MDL_JAX_DATA_DIR, "
                         "else ../shared/data beside the repo, else the hub)")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (default: $MDL_JAX_CACHE_DIR or "
-                                                     "~/.cache/mdl_jax)")
+    p.add_argument("--cache-dir", default=None, type=out_dir,
+                   help="embedding cache and the llm reply cache (None: $MDL_JAX_CACHE_DIR or "
+                        "~/.cache/mdl_jax)")
     p.set_defaults(func=judge_cmd)
+
+
+def _write_jsonl(path, rows) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def judge_cmd(args) -> int:
     import json
+    import os
     import sys
     from pathlib import Path
 
-    from mdl_jax.pipeline.data import DataError
-    from mdl_jax.signals.embeddings import Embedder
+    from mdl_jax.cli import CommandError
 
     src = Path(args.input)
     out = Path(args.out) if args.out else src.with_name(src.name.removesuffix(".jsonl") + ".judged.jsonl")
+    llm = None
+    if "llm" in args.judge:
+        missing = [f for f, v in (("--base-url", args.base_url), ("--model", args.model)) if not v]
+        if missing:
+            raise CommandError(f"judge: --judge llm needs {' and '.join(missing)} (an OpenAI-compatible "
+                               "server and the model it serves)")
+        key = os.environ.get(args.api_key_env)
+        if key is None and args.api_key_env != "MDL_JAX_JUDGE_API_KEY":
+            raise CommandError(f"judge: --api-key-env: the environment variable {args.api_key_env} is "
+                               "not set")
+    recs = read_answers(src)  # before any model loads or server call: bad input fails fast
+    embedder = None
+    if any(j in JUDGES for j in args.judge):
+        from mdl_jax.signals.embeddings import Embedder
+
+        embedder = Embedder(cache_dir=args.cache_dir)
+    if "llm" in args.judge:
+        from mdl_jax._paths import default_cache_dir
+        from mdl_jax.pipeline.judgement_llm import LLMJudge
+
+        try:
+            llm = LLMJudge(args.base_url, args.model, api_key=key, concurrency=args.concurrency,
+                           retries=args.retries, timeout=args.timeout,
+                           cache=Path(args.cache_dir or default_cache_dir()) / "llm_judge.sqlite")
+        except ValueError as e:
+            raise CommandError(f"judge: {e}") from None
     try:
-        recs = read_answers(src)
-        judged = judge_records(recs, Embedder(cache_dir=args.cache_dir), args.data_dir, path=str(src))
-    except (JudgeInputError, DataError) as e:
-        print(f"mdl-jax judge: {e}", file=sys.stderr)
-        return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in judged:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(out)
-    print(f"judged {len(judged)} records with {', '.join(JUDGES)} → {out}", file=sys.stderr)
-    for ds in sorted({r["dataset"] for r in judged}):
-        rows = [r for r in judged if r["dataset"] == ds]
-        rates = []
-        for name in JUDGES:
-            v = [r[f"judge_{name}_hallucinated"] for r in rows if r[f"judge_{name}_hallucinated"] is not None]
-            rates.append(f"{name} {sum(v) / len(v):.3f}" if v else f"{name} n/a")
-        print(f"  {ds}: {len(rows)} records; hallucination rate " + ", ".join(rates), file=sys.stderr)
-    return 0
+        judged = judge_records(recs, embedder, args.data_dir, path=str(src), judges=args.judge, llm=llm)
+        _write_jsonl(out, judged)
+        print(f"judged {len(judged)} records with {', '.join(args.judge)} → {out}", file=sys.stderr)
+        names = [j for j in args.judge]
+        for ds in sorted({r["dataset"] for r in judged}):
+            rows = [r for r in judged if r["dataset"] == ds]
+            rates = []
+            for name in names:
+                v = [r[f"judge_{name}_hallucinated"] for r in rows if r[f"judge_{name}_hallucinated"] is not None]
+                rates.append(f"{name} {sum(v) / len(v):.3f}" if v else f"{name} n/a")
+            print(f"  {ds}: {len(rows)} records; hallucination rate " + ", ".join(rates), file=sys.stderr)
+        if llm is None:
+            return 0
+        from mdl_jax.analysis.judges import GOLD_PATH, llm_summary, llm_summary_markdown
+
+        gold_rows = [r for r in judged if r.get("label") in ("hallucinated", "safe")]
+        if not gold_rows and not args.no_gold:
+            print("llm judge: grading the shipped gold set for its agreement (cached per model)",
+                  file=sys.stderr)
+            gold_rows = judge_records(read_answers(GOLD_PATH), None, args.data_dir, path=str(GOLD_PATH),
+                                      judges=("llm",), llm=llm)
+        summary = llm_summary(judged, gold_rows, model=args.model, server=llm.where,
+                              calls=llm.calls, cache_hits=llm.cache_hits)
+        side = out.with_name(out.name.removesuffix(".jsonl") + ".llm-judge.json")
+        side.write_text(json.dumps(summary, indent=1))
+        print(llm_summary_markdown(summary), file=sys.stderr)
+        print(f"wrote {side} (REPORT.md of the run in that folder shows it when rewritten)",
+              file=sys.stderr)
+        n_failed = sum(r["judge_llm_method"] == "failed" for r in judged)
+        if n_failed:
+            first = next(r["judge_llm_error"] for r in judged if r["judge_llm_method"] == "failed")
+            print(f"mdl-jax: error: judge: {n_failed} of {len(judged)} LLM verdicts failed (first: "
+                  f"{first}); they are recorded as failed with their reason; rerun to retry them "
+                  "(answered ones come from the cache)", file=sys.stderr)
+            return 3
+        return 0
+    finally:
+        if llm is not None:
+            llm.close()

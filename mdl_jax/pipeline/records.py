@@ -1,9 +1,10 @@
 """Durable, resumable records: one JSON line per (dataset, question, seed, system).
 
 Records are appended chunk by chunk (one write, flush, fsync), so a run killed at any moment, even by
-SIGKILL, loses at most the chunk in flight. ``load`` skips (with a warning) a torn last line and any
-line that is not a record, and keeps, per key, the first successful record (a failed LLM call is
-retried by the next run, which appends the fix).
+SIGKILL, loses at most the chunk in flight. ``read`` is the one reader of records files for every
+consumer: it skips (with one warning per file) a torn line and any line that is not a record; ``load``
+keeps, per key, the first successful record (a failed LLM call is retried by the next run, which
+appends the fix).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
 KEY = ("dataset", "qid", "seed", "system")
 
@@ -44,32 +45,35 @@ class RecordWriter:
             os.fsync(f.fileno())
 
 
-def _why_not_a_record(rec) -> str | None:
+def _why_not_a_record(rec, required: Sequence[str] = KEY) -> str | None:
     """Why a parsed line is not one of our records (None when it is)."""
     if not isinstance(rec, dict):
         kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(rec), "number")
         return f"a JSON {kind}, not an object"
-    missing = [k for k in KEY if k not in rec]
+    missing = [k for k in required if k not in rec]
     if missing:
         return f"an object without {missing}"
     # key fields are hashed (the dict key) and compared: scalars only; bool is not an id
-    bad = [k for k in KEY if isinstance(rec[k], bool) or not isinstance(rec[k], (str, int, float))]
+    bad = [k for k in KEY if k in required and (isinstance(rec[k], bool)
+                                                 or not isinstance(rec[k], (str, int, float)))]
     if bad:
         return f"an object whose {bad} are not strings or numbers"
     return None
 
 
-def load(path: str | Path) -> dict[tuple, dict]:
-    """Key → record; successful records win over failed ones, earlier over later.
+def read(path: str | Path, required: Sequence[str] = KEY) -> Iterator[tuple[int, dict]]:
+    """THE reader of records files: every consumer (reproduce's resume, the report, ``analyze``,
+    ``tune``, ``judge``, the gate) reads records through it, so all tolerate the same damage.
 
-    A line that is not a record (torn by a kill mid-write, even inside a multi-byte UTF-8
-    character; not JSON; JSON that is not an object with the key fields) is skipped with one
-    warning per file, so a resume never stops on it: its chunk is simply redone.
+    Yields (line number, record) for every line that is a JSON object carrying the ``required``
+    fields (key fields must be strings or numbers). A line that is not one (torn by a kill
+    mid-write, even inside a multi-byte UTF-8 character; not JSON; JSON that is not an object with
+    those fields, such as ``[1,2,3]`` or ``null``) is skipped, and once the file is read ONE
+    ``RuntimeWarning`` per file names the first few skipped lines. A missing file yields nothing.
     """
-    out: dict[tuple, dict] = {}
     p = Path(path)
     if not p.exists():
-        return out
+        return
     skipped: list[str] = []
     with open(p, "rb") as f:  # bytes: a torn line may end inside a UTF-8 character
         for n, raw in enumerate(f, 1):
@@ -83,15 +87,33 @@ def load(path: str | Path) -> dict[tuple, dict]:
             except json.JSONDecodeError:
                 skipped.append(f"line {n}: not JSON (torn?)")
                 continue
-            why = _why_not_a_record(rec)
+            except RecursionError:
+                skipped.append(f"line {n}: JSON nested too deeply")
+                continue
+            why = _why_not_a_record(rec, required)
             if why is not None:
                 skipped.append(f"line {n}: {why}")
                 continue
-            k = key(rec)
-            if k not in out or (out[k].get("failed") and not rec.get("failed")):
-                out[k] = rec
+            yield n, rec
     if skipped:
         more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
         warnings.warn(f"{p}: skipped {len(skipped)} line(s) that are not records: "
-                      f"{'; '.join(skipped[:3])}{more}", RuntimeWarning, stacklevel=2)
+                      f"{'; '.join(skipped[:3])}{more}", RuntimeWarning, stacklevel=3)
+
+
+def dedupe(numbered: Iterable[tuple[int, dict]]) -> dict[tuple, tuple[int, dict]]:
+    """Key → (line, record): a successful record wins over a failed one, the earlier over the later."""
+    out: dict[tuple, tuple[int, dict]] = {}
+    for n, rec in numbered:
+        k = key(rec)
+        if k not in out or (out[k][1].get("failed") and not rec.get("failed")):
+            out[k] = (n, rec)
     return out
+
+
+def load(path: str | Path) -> dict[tuple, dict]:
+    """Key → record (``read`` + ``dedupe``); successful records win over failed ones, earlier over
+    later. A line that is not a record is skipped with one warning per file (see ``read``), so a
+    resume never stops on it: its chunk is simply redone.
+    """
+    return {k: rec for k, (_, rec) in dedupe(read(path)).items()}

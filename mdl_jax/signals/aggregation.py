@@ -15,6 +15,7 @@ when every cosine is negative; the controller needs M ∈ [0, 1], so M is clippe
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, Mapping, Sequence
 
 import jax
@@ -61,38 +62,68 @@ def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
 aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
 
 
-def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray, text_emb: Mapping[str, np.ndarray],
+def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
+                 text_emb: Mapping[str, np.ndarray] | tuple[np.ndarray, Mapping[str, int]],
                  flags: Sequence | None = None,
-                 conflict: Callable[[Sequence[str]], Sequence] = pair_flags) -> StoreArrays:
+                 conflict: Callable[[Sequence[str]], Sequence] = pair_flags, *,
+                 pad_to: int | None = None) -> StoreArrays:
     """Pad stores into arrays. ``stores``: B lists of memory texts (a list may be empty); ``q_emb``
-    (B, d); ``text_emb`` maps every memory text to its (d,) embedding; ``flags``: per store an S_b×S_b
-    boolean matrix, else computed with ``conflict``."""
+    (B, d); ``text_emb``: a mapping text → (d,) embedding, or (U (n, d), {text: row of U});
+    ``flags``: per store an S_b×S_b boolean matrix, else computed with ``conflict``. ``pad_to``: add
+    empty stores up to this many rows (so chunks of a stream share one compiled shape)."""
     B = len(stores)
+    Bp = max(B, pad_to or 0)
     S = max(1, max((len(s) for s in stores), default=0))  # S ≥ 1: an all-empty chunk still has a shape
     d = q_emb.shape[1]
-    mem = np.zeros((B, S, d), np.float32)
-    mask = np.zeros((B, S), bool)
-    fl = np.zeros((B, S, S), bool)
-    for b, texts in enumerate(stores):
-        n = len(texts)
-        if not n:
-            continue
-        mem[b, :n] = np.stack([text_emb[t] for t in texts])
-        mask[b, :n] = True
-        f = flags[b] if flags is not None else conflict(list(texts))
-        fl[b, :n, :n] = np.asarray(f, bool).reshape(n, n)
-    return StoreArrays(np.asarray(q_emb, np.float32), mem, mask, fl)
+    if isinstance(text_emb, tuple):
+        U, index = text_emb
+    else:  # gather this chunk's vectors once, then index them
+        index, rows = {}, []
+        for texts in stores:
+            for t in texts:
+                if t not in index:
+                    index[t] = len(rows)
+                    rows.append(text_emb[t])
+        U = np.stack(rows).astype(np.float32) if rows else np.zeros((1, d), np.float32)
+    idx = np.zeros((Bp, S), np.intp)
+    mask = np.zeros((Bp, S), bool)
+    fl = np.zeros((Bp, S, S), bool)
+    fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
+    if B and all(len(t) == S for t in stores):  # the common case: one conversion per chunk
+        idx[:B] = [[index[t] for t in texts] for texts in stores]
+        mask[:B] = True
+        fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
+    else:
+        for b, texts in enumerate(stores):
+            n = len(texts)
+            if n:
+                idx[b, :n] = [index[t] for t in texts]
+                mask[b, :n] = True
+                fl[b, :n, :n] = np.asarray(fs[b], bool).reshape(n, n)
+    mem = np.asarray(U, np.float32)[idx]
+    mem[~mask] = 0.0
+    q = np.zeros((Bp, d), np.float32)
+    q[:B] = q_emb
+    return StoreArrays(q, mem, mask, fl)
+
+
+def _bucket(n: int, cap: int) -> int:
+    """Rows a chunk of n stores is padded to: a power of two (≥ 16), at most ``cap`` — a stream of
+    chunks compiles the aggregation for a handful of shapes, not one per chunk length."""
+    return min(max(cap, n), max(16, 1 << (n - 1).bit_length()))
 
 
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
                    conflict: Callable[[Sequence[str]], Sequence] = pair_flags,
                    threshold: float = RELEVANCE_THRESHOLD, batch: int = 4096,
-                   progress: bool = False) -> dict[str, np.ndarray]:
+                   progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.
 
     ``embedder.embed(texts, desc=...)`` → (N, d) unit-norm float32. Every query and every unique memory
     text is embedded once (the embedder batches and caches); stores are aggregated ``batch`` at a time
     so padding memory stays bounded. Returns {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
+    ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
+    padding) and "aggregation" (the JAX pass).
     """
     from tqdm.auto import tqdm
 
@@ -104,12 +135,26 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
            "phi": np.zeros(B, np.float32), "n_relevant": np.zeros(B, np.int32)}
     if not B:
         return out
-    texts = sorted({t for s in stores for t in s})
+    t = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    texts = list(dict.fromkeys(x for s in stores for x in s))
     q_emb = np.asarray(embedder.embed(list(queries), desc="embedding queries"), np.float32)
-    t_emb = dict(zip(texts, embedder.embed(texts, desc="embedding memories"))) if texts else {}
+    if texts:
+        t_emb = (np.asarray(embedder.embed(texts, desc="embedding memories"), np.float32),
+                 {x: i for i, x in enumerate(texts)})
+    else:
+        t_emb = (np.zeros((1, q_emb.shape[1]), np.float32), {})
+    t1 = time.perf_counter()
+    t["embedding"] = t.get("embedding", 0.0) + t1 - t0
     for i in tqdm(range(0, B, batch), desc="aggregating signals", disable=not progress):
-        arr = store_arrays(stores[i:i + batch], q_emb[i:i + batch], t_emb, conflict=conflict)
+        t0 = time.perf_counter()
+        n = min(batch, B - i)
+        arr = store_arrays(stores[i:i + n], q_emb[i:i + n], t_emb, conflict=conflict,
+                           pad_to=_bucket(n, batch))
+        t1 = time.perf_counter()
         res = aggregate(arr.q, arr.mem, arr.mask, arr.flags, threshold)
         for k, x in zip(("M", "R", "phi", "n_relevant"), res):
-            out[k][i:i + batch] = np.asarray(x)
+            out[k][i:i + n] = np.asarray(x)[:n]
+        t["conflict"] = t.get("conflict", 0.0) + t1 - t0
+        t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t1
     return out

@@ -48,6 +48,7 @@ MIN_SHARED = 0.34  # Jaccard overlap of content words that makes two records "ab
 
 @functools.lru_cache(maxsize=65536)
 def _analyse(text: str):
+    """(negated, content words, first word, all words, antonym-pair words among the content)."""
     t = text.lower().replace("’", "'")
     for p in IGNORED_PHRASES:
         t = t.replace(p, " ")
@@ -56,7 +57,9 @@ def _analyse(text: str):
     content = frozenset(w for w in words if w not in STOPWORDS and w not in NEGATORS
                         and not w.endswith("n't"))
     first = words[0] if words else ""
-    return negated, content, first, frozenset(words)
+    ant = frozenset(w for w in content if w in _ANT)
+    # antonym words are content words; the topic overlap leaves them out
+    return negated, content - ant, first, frozenset(words), ant
 
 
 def _overlap(a: frozenset, b: frozenset) -> float:
@@ -65,17 +68,12 @@ def _overlap(a: frozenset, b: frozenset) -> float:
     return len(a & b) / len(a | b)
 
 
-def stance_conflict(a: str, b: str) -> bool:
-    """True when records ``a`` and ``b`` take lexically opposite positions on the same topic."""
-    neg_a, con_a, first_a, words_a = _analyse(a)
-    neg_b, con_b, first_b, words_b = _analyse(b)
+def _conflict(x, y) -> bool:
+    neg_a, topic_a, first_a, words_a, ant_a = x
+    neg_b, topic_b, first_b, words_b, ant_b = y
     if {first_a, first_b} == {"yes", "no"}:
         return True
-    # antonym words are content words; leave them out of the topic overlap
-    ant_a = {w for w in con_a if w in _ANT}
-    ant_b = {w for w in con_b if w in _ANT}
-    same_topic = _overlap(con_a - ant_a, con_b - ant_b) >= MIN_SHARED
-    if not same_topic:
+    if _overlap(topic_a, topic_b) < MIN_SHARED:
         return False
     if neg_a != neg_b:
         return True
@@ -86,11 +84,17 @@ def stance_conflict(a: str, b: str) -> bool:
     return False
 
 
+def stance_conflict(a: str, b: str) -> bool:
+    """True when records ``a`` and ``b`` take lexically opposite positions on the same topic."""
+    return _conflict(_analyse(a), _analyse(b))
+
+
 def pair_flags(texts) -> list[list[bool]]:
-    """Symmetric S×S conflict flags for one store (diagonal False); computed once per store."""
+    """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once."""
     n = len(texts)
+    an = [_analyse(t) for t in texts]
     out = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            out[i][j] = out[j][i] = stance_conflict(texts[i], texts[j])
+            out[i][j] = out[j][i] = _conflict(an[i], an[j])
     return out

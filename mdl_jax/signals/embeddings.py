@@ -39,6 +39,21 @@ def _key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+_MODELS: dict = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _load_model(path: str, device: str):
+    """One SentenceTransformer per (path, device) per process: the gates, framework components and
+    vector stores of one application share the weights (encoding is read-only)."""
+    with _MODELS_LOCK:
+        if (path, device) not in _MODELS:
+            from sentence_transformers import SentenceTransformer
+
+            _MODELS[(path, device)] = SentenceTransformer(path, device=device)
+        return _MODELS[(path, device)]
+
+
 class EmbeddingCache:
     """SQLite-backed (model id, sha256(text)) → float32 vector. Writes are committed per batch, so
     an interrupted run keeps everything embedded so far."""
@@ -95,9 +110,7 @@ class Embedder:
     @property
     def model(self):
         if self._model is None:
-            from sentence_transformers import SentenceTransformer
-
-            self._model = SentenceTransformer(self.load_path, device=self.device or "cpu")
+            self._model = _load_model(self.load_path, self.device or "cpu")
         return self._model
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:

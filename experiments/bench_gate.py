@@ -1,0 +1,237 @@
+"""The memory gate's throughput and memory: records/s and peak RSS at 10^4, 10^5 and 10^6 synthetic
+queries × 5 memories with cached embeddings, then uncached with the real MiniLM on a smaller set;
+time split into embedding / signals / decision.
+
+    python -m experiments.bench_gate            # 10^4, 10^5, 10^6 cached + 200 uncached (a few minutes)
+    python -m experiments.bench_gate --quick    # 10^3, 10^4 cached + 40 uncached
+
+Each size runs in its own process (``--child N``), so its peak RSS (``ru_maxrss``) is its own. Rows are
+streamed through ``MemoryGate.columns`` in chunks of ``--chunk`` queries, as ``mdl-jax gate`` does;
+only per-chunk counts are kept, as a file writer would.
+
+Cached embeddings: 10,000 synthetic query texts and 40,000 memory texts (384-d, MiniLM's width) with
+vectors computed once and looked up by text (what the SQLite cache returns, without its I/O); query i
+is query text i mod 10,000 with its group's 4 memories (cosines to the query spread over 0.1-0.95,
+some stated as the negation of another, so φ fires) plus one memory of another group, every text
+suffixed with " #i" so no record repeats another's strings (the look-up strips the suffix). Stages:
+  embedding   the look-ups (``embedder.embed``)
+  signals     input checks and risk, the lexical conflict flags + padding (Python, per store), the
+              batched JAX aggregation of M, R, φ
+  decision    ``mdl_jax.decide`` on the chunk's (M, R, A) and the output columns
+Targets (issue 17): memory flat from 10^4 to 10^6, time linear, decision stage ≥ 10^6 queries/s with
+cached embeddings. Prints a table and a last JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+D = 384
+N_QUERIES = 10_000
+GROUP = 4
+ADJ = ("safe", "legal", "healthy", "effective", "real", "true", "possible", "dangerous")
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+class PrecomputedEmbedder:
+    """Vectors computed once, looked up by text: the cached path without SQLite's I/O."""
+
+    def __init__(self, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        q = _unit(rng.normal(size=(N_QUERIES, D)))
+        # memory j of group k: cos(q_k, m) ≈ a_j, a spread from weakly to strongly relevant
+        a = np.array([0.95, 0.8, 0.5, 0.1], np.float32)
+        noise = _unit(rng.normal(size=(N_QUERIES, GROUP, D)))
+        m = _unit(a[None, :, None] * q[:, None, :] + np.sqrt(1 - a ** 2)[None, :, None] * noise)
+        self.queries = [f"Is item {k} {ADJ[k % len(ADJ)]} for people in region {k % 97}?"
+                        for k in range(N_QUERIES)]
+        self.memories = [[self._memory(k, j) for j in range(GROUP)] for k in range(N_QUERIES)]
+        texts = self.queries + [t for g in self.memories for t in g]
+        self.index = {t: i for i, t in enumerate(texts)}
+        self.vectors = np.concatenate([q, m.reshape(-1, D)])
+
+    @staticmethod
+    def _memory(k: int, j: int) -> str:
+        adj = ADJ[k % len(ADJ)]
+        if j == 1 and k % 3 == 0:  # one in three groups holds a contradiction: φ > 0
+            return f"Item {k} is not {adj} for people in region {k % 97}, says source {j}."
+        return f"Item {k} is {adj} for people in region {k % 97}, says source {j}."
+
+    def embed(self, texts, desc: str = ""):
+        # the key is the text without its " #record" suffix: every record's texts are new strings
+        # (so the conflict detector's caches see realistic, unique texts), their vectors cached
+        return self.vectors[[self.index[t.rpartition(" #")[0]] for t in texts]]
+
+    def rows(self, start: int, n: int):
+        """Queries start..start+n: (queries, memory lists) with 5 memories each, all texts unique."""
+        qs, ms = [], []
+        for i in range(start, start + n):
+            k = i % N_QUERIES
+            other = self.memories[(k * 7919 + 1) % N_QUERIES][i % GROUP]
+            qs.append(f"{self.queries[k]} #{i}")
+            ms.append([f"{t} #{i}" for t in self.memories[k]] + [f"{other} #{i}"])
+        return qs, ms
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def child_cached(n: int, chunk: int) -> dict:
+    from mdl_jax.gate import MemoryGate
+
+    emb = PrecomputedEmbedder()
+    gate = MemoryGate(embedder=emb, risk=lambda q, c: 0.2 + 0.65 * (hash(q) % 3 == 0))
+    for m in {min(chunk, n), n % chunk} - {0}:  # compile for the chunk shapes of this stream
+        gate.columns(*emb.rows(10 ** 9, m))  # on other records: the timed texts stay unseen
+    from mdl_jax.signals.conflict import _analyse
+
+    _analyse.cache_clear()
+    rss_setup = _rss_mb()
+    t: dict = {}
+    counts = np.zeros(4, np.int64)
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        qs, ms = emb.rows(start, min(chunk, n - start))
+        counts += np.bincount(gate.columns(qs, ms, timings=t)["action"], minlength=4)
+    wall = time.perf_counter() - t0
+    return {"n": n, "wall_s": wall, "records_per_s": n / wall, "stages_s": t,
+            "signals_s": t["checks"] + t["conflict"] + t["aggregation"],
+            "decision_per_s": n / t["decision"], "rss_setup_mb": rss_setup, "peak_rss_mb": _rss_mb(),
+            "actions": counts.tolist()}
+
+
+def child_uncached(n: int) -> dict:
+    """Real MiniLM, a fresh cache: TruthfulQA questions × 5 of their own and other answers."""
+    from mdl_jax.gate import MemoryGate
+    from mdl_jax.pipeline.data import load
+
+    items = load("truthfulqa", limit=n + 5)
+    qs = [it.question for it in items[:n]]
+    ms = [list(it.correct[:2]) + list(it.incorrect[:2]) + [items[i + 5].correct[0]]
+          for i, it in enumerate(items[:n])]
+    with tempfile.TemporaryDirectory() as cache:
+        gate = MemoryGate(cache_dir=cache)
+        t0 = time.perf_counter()
+        gate.embedder.model  # load the weights outside the timed stages (reported apart)
+        load_s = time.perf_counter() - t0
+        t: dict = {}
+        t0 = time.perf_counter()
+        gate.columns(qs, ms, timings=t)
+        wall = time.perf_counter() - t0
+        n_texts = gate.embedder.n_embedded
+    return {"n": n, "wall_s": wall, "records_per_s": n / wall, "stages_s": t, "model_load_s": load_s,
+            "texts_embedded": n_texts, "signals_s": t["checks"] + t["conflict"] + t["aggregation"],
+            "peak_rss_mb": _rss_mb()}
+
+
+def child_decision(n: int, chunk: int) -> dict:
+    """The decision stage alone: n (M, R, A) triples through ``MemoryGate.decide_signals`` in chunks.
+    Reports the rate over the total time and over the fastest chunk (the least disturbed by other
+    jobs on a shared machine)."""
+    from mdl_jax.gate import MemoryGate
+
+    gate = MemoryGate(embedder=lambda t: np.ones((len(t), 2)))
+    rng = np.random.default_rng(0)
+    M, R, A = (rng.random(chunk, dtype=np.float32) for _ in range(3))
+    gate.decide_signals(M, R, A)
+    times = []
+    for _ in range(0, n, chunk):
+        M, R, A = (rng.random(chunk, dtype=np.float32) for _ in range(3))
+        t0 = time.perf_counter()
+        gate.decide_signals(M, R, A)
+        times.append(time.perf_counter() - t0)
+    total = len(times) * chunk
+    return {"n": total, "chunk": chunk, "per_s_total": total / sum(times),
+            "per_s_median_chunk": chunk / float(np.median(times)), "per_s_best_chunk": chunk / min(times)}
+
+
+def _spawn(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-m", "experiments.bench_gate", *argv], capture_output=True,
+                         text=True, env={**os.environ}, check=False)
+    if out.returncode:
+        sys.exit(f"child {argv} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--chunk", type=int, default=4096, help="queries per gate call")
+    ap.add_argument("--uncached", type=int, default=None, help="queries for the real-MiniLM run")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--decision-only", action="store_true", help="only the decision stage, 10^6 rows")
+    args = ap.parse_args(argv)
+    if args.decision_only:
+        r = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
+        print(f"decision stage alone: {r['per_s_total']:,.0f}/s over the total, {r['per_s_median_chunk']:,.0f}/s "
+              f"median chunk, {r['per_s_best_chunk']:,.0f}/s best chunk (target ≥ 1,000,000/s)")
+        print(json.dumps({"bench": "gate-decision", "load_average": os.getloadavg()[0], **r}))
+        return 0
+    if args.child:
+        kind, n = args.child.split(":")
+        res = (child_cached(int(n), args.chunk) if kind == "cached" else child_decision(int(n), args.chunk)
+               if kind == "decision" else child_uncached(int(n)))
+        print(json.dumps(res))
+        return 0
+    sizes = [10 ** 3, 10 ** 4] if args.quick else [10 ** 4, 10 ** 5, 10 ** 6]
+    n_unc = args.uncached or (40 if args.quick else 200)
+    print(f"mdl-jax gate benchmark: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} "
+          "(the machine is shared: absolute rates are inflated by other jobs; ratios in one run hold)",
+          flush=True)
+    cached = []
+    for n in sizes:
+        cached.append(_spawn(["--child", f"cached:{n}", "--chunk", str(args.chunk)]))
+        r = cached[-1]
+        s = r["stages_s"]
+        print(f"cached {n:>9,d}: {r['records_per_s']:>9,.0f} rec/s  wall {r['wall_s']:7.2f} s  "
+              f"embedding {s['embedding']:6.2f}  signals {r['signals_s']:7.2f} (conflict+pad "
+              f"{s['conflict']:.2f}, JAX {s['aggregation']:.2f})  decision {s['decision']:.3f} s "
+              f"({r['decision_per_s']:,.0f}/s)  peak RSS {r['peak_rss_mb']:.0f} MB "
+              f"(after setup {r['rss_setup_mb']:.0f})", flush=True)
+    unc = _spawn(["--child", f"uncached:{n_unc}"])
+    s = unc["stages_s"]
+    print(f"uncached {n_unc:>7,d}: {unc['records_per_s']:>9,.1f} rec/s  wall {unc['wall_s']:7.2f} s  "
+          f"embedding {s['embedding']:6.2f} ({unc['texts_embedded']} texts)  signals "
+          f"{unc['signals_s']:.2f}  decision {s['decision']:.3f} s  (model load {unc['model_load_s']:.1f} s "
+          f"apart)  peak RSS {unc['peak_rss_mb']:.0f} MB", flush=True)
+    alone = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
+    print(f"decision stage alone (10^6): {alone['per_s_total']:,.0f}/s over the total, "
+          f"{alone['per_s_median_chunk']:,.0f}/s median chunk, {alone['per_s_best_chunk']:,.0f}/s best chunk",
+          flush=True)
+    lo, hi = cached[0], cached[-1]
+    rss_ratio = hi["peak_rss_mb"] / lo["peak_rss_mb"]
+    per_rec = [r["wall_s"] / r["n"] for r in cached]
+    lin = per_rec[-1] / per_rec[0]
+    dec = min(r["decision_per_s"] for r in cached[1:] or cached)
+    print("\ntarget                                   measured")
+    print(f"memory flat {sizes[0]:.0e} -> {sizes[-1]:.0e} (peak RSS ratio ≈ 1)   "
+          f"{lo['peak_rss_mb']:.0f} MB -> {hi['peak_rss_mb']:.0f} MB (×{rss_ratio:.2f})")
+    print(f"time linear (s per record ratio ≈ 1)        ×{lin:.2f} ({per_rec[0] * 1e6:.1f} -> "
+          f"{per_rec[-1] * 1e6:.1f} µs per record)")
+    print(f"decision stage ≥ 1,000,000 queries/s        {dec:,.0f} queries/s (slowest size ≥ {sizes[1 if len(sizes) > 1 else 0]:.0e})")
+    summary = {"bench": "gate", "load_average": os.getloadavg()[0], "chunk": args.chunk,
+               "cached": cached, "uncached": unc, "decision_alone": alone, "peak_rss_ratio": rss_ratio,
+               "time_per_record_ratio": lin, "decision_per_s_min": dec,
+               "targets": {"peak_rss_ratio_max": 1.1, "time_per_record_ratio_max": 1.2,
+                           "decision_per_s_min": 1e6},
+               "met": {"memory_flat": rss_ratio <= 1.1, "time_linear": lin <= 1.2,
+                       "decision_1e6_per_s": dec >= 1e6}}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""MDL inside the frameworks people already run (the leaf wing: it imports the gate, nothing imports it).
+
+  langchain.py    ``MDLDocumentCompressor`` (a ``BaseDocumentCompressor``: use it in
+                  ``ContextualCompressionRetriever``) and ``MiniLMEmbeddings``
+  llamaindex.py   ``MDLNodePostprocessor`` (a ``BaseNodePostprocessor``) and ``MiniLMEmbedding``
+  haystack.py     ``MDLGate``, a Haystack component: documents in, documents + decision out
+
+Each module imports its framework (an optional extra: ``pip install 'mdl-jax[langchain]'``,
+``[llamaindex]``, ``[haystack]``) and nothing else outside mdl-jax; this package imports none of them.
+Every component holds the gate's settings as fields and delegates the decision to ``MemoryGate``. Kept
+documents carry the decision in their metadata (``mdl_action``, ``mdl_scalars``, and ``mdl_caution``
+for Supp); Silent and Opt-Out keep none, and the decision is readable as ``last_decision`` and through
+an ``on_decision`` callback (Haystack: the ``decision`` output).
+"""
+
+from __future__ import annotations
+
+from mdl_jax.gate.core import Action, GateDecision, MemoryGate
+from mdl_jax.prompts import CAUTION
+
+
+def decision_metadata(d: GateDecision) -> dict:
+    """What a kept document carries: {"mdl_action", "mdl_scalars"} (+ "mdl_caution" for Supp)."""
+    meta = {"mdl_action": d.action_name, "mdl_scalars": dict(d.scalars)}
+    if d.action == Action.SUPP:
+        meta["mdl_caution"] = CAUTION
+    return meta
+
+
+def build_gate(embedder, risk, conflict, config, cache_dir) -> MemoryGate:
+    """The gate behind a component's fields (built once, on first use)."""
+    return MemoryGate(embedder=embedder, risk=risk, conflict=conflict, config=config, cache_dir=cache_dir)
+
+
+METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

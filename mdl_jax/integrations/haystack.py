@@ -1,0 +1,64 @@
+"""Haystack: MDL as a pipeline component (``pip install 'mdl-jax[haystack]'``).
+
+    pipe = Pipeline()
+    pipe.add_component("retriever", InMemoryBM25Retriever(document_store=store, top_k=5))
+    pipe.add_component("gate", MDLGate(risk=0.5))
+    pipe.connect("retriever.documents", "gate.documents")
+    out = pipe.run({"retriever": {"query": q}, "gate": {"query": q}})
+    out["gate"]["decision"]["action"], out["gate"]["documents"]
+
+``documents``: every document for Active / Supp (copies whose ``meta`` gains ``mdl_action``,
+``mdl_scalars`` and, for Supp, ``mdl_caution``), none for Silent / Opt-Out. ``decision``: the
+``GateDecision.to_dict()`` (action, scalars, memories) plus ``abstention`` (the answer for Opt-Out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from haystack import Document, component, default_from_dict, default_to_dict
+
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.integrations import build_gate, decision_metadata
+
+
+@component
+class MDLGate:
+    """Documents in, the documents MDL injects and its decision out.
+
+    Init parameters are ``MemoryGate``'s (``embedder``, ``risk``, ``conflict``, ``config``,
+    ``cache_dir``) and a fixed ``category``; ``run`` may override ``category`` and ``risk`` per query.
+    """
+
+    def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5, conflict: Any = None,
+                 config: Any = None, cache_dir: Optional[str] = None, category: Optional[str] = None):
+        self.embedder, self.risk, self.conflict = embedder, risk, conflict
+        self.config, self.cache_dir, self.category = config, cache_dir, category
+        self.gate = build_gate(embedder, risk, conflict, config, cache_dir)
+        self.last_decision: Optional[GateDecision] = None
+
+    @component.output_types(documents=list[Document], decision=dict)
+    def run(self, query: str, documents: list[Document], category: Optional[str] = None,
+            risk: Optional[float] = None) -> dict:
+        """{"documents": kept documents, "decision": {"action", "scalars", "memories", "abstention"}}."""
+        d = self.gate.decide(query, [doc.content or "" for doc in documents],
+                             category=category if category is not None else self.category, risk=risk)
+        self.last_decision = d
+        kept = []
+        if d.injects:
+            meta = decision_metadata(d)
+            kept = [dataclasses.replace(doc, meta={**doc.meta, **meta}) for doc in documents]
+        decision = d.to_dict()
+        decision["memories"] = [doc.content for doc in kept]
+        decision["abstention"] = d.abstention
+        return {"documents": kept, "decision": decision}
+
+    def to_dict(self) -> dict:
+        """Serialisable when the settings are (a model name or path, a number / preset / table)."""
+        return default_to_dict(self, embedder=self.embedder, risk=self.risk, config=self.config,
+                               cache_dir=self.cache_dir, category=self.category)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MDLGate":
+        return default_from_dict(cls, data)

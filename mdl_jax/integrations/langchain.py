@@ -1,0 +1,89 @@
+"""LangChain: MDL as a document compressor (``pip install 'mdl-jax[langchain]'``).
+
+    from langchain_classic.retrievers import ContextualCompressionRetriever  # or langchain.retrievers
+    gate = MDLDocumentCompressor(risk="truthfulqa", category="Health")
+    retriever = ContextualCompressionRetriever(base_compressor=gate, base_retriever=store.as_retriever())
+    docs = retriever.invoke("Is it safe to eat raw cookie dough?")
+    gate.last_decision.action_name   # "Active" | "Supp" | "Silent" | "Opt-Out"
+
+Active and Supp keep every retrieved document (copies, their metadata extended with ``mdl_action``,
+``mdl_scalars`` and, for Supp, ``mdl_caution``: the instruction to put beside them in the prompt);
+Silent and Opt-Out return no documents: read ``last_decision`` (or pass ``on_decision``) to tell them
+apart and, for Opt-Out, answer ``last_decision.abstention`` without calling the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
+from pydantic import ConfigDict, PrivateAttr
+
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.integrations import build_gate, decision_metadata
+from mdl_jax.signals.embeddings import Embedder
+
+
+class MDLDocumentCompressor(BaseDocumentCompressor):
+    """Keeps the retrieved documents when MDL injects them (Active / Supp), drops them otherwise.
+
+    Fields are ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
+    ``cache_dir``), a fixed ``category`` for a category-table risk, and ``on_decision``, called with
+    each ``GateDecision``. ``last_decision`` holds the latest one (one per compressor: give each
+    concurrent chain its own compressor, or use ``on_decision``).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    embedder: Any = DEFAULT_MODEL
+    risk: Any = 0.5
+    conflict: Optional[Callable] = None
+    config: Any = None
+    cache_dir: Optional[str] = None
+    category: Optional[str] = None
+    on_decision: Optional[Callable[[GateDecision], Any]] = None
+
+    _gate: Any = PrivateAttr(default=None)
+    _last: Optional[GateDecision] = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
+        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
+
+    @property
+    def gate(self):
+        return self._gate
+
+    @property
+    def last_decision(self) -> Optional[GateDecision]:
+        """The decision of the latest ``compress_documents`` call (None before the first)."""
+        return self._last
+
+    def compress_documents(self, documents: Sequence[Document], query: str,
+                           callbacks: Callbacks | None = None) -> Sequence[Document]:
+        """Documents to keep for ``query``: all (with the decision in their metadata) or none."""
+        d = self._gate.decide(query, [doc.page_content for doc in documents], category=self.category)
+        self._last = d
+        if self.on_decision is not None:
+            self.on_decision(d)
+        if not d.injects:
+            return []
+        meta = decision_metadata(d)
+        return [Document(page_content=doc.page_content, metadata={**doc.metadata, **meta},
+                         id=doc.id) for doc in documents]
+
+
+class MiniLMEmbeddings(Embeddings):
+    """LangChain ``Embeddings`` over mdl-jax's embedder (the bundled MiniLM, cached on disk), so a
+    vector store and the gate share one model and one cache."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, cache_dir: str | None = None):
+        self.embedder = Embedder(model, cache_dir=cache_dir)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embedder.embed(texts).tolist() if texts else []
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embedder.embed([text])[0].tolist()

@@ -1,0 +1,109 @@
+"""LlamaIndex: MDL as a node postprocessor (``pip install 'mdl-jax[llamaindex]'``).
+
+    gate = MDLNodePostprocessor(risk=0.5)
+    nodes = gate.postprocess_nodes(index.as_retriever().retrieve(q), query_str=q)
+    # or: index.as_query_engine(node_postprocessors=[gate])
+    gate.last_decision.action_name
+
+Active and Supp keep every node (copies whose metadata gains ``mdl_action``, ``mdl_scalars`` and, for
+Supp, ``mdl_caution``; those keys are excluded from the text LlamaIndex shows the LLM and the
+embedder, so the scores do not leak into prompts); Silent and Opt-Out return no nodes: read
+``last_decision`` or pass ``on_decision``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from pydantic import PrivateAttr
+
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.integrations import METADATA_KEYS, build_gate, decision_metadata
+from mdl_jax.signals.embeddings import Embedder
+
+
+class MDLNodePostprocessor(BaseNodePostprocessor):
+    """Keeps the retrieved nodes when MDL injects them (Active / Supp), drops them otherwise.
+
+    Fields: ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
+    ``cache_dir``), a fixed ``category``, and ``on_decision`` (called with each ``GateDecision``).
+    """
+
+    embedder: Any = DEFAULT_MODEL
+    risk: Any = 0.5
+    conflict: Optional[Callable] = None
+    config: Any = None
+    cache_dir: Optional[str] = None
+    category: Optional[str] = None
+    on_decision: Optional[Callable[[GateDecision], Any]] = None
+
+    _gate: Any = PrivateAttr(default=None)
+    _last: Optional[GateDecision] = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MDLNodePostprocessor"
+
+    @property
+    def gate(self):
+        return self._gate
+
+    @property
+    def last_decision(self) -> Optional[GateDecision]:
+        """The decision of the latest call (None before the first)."""
+        return self._last
+
+    def _postprocess_nodes(self, nodes: List[NodeWithScore],
+                           query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+        if query_bundle is None:
+            raise ValueError("query_bundle: MDL needs the query (pass query_str or query_bundle)")
+        texts = [n.node.get_content() for n in nodes]
+        d = self._gate.decide(query_bundle.query_str, texts, category=self.category)
+        self._last = d
+        if self.on_decision is not None:
+            self.on_decision(d)
+        if not d.injects:
+            return []
+        meta = decision_metadata(d)
+        out = []
+        for n in nodes:
+            node = n.node.model_copy()
+            node.metadata = {**n.node.metadata, **meta}
+            hide = [k for k in METADATA_KEYS if k in meta]
+            node.excluded_llm_metadata_keys = list(n.node.excluded_llm_metadata_keys) + hide
+            node.excluded_embed_metadata_keys = list(n.node.excluded_embed_metadata_keys) + hide
+            out.append(NodeWithScore(node=node, score=n.score))
+        return out
+
+
+class MiniLMEmbedding(BaseEmbedding):
+    """A LlamaIndex embedding model over mdl-jax's embedder (the bundled MiniLM, cached on disk)."""
+
+    model: str = DEFAULT_MODEL
+    cache_dir: Optional[str] = None
+    _emb: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        self._emb = Embedder(self.model, cache_dir=self.cache_dir)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MiniLMEmbedding"
+
+    def _get_query_embedding(self, query: str) -> List[float]:
+        return self._emb.embed([query])[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> List[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> List[float]:
+        return self._emb.embed([text])[0].tolist()
+
+    def _get_text_embeddings(self, texts: List[str]) -> List[List[float]]:
+        return self._emb.embed(texts).tolist() if texts else []

@@ -1,0 +1,239 @@
+"""Every command on bad input: exit 2, exactly one line on stderr starting ``mdl-jax: error:``, no
+traceback, nothing left behind (no lock, no generation cache, no empty output folder).
+
+One table of cases (``CASES``): each row is a subcommand's argv (built in a fresh tmp folder), a
+fragment the message must contain, and the paths (relative to the tmp folder) that must not exist
+afterwards. Rows run in-process through ``mdl_jax.cli.main`` (the same code ``python -m mdl_jax``
+runs); ``SUBPROCESS`` re-runs a few as real subprocesses to pin the entry point. To add a command
+(``gate``, ``gateway``), add rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _records(path: Path, n_questions: int = 8, *, bad: dict | None = None, bad_line: int = 5,
+             all_adopt: bool = False) -> Path:
+    """A records file of B1/B2/B3 records (truthfulqa), optionally with one field replaced on one line."""
+    rows = []
+    for q in range(n_questions):
+        for i, system in enumerate(("B1", "B2", "B3")):
+            h = (q + i) % 2 == 0 if not all_adopt else system == "B1"
+            rows.append({"dataset": "truthfulqa", "qid": q, "seed": 0, "system": system,
+                         "M": 0.1 + 0.1 * (q % 8), "R": 0.5, "A": 0.2 + 0.05 * (q % 10),
+                         "hallucinated": h, "failed": False, "answer": "é",
+                         "action": "ACTIVE" if system == "B3" else None})
+    lines = [json.dumps(r) for r in rows]
+    if bad:
+        r = json.loads(lines[bad_line - 1])
+        r.update(bad)
+        lines[bad_line - 1] = json.dumps(r)  # NaN is written as NaN, as Python's json writes it
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _config(path: Path, **change) -> Path:
+    from mdl_jax import MDLConfig, save_config
+
+    save_config(MDLConfig(), path)
+    d = json.loads(path.read_text())
+    for k, v in change.items():
+        if k == "numeric_extra":
+            d["numeric"]["bogus"] = v
+        else:
+            d[k] = v
+    path.write_text(json.dumps(d))
+    return path
+
+
+# (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
+CASES = [
+    # reproduce: every flag is checked at parse time, before any model loads or folder exists
+    ("reproduce-n-questions-0", lambda t: ["reproduce", "--n-questions", "0", "--out", f"{t}/run"],
+     "--n-questions: expected an integer ≥ 1, got '0'", ["run"]),
+    ("reproduce-n-questions-neg", lambda t: ["reproduce", "--n-questions", "-1", "--out", f"{t}/run"],
+     "--n-questions", ["run"]),
+    ("reproduce-chunk-size-neg", lambda t: ["reproduce", "--chunk-size", "-1", "--out", f"{t}/run"],
+     "--chunk-size", ["run"]),
+    ("reproduce-seed-neg", lambda t: ["reproduce", "--seeds", "0", "-1", "--out", f"{t}/run"],
+     "--seeds: expected a seed", ["run"]),
+    ("reproduce-max-new-tokens-0", lambda t: ["reproduce", "--max-new-tokens", "0", "--out", f"{t}/run"],
+     "--max-new-tokens", ["run"]),
+    ("reproduce-call-timeout-nan", lambda t: ["reproduce", "--call-timeout", "nan", "--out", f"{t}/run"],
+     "--call-timeout: expected a finite number > 0", ["run"]),
+    ("reproduce-batch-size-text", lambda t: ["reproduce", "--batch-size", "many", "--out", f"{t}/run"],
+     "--batch-size: expected an integer, got 'many'", ["run"]),
+    ("reproduce-dtype", lambda t: ["reproduce", "--dtype", "float8", "--out", f"{t}/run"],
+     "--dtype", ["run"]),
+    ("reproduce-config-missing", lambda t: ["reproduce", "--config", f"{t}/none.json", "--out", f"{t}/run"],
+     "--config: no such file", ["run"]),
+    ("reproduce-config-unknown-field",
+     lambda t: ["reproduce", "--config", str(_config(Path(t) / "c.json", numeric_extra=1)), "--out", f"{t}/run"],
+     "bogus", ["run"]),
+    ("reproduce-config-version-2",
+     lambda t: ["reproduce", "--config", str(_config(Path(t) / "c.json", version=2)), "--out", f"{t}/run"],
+     "version", ["run"]),
+    ("reproduce-out-is-a-file",
+     lambda t: (Path(t, "f").write_text("x"), ["reproduce", "--out", f"{t}/f"])[1],
+     "--out: ", []),
+    ("reproduce-out-under-a-file",
+     lambda t: (Path(t, "f").write_text("x"), ["reproduce", "--out", f"{t}/f/run"])[1],
+     "is not a folder", []),
+    ("reproduce-data-dir-missing", lambda t: ["reproduce", "--data-dir", f"{t}/nodata", "--out", f"{t}/run"],
+     "--data-dir: no such folder", ["run"]),
+    # a data error found at run time: the run's lock, cache and folders are removed again
+    ("reproduce-empty-data-file",
+     lambda t: (Path(t, "data").mkdir(), Path(t, "data", "halueval_qa.jsonl").write_text(""),
+                ["reproduce", "--data-dir", f"{t}/data", "--datasets", "halueval", "--baseline-datasets",
+                 "halueval", "--cache-dir", f"{t}/cache", "--out", f"{t}/deep/run"])[2],
+     "halueval_qa.jsonl: no records", ["deep"]),
+    ("signals-limit-0", lambda t: ["signals", "--limit", "0", "--out", f"{t}/s.parquet"], "--limit",
+     ["s.parquet"]),
+    # tune: flags at parse time; records checked before any folder is made
+    ("tune-steps-0", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--steps", "0"], "--steps",
+     ["tuned"]),
+    ("tune-seed-neg", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--seeds", "-1"],
+     "--seeds", ["tuned"]),
+    ("tune-seed-huge", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--seeds", str(2 ** 70)],
+     "--seeds: expected a seed in [0, 4294967295]", ["tuned"]),
+    ("tune-out-is-a-file",
+     lambda t: (Path(t, "f").write_text("x"), ["tune", str(_records(Path(t) / "r.jsonl")), "--out", f"{t}/f"])[1],
+     "--out", ["tuned"]),
+    ("tune-M-out-of-range", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", bad={"M": 1.5}))],
+     "line 5: M = 1.5 (expected a number in [0, 1])", ["tuned"]),
+    ("tune-A-nan", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", bad={"A": math.nan}, bad_line=2))],
+     "line 2: A = NaN", ["tuned"]),
+    ("tune-labels-all-equal", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", all_adopt=True))],
+     "0 'reject'", ["tuned"]),
+    ("tune-fewer-than-5-records", lambda t: ["tune", str(_records(Path(t) / "r.jsonl", n_questions=1))],
+     "at least 5 pooled B1/B2/B3 records of each oracle label from at least 5 questions", ["tuned"]),
+    ("tune-no-such-file", lambda t: ["tune", f"{t}/none.jsonl"], "no such records file", ["tuned"]),
+    # analyze
+    ("analyze-wrong-typed-field", lambda t: ["analyze", str(_records(Path(t) / "r.jsonl", bad={"R": "high"}))],
+     'line 5: R = "high" (expected a number in [0, 1])', ["analysis"]),
+    ("analyze-wrong-typed-qid", lambda t: ["analyze", str(_records(Path(t) / "r.jsonl", bad={"qid": 1.5}, bad_line=3))],
+     "line 3: qid = 1.5", ["analysis"]),
+    ("analyze-out-under-a-file",
+     lambda t: (Path(t, "f").write_text("x"), ["analyze", str(_records(Path(t) / "r.jsonl")), "--out", f"{t}/f/a"])[1],
+     "is not a folder", ["analysis"]),
+    ("analyze-config-bad", lambda t: ["analyze", str(_records(Path(t) / "r.jsonl")), "--config",
+                                      str(_config(Path(t) / "c.json", version=2))], "version", ["analysis"]),
+    # judge
+    ("judge-not-utf8",
+     lambda t: (Path(t, "in.jsonl").write_bytes(b'{"dataset": "halueval", "qid": 1, "answer": "\xff\xfe"}\n'),
+                ["judge", f"{t}/in.jsonl"])[1], "no records", ["in.judged.jsonl"]),
+    ("judge-torn-only",
+     lambda t: (Path(t, "in.jsonl").write_bytes('{"dataset": "halueval", "qid": 1, "answer": "é'.encode()[:-1]),
+                ["judge", f"{t}/in.jsonl"])[1], "no records", ["in.judged.jsonl"]),
+    ("judge-out-is-a-folder",
+     lambda t: (Path(t, "in.jsonl").write_text('{"dataset": "halueval", "qid": 1, "answer": "x"}\n'),
+                ["judge", f"{t}/in.jsonl", "--out", t])[1], "is a folder", ["in.judged.jsonl"]),
+    ("judge-missing-input", lambda t: ["judge", f"{t}/none.jsonl"], "no such file", ["none.judged.jsonl"]),
+    ("judge-llm-without-server",
+     lambda t: (Path(t, "in.jsonl").write_text('{"dataset": "halueval", "qid": 1, "answer": "x"}\n'),
+                ["judge", f"{t}/in.jsonl", "--judge", "llm"])[1], "needs --base-url and --model",
+     ["in.judged.jsonl"]),
+    ("judge-concurrency-0",
+     lambda t: (Path(t, "in.jsonl").write_text('{"dataset": "halueval", "qid": 1, "answer": "x"}\n'),
+                ["judge", f"{t}/in.jsonl", "--judge", "llm", "--concurrency", "0"])[1], "--concurrency",
+     ["in.judged.jsonl"]),
+    ("reproduce-openai-without-server",
+     lambda t: ["reproduce", "--backend", "openai", "--llm", "m", "--n-questions", "2", "--out", f"{t}/run"],
+     "MDL_JAX_OPENAI_BASE_URL", ["run"]),
+    ("reproduce-openai-without-model",
+     lambda t: ["reproduce", "--backend", "openai", "--n-questions", "2", "--out", f"{t}/run"],
+     "--llm", ["run"]),
+    ("unknown-command", lambda t: ["frobnicate"], "invalid choice", []),
+]
+SUBPROCESS = {"reproduce-n-questions-0", "tune-M-out-of-range"}
+
+
+def _check(rc, err, frag, tmp, gone):
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("mdl-jax: warning:")]
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1 and lines[0].startswith("mdl-jax: error: "), err
+    assert "Traceback" not in err
+    assert frag in lines[0], (frag, lines[0])
+    for rel in gone:
+        assert not (tmp / rel).exists(), f"{rel} left behind"
+    for p in tmp.rglob("*"):
+        assert p.name not in (".lock", "generations.sqlite"), p
+        assert not (p.is_dir() and not any(p.iterdir())), f"empty folder {p} left behind"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsys, monkeypatch):
+    from mdl_jax.cli import main
+
+    monkeypatch.delenv("MDL_JAX_OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    name, argv, frag, gone = case
+    args = argv(str(tmp_path))
+    capsys.readouterr()
+    rc = main(args)
+    _check(rc, capsys.readouterr().err, frag, tmp_path, gone)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in SUBPROCESS], ids=sorted(SUBPROCESS))
+def test_bad_input_through_the_real_entry_point(case, tmp_path):
+    name, argv, frag, gone = case
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "mdl_jax", *argv(str(tmp_path))], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    _check(r.returncode, r.stderr, frag, tmp_path, gone)
+
+
+def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
+    """19 §6: analyze had no description or cost, tune showed no defaults."""
+    from mdl_jax.cli import main
+
+    for cmd, cost in (("analyze", "minutes"), ("tune", "minute"), ("judge", "Cost"), ("reproduce", "minutes")):
+        assert main([cmd, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert cost in out, cmd
+        assert "default" in out, cmd
+
+
+def test_llm_judge_check_help_does_not_start_the_job():
+    r = subprocess.run([sys.executable, "-m", "experiments.llm_judge_check", "--help"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr
+
+
+def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tmp_path, capsys):
+    """19 §1: a records line torn inside a UTF-8 character, JSON non-records and a non-JSON line are
+    skipped with ONE warning per file by every consumer; every complete record is kept, and the
+    readers that crashed before (reproduce's tune step, analyze's loader, tune) work."""
+    import warnings
+
+    from mdl_jax.analysis.oracle import load_records
+    from mdl_jax.cli import main
+    from mdl_jax.pipeline import experiment, records
+
+    path = _records(tmp_path / "records.jsonl")
+    torn = json.dumps({"dataset": "truthfulqa", "qid": 99, "seed": 0, "system": "B1", "answer": "café"}, ensure_ascii=False)
+    with open(path, "ab") as f:
+        f.write(b"[1, 2, 3]\nnull\nnot json\n" + torn.encode()[:torn.encode().index("\xe9".encode()) + 1])
+    for read in (records.load, lambda p: load_records(p)[0]):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert len(read(path)) == 24
+        assert len(w) == 1 and "skipped 4 line(s)" in str(w[0].message), [str(x.message) for x in w]
+    # reproduce's last steps read the records again: the tune step now says why it did not train
+    assert "Not trained: 24 pooled" in experiment._tune(tmp_path)
+    capsys.readouterr()
+    assert main(["tune", str(path), "--steps", "3", "--seeds", "0", "--field-sets", "gates"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "tuned" / "TUNED.md").is_file()
+

@@ -1,0 +1,150 @@
+"""Config files that cannot lie (issue 19 §4): what a file says is the config decide runs, or an error
+naming the file and the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdl_jax import MDLConfig, decide, load_config, save_config
+from mdl_jax.controller.config_file import MAX_BYTES, ConfigFileError, config_to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+M, R, A = np.random.default_rng(3).uniform(size=(3, 64)).astype(np.float32)
+
+
+def _write(path: Path, d: dict) -> Path:
+    path.write_text(json.dumps(d))
+    return path
+
+
+def test_cache_follows_content_when_a_same_size_file_keeps_its_mtime(tmp_path):
+    # cp -p / rsync -t / tar x: other content, same size, same mtime. The config decide runs must be
+    # the file's current content, not a cached parse of the old one.
+    a = save_config(MDLConfig(thresholds=(0.7, 0.5, 0.3)), tmp_path / "a.json")
+    b = save_config(MDLConfig(thresholds=(0.3, 0.2, 0.1)), tmp_path / "b.json")
+    assert a.stat().st_size == b.stat().st_size
+    target = tmp_path / "cfg.json"
+    shutil.copy2(a, target)
+    first = np.asarray(decide(M, R, A, target).action)
+    st = target.stat()
+    shutil.copy2(b, target)                                        # cp -p
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))          # mtime kept exactly
+    assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_size == st.st_size
+    now = np.asarray(decide(M, R, A, target).action)
+    np.testing.assert_array_equal(now, np.asarray(decide(M, R, A, load_config(b)).action))
+    assert not np.array_equal(first, now)
+
+
+@pytest.mark.parametrize("kind", ["dev_zero_link", "fifo", "directory", "too_large"])
+def test_a_path_that_is_not_a_small_regular_file_is_refused_without_reading_it(tmp_path, kind):
+    path = tmp_path / "c.json"
+    if kind == "dev_zero_link":
+        os.symlink("/dev/zero", path)           # would be read until memory runs out
+        want = "not a regular file (a character device)"
+    elif kind == "fifo":
+        os.mkfifo(path)                         # would block forever waiting for a writer
+        want = "not a regular file (a FIFO)"
+    elif kind == "directory":
+        path.mkdir()
+        want = "not a regular file (a directory)"
+    else:
+        path.write_bytes(b" " * (MAX_BYTES + 1))
+        want = f"a config file is at most {MAX_BYTES} bytes"
+    result = {}
+
+    def call():
+        try:
+            decide(0.5, 0.5, 0.5, path)
+        except ConfigFileError as e:
+            result["error"] = str(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "decide blocked on the path"
+    assert result["error"].startswith(str(path)) and want in result["error"]
+    with pytest.raises(ConfigFileError, match="not a regular file|at most"):
+        load_config(path)
+
+
+def _full() -> dict:
+    return config_to_dict(MDLConfig(thresholds=(0.7, 0.5, 0.3)))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["numeric"].pop("sigma"), r"numeric\.sigma: missing \(state it, or list it in \"defaults\""),
+    (lambda d: d["static"].pop("qr_seed"), r"static\.qr_seed: missing"),
+    (lambda d: d.pop("static"), r"static: expected an object"),
+    (lambda d: d.__setitem__("sigma", d["numeric"].pop("sigma")), r"sigma: misplaced at the top level; it belongs under \"numeric\""),
+    (lambda d: d["static"].__setitem__("sigma", d["numeric"].pop("sigma")), r"static\.sigma: misplaced; sigma belongs under \"numeric\""),
+    (lambda d: d["numeric"].__setitem__("D", 16), r"numeric\.D: misplaced; D belongs under \"static\""),
+    (lambda d: d.__setitem__("colour", 1), r"colour: not a key of a config file"),
+    (lambda d: d.__setitem__("defaults", ["sigma"]), r"numeric\.sigma: stated and also listed in \"defaults\""),
+    (lambda d: d.__setitem__("defaults", ["colour"]), r"defaults: colour: not a field"),
+    (lambda d: d["numeric"].__setitem__("sigma", [0.2]), r"numeric\.sigma: expected a number, got \[0\.2\]"),
+    (lambda d: d["numeric"].__setitem__("bias", [0.0] * 5), r"numeric\.bias: expected a number or a list of D=16 numbers"),
+    (lambda d: d["numeric"].__setitem__("gains", [1.0, 0.7]), r"numeric\.gains: expected a list of 3 numbers"),
+    (lambda d: d["numeric"].__setitem__("gate_coeffs", [[0.3, 0.7]]), r"numeric\.gate_coeffs: expected a list of 2 numbers"),
+    (lambda d: d["numeric"].__setitem__("n_min", True), r"numeric\.n_min: expected a number, got true"),
+    (lambda d: d["numeric"].__setitem__("gains", json.loads("[" * 5000 + "]" * 5000)), r"numeric\.gains: nested deeper than"),
+    (lambda d: d["static"].__setitem__("dims", [5, 5, "6"]), r"static\.dims: expected a list of 3 ints"),
+])
+def test_a_file_that_does_not_state_the_config_exactly_is_an_error_naming_file_and_field(tmp_path, edit, match):
+    d = _full()
+    try:
+        edit(d)
+        text = json.dumps(d)
+    except RecursionError:  # json.dumps cannot write it either: build the text by hand
+        text = json.dumps(_full()).replace('"gains": [1.0, 0.7, 0.5]', '"gains": ' + "[" * 5000 + "]" * 5000)
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    for load in (load_config, lambda p: decide(M, R, A, p)):
+        with pytest.raises(ConfigFileError, match=match) as e:
+            load(path)
+        assert str(e.value).startswith(str(path) + ": ")
+
+
+def test_listed_defaults_are_the_paper_defaults_and_nothing_else(tmp_path):
+    d = _full()
+    for f in ("sigma", "bias"):
+        d["numeric"].pop(f)
+    d["static"] = {}
+    d["defaults"] = ["sigma", "bias", *MDLConfig.__dataclass_fields__.keys() - set(_full()["numeric"])]
+    cfg = load_config(_write(tmp_path / "c.json", d))
+    assert cfg == MDLConfig(thresholds=(0.7, 0.5, 0.3))
+
+
+def test_shipped_and_committed_config_files_load_to_the_configs_they_state():
+    files = sorted(glob.glob(str(ROOT / "mdl_jax/pipeline/resources/calibrated/*.json"))
+                   + glob.glob(str(ROOT / "experiments/results/*/tuned/tuned-*.json")))
+    assert len(files) >= 2
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        cfg = load_config(f)
+        out = config_to_dict(cfg)
+        assert out["numeric"] == d["numeric"] and out["static"] == d["static"], f
+
+
+def test_save_config_then_load_config_round_trips_every_field(tmp_path):
+    cfg = MDLConfig(sigma=0.15, eps_c=0.0, gains=(1.0, 0.0, 0.5), bias=tuple(np.linspace(-0.1, 0.1, 16)),
+                    thresholds=(1.0, 0.5, 0.0), risk_inversion=False, subspaces="identity", qr_seed=7)
+    back = load_config(save_config(cfg, tmp_path / "c.json"))
+    assert dataclasses.asdict(back) == dataclasses.asdict(cfg)
+
+
+def test_decide_rejects_a_config_batch_or_a_bias_of_the_wrong_length_naming_the_field():
+    # A (5,) bias is a batch of five scalar biases to sweep, not one config: decide says so instead of
+    # failing inside the controller with a broadcasting error.
+    for cfg, field in ((MDLConfig(bias=(0.0,) * 5), "bias"), (MDLConfig(sigma=np.array([0.2])), "sigma")):
+        with pytest.raises(ValueError, match=rf"^config\.{field}: expected one config's value"):
+            decide(M, R, A, cfg)
+    decide(M, R, A, MDLConfig(bias=(0.1,) * 16))  # one per component of v_meta is one config

@@ -1,0 +1,188 @@
+"""The LangChain, LlamaIndex and Haystack components against the real installed libraries: each keeps
+the documents (with the decision in their metadata) exactly when MemoryGate injects them, drops them
+for Silent / Opt-Out with the decision readable, works inside its framework's own retrieval machinery,
+and the README examples run as written."""
+
+import contextlib
+import importlib.util
+import io
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+from mdl_jax import Action
+from mdl_jax.gate import MemoryGate
+from mdl_jax.prompts import CAUTION
+from tests.test_gate import CASES, _lookup
+
+pytest.importorskip("langchain_core")
+pytest.importorskip("llama_index.core")
+pytest.importorskip("haystack")
+
+from haystack import Document as HDocument  # noqa: E402
+from haystack import Pipeline  # noqa: E402
+from langchain_core.documents import Document as LDocument  # noqa: E402
+from llama_index.core.schema import NodeWithScore, TextNode  # noqa: E402
+
+from mdl_jax.integrations.haystack import MDLGate  # noqa: E402
+from mdl_jax.integrations.langchain import MDLDocumentCompressor, MiniLMEmbeddings  # noqa: E402
+from mdl_jax.integrations.llamaindex import MDLNodePostprocessor  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _langchain(mems, A, seen):
+    comp = MDLDocumentCompressor(embedder=_lookup, risk=A, on_decision=seen.append)
+    docs = [LDocument(page_content=m, metadata={"src": i}) for i, m in enumerate(mems)]
+    kept = comp.compress_documents(docs, "q")
+    assert [d.metadata["src"] for d in docs] == list(range(len(mems)))  # inputs untouched
+    assert all("mdl_action" not in d.metadata for d in docs)
+    return comp.last_decision, [(d.page_content, d.metadata) for d in kept]
+
+
+def _llamaindex(mems, A, seen):
+    post = MDLNodePostprocessor(embedder=_lookup, risk=A, on_decision=seen.append)
+    nodes = [NodeWithScore(node=TextNode(text=m, metadata={"src": i}), score=1.0) for i, m in enumerate(mems)]
+    kept = post.postprocess_nodes(nodes, query_str="q")
+    assert all("mdl_action" not in n.node.metadata for n in nodes)
+    for n in kept:  # the scores stay out of what LlamaIndex shows the LLM and the embedder
+        assert "mdl_scalars" in n.node.metadata and "mdl_scalars" not in n.node.get_content("llm")
+        assert "mdl_scalars" not in n.node.get_content("embed")
+    return post.last_decision, [(n.node.get_content(), n.node.metadata) for n in kept]
+
+
+def _haystack(mems, A, seen):
+    gate = MDLGate(embedder=_lookup, risk=A)
+    out = gate.run(query="q", documents=[HDocument(content=m, meta={"src": i}) for i, m in enumerate(mems)])
+    seen.append(gate.last_decision)
+    assert out["decision"]["action"] == gate.last_decision.action_name
+    assert out["decision"]["scalars"] == gate.last_decision.scalars
+    assert out["decision"]["abstention"] == gate.last_decision.abstention
+    assert out["decision"]["memories"] == [d.content for d in out["documents"]]
+    return gate.last_decision, [(d.content, d.meta) for d in out["documents"]]
+
+
+@pytest.mark.parametrize("framework", [_langchain, _llamaindex, _haystack], ids=["langchain", "llamaindex", "haystack"])
+@pytest.mark.parametrize("action", list(CASES))
+def test_components_keep_documents_exactly_when_the_gate_injects(framework, action):
+    mems, A = CASES[action]
+    seen = []
+    d, kept = framework(mems, A, seen)
+    want = MemoryGate(embedder=_lookup).decide("q", mems, risk=A)
+    assert d.action == want.action == action and d.scalars == want.scalars
+    assert seen == [d] or (seen and seen[-1] is d)  # the decision is readable for every action
+    if action in (Action.ACTIVE, Action.SUPP):
+        assert [t for t, _ in kept] == mems
+        for i, (_, meta) in enumerate(kept):
+            assert meta["src"] == i and meta["mdl_action"] == d.action_name
+            assert meta["mdl_scalars"] == d.scalars
+            assert meta.get("mdl_caution") == (CAUTION if action == Action.SUPP else None)
+    else:
+        assert kept == []
+
+
+def test_components_check_their_settings_at_construction():
+    # (pydantic frames the gate's ValueError in a ValidationError, itself a ValueError)
+    for make in (MDLDocumentCompressor, MDLNodePostprocessor, MDLGate):
+        with pytest.raises(ValueError, match=r"risk: expected a number in \[0, 1\], got 2.0"):
+            make(embedder=_lookup, risk=2.0)
+        with pytest.raises(ValueError, match=r"config: .*config\.json: cannot read"):
+            make(embedder=_lookup, config="/nonexistent/config.json")
+
+
+def test_langchain_compressor_in_langchain_cores_retrieval_machinery(embedder, cache_dir):
+    """The real InMemoryVectorStore and retriever, composed with the compressor by runnables (what
+    ContextualCompressionRetriever does; that class lives in `langchain_classic`, tested below)."""
+    from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    texts = ["Fortune cookies originated in San Francisco", "Fortune cookies originated in Japan",
+             "Veins appear blue because blue light does not penetrate deeply", "Apples are nutritious"]
+    store = InMemoryVectorStore.from_documents([LDocument(page_content=t) for t in texts],
+                                               MiniLMEmbeddings(cache_dir=str(cache_dir)))
+    retriever = store.as_retriever(search_kwargs={"k": 2})
+    comp = MDLDocumentCompressor(embedder=embedder)
+    chain = RunnableParallel(docs=retriever, query=RunnablePassthrough()) | RunnableLambda(
+        lambda x: comp.compress_documents(x["docs"], x["query"]))
+    q = "Where did fortune cookies originate?"
+    kept = chain.invoke(q)
+    d = MemoryGate(embedder=embedder).decide(q, texts[:2])
+    assert comp.last_decision.scalars == d.scalars and d.action == Action.ACTIVE
+    assert sorted(k.page_content for k in kept) == sorted(texts[:2])
+    assert all(k.metadata["mdl_action"] == "Active" for k in kept)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("langchain_classic") is None,
+                    reason="ContextualCompressionRetriever is in langchain_classic (the langchain extra)")
+def test_langchain_compressor_in_contextual_compression_retriever(cache_dir):
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    for action, n in ((Action.ACTIVE, 2), (Action.OPT_OUT, 0)):
+        texts, A = CASES[action]
+        store = InMemoryVectorStore.from_documents([LDocument(page_content=t) for t in texts],
+                                                   MiniLMEmbeddings(cache_dir=str(cache_dir)))
+        comp = MDLDocumentCompressor(embedder=_lookup, risk=A)
+        r = ContextualCompressionRetriever(base_compressor=comp, base_retriever=store.as_retriever(
+            search_kwargs={"k": 2}))
+        kept = r.invoke("q")
+        assert len(kept) == n and comp.last_decision.action == action
+
+
+def test_llamaindex_postprocessor_after_a_real_vector_index(embedder, cache_dir):
+    from llama_index.core import VectorStoreIndex
+
+    from mdl_jax.integrations.llamaindex import MiniLMEmbedding
+
+    texts = ["Fortune cookies originated in San Francisco", "Fortune cookies originated in Japan",
+             "Apples are nutritious"]
+    index = VectorStoreIndex([TextNode(text=t) for t in texts],
+                             embed_model=MiniLMEmbedding(cache_dir=str(cache_dir)))
+    post = MDLNodePostprocessor(embedder=embedder)
+    q = "Where did fortune cookies originate?"
+    kept = post.postprocess_nodes(index.as_retriever(similarity_top_k=2).retrieve(q), query_str=q)
+    assert sorted(n.node.get_content() for n in kept) == sorted(texts[:2])
+    assert post.last_decision.scalars == MemoryGate(embedder=embedder).decide(q, texts[:2]).scalars
+    with pytest.raises(ValueError, match=r"^query_bundle: MDL needs the query"):
+        post.postprocess_nodes(kept)
+
+
+def test_haystack_component_in_a_pipeline_and_serialised(tmp_path):
+    from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+    store = InMemoryDocumentStore()
+    store.write_documents([HDocument(content=t) for t in CASES[Action.OPT_OUT][0]])
+    pipe = Pipeline()
+    pipe.add_component("retriever", InMemoryBM25Retriever(document_store=store, top_k=2))
+    pipe.add_component("gate", MDLGate(embedder=_lookup, risk=0.2))
+    pipe.connect("retriever.documents", "gate.documents")
+    out = pipe.run({"retriever": {"query": "fact"}, "gate": {"query": "q", "risk": 0.85}})
+    assert out["gate"]["decision"]["action"] == "Opt-Out" and out["gate"]["documents"] == []
+    g = MDLGate(risk="truthfulqa", category="Health")
+    again = MDLGate.from_dict(g.to_dict())
+    assert (again.risk, again.category, again.embedder) == ("truthfulqa", "Health", g.embedder)
+
+
+def _readme_examples():
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"<!-- example: (examples/\w+\.py) -->\n```python\n(.*?)```", text, re.S)
+
+
+def test_readme_examples_are_the_example_files_and_run_as_written(cache_dir, monkeypatch):
+    examples = _readme_examples()
+    assert sorted(p for p, _ in examples) == ["examples/haystack_gate.py", "examples/langchain_gate.py",
+                                              "examples/llamaindex_gate.py"]
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(cache_dir))
+    for path, code in examples:
+        assert code == (ROOT / path).read_text(), f"README's copy of {path} differs from the file"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(ROOT / path), run_name="__main__")
+        lines = [x for x in out.getvalue().splitlines() if x.startswith("'")]
+        assert len(lines) == 4, (path, out.getvalue())
+        # the four questions of the examples reach all four actions with the bundled MiniLM
+        for line, name in zip(lines, ("Active", "Supp", "Silent", "Opt-Out")):
+            assert f": {name}, C_final" in line, (path, line)
