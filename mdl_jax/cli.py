@@ -252,6 +252,7 @@ def _add_later_commands(sub) -> None:
     from mdl_jax.analysis import analyze, gate_scores, learned
     from mdl_jax.gate import command as gate_command
     from mdl_jax.pipeline import commands, judgement
+    from mdl_jax.serving import command as gateway_command
 
     commands.register(sub)
     judgement.register(sub)
@@ -259,3 +260,4 @@ def _add_later_commands(sub) -> None:
     learned.register(sub)
     gate_command.register(sub)
     gate_scores.register(sub)
+    gateway_command.register(sub)

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +40,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 
 from mdl_jax.serving.protocol import (LIMITS, SSE_HEADERS, APIError, ChatRequest, CompletionRequest,
-                                      Limits, install_error_handlers, new_id, now, parse, read_json,
-                                      sse)
+                                      Limits, bind, install_error_handlers, new_id, now, parse,
+                                      read_json, run_app, sse)
 
 
 @dataclasses.dataclass(eq=False)
@@ -62,6 +61,8 @@ class Job:
     batch: str = ""               # "<lane>-<n>": which batch it ran in (x-mdl-batch header)
     batch_rows: int = 0
     queued_s: float = 0.0         # enqueue → its batch starts
+    waited: int = 0               # batches its lane started while it was queued
+    span: tuple = (0.0, 0.0)      # its batch's start and end (server's monotonic clock)
 
     @property
     def key(self):
@@ -81,11 +82,13 @@ class Lane:
         self.wake = asyncio.Event()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"mdl-serve-{name}")
         self.batches = itertools.count(1)
-        self.enqueued_at: dict[int, float] = {}
+        self.started = 0
+        self.running: str | None = None  # the batch in the worker thread now (health endpoint)
+        self.enqueued_at: dict[int, tuple[float, int]] = {}
 
     def put(self, job: Job) -> None:
         job.future = asyncio.get_running_loop().create_future()
-        self.enqueued_at[id(job)] = time.monotonic()
+        self.enqueued_at[id(job)] = (time.monotonic(), self.started)
         self.jobs.append(job)
         self.wake.set()
 
@@ -120,10 +123,14 @@ class Lane:
             name = f"{self.name}-{next(self.batches)}"
             t = time.monotonic()
             for j in batch:
-                j.batch, j.batch_rows = name, len(batch)
-                j.queued_s = t - self.enqueued_at.pop(id(j), t)
+                t0, n0 = self.enqueued_at.pop(id(j), (t, self.started))
+                j.batch, j.batch_rows, j.queued_s, j.waited = name, len(batch), t - t0, self.started - n0
+            self.started += 1
+            self.running = name
             try:
                 results = await loop.run_in_executor(self.pool, self._generate, batch, loop)
+                for j in batch:
+                    j.span = (t, time.monotonic())
                 for j, r in zip(batch, results):
                     if not j.future.done():
                         j.future.set_result(r)
@@ -132,6 +139,7 @@ class Lane:
                     if not j.future.done():
                         j.future.set_exception(APIError(500, f"generation failed: {type(e).__name__}: "
                                                              f"{str(e)[:200]}", "server_error"))
+            self.running = None
             for j in batch:
                 if j.stream is not None:
                     j.stream.put_nowait(None)
@@ -166,8 +174,9 @@ class ModelServer:
     """State of one server: the backend, its names, the lanes, the fault injection counter."""
 
     def __init__(self, backend, limits: Limits = LIMITS, fail_first: int = 0,
-                 names: list[str] | None = None):
+                 names: list[str] | None = None, api_key: str | None = None):
         self.backend, self.limits = backend, limits
+        self.api_key = api_key
         self.to_fail = fail_first
         self.requests = 0
         m = backend.model
@@ -188,6 +197,17 @@ class ModelServer:
             lane = Lane(name, b, self.limits)
             self.lanes[name] = lane
             asyncio.get_running_loop().create_task(lane.run())
+
+    def auth(self, request) -> None:
+        """With ``--api-key``, every /v1 request must carry ``Authorization: Bearer <key>`` (401)."""
+        if self.api_key is None:
+            return
+        import hmac
+
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "Incorrect API key provided (Authorization: Bearer <key>)",
+                           code="invalid_api_key")
 
     def check_model(self, model: str | None) -> str:
         if model is None:
@@ -234,7 +254,9 @@ class ModelServer:
 def _headers(jobs: list[Job]) -> dict:
     return {"x-mdl-batch": ",".join(j.batch for j in jobs),
             "x-mdl-batch-rows": ",".join(str(j.batch_rows) for j in jobs),
-            "x-mdl-queued-ms": ",".join(f"{1e3 * j.queued_s:.1f}" for j in jobs)}
+            "x-mdl-queued-ms": ",".join(f"{1e3 * j.queued_s:.1f}" for j in jobs),
+            "x-mdl-waited-batches": ",".join(str(j.waited) for j in jobs),
+            "x-mdl-batch-span": ",".join(f"{j.span[0]:.6f}:{j.span[1]:.6f}" for j in jobs)}
 
 
 def make_app(srv: ModelServer):
@@ -252,19 +274,23 @@ def make_app(srv: ModelServer):
         return {"id": name, "object": "model", "created": 0, "owned_by": "mdl-jax"}
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        srv.auth(request)
         return {"object": "list", "data": [model_card(n) for n in srv.names]}
 
     @app.get("/v1/models/{name:path}")
-    async def model(name: str):
+    async def model(name: str, request: Request):
+        srv.auth(request)
         return model_card(srv.check_model(name))
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "queued": {k: len(v.jobs) for k, v in srv.lanes.items()}}
+        return {"status": "ok", "queued": {k: len(v.jobs) for k, v in srv.lanes.items()},
+                "running": {k: v.running for k, v in srv.lanes.items()}, "requests": srv.requests}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        srv.auth(request)
         req = parse(ChatRequest, await read_json(request, srv.limits))
         req.unsupported()
         name = srv.check_model(req.model)
@@ -279,7 +305,7 @@ def make_app(srv: ModelServer):
         srv.injected_failure()
         job = Job(prompt, 0 if req.seed is None else req.seed, mt,
                   0.7 if req.temperature is None else req.temperature,
-                  0.9 if req.top_p is None else req.top_p, req.stop, n_prompt,
+                  0.9 if req.top_p is None else req.top_p, list(req.stop or []), n_prompt,
                   logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                   stream=asyncio.Queue() if req.stream else None)
         srv.enqueue(job)
@@ -300,6 +326,7 @@ def make_app(srv: ModelServer):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        srv.auth(request)
         req = parse(CompletionRequest, await read_json(request, srv.limits))
         req.unsupported()
         name = srv.check_model(req.model)
@@ -335,7 +362,7 @@ def make_app(srv: ModelServer):
             for p, n in zip(prompts, counts):
                 jobs.append(srv.enqueue(Job(p, 0 if req.seed is None else req.seed, mt,
                                             0.7 if req.temperature is None else req.temperature,
-                                            0.9 if req.top_p is None else req.top_p, req.stop, n)))
+                                            0.9 if req.top_p is None else req.top_p, list(req.stop or []), n)))
             for i, (p, j) in enumerate(zip(prompts, jobs)):
                 g, _ = await j.future
                 n_completion += g.n_tokens
@@ -366,7 +393,6 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
 
     ids: list[int] = []
     sent = ""
-    hold = max((len(s) - 1 for s in job.stop), default=0)
     try:
         yield chunk({"role": "assistant", "content": ""})
         while (token := await job.stream.get()) is not None:
@@ -375,7 +401,7 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
             if text.endswith("\ufffd"):
                 continue
             hit = min([j for j in (text.find(s) for s in job.stop) if j >= 0], default=None)
-            text = text[:hit] if hit is not None else text[:max(len(text) - hold, 0)]
+            text = text[:hit] if hit is not None else text[:len(text) - _stop_prefix(text, job.stop)]
             visible = text.lstrip().rstrip()
             if visible.startswith(sent) and len(visible) > len(sent):
                 yield chunk({"content": visible[len(sent):]})
@@ -399,29 +425,12 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
         job.cancelled = True  # harmless when done; ends the row when the client went away
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (so the port is known, and taken, before the first request)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
-    """uvicorn on an already bound socket, with the keep-alive timeout of ``limits``; no access log
-    (nothing a client sends, an API key included, is ever written out)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, timeout_keep_alive=limits.keep_alive_s, log_level="warning",
-                            access_log=False, limit_concurrency=4096, lifespan="on",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+def _stop_prefix(text: str, stops) -> int:
+    """Length of the longest end of ``text`` that may still grow into a stop string (held back)."""
+    for k in range(min(len(text), max((len(s) - 1 for s in stops), default=0)), 0, -1):
+        if any(s.startswith(text[-k:]) for s in stops):
+            return k
+    return 0
 
 
 def main(argv=None) -> int:
@@ -432,6 +441,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="bundled:smollm2", help="bundled:smollm2, a Hugging Face id or a path")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=LIMITS.max_tokens, help="cap on a request's max_tokens")
+    p.add_argument("--body-timeout", type=float, default=LIMITS.body_timeout_s,
+                   help="seconds a request body may take to arrive (then 408)")
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer KEY); default MDL_JAX_SERVE_API_KEY, else none")
     p.add_argument("--fail-first", type=int, default=0,
                    help="answer the first N completion requests with 503 (fault injection)")
     args = p.parse_args(argv)
@@ -441,7 +454,9 @@ def main(argv=None) -> int:
         p.error(f"--fail-first: expected >= 0, got {args.fail_first}")
     if not 1 <= args.max_tokens <= 1 << 20:
         p.error(f"--max-tokens: expected >= 1, got {args.max_tokens}")
-    limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens)
+    if not 0 < args.body_timeout <= 3600:
+        p.error(f"--body-timeout: expected seconds in (0, 3600], got {args.body_timeout}")
+    limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens, body_timeout_s=args.body_timeout)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
@@ -450,7 +465,13 @@ def main(argv=None) -> int:
     from mdl_jax.pipeline.generation import LocalBackend
 
     backend = LocalBackend(args.model, batch_size=limits.batch_rows, device=args.device)
-    srv = ModelServer(backend, limits, args.fail_first)  # loads the model before accepting requests
+    try:
+        srv = ModelServer(backend, limits, args.fail_first,
+                          api_key=args.api_key or os.environ.get("MDL_JAX_SERVE_API_KEY") or None)
+    except (OSError, ValueError, RuntimeError) as e:  # no such model, no weights, a bad device
+        sock.close()
+        print(f"mdl_jax.serve: error: --model {args.model}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
+        return 2  # loads the model before accepting requests
     host, port = sock.getsockname()[:2]
     print(f"serving {args.model} on http://{host}:{port}/v1", flush=True)
     run_app(make_app(srv), sock, limits)

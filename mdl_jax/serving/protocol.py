@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
 import time
 import uuid
 from typing import Any, Literal
@@ -159,7 +160,9 @@ def parse(model: type[BaseModel], obj: dict):
     try:
         return model.model_validate(obj)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        # the deepest error: for a union it is the member that matched the input's kind
+        errs = e.errors(include_url=False)
+        err = max(errs, key=lambda x: len([y for y in x["loc"] if not _union_tag(y)]))
         loc = [x for x in err["loc"] if not _union_tag(x)]
         param = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x))
                         for i, x in enumerate(loc)) or None
@@ -174,7 +177,7 @@ def parse(model: type[BaseModel], obj: dict):
 def _union_tag(x) -> bool:
     """pydantic puts the tried member of a union into an error's location ('str', 'list[TextPart]')."""
     return isinstance(x, str) and (x in ("str", "int", "float", "bool", "list", "dict")
-                                   or "[" in x or x.startswith("function-"))
+                                   or "[" in x or x.startswith("function-") or x[:1].isupper())
 
 
 def _jsonable(x) -> bool:
@@ -298,3 +301,30 @@ def sse(obj: Any) -> bytes:
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (so the port is known, and taken, before the first request)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
+    """uvicorn on an already bound socket, with the keep-alive timeout of ``limits``; no access log
+    (nothing a client sends, an API key included, is ever written out)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, timeout_keep_alive=limits.keep_alive_s, log_level="warning",
+                            access_log=False, limit_concurrency=4096, lifespan="on",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass

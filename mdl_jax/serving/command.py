@@ -1,0 +1,97 @@
+"""``mdl-jax gateway``: the command (flags checked at parse time; the HTTP stack imported on run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _port(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {s!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {v}")
+    return v
+
+
+def _upstream(s: str) -> str:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(s)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL like http://127.0.0.1:8123/v1, got {s!r}")
+    return s
+
+
+def _risk(s: str):
+    if s in ("truthfulqa", "halueval"):
+        return s
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], 'truthfulqa' or 'halueval', got {s!r}") \
+            from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s}")
+    return v
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}")
+    return v
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "gateway", help="an OpenAI-compatible MDL gateway in front of any OpenAI-compatible server",
+        description="Serve /v1/chat/completions and /v1/models: MDL decides per request from the "
+                    "memories in the request's \"mdl\" field, the messages for the action go upstream, "
+                    "Opt-Out answers without calling it. Starts in a few seconds (loads MiniLM); "
+                    "stop with Ctrl-C.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--upstream", required=True, type=_upstream,
+                   help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8123/v1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8300, help="port (0: any free one)")
+    p.add_argument("--config", default=None, help="an MDL config JSON file (default: the paper's Table 2)")
+    p.add_argument("--risk", type=_risk, default=0.5,
+                   help="A when a request gives none: a number in [0, 1] or a preset (truthfulqa, halueval)")
+    p.add_argument("--embedder", default=None, help="sentence-transformers name or path (default: bundled MiniLM)")
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the upstream")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import dataclasses
+
+    from mdl_jax.gate import MemoryGate
+    from mdl_jax.serving.protocol import LIMITS, bind, run_app
+
+    kw = {"risk": args.risk, "config": args.config}
+    if args.embedder:
+        kw["embedder"] = args.embedder
+    try:
+        gate = MemoryGate(**kw)
+    except (ValueError, OSError) as e:
+        print(f"mdl-jax: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    from mdl_jax.serving.gateway import Gateway, make_app
+
+    gw = Gateway(gate, args.upstream, LIMITS, timeout=args.timeout)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"mdl-jax: error: --port: cannot bind {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
+        return 2
+    gate.decide("warm up", ["the embedder loads before the first request"])
+    host, port = sock.getsockname()[:2]
+    print(f"MDL gateway on http://{host}:{port}/v1 -> {gw.where}", flush=True)
+    run_app(make_app(gw), sock, dataclasses.replace(LIMITS))
+    return 0

@@ -1,0 +1,313 @@
+"""An OpenAI-compatible MDL gateway: MDL decides, per request, whether and how retrieved memories reach
+the model behind it.
+
+    mdl-jax gateway --upstream http://127.0.0.1:8123/v1 [--host 127.0.0.1] [--port 8300] [--config FILE]
+
+A client sends an ordinary chat completion with its retrieved memories in one extra field (with the
+``openai`` client: ``extra_body={"mdl": {...}}``)::
+
+    "mdl": {"memories": ["text", {"text": "...", "source": "..."}, ...],   # default []
+            "risk": 0.7,            # optional: A in [0, 1] for this request (else the gateway's --risk)
+            "category": "Health"}   # optional: for a category table / preset risk assessor
+
+The gateway decides on the last user message and the memories (``mdl_jax.gate.MemoryGate``), builds
+the messages for the action (Active: the memories before the question; Supp: with the caution;
+Silent: the chat unchanged) and forwards them upstream with every other field as sent; Opt-Out
+answers with the abstention and never calls the upstream. The answer is the upstream's completion
+plus an ``mdl`` object: ``{"action", "scalars": {M, R, A, phi, C, alpha, C_final, E_wm, E_r, E_a},
+"memories", "upstream": bool}``. Streaming passes through; the ``mdl`` object rides on the first chunk.
+Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time and how many requests shared it.
+
+The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
+Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
+fails (refused, reset, timed out, 5xx, not JSON) gives 502 with the reason, and the gateway keeps
+serving. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from mdl_jax.serving.protocol import (LIMITS, SSE_HEADERS, APIError, Limits, Message,
+                                      install_error_handlers, new_id, now, parse, read_json, sse)
+
+
+class MemoryItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: StrictStr
+
+
+class MDLField(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memories: list[StrictStr | MemoryItem] = Field(default_factory=list, max_length=256)
+    risk: float | None = Field(None, strict=True, ge=0.0, le=1.0)
+    category: StrictStr | None = None
+
+    @field_validator("memories")
+    @classmethod
+    def _texts(cls, v):
+        for m in v:
+            if not (m if isinstance(m, str) else m.text).strip():
+                raise ValueError("a memory text must not be empty")
+        return v
+
+
+class GatewayRequest(BaseModel):
+    """What the gateway reads; every other field goes upstream untouched (the upstream validates it)."""
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr
+    messages: list[Message] = Field(min_length=1, max_length=LIMITS.max_messages)
+    stream: bool | None = Field(None, strict=True)
+    mdl: MDLField = Field(default_factory=MDLField)
+
+    def query(self) -> str:
+        users = [m for m in self.messages if m.role == "user"]
+        if not users or not users[-1].text().strip():
+            raise APIError(400, "messages: expected a user message with text (MDL decides on the last one)",
+                           param="messages")
+        return users[-1].text()
+
+
+class GateBatcher:
+    """Decisions off the event loop: requests that arrive within a few ms share one ``decide_batch``
+    (one embedding pass, one controller call) in a worker thread."""
+
+    def __init__(self, gate, max_batch: int = 64, wait_s: float = 0.003):
+        self.gate, self.max_batch, self.wait_s = gate, max_batch, wait_s
+        self.items: list = []
+        self.wake = asyncio.Event()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mdl-gate")
+        self.seconds = 0.0
+
+    async def decide(self, query: str, memories: list, category, risk):
+        fut = asyncio.get_running_loop().create_future()
+        self.items.append((query, memories, category, risk, fut))
+        self.wake.set()
+        return await fut
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.wake.wait()
+            await asyncio.sleep(self.wait_s)
+            batch, self.items = self.items[:self.max_batch], self.items[self.max_batch:]
+            if not self.items:
+                self.wake.clear()
+            if not batch:
+                continue
+            try:
+                t = time.perf_counter()
+                ds = await loop.run_in_executor(self.pool, self._decide, batch)
+                took = time.perf_counter() - t
+                for it, d in zip(batch, ds):
+                    it[4].set_result((d, took, len(batch)))
+            except Exception as e:  # noqa: BLE001 - one failed batch fails its requests only
+                for it in batch:
+                    if not it[4].done():
+                        it[4].set_exception(APIError(500, f"MDL decision failed: {type(e).__name__}: "
+                                                          f"{str(e)[:200]}", "server_error"))
+
+    def _decide(self, batch):
+        t = time.perf_counter()
+        out = self.gate.decide_batch([b[0] for b in batch], [b[1] for b in batch],
+                                     [b[2] for b in batch], [b[3] for b in batch])
+        self.seconds += time.perf_counter() - t
+        return out
+
+
+class Gateway:
+    def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float = 300.0):
+        u = urlsplit(upstream)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"upstream: expected an http(s) URL like http://127.0.0.1:8123/v1, got {upstream!r}")
+        self.upstream = upstream.rstrip("/")
+        self.where = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"  # for errors
+        self.gate, self.limits, self.timeout = gate, limits, timeout
+        self.batcher: GateBatcher | None = None
+        self.http: httpx.AsyncClient | None = None
+
+    def headers(self, request: Request) -> dict:
+        """What goes upstream: the caller's key (never logged) and content type."""
+        h = {"Content-Type": "application/json"}
+        for name in ("authorization", "openai-organization", "openai-project"):
+            if name in request.headers:
+                h[name] = request.headers[name]
+        return h
+
+    def failed(self, e: Exception) -> APIError:
+        if isinstance(e, httpx.TimeoutException):
+            why = f"no answer within {self.timeout:g} s"
+        elif isinstance(e, httpx.ConnectError):
+            why = "connection refused"
+        else:
+            why = f"{type(e).__name__}"
+        return APIError(502, f"upstream {self.where} failed: {why}", "upstream_error", code="upstream_error")
+
+    def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | Response:
+        """An upstream error answer: 4xx back to the caller as it was (its fault); else 502."""
+        if 400 <= r.status_code < 500:
+            try:
+                return JSONResponse(json.loads(body), status_code=r.status_code)
+            except ValueError:
+                return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
+        try:
+            msg = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = body[:200].decode("utf-8", "replace")
+        return APIError(502, f"upstream {self.where} answered HTTP {r.status_code}: {msg}",
+                        "upstream_error", code="upstream_error")
+
+
+def make_app(gw: Gateway):
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        gw.http = httpx.AsyncClient(timeout=httpx.Timeout(gw.timeout, connect=10.0),
+                                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        gw.batcher = GateBatcher(gw.gate)
+        task = asyncio.get_running_loop().create_task(gw.batcher.run())
+        yield
+        task.cancel()
+        await gw.http.aclose()
+
+    app = FastAPI(title="mdl-jax gateway", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "upstream": gw.where}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        try:
+            r = await gw.http.get(gw.upstream + "/models", headers=gw.headers(request))
+        except httpx.HTTPError as e:
+            raise gw.failed(e) from None
+        if r.status_code != 200:
+            err = gw.upstream_status(r, r.content)
+            if isinstance(err, APIError):
+                raise err
+            return err
+        try:
+            return JSONResponse(r.json())
+        except ValueError:
+            raise APIError(502, f"upstream {gw.where} answered /models with a body that is not JSON",
+                           "upstream_error", code="upstream_error") from None
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        obj = await read_json(request, gw.limits)
+        req = parse(GatewayRequest, obj)
+        query = req.query()
+        mems = [m if isinstance(m, str) else m.model_dump() for m in req.mdl.memories]
+        try:
+            gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
+        except ValueError as e:
+            raise APIError(400, f"mdl: {e}", param="mdl") from None
+        d, took, rows = await gw.batcher.decide(query, mems, req.mdl.category, req.mdl.risk)
+        timing = {"x-mdl-decision-ms": f"{1e3 * took:.2f}", "x-mdl-decision-batch": str(rows)}
+        messages = d.build_messages([m.model_dump(exclude_none=True) for m in req.messages])
+        info = {**d.to_dict(), "upstream": messages is not None}
+        if messages is None:  # Opt-Out: the abstention, no model call
+            return _abstain(req, d.abstention, info, timing)
+        body = {k: v for k, v in obj.items() if k != "mdl"}
+        body["messages"] = messages
+        url = gw.upstream + "/chat/completions"
+        if req.stream:
+            return await _forward_stream(gw, request, url, body, info, timing)
+        try:
+            r = await gw.http.post(url, json=body, headers=gw.headers(request))
+        except httpx.HTTPError as e:
+            raise gw.failed(e) from None
+        if r.status_code != 200:
+            err = gw.upstream_status(r, r.content)
+            if isinstance(err, APIError):
+                raise err
+            return err
+        try:
+            out = r.json()
+            if not isinstance(out, dict) or not isinstance(out.get("choices"), list):
+                raise ValueError
+        except ValueError:
+            raise APIError(502, f"upstream {gw.where} answered with a body that is not a chat completion",
+                           "upstream_error", code="upstream_error") from None
+        out["mdl"] = info
+        return JSONResponse(out, headers=timing)
+
+    return app
+
+
+def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
+    cid, created = new_id("chatcmpl-mdl"), now()
+    if not req.stream:
+        return JSONResponse({
+            "id": cid, "object": "chat.completion", "created": created, "model": req.model,
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "mdl": info}, headers=timing)
+
+    def chunk(delta, finish=None, **extra):
+        return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                    **extra})
+
+    async def events():
+        yield chunk({"role": "assistant", "content": ""}, mdl=info)
+        yield chunk({"content": text})
+        yield chunk({}, "stop")
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
+
+
+async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, info: dict, timing: dict):
+    """Open the upstream stream first (its errors are still an HTTP status), then pass events through,
+    the ``mdl`` object added to the first one. An upstream that dies mid-stream ends the stream with
+    an error event (the status line has gone out)."""
+    try:
+        req = gw.http.build_request("POST", url, json=body, headers=gw.headers(request))
+        r = await gw.http.send(req, stream=True)
+    except httpx.HTTPError as e:
+        raise gw.failed(e) from None
+    if r.status_code != 200:
+        raw = await r.aread()
+        await r.aclose()
+        err = gw.upstream_status(r, raw)
+        if isinstance(err, APIError):
+            raise err
+        return err
+
+    async def events():
+        first = True
+        try:
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if first and data != "[DONE]":
+                    try:
+                        ev = json.loads(data)
+                        ev["mdl"] = info
+                        data = json.dumps(ev, ensure_ascii=False)
+                        first = False
+                    except (ValueError, TypeError):
+                        pass
+                yield f"data: {data}\n\n".encode()
+        except httpx.HTTPError as e:
+            yield sse(gw.failed(e).body())
+            yield sse("[DONE]")
+        finally:
+            await r.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
