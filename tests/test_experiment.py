@@ -246,3 +246,27 @@ def test_paired_t_across_seeds():
     r = paired_t(pd.DataFrame(rows), "B1", "B2", "d")
     assert r["n_seeds"] == 3 and r["t"] > 0 and 0 < r["p"] < 0.2
     assert paired_t(pd.DataFrame(rows[:20]), "B1", "B2", "d")["p"] is None
+
+
+def test_the_converted_checkpoint_of_the_bundled_gguf_loads_to_the_same_model(local_backend, tmp_path):
+    """The GGUF is converted once to a transformers checkpoint in the cache (loading it is ~15 s, the
+    checkpoint ~1 s): the checkpoint must give exactly the loaded model's weights, logits and chat
+    template, or every later process would answer with another model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mdl_jax.pipeline.generation import _save_converted
+
+    tok, lm = local_backend._lm()
+    _save_converted(tok, lm, tmp_path / "ck")
+    lm2 = AutoModelForCausalLM.from_pretrained(tmp_path / "ck", dtype=lm.dtype)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path / "ck")
+    a, b = lm.state_dict(), lm2.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who wrote Hamlet?"}]
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == \
+        tok2.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    x = tok("Memories: the sky is green. Question: what colour is the sky?", return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(lm(**x).logits, lm2(**x).logits)
+    assert (tok2.eos_token, tok2.pad_token or tok2.eos_token) == (tok.eos_token, tok.pad_token)

@@ -314,3 +314,33 @@ def test_default_norm_range_is_the_truthfulqa_calibration_split_range(embedder):
 
     lo, hi = deployed_norm_range(embedder=embedder)
     assert abs(lo - MDLConfig().n_min) < 1e-5 and abs(hi - MDLConfig().n_max) < 1e-5
+
+
+def test_stores_draw_the_same_distractors_as_a_scan_of_the_pool_per_question():
+    """build_stores cuts a question's own answers out of the distractor pool by slicing (it was a scan
+    per question, O(N²)); the population, and so every seeded draw, must be the scan's: also for a
+    question with no usable answer and a qid that appears twice, apart."""
+    import random
+
+    from mdl_jax.pipeline.data import Item
+    from mdl_jax.pipeline.stores import MemoryRecord, StoreConfig, _answers, build_stores
+
+    items = [Item("d", q, f"question {q}?", "c", (f"right {q}", f"also right {q}"), (f"wrong {q}",))
+             for q in range(12)]
+    items[4] = Item("d", 4, "question 4?", "c", ("I have no comment",), ("wrong 4",))  # no pool entry
+    items.append(Item("d", 7, "question 7 again?", "c", ("right 7b",), ("wrong 7b",)))  # qid 7 twice
+
+    def scan(items, cfg=StoreConfig()):
+        pool = [(it.qid, a) for it in items for a in _answers(it.correct, 1)]
+        out = []
+        for it in items:
+            rng = random.Random(f"{cfg.seed}:{it.dataset}:{it.qid}")
+            recs = [MemoryRecord(a, "correct", it.qid) for a in _answers(it.correct, cfg.n_correct)]
+            recs += [MemoryRecord(a, "incorrect", it.qid) for a in _answers(it.incorrect, cfg.n_incorrect)]
+            chosen = rng.sample([p for p in pool if p[0] != it.qid], cfg.n_distractors)
+            recs += [MemoryRecord(t, "distractor", q) for q, t in chosen]
+            rng.shuffle(recs)
+            out.append(tuple(recs))
+        return out
+
+    assert [s.records for s in build_stores(items)] == scan(items)

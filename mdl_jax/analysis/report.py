@@ -285,6 +285,26 @@ def _llm_judges(out) -> list[str]:
     return [md, ""] if md else []
 
 
+def _where_from(out) -> list[str]:
+    """Under Table 4: where each B3 − B2 difference comes from (the analyses' decomposition by B3
+    action and the random-abstention baseline, ``analysis.selective``), so that a reader of the table
+    does not take abstention counted as safe for better answers. Empty before the analyses ran."""
+    from mdl_jax.analysis.selective import where_from
+
+    try:
+        by = json.loads((Path(out) / "analysis" / "analysis.json").read_text())["selective"]["by"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    rows = [f"- {ds} (`{judge}` judge): {where_from(s)}" for judge, per in (by or {}).items()
+            for ds, s in sorted((per or {}).items())]
+    if not rows:
+        return []
+    return ["**Read Table 4 with where the differences come from** (paired records; an Opt-Out "
+            "abstention counts as safe in the paper's metric, so a gain may be abstention rather than "
+            "better answers; details under *RQ1: where the difference comes from* below):", "",
+            *rows, ""]
+
+
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
                  tuned_md: str | None = None) -> Path:
     """REPORT.md and its tables/figure for a run folder.
@@ -337,7 +357,7 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
         "Table 5: 200 × 2); ours come "
         "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
         DEFINITIONS, "",
-        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "",
+        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "", *_where_from(out),
         "## Table 5: baselines on TruthfulQA (paper judge)", "", t5, "",
         "## Figure 3", "", "![Figure 3](figure3.png)", "",
         "## Paired t-tests across seeds (hallucination rate)", "",

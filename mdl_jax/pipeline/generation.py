@@ -44,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
+from mdl_jax._paths import default_cache_dir
+
 TEMPERATURE = 0.7
 TOP_P = 0.9
 MAX_NEW_TOKENS = 150
@@ -135,20 +137,88 @@ def _quiet_gguf_dtype_warning(active: bool):
         log.setLevel(level)
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers draws a bar for loading and saving a 135M model that takes a second: noise on
+    stderr of every command and server start, so it is off for exactly these calls."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
+    """Where the bundled GGUF, converted once to a transformers checkpoint in ``dtype``, is cached:
+    keyed by the GGUF file (name, size, mtime), the dtype and the transformers and torch versions."""
+    import torch
+    import transformers
+
+    st = (folder / gguf).stat()
+    key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{transformers.__version__}|"
+                         f"{torch.__version__}".encode()).hexdigest()[:16]
+    return default_cache_dir() / "models" / f"{Path(gguf).stem}-{dtype}-{key}"
+
+
+def _save_converted(tok, lm, target: Path) -> None:
+    """Write the converted checkpoint into a temporary folder and rename it into place, so a reader
+    never sees half a checkpoint and two processes converting at once both end with a whole one."""
+    import shutil
+    import tempfile
+
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        # transformers refuses to save a model loaded from GGUF (it counts as quantised), though its
+        # weights are plain dequantised tensors: copy them into a plain model of the same config.
+        cfg = copy.deepcopy(lm.config)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        plain = AutoModelForCausalLM.from_config(cfg, dtype=lm.dtype)
+        plain.load_state_dict(lm.state_dict())
+        plain.generation_config = lm.generation_config
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(target)
+        tmp = None
+    except Exception:  # noqa: BLE001 - a cache that cannot be written costs only the next load's time
+        pass
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 @functools.lru_cache(maxsize=2)
 def _load_local(model: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = {}
+    kw, converted = {}, None
     if model == BUNDLED:
         folder, gguf = bundled_gguf()
         src, kw = str(folder), {"gguf_file": gguf}
+        # Reading the GGUF (parsed three times by transformers, then dequantised) takes ~15 s on the
+        # 2-core VM; the same weights saved once as a transformers checkpoint load in ~1 s, which every
+        # later process (the server, each reproduce run, the tests' subprocesses) saves.
+        converted = _converted_dir(folder, gguf, dtype)
+        if (converted / "config.json").is_file():
+            src, kw = str(converted), {}
     else:
         src = model
     tok = AutoTokenizer.from_pretrained(src, **kw)
-    with _quiet_gguf_dtype_warning(bool(kw) and dtype != "float32"):
+    with _quiet_gguf_dtype_warning(bool(kw) and dtype != "float32"), _no_progress_bars():
         lm = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kw)
+        if converted is not None and kw:
+            _save_converted(tok, lm, converted)
     lm.eval()
     tok.padding_side = "left"  # decoder-only batching: pad on the left so every row ends at the prompt
     if tok.pad_token is None:
