@@ -233,3 +233,19 @@ def test_score_gates_cli_refuses_a_folder_without_records(tmp_path, capsys):
     assert not (tmp_path / "gate_scores.jsonl").exists()
     assert main(["score-gates", str(tmp_path), "--batch-size", "0"]) == 2
     assert "--batch-size" in capsys.readouterr().err
+
+
+def test_report_reads_table_4_with_where_each_difference_comes_from(tmp_path):
+    """REPORT.md puts the decomposition under Table 4, so a reader of the table sees that B3's gain on
+    the constructed records is all Opt-Out counted as safe, with the † warning for 4 questions."""
+    from mdl_jax.analysis.analyze import _jsonable
+    from mdl_jax.analysis.report import _where_from
+
+    assert _where_from(tmp_path) == []  # before the analyses ran: nothing, no crash
+    (tmp_path / "analysis").mkdir()
+    res = selective.selective(_ev(ROWS), n_draws=200)
+    (tmp_path / "analysis" / "analysis.json").write_text(json.dumps(_jsonable({"selective": res})))
+    lines = _where_from(tmp_path)
+    row = next(ln for ln in lines if ln.startswith("- truthfulqa (`paper` judge)"))
+    assert "B3 − B2 = -0.250" in row and "Opt-Out -0.250" in row and "accounts for 100% of it" in row
+    assert row.endswith("† 4 questions: too few for a claim.")

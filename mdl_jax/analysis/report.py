@@ -295,7 +295,11 @@ def _where_from(out) -> list[str]:
         by = json.loads((Path(out) / "analysis" / "analysis.json").read_text())["selective"]["by"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-    rows = [f"- {ds} (`{judge}` judge): {where_from(s)}" for judge, per in (by or {}).items()
+    def small(s) -> str:  # the report's † convention: too few questions for a claim
+        n = s.get("n_questions") or 0
+        return f" † {n} questions: too few for a claim." if n < 30 else ""
+
+    rows = [f"- {ds} (`{judge}` judge): {where_from(s)}{small(s)}" for judge, per in (by or {}).items()
             for ds, s in sorted((per or {}).items())]
     if not rows:
         return []
