@@ -153,6 +153,29 @@ class Gateway:
             why = f"{type(e).__name__}"
         return APIError(502, f"upstream {self.where} failed: {why}", "upstream_error", code="upstream_error")
 
+    async def call(self, method: str, path: str, request, *, what: str, json_body=None,
+                   valid=lambda o: True):
+        """One upstream call: its JSON body, or the caller's answer for an upstream 4xx (a Response);
+        a refused / timed-out call, a 5xx or a body that is not ``valid`` JSON raises a 502 saying so."""
+        try:
+            r = await self.http.request(method, self.upstream + path, json=json_body,
+                                        headers=self.headers(request))
+        except httpx.HTTPError as e:
+            raise self.failed(e) from None
+        if r.status_code != 200:
+            err = self.upstream_status(r, r.content)
+            if isinstance(err, APIError):
+                raise err
+            return err
+        try:
+            out = r.json()
+            if not valid(out):
+                raise ValueError
+        except ValueError:
+            raise APIError(502, f"upstream {self.where} {what}", "upstream_error",
+                           code="upstream_error") from None
+        return out
+
     def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | Response:
         """An upstream error answer: 4xx back to the caller as it was (its fault); else 502."""
         if 400 <= r.status_code < 500:
@@ -189,20 +212,8 @@ def make_app(gw: Gateway):
 
     @app.get("/v1/models")
     async def models(request: Request):
-        try:
-            r = await gw.http.get(gw.upstream + "/models", headers=gw.headers(request))
-        except httpx.HTTPError as e:
-            raise gw.failed(e) from None
-        if r.status_code != 200:
-            err = gw.upstream_status(r, r.content)
-            if isinstance(err, APIError):
-                raise err
-            return err
-        try:
-            return JSONResponse(r.json())
-        except ValueError:
-            raise APIError(502, f"upstream {gw.where} answered /models with a body that is not JSON",
-                           "upstream_error", code="upstream_error") from None
+        out = await gw.call("GET", "/models", request, what="answered /models with a body that is not JSON")
+        return out if isinstance(out, Response) else JSONResponse(out)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -225,22 +236,11 @@ def make_app(gw: Gateway):
         url = gw.upstream + "/chat/completions"
         if req.stream:
             return await _forward_stream(gw, request, url, body, info, timing)
-        try:
-            r = await gw.http.post(url, json=body, headers=gw.headers(request))
-        except httpx.HTTPError as e:
-            raise gw.failed(e) from None
-        if r.status_code != 200:
-            err = gw.upstream_status(r, r.content)
-            if isinstance(err, APIError):
-                raise err
-            return err
-        try:
-            out = r.json()
-            if not isinstance(out, dict) or not isinstance(out.get("choices"), list):
-                raise ValueError
-        except ValueError:
-            raise APIError(502, f"upstream {gw.where} answered with a body that is not a chat completion",
-                           "upstream_error", code="upstream_error") from None
+        out = await gw.call("POST", "/chat/completions", request, json_body=body,
+                            what="answered with a body that is not a chat completion",
+                            valid=lambda o: isinstance(o, dict) and isinstance(o.get("choices"), list))
+        if isinstance(out, Response):
+            return out
         out["mdl"] = info
         return JSONResponse(out, headers=timing)
 
