@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from mdl_jax.analysis.oracle import degenerate, question_folds, recalibrate, score, stratified_folds
-from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import ci_md as _ci, cluster_bootstrap_diff, paired_t, question_ids
 
 ABLATIONS = (
     ("w/o α gating", {"alpha_gating": False}),
@@ -137,15 +137,6 @@ def table7b(df, y, configs, k: int = 5, seed: int = 0) -> dict:
     res = {"grouped": _cv(X, y, question_folds(y, groups, k, seed), mdl_correct)}
     res["record_level"] = _cv(X, y, stratified_folds(y, k, seed), mdl_correct)
     return res
-
-
-def _ci(ci, scale: float = 1.0) -> str:
-    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
-    lo, hi = ci
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "[–: too few questions]"
-    d = 1 if scale != 1.0 else 3
-    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
 
 
 def _p(p) -> str:

@@ -36,7 +36,7 @@ from itertools import combinations
 import numpy as np
 
 from mdl_jax.analysis.oracle import recalibrate, score
-from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import ci_md as _ci, cluster_bootstrap_diff, paired_t, question_ids
 
 SIGNALS = ("M", "R", "A")
 SUBSETS = (("M",), ("R",), ("A",), ("M", "R"), ("M", "A"), ("R", "A"), ("M", "R", "A"))
@@ -194,15 +194,6 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
 
 
 # ----------------------------------------------------------------------------------- Markdown
-
-def _ci(ci, scale: float = 1.0) -> str:
-    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
-    lo, hi = ci
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "[–: too few questions]"
-    d = 1 if scale != 1.0 else 3
-    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
-
 
 def _p(p) -> str:
     if p is None or not np.isfinite(p):

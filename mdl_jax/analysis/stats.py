@@ -201,6 +201,15 @@ def _p(p) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def ci_md(ci, scale: float = 1.0) -> str:
+    """'[lo, hi]' of a question-bootstrap CI; NaN (fewer than 2 questions) prints as such, not '[+nan, +nan]'."""
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[–: too few questions]"
+    d = 1 if scale != 1.0 else 3
+    return f"[{lo * scale:+.{d}f}, {hi * scale:+.{d}f}]"
+
+
 def _ci(lo, hi) -> str:
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "[–: too few questions]"
