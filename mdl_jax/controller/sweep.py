@@ -354,6 +354,32 @@ def _config_chunks(cfg: MDLConfig, K: int, n: int):
     return chunks, chunk, n_chunks, sharding
 
 
+# ------------------------------------------------------------------------------------ engines
+# An engine computes one pass: (M, R, A (n,) float32, adopt (n,) bool, w (W, n) int32 or float32) →
+# raw weighted sums (n_correct (K, W), counts (K, W, 4), C_final (K, W)) as NumPy arrays, integer sums
+# exact. ``sweep`` adds the passes on the host. "jax" is the definition (the program above, on any
+# backend); "auto" picks the fastest engine that supports the batch on the default backend.
+ENGINES = ("auto", "jax")
+
+
+def _jax_engine(cfg: MDLConfig, K: int, size: int):
+    chunks, chunk, n_chunks, sharding = _config_chunks(cfg, K, size)
+
+    def run_pass(M, R, A, adopt, w):
+        out = _program_jit(jnp.asarray(M), jnp.asarray(R), jnp.asarray(A), jnp.asarray(adopt),
+                           jnp.asarray(w), chunks, chunk_sharding=sharding)
+        return tuple(np.asarray(x).reshape((n_chunks * chunk,) + x.shape[2:])[:K] for x in out)
+
+    return run_pass
+
+
+def _engine(name: str, cfg: MDLConfig, K: int, size: int):
+    """The pass function for ``engine=name`` (``ENGINES``)."""
+    if name in ("auto", "jax"):
+        return _jax_engine(cfg, K, size)
+    raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}")
+
+
 # Records per pass of the compiled program. A pass holds a few (configs, records, 16) float
 # intermediates, so memory grows with this, not with N: 2^18 records keep a pass near 100 MB, and
 # N = 5×10^7 records (what decide handles) sweep in 191 passes. The host adds the passes' sums.
@@ -390,7 +416,8 @@ def _weights(weights, N: int):
     return (w * scale[:, None]).astype(np.float32), scale, total, w2d
 
 
-def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK):
+def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK,
+          engine: str = "auto"):
     """Every config × every record, reduced per config (see the module docstring).
 
     Args:
@@ -402,6 +429,8 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
         ``bootstrap_weights``), each vector with a positive total; default: every record once.
       record_chunk: records per pass of the compiled program (memory is bounded by it, not by N);
         results do not depend on it beyond float32 rounding of ``mean_C_final``'s partial sums.
+      engine: how each pass is computed (``ENGINES``): "jax" is the pure-JAX program on any backend;
+        "auto" (default) the fastest engine that supports the batch here.
 
     Returns:
       ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays; leading
@@ -413,9 +442,12 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
     if isinstance(configs, (list, tuple)):
         if not configs:
             raise ValueError("configs: expected at least one config")
-        return [sweep(M, R, A, c, adopt=adopt, weights=weights, record_chunk=record_chunk) for c in configs]
+        return [sweep(M, R, A, c, adopt=adopt, weights=weights, record_chunk=record_chunk, engine=engine)
+                for c in configs]
     if isinstance(record_chunk, bool) or not isinstance(record_chunk, (int, np.integer)) or record_chunk < 1:
         raise ValueError(f"record_chunk: expected a positive int, got {record_chunk!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
     cfg, K, batched = _as_batch(configs)
     _check_batch(cfg, K)
     for n, x in (("M", M), ("R", R), ("A", A)):
@@ -437,20 +469,18 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
         sig = [np.concatenate([x, np.full(pad, 0.5, np.float32)]) for x in sig]
         lab = np.concatenate([lab, np.zeros(pad, bool)])
         w = np.concatenate([w, np.zeros((W, pad), w.dtype)], axis=1)
-    chunks, chunk, n_chunks, sharding = _config_chunks(cfg, K, size)
     acc_dt = np.int64 if w.dtype == np.int32 else np.float64
     if w.dtype == np.int32 and w.reshape(W, n_pass, size).sum(-1, dtype=np.int64).max() < 2**24:
         # Every partial sum of a pass is an integer below 2^24, which float32 holds exactly: the
         # float matmul (fast on every backend) gives the same integers as the int32 one.
         w = w.astype(np.float32)
+    run_pass = _engine(engine, cfg, K, size)
     n_correct = np.zeros((K, W), acc_dt)
     counts = np.zeros((K, W, 4), acc_dt)
     cf = np.zeros((K, W), np.float64)
     for j in range(n_pass):
         part = slice(j * size, (j + 1) * size)
-        out = _program_jit(*(jnp.asarray(x[part]) for x in sig), jnp.asarray(lab[part]),
-                           jnp.asarray(w[:, part]), chunks, chunk_sharding=sharding)
-        c, k, m = (np.asarray(x).reshape((n_chunks * chunk,) + x.shape[2:])[:K] for x in out)
+        c, k, m = run_pass(*(x[part] for x in sig), lab[part], w[:, part])
         n_correct += c.astype(acc_dt)
         counts += k.astype(acc_dt)
         cf += m.astype(np.float64)
