@@ -112,14 +112,21 @@ def give_up(e: BaseException) -> None:
 
 def supports(cfg: MDLConfig) -> bool:
     """The kernel's structural limits: those of the native kernel (D = 16, one concrete config)."""
-    return native.supports(cfg)
+    try:
+        return _supports_cached(cfg)
+    except TypeError:  # unhashable leaves (arrays): asked every call
+        return native.supports(cfg)
+
+
+_supports_cached = functools.lru_cache(maxsize=64)(native.supports)
 
 
 def _arrays_on_gpu(arrays) -> bool:
-    # Input already committed to another device (a CPU array on a GPU machine) stays off the kernel:
-    # the program would be compiled for that device, where the kernel does not exist.
+    # Input committed to another device (jax.device_put(x, cpu) on a GPU machine) stays off the
+    # kernel: the program would be compiled for that device, where the kernel does not exist.
+    # Uncommitted arrays go wherever the program runs (the default device).
     for x in arrays:
-        if isinstance(x, jax.Array):
+        if isinstance(x, jax.Array) and getattr(x, "committed", True):
             try:
                 if any(d.platform not in ("gpu", "cuda") for d in x.devices()):
                     return False
@@ -136,6 +143,15 @@ def usable(cfg: MDLConfig, arrays=()) -> bool | str:
     if m == "interpret":
         return "interpret"
     return on_gpu_backend() and _arrays_on_gpu(arrays)
+
+
+def sweep_usable(cfg: MDLConfig) -> bool:
+    """Does ``sweep(engine="auto")`` take the fused engine for this batch here? (GPU backend or
+    ``MDL_JAX_FUSED=interpret``, D = 16, kernel not given up.)"""
+    m = mode()
+    if m == "off" or failed() is not None or cfg.D != D:
+        return False
+    return m == "interpret" or on_gpu_backend()
 
 
 # ------------------------------------------------------------------------------------ the config
@@ -301,13 +317,16 @@ def _decide_shaped(M, R, A, mats, vecs, scal, *, st, interpret, block, num_warps
 _decide_jit = jax.jit(_decide_shaped, static_argnames=("st", "interpret", "block", "num_warps"))
 
 
-def decide(M, R, A, cfg: MDLConfig, *, interpret: bool = False, block: int = BLOCK,
-           num_warps: int = NUM_WARPS) -> _decision.Decision:
+def decide(M, R, A, cfg: MDLConfig, *, interpret: bool = False, block: int | None = None,
+           num_warps: int | None = None) -> _decision.Decision:
     """The controller on the fused kernel: M, R, A of one shape S (float32) → Decision (fields S, v_meta
     S + (16,), energies S + (3,)). No checks here: ``mdl_jax.decide`` validates and routes; call
     this directly only with valid float32 signals and a config that ``supports``. ``interpret`` runs
-    Pallas' interpreter (any backend); ``block`` (a power of two ≥ 16) records per program."""
-    if block < 16 or block & (block - 1):
+    Pallas' interpreter (any backend); ``block`` (a power of two ≥ 16) records per program and
+    ``num_warps``: ``BLOCK`` and ``NUM_WARPS`` when None."""
+    block = BLOCK if block is None else block
+    num_warps = NUM_WARPS if num_warps is None else num_warps
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
         raise ValueError(f"block: expected a power of two ≥ 16, got {block!r}")
     mats, vecs, scal = params(cfg)
     return _decide_jit(M, R, A, mats, vecs, scal, st=structure(cfg), interpret=bool(interpret),
