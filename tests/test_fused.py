@@ -156,8 +156,8 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda(monkeypatch):
                                     block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
     grid = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
     packed = fused._pack_batch(grid, 3)
-    x = jax.ShapeDtypeStruct((8192,), jnp.float32)
-    fused._sweep_jit.trace(x, x, x, x, jax.ShapeDtypeStruct((16, 8192), jnp.float32), *packed,
+    x = jax.ShapeDtypeStruct((8000,), jnp.float32)
+    fused._sweep_jit.trace(x, x, x, jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32), *packed,
                            st=fused.structure(grid), interpret=False, block=fused.BLOCK,
                            rec_block=fused.SWEEP_BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
     assert len(modules) == 7

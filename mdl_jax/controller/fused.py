@@ -123,12 +123,14 @@ _supports_cached = functools.lru_cache(maxsize=64)(native.supports)
 
 def _arrays_on_gpu(arrays) -> bool:
     # Input committed to another device (jax.device_put(x, cpu) on a GPU machine) stays off the
-    # kernel: the program would be compiled for that device, where the kernel does not exist.
-    # Uncommitted arrays go wherever the program runs (the default device).
+    # kernel: the program would be compiled for that device, where the kernel does not exist. So
+    # does input sharded over several devices (the pure-JAX path partitions; a kernel call would
+    # not). Uncommitted arrays go wherever the program runs (the default device).
     for x in arrays:
         if isinstance(x, jax.Array) and getattr(x, "committed", True):
             try:
-                if any(d.platform not in ("gpu", "cuda") for d in x.devices()):
+                devs = x.devices()
+                if len(devs) > 1 or any(d.platform not in ("gpu", "cuda") for d in devs):
                     return False
             except (RuntimeError, ValueError):
                 return False
@@ -360,7 +362,15 @@ def _sweep_kernel(m_ref, r_ref, a_ref, adopt_ref, w_ref, mat_ref, vec_ref, scal_
 
 def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, rec_block, num_warps):
     K = mats.shape[0]
-    Wp, n = w.shape
+    W, size = w.shape
+    # Pad on the device (not on the host: at 10^10 pairs/s a pass's kernel takes milliseconds) to
+    # whole record blocks and ≥ 16 weight rows (every product dimension ≥ 16 for Triton's dot);
+    # weight-0 records and rows add nothing.
+    n = -(-size // rec_block) * rec_block
+    Wp = _pow2_at_least(W, D)
+    M, R, A = (jnp.pad(x.astype(jnp.float32), (0, n - size), constant_values=0.5) for x in (M, R, A))
+    adopt = jnp.pad(adopt.astype(jnp.float32), (0, n - size))
+    w = jnp.pad(w.astype(jnp.float32), ((0, Wp - W), (0, n - size)))
     n_rb = n // rec_block
     rec = pl.BlockSpec((rec_block,), lambda k, b: (b,))
     cfg_spec = lambda shape: pl.BlockSpec((None,) + shape, lambda k, b: (k,) + (0,) * len(shape))  # noqa: E731
@@ -373,7 +383,8 @@ def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, re
         interpret=interpret, compiler_params=_compiler_params(interpret, num_warps), name="mdl_sweep_fused",
     )(M, R, A, adopt, w, mats, vecs, scal)
     # the record blocks' partial sums, reduced here in XLA (exact for integer sums below 2^24)
-    return jnp.sum(part, axis=1)
+    out = jnp.sum(part, axis=1)[:, :W]
+    return out[..., 4], out[..., 0:4], out[..., 5]
 
 
 _sweep_jit = jax.jit(_sweep_flat, static_argnames=("st", "interpret", "block", "rec_block", "num_warps"))
@@ -399,7 +410,6 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = 
     st = structure(cfg)
     rec_block = min(SWEEP_BLOCK, _pow2_at_least(size, block))
     blk = min(block, rec_block)
-    n_pad = -(-size // rec_block) * rec_block
     backup = []
 
     def other():
@@ -408,24 +418,18 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = 
         return backup[0]
 
     def run_pass(M, R, A, adopt, w):
-        W = w.shape[0]
-        if w.dtype != np.float32 or failed() is not None:
+        if np.asarray(w).dtype != np.float32 or failed() is not None:
             if fallback is None:
                 raise ValueError("fused sweep engine: expected float32 weights (integer sums below 2^24)")
             return other()(M, R, A, adopt, w)
-        pad = n_pad - size
-        sig = [np.concatenate([np.asarray(x, np.float32), np.full(pad, 0.5, np.float32)]) for x in (M, R, A)]
-        lab = np.concatenate([np.asarray(adopt, np.float32), np.zeros(pad, np.float32)])
-        wp = np.zeros((_pow2_at_least(W, D), n_pad), np.float32)   # weight-0 rows and records add nothing
-        wp[:W, :size] = w
         try:
-            out = np.asarray(_sweep_jit(*sig, lab, wp, mats, vecs, scal, st=st, interpret=bool(interpret),
-                                        block=blk, rec_block=rec_block, num_warps=num_warps))
+            out = _sweep_jit(M, R, A, adopt, w, mats, vecs, scal, st=st, interpret=bool(interpret),
+                             block=blk, rec_block=rec_block, num_warps=num_warps)
+            return tuple(np.asarray(x) for x in out)
         except Exception as e:  # noqa: BLE001 - a lowering/compile failure of the kernel on this device
             if fallback is None or interpret:
                 raise
             give_up(e)
             return other()(M, R, A, adopt, w)
-        return out[:, :W, 4], out[:, :W, 0:4], out[:, :W, 5]
 
     return run_pass
