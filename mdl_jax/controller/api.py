@@ -269,8 +269,8 @@ def _fused_decide(M, R, A, cfg: MDLConfig):
     try:
         return fused.decide(M, R, A, cfg, interpret=how == "interpret")
     except Exception as e:  # noqa: BLE001 - Pallas/Triton/XLA raise their own types
-        if how == "interpret":
-            raise
+        if how == "interpret" or "RESOURCE_EXHAUSTED" in str(e):
+            raise  # out of device memory is about the call, not the kernel: the XLA path needs more
         fused.give_up(e)
         return None
 
