@@ -100,11 +100,12 @@ def _sweep_data(n=300, seed=2):
     return M, R, A, rng.integers(0, 2, n)
 
 
-@pytest.mark.parametrize("weights", ["none", "bootstrap", "real"])
+@pytest.mark.parametrize("weights", ["bootstrap", "real"])
 def test_fused_sweep_engine_equals_the_jax_engine(weights):
+    # (no weights at all: test_fused_sweep_engine_takes_ablations_and_big_integer_weights)
     M, R, A, y = _sweep_data()
-    w = {"none": None, "bootstrap": bootstrap_weights(300, 3, 0),
-         "real": np.random.default_rng(3).uniform(0.1, 2.0, (2, 300))}[weights]
+    w = {"bootstrap": bootstrap_weights(300, 3, 0),
+         "real": np.random.default_rng(3).uniform(0.1, 2.0, (3, 300))}[weights]
     grid = config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9])
     # record_chunk 128: three passes, the last padded by sweep and each padded again by the kernel
     got = sweep(M, R, A, grid, adopt=y, weights=w, engine="fused", record_chunk=128)
@@ -222,7 +223,8 @@ def test_decide_takes_the_fused_kernel_for_concrete_input_only(calls, monkeypatc
     # sweep(engine="auto") takes the fused engine in the same mode (the grid and passes of
     # test_fused_sweep_engine_equals_the_jax_engine: one compiled program)
     M, R, A, y = _sweep_data()
-    sweep(M, R, A, config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9]), adopt=y, record_chunk=128)
+    sweep(M, R, A, config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9]), adopt=y,
+          weights=bootstrap_weights(300, 3, 0), record_chunk=128)
     assert calls["sweep"] == 1
     monkeypatch.setenv(fused.ENV_SWITCH, "0")
     assert not fused.usable(MDLConfig()) and not fused.sweep_usable(MDLConfig())
