@@ -13,8 +13,8 @@
     plain ``jit(vmap(decide_one))``. Targets: ``decide`` ≥ 10^10/s validated, ≥ 4× plain vmap. Then
     the kernel at a few block sizes × warps (its defaults are a guess until measured here).
 (3) The sweep: the σ sweep (441 configs × 10 resamples × 3,600 records) with engine="fused" and
-    engine="jax", first call and warm; and 441 configs × 2^20 records for (config, record) pairs/s,
-    end to end and for the fused kernel alone. Target ≥ 10^10 pairs/s.
+    engine="jax", first call and warm; and 441 configs × 2^20 records × 10 weight vectors for
+    (config, record) pairs/s, end to end and for the fused kernel alone. Target ≥ 10^10 pairs/s.
 (4) Tuning (15 runs × 500 steps on 3,600 records, gates and every field, one program), first and warm.
 
 Prints each figure with its target, then one JSON object as the last line. On a GPU a failing section
@@ -85,16 +85,50 @@ def _rate(fn, n: int, reps: int) -> float:
     return n / statistics.median(ts)
 
 
+_PROBE = """
+import numpy as np, jax
+from mdl_jax import MDLConfig, config_grid
+from mdl_jax.controller import fused
+x = np.random.default_rng(0).uniform(size=(3, 5000)).astype(np.float32)
+jax.block_until_ready(fused.decide(*x, MDLConfig()))
+g = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+print(fused.sweep_engine(g, 2, 5000, interpret=False)(*x, x[0] > 0.5, np.ones((1, 5000), np.float32))[1].sum())
+"""
+
+
+def _probe_fused(timeout: float = 240.0) -> str | None:
+    """Compile and run both fused kernels once in a child process: None when they work, else why not.
+    A compiler that crashes (a signal, not an exception) then costs the child, not this run."""
+    import os
+    import subprocess
+
+    try:
+        # this process holds most of the GPU's memory already (JAX preallocates 75%): the child
+        # allocates on demand
+        env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                              env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return f"probe timed out after {timeout:.0f} s"
+    if proc.returncode == 0:
+        return None
+    return f"probe exit status {proc.returncode}: {(proc.stderr or proc.stdout)[-3000:]}"
+
+
 class _Sections:
     """Runs each check; on a GPU a failure is recorded (with its error) and the next check runs."""
 
     def __init__(self, res: dict, strict: bool):
         self.res, self.strict = res, strict
 
-    def run(self, name: str, fn) -> None:
+    def run(self, name: str, fn, fused_section: bool = False) -> None:
         t = time.perf_counter()
+        if fused_section and fused.mode() == "off":
+            self.res.setdefault("errors", {})[name] = "skipped: the fused kernel is off (see fused_probe)"
+            return
         try:
             fn()
+            print(f"[{name}] done in {time.perf_counter() - t:.1f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - report whatever failed, keep the device run useful
             if self.strict:
                 raise
@@ -120,7 +154,7 @@ def main(argv=None) -> dict:
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when no GPU is present")
     p.add_argument("--sweep-configs", type=int, default=441, help="σ values of the sweep checks")
     p.add_argument("--sweep-n", type=int, default=None,
-                   help="records of the pairs/s sweep check (default 2^20 on a GPU, 4096 on the CPU)")
+                   help="records of the pairs/s sweep check (default 2^20 on a GPU, 3600 on the CPU)")
     p.add_argument("--tune-steps", type=int, default=500, help="steps of the tuning check")
     args = p.parse_args(argv)
     dev = _accelerator(args.allow_cpu)
@@ -131,19 +165,34 @@ def main(argv=None) -> dict:
     on_gpu = dev.platform != "cpu"
     # Off the GPU the fused kernel runs in Pallas interpret mode: correct, slow, so kept small there.
     interpret = not on_gpu
-    n_fused = args.n if on_gpu else min(args.n, 16_384)
-    sweep_n = args.sweep_n or (1 << 20 if on_gpu else 4096)
+    # (the CPU sizes reuse the programs compiled for parity and for the σ sweep: this keeps the test
+    # that runs this script short)
+    n_fused = args.n if on_gpu else min(args.n, args.parity_n)
+    sweep_n = args.sweep_n or (1 << 20 if on_gpu else 3600)
     cfg = MDLConfig()
     res: dict = {"device": str(dev), "device_kind": getattr(dev, "device_kind", ""), "jax": jax.__version__,
                  "n": args.n, "n_fused": n_fused, "fused_interpret": interpret, "targets": TARGETS,
                  "fused_block": fused.BLOCK, "fused_num_warps": fused.NUM_WARPS}
     sections = _Sections(res, strict=not on_gpu)
     cpu = jax.devices("cpu")[0]
+    if on_gpu:
+        t = time.perf_counter()
+        why = _probe_fused()
+        res["fused_probe"] = {"ok": why is None, "s": round(time.perf_counter() - t, 1), "error": why}
+        print(f"[fused probe] {'ok' if why is None else 'FAILED: ' + why[-2000:]} "
+              f"({res['fused_probe']['s']} s)", flush=True)
+        if why is not None:
+            # keep this process off the kernel: decide and sweep run pure JAX, the fused rows say why
+            import os
+
+            os.environ[fused.ENV_SWITCH] = "0"
 
     # (1) parity, CPU vs device
     x = np.random.default_rng(0).uniform(size=(3, args.parity_n)).astype(np.float32)
     xc = [jax.device_put(v, cpu) for v in x]
-    xd = [jax.device_put(v, dev) for v in x]
+    with jax.default_device(dev):
+        # uncommitted (on the default device): the same compiled programs as the throughput arrays
+        xd = [jax.device_put(v) for v in x]
     par: dict = {}
     res["parity"] = par
     ref: dict = {}
@@ -176,7 +225,7 @@ def main(argv=None) -> dict:
 
     sections.run("parity_xla", parity_xla)
     if "pure" in ref:
-        sections.run("parity_fused", parity_fused)
+        sections.run("parity_fused", parity_fused, fused_section=True)
     ref.clear()
     del xc, xd
 
@@ -194,10 +243,13 @@ def main(argv=None) -> dict:
             check_unit_interval(name, v)
         return api._decide_jit(M, R, A, cfg)
 
-    def rate(key, fn, n):
-        sections.run(key, lambda: thr.__setitem__(key, _rate(fn, n, args.reps)))
+    def rate(key, fn, n, fused_section=False):
+        def run():
+            thr[key] = _rate(fn, n, args.reps)
+            print(f"  {key}: {thr[key]:.3e} /s", flush=True)
+        sections.run(key, run, fused_section)
 
-    rate("fused_kernel", lambda: fused.decide(Mf, Rf, Af, cfg, interpret=interpret), n_fused)
+    rate("fused_kernel", lambda: fused.decide(Mf, Rf, Af, cfg, interpret=interpret), n_fused, True)
     rate("decide", lambda: decide(M, R, A, cfg), args.n)
     rate("decide_unvalidated", lambda: decide(M, R, A, cfg, validate=False), args.n)
     # which path decide took: the fused kernel (GPU), the native kernel (CPU), or pure JAX after a failure
@@ -212,13 +264,13 @@ def main(argv=None) -> dict:
     if "decide" in thr and "plain_vmap" in thr:
         thr["ratio_decide_vs_plain_vmap"] = thr["decide"] / thr["plain_vmap"]
 
-    if on_gpu and fused.failed() is None:
+    if on_gpu and fused.failed() is None and fused.mode() != "off":
         scan: dict = {}
         res["fused_block_scan"] = scan
         for block, warps in ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8)):
             key = f"block{block}_warps{warps}"
             sections.run(f"scan_{key}", lambda b=block, w=warps, k=key: scan.__setitem__(
-                k, _rate(lambda: fused.decide(M, R, A, cfg, block=b, num_warps=w), args.n, args.reps)))
+                k, _rate(lambda: fused.decide(M, R, A, cfg, block=b, num_warps=w), args.n, args.reps)), True)
     M = R = A = Mf = Rf = Af = None  # free the N-record device arrays before the next checks
 
     # (3) sweep and (4) tuning on the device (random records: only speed is measured)
@@ -245,20 +297,22 @@ def main(argv=None) -> dict:
 
     xb = rng.uniform(size=(3, sweep_n)).astype(np.float32)
     yb = rng.integers(0, 2, sweep_n)
+    wb = rng.integers(0, 3, (10, sweep_n)).astype(np.float32)  # 10 resample-like integer weight vectors
 
     def big_sweep(engine):
         def run():
-            out = sweep(*xb, grid, adopt=yb, engine=engine)
+            out = sweep(*xb, grid, adopt=yb, weights=wb, engine=engine)
             res[f"sweep_pairs_{engine}"] = {
-                "pairs_per_s": _rate(lambda: sweep(*xb, grid, adopt=yb, engine=engine).counts, K * sweep_n,
-                                     args.reps),
+                "pairs_per_s": _rate(lambda: sweep(*xb, grid, adopt=yb, weights=wb, engine=engine).counts,
+                                     K * sweep_n,
+                                     min(args.reps, 3)),
                 "result": out}
         return run
 
     def fused_sweep_kernel():
         # the kernel alone on device-resident records: what the engine costs without the host's passes
-        packed = [jax.device_put(a, dev) for a in fused._pack_batch(grid, K)]
-        xs = [jax.device_put(a, dev) for a in (*xb, yb.astype(bool), np.ones((1, sweep_n), np.float32))]
+        packed = [jax.device_put(a) for a in fused._pack_batch(grid, K)]
+        xs = [jax.device_put(a) for a in (*xb, yb.astype(bool), wb)]
         st = fused.structure(grid)
         rec_block = min(fused.SWEEP_BLOCK, fused._pow2_at_least(sweep_n, fused.BLOCK))
         call = lambda: fused._sweep_jit(*xs, *packed, st=st, interpret=interpret,  # noqa: E731
@@ -267,11 +321,11 @@ def main(argv=None) -> dict:
         res["sweep_fused_kernel_pairs_per_s"] = _rate(call, K * sweep_n, args.reps)
 
     with jax.default_device(dev):
-        sections.run("sweep_sigma_fused", sigma_sweep("fused"))
+        sections.run("sweep_sigma_fused", sigma_sweep("fused"), True)
         sections.run("sweep_sigma_jax", sigma_sweep("jax"))
-        sections.run("sweep_pairs_fused", big_sweep("fused"))
+        sections.run("sweep_pairs_fused", big_sweep("fused"), True)
         sections.run("sweep_pairs_jax", big_sweep("jax"))
-        sections.run("sweep_fused_kernel", fused_sweep_kernel)
+        sections.run("sweep_fused_kernel", fused_sweep_kernel, True)
         # the engine sweep(engine="auto") takes here, under the key earlier versions printed
         res["sweep_sigma"] = res.get("sweep_sigma_fused" if on_gpu else "sweep_sigma_jax")
         for kind in ("sweep_sigma", "sweep_pairs"):
@@ -319,7 +373,7 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
         tgt = ""
         if k == "decide":
             tgt = f"   target ≥ 1e10/s: {_met(v, TARGETS['decisions_per_s'])} (path: {res.get('decide_path')})"
-        print(f"throughput N={n:,} {k:22s} " + ("failed" if v is None else f"{v:.3e} /s") + tgt)
+        print(f"throughput N={n:,} {k:22s} " + ("not measured (see the errors below)" if v is None else f"{v:.3e} /s") + tgt)
     for k in ("ratio_fused_kernel_vs_plain_vmap", "ratio_decide_vs_plain_vmap"):
         v = thr.get(k)
         print(f"{k:42s} " + ("–" if v is None else f"{v:.2f}×") + f"   target ≥ 4×: {_met(v, 4.0)}")
@@ -334,7 +388,8 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
         s = res.get(f"sweep_pairs_{engine}")
         if s:
             tgt = f"   target ≥ 1e10: {_met(s['pairs_per_s'], TARGETS['sweep_pairs_per_s'])}" if engine == "fused" else ""
-            print(f"sweep {K} × {sweep_n:,} records, engine={engine:5s}: {s['pairs_per_s']:.3e} pairs/s{tgt}")
+            print(f"sweep {K} × {sweep_n:,} records × 10 weight vectors, engine={engine:5s}: "
+                  f"{s['pairs_per_s']:.3e} (config, record) pairs/s{tgt}")
     if "sweep_fused_kernel_pairs_per_s" in res:
         v = res["sweep_fused_kernel_pairs_per_s"]
         print(f"fused sweep kernel alone ({K} × {sweep_n:,}): {v:.3e} pairs/s   target ≥ 1e10: "
