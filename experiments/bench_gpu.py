@@ -11,7 +11,8 @@
 (2) Throughput at N = 10^8 on the device, in one run: the fused kernel alone, ``decide`` validated and
     unvalidated (the fused kernel on a GPU), the pure-JAX (XLA) path validated and unvalidated, and
     plain ``jit(vmap(decide_one))``. Targets: ``decide`` ≥ 10^10/s validated, ≥ 4× plain vmap. Then
-    the kernel at a few block sizes × warps (its defaults are a guess until measured here).
+    the kernel at a few block sizes × warps (its defaults are a guess until measured here), and with
+    TF32x3 products (opt-in; its parity is measured in (1)).
 (3) The sweep: the σ sweep (441 configs × 10 resamples × 3,600 records) with engine="fused" and
     engine="jax", first call and warm; and 441 configs × 2^20 records × 10 weight vectors for
     (config, record) pairs/s, end to end and for the fused kernel alone. Target ≥ 10^10 pairs/s.
@@ -223,9 +224,17 @@ def main(argv=None) -> dict:
         res["fused_parity_action_mismatches"] = max(v["action_mismatches"] for k, v in par.items()
                                                     if k.endswith("_fused"))
 
+    def parity_fused_tf32x3():
+        # the opt-in tensor-core products (fused.PRECISIONS): measured here before any default change
+        with jax.default_device(dev):
+            out = fused.decide(*xd, cfg, precision="tf32x3")
+        par["cpu_native_vs_fused_tf32x3"] = _max_diffs(ref["native"], out)
+
     sections.run("parity_xla", parity_xla)
     if "pure" in ref:
         sections.run("parity_fused", parity_fused, fused_section=True)
+        if on_gpu:
+            sections.run("parity_fused_tf32x3", parity_fused_tf32x3, fused_section=True)
     ref.clear()
     del xc, xd
 
@@ -267,10 +276,12 @@ def main(argv=None) -> dict:
     if on_gpu and fused.failed() is None and fused.mode() != "off":
         scan: dict = {}
         res["fused_block_scan"] = scan
-        for block, warps in ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8)):
-            key = f"block{block}_warps{warps}"
-            sections.run(f"scan_{key}", lambda b=block, w=warps, k=key: scan.__setitem__(
-                k, _rate(lambda: fused.decide(M, R, A, cfg, block=b, num_warps=w), args.n, args.reps)), True)
+        for block, warps, prec in ((128, 4, "ieee"), (256, 4, "ieee"), (256, 8, "ieee"), (512, 8, "ieee"),
+                                   (1024, 8, "ieee"), (fused.BLOCK, fused.NUM_WARPS, "tf32x3")):
+            key = f"block{block}_warps{warps}_{prec}"
+            sections.run(f"scan_{key}", lambda b=block, w=warps, k=key, p=prec: scan.__setitem__(
+                k, _rate(lambda: fused.decide(M, R, A, cfg, block=b, num_warps=w, precision=p), args.n,
+                         args.reps)), True)
     M = R = A = Mf = Rf = Af = None  # free the N-record device arrays before the next checks
 
     # (3) sweep and (4) tuning on the device (random records: only speed is measured)
@@ -362,7 +373,7 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
           + (" [CPU: fused kernel in Pallas interpret mode, small sizes]" if res["fused_interpret"] else ""))
     for k, v in res["parity"].items():
         line = f"parity {k:42s} max |Δ| {max(v[f] for f in FLOATS):.2e}  actions differing {v['action_mismatches']}"
-        if k.endswith("_fused"):
+        if k.endswith("_fused") or k.endswith("_tf32x3"):
             ok = max(v[f] for f in FLOATS) <= TARGETS["parity_abs"] and v["action_mismatches"] == 0
             line += f"   target ≤ 1e-5, 0 differing: {'met' if ok else 'NOT met'}"
         print(line)

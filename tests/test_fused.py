@@ -161,13 +161,19 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda(monkeypatch):
     fused._sweep_jit.trace(x, x, x, jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32), *packed,
                            st=fused.structure(grid), interpret=False, block=fused.BLOCK,
                            rec_block=fused.SWEEP_BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
-    assert len(modules) == 7
-    for m in modules:
+    # the opt-in TF32x3 products (three tensor-core passes), for bench_gpu to measure
+    x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+    fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()), interpret=False,
+                            block=fused.BLOCK, num_warps=fused.NUM_WARPS,
+                            precision="tf32x3").lower(lowering_platforms=("cuda",))
+    assert len(modules) == 8
+    for i, m in enumerate(modules):
         assert m.operation.verify()
         text = m.operation.get_asm(print_generic_op_form=True)
         dots = [line for line in text.splitlines() if '"tt.dot"' in line]
-        # float32 products in IEEE mode (inputPrecision 2), never TF32 (0), as decision._HI asks
-        assert dots and all("inputPrecision = 2" in line for line in dots)
+        # float32 products in IEEE mode (inputPrecision 2), never TF32 (0), as decision._HI asks;
+        # TF32x3 (1) only where asked for
+        assert dots and all(f"inputPrecision = {1 if i == 7 else 2}" in line for line in dots)
 
 
 # ------------------------------------------------------------------------------------ selection
@@ -266,9 +272,13 @@ def test_a_kernel_that_fails_to_compile_falls_back_to_pure_jax_with_one_warning(
     assert fused.usable(MDLConfig()) is False
 
 
-def test_explicit_block_sizes_are_checked():
+def test_explicit_block_sizes_and_precisions_are_checked():
     with pytest.raises(ValueError, match="block"):
         fused.decide(*_signals(16), MDLConfig(), interpret=True, block=100)
+    with pytest.raises(ValueError, match="precision"):
+        fused.decide(*_signals(16), MDLConfig(), interpret=True, precision="tf32")
+    with pytest.raises(ValueError, match="only on a GPU"):
+        fused.decide(*_signals(16), MDLConfig(), interpret=True, precision="tf32x3")
 
 
 def test_sweep_engine_names_include_fused():

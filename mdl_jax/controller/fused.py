@@ -57,6 +57,13 @@ NUM_WARPS = 4
 # The sweep kernel: each program takes one config and SWEEP_BLOCK records, in steps of BLOCK.
 SWEEP_BLOCK = 4096
 _HI = jax.lax.Precision.HIGHEST
+# How the kernel's controller products are computed. "ieee" (the default): float32 FMAs, what
+# HIGHEST means to Pallas Triton, exact as decision._HI asks. "tf32x3": three TF32 tensor-core passes
+# with error compensation (Triton's TF32x3), about float32's accuracy (products to ~2^-22
+# relative) at a fraction of the FMA work; offered for experiments/bench_gpu.py to measure against
+# the parity target on a GPU before it could become a default. The sweep's weighted sums are always
+# IEEE (their integer sums must be exact).
+PRECISIONS = {"ieee": _HI, "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3}
 # Slots of the per-config scalar vector (``pack``): loaded one by one from the ref, since a value
 # cannot be sliced inside a Pallas Triton kernel.
 _TWO_SIGMA2, _GA_A, _GA_B, _G_A, _G_B, _TH0, _TH1, _TH2, _N_MIN, _N_MAX = range(10)
@@ -209,7 +216,7 @@ def params(cfg: MDLConfig):
 
 # ------------------------------------------------------------------------------------ the kernel body
 
-def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: bool):
+def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: bool, prec=_HI):
     """Algorithm 1 for a block of records (m, r, a: (B,) float32) under one config held in refs.
 
     Returns (C_final, action) and, with ``outputs``, the other Decision fields. Mirrors
@@ -231,9 +238,9 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
         g_A = sc(_GA_A) + sc(_GA_B) * (jnp.sum(v_a, axis=1) / float(D))
     else:
         g_A = jnp.ones((B,), jnp.float32)
-    z = (jnp.dot(g_A[:, None] * v_wm, mat_ref[0], precision=_HI)
-         + jnp.dot(v_r, mat_ref[1], precision=_HI)
-         + jnp.dot(v_a, mat_ref[2], precision=_HI)
+    z = (jnp.dot(g_A[:, None] * v_wm, mat_ref[0], precision=prec)
+         + jnp.dot(v_r, mat_ref[1], precision=prec)
+         + jnp.dot(v_a, mat_ref[2], precision=prec)
          + vec_ref[1:2, :])
     v_meta = jnp.tanh(z)
     # eq. (2), with safe_norm's zero handling and α = 0 where either norm is 0
@@ -256,7 +263,7 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
     if not outputs:
         return C_final, action
     if st.qr:
-        coords = jnp.dot(v_meta, mat_ref[3], precision=_HI)    # Qᵀ v_meta, (B, D)
+        coords = jnp.dot(v_meta, mat_ref[3], precision=prec)   # Qᵀ v_meta, (B, D)
         csq = coords * coords
         edges = np.cumsum((0,) + tuple(st.dims))
         energies = [jnp.sum(jnp.where((lane >= lo) & (lane < hi), csq, 0.0), axis=1)
@@ -267,7 +274,7 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
 
 
 def _decide_kernel(m_ref, r_ref, a_ref, mat_ref, vec_ref, scal_ref, act_ref, c_ref, alpha_ref, cf_ref,
-                   vm_ref, e_ref, norm_ref, ga_ref, *, st: Structure, n: int, block: int):
+                   vm_ref, e_ref, norm_ref, ga_ref, *, st: Structure, n: int, block: int, prec=_HI):
     if n % block:
         # the last block overhangs the arrays: masked loads and stores (no implicit masking here)
         idx = pl.program_id(0) * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
@@ -276,7 +283,8 @@ def _decide_kernel(m_ref, r_ref, a_ref, mat_ref, vec_ref, scal_ref, act_ref, c_r
     else:
         mask = None
         m, r, a = m_ref[...], r_ref[...], a_ref[...]
-    Cf, act, C, alpha, v_meta, energies, norm, g_A = _controller(m, r, a, mat_ref, vec_ref, scal_ref, st, True)
+    Cf, act, C, alpha, v_meta, energies, norm, g_A = _controller(m, r, a, mat_ref, vec_ref, scal_ref, st, True,
+                                                                 prec)
     for ref, val in ((act_ref, act), (c_ref, C), (alpha_ref, alpha), (cf_ref, Cf), (norm_ref, norm),
                      (ga_ref, g_A)):
         plgpu.store(ref, val, mask=mask)
@@ -291,7 +299,8 @@ def _compiler_params(interpret: bool, num_warps: int):
     return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
-def _decide_flat(M, R, A, mats, vecs, scal, st: Structure, interpret: bool, block: int, num_warps: int):
+def _decide_flat(M, R, A, mats, vecs, scal, st: Structure, interpret: bool, block: int, num_warps: int,
+                 precision: str = "ieee"):
     n = M.shape[0]
     f32 = jnp.float32
     vec = lambda: pl.BlockSpec((block,), lambda i: (i,))  # noqa: E731
@@ -302,7 +311,7 @@ def _decide_flat(M, R, A, mats, vecs, scal, st: Structure, interpret: bool, bloc
     out_specs = [vec()] * 4 + [pl.BlockSpec((block, D), lambda i: (i, 0)),
                                pl.BlockSpec((block, 3), lambda i: (i, 0)), vec(), vec()]
     out = pl.pallas_call(
-        functools.partial(_decide_kernel, st=st, n=n, block=block),
+        functools.partial(_decide_kernel, st=st, n=n, block=block, prec=PRECISIONS[precision]),
         out_shape=out_shape, grid=(pl.cdiv(n, block),),
         in_specs=[vec(), vec(), vec(), whole((4, D, D)), whole((2, D)), whole((D,))],
         out_specs=out_specs, interpret=interpret, compiler_params=_compiler_params(interpret, num_warps),
@@ -311,30 +320,35 @@ def _decide_flat(M, R, A, mats, vecs, scal, st: Structure, interpret: bool, bloc
     return _decision.Decision(*out)
 
 
-def _decide_shaped(M, R, A, mats, vecs, scal, *, st, interpret, block, num_warps):
+def _decide_shaped(M, R, A, mats, vecs, scal, *, st, interpret, block, num_warps, precision="ieee"):
     shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
     flat = [jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.float32) for x in (M, R, A)]
-    out = _decide_flat(*flat, mats, vecs, scal, st, interpret, block, num_warps)
+    out = _decide_flat(*flat, mats, vecs, scal, st, interpret, block, num_warps, precision)
     return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
 
 
-_decide_jit = jax.jit(_decide_shaped, static_argnames=("st", "interpret", "block", "num_warps"))
+_decide_jit = jax.jit(_decide_shaped, static_argnames=("st", "interpret", "block", "num_warps", "precision"))
 
 
 def decide(M, R, A, cfg: MDLConfig, *, interpret: bool = False, block: int | None = None,
-           num_warps: int | None = None) -> _decision.Decision:
+           num_warps: int | None = None, precision: str = "ieee") -> _decision.Decision:
     """The controller on the fused kernel: M, R, A of one shape S (float32) → Decision (fields S, v_meta
     S + (16,), energies S + (3,)). No checks here: ``mdl_jax.decide`` validates and routes; call
     this directly only with valid float32 signals and a config that ``supports``. ``interpret`` runs
     Pallas' interpreter (any backend); ``block`` (a power of two ≥ 16) records per program and
-    ``num_warps``: ``BLOCK`` and ``NUM_WARPS`` when None."""
+    ``num_warps``: ``BLOCK`` and ``NUM_WARPS`` when None; ``precision`` a key of ``PRECISIONS``."""
     block = BLOCK if block is None else block
     num_warps = NUM_WARPS if num_warps is None else num_warps
     if not isinstance(block, int) or block < 16 or block & (block - 1):
         raise ValueError(f"block: expected a power of two ≥ 16, got {block!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {tuple(PRECISIONS)}, got {precision!r}")
+    if interpret and precision != "ieee":
+        # XLA:CPU has no TF32 products, so interpret mode cannot show what this precision does
+        raise ValueError(f"precision: {precision!r} runs only on a GPU; interpret mode takes 'ieee'")
     mats, vecs, scal = params(cfg)
     return _decide_jit(M, R, A, mats, vecs, scal, st=structure(cfg), interpret=bool(interpret),
-                       block=int(block), num_warps=int(num_warps))
+                       block=int(block), num_warps=int(num_warps), precision=precision)
 
 
 # ------------------------------------------------------------------------------------ the sweep kernel
