@@ -140,6 +140,8 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda(monkeypatch):
     # Cross-platform lowering runs Pallas' Triton lowering on this CPU machine: every primitive must
     # have a Triton rule, every tile a power-of-two size, and the module must pass MLIR verification.
     lowering = pytest.importorskip("jax._src.pallas.triton.lowering")
+    if not hasattr(lowering, "lower_jaxpr_to_triton_module"):
+        pytest.skip("this jax's Pallas Triton lowering has another entry point")
     modules = []
     real = lowering.lower_jaxpr_to_triton_module
 
