@@ -93,7 +93,8 @@ from mdl_jax.controller import fused
 x = np.random.default_rng(0).uniform(size=(3, 5000)).astype(np.float32)
 jax.block_until_ready(fused.decide(*x, MDLConfig()))
 g = config_grid(MDLConfig(), sigma=[0.1, 0.2])
-print(fused.sweep_engine(g, 2, 5000, interpret=False)(*x, x[0] > 0.5, np.ones((1, 5000), np.float32))[1].sum())
+w = np.ones((1, 5000), np.float32)
+print(fused.sweep_engine(g, 2, 5000, interpret=False)(*x, x[0] > 0.5, w)[1].sum())
 """
 
 
@@ -372,19 +373,23 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
     print(f"\nMDL controller GPU checks on {res['device']} ({res['device_kind']}), jax {res['jax']}"
           + (" [CPU: fused kernel in Pallas interpret mode, small sizes]" if res["fused_interpret"] else ""))
     for k, v in res["parity"].items():
-        line = f"parity {k:42s} max |Δ| {max(v[f] for f in FLOATS):.2e}  actions differing {v['action_mismatches']}"
+        worst = max(v[f] for f in FLOATS)
+        line = f"parity {k:42s} max |Δ| {worst:.2e}  actions differing {v['action_mismatches']}"
         if k.endswith("_fused") or k.endswith("_tf32x3"):
             ok = max(v[f] for f in FLOATS) <= TARGETS["parity_abs"] and v["action_mismatches"] == 0
             line += f"   target ≤ 1e-5, 0 differing: {'met' if ok else 'NOT met'}"
         print(line)
     thr = res["throughput"]
-    for k in ("fused_kernel", "decide", "decide_unvalidated", "xla_path", "xla_path_unvalidated", "plain_vmap"):
+    rows = ("fused_kernel", "decide", "decide_unvalidated", "xla_path", "xla_path_unvalidated", "plain_vmap")
+    for k in rows:
         n = res["n_fused"] if k == "fused_kernel" else res["n"]
         v = thr.get(k)
         tgt = ""
         if k == "decide":
-            tgt = f"   target ≥ 1e10/s: {_met(v, TARGETS['decisions_per_s'])} (path: {res.get('decide_path')})"
-        print(f"throughput N={n:,} {k:22s} " + ("not measured (see the errors below)" if v is None else f"{v:.3e} /s") + tgt)
+            tgt = (f"   target ≥ 1e10/s: {_met(v, TARGETS['decisions_per_s'])} "
+                   f"(path: {res.get('decide_path')})")
+        fig = "not measured (see the errors below)" if v is None else f"{v:.3e} /s"
+        print(f"throughput N={n:,} {k:22s} {fig}{tgt}")
     for k in ("ratio_fused_kernel_vs_plain_vmap", "ratio_decide_vs_plain_vmap"):
         v = thr.get(k)
         print(f"{k:42s} " + ("–" if v is None else f"{v:.2f}×") + f"   target ≥ 4×: {_met(v, 4.0)}")
@@ -394,11 +399,14 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
         s = res.get(f"sweep_sigma_{engine}")
         if s:
             print(f"sweep σ ({K} × 10 × 3,600), engine={engine:5s}: first {s['first_s']:.2f} s, "
-                  f"{s['pairs_per_s']:.3e} pairs/s warm ({s['decisions_per_s']:.3e} decisions/s with resamples)")
+                  f"{s['pairs_per_s']:.3e} pairs/s warm "
+                  f"({s['decisions_per_s']:.3e} decisions/s with resamples)")
     for engine in ("fused", "jax"):
         s = res.get(f"sweep_pairs_{engine}")
         if s:
-            tgt = f"   target ≥ 1e10: {_met(s['pairs_per_s'], TARGETS['sweep_pairs_per_s'])}" if engine == "fused" else ""
+            tgt = ""
+            if engine == "fused":
+                tgt = f"   target ≥ 1e10: {_met(s['pairs_per_s'], TARGETS['sweep_pairs_per_s'])}"
             print(f"sweep {K} × {sweep_n:,} records × 10 weight vectors, engine={engine:5s}: "
                   f"{s['pairs_per_s']:.3e} (config, record) pairs/s{tgt}")
     if "sweep_fused_kernel_pairs_per_s" in res:
@@ -408,12 +416,14 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
     for kind in ("sweep_sigma", "sweep_pairs"):
         c = res.get(f"{kind}_fused_vs_jax")
         if c:
-            print(f"{kind} fused vs jax: counts equal {c['counts_equal']} (max |Δ| {c['counts_max_abs_diff']:g}), "
+            print(f"{kind} fused vs jax: counts equal {c['counts_equal']} "
+                  f"(max |Δ| {c['counts_max_abs_diff']:g}), "
                   f"mean C_final max |Δ| {c['mean_C_final_max_abs_diff']:.1e}")
     for fs in ("gates", "all"):
         t = res.get(f"tune_{fs}")
         if t:
-            print(f"tune 15 runs × {args.tune_steps} steps ({fs}): first {t['first_s']:.1f} s, warm {t['warm_s']:.2f} s")
+            print(f"tune 15 runs × {args.tune_steps} steps ({fs}): first {t['first_s']:.1f} s, "
+                  f"warm {t['warm_s']:.2f} s")
     for k, v in res.get("errors", {}).items():
         print(f"ERROR in {k}: {v[:300]}")
 

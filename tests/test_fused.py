@@ -21,13 +21,15 @@ from mdl_jax.controller import api, fused
 from mdl_jax.controller import sweep as _sweep
 
 FLOATS = ("C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")
+CUDA = {"lowering_platforms": ("cuda",)}  # cross-platform lowering: no GPU needed
 _plain = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))
 
 CONFIGS = {
     "default": MDLConfig(),
     "non-default numbers, vector bias": MDLConfig(sigma=0.07, eps_c=0.05, gains=(0.9, 0.6, 0.3),
                                                   g_A_coeffs=(0.4, 0.6), gate_coeffs=(0.2, 0.8),
-                                                  thresholds=(0.7, 0.5, 0.1), bias=tuple(np.linspace(-0.2, 0.2, 16)),
+                                                  thresholds=(0.7, 0.5, 0.1),
+                                                  bias=tuple(np.linspace(-0.2, 0.2, 16)),
                                                   n_min=1.5, n_max=3.5),
     "identity subspaces": MDLConfig(subspaces="identity"),
     "four ablations, other dims": MDLConfig(value_encoding=False, risk_inversion=False, risk_modulation=False,
@@ -49,7 +51,8 @@ def _assert_parity(out, ref, cfg):
     act, ref_act = np.asarray(out.action), np.asarray(ref.action)
     assert act.dtype == np.int32
     # an action may only differ where C_final sits within 1e-5 of a threshold
-    near = np.min(np.abs(np.asarray(ref.C_final)[..., None] - np.asarray(cfg.thresholds, np.float32)), -1) < 1e-5
+    th = np.asarray(cfg.thresholds, np.float32)
+    near = np.min(np.abs(np.asarray(ref.C_final)[..., None] - th), -1) < 1e-5
     assert np.all((act == ref_act) | near)
 
 
@@ -67,8 +70,8 @@ def test_fused_kernel_computes_what_decide_one_computes(name):
        bias=st.floats(-0.5, 0.5), seed=st.integers(0, 2**16))
 def test_fused_kernel_matches_decide_one_for_drawn_configs(sigma, eps, gains, gate, th, bias, seed):
     # one compiled program for every draw: the numbers are kernel inputs, not constants
-    cfg = MDLConfig(sigma=sigma, eps_c=eps, gains=gains, gate_coeffs=gate, thresholds=tuple(sorted(th, reverse=True)),
-                    bias=bias)
+    cfg = MDLConfig(sigma=sigma, eps_c=eps, gains=gains, gate_coeffs=gate,
+                    thresholds=tuple(sorted(th, reverse=True)), bias=bias)
     x = _signals(128, seed)
     _assert_parity(fused.decide(*x, cfg, interpret=True, block=128), _plain(*x, cfg), cfg)
 
@@ -89,7 +92,8 @@ def test_packed_config_rows_are_the_weight_matrices_of_eq1():
     np.testing.assert_allclose(np.swapaxes(mats[:3], 1, 2), W, atol=1e-7)
     np.testing.assert_allclose(mats[3], cfg.basis, atol=1e-7)
     np.testing.assert_array_equal(vecs[0], np.asarray(decision.centres(cfg)))
-    np.testing.assert_allclose(scal[:10], [2 * 0.07**2, 0.4, 0.6, 0.2, 0.8, 0.7, 0.5, 0.1, 1.5, 3.5], rtol=1e-6)
+    want = [2 * 0.07**2, 0.4, 0.6, 0.2, 0.8, 0.7, 0.5, 0.1, 1.5, 3.5]  # 2σ², g_A, gate, θ, n_min, n_max
+    np.testing.assert_allclose(scal[:10], want, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ the sweep engine
@@ -156,18 +160,19 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda(monkeypatch):
         for n in (1000, 1024):  # a partial last block (masked) and whole blocks
             x = jax.ShapeDtypeStruct((n,), jnp.float32)
             fused._decide_jit.trace(x, x, x, mats, vecs, scal, st=fused.structure(cfg), interpret=False,
-                                    block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
+                                    block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(**CUDA)
     grid = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
     packed = fused._pack_batch(grid, 3)
     x = jax.ShapeDtypeStruct((8000,), jnp.float32)
-    fused._sweep_jit.trace(x, x, x, jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32), *packed,
-                           st=fused.structure(grid), interpret=False, block=fused.BLOCK,
-                           rec_block=fused.SWEEP_BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
+    labels, weights = jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32)
+    fused._sweep_jit.trace(x, x, x, labels, weights, *packed, st=fused.structure(grid), interpret=False,
+                           block=fused.BLOCK, rec_block=fused.SWEEP_BLOCK,
+                           num_warps=fused.NUM_WARPS).lower(**CUDA)
     # the opt-in TF32x3 products (three tensor-core passes), for bench_gpu to measure
     x = jax.ShapeDtypeStruct((1024,), jnp.float32)
-    fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()), interpret=False,
-                            block=fused.BLOCK, num_warps=fused.NUM_WARPS,
-                            precision="tf32x3").lower(lowering_platforms=("cuda",))
+    fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()),
+                            interpret=False, block=fused.BLOCK, num_warps=fused.NUM_WARPS,
+                            precision="tf32x3").lower(**CUDA)
     assert len(modules) == 8
     for i, m in enumerate(modules):
         assert m.operation.verify()
@@ -217,7 +222,8 @@ def test_decide_takes_the_fused_kernel_for_concrete_input_only(calls, monkeypatc
     x = _signals(256).reshape(3, 16, 16)  # whole blocks, and the caller's shape kept
     out = decide(*x)
     assert calls["decide"] == 1
-    assert out.v_meta.shape == (16, 16, 16) and out.energies.shape == (16, 16, 3) and out.action.shape == (16, 16)
+    assert out.v_meta.shape == (16, 16, 16) and out.energies.shape == (16, 16, 3)
+    assert out.action.shape == (16, 16)
     ref = jax.tree.map(lambda t: t.reshape((16, 16) + t.shape[1:]), _plain(*x.reshape(3, -1), MDLConfig()))
     _assert_parity(out, ref, MDLConfig())
     # under a caller's jit the signals are traced: the pure-JAX path, same answer
@@ -244,7 +250,8 @@ def test_fused_kernel_is_chosen_on_a_gpu_backend_for_supported_configs_and_place
     assert fused.usable(MDLConfig(), (np.zeros(3, np.float32),)) is True
     assert fused.sweep_usable(config_grid(MDLConfig(), sigma=[0.1, 0.2]))
     # a CPU-committed array stays off the kernel; so do D ≠ 16 and a traced config
-    assert fused.usable(MDLConfig(), (jax.device_put(np.zeros(3, np.float32), jax.devices("cpu")[0]),)) is False
+    on_cpu = jax.device_put(np.zeros(3, np.float32), jax.devices("cpu")[0])
+    assert fused.usable(MDLConfig(), (on_cpu,)) is False
     assert fused.usable(MDLConfig(D=8, dims=(3, 3, 2))) is False
     seen = []
     jax.vmap(lambda s: seen.append(fused.usable(MDLConfig(sigma=s))) or s)(jnp.array([0.1, 0.2]))

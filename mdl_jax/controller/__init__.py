@@ -5,6 +5,7 @@
   validation.py   eager input checks at the public edge
   api.py          decide / checked_decide / soft_decide: vmap + jit at the edge
   native.py       the native CPU kernel (_native/decide_cpu.cc) behind decide
+  fused.py        the fused Pallas (Triton) GPU kernel behind decide and sweep on a GPU
   calibration.py  Section 3.4: n_min / n_max and θ from a calibration split
   sweep.py        config grids × all records in one compiled program (sweep, config_grid, ...)
   tuning.py       gradient tuning that keeps the paper's invariants (tune, tune_many)

@@ -39,8 +39,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from mdl_jax.controller import decision as _decision
 from mdl_jax.controller import native
@@ -113,8 +111,9 @@ def give_up(e: BaseException) -> None:
         if "error" in _STATE:
             return
         _STATE["error"] = f"{type(e).__name__}: {e}"
-    warnings.warn(f"mdl_jax: fused GPU kernel unavailable, using the pure-JAX path ({_STATE['error'][:500]}). "
-                  f"Set {ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"mdl_jax: fused GPU kernel unavailable, using the pure-JAX path "
+                  f"({_STATE['error'][:500]}). Set {ENV_SWITCH}=0 to silence this.",
+                  RuntimeWarning, stacklevel=3)
 
 
 def supports(cfg: MDLConfig) -> bool:
@@ -216,6 +215,15 @@ def params(cfg: MDLConfig):
 
 # ------------------------------------------------------------------------------------ the kernel body
 
+@functools.cache
+def _pallas():
+    # Imported on first use, not with ``import mdl_jax`` (Pallas and its Triton module cost ~70 ms).
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    return pl, plgpu
+
+
 def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: bool, prec=_HI):
     """Algorithm 1 for a block of records (m, r, a: (B,) float32) under one config held in refs.
 
@@ -275,6 +283,7 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
 
 def _decide_kernel(m_ref, r_ref, a_ref, mat_ref, vec_ref, scal_ref, act_ref, c_ref, alpha_ref, cf_ref,
                    vm_ref, e_ref, norm_ref, ga_ref, *, st: Structure, n: int, block: int, prec=_HI):
+    pl, plgpu = _pallas()
     if n % block:
         # the last block overhangs the arrays: masked loads and stores (no implicit masking here)
         idx = pl.program_id(0) * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
@@ -283,24 +292,27 @@ def _decide_kernel(m_ref, r_ref, a_ref, mat_ref, vec_ref, scal_ref, act_ref, c_r
     else:
         mask = None
         m, r, a = m_ref[...], r_ref[...], a_ref[...]
-    Cf, act, C, alpha, v_meta, energies, norm, g_A = _controller(m, r, a, mat_ref, vec_ref, scal_ref, st, True,
-                                                                 prec)
+    Cf, act, C, alpha, v_meta, energies, norm, g_A = _controller(m, r, a, mat_ref, vec_ref, scal_ref, st,
+                                                                 True, prec)
     for ref, val in ((act_ref, act), (c_ref, C), (alpha_ref, alpha), (cf_ref, Cf), (norm_ref, norm),
                      (ga_ref, g_A)):
         plgpu.store(ref, val, mask=mask)
     plgpu.store(vm_ref, v_meta, mask=None if mask is None else jnp.broadcast_to(mask[:, None], (block, D)))
     # (B, 3) is not a power-of-two tile, so the energies go out as three strided column stores
     for k in range(3):
-        plgpu.store(e_ref.at[:, pl.ds(k, 1)], energies[k][:, None], mask=None if mask is None else mask[:, None])
+        plgpu.store(e_ref.at[:, pl.ds(k, 1)], energies[k][:, None],
+                    mask=None if mask is None else mask[:, None])
 
 
 def _compiler_params(interpret: bool, num_warps: int):
+    plgpu = _pallas()[1]
     # The Triton lowering explicitly (jax's default GPU lowering for pallas_call is Mosaic GPU).
     return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 def _decide_flat(M, R, A, mats, vecs, scal, st: Structure, interpret: bool, block: int, num_warps: int,
                  precision: str = "ieee"):
+    pl = _pallas()[0]
     n = M.shape[0]
     f32 = jnp.float32
     vec = lambda: pl.BlockSpec((block,), lambda i: (i,))  # noqa: E731
@@ -357,6 +369,7 @@ def _sweep_kernel(m_ref, r_ref, a_ref, adopt_ref, w_ref, mat_ref, vec_ref, scal_
                   st: Structure, block: int, steps: int):
     """One config × one record block (``steps`` × ``block`` records) → its raw weighted sums (Wp, 16):
     columns 0-3 the count of each action, 4 the number correct, 5 the sum of C_final."""
+    pl = _pallas()[0]
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, D), 1)
 
     def step(j, acc):
@@ -377,6 +390,7 @@ def _sweep_kernel(m_ref, r_ref, a_ref, adopt_ref, w_ref, mat_ref, vec_ref, scal_
 
 
 def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, rec_block, num_warps):
+    pl = _pallas()[0]
     K = mats.shape[0]
     W, size = w.shape
     # Pad on the device (not on the host: at 10^10 pairs/s a pass's kernel takes milliseconds) to
@@ -389,7 +403,9 @@ def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, re
     w = jnp.pad(w.astype(jnp.float32), ((0, Wp - W), (0, n - size)))
     n_rb = n // rec_block
     rec = pl.BlockSpec((rec_block,), lambda k, b: (b,))
-    cfg_spec = lambda shape: pl.BlockSpec((None,) + shape, lambda k, b: (k,) + (0,) * len(shape))  # noqa: E731
+    def cfg_spec(shape):  # one config's leaves: the config axis squeezed away
+        return pl.BlockSpec((None,) + shape, lambda k, b: (k,) + (0,) * len(shape))
+
     part = pl.pallas_call(
         functools.partial(_sweep_kernel, st=st, block=block, steps=rec_block // block),
         out_shape=jax.ShapeDtypeStruct((K, n_rb, Wp, D), jnp.float32), grid=(K, n_rb),
