@@ -46,11 +46,12 @@ from mdl_jax.controller.config import MDLConfig
 
 ENV_SWITCH = "MDL_JAX_FUSED"
 D = 16
-# Records per program of ``decide``'s kernel and its Triton warps. A (256, 16) float32 tile is 32
-# values per thread at 4 warps; the live tiles (three encodings, the fusion sum, v_meta) stay near
-# the 255-register limit. A first guess, not a GPU measurement: experiments/bench_gpu.py times the
-# alternatives on the device.
-BLOCK = 256
+# Records per program of ``decide``'s kernel and its Triton warps: one record per thread. Chosen
+# without a GPU, from ptxas's report for sm_90a on this kernel's Triton IR (compiled offline with
+# Triton 3.9): 128 records × 4 warps uses 168 registers and spills nothing; 256 × 4 and 512 × 8
+# (two records a thread) hit the 255-register limit and spill; 256 × 8 uses 183. Not a timing:
+# experiments/bench_gpu.py times these alternatives on the device.
+BLOCK = 128
 NUM_WARPS = 4
 # The sweep kernel: each program takes one config and SWEEP_BLOCK records, in steps of BLOCK.
 SWEEP_BLOCK = 4096
@@ -64,7 +65,7 @@ _HI = jax.lax.Precision.HIGHEST
 PRECISIONS = {"ieee": _HI, "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3}
 # Slots of the per-config scalar vector (``pack``): loaded one by one from the ref, since a value
 # cannot be sliced inside a Pallas Triton kernel.
-_TWO_SIGMA2, _GA_A, _GA_B, _G_A, _G_B, _TH0, _TH1, _TH2, _N_MIN, _N_MAX = range(10)
+_NEG_INV_2S2, _GA_A, _GA_B, _G_A, _G_B, _TH0, _TH1, _TH2, _N_MIN, _N_MAX = range(10)
 _STATE: dict = {}  # "error": why the kernel was given up in this process
 _LOCK = threading.Lock()
 
@@ -169,7 +170,7 @@ def sweep_usable(cfg: MDLConfig) -> bool:
 def _pack_batch(cfg: MDLConfig, K: int | None):
     """float32 (mats (K, 4, D, D), vecs (K, 2, D), scal (K, D)) for one config (K None → K = 1) or a
     batch. mats: W_wmᵀ, W_rᵀ, W_aᵀ (so that v @ W_kᵀ = W_k v) and the basis Q; vecs: centres, bias;
-    scal: the ``_TWO_SIGMA2`` ... slots. The arithmetic is ``native.pack``'s (weight_matrices' order)."""
+    scal: the ``_NEG_INV_2S2`` ... slots. The arithmetic is ``native.pack``'s (weight_matrices' order)."""
     f = np.float32
     k = 1 if K is None else K
 
@@ -187,8 +188,10 @@ def _pack_batch(cfg: MDLConfig, K: int | None):
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape((k, -1)), (k, D))
     vecs = np.stack([centres, bias], axis=1)
     sigma = leaf("sigma", ())
-    # 2σ² as the pure-JAX path computes it (2.0 * sigma**2 in float32), divided by, not inverted.
-    cols = [f(2.0) * (sigma * sigma), leaf("g_A_coeffs", (2,)).T, leaf("gate_coeffs", (2,)).T,
+    # -1/(2σ²): the Gaussians multiply by it instead of dividing by 2σ² as the pure-JAX path does
+    # (as the native kernel does; ≤ 1.5 ulp apart). The ptxas listing for sm_90 showed the 48
+    # IEEE divisions per record at ~15% of the kernel's instructions; folding the sign saves 48 negations.
+    cols = [-(f(1.0) / (f(2.0) * (sigma * sigma))), leaf("g_A_coeffs", (2,)).T, leaf("gate_coeffs", (2,)).T,
             leaf("thresholds", (3,)).T, leaf("n_min", ()), leaf("n_max", ())]
     scal = np.zeros((k, D), f)
     scal[:, :10] = np.concatenate([np.reshape(c, (-1, k)) for c in cols]).T
@@ -239,11 +242,11 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
         if not st.value_encoding:
             return jnp.broadcast_to(col, (B, D))
         d = col - vec_ref[0:1, :]                            # centres, (1, D)
-        return col + jnp.exp(-(d * d) / sc(_TWO_SIGMA2))
+        return col + jnp.exp((d * d) * sc(_NEG_INV_2S2))
 
     v_wm, v_r, v_a = encode(m), encode(r), encode(s_a)
     if st.risk_modulation:
-        g_A = sc(_GA_A) + sc(_GA_B) * (jnp.sum(v_a, axis=1) / float(D))
+        g_A = sc(_GA_A) + sc(_GA_B) * (jnp.sum(v_a, axis=1) * (1.0 / D))  # exact: D is a power of two
     else:
         g_A = jnp.ones((B,), jnp.float32)
     z = (jnp.dot(g_A[:, None] * v_wm, mat_ref[0], precision=prec)
