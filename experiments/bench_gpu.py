@@ -277,8 +277,10 @@ def main(argv=None) -> dict:
     if on_gpu and fused.failed() is None and fused.mode() != "off":
         scan: dict = {}
         res["fused_block_scan"] = scan
-        for block, warps, prec in ((128, 4, "ieee"), (256, 4, "ieee"), (256, 8, "ieee"), (512, 8, "ieee"),
-                                   (1024, 8, "ieee"), (fused.BLOCK, fused.NUM_WARPS, "tf32x3")):
+        # one record a thread (64 × 2, 128 × 4, 256 × 8: no spills in ptxas), two (256 × 4, 512 × 8:
+        # spills), and the tensor-core products
+        for block, warps, prec in ((64, 2, "ieee"), (128, 4, "ieee"), (256, 8, "ieee"), (256, 4, "ieee"),
+                                   (512, 8, "ieee"), (128, 4, "tf32x3"), (256, 8, "tf32x3")):
             key = f"block{block}_warps{warps}_{prec}"
             sections.run(f"scan_{key}", lambda b=block, w=warps, k=key, p=prec: scan.__setitem__(
                 k, _rate(lambda: fused.decide(M, R, A, cfg, block=b, num_warps=w, precision=p), args.n,
