@@ -406,6 +406,7 @@ def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, re
     w = jnp.pad(w.astype(jnp.float32), ((0, Wp - W), (0, n - size)))
     n_rb = n // rec_block
     rec = pl.BlockSpec((rec_block,), lambda k, b: (b,))
+
     def cfg_spec(shape):  # one config's leaves: the config axis squeezed away
         return pl.BlockSpec((None,) + shape, lambda k, b: (k,) + (0,) * len(shape))
 
@@ -430,7 +431,7 @@ def _pow2_at_least(x: int, lo: int) -> int:
 
 
 def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = None, fallback=None,
-                 block: int = BLOCK, num_warps: int = NUM_WARPS):
+                 block: int | None = None, num_warps: int | None = None):
     """A ``sweep`` pass function on the fused kernel (the engine contract of ``sweep``):
     (M, R, A (size,) float32, adopt (size,) bool, w (W, size)) → NumPy (n_correct (K, W),
     counts (K, W, 4), C_final sums (K, W)), integer sums exact.
@@ -438,7 +439,10 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = 
     ``cfg`` is a batch of K configs (leaves with a leading K). Passes with int32 weights (only when a
     pass's integer sums may reach 2^24, where float32 stops counting exactly) and a kernel that fails
     to lower go to ``fallback()``'s pass function (the pure-JAX engine). ``interpret`` None: Pallas
-    interpret mode unless the default backend is a GPU."""
+    interpret mode unless the default backend is a GPU. ``block``/``num_warps``: ``BLOCK``/``NUM_WARPS``
+    when None."""
+    block = BLOCK if block is None else block
+    num_warps = NUM_WARPS if num_warps is None else num_warps
     if interpret is None:
         interpret = not on_gpu_backend() or mode() == "interpret"
     mats, vecs, scal = (jax.device_put(x) for x in _pack_batch(cfg, K))
