@@ -24,11 +24,15 @@ from jax.sharding import Mesh
 _SLACK = 0.05
 
 
-def mesh_shape(n_dev: int, n_batch: int, n_records: int) -> tuple[int, int]:
+def mesh_shape(n_dev: int, n_batch, n_records: int) -> tuple[int, int]:
     """(batch shards, record shards) with product ``n_dev`` that minimises the padded work per device,
-    ceil(n_batch / a) · ceil(n_records / r); near-ties go to the larger batch split."""
+    Σ_groups ceil(n_batch / a) · ceil(n_records / r); near-ties go to the larger batch split.
+
+    ``n_batch``: the batch size, or the sizes of groups run one after another, each padded to whole
+    batch shards (tuning's field-set groups)."""
+    groups = [int(n_batch)] if np.ndim(n_batch) == 0 else [int(g) for g in n_batch]
     shapes = [(a, n_dev // a) for a in range(1, n_dev + 1) if n_dev % a == 0]
-    cost = {s: -(-n_batch // s[0]) * -(-max(n_records, 1) // s[1]) for s in shapes}
+    cost = {s: sum(-(-g // s[0]) for g in groups) * -(-max(n_records, 1) // s[1]) for s in shapes}
     best = min(cost.values())
     return max(s for s in shapes if cost[s] <= best * (1 + _SLACK))
 
