@@ -104,7 +104,7 @@ def _column(batch, name: str, role: str, row0: int) -> np.ndarray:
         what = "finite, non-negative weights"
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: expected {what}; row {row0 + i} has {x[i]!r}")
+        raise ValueError(f"{name}: expected {what}; row {row0 + i} has {x[i].item()!r}")
     if role == "adopt":
         return x.astype(bool)
     return x.astype(np.float32) if role != "weight" else x
