@@ -214,3 +214,17 @@ def test_two_processes_through_jax_distributed_equal_one_process(records, tmp_pa
             else:
                 np.testing.assert_array_equal(got[0][at:at + n], want[at:at + n], err_msg=name)
             at += n
+
+
+def test_sweep_command_writes_one_csv_row_per_config_equal_to_sweep_parquet(records, tmp_path, capsys):
+    from mdl_jax.cli import main
+
+    path = records[0]
+    out = tmp_path / "grid.csv"
+    assert main(["sweep", str(path), "--grid", "g_a=0.1,0.9", "--grid", "sigma=0.1:0.2:2", "--out", str(out)]) == 0
+    rows = [ln.split(",") for ln in out.read_text().splitlines()]
+    assert rows[0][:3] == ["g_a", "sigma", "accuracy"] and len(rows) == 5
+    want = sweep_parquet(path, config_grid(MDLConfig(), g_a=[0.1, 0.9], sigma=[0.1, 0.2]))
+    np.testing.assert_allclose([float(r[2]) for r in rows[1:]], want.accuracy, atol=1e-6)
+    np.testing.assert_allclose([float(r[3]) for r in rows[1:]], want.counts[:, 0] / want.total, atol=1e-6)
+    assert "wrote" in capsys.readouterr().err
