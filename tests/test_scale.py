@@ -37,10 +37,10 @@ SETUP = (
     "    r = sweep(M, R, A, grid, adopt=adopt, weights=W, engine='jax', mesh_shape=shape, record_chunk=300)\n"
     "    return np.concatenate([r.accuracy.ravel(), r.counts.ravel(), r.mean_C_final.ravel()])\n"
     "def tune_row(shape):\n"
-    "    cfgs, h = tune_many(M, R, A, y, train_weights=wt, val_weights=1 - wt, seeds=[0, 1, 2], steps=30,\n"
-    "                        field_sets=[FIELD_SETS['gates']] * 3, mesh_shape=shape)\n"
+    "    cfgs, h = tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt), seeds=[0, 1, 2],\n"
+    "                        steps=30, field_sets=[FIELD_SETS['gates']] * 3, mesh_shape=shape)\n"
     "    return np.concatenate([np.ravel([c.gate_coeffs + c.thresholds + (c.sigma,) for c in cfgs]),\n"
-    "                           h['best_val_accuracy']])\n"
+    "                           h['train_accuracy'][:, -1]])\n"
 )
 
 
@@ -80,6 +80,7 @@ def test_sweep_and_tune_many_on_2d_meshes_of_four_and_two_devices_equal_one_devi
     for row in tunes[1:]:
         np.testing.assert_allclose(row, tunes[0], rtol=1e-5, atol=1e-6)
     assert np.all(np.isfinite(flat)) and np.all(sweeps[0, :K * W] > 0.3)
+    assert np.abs(tunes[0, :2] - (0.3, 0.7)).max() > 1e-3   # the runs trained: the gates moved
 
 
 def _write(path, M, R, A, adopt, weight=None, row_group_size=3000):
@@ -170,14 +171,17 @@ WORKER = (
     "w = poisson_weights(half.start, half.stop or n, 3, 5)\n"
     "a = distributed.sweep(M, R, A, grid, adopt=adopt, weights=w, engine='jax', record_chunk=4096)\n"
     "s = distributed.sweep_parquet(path, grid, bootstrap=3, seed=5, engine='jax', record_chunk=4096)\n"
-    "np.save(out, np.concatenate([np.ravel(x) for r in (a, s) for x in r]))\n"
+    + SETUP +   # tuning: a (2, 2) mesh over both processes' devices, every process with all records
+    "from mdl_jax.controller.distributed import tune_many\n"
+    "np.save(out, np.concatenate([np.ravel(x) for r in (a, s) for x in r] + [tune_row((2, 2))]))\n"
     "print(jax.process_count(), jax.device_count(), jax.local_device_count())\n"
 )
 
 
 def test_two_processes_through_jax_distributed_equal_one_process(records, tmp_path):
     """Two CPU processes (2 forced devices each) on 127.0.0.1, each sweeping half the rows (arrays)
-    and half the row groups (Parquet): both return one process's sweep, integer sums exactly."""
+    and half the row groups (Parquet): both return one process's sweep, integer sums exactly; and
+    tune_many on a (2, 2) mesh over both processes' 4 devices equals one device's to float32 rounding."""
     path, M, R, A, adopt, _ = records
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -202,8 +206,12 @@ def test_two_processes_through_jax_distributed_equal_one_process(records, tmp_pa
               record_chunk=4096)
     s = sweep_parquet(path, grid, bootstrap=3, seed=5, engine="jax", record_chunk=4096)
     want = np.concatenate([np.ravel(x) for r in (a, s) for x in r])
+    env = {}
+    exec(SETUP, env)
+    want_tune = env["tune_row"]((1, 1))
     got = [np.load(o) for o in outs]
     np.testing.assert_array_equal(got[0], got[1])            # every process the same result
+    np.testing.assert_allclose(got[0][want.size:], want_tune, rtol=1e-5, atol=1e-6)
     K, W = 6, 3
     sizes = [K * W, K * W * 4, K * W, W]                      # accuracy, counts, mean_C_final, total
     at = 0

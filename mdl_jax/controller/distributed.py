@@ -84,3 +84,14 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
     return _stream.finish(combine(state), has_adopt=has_adopt, w2d=w2d, batched=batched)
+
+
+def tune_many(M, R, A, adopt, **kwargs):
+    """``tuning.tune_many`` on a (runs, records) mesh over EVERY process's devices: each device trains
+    its runs on its share of the records, and the loss and gradient sums cross processes inside the
+    compiled program. Every process passes the same records and arguments (unlike ``sweep``, the
+    records are not split by the caller: tuning sets are small, the compute is what is shared) and
+    gets the same configs and history. ``mesh_shape`` counts global devices."""
+    from mdl_jax.controller import tuning as _tuning
+
+    return _tuning.tune_many(M, R, A, adopt, _across_processes=True, **kwargs)

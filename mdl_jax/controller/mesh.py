@@ -54,14 +54,15 @@ def check_mesh_shape(shape, n_dev: int, name: str = "mesh_shape") -> tuple[int, 
 
 
 @functools.cache
-def make_mesh(shape: tuple[int, int], names: tuple[str, str]) -> Mesh | None:
+def make_mesh(shape: tuple[int, int], names: tuple[str, str], across_processes: bool = False) -> Mesh | None:
     """The mesh of the first a·r local devices (None for one device: nothing to shard).
 
-    Local devices, not ``jax.devices()``: under ``jax.distributed`` every process sweeps its own share
-    of the records on its own devices and the processes' sums are combined afterwards
-    (``mdl_jax.controller.distributed``)."""
+    Local devices by default, not ``jax.devices()``: under ``jax.distributed`` every process sweeps
+    its own share of the records on its own devices and the processes' sums are combined afterwards
+    (``mdl_jax.controller.distributed``). ``across_processes``: every process's devices (a tuning run
+    that spans processes, ``distributed.tune_many``)."""
     a, r = shape
-    if a * r == 1:
+    if a * r == 1 and not across_processes:
         return None
-    devs = jax.local_devices()[: a * r]
+    devs = (jax.devices() if across_processes else jax.local_devices())[: a * r]
     return Mesh(np.array(devs).reshape(a, r), names)

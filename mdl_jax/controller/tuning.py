@@ -331,6 +331,8 @@ def _train_groups(groups, M, R, A, y, *, base, trained, fused, steps, lr, tau0, 
         fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, trained=tr, fused=fz,
                                steps=steps, lr=lr, tau0=tau0, tau1=tau1, patience=patience)
         out.append(jax.vmap(fn)(u0, masks, w_train, w_val))
+    if mesh is not None:  # small results, replicated: every device (and process) can read them whole
+        out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec()))
     return out
 
 
@@ -359,7 +361,8 @@ def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
 def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequence[Sequence[str]],
               seeds: Sequence[int], config: MDLConfig | None = None, steps: int = 500,
               learning_rate: float = 0.05, temperature=(0.05, 0.002), patience: int = 100,
-              init_noise: float = 0.05, mesh_shape: tuple[int, int] | None = None):
+              init_noise: float = 0.05, mesh_shape: tuple[int, int] | None = None,
+              _across_processes: bool = False):
     """B runs in one jitted, vmapped program over the same (N,) records.
 
     Args:
@@ -417,15 +420,20 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # (mesh.mesh_shape); each group is padded to whole run shards by repeating its last run, and the
     # records to whole record shards by weight-0 records (in neither part of any run: they change
     # no sum), both dropped from the results.
-    n_dev = len(jax.local_devices())
+    # Across processes (distributed.tune_many) the mesh holds every process's devices and every
+    # process passes the same records: each device trains its runs on its records, and the
+    # cross-device sums of the loss and gradients go between processes too.
+    n_dev = jax.device_count() if _across_processes else len(jax.local_devices())
     shape = (_meshes.mesh_shape(n_dev, [len(i) for i in members], N) if mesh_shape is None
              else _meshes.check_mesh_shape(mesh_shape, n_dev))
-    mesh = _meshes.make_mesh(shape, ("runs", "records"))
+    mesh = _meshes.make_mesh(shape, ("runs", "records"), _across_processes)
     a, r = shape
     pad_n = -(-N // r) * r - N
+    # host arrays from here: a mesh across processes is filled from each process's (equal) NumPy copy
+    M, R, A, y = (np.asarray(x) for x in (M, R, A, y))
     if pad_n:
-        M, R, A = (jnp.concatenate([x, jnp.full(pad_n, 0.5, jnp.float32)]) for x in (M, R, A))
-        y = jnp.concatenate([y, jnp.zeros(pad_n, y.dtype)])
+        M, R, A = (np.concatenate([x, np.full(pad_n, 0.5, np.float32)]) for x in (M, R, A))
+        y = np.concatenate([y, np.zeros(pad_n, y.dtype)])
     groups = []
     for key, idx in zip(keys, members):
         take = np.array(idx + [idx[-1]] * (-(-len(idx) // a) * a - len(idx)))
@@ -434,7 +442,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         m = {f: x[take] for f, x in masks.items()}
         u0 = _start_points(to_unconstrained(base, key), m, prng[take], noise[take])
         wt_g, wv_g = (np.pad(np.asarray(x)[take], ((0, 0), (0, pad_n))) for x in (wt, wv))
-        g = (u0, {f: jnp.asarray(x) for f, x in m.items()}, wt_g, wv_g)
+        g = (jax.tree.map(np.asarray, u0), {f: np.asarray(x) for f, x in m.items()}, wt_g, wv_g)
         chex.assert_tree_shape_prefix(g, (len(take),))
         if mesh is not None:
             runs = NamedSharding(mesh, PartitionSpec("runs"))
