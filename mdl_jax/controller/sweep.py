@@ -36,8 +36,13 @@ configs × all records, sized so the vmapped intermediates ((chunk, N, 16) float
 sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path; measured here it reaches
 the issue's targets without a native kernel (experiments/bench_sweep.py), so the same pure-JAX program
 runs on the CPU and on a GPU. With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
-on the CPU), the config axis of each chunk is sharded across all of them (Mesh + NamedSharding);
-with one device nothing changes.
+on the CPU), the jax engine runs on a 2-D ("configs", "records") mesh of them (Mesh + NamedSharding,
+shape from ``mesh.mesh_shape`` or ``mesh_shape=``): the configs of each chunk are split over the first
+axis, each pass's records over the second, and the sums over records become cross-device sums; with
+one device nothing changes.
+
+Passes are added by ``_Reducer``, which ``sweep`` (arrays), ``stream.sweep_parquet`` (Parquet) and
+``distributed`` (processes) share: whatever the source, the same engines and the same exact sums.
 """
 
 from __future__ import annotations
