@@ -123,6 +123,7 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
     """The reducer state of ``sweep_parquet`` over ``row_groups`` (all when None): (state, W-axis?,
     batched?, labels?). A share without rows gives zero sums."""
     _sw._check_common(record_chunk, engine)
+    engine = _sw._engine_for_mesh(engine, mesh_shape)
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise ValueError(f"bootstrap: expected an int ≥ 0 (Poisson resamples; 0 = none), got {bootstrap!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:

@@ -515,6 +515,16 @@ def _check_common(record_chunk, engine):
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
 
 
+def _engine_for_mesh(engine: str, mesh_shape) -> str:
+    """An explicit ``mesh_shape`` asks for the jax engine (the only one on a device mesh): "auto" then
+    means "jax", and another engine is a ValueError."""
+    if mesh_shape is None:
+        return engine
+    if engine not in ("auto", "jax"):
+        raise ValueError(f"mesh_shape: only the jax engine runs on a device mesh, got engine={engine!r}")
+    return "jax"
+
+
 def _pass_layout(K: int, N: int, record_chunk: int, mesh_shape) -> tuple[int, int, tuple[int, int]]:
     """(passes, records per pass, (config shards, record shards)) for N records: equal passes (one
     compilation), each a multiple of the record shards so the records axis splits evenly."""
@@ -546,7 +556,8 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
         "auto" (default) the fastest engine that supports the batch here.
       mesh_shape: (config shards, record shards) of the jax engine's 2-D device mesh over the first
         a·r local devices; default: chosen from K, the pass size and the device count
-        (``mesh.mesh_shape``: configs first, records where K cannot keep every device busy).
+        (``mesh.mesh_shape``: configs first, records where K cannot keep every device busy). Given,
+        it selects the jax engine (with "auto"; another engine is a ValueError).
 
     Returns:
       ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays; leading
@@ -569,6 +580,7 @@ def _sweep_state(M, R, A, configs, *, adopt, weights, record_chunk, engine, mesh
     """``sweep``'s checks and passes over in-memory arrays → (reducer state, 2-d weights?, batched?,
     float64 totals)."""
     _check_common(record_chunk, engine)
+    engine = _engine_for_mesh(engine, mesh_shape)
     cfg, K, batched = _as_batch(configs)
     _check_batch(cfg, K)
     for n, x in (("M", M), ("R", R), ("A", A)):
