@@ -248,7 +248,13 @@ def test_fused_kernel_is_chosen_on_a_gpu_backend_for_supported_configs_and_place
     monkeypatch.delenv(fused.ENV_SWITCH, raising=False)
     monkeypatch.setattr(fused, "on_gpu_backend", lambda: True)  # the backend query only
     assert fused.usable(MDLConfig(), (np.zeros(3, np.float32),)) is True
-    assert fused.sweep_usable(config_grid(MDLConfig(), sigma=[0.1, 0.2]))
+    grid = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+    assert fused.sweep_usable(grid)
+    # several devices: "auto" keeps the jax engine's mesh over all of them
+    real_local_devices = jax.local_devices
+    monkeypatch.setattr(jax, "local_devices", lambda *a, **k: real_local_devices(*a, **k) * 2)
+    assert not fused.sweep_usable(grid)
+    monkeypatch.setattr(jax, "local_devices", real_local_devices)
     # a CPU-committed array stays off the kernel; so do D ≠ 16 and a traced config
     on_cpu = jax.device_put(np.zeros(3, np.float32), jax.devices("cpu")[0])
     assert fused.usable(MDLConfig(), (on_cpu,)) is False

@@ -157,12 +157,14 @@ def usable(cfg: MDLConfig, arrays=()) -> bool | str:
 
 
 def sweep_usable(cfg: MDLConfig) -> bool:
-    """Does ``sweep(engine="auto")`` take the fused engine for this batch here? (GPU backend or
-    ``MDL_JAX_FUSED=interpret``, D = 16, kernel not given up.)"""
+    """Does ``sweep(engine="auto")`` take the fused engine for this batch here? (One GPU, or
+    ``MDL_JAX_FUSED=interpret``; D = 16; kernel not given up.) With several local devices "auto"
+    keeps the jax engine, which spreads configs and records over all of them (a mesh); the kernel
+    runs on one device (``engine="fused"`` still asks for it)."""
     m = mode()
     if m == "off" or failed() is not None or cfg.D != D:
         return False
-    return m == "interpret" or on_gpu_backend()
+    return m == "interpret" or (on_gpu_backend() and len(jax.local_devices()) == 1)
 
 
 # ------------------------------------------------------------------------------------ the config
