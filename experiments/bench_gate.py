@@ -71,7 +71,7 @@ class PrecomputedEmbedder:
 
     def embed(self, texts, desc: str = ""):
         # the key is the text without its " #record" suffix: every record's texts are new strings
-        # (so the conflict detector's caches see realistic, unique texts), their vectors cached
+        # (nothing downstream can reuse an earlier record's work), their vectors cached
         return self.vectors[[self.index[t.rpartition(" #")[0]] for t in texts]]
 
     def rows(self, start: int, n: int):
@@ -96,9 +96,6 @@ def child_cached(n: int, chunk: int) -> dict:
     gate = MemoryGate(embedder=emb, risk=lambda q, c: 0.2 + 0.65 * (hash(q) % 3 == 0))
     for m in {min(chunk, n), n % chunk} - {0}:  # compile for the chunk shapes of this stream
         gate.columns(*emb.rows(10 ** 9, m))  # on other records: the timed texts stay unseen
-    from mdl_jax.signals.conflict import _analyse
-
-    _analyse.cache_clear()
     rss_setup = _rss_mb()
     t: dict = {}
     counts = np.zeros(4, np.int64)
