@@ -148,10 +148,12 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
     texts = list(dict.fromkeys(x for s in stores for x in s))
-    q_emb = np.asarray(embedder.embed(list(queries), desc="embedding queries"), np.float32)
+    # queries and memories in one call: one encoder pass and one cache round trip, not two (for a
+    # single request, the gateway's case, that is most of the embedding's fixed cost)
+    vecs = np.asarray(embedder.embed(list(queries) + texts, desc="embedding texts"), np.float32)
+    q_emb = vecs[:B]
     if texts:
-        t_emb = (np.asarray(embedder.embed(texts, desc="embedding memories"), np.float32),
-                 {x: i for i, x in enumerate(texts)})
+        t_emb = (vecs[B:], {x: i for i, x in enumerate(texts)})
     else:
         t_emb = (np.zeros((1, q_emb.shape[1]), np.float32), {})
     t1 = time.perf_counter()
