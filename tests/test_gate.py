@@ -185,7 +185,7 @@ def test_bad_construction_names_the_argument(tmp_path):
         MemoryGate(_lookup, risk={"a": 2})
     with pytest.raises(ValueError, match=r"^embedder: expected a sentence-transformers model"):
         MemoryGate(embedder=3)
-    with pytest.raises(ValueError, match=r"^embedder: expected an \(N, d\) array for N = 1 texts"):
+    with pytest.raises(ValueError, match=r"^embedder: expected an \(N, d\) array for N = 2 texts"):
         MemoryGate(lambda t: np.ones(3)).decide("q", ["a"])
     with pytest.raises(ValueError, match=r"^conflict: expected an 2×2 matrix"):
         MemoryGate(_lookup, conflict=lambda t: [[False]]).decide("q", ["fact 0.95 a", "fact 0.95 b"])

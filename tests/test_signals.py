@@ -6,14 +6,17 @@ import json
 import jax
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from mdl_jax import decide
 from mdl_jax.pipeline import data
+from mdl_jax.signals import conflict as lexical
 from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
 from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
 from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
-from mdl_jax.signals.aggregation import aggregate_one, store_arrays
+from mdl_jax.signals.aggregation import aggregate_one, memory_signals, store_arrays
 from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
@@ -144,6 +147,68 @@ def test_detector_does_not_flag_non_conflicts(a, b):
 def test_pair_flags_symmetric_with_empty_diagonal():
     f = np.array(pair_flags(["X is safe", "X is not safe", "Y is blue"]))
     assert (f == f.T).all() and not f.diagonal().any() and f[0, 1] and not f[0, 2]
+
+
+def _conflict_as_specified(a: str, b: str) -> bool:
+    """The detector's rules spelled out word by word over its word lists (the module's docstring),
+    without the set algebra the implementation uses for speed."""
+    def words(text):
+        t = text.lower().replace("’", "'")
+        for p in lexical.IGNORED_PHRASES:
+            t = t.replace(p, " ")
+        return lexical._WORD.findall(t)
+
+    def negator(w):
+        return w in lexical.NEGATORS or w.endswith("n't")
+
+    opposite = {}
+    for x, y in lexical.ANTONYMS:
+        opposite.setdefault(x, set()).add(y)
+        opposite.setdefault(y, set()).add(x)
+    wa, wb = words(a), words(b)
+    ca = {w for w in wa if w not in lexical.STOPWORDS and not negator(w)}
+    cb = {w for w in wb if w not in lexical.STOPWORDS and not negator(w)}
+    if {wa[0] if wa else "", wb[0] if wb else ""} == {"yes", "no"}:
+        return True
+    ta, tb = ca - set(opposite), cb - set(opposite)
+    if not ta or not tb or len(ta & tb) / len(ta | tb) < lexical.MIN_SHARED:
+        return False
+    if any(map(negator, wa)) != any(map(negator, wb)):
+        return True
+    return any(o in wb and o not in wa and w not in wb for w in ca & set(opposite) for o in opposite[w])
+
+
+_VOCAB = ["Yes,", "No,", "no", "not", "Not", "never", "don't", "isn’t", "needn't", "ain’t", "can'tx",
+          "n't", "nothing", "not only", "no doubt", "nothing but", "safe", "dangerous", "harmful", "legal",
+          "illegal", "true", "false", "more", "less", "always", "cause", "prevents", "the", "is", "it",
+          "of", "vaccines", "water", "children", "region", "7", "Item", "item", "cats", "dogs", "fish"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_VOCAB), max_size=9), st.lists(st.sampled_from(_VOCAB), max_size=9))
+@example(["water", "needn't", "ain’t", "n't"], ["water"])  # contractions are negators, not topic words
+@example(["not only", "cats", "safe"], ["cats", "safe"])  # an ignored phrase is no negation
+def test_detector_follows_its_rules_on_random_sentences(xs, ys):
+    a, b = " ".join(xs), " ".join(ys)
+    assert stance_conflict(a, b) == _conflict_as_specified(a, b)
+    assert pair_flags([a, b])[0][1] == stance_conflict(a, b)
+
+
+def test_signals_do_not_depend_on_the_aggregation_step():
+    """Streams are aggregated ``batch`` stores a step (for bounded memory): any step gives the same
+    bits, with stores of every size, empty ones included."""
+    rng = np.random.default_rng(3)
+    vec = rng.normal(size=(60, 16)).astype(np.float32)
+    vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+    names = [f"text {i} is {'not ' * (i % 2)}safe" for i in range(60)]
+    table = dict(zip(names, vec))
+    embed = type("Table", (), {"embed": lambda self, texts, desc="": np.stack([table[t] for t in texts])})()
+    stores = [list(rng.choice(names[1:], size=i % 6, replace=False)) for i in range(150)]
+    queries = [names[0]] * len(stores)
+    one = memory_signals(queries, stores, embed, batch=1024)
+    for step in (16, 100):
+        other = memory_signals(queries, stores, embed, batch=step)
+        assert all(np.array_equal(one[k], other[k]) for k in one)
 
 
 def test_risk_tables():

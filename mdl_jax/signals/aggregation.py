@@ -113,15 +113,25 @@ def _bucket(n: int, cap: int) -> int:
     return min(max(cap, n), max(16, 1 << (n - 1).bit_length()))
 
 
+# Stores per aggregation step. Each step's arrays (the (batch, S, d) memory vectors, JAX's copy, the
+# pass's temporaries) are freed before the next; at 4,096 stores of five 384-d memories they were
+# ~32 MB apiece, just under glibc's 32 MB ceiling for returning blocks straight to the system, so
+# they went to the heap, which kept ~30 MB more every few dozen steps of a long stream (peak RSS
+# 502 → 550 MB over 10^6 queries). At 1,024 the blocks are 8 MB, the heap reuses them (502 → 502
+# MB), the results are bit-identical and the pass is no slower (42 vs 76 ms per 4,096 stores).
+BATCH = 1024
+
+
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
                    conflict: Callable[[Sequence[str]], Sequence] = pair_flags,
-                   threshold: float = RELEVANCE_THRESHOLD, batch: int = 4096,
+                   threshold: float = RELEVANCE_THRESHOLD, batch: int = BATCH,
                    progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.
 
     ``embedder.embed(texts, desc=...)`` → (N, d) unit-norm float32. Every query and every unique memory
     text is embedded once (the embedder batches and caches); stores are aggregated ``batch`` at a time
-    so padding memory stays bounded. Returns {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
+    so padding memory stays bounded (see ``BATCH``). Returns {"M", "R", "phi": (B,) float32,
+    "n_relevant": (B,) int32}.
     ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
     padding) and "aggregation" (the JAX pass).
     """
@@ -138,10 +148,12 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
     texts = list(dict.fromkeys(x for s in stores for x in s))
-    q_emb = np.asarray(embedder.embed(list(queries), desc="embedding queries"), np.float32)
+    # queries and memories in one call: one encoder pass and one cache round trip, not two (for a
+    # single request, the gateway's case, that is most of the embedding's fixed cost)
+    vecs = np.asarray(embedder.embed(list(queries) + texts, desc="embedding texts"), np.float32)
+    q_emb = vecs[:B]
     if texts:
-        t_emb = (np.asarray(embedder.embed(texts, desc="embedding memories"), np.float32),
-                 {x: i for i, x in enumerate(texts)})
+        t_emb = (vecs[B:], {x: i for i, x in enumerate(texts)})
     else:
         t_emb = (np.zeros((1, q_emb.shape[1]), np.float32), {})
     t1 = time.perf_counter()
