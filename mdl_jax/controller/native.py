@@ -198,12 +198,61 @@ def load() -> bool:
                 # the first handler, whose library stays loaded, so the kernel is usable.
                 if "Duplicate FFI handler" not in str(e):
                     raise NativeBuildError(f"registering {TARGET} failed: {e}") from e
+            lib.MdlSetMaxThreads.argtypes = [ctypes.c_int64]
+            lib.MdlLastThreads.restype = ctypes.c_int64
+            lib.MdlPoolThreads.restype = ctypes.c_int64
+            lib.MdlSetMaxThreads(usable_cpus())
             _STATE.update(ok=True, path=path, lib=lib)
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
             _STATE.update(ok=False, error=str(e))
             warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX path ({e}). "
                           f"Set {ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
         return _STATE["ok"]
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (v2 ``cpu.max`` or v1 CFS quota), None if none."""
+    try:
+        rel = ""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3 and (parts[0] == "0" or "cpu" in parts[1].split(",")):
+                rel = parts[2].lstrip("/")
+                break
+        for d in (Path("/sys/fs/cgroup") / rel, Path("/sys/fs/cgroup")):
+            f = d / "cpu.max"
+            if f.exists():
+                quota, period = f.read_text().split()[:2]
+                if quota != "max":
+                    return int(quota) / int(period)
+        for d in (Path("/sys/fs/cgroup/cpu") / rel, Path("/sys/fs/cgroup/cpu")):
+            q = d / "cpu.cfs_quota_us"
+            if q.exists() and int(q.read_text()) > 0:
+                return int(q.read_text()) / int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process can really run on: its affinity mask, capped by a cgroup CPU quota.
+
+    XLA sizes its CPU thread pool from the affinity mask (``taskset -c 0`` gives one thread), which
+    a container's quota can undercut; the kernel uses at most this many threads per call, since more
+    running threads than CPUs only add switches and throttling."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        n = min(n, max(1, int(limit + 0.5)))
+    return max(1, n)
+
+
+def threads_used() -> tuple[int, int]:
+    """(threads the kernel's last parallel call ran on, the size of XLA's pool then); zeros before
+    any call (for benchmarks)."""
+    if not _STATE.get("ok"):
+        return 0, 0
+    return int(_STATE["lib"].MdlLastThreads()), int(_STATE["lib"].MdlPoolThreads())
 
 
 def status() -> dict:
