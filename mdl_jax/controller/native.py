@@ -39,6 +39,7 @@ from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
 
 TARGET = "mdl_decide_f32"
+SWEEP_TARGET = "mdl_sweep_f32"
 ENV_SWITCH = "MDL_JAX_NATIVE"
 _SOURCE = Path(__file__).with_name("_native") / "decide_cpu.cc"
 _LOCK = threading.Lock()
@@ -191,13 +192,14 @@ def load() -> bool:
                 # before giving up.
                 build(path)
                 lib = ctypes.cdll.LoadLibrary(str(path))
-            try:
-                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MdlDecideF32), platform="cpu")
-            except Exception as e:  # noqa: BLE001 - XLA's own error type
-                # Registered earlier in this process (the state was reset, e.g. by a test): XLA keeps
-                # the first handler, whose library stays loaded, so the kernel is usable.
-                if "Duplicate FFI handler" not in str(e):
-                    raise NativeBuildError(f"registering {TARGET} failed: {e}") from e
+            for target, fn in ((TARGET, lib.MdlDecideF32), (SWEEP_TARGET, lib.MdlSweepF32)):
+                try:
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
+                except Exception as e:  # noqa: BLE001 - XLA's own error type
+                    # Registered earlier in this process (the state was reset, e.g. by a test): XLA
+                    # keeps the first handler, whose library stays loaded, so the kernel is usable.
+                    if "Duplicate FFI handler" not in str(e):
+                        raise NativeBuildError(f"registering {target} failed: {e}") from e
             lib.MdlSetMaxThreads.argtypes = [ctypes.c_int64]
             lib.MdlLastThreads.restype = ctypes.c_int64
             lib.MdlPoolThreads.restype = ctypes.c_int64
@@ -328,3 +330,114 @@ def params(cfg: MDLConfig) -> jax.Array:
         return _params_cached(cfg)
     except TypeError:  # unhashable leaves: pack and transfer every time
         return jax.device_put(_pack_uncached(cfg))
+
+
+# ------------------------------------------------------------------------------------ the sweep engine
+# Params layout (decide_cpu.cc: struct Params): what the fusion reads comes first; the read-out
+# numbers (g_a, g_b, θ, n_min, n_max) and the basis Q after it.
+_FUSION_END = 16 + 1 + 3 * 16 * 16 + 16 + 2   # centres, 1/(2σ²), W, bias, g_A coefficients
+
+
+def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
+    """A batch of K configs (leaves with leading axis K) as (K, 1066) ``params`` rows: each row the
+    same float32 bits ``pack`` gives that config alone (the same element-wise float32 arithmetic)."""
+    f = np.float32
+    D = cfg.D
+    col = lambda name, *shape: np.asarray(getattr(cfg, name), f).reshape((K,) + shape)  # noqa: E731
+    centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
+    sigma = col("sigma")
+    pi = np.asarray(cfg.projectors, f)
+    others = pi.sum(0, dtype=f)[None] - pi
+    W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
+    bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
+    parts = [np.broadcast_to(centres, (K, D)), (f(1.0) / (f(2.0) * sigma * sigma))[:, None], W.reshape(K, -1),
+             bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
+             col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D))]
+    out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
+    assert out.shape == (K, 1066), out.shape
+    return out
+
+
+def sweep_supports(cfg: MDLConfig, K: int) -> bool:
+    """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
+    if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
+        return False
+    shapes = {"sigma": (K,), "eps_c": (K,), "gains": (K, 3), "g_A_coeffs": (K, 2), "gate_coeffs": (K, 2),
+              "thresholds": (K, 3), "n_min": (K,), "n_max": (K,)}
+    try:
+        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
+            return False
+        return np.shape(cfg.bias) in ((K,), (K, cfg.D))
+    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read
+        return False
+
+
+def sweep_available(cfg: MDLConfig, K: int) -> bool:
+    """May ``sweep(engine="auto")`` use the native engine? Switch on, CPU backend, batch supported,
+    library built and loaded (a failed build warns once, as for ``decide``, and answers False)."""
+    return (enabled() and jax.default_backend() == "cpu" and sweep_supports(cfg, K) and load())
+
+
+def _sweep_call(M, R, A, adopt, w, groups, readout, start, flags: int, mode: int):
+    K, W = readout.shape[0], w.shape[0]
+    # (K, W, 6) float64 sums travel as int32 pairs: without x64, JAX has no float64 arrays.
+    return jax.ffi.ffi_call(SWEEP_TARGET, jax.ShapeDtypeStruct((K, W, 12), jnp.int32))(
+        M, R, A, adopt, w, groups, readout, start, flags=np.int64(flags), mode=np.int64(mode))
+
+
+_sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode"))
+
+# How the kernel sums the weights (decide_cpu.cc: kIntegral, kInt32, kDouble).
+_INTEGRAL, _INT32, _DOUBLE = 0, 1, 2
+
+
+def _weight_mode(w: np.ndarray) -> int:
+    """int32 weights: int32 lane sums. float32 integers with row totals < 2^24 (bootstrap
+    multiplicities as sweep passes them): float32 lane sums, exact and fastest. Other floats: float64."""
+    if w.dtype == np.int32:
+        return _INT32
+    if np.all(w.sum(1, dtype=np.float64) < 2**24) and np.array_equal(w, np.floor(w)):
+        return _INTEGRAL
+    return _DOUBLE
+
+
+def sweep_engine(cfg: MDLConfig, K: int, size: int):
+    """The "native" pass function of ``sweep`` (see sweep.py's engine contract): one call of the
+    kernel per pass on every thread, raw weighted sums as NumPy arrays (n_correct (K, W),
+    counts (K, W, 4), Σ w·C_final (K, W)), all float64: integer weights give exact integers.
+
+    Configs whose fusion numbers (σ, ε_c, gains, g_A, bias) are equal form one group, whose ‖v_meta‖
+    and α the kernel computes once per record; the rest of each config is its read-out row."""
+    if not sweep_supports(cfg, K):
+        raise ValueError("engine: 'native' needs D = 16 and a concrete batch of configs")
+    if not (enabled() and load()):
+        raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
+    params = pack_batch(cfg, K)
+    # group by the fusion numbers' bytes (a dict: np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441)
+    ids: dict = {}
+    fusion = np.ascontiguousarray(params[:, :_FUSION_END])
+    group = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in fusion], np.int64)
+    first = np.array([int(np.argmax(group == g)) for g in range(len(ids))], np.int64)
+    order = np.argsort(group, kind="stable")             # configs sorted by group
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(K)
+    G = len(first)
+    groups = jax.device_put(params[first])
+    start = jax.device_put(np.searchsorted(group[order], np.arange(G + 1)).astype(np.int32))
+    # read-out rows: n_min, n_max, g_a, g_b, θ0-θ2, padding (decide_cpu.cc: struct Readout)
+    ro = np.zeros((K, 8), np.float32)
+    ro[:, 0], ro[:, 1], ro[:, 2:4], ro[:, 4:7] = (params[:, 808], params[:, 809], params[:, 803:805],
+                                                  params[:, 805:808])
+    readout = jax.device_put(ro[order])
+    flags_ = flags(cfg)
+
+    def run_pass(M, R, A, adopt, w):
+        w = np.asarray(w)
+        if w.dtype != np.int32:
+            w = w.astype(np.float32)
+        out = _sweep_jit(np.asarray(M, np.float32), np.asarray(R, np.float32), np.asarray(A, np.float32),
+                         np.asarray(adopt, bool), w, groups, readout, start, flags=flags_, mode=_weight_mode(w))
+        sums = np.asarray(out).view(np.float64)[inverse]   # (K, W, 6), the caller's config order
+        return sums[..., 4], sums[..., 0:4], sums[..., 5]
+
+    return run_pass

@@ -359,7 +359,7 @@ def _config_chunks(cfg: MDLConfig, K: int, n: int):
 # raw weighted sums (n_correct (K, W), counts (K, W, 4), C_final (K, W)) as NumPy arrays, integer sums
 # exact. ``sweep`` adds the passes on the host. "jax" is the definition (the program above, on any
 # backend); "auto" picks the fastest engine that supports the batch on the default backend.
-ENGINES = ("auto", "jax")
+ENGINES = ("auto", "jax", "native")  # native: the CPU kernel (native.sweep_engine), auto's pick on CPU
 
 
 def _jax_engine(cfg: MDLConfig, K: int, size: int):
@@ -375,6 +375,9 @@ def _jax_engine(cfg: MDLConfig, K: int, size: int):
 
 def _engine(name: str, cfg: MDLConfig, K: int, size: int):
     """The pass function for ``engine=name`` (``ENGINES``)."""
+    from mdl_jax.controller import native  # (here, so this hook stays the only lines engines touch)
+    if name == "native" or (name == "auto" and native.sweep_available(cfg, K)):
+        return native.sweep_engine(cfg, K, size)
     if name in ("auto", "jax"):
         return _jax_engine(cfg, K, size)
     raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}")

@@ -15,6 +15,7 @@
 // Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -112,24 +114,15 @@ struct Outputs {
   float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
 };
 
-// One block of up to L records starting at `base`: records across the lanes, so every arithmetic
-// line below is one SIMD instruction for 16 records.
-void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
-                  const float* Ap, int64_t base, int cnt, const Outputs& o) {
-  vf s[3];
-  if (cnt == L) {
-    s[0] = loadu(Mp + base);
-    s[1] = loadu(Rp + base);
-    s[2] = loadu(Ap + base);
-  } else {
-    // Tail block: pad with 0.5 (any valid value); only the first `cnt` lanes are stored.
-    for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);
-    for (int l = 0; l < cnt; ++l) {
-      s[0][l] = Mp[base + l];
-      s[1][l] = Rp[base + l];
-      s[2][l] = Ap[base + l];
-    }
-  }
+// Stages 1-4 up to the read-out for 16 records in lanes (`s`: M, R, A; the risk is inverted here when
+// the switch is on): v_meta, ‖v_meta‖² and ‖v_meta‖, α and g_A. Shared by decide and the sweep, so both
+// compute the same bits.
+struct Fused {
+  vf vm[D];
+  vf sq, n, alpha, gA;
+};
+
+__attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, vf s[3], Fused& f) {
   if (flags & kRiskInversion) s[2] = 1.0f - s[2];
 
   // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²).
@@ -151,7 +144,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     gA = P.gA_a + P.gA_b * (acc / float(D));
   }
   // Stages 2-3, fusion: v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b).
-  vf vm[D];
+  vf* vm = f.vm;
   for (int i = 0; i < D; ++i) {
     vf t0 = splat(0.0f), t12 = splat(P.bias[i]);
     for (int j = 0; j < D; ++j) {
@@ -160,7 +153,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     }
     vm[i] = tanh_v(gA * t0 + t12);
   }
-  // Stage 4, read-out (eq. 2), gate and action.
+  // Stage 4, read-out (eq. 2): the norms and α.
   vf sq = splat(0.0f), sq_wm = splat(0.0f), dot = splat(0.0f);
   for (int i = 0; i < D; ++i) {
     sq += vm[i] * vm[i];
@@ -170,10 +163,40 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   const vf zero = splat(0.0f), one = splat(1.0f);
   vf n = sq > 0.0f ? sqrt_v(sq) : zero;  // ‖v‖ = 0 exactly at v = 0 (as safe_norm)
   vf n_wm = sq_wm > 0.0f ? sqrt_v(sq_wm) : zero;
-  vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
   vf denom = n * n_wm;
   vf alpha = denom > 0.0f ? dot / (denom > 0.0f ? denom : one) : zero;  // α = 0 where undefined
-  alpha = vmax(vmin(alpha, one), -one);
+  f.alpha = vmax(vmin(alpha, one), -one);
+  f.sq = sq;
+  f.n = n;
+  f.gA = gA;
+}
+
+// One block of up to L records starting at `base`: records across the lanes, so every arithmetic
+// line below is one SIMD instruction for 16 records.
+void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
+                  const float* Ap, int64_t base, int cnt, const Outputs& o) {
+  vf s[3];
+  if (cnt == L) {
+    s[0] = loadu(Mp + base);
+    s[1] = loadu(Rp + base);
+    s[2] = loadu(Ap + base);
+  } else {
+    // Tail block: pad with 0.5 (any valid value); only the first `cnt` lanes are stored.
+    for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);
+    for (int l = 0; l < cnt; ++l) {
+      s[0][l] = Mp[base + l];
+      s[1][l] = Rp[base + l];
+      s[2][l] = Ap[base + l];
+    }
+  }
+  Fused f;
+  fuse(P, flags, s, f);
+  const vf* vm = f.vm;
+  const vf sq = f.sq, n = f.n, gA = f.gA;
+  const vf zero = splat(0.0f), one = splat(1.0f);
+  // C (eq. 2), gate and action.
+  vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
+  const vf alpha = f.alpha;
   vf Cf = (flags & kAlphaGating) ? C * (P.g_a + P.g_b * alpha) : C;
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
@@ -422,6 +445,258 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
   return ffi::Error::Success();
 }
 
+
+// ------------------------------------------------------------------------------------------ sweep
+// One pass of sweep(): every config of a batch × every record, reduced per config and weight vector
+// to raw weighted sums (mdl_jax/controller/sweep.py: the engine contract). What makes it fast:
+//  - configs that differ only in the read-out numbers (n_min, n_max, g_a, g_b, θ) share the fusion:
+//    the caller groups them (native.py), and ‖v_meta‖ and α are computed once per record and group;
+//  - the per-config work after the fusion is a few SIMD lines per 16 records, plus the weighted sums
+//    (masked adds in float64 lanes: integer weights are summed exactly, float weights in double);
+//  - items (a block of configs of one group × a chunk of records) run on every thread, each writing
+//    its own slice of a scratch array that is added up in a fixed order at the end, so the result
+//    does not depend on the thread count or timing (bit-identical from run to run).
+
+// Per-config read-out numbers, in the order native.py writes them.
+struct Readout {
+  float n_min, n_max, g_a, g_b, theta[3], pad;
+};
+static_assert(sizeof(Readout) == 8 * sizeof(float), "Readout must be 8 packed floats");
+
+typedef double vd __attribute__((vector_size(64), aligned(64)));      // 8 float64 lanes
+typedef int64_t vl __attribute__((vector_size(64), aligned(64)));     // 8 int64 lanes (masks)
+
+inline vd lo_d(vf x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
+inline vd hi_d(vf x) {
+  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
+}
+inline vd lo_d(vi x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
+inline vd hi_d(vi x) {
+  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
+}
+inline vl lo_m(vi m) { return __builtin_convertvector(__builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7), vl); }
+inline vl hi_m(vi m) {
+  return __builtin_convertvector(__builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15), vl);
+}
+// Sums in a fixed order (lanes converted to float64 exactly): the result never depends on the
+// compiler's reduction tree.
+inline double hsum(vd x) {
+  double t = 0.0;
+  for (int l = 0; l < 8; ++l) t += x[l];
+  return t;
+}
+inline double hsum(vf x) { return hsum(lo_d(x) + hi_d(x)); }
+inline double hsum(vi x) { return hsum(lo_d(x) + hi_d(x)); }
+inline vf select(vi m, vf x) { return (vf)(m & (vi)x); }  // x where m is -1, +0.0 where 0 (exact)
+
+// How the weights are summed (native.py picks it per pass):
+//  kIntegral: float32 weights that are integers with row totals < 2^24: float32 lane sums are exact;
+//  kInt32: int32 weights: int32 lane sums (totals < 2^31 per row, so exact);
+//  kDouble: any other float32 weights: float64 lane sums.
+// Lane sums cover one sub-chunk of records and are then added in float64.
+constexpr int64_t kIntegral = 0, kInt32 = 1, kDouble = 2;
+
+constexpr int64_t kSweepSub = 2048;        // records whose ‖v_meta‖, α stay in L1/L2 while configs loop
+constexpr int64_t kSweepChunk = 4096;      // records per item (before capping the scratch size)
+constexpr int64_t kSweepCfgBlock = 32;     // configs of one group per item
+constexpr int64_t kSweepScratch = 64 << 20;  // bytes of per-item partial sums at most
+constexpr int kStats = 6;                  // per (config, weight vector): 4 counts, correct, Σ w·C_final
+
+struct SweepArgs {
+  const Params* groups;      // (G,) packed configs, one per fusion group
+  const Readout* readout;    // (K,) configs sorted by group
+  const int32_t* start;      // (G + 1,) first config of each group
+  int64_t flags, n, W, mode;
+  const float *M, *R, *A;
+  const bool* adopt;
+  const float* wf;           // (W, n) float32 weights, or
+  const int32_t* wi;         // (W, n) int32 weights
+};
+
+// One item: configs [k_lo, k_hi) of group g over records [lo, hi), sums added to out[k - k_lo][w][stat].
+void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64_t lo, int64_t hi,
+                double* out) {
+  const Params& P = a.groups[g];
+  const int64_t W = a.W;
+  const bool gating = a.flags & kAlphaGating;
+  constexpr int kB = kSweepSub / L;
+  vf nb[kB], ab[kB], cfb[kB];
+  vi yb[kB], actb[kB];
+  for (int64_t sub = lo; sub < hi; sub += kSweepSub) {
+    const int64_t sub_hi = std::min(hi, sub + kSweepSub);
+    const int nblk = static_cast<int>((sub_hi - sub + L - 1) / L);
+    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all 16 lanes in range
+    const int tail = static_cast<int>((sub_hi - sub) % L);
+    for (int b = 0; b < nblk; ++b) {
+      const int64_t base = sub + int64_t{b} * L;
+      const int cnt = b < full ? L : tail;
+      vf s[3];
+      vi y = vi{};
+      if (cnt == L) {
+        s[0] = loadu(a.M + base);
+        s[1] = loadu(a.R + base);
+        s[2] = loadu(a.A + base);
+      } else {
+        for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);  // padding lanes get weight 0 below
+        for (int l = 0; l < cnt; ++l) {
+          s[0][l] = a.M[base + l];
+          s[1][l] = a.R[base + l];
+          s[2][l] = a.A[base + l];
+        }
+      }
+      for (int l = 0; l < cnt; ++l) y[l] = a.adopt[base + l] ? -1 : 0;
+      Fused f;
+      fuse(P, a.flags, s, f);
+      nb[b] = f.n;
+      ab[b] = f.alpha;
+      yb[b] = y;
+    }
+    const vf zero = splat(0.0f), one = splat(1.0f);
+    for (int64_t k = k_lo; k < k_hi; ++k) {
+      const Readout& r = a.readout[k];
+      for (int b = 0; b < nblk; ++b) {
+        // The same arithmetic as decide_block's read-out, gate and action.
+        const vf C = vmax(vmin((nb[b] - r.n_min) / (r.n_max - r.n_min), one), zero);
+        const vf Cf = gating ? C * (r.g_a + r.g_b * ab[b]) : C;
+        cfb[b] = Cf;
+        actb[b] = 3 + (Cf >= r.theta[0]) + (Cf >= r.theta[1]) + (Cf >= r.theta[2]);
+      }
+      double* o = out + (k - k_lo) * W * kStats;
+      for (int64_t w = 0; w < W; ++w) {
+        const int64_t row = w * a.n + sub;
+        auto weight_f = [&](int b) -> vf {
+          if (b < full) return loadu(a.wf + row + int64_t{b} * L);
+          vf x = zero;
+          for (int l = 0; l < tail; ++l) x[l] = a.wf[row + int64_t{b} * L + l];
+          return x;
+        };
+        auto weight_i = [&](int b) -> vi {
+          vi x = vi{};
+          if (b < full) std::memcpy(&x, a.wi + row + int64_t{b} * L, sizeof x);
+          else for (int l = 0; l < tail; ++l) x[l] = a.wi[row + int64_t{b} * L + l];
+          return x;
+        };
+        double t[kStats];
+        if (a.mode == kIntegral) {
+          vf s0 = zero, s1 = zero, s2 = zero, s3 = zero, sc = zero, scf = zero;
+          for (int b = 0; b < nblk; ++b) {
+            const vf x = weight_f(b);
+            const vi act = actb[b];
+            s0 += select(act == 0, x);
+            s1 += select(act == 1, x);
+            s2 += select(act == 2, x);
+            s3 += select(act == 3, x);
+            sc += select((act == 0) == yb[b], x);
+            scf += x * cfb[b];
+          }
+          t[0] = hsum(s0), t[1] = hsum(s1), t[2] = hsum(s2), t[3] = hsum(s3), t[4] = hsum(sc);
+          t[5] = hsum(scf);
+        } else if (a.mode == kInt32) {
+          vi s0 = vi{}, s1 = vi{}, s2 = vi{}, s3 = vi{}, sc = vi{};
+          vd cf_lo = vd{}, cf_hi = vd{};
+          for (int b = 0; b < nblk; ++b) {
+            const vi x = weight_i(b);
+            const vi act = actb[b];
+            s0 += x & (act == 0);
+            s1 += x & (act == 1);
+            s2 += x & (act == 2);
+            s3 += x & (act == 3);
+            sc += x & ((act == 0) == yb[b]);
+            cf_lo += lo_d(x) * lo_d(cfb[b]);
+            cf_hi += hi_d(x) * hi_d(cfb[b]);
+          }
+          t[0] = hsum(s0), t[1] = hsum(s1), t[2] = hsum(s2), t[3] = hsum(s3), t[4] = hsum(sc);
+          t[5] = hsum(cf_lo + cf_hi);
+        } else {
+          vd d[kStats][2] = {};
+          for (int b = 0; b < nblk; ++b) {
+            const vf x = weight_f(b);
+            const vi act = actb[b];
+            const vi m[5] = {act == 0, act == 1, act == 2, act == 3, (act == 0) == yb[b]};
+            for (int j = 0; j < 5; ++j) {
+              const vf sel = select(m[j], x);
+              d[j][0] += lo_d(sel);
+              d[j][1] += hi_d(sel);
+            }
+            d[5][0] += lo_d(x) * lo_d(cfb[b]);
+            d[5][1] += hi_d(x) * hi_d(cfb[b]);
+          }
+          for (int j = 0; j < kStats; ++j) t[j] = hsum(d[j][0] + d[j][1]);
+        }
+        for (int j = 0; j < kStats; ++j) o[w * kStats + j] += t[j];
+      }
+    }
+  }
+}
+
+ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::F32> R,
+                     ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::PRED> adopt, ffi::AnyBuffer weights,
+                     ffi::Buffer<ffi::F32> groups, ffi::Buffer<ffi::F32> readout, ffi::Buffer<ffi::S32> start,
+                     ffi::ResultBuffer<ffi::S32> out, int64_t flags, int64_t mode) {
+  auto count = [](const auto& b) { return static_cast<int64_t>(b.element_count()); };
+  const int64_t n = count(M);
+  const int64_t G = count(start) - 1;
+  const int64_t K = count(readout) / 8;
+  if (count(R) != n || count(A) != n || count(adopt) != n)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: M, R, A, adopt must have the same size");
+  if (n == 0 || G < 1 || count(groups) != G * kParams || count(readout) != K * 8)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: bad groups / readout sizes");
+  const auto dt = weights.element_type();
+  if ((dt == ffi::DataType::S32) != (mode == kInt32) || (dt != ffi::DataType::F32 && dt != ffi::DataType::S32) ||
+      mode < kIntegral || mode > kDouble)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: weights must be int32 (mode 1) or float32 (modes 0, 2)");
+  const int64_t W = static_cast<int64_t>(weights.element_count()) / n;
+  if (W < 1 || W * n != static_cast<int64_t>(weights.element_count()) || count(*out) != K * W * kStats * 2)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: weights / output shapes do not match");
+  const int32_t* st = start.typed_data();
+  if (st[0] != 0 || st[G] != K)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: group starts must run from 0 to K");
+  for (int64_t g = 0; g < G; ++g)
+    if (st[g + 1] <= st[g]) return ffi::Error::InvalidArgument("mdl_sweep_f32: empty or unsorted group");
+
+  SweepArgs a{reinterpret_cast<const Params*>(groups.typed_data()),
+              reinterpret_cast<const Readout*>(readout.typed_data()),
+              st, flags, n, W, mode, M.typed_data(), R.typed_data(), A.typed_data(), adopt.typed_data(),
+              dt == ffi::DataType::F32 ? reinterpret_cast<const float*>(weights.untyped_data()) : nullptr,
+              dt == ffi::DataType::S32 ? reinterpret_cast<const int32_t*>(weights.untyped_data()) : nullptr};
+
+  // Tasks: blocks of at most kSweepCfgBlock configs inside each group (recomputing a group's fusion
+  // per block costs about what a few configs' read-outs do, and lets one big group use every thread).
+  std::vector<std::array<int64_t, 3>> tasks;  // (group, first config, end)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t k = st[g]; k < st[g + 1]; k += kSweepCfgBlock)
+      tasks.push_back({g, k, std::min<int64_t>(st[g + 1], k + kSweepCfgBlock)});
+  // Record chunks: kSweepChunk records each, fewer when the partial sums would outgrow kSweepScratch.
+  const int64_t per_chunk = K * W * kStats * int64_t{sizeof(double)};
+  int64_t n_rc = (n + kSweepChunk - 1) / kSweepChunk;
+  n_rc = std::max<int64_t>(1, std::min(n_rc, kSweepScratch / std::max<int64_t>(per_chunk, 1)));
+  int64_t rc_size = (n + n_rc - 1) / n_rc;
+  rc_size = (rc_size + L - 1) / L * L;
+  n_rc = (n + rc_size - 1) / rc_size;
+  std::unique_ptr<double[]> scratch(new double[n_rc * K * W * kStats]());
+
+  const int64_t n_items = static_cast<int64_t>(tasks.size()) * n_rc;
+  auto item = [&](int64_t i) {
+    const auto& t = tasks[i / n_rc];
+    const int64_t rc = i % n_rc, lo = rc * rc_size, hi = std::min(n, lo + rc_size);
+    sweep_item(a, t[0], t[1], t[2], lo, hi, scratch.get() + (rc * K + t[1]) * W * kStats);
+  };
+  auto work = std::make_shared<Work>();
+  work->init(n_items, participants(pool, n_items));
+  if (work->n_parts == 1) {
+    for (int64_t i = 0; i < n_items; ++i) item(i);
+  } else {
+    parallel(pool, work, item, [](int64_t, int64_t) {});
+  }
+  // Chunks added in order: the same sums whatever ran where.
+  double* o = reinterpret_cast<double*>(out->untyped_data());
+  const int64_t m = K * W * kStats;
+  for (int64_t j = 0; j < m; ++j) o[j] = scratch[j];
+  for (int64_t rc = 1; rc < n_rc; ++rc)
+    for (int64_t j = 0; j < m; ++j) o[j] += scratch[rc * m + j];
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlDecideF32, DecideImpl,
@@ -442,6 +717,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlDecideF32, DecideImpl,
                                   .Attr<int64_t>("flags")
                                   .Attr<int64_t>("d_wm")
                                   .Attr<int64_t>("d_r"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlSweepF32, SweepImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // M (n,)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // A
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // adopt (n,)
+                                  .Arg<ffi::AnyBuffer>()          // weights (W, n) float32 or int32
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // groups (G, 1066): one packed config per group
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // readout (K, 8), configs sorted by group
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // start (G + 1,)
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // (K, W, 6) float64 sums, as (K, W, 12) int32
+                                  .Attr<int64_t>("flags")
+                                  .Attr<int64_t>("mode"));
 
 // Plain C entry points for native.py (ctypes): the thread cap and what the last call used.
 extern "C" {
