@@ -225,3 +225,21 @@ def test_pack_batch_rows_are_the_single_config_packing(data):
         one = MDLConfig(dims=(4, 7, 5), sigma=float(cfgs.sigma[k]), bias=np.asarray(cfgs.bias[k]),
                         eps_c=float(cfgs.eps_c[k]))
         assert np.array_equal(rows[k], native.pack(one)), k
+
+
+def test_records_with_the_same_signals_are_decided_once_with_the_same_result(monkeypatch):
+    # Paired designs repeat (M, R, A) across systems with different labels; the engine folds them into
+    # one record carrying its weights by label. Integer weights: exactly the unfolded result.
+    rng = np.random.default_rng(8)
+    M, R, A = np.tile(rng.uniform(size=(3, 250)).astype(np.float32), 3)
+    adopt = rng.integers(0, 2, 750)
+    w = bootstrap_weights(750, 3, seed=2)
+    m, _, _, w2 = native._split_weights(M, R, A, adopt, w.astype(np.float32), dedup=True)
+    assert len(m) == 250 and w2.shape == (2, 3, 250) and w2.sum() == w.sum()
+    cfgs = config_grid(MDLConfig(), sigma=[0.1, 0.3], g_a=[0.2, 0.6])
+    folded = assert_engines_agree(M, R, A, adopt, cfgs, weights=w)
+    monkeypatch.setattr(native, "DEDUP", False)
+    plain = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
+    for f in ("accuracy", "counts"):
+        assert np.array_equal(getattr(folded, f), getattr(plain, f)), f
+    np.testing.assert_allclose(folded.mean_C_final, plain.mean_C_final, rtol=1e-6)

@@ -13,6 +13,19 @@ reused; a cached library is loaded only when its bytes match the size and sha256
 build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
 is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
 Set ``MDL_JAX_NATIVE=0`` to turn the kernel off.
+
+Threads: a call splits its records into one contiguous part per thread of XLA's intra-op pool (the
+caller included; idle threads steal from the back of the others' parts), and each thread faults in
+its part of the fresh output pages with one ``MADV_POPULATE_WRITE`` before writing them: with one
+shared counter all threads wrote inside the same 2 MiB huge page at once and raced to fault (and
+zero) each new one. The pool follows the process's affinity mask; the kernel caps its threads at
+``usable_cpus()`` (the mask, capped by a cgroup CPU quota).
+
+The same library holds the sweep's engine (``sweep(..., engine="native")``, what "auto" picks on the
+CPU): ``mdl_sweep_f32`` scores a batch of configs × records in one call on every thread and returns
+the per-config weighted sums (``sweep_engine``). Configs that share their fusion numbers (σ, ε_c,
+gains, g_A, bias) share ‖v_meta‖ and α per record, so a grid over gates, thresholds or n_min/n_max
+costs one fusion per record.
 """
 
 from __future__ import annotations
@@ -378,11 +391,11 @@ def sweep_available(cfg: MDLConfig, K: int) -> bool:
     return (enabled() and jax.default_backend() == "cpu" and sweep_supports(cfg, K) and load())
 
 
-def _sweep_call(M, R, A, adopt, w, groups, readout, start, flags: int, mode: int):
-    K, W = readout.shape[0], w.shape[0]
+def _sweep_call(M, R, A, w2, groups, readout, start, flags: int, mode: int):
+    K, W = readout.shape[0], w2.shape[1]
     # (K, W, 6) float64 sums travel as int32 pairs: without x64, JAX has no float64 arrays.
     return jax.ffi.ffi_call(SWEEP_TARGET, jax.ShapeDtypeStruct((K, W, 12), jnp.int32))(
-        M, R, A, adopt, w, groups, readout, start, flags=np.int64(flags), mode=np.int64(mode))
+        M, R, A, w2, groups, readout, start, flags=np.int64(flags), mode=np.int64(mode))
 
 
 _sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode"))
@@ -391,14 +404,42 @@ _sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode"))
 _INTEGRAL, _INT32, _DOUBLE = 0, 1, 2
 
 
-def _weight_mode(w: np.ndarray) -> int:
-    """int32 weights: int32 lane sums. float32 integers with row totals < 2^24 (bootstrap
-    multiplicities as sweep passes them): float32 lane sums, exact and fastest. Other floats: float64."""
-    if w.dtype == np.int32:
+def _weight_mode(w2: np.ndarray) -> int:
+    """int32 weights: int32 lane sums. float32 integers whose (adopt + other) row totals are < 2^24
+    (bootstrap multiplicities as sweep passes them): float32 lane sums, exact and fastest. Other
+    floats: float64."""
+    if w2.dtype == np.int32:
         return _INT32
-    if np.all(w.sum(1, dtype=np.float64) < 2**24) and np.array_equal(w, np.floor(w)):
+    if np.all(w2.sum((0, 2), dtype=np.float64) < 2**24) and np.array_equal(w2, np.floor(w2)):
         return _INTEGRAL
     return _DOUBLE
+
+
+# Fold records with the same (M, R, A) into one (see _split_weights). Off only to measure it.
+DEDUP = True
+
+
+def _split_weights(M, R, A, adopt, w, dedup: bool):
+    """The kernel's inputs: records and (2, W, n') weights, [0] on records labelled adopt, [1] on the
+    others. A decision depends on (M, R, A) and the config only, so records with the same triple
+    (paired designs: the 3,600 pooled B1/B2/B3 records of paper-scale-200x3 hold 400 distinct ones)
+    are decided once, carrying the sums of their weights by label: exact for integer weights (sums
+    of integers stay below the row totals), float32 rounding of the sums for other weights."""
+    lab = np.asarray(adopt, bool)
+    if dedup and len(M) > 1:
+        trip = np.ascontiguousarray(np.stack([M, R, A], 1), np.float32)
+        _, first, inv = np.unique(trip.view(np.dtype((np.void, 12))).ravel(), return_index=True,
+                                  return_inverse=True)
+        U = len(first)
+        if U <= 0.75 * len(M):
+            inv = inv.reshape(-1)
+            w2 = np.empty((2, w.shape[0], U), w.dtype)
+            for j, keep in enumerate((lab, ~lab)):
+                for i in range(w.shape[0]):
+                    w2[j, i] = np.bincount(inv, weights=np.where(keep, w[i], 0).astype(np.float64), minlength=U)
+            return M[first], R[first], A[first], w2
+    zero = np.zeros((), w.dtype)
+    return M, R, A, np.stack([np.where(lab, w, zero), np.where(lab, zero, w)])
 
 
 def sweep_engine(cfg: MDLConfig, K: int, size: int):
@@ -435,8 +476,10 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int):
         w = np.asarray(w)
         if w.dtype != np.int32:
             w = w.astype(np.float32)
-        out = _sweep_jit(np.asarray(M, np.float32), np.asarray(R, np.float32), np.asarray(A, np.float32),
-                         np.asarray(adopt, bool), w, groups, readout, start, flags=flags_, mode=_weight_mode(w))
+        sig = [np.asarray(x, np.float32) for x in (M, R, A)]
+        # folding duplicates costs a sort of the records: worth it once a few configs share it
+        *sig, w2 = _split_weights(*sig, adopt, w, dedup=DEDUP and K >= 4)
+        out = _sweep_jit(*sig, w2, groups, readout, start, flags=flags_, mode=_weight_mode(w2))
         sums = np.asarray(out).view(np.float64)[inverse]   # (K, W, 6), the caller's config order
         return sums[..., 4], sums[..., 0:4], sums[..., 5]
 

@@ -508,9 +508,8 @@ struct SweepArgs {
   const int32_t* start;      // (G + 1,) first config of each group
   int64_t flags, n, W, mode;
   const float *M, *R, *A;
-  const bool* adopt;
-  const float* wf;           // (W, n) float32 weights, or
-  const int32_t* wi;         // (W, n) int32 weights
+  const float* wf;           // (2, W, n) float32 weights, or
+  const int32_t* wi;         // (2, W, n) int32 weights: [0] of records labelled adopt, [1] the others
 };
 
 // One item: configs [k_lo, k_hi) of group g over records [lo, hi), sums added to out[k - k_lo][w][stat].
@@ -521,7 +520,7 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
   const bool gating = a.flags & kAlphaGating;
   constexpr int kB = kSweepSub / L;
   vf nb[kB], ab[kB], cfb[kB];
-  vi yb[kB], actb[kB];
+  vi actb[kB];
   for (int64_t sub = lo; sub < hi; sub += kSweepSub) {
     const int64_t sub_hi = std::min(hi, sub + kSweepSub);
     const int nblk = static_cast<int>((sub_hi - sub + L - 1) / L);
@@ -531,7 +530,6 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
       const int64_t base = sub + int64_t{b} * L;
       const int cnt = b < full ? L : tail;
       vf s[3];
-      vi y = vi{};
       if (cnt == L) {
         s[0] = loadu(a.M + base);
         s[1] = loadu(a.R + base);
@@ -544,12 +542,10 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
           s[2][l] = a.A[base + l];
         }
       }
-      for (int l = 0; l < cnt; ++l) y[l] = a.adopt[base + l] ? -1 : 0;
       Fused f;
       fuse(P, a.flags, s, f);
       nb[b] = f.n;
       ab[b] = f.alpha;
-      yb[b] = y;
     }
     const vf zero = splat(0.0f), one = splat(1.0f);
     for (int64_t k = k_lo; k < k_hi; ++k) {
@@ -563,14 +559,15 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
       }
       double* o = out + (k - k_lo) * W * kStats;
       for (int64_t w = 0; w < W; ++w) {
-        const int64_t row = w * a.n + sub;
-        auto weight_f = [&](int b) -> vf {
+        // correct = Σ adopt-weight where Active + Σ other weight where not Active (adopt ⇔ Active)
+        const int64_t row_a = w * a.n + sub, row_r = (W + w) * a.n + sub;
+        auto weight_f = [&](int64_t row, int b) -> vf {
           if (b < full) return loadu(a.wf + row + int64_t{b} * L);
           vf x = zero;
           for (int l = 0; l < tail; ++l) x[l] = a.wf[row + int64_t{b} * L + l];
           return x;
         };
-        auto weight_i = [&](int b) -> vi {
+        auto weight_i = [&](int64_t row, int b) -> vi {
           vi x = vi{};
           if (b < full) std::memcpy(&x, a.wi + row + int64_t{b} * L, sizeof x);
           else for (int l = 0; l < tail; ++l) x[l] = a.wi[row + int64_t{b} * L + l];
@@ -580,13 +577,15 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
         if (a.mode == kIntegral) {
           vf s0 = zero, s1 = zero, s2 = zero, s3 = zero, sc = zero, scf = zero;
           for (int b = 0; b < nblk; ++b) {
-            const vf x = weight_f(b);
+            const vf xa = weight_f(row_a, b), xr = weight_f(row_r, b);
+            const vf x = xa + xr;  // integers below 2^24: exact
             const vi act = actb[b];
-            s0 += select(act == 0, x);
+            const vi m0 = act == 0;
+            s0 += select(m0, x);
             s1 += select(act == 1, x);
             s2 += select(act == 2, x);
             s3 += select(act == 3, x);
-            sc += select((act == 0) == yb[b], x);
+            sc += select(m0, xa) + select(~m0, xr);
             scf += x * cfb[b];
           }
           t[0] = hsum(s0), t[1] = hsum(s1), t[2] = hsum(s2), t[3] = hsum(s3), t[4] = hsum(sc);
@@ -595,13 +594,15 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
           vi s0 = vi{}, s1 = vi{}, s2 = vi{}, s3 = vi{}, sc = vi{};
           vd cf_lo = vd{}, cf_hi = vd{};
           for (int b = 0; b < nblk; ++b) {
-            const vi x = weight_i(b);
+            const vi xa = weight_i(row_a, b), xr = weight_i(row_r, b);
+            const vi x = xa + xr;  // at most a row total, < 2^31
             const vi act = actb[b];
-            s0 += x & (act == 0);
+            const vi m0 = act == 0;
+            s0 += x & m0;
             s1 += x & (act == 1);
             s2 += x & (act == 2);
             s3 += x & (act == 3);
-            sc += x & ((act == 0) == yb[b]);
+            sc += (xa & m0) + (xr & ~m0);
             cf_lo += lo_d(x) * lo_d(cfb[b]);
             cf_hi += hi_d(x) * hi_d(cfb[b]);
           }
@@ -610,16 +611,22 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
         } else {
           vd d[kStats][2] = {};
           for (int b = 0; b < nblk; ++b) {
-            const vf x = weight_f(b);
+            const vf xa = weight_f(row_a, b), xr = weight_f(row_r, b);
+            const vd x_lo = lo_d(xa) + lo_d(xr), x_hi = hi_d(xa) + hi_d(xr);
             const vi act = actb[b];
-            const vi m[5] = {act == 0, act == 1, act == 2, act == 3, (act == 0) == yb[b]};
-            for (int j = 0; j < 5; ++j) {
-              const vf sel = select(m[j], x);
-              d[j][0] += lo_d(sel);
-              d[j][1] += hi_d(sel);
+            const vi m0 = act == 0;
+            const vl m[4] = {lo_m(m0), lo_m(act == 1), lo_m(act == 2), lo_m(act == 3)};
+            const vl h[4] = {hi_m(m0), hi_m(act == 1), hi_m(act == 2), hi_m(act == 3)};
+            const vd z = vd{};
+            for (int j = 0; j < 4; ++j) {
+              d[j][0] += m[j] ? x_lo : z;
+              d[j][1] += h[j] ? x_hi : z;
             }
-            d[5][0] += lo_d(x) * lo_d(cfb[b]);
-            d[5][1] += hi_d(x) * hi_d(cfb[b]);
+            const vf c = select(m0, xa) + select(~m0, xr);  // one of the two is +0.0: exact
+            d[4][0] += lo_d(c);
+            d[4][1] += hi_d(c);
+            d[5][0] += x_lo * lo_d(cfb[b]);
+            d[5][1] += x_hi * hi_d(cfb[b]);
           }
           for (int j = 0; j < kStats; ++j) t[j] = hsum(d[j][0] + d[j][1]);
         }
@@ -630,23 +637,23 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
 }
 
 ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::F32> R,
-                     ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::PRED> adopt, ffi::AnyBuffer weights,
+                     ffi::Buffer<ffi::F32> A, ffi::AnyBuffer weights,
                      ffi::Buffer<ffi::F32> groups, ffi::Buffer<ffi::F32> readout, ffi::Buffer<ffi::S32> start,
                      ffi::ResultBuffer<ffi::S32> out, int64_t flags, int64_t mode) {
   auto count = [](const auto& b) { return static_cast<int64_t>(b.element_count()); };
   const int64_t n = count(M);
   const int64_t G = count(start) - 1;
   const int64_t K = count(readout) / 8;
-  if (count(R) != n || count(A) != n || count(adopt) != n)
-    return ffi::Error::InvalidArgument("mdl_sweep_f32: M, R, A, adopt must have the same size");
+  if (count(R) != n || count(A) != n)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: M, R, A must have the same size");
   if (n == 0 || G < 1 || count(groups) != G * kParams || count(readout) != K * 8)
     return ffi::Error::InvalidArgument("mdl_sweep_f32: bad groups / readout sizes");
   const auto dt = weights.element_type();
   if ((dt == ffi::DataType::S32) != (mode == kInt32) || (dt != ffi::DataType::F32 && dt != ffi::DataType::S32) ||
       mode < kIntegral || mode > kDouble)
     return ffi::Error::InvalidArgument("mdl_sweep_f32: weights must be int32 (mode 1) or float32 (modes 0, 2)");
-  const int64_t W = static_cast<int64_t>(weights.element_count()) / n;
-  if (W < 1 || W * n != static_cast<int64_t>(weights.element_count()) || count(*out) != K * W * kStats * 2)
+  const int64_t W = static_cast<int64_t>(weights.element_count()) / (2 * n);
+  if (W < 1 || 2 * W * n != static_cast<int64_t>(weights.element_count()) || count(*out) != K * W * kStats * 2)
     return ffi::Error::InvalidArgument("mdl_sweep_f32: weights / output shapes do not match");
   const int32_t* st = start.typed_data();
   if (st[0] != 0 || st[G] != K)
@@ -656,7 +663,7 @@ ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<
 
   SweepArgs a{reinterpret_cast<const Params*>(groups.typed_data()),
               reinterpret_cast<const Readout*>(readout.typed_data()),
-              st, flags, n, W, mode, M.typed_data(), R.typed_data(), A.typed_data(), adopt.typed_data(),
+              st, flags, n, W, mode, M.typed_data(), R.typed_data(), A.typed_data(),
               dt == ffi::DataType::F32 ? reinterpret_cast<const float*>(weights.untyped_data()) : nullptr,
               dt == ffi::DataType::S32 ? reinterpret_cast<const int32_t*>(weights.untyped_data()) : nullptr};
 
@@ -724,8 +731,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlSweepF32, SweepImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // M (n,)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // R
                                   .Arg<ffi::Buffer<ffi::F32>>()   // A
-                                  .Arg<ffi::Buffer<ffi::PRED>>()  // adopt (n,)
-                                  .Arg<ffi::AnyBuffer>()          // weights (W, n) float32 or int32
+                                  .Arg<ffi::AnyBuffer>()          // weights (2, W, n): adopt / other records
                                   .Arg<ffi::Buffer<ffi::F32>>()   // groups (G, 1066): one packed config per group
                                   .Arg<ffi::Buffer<ffi::F32>>()   // readout (K, 8), configs sorted by group
                                   .Arg<ffi::Buffer<ffi::S32>>()   // start (G + 1,)
