@@ -12,6 +12,9 @@
 // path. exp and tanh are Cephes-style polynomials (≈1 ulp) so the loops vectorise without libmvec or
 // -ffast-math; they differ from XLA's own approximations by a few ulp.
 //
+// The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
+// weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
+//
 // Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
 
 #include <algorithm>
