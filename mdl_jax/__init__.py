@@ -47,6 +47,7 @@ from mdl_jax.controller.sweep import bootstrap_weights  # noqa: E402
 from mdl_jax.controller.sweep import config_grid  # noqa: E402
 from mdl_jax.controller.sweep import stack_configs  # noqa: E402
 from mdl_jax.controller.sweep import sweep  # noqa: E402
+from mdl_jax.controller.stream import sweep_parquet  # noqa: E402
 from mdl_jax.controller.tuning import TuneResult  # noqa: E402
 from mdl_jax.controller.tuning import tune  # noqa: E402
 
@@ -55,5 +56,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Action", "Calibration", "Decision", "MDLConfig", "SweepResult", "bootstrap_weights", "calibrate",
     "TuneResult", "checked_decide", "config_grid", "decide", "decide_one", "load_config", "save_config",
-    "signal_cube_norm_range", "soft_decide", "stack_configs", "sweep", "tune",
+    "signal_cube_norm_range", "soft_decide", "stack_configs", "sweep", "sweep_parquet", "tune",
 ]

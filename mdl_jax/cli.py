@@ -249,7 +249,7 @@ def main(argv=None) -> int:
 
 def _add_later_commands(sub) -> None:
     """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
-    from mdl_jax.analysis import analyze, gate_scores, learned
+    from mdl_jax.analysis import analyze, gate_scores, learned, stream_sweep
     from mdl_jax.gate import command as gate_command
     from mdl_jax.pipeline import commands, judgement
     from mdl_jax.serving import command as gateway_command
@@ -261,3 +261,4 @@ def _add_later_commands(sub) -> None:
     gate_command.register(sub)
     gate_scores.register(sub)
     gateway_command.register(sub)
+    stream_sweep.register(sub)

@@ -56,6 +56,19 @@ def _config(path: Path, **change) -> Path:
     return path
 
 
+def _parquet(path: Path, bad_row: int | None = None) -> Path:
+    """A Parquet file of 50 (M, R, A, adopt) records, optionally with M = 1.5 in one row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    M, R, A = np.random.default_rng(0).uniform(size=(3, 50)).astype(np.float32)
+    if bad_row is not None:
+        M[bad_row] = 1.5
+    pq.write_table(pa.table({"M": M, "R": R, "A": A, "adopt": np.arange(50) % 2 == 0}), path, row_group_size=20)
+    return path
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -170,6 +183,22 @@ CASES = [
      []),
     ("score-gates-batch-size-0", lambda t: ["score-gates", t, "--batch-size", "0"], "--batch-size", []),
     ("score-gates-no-records", lambda t: ["score-gates", t], "no records.jsonl", ["gate_scores.jsonl"]),
+    # sweep: the grid and flags at parse time; the file's columns and values before any output
+    ("sweep-missing-file", lambda t: ["sweep", f"{t}/none.parquet", "--grid", "g_a=0,1"], "no such file", []),
+    ("sweep-grid-format", lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet")), "--grid", "g_a"],
+     "--grid: expected FIELD=V1,V2,...", []),
+    ("sweep-grid-unknown-field",
+     lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet")), "--grid", "colour=1,2", "--out", f"{t}/o.csv"],
+     "colour: not a numeric config field", ["o.csv"]),
+    ("sweep-missing-column",
+     lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet")), "--grid", "g_a=0,1", "--column", "A=risk",
+                "--out", f"{t}/o.csv"], "has no column 'risk' (for A)", ["o.csv"]),
+    ("sweep-value-out-of-range",
+     lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet", bad_row=33)), "--grid", "g_a=0,1", "--out",
+                f"{t}/o.csv"], "M: expected values in [0, 1]; row 33 has 1.5", ["o.csv"]),
+    ("sweep-bootstrap-neg",
+     lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet")), "--grid", "g_a=0,1", "--bootstrap", "-1"],
+     "--bootstrap", []),
     ("unknown-command", lambda t: ["frobnicate"], "invalid choice", []),
 ]
 SUBPROCESS = {"reproduce-n-questions-0", "tune-M-out-of-range"}

@@ -8,7 +8,6 @@ import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, stack_configs, sweep
 from mdl_jax.controller.config import NUMERIC_FIELDS
-from tests.devices import run_on_forced_devices
 
 N = 300
 
@@ -185,22 +184,6 @@ def test_bad_labels_weights_and_signals_are_errors_naming_the_argument(data):
         sweep(bad, R, A, batch)
     with pytest.raises(TypeError, match="configs: expected an MDLConfig"):
         sweep(M, R, A, {"sigma": 0.2})
-
-
-def test_sweep_sharded_over_four_devices_equals_one_device(tmp_path):
-    """The config axis sharded over 4 (forced CPU) devices gives the single-device numbers."""
-    code = (
-        "import numpy as np, jax, json, sys\n"
-        "from mdl_jax import MDLConfig, config_grid, sweep, bootstrap_weights\n"
-        "rng = np.random.default_rng(5); M, R, A = rng.uniform(size=(3, 400)).astype(np.float32)\n"
-        "adopt = rng.integers(0, 2, 400)\n"
-        "b = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 7), g_b=np.linspace(0, 1, 5))\n"
-        "r = sweep(M, R, A, b, adopt=adopt, weights=bootstrap_weights(400, 3, 1))\n"
-        "np.save(sys.argv[1], np.concatenate([np.asarray(r.accuracy).ravel(),"
-        " np.asarray(r.counts).ravel(), np.asarray(r.mean_C_final).ravel()]))\n"
-        "print(jax.device_count())\n")
-    np.testing.assert_allclose(run_on_forced_devices(code, 4, tmp_path),
-                               run_on_forced_devices(code, 1, tmp_path), atol=1e-6)
 
 
 # --- issue 19 §5: sweep agrees with MDLConfig, its sums are exact, and N is not bounded by memory ----

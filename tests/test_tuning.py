@@ -13,7 +13,6 @@ from mdl_jax import MDLConfig, decide, load_config, save_config, soft_decide, tu
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.config_file import ConfigFileError
 from mdl_jax.controller.tuning import FIELD_SETS, from_unconstrained, to_unconstrained, tune_many
-from tests.devices import run_on_forced_devices
 
 # The signal-cube normalisation (C never clips), so every record carries information about the gates;
 # with the deployed n_min/n_max many uniform records have C clipped to 0 or 1.
@@ -259,22 +258,6 @@ def test_bad_tuning_input_is_an_error_naming_the_argument(teacher_data):
         tune(M, R, A, y[:-1])
     with pytest.raises(ValueError, match="temperature"):
         tune(M, R, A, y, temperature=(0.05, 0.0))
-
-
-def test_tuning_sharded_over_four_devices_equals_one_device(tmp_path):
-    code = (
-        "import numpy as np, sys, jax\n"
-        "from mdl_jax import MDLConfig, decide\n"
-        "from mdl_jax.controller.tuning import tune_many, FIELD_SETS\n"
-        "rng = np.random.default_rng(0); M, R, A = rng.uniform(size=(3, 400)).astype(np.float32)\n"
-        "y = (np.asarray(decide(M, R, A, MDLConfig(gate_coeffs=(0.1, 0.9))).action) == 0).astype(int)\n"
-        "wt = np.stack([(np.arange(400) % 4 != f).astype(np.float32) for f in range(4)])\n"
-        "cfgs, h = tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt),"
-        " field_sets=[FIELD_SETS['gates']] * 4, seeds=[0, 1, 2, 3], steps=30)\n"
-        "np.save(sys.argv[1], np.array([c.gate_coeffs + c.thresholds for c in cfgs]))\n"
-        "print(jax.device_count())\n")
-    np.testing.assert_allclose(run_on_forced_devices(code, 4, tmp_path),
-                               run_on_forced_devices(code, 1, tmp_path), rtol=1e-5, atol=1e-6)
 
 
 def test_decide_accepts_a_config_file(tmp_path, teacher_data):

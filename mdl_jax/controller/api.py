@@ -5,8 +5,12 @@ shape, checks concrete input eagerly (ValueError naming the argument and the fir
 the controller once, compiled:
   - concrete float32 input on the CPU: the native FFI kernel (``mdl_jax.controller.native``), one pass per
     16-record block on every core; it computes what ``decision.decide_one`` computes (parity-tested);
-  - anything else (a caller's jit/vmap/grad, a traced config, float64, GPU, D ≠ 16, kernel not built):
-    the pure-JAX batched path below, which is also the definition the kernel is tested against.
+  - concrete float32 input on a GPU: the fused Pallas kernel (``mdl_jax.controller.fused``), one
+    kernel per call with each record's controller in registers; tested against ``decide_one`` in
+    Pallas interpret mode;
+  - anything else (a caller's jit/vmap/grad, a traced config, float64, D ≠ 16, a kernel not built or
+    not lowered): the pure-JAX batched path below, which is also the definition both kernels are
+    tested against.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from mdl_jax.controller import decision as _d
+from mdl_jax.controller import fused
 from mdl_jax.controller import native
 from mdl_jax.controller.config import MDLConfig, _is_concrete
 from mdl_jax.controller.validation import (
@@ -246,7 +251,28 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
         plan = _native_plan(cfg)
         if plan is not None:
             return _native_jit(M, R, A, plan[0], flags=plan[1], dims=cfg.dims)
+        out = _fused_decide(M, R, A, cfg)
+        if out is not None:
+            return out
     return _decide_jit(M, R, A, cfg)
+
+
+def _fused_decide(M, R, A, cfg: MDLConfig):
+    """The fused GPU kernel's Decision when it may take this call (``fused.usable``: GPU backend,
+    input there, config within its limits), else None. A kernel that fails to lower or compile on
+    this GPU is given up for the process with one warning, and the pure-JAX path answers."""
+    if 0 in jnp.broadcast_shapes(M.shape, R.shape, A.shape):
+        return None
+    how = fused.usable(cfg, (M, R, A))
+    if not how:
+        return None
+    try:
+        return fused.decide(M, R, A, cfg, interpret=how == "interpret")
+    except Exception as e:  # noqa: BLE001 - Pallas/Triton/XLA raise their own types
+        if how == "interpret" or "RESOURCE_EXHAUSTED" in str(e):
+            raise  # out of device memory is about the call, not the kernel: the XLA path needs more
+        fused.give_up(e)
+        return None
 
 
 def _checked_impl(M, R, A, cfg):

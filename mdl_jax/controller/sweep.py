@@ -36,22 +36,29 @@ configs × all records, sized so the vmapped intermediates ((chunk, N, 16) float
 sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path; measured here it reaches
 the issue's targets without a native kernel (experiments/bench_sweep.py), so the same pure-JAX program
 runs on the CPU and on a GPU. With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
-on the CPU), the config axis of each chunk is sharded across all of them (Mesh + NamedSharding);
-with one device nothing changes.
+on the CPU), the jax engine runs on a 2-D ("configs", "records") mesh of them (Mesh + NamedSharding,
+shape from ``mesh.mesh_shape`` or ``mesh_shape=``): the configs of each chunk are split over the first
+axis, each pass's records over the second, and the sums over records become cross-device sums; with
+one device nothing changes.
+
+Passes are added by ``_Reducer``, which ``sweep`` (arrays), ``stream.sweep_parquet`` (Parquet) and
+``distributed`` (processes) share: whatever the source, the same engines and the same exact sums.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
+from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
 from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape, plain
 
@@ -305,7 +312,10 @@ def _reduce_one_config(M, R, A, adopt, weights, cfg):
 
 
 def _program(M, R, A, adopt, weights, cfg_chunks, chunk_sharding=None):
-    # cfg_chunks: leaves (n_chunks, chunk, ...). lax.map walks the chunks; a chunk is vmapped.
+    # cfg_chunks: leaves (n_chunks, chunk, ...). lax.map walks the chunks; a chunk is vmapped. With a
+    # 2-D mesh the records (M, R, A, adopt, weights' second axis) arrive sharded over "records" and the
+    # chunk's configs over "configs": each device decides its configs × its records, and the sums over
+    # records in _reduce_one_config become a cross-device sum that XLA inserts (integer sums stay exact).
     per_chunk = jax.vmap(_reduce_one_config, in_axes=(None, None, None, None, None, 0))
 
     def body(cfg_chunk):
@@ -318,24 +328,24 @@ def _program(M, R, A, adopt, weights, cfg_chunks, chunk_sharding=None):
 
 _program_jit = jax.jit(_program, static_argnames=("chunk_sharding",))
 
+# The (configs, records) mesh shape of the sweep in progress: ``sweep`` chooses it (or takes the
+# caller's) and the jax engine reads it here, so the engine's signature stays (cfg, K, size) for every
+# engine. (1, 1): one device, nothing sharded.
+_MESH_SHAPE: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("mesh_shape", default=(1, 1))
 
-@functools.cache
-def _mesh() -> Mesh | None:
-    devs = jax.devices()
-    return Mesh(np.array(devs), ("configs",)) if len(devs) > 1 else None
 
-
-def _chunk_size(K: int, N: int, n_dev: int) -> int:
-    c = max(1, _CHUNK_DECISIONS // max(N, 1))
-    c = min(c, K)
-    return -(-c // n_dev) * n_dev  # a multiple of the device count, so the config axis splits evenly
+def _chunk_size(K: int, size: int, a: int, r: int) -> int:
+    """Configs per chunk: a multiple of the config shards a, each device holding about
+    _CHUNK_DECISIONS (config, record) pairs of its own."""
+    per_dev = max(1, _CHUNK_DECISIONS // max(-(-size // r), 1))
+    return min(per_dev, -(-K // a)) * a
 
 
 def _config_chunks(cfg: MDLConfig, K: int, n: int):
-    """The batch padded to whole chunks of configs: (chunked leaves, chunk size, chunk count, sharding)."""
-    mesh = _mesh()
-    n_dev = 1 if mesh is None else mesh.devices.size
-    chunk = _chunk_size(K, n, n_dev)
+    """The batch padded to whole chunks of configs: (chunked leaves, chunk size, chunk count, mesh, sharding)."""
+    a, r = _MESH_SHAPE.get()
+    mesh = _meshes.make_mesh((a, r), ("configs", "records"))
+    chunk = _chunk_size(K, n, a, r)
     n_chunks = -(-K // chunk)
     pad = n_chunks * chunk - K
 
@@ -351,23 +361,33 @@ def _config_chunks(cfg: MDLConfig, K: int, n: int):
         sharding = NamedSharding(mesh, PartitionSpec("configs"))
         placed = NamedSharding(mesh, PartitionSpec(None, "configs"))
         chunks = jax.tree.map(lambda x: jax.device_put(x, placed), chunks)
-    return chunks, chunk, n_chunks, sharding
+    return chunks, chunk, n_chunks, mesh, sharding
 
 
 # ------------------------------------------------------------------------------------ engines
 # An engine computes one pass: (M, R, A (n,) float32, adopt (n,) bool, w (W, n) int32 or float32) →
 # raw weighted sums (n_correct (K, W), counts (K, W, 4), C_final (K, W)) as NumPy arrays, integer sums
 # exact. ``sweep`` adds the passes on the host. "jax" is the definition (the program above, on any
-# backend); "auto" picks the fastest engine that supports the batch on the default backend.
-ENGINES = ("auto", "jax", "native")  # native: the CPU kernel (native.sweep_engine), auto's pick on CPU
+# backend); "fused" the Pallas kernel of ``fused`` (a GPU; Pallas interpret mode elsewhere, for tests);
+# "native" the CPU kernel (``native.sweep_engine``); "auto" picks the fastest engine that supports the
+# batch on the default backend.
+ENGINES = ("auto", "jax", "fused", "native")
 
 
 def _jax_engine(cfg: MDLConfig, K: int, size: int):
-    chunks, chunk, n_chunks, sharding = _config_chunks(cfg, K, size)
+    chunks, chunk, n_chunks, mesh, sharding = _config_chunks(cfg, K, size)
+    if mesh is None:
+        place = jnp.asarray
+        place_w = jnp.asarray
+    else:  # the pass's records split over the "records" axis (size is a multiple of its length)
+        on_records = NamedSharding(mesh, PartitionSpec("records"))
+        w_on_records = NamedSharding(mesh, PartitionSpec(None, "records"))
+        place = functools.partial(jax.device_put, device=on_records)
+        place_w = functools.partial(jax.device_put, device=w_on_records)
 
     def run_pass(M, R, A, adopt, w):
-        out = _program_jit(jnp.asarray(M), jnp.asarray(R), jnp.asarray(A), jnp.asarray(adopt),
-                           jnp.asarray(w), chunks, chunk_sharding=sharding)
+        out = _program_jit(place(M), place(R), place(A), place(adopt), place_w(w), chunks,
+                           chunk_sharding=sharding)
         return tuple(np.asarray(x).reshape((n_chunks * chunk,) + x.shape[2:])[:K] for x in out)
 
     return run_pass
@@ -375,8 +395,11 @@ def _jax_engine(cfg: MDLConfig, K: int, size: int):
 
 def _engine(name: str, cfg: MDLConfig, K: int, size: int):
     """The pass function for ``engine=name`` (``ENGINES``)."""
-    from mdl_jax.controller import native  # (here, so this hook stays the only lines engines touch)
-    if name == "native" or (name == "auto" and native.sweep_available(cfg, K)):
+    from mdl_jax.controller import fused, native
+
+    if name == "fused" or (name == "auto" and fused.sweep_usable(cfg)):   # a GPU (or interpret mode)
+        return fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
+    if name == "native" or (name == "auto" and native.sweep_available(cfg, K)):   # the CPU
         return native.sweep_engine(cfg, K, size)
     if name in ("auto", "jax"):
         return _jax_engine(cfg, K, size)
@@ -390,37 +413,142 @@ RECORD_CHUNK = 1 << 18
 
 
 def _weights(weights, N: int):
-    """(device weights (W, N) int32 or float32, per-row scale to undo, float64 totals (W,), 2-d?).
-
-    Integer weights (bootstrap multiplicities, none at all) whose row totals fit int32 stay integers:
-    counts and the number correct are then exact however large N is. Other weights are scaled per
-    row by a power of two so the largest is in [1, 2), which keeps float32 sums finite (finite
-    float64 weights whose float32 total overflowed gave NaN before) and is undone exactly after."""
+    """(weights (W, N) as given or ones, float64 totals (W,), 2-d?), checked: finite, non-negative,
+    every vector with a positive total that float64 can hold."""
     if weights is None:
-        return np.ones((1, N), np.int32), np.ones(1), np.full(1, float(N)), False
+        return np.ones((1, N), np.int32), np.full(1, float(N)), False
     w = np.asarray(weights)
     if w.dtype.kind not in "biuf":
         raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
     w2d = w.ndim == 2
-    w = w.astype(np.float64).reshape((1, -1) if w.ndim == 1 else w.shape)
+    w = w.reshape((1, -1) if w.ndim == 1 else w.shape)
     if w.ndim != 2 or w.shape[1] != N:
         raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("weights: expected finite, non-negative weights")
     with np.errstate(over="ignore"):
-        total = w.sum(1)
+        total = w.sum(1, dtype=np.float64)
     if np.any(total <= 0):
         raise ValueError("weights: every weight vector needs a positive total")
     if not np.all(np.isfinite(total)):
         raise ValueError("weights: a weight vector's total overflows float64; scale the weights down")
-    if np.all(w == np.floor(w)) and np.all(total < 2**31):
-        return w.astype(np.int32), np.ones(len(w)), total, w2d
-    scale = 2.0 ** -np.floor(np.log2(w.max(1)))   # exact: a power of two
-    return (w * scale[:, None]).astype(np.float32), scale, total, w2d
+    return w, total, w2d
+
+
+def _device_weights(w: np.ndarray):
+    """One pass's (W, n) weights as the engines take them: (device weights, per-row scale, exact?).
+
+    Integer weights (bootstrap multiplicities, none at all) whose pass totals fit int32 stay integers,
+    so counts and the number correct are exact however large N is; below 2^24 every partial sum is an
+    integer float32 holds exactly, and the float matmul (fast on every backend) gives the same integers.
+    Other weights are scaled per row by a power of two so the largest is in [1, 2), which keeps float32
+    sums finite (finite float64 weights whose float32 total overflowed gave NaN before) and is undone
+    exactly on the host. Scaling per pass or per sweep gives the same sums: powers of two commute
+    with float32 rounding."""
+    W = w.shape[0]
+    if w.dtype.kind in "biu" or np.all(w == np.floor(w)):
+        tot = w.sum(1, dtype=np.float64)
+        if tot.max(initial=0) < 2**24:
+            return w.astype(np.float32), np.ones(W), True
+        if tot.max() < 2**31:
+            return w.astype(np.int32), np.ones(W), True
+    w = w.astype(np.float64)
+    top = w.max(1)
+    scale = np.where(top > 0, 2.0 ** -np.floor(np.log2(np.where(top > 0, top, 1.0))), 1.0)   # exact
+    return (w * scale[:, None]).astype(np.float32), scale, False
+
+
+class _Reducer:
+    """Adds passes of records into per-config sums: the machinery ``sweep`` (arrays),
+    ``sweep_parquet`` (a stream) and the multi-process sweep (``distributed``) share.
+
+    Each ``add`` is one call of the engine's pass function on ``size`` records (fewer are padded with
+    weight-0 records, which add nothing). Integer-weight passes are added in int64 (exact), others in
+    float64 after undoing their power-of-two scale; ``state`` is the plain sums, which processes can
+    add in any grouping (integers exactly) before ``finish`` turns them into a ``SweepResult``."""
+
+    def __init__(self, cfg: MDLConfig, K: int, W: int, size: int, engine: str):
+        self.K, self.W, self.size = K, W, size
+        self.run_pass = _engine(engine, cfg, K, size)
+        self.s = {"int_correct": np.zeros((K, W), np.int64), "int_counts": np.zeros((K, W, 4), np.int64),
+                  "float_correct": np.zeros((K, W)), "float_counts": np.zeros((K, W, 4)),
+                  "cf": np.zeros((K, W)), "wsum": np.zeros(W), "total": np.zeros(W)}
+
+    def add(self, M, R, A, lab, w) -> None:
+        """One pass: (n,) float32 signals in [0, 1], (n,) bool labels, (W, n) weights; n ≤ size."""
+        n = len(M)
+        wd, scale, exact = _device_weights(w)
+        self.s["total"] += w.sum(1, dtype=np.float64)
+        if n < self.size:
+            pad = self.size - n
+            M, R, A = (np.concatenate([x, np.full(pad, 0.5, np.float32)]) for x in (M, R, A))
+            lab = np.concatenate([lab, np.zeros(pad, bool)])
+            wd = np.concatenate([wd, np.zeros((self.W, pad), wd.dtype)], axis=1)
+        c, k, m = self.run_pass(M, R, A, lab, wd)
+        s = self.s
+        if exact:
+            s["int_correct"] += np.asarray(c).astype(np.int64)
+            s["int_counts"] += np.asarray(k).astype(np.int64)
+        else:
+            s["float_correct"] += np.asarray(c, np.float64) / scale
+            s["float_counts"] += np.asarray(k, np.float64) / scale[:, None]
+        s["cf"] += np.asarray(m, np.float64) / scale
+        # the weights as the device summed them (float32-rounded), so ratios divide like by like
+        s["wsum"] += wd.astype(np.float64).sum(1) / scale
+
+    def state(self) -> dict:
+        return self.s
+
+
+def _finish(s: dict, *, has_adopt: bool, w2d: bool, batched: bool, total=None) -> SweepResult:
+    """A SweepResult from summed reducer states (``total``: the weights' float64 totals, if known)."""
+    n_correct = s["int_correct"] + s["float_correct"]
+    counts = s["int_counts"] + s["float_counts"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = np.minimum(n_correct / s["wsum"], 1.0)
+        mean_cf = s["cf"] / s["wsum"]
+    total = s["total"] if total is None else total
+    if not w2d:
+        acc, counts, mean_cf, total = acc[:, 0], counts[:, 0], mean_cf[:, 0], total[0]
+    if not batched:
+        acc, counts, mean_cf = acc[0], counts[0], mean_cf[0]
+    return SweepResult(acc if has_adopt else None, counts, mean_cf,
+                       total if w2d else np.float64(total))
+
+
+def _check_common(record_chunk, engine):
+    if isinstance(record_chunk, bool) or not isinstance(record_chunk, (int, np.integer)) or record_chunk < 1:
+        raise ValueError(f"record_chunk: expected a positive int, got {record_chunk!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+
+
+def _engine_for_mesh(engine: str, mesh_shape) -> str:
+    """An explicit ``mesh_shape`` asks for the jax engine (the only one on a device mesh): "auto" then
+    means "jax", and another engine is a ValueError."""
+    if mesh_shape is None:
+        return engine
+    if engine not in ("auto", "jax"):
+        raise ValueError(f"mesh_shape: only the jax engine runs on a device mesh, got engine={engine!r}")
+    return "jax"
+
+
+def _pass_layout(K: int, N: int, record_chunk: int, mesh_shape) -> tuple[int, int, tuple[int, int]]:
+    """(passes, records per pass, (config shards, record shards)) for N records: equal passes (one
+    compilation), each a multiple of the record shards so the records axis splits evenly."""
+    n_dev = len(jax.local_devices())
+    n_pass = -(-N // int(record_chunk))
+    size = -(-N // n_pass)
+    if mesh_shape is None:
+        shape = _meshes.mesh_shape(n_dev, K, size)
+    else:
+        shape = _meshes.check_mesh_shape(mesh_shape, n_dev)
+    r = shape[1]
+    return n_pass, -(-size // r) * r, shape
 
 
 def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK,
-          engine: str = "auto"):
+          engine: str = "auto", mesh_shape: tuple[int, int] | None = None):
     """Every config × every record, reduced per config (see the module docstring).
 
     Args:
@@ -434,6 +562,10 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
         results do not depend on it beyond float32 rounding of ``mean_C_final``'s partial sums.
       engine: how each pass is computed (``ENGINES``): "jax" is the pure-JAX program on any backend;
         "auto" (default) the fastest engine that supports the batch here.
+      mesh_shape: (config shards, record shards) of the jax engine's 2-D device mesh over the first
+        a·r local devices; default: chosen from K, the pass size and the device count
+        (``mesh.mesh_shape``: configs first, records where K cannot keep every device busy). Given,
+        it selects the jax engine (with "auto"; another engine is a ValueError).
 
     Returns:
       ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays; leading
@@ -445,12 +577,18 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
     if isinstance(configs, (list, tuple)):
         if not configs:
             raise ValueError("configs: expected at least one config")
-        return [sweep(M, R, A, c, adopt=adopt, weights=weights, record_chunk=record_chunk, engine=engine)
-                for c in configs]
-    if isinstance(record_chunk, bool) or not isinstance(record_chunk, (int, np.integer)) or record_chunk < 1:
-        raise ValueError(f"record_chunk: expected a positive int, got {record_chunk!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+        return [sweep(M, R, A, c, adopt=adopt, weights=weights, record_chunk=record_chunk, engine=engine,
+                      mesh_shape=mesh_shape) for c in configs]
+    state, w2d, batched, total = _sweep_state(M, R, A, configs, adopt=adopt, weights=weights,
+                                              record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape)
+    return _finish(state, has_adopt=adopt is not None, w2d=w2d, batched=batched, total=total)
+
+
+def _sweep_state(M, R, A, configs, *, adopt, weights, record_chunk, engine, mesh_shape):
+    """``sweep``'s checks and passes over in-memory arrays → (reducer state, 2-d weights?, batched?,
+    float64 totals)."""
+    _check_common(record_chunk, engine)
+    engine = _engine_for_mesh(engine, mesh_shape)
     cfg, K, batched = _as_batch(configs)
     _check_batch(cfg, K)
     for n, x in (("M", M), ("R", R), ("A", A)):
@@ -461,40 +599,15 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
     N = shape[0]
     sig = [np.broadcast_to(np.asarray(x, np.float32), (N,)) for x in (M, R, A)]
     lab = np.zeros((N,), bool) if adopt is None else binary_labels(adopt, N)
-    w, scale, total, w2d = _weights(weights, N)
-    W = w.shape[0]
-
-    # Equal passes (one compilation); the last is padded with weight-0 records, which add nothing.
-    n_pass = -(-N // int(record_chunk))
-    size = -(-N // n_pass)
-    pad = n_pass * size - N
-    if pad:
-        sig = [np.concatenate([x, np.full(pad, 0.5, np.float32)]) for x in sig]
-        lab = np.concatenate([lab, np.zeros(pad, bool)])
-        w = np.concatenate([w, np.zeros((W, pad), w.dtype)], axis=1)
-    acc_dt = np.int64 if w.dtype == np.int32 else np.float64
-    if w.dtype == np.int32 and w.reshape(W, n_pass, size).sum(-1, dtype=np.int64).max() < 2**24:
-        # Every partial sum of a pass is an integer below 2^24, which float32 holds exactly: the
-        # float matmul (fast on every backend) gives the same integers as the int32 one.
-        w = w.astype(np.float32)
-    run_pass = _engine(engine, cfg, K, size)
-    n_correct = np.zeros((K, W), acc_dt)
-    counts = np.zeros((K, W, 4), acc_dt)
-    cf = np.zeros((K, W), np.float64)
-    for j in range(n_pass):
-        part = slice(j * size, (j + 1) * size)
-        c, k, m = run_pass(*(x[part] for x in sig), lab[part], w[:, part])
-        n_correct += c.astype(acc_dt)
-        counts += k.astype(acc_dt)
-        cf += m.astype(np.float64)
-    # undo the per-row scale (a power of two: exact); ratios use the scaled totals they were summed with
-    scaled_total = (w.astype(np.float64)).sum(1)
-    acc = np.minimum(n_correct / scaled_total, 1.0)
-    mean_cf = cf / scaled_total
-    counts = counts.astype(np.float64) / scale[None, :, None]
-    if not w2d:
-        acc, counts, mean_cf, total = acc[:, 0], counts[:, 0], mean_cf[:, 0], total[0]
-    if not batched:
-        acc, counts, mean_cf = acc[0], counts[0], mean_cf[0]
-    return SweepResult(acc if adopt is not None else None, counts, mean_cf,
-                       total if w2d else np.float64(total))
+    w, total, w2d = _weights(weights, N)
+    n_pass, size, mesh = _pass_layout(K, N, record_chunk, mesh_shape)
+    step = -(-N // n_pass)   # records per pass before rounding up to the record shards
+    token = _MESH_SHAPE.set(mesh)
+    try:
+        red = _Reducer(cfg, K, w.shape[0], size, engine)
+        for j in range(n_pass):
+            part = slice(j * step, min((j + 1) * step, N))
+            red.add(*(x[part] for x in sig), lab[part], w[:, part])
+    finally:
+        _MESH_SHAPE.reset(token)
+    return red.state(), w2d, batched, total

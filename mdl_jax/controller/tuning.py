@@ -37,8 +37,10 @@ Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on
 the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
 without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
 that vmaps over runs. ``tune_many`` trains B runs (folds × seeds × field sets, each a pair of
-train/validation weight vectors over the same records) in ONE jitted program, with the run axis
-sharded over all local devices (Mesh + NamedSharding); ``tune`` is a run of one.
+train/validation weight vectors over the same records) in ONE jitted program, on a 2-D (runs,
+records) mesh of the local devices (Mesh + NamedSharding): runs sharded first, and records too when
+the runs cannot keep every device busy (a single ``tune`` run on 4 devices: each holds N/4 records,
+and the gradients are summed across them); ``tune`` is a run of one.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mdl_jax.controller import decision as _d
+from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
 from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
 
@@ -304,31 +307,33 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
 
 
 @functools.partial(jax.jit, static_argnames=("base", "trained", "fused", "steps", "lr", "tau0", "tau1",
-                                             "patience", "sharding"))
+                                             "patience", "mesh"))
 def _train_groups(groups, M, R, A, y, *, base, trained, fused, steps, lr, tau0, tau1, patience,
-                  sharding=None):
+                  mesh=None):
     """Every group of runs (one per distinct field set) in ONE program; each group is vmapped.
 
-    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis; trained (the field
-    set) and fused: per group."""
+    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis (a multiple of the
+    mesh's "runs" length); trained (the field set) and fused: per group. With a 2-D ("runs",
+    "records") mesh each device trains its runs on its records: the losses and accuracies are sums
+    over records, so their values and gradients become cross-device sums that XLA inserts."""
     out = []
     feats = None
+    if mesh is not None:
+        on_records = NamedSharding(mesh, PartitionSpec("records"))
+        M, R, A, y = jax.lax.with_sharding_constraint((M, R, A, y), on_records)
     for (u0, masks, w_train, w_val), tr, fz in zip(groups, trained, fused):
-        if sharding is not None:
-            u0, masks, w_train, w_val = jax.lax.with_sharding_constraint(
-                (u0, masks, w_train, w_val), sharding)
+        if mesh is not None:
+            u0, masks = jax.lax.with_sharding_constraint((u0, masks), NamedSharding(mesh, PartitionSpec("runs")))
+            w_train, w_val = jax.lax.with_sharding_constraint(
+                (w_train, w_val), NamedSharding(mesh, PartitionSpec("runs", "records")))
         if not fz and feats is None:  # once for every non-fusion group: the base config's (n, α)
             feats = jax.vmap(_features, in_axes=(0, 0, 0, None))(M, R, A, base)
         fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, trained=tr, fused=fz,
                                steps=steps, lr=lr, tau0=tau0, tau1=tau1, patience=patience)
         out.append(jax.vmap(fn)(u0, masks, w_train, w_val))
+    if mesh is not None:  # small results, replicated: every device (and process) can read them whole
+        out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec()))
     return out
-
-
-@functools.cache
-def _mesh() -> Mesh | None:
-    devs = jax.devices()
-    return Mesh(np.array(devs), ("runs",)) if len(devs) > 1 else None
 
 
 def _check_signals(M, R, A, adopt):
@@ -356,7 +361,8 @@ def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
 def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequence[Sequence[str]],
               seeds: Sequence[int], config: MDLConfig | None = None, steps: int = 500,
               learning_rate: float = 0.05, temperature=(0.05, 0.002), patience: int = 100,
-              init_noise: float = 0.05):
+              init_noise: float = 0.05, mesh_shape: tuple[int, int] | None = None,
+              _across_processes: bool = False):
     """B runs in one jitted, vmapped program over the same (N,) records.
 
     Args:
@@ -366,6 +372,8 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
       field_sets: B tuples of field names to train (e.g. ``FIELD_SETS["gates"]``).
       seeds: B ints; a run starts from ``config`` plus N(0, init_noise²) noise on its trained free
         parameters, so seeds give different starting points.
+      mesh_shape: (run shards, record shards) of the 2-D device mesh over the first a·r local
+        devices; default: chosen from the runs, N and the device count (``mesh.mesh_shape``).
     Returns:
       (configs: list of B tuned MDLConfigs, history: dict of (B, steps) arrays and (B,) scalars).
     """
@@ -408,28 +416,48 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # Runs grouped by field set (static: whether the fusion must be recomputed every step).
     keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
     members = [[b for b, fs in enumerate(field_sets) if tuple(sorted(fs)) == k] for k in keys]
-    mesh = _mesh()
-    n_dev = 1 if mesh is None else mesh.devices.size
-    sharding = NamedSharding(mesh, PartitionSpec("runs")) if mesh is not None else None
+    # The (runs, records) mesh: runs first, records where the groups cannot keep every device busy
+    # (mesh.mesh_shape); each group is padded to whole run shards by repeating its last run, and the
+    # records to whole record shards by weight-0 records (in neither part of any run: they change
+    # no sum), both dropped from the results.
+    # Across processes (distributed.tune_many) the mesh holds every process's devices and every
+    # process passes the same records: each device trains its runs on its records, and the
+    # cross-device sums of the loss and gradients go between processes too.
+    n_dev = jax.device_count() if _across_processes else len(jax.local_devices())
+    shape = (_meshes.mesh_shape(n_dev, [len(i) for i in members], N) if mesh_shape is None
+             else _meshes.check_mesh_shape(mesh_shape, n_dev))
+    mesh = _meshes.make_mesh(shape, ("runs", "records"), _across_processes)
+    a, r = shape
+    pad_n = -(-N // r) * r - N
+    # host arrays from here: a mesh across processes is filled from each process's (equal) NumPy copy
+    M, R, A, y = (np.asarray(x) for x in (M, R, A, y))
+    if pad_n:
+        M, R, A = (np.concatenate([x, np.full(pad_n, 0.5, np.float32)]) for x in (M, R, A))
+        y = np.concatenate([y, np.zeros(pad_n, y.dtype)])
     groups = []
     for key, idx in zip(keys, members):
-        take = np.array(idx)
+        take = np.array(idx + [idx[-1]] * (-(-len(idx) // a) * a - len(idx)))
         # the start point's free parameters depend on the field set (trained fields are constrained
         # around the frozen ones), so each group maps the base config its own way
         m = {f: x[take] for f, x in masks.items()}
         u0 = _start_points(to_unconstrained(base, key), m, prng[take], noise[take])
-        g = (u0, {f: jnp.asarray(x) for f, x in m.items()}, wt[take], wv[take])
-        chex.assert_tree_shape_prefix(g, (len(idx),))
-        if sharding is not None and len(idx) % n_dev == 0:
-            g = jax.device_put(g, sharding)
+        wt_g, wv_g = (np.pad(np.asarray(x)[take], ((0, 0), (0, pad_n))) for x in (wt, wv))
+        g = (jax.tree.map(np.asarray, u0), {f: np.asarray(x) for f, x in m.items()}, wt_g, wv_g)
+        chex.assert_tree_shape_prefix(g, (len(take),))
+        if mesh is not None:
+            runs = NamedSharding(mesh, PartitionSpec("runs"))
+            w_sh = NamedSharding(mesh, PartitionSpec("runs", "records"))
+            g = (jax.device_put(g[0], runs), jax.device_put(g[1], runs),
+                 jax.device_put(g[2], w_sh), jax.device_put(g[3], w_sh))
         groups.append(g)
-    if sharding is not None and any(len(idx) % n_dev for idx in members):
-        sharding = None  # uneven groups: let XLA place them (results are the same)
+    if mesh is not None:
+        M, R, A, y = jax.device_put((M, R, A, y), NamedSharding(mesh, PartitionSpec("records")))
     fused = tuple(any(f in FUSION_FIELDS for f in k) for k in keys)
     static = _static_base(base)
     res = _train_groups(tuple(groups), M, R, A, y, base=static, trained=tuple(keys), fused=fused, steps=steps,
-                        lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience),
-                        sharding=sharding)
+                        lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience), mesh=mesh)
+    # drop the padding runs (each group's first len(idx) rows are its own runs)
+    res = [jax.tree.map(lambda x, n=len(idx): x[:n], g) for idx, g in zip(members, res)]
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
     history = {}
     for key, idx, (bp, hist, scalars) in zip(keys, members, res):

@@ -1,0 +1,97 @@
+"""Sweeps across processes and machines through JAX's multi-controller runtime (``jax.distributed``).
+
+Every process runs the same script; each sweeps ITS share of the records on its own local devices
+(any engine, the 2-D mesh), and the per-config sums of all processes are combined with one JAX
+collective (``multihost_utils.process_allgather``), added in process order, so every process returns
+the same ``SweepResult``, equal to one process sweeping all the records (integer sums exactly;
+``mean_C_final`` to float32 rounding of its per-pass partial sums).
+
+    # on every host (e.g. one per SLURM task; jax.distributed.initialize() reads SLURM's variables):
+    from mdl_jax.controller import distributed
+    distributed.initialize()                                    # or (address, num_processes, process_id)
+    res = distributed.sweep_parquet("records.parquet", grid)    # row groups split between processes
+    res = distributed.sweep(M_mine, R_mine, A_mine, grid, adopt=adopt_mine)   # arrays: each its own rows
+
+Sums travel as raw bytes (int64 and float64 viewed as uint32 words), so they cross processes exactly
+without JAX's 64-bit mode. A process that fails (bad input) before the collective leaves the others
+waiting in it: check inputs on every process the same way (they are, when all read the same file).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from mdl_jax.controller import stream as _stream
+from mdl_jax.controller import sweep as _sw
+from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, **kwargs) -> None:
+    """``jax.distributed.initialize`` (arguments as there; None lets JAX read a cluster's environment:
+    SLURM, Open MPI, Kubernetes, Cloud TPU), with CPU collectives through gloo so CPU-only processes
+    can combine their sums too. Call it first in every process, before any other JAX call."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
+
+
+def combine(state: dict) -> dict:
+    """Every process's reducer state (``sweep._Reducer.state``) summed, in process order: the same
+    dict on every process. One ``process_allgather`` of the states' bytes."""
+    from jax.experimental import multihost_utils
+
+    keys = sorted(state)
+    arrays = [np.ascontiguousarray(state[k]) for k in keys]
+    words = np.concatenate([a.reshape(-1).view(np.uint32) for a in arrays])
+    every = np.asarray(multihost_utils.process_allgather(words, tiled=False)).reshape(-1, words.size)
+    out, at = {}, 0
+    for k, a in zip(keys, arrays):
+        n = a.size * a.itemsize // 4
+        parts = [every[p, at:at + n].copy().view(a.dtype).reshape(a.shape) for p in range(len(every))]
+        total = parts[0].copy()
+        for x in parts[1:]:   # process order: the same float64 rounding on every process
+            total += x
+        out[k] = total
+        at += n
+    return out
+
+
+def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK,
+          engine: str = "auto", mesh_shape=None) -> SweepResult:
+    """``sweep`` of this process's records (M, R, A, adopt, weights: its own rows; weights (W, n) with
+    the same W everywhere), combined over every process: the result of one sweep over all the
+    processes' rows, on every process. With one process it is ``sweep``."""
+    if isinstance(configs, (list, tuple)):
+        raise TypeError("configs: expected one MDLConfig batch; call once per batch")
+    state, w2d, batched, _ = _sw._sweep_state(M, R, A, configs, adopt=adopt, weights=weights,
+                                              record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape)
+    return _sw._finish(combine(state), has_adopt=adopt is not None, w2d=w2d, batched=batched)
+
+
+def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int = 0, seed: int = 0,
+                  record_chunk: int = RECORD_CHUNK, engine: str = "auto", mesh_shape=None,
+                  progress: bool = False) -> SweepResult:
+    """``sweep_parquet`` with the file's row groups split between processes (contiguous, about equal
+    rows: ``stream.row_group_share``), every process reading only its own; the same result on every
+    process, equal to one process's ``sweep_parquet`` (the Poisson bootstrap is keyed by row, so
+    the split does not change the weights)."""
+    if isinstance(configs, (list, tuple)):
+        raise TypeError("configs: expected one MDLConfig batch; call once per batch")
+    pf, _ = _stream._open(path, columns)
+    share = _stream.row_group_share(pf, jax.process_index(), jax.process_count())
+    state, w2d, batched, has_adopt = _stream._parquet_state(
+        path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
+        engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
+    return _stream.finish(combine(state), has_adopt=has_adopt, w2d=w2d, batched=batched)
+
+
+def tune_many(M, R, A, adopt, **kwargs):
+    """``tuning.tune_many`` on a (runs, records) mesh over EVERY process's devices: each device trains
+    its runs on its share of the records, and the loss and gradient sums cross processes inside the
+    compiled program. Every process passes the same records and arguments (unlike ``sweep``, the
+    records are not split by the caller: tuning sets are small, the compute is what is shared) and
+    gets the same configs and history. ``mesh_shape`` counts global devices."""
+    from mdl_jax.controller import tuning as _tuning
+
+    return _tuning.tune_many(M, R, A, adopt, _across_processes=True, **kwargs)

@@ -1,0 +1,221 @@
+"""Sweeps over records streamed from Parquet: more records than memory, reduced as they are read.
+
+    res = sweep_parquet("records.parquet", config_grid(g_a=np.linspace(0, 1, 21)), bootstrap=10)
+    res.accuracy            # (21, 10), exactly what ``sweep`` gives on the same records and weights
+
+The file is read row group by row group in batches (pyarrow ``ParquetFile.iter_batches``), the
+records are cut into passes of ``record_chunk`` and every pass goes through the same pass machinery as
+``sweep`` (``sweep._Reducer``: the engine chosen by ``engine``, the 2-D device mesh, exact integer
+sums), so memory holds one pass and one batch whatever the number of records.
+
+Bootstrap for a stream. ``sweep``'s ``bootstrap_weights`` draws N times from N records, which needs N
+up front; a stream uses the Poisson(1) bootstrap instead (each record's multiplicity in a resample is
+an independent Poisson(1) draw, the standard bootstrap for data seen once: its resamples have a
+random size, N on average). The draws are a function of (seed, resample, row index) only: rows are
+grouped in blocks of 2^16 and block b's (W, 2^16) multiplicities come from
+``numpy.random.default_rng([seed, b])``, so the weights do not depend on the batch size, the row-group
+layout or how rows are split between processes, and ``poisson_weights(0, N, W, seed)`` gives the same
+(W, N) weights for ``sweep`` on arrays (the tests check both agree).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mdl_jax.controller import sweep as _sw
+from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
+
+# Rows per block of Poisson draws (see the module docstring).
+POISSON_BLOCK = 1 << 16
+ROLES = ("M", "R", "A", "adopt", "weight")
+
+
+def poisson_weights(start: int, stop: int, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """(n_resamples, stop − start) int32 Poisson(1) bootstrap multiplicities of rows [start, stop):
+    a function of (seed, resample, row) only, so any split of the rows gives the same weights."""
+    for name, v in (("start", start), ("stop", stop), ("n_resamples", n_resamples)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name}: expected an int ≥ 0, got {v!r}")
+    if stop < start or n_resamples < 1:
+        raise ValueError(f"expected 0 ≤ start ≤ stop and n_resamples ≥ 1, got {start}, {stop}, {n_resamples}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an int ≥ 0, got {seed!r}")
+    out = np.empty((n_resamples, stop - start), np.int32)
+    b0, b1 = start // POISSON_BLOCK, -(-stop // POISSON_BLOCK)
+    for b in range(b0, b1):
+        lo, hi = max(start, b * POISSON_BLOCK), min(stop, (b + 1) * POISSON_BLOCK)
+        block = np.random.default_rng([int(seed), b]).poisson(1.0, (n_resamples, POISSON_BLOCK))
+        out[:, lo - start:hi - start] = block[:, lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
+    return out
+
+
+def _open(path, columns):
+    """(ParquetFile, {role: column name}) with every named column present (ValueError otherwise)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow is in the [signals] extra
+        raise ImportError("sweep_parquet needs pyarrow: pip install 'mdl-jax[signals]'") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a path to a Parquet file, got {type(path).__name__}")
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"path: no such file: {str(path)!r}")
+    try:
+        pf = pq.ParquetFile(p)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a file that is not Parquet
+        raise ValueError(f"path: {str(path)!r} is not a readable Parquet file ({e})") from None
+    have = pf.schema_arrow.names
+    cols = {"M": "M", "R": "R", "A": "A"}
+    if "adopt" in have:
+        cols["adopt"] = "adopt"
+    if columns is not None:
+        if not isinstance(columns, dict) or any(k not in ROLES for k in columns):
+            raise ValueError(f"columns: expected a dict from roles {ROLES} to column names, got {columns!r}")
+        cols.update({k: v for k, v in columns.items() if v is not None})
+        for k, v in columns.items():
+            if v is None:
+                cols.pop(k, None)
+    for role, name in cols.items():
+        if name not in have:
+            raise ValueError(f"columns: {str(path)!r} has no column {name!r} (for {role}); it has {have}")
+    return pf, cols
+
+
+def _column(batch, name: str, role: str, row0: int) -> np.ndarray:
+    """One column of a record batch as NumPy, checked: ValueError naming the column and the row."""
+    col = batch.column(name)
+    if col.null_count:
+        i = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        raise ValueError(f"{name}: expected a value in every row; row {row0 + i} is null")
+    x = col.to_numpy(zero_copy_only=False)
+    if x.dtype.kind not in "biuf":
+        raise ValueError(f"{name}: expected numbers, got {col.type} (row {row0})")
+    if role in ("M", "R", "A"):
+        bad = ~((x >= 0) & (x <= 1))
+        what = "values in [0, 1]"
+    elif role == "adopt":
+        bad = ~((x == 0) | (x == 1))
+        what = "binary labels (0/1 or bool)"
+    else:
+        bad = ~(np.isfinite(x) & (x >= 0))
+        what = "finite, non-negative weights"
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected {what}; row {row0 + i} has {x[i].item()!r}")
+    if role == "adopt":
+        return x.astype(bool)
+    return x.astype(np.float32) if role != "weight" else x
+
+
+def row_group_share(pf, process: int, n_processes: int) -> list[int]:
+    """The row groups of process ``process`` out of ``n_processes``: contiguous, about equal rows."""
+    rows = np.array([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)], np.int64)
+    start = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    owner = (start * n_processes) // max(int(rows.sum()), 1)
+    return [i for i in range(len(rows)) if owner[i] == process]
+
+
+def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress,
+                   row_groups=None):
+    """The reducer state of ``sweep_parquet`` over ``row_groups`` (all when None): (state, W-axis?,
+    batched?, labels?). A share without rows gives zero sums."""
+    _sw._check_common(record_chunk, engine)
+    engine = _sw._engine_for_mesh(engine, mesh_shape)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
+        raise ValueError(f"bootstrap: expected an int ≥ 0 (Poisson resamples; 0 = none), got {bootstrap!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an int ≥ 0, got {seed!r}")
+    pf, cols = _open(path, columns)
+    cfg, K, batched = _sw._as_batch(configs)
+    _sw._check_batch(cfg, K)
+    n_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+    if sum(n_rows) == 0:
+        raise ValueError(f"path: {str(path)!r} holds no records")
+    starts = np.concatenate([[0], np.cumsum(n_rows)[:-1]]).astype(np.int64)
+    groups = list(range(pf.num_row_groups)) if row_groups is None else list(row_groups)
+    mine = sum(n_rows[g] for g in groups)
+    W = max(int(bootstrap), 1)
+    _, size, shape = _sw._pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
+    names = list(dict.fromkeys(cols.values()))
+    token = _sw._MESH_SHAPE.set(shape)
+    try:
+        red = _sw._Reducer(cfg, K, W, size, engine)
+        buf: list[tuple] = []
+        held = 0
+
+        def flush(final: bool):
+            nonlocal buf, held
+            if not buf:
+                return
+            parts = [np.concatenate(x, axis=-1) if len(buf) > 1 else x[0] for x in zip(*buf)]
+            while held >= size or (final and held):
+                n = min(size, held)
+                red.add(parts[0][:n], parts[1][:n], parts[2][:n], parts[3][:n], parts[4][:, :n])
+                parts = [x[..., n:] for x in parts]
+                held -= n
+            buf = [tuple(parts)] if held else []
+
+        from tqdm.auto import tqdm
+
+        for g in tqdm(groups, desc="sweep", unit="row group", disable=not progress):
+            row = int(starts[g])
+            for batch in pf.iter_batches(batch_size=int(record_chunk), row_groups=[g], columns=names):
+                n = batch.num_rows
+                M, R, A = (_column(batch, cols[k], k, row) for k in ("M", "R", "A"))
+                lab = (_column(batch, cols["adopt"], "adopt", row) if "adopt" in cols
+                       else np.zeros(n, bool))
+                w = np.ones((1, n), np.int32)
+                if "weight" in cols:
+                    w = _column(batch, cols["weight"], "weight", row)[None]
+                if bootstrap:
+                    w = poisson_weights(row, row + n, int(bootstrap), int(seed)) * w
+                buf.append((M, R, A, lab, w))
+                held += n
+                row += n
+                if held >= size:
+                    flush(False)
+        flush(True)
+    finally:
+        _sw._MESH_SHAPE.reset(token)
+    return red.state(), bool(bootstrap), batched, "adopt" in cols
+
+
+def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int = 0, seed: int = 0,
+                  record_chunk: int = RECORD_CHUNK, engine: str = "auto", mesh_shape=None,
+                  progress: bool = False) -> SweepResult:
+    """``sweep`` over the records of a Parquet file, streamed: memory is one pass, not N.
+
+    Args:
+      path: a Parquet file with one record per row.
+      configs: as ``sweep`` (a batch, a single config; not a list: call once per batch).
+      columns: {role: column name} for roles "M", "R", "A" (default: columns of those names),
+        "adopt" (binary oracle labels; default: the column "adopt" if the file has one, else no
+        accuracy) and "weight" (per-record weights; default none). A role mapped to None is dropped.
+      bootstrap: W > 0 gives W Poisson(1) bootstrap resamples (module docstring), multiplied into the
+        weight column if there is one; 0 (default): the records once.
+      seed: the resamples' seed (an int ≥ 0).
+      record_chunk, engine, mesh_shape: as ``sweep``.
+      progress: a tqdm bar over row groups (off by default, like every library call here).
+
+    Returns:
+      ``SweepResult`` as ``sweep``'s, with a W axis after K when ``bootstrap`` > 0. ValueError naming
+      the column and row for a missing file or column, a null, a signal outside [0, 1], a label that
+      is not 0/1, a negative or non-finite weight; and for a weight vector whose total is 0.
+    """
+    if isinstance(configs, (list, tuple)):
+        raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
+    state, w2d, batched, has_adopt = _parquet_state(
+        path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
+        engine=engine, mesh_shape=mesh_shape, progress=progress)
+    return finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+
+
+def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepResult:
+    """A SweepResult from (summed) reducer states; ValueError when a weight vector's total is 0."""
+    if np.any(state["wsum"] <= 0):
+        raise ValueError("weight: every weight vector needs a positive total; "
+                         f"totals {state['total'].tolist()}")
+    return _sw._finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
