@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -437,6 +438,8 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
   // (measured here, 2 threads, N = 10^7: 68 ns of CPU per record against 71-107 when the first writes
   // fault, the kernel's share 9.5 ns against 13-47 ns), and only its part (see Work).
   const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+  if (n_chunks >= (int64_t{1} << 32))  // Work packs item indices in 32 bits
+    return ffi::Error::InvalidArgument("mdl_decide_f32: too many records in one call");
   auto item = [&](int64_t c) { records(c * kChunk, std::min(n, (c + 1) * kChunk)); };
   auto own = [&](int64_t c_lo, int64_t c_hi) {
     const int64_t lo = c_lo * kChunk, hi = std::min(n, c_hi * kChunk);
@@ -683,9 +686,12 @@ ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<
   int64_t rc_size = (n + n_rc - 1) / n_rc;
   rc_size = (rc_size + L - 1) / L * L;
   n_rc = (n + rc_size - 1) / rc_size;
-  std::unique_ptr<double[]> scratch(new double[n_rc * K * W * kStats]());
+  std::unique_ptr<double[]> scratch(new (std::nothrow) double[n_rc * K * W * kStats]());
+  if (!scratch) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "mdl_sweep_f32: out of memory");
 
   const int64_t n_items = static_cast<int64_t>(tasks.size()) * n_rc;
+  if (n_items >= (int64_t{1} << 32))  // Work packs item indices in 32 bits
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: too many configs × record chunks in one pass");
   auto item = [&](int64_t i) {
     const auto& t = tasks[i / n_rc];
     const int64_t rc = i % n_rc, lo = rc * rc_size, hi = std::min(n, lo + rc_size);
