@@ -458,7 +458,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int):
     ids: dict = {}
     fusion = np.ascontiguousarray(params[:, :_FUSION_END])
     group = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in fusion], np.int64)
-    first = np.array([int(np.argmax(group == g)) for g in range(len(ids))], np.int64)
+    first = np.unique(group, return_index=True)[1]    # ids count up in order of first appearance
     order = np.argsort(group, kind="stable")             # configs sorted by group
     inverse = np.empty_like(order)
     inverse[order] = np.arange(K)
