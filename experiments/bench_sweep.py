@@ -10,8 +10,11 @@ records of the committed paper-scale run (uniform random ones if that file is ab
 Decisions are counted as configs × resamples × records (1.6 × 10^7 per workload), the unit of the
 issue's targets; the sweep engine evaluates the controller once per (config, record) and scores the
 resamples as weighted sums, so it also reports controller evaluations per second.
-  - sweep: ``mdl_jax.sweep`` warm (median of rounds), and its first call measured in a fresh process
-    together with that process's peak RSS;
+  - sweep: ``mdl_jax.sweep`` with engine="native" (the CPU kernel, what "auto" picks on the CPU) and
+    engine="jax" (the pure-JAX program), warm in interleaved rounds (median), the ratio beside its
+    target (≥ 3×, issue 18), and each engine's first call in a fresh process with its peak RSS;
+    the native engine also without folding records that share (M, R, A) (these records hold 400
+    distinct triples of 3,600), to show what the kernel alone gains;
   - nested vmap: the README's pattern, ``jax.vmap`` over ``MDLConfig(sigma=s)`` around
     ``decide(..., validate=False)`` on the explicitly resampled records (36,000), then accuracy;
   - Python loop: one ``decide`` call per config (the native kernel) on the resampled records, accuracy
@@ -33,6 +36,7 @@ import jax
 import numpy as np
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
+from mdl_jax.controller import native
 
 RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
 
@@ -65,7 +69,7 @@ from experiments.bench_sweep import load_signals, workload
 M, R, A, y, _ = load_signals()
 cfgs, w = workload(sys.argv[1], int(sys.argv[2]), len(M))
 t = time.perf_counter()
-r = jax.block_until_ready(__import__('mdl_jax').sweep(M, R, A, cfgs, adopt=y, weights=w))
+r = jax.block_until_ready(__import__('mdl_jax').sweep(M, R, A, cfgs, adopt=y, weights=w, engine=sys.argv[3]))
 dt = time.perf_counter() - t
 # VmHWM, not ru_maxrss: the latter survives exec and can report the (large) parent at fork time
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
@@ -82,8 +86,8 @@ def workload(name: str, size: int, n: int):
     return cfgs, bootstrap_weights(n, 10, seed=0)
 
 
-def first_call(name: str, size: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, name, str(size)], capture_output=True, text=True,
+def first_call(name: str, size: int, engine: str = "auto") -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, name, str(size), engine], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -98,6 +102,7 @@ def main(argv=None) -> int:
     M, R, A, y, source = load_signals()
     N = len(M)
     W = 10
+    load_before = __import__("os").getloadavg()
     res = {"records": source, "n_records": N, "resamples": W, "configs": size, "rounds": rounds,
            "devices": jax.device_count(), "jax": jax.__version__}
     rows = []
@@ -105,11 +110,37 @@ def main(argv=None) -> int:
         cfgs, w = workload(name, size, N)
         K = size
         decisions = K * W * N
-        fc = first_call(name, size)
-        med, best = _timed(lambda: sweep(M, R, A, cfgs, adopt=y, weights=w), rounds)
+        fc = first_call(name, size, "native")
+        fc_jax = first_call(name, size, "jax")
+        runs = {e: (lambda e=e: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e)) for e in ("native", "jax")}
+
+        def native_unfolded():
+            # the native engine without folding records that share (M, R, A) (see native.DEDUP): what
+            # the kernel alone gains; these 3,600 records hold 400 distinct triples
+            native.DEDUP = False
+            try:
+                return sweep(M, R, A, cfgs, adopt=y, weights=w, engine="native")
+            finally:
+                native.DEDUP = True
+
+        runs["native_unfolded"] = native_unfolded
+        for fn in runs.values():
+            fn()  # compile / build and warm
+        per = {e: [] for e in runs}
+        for _ in range(rounds):  # interleaved: load from other jobs hits both engines alike
+            for e, fn in runs.items():
+                per[e].append(_timed(fn, 1)[0])
+        med, best = statistics.median(per["native"]), min(per["native"])
+        med_jax = statistics.median(per["jax"])
         r = {"sweep_warm_s": med, "sweep_best_s": best, "sweep_first_s": fc["first_s"],
              "peak_rss_mb": fc["peak_rss_mb"], "decisions": decisions,
-             "sweep_decisions_per_s": decisions / med, "sweep_evaluations_per_s": K * N / med}
+             "sweep_decisions_per_s": decisions / med, "sweep_evaluations_per_s": K * N / med,
+             "jax_warm_s": med_jax, "jax_first_s": fc_jax["first_s"], "jax_peak_rss_mb": fc_jax["peak_rss_mb"],
+             "native_vs_jax": med_jax / med,
+             "native_unfolded_warm_s": statistics.median(per["native_unfolded"]),
+             "native_unfolded_vs_jax": med_jax / statistics.median(per["native_unfolded"]),
+             "distinct_records": int(len(np.unique(np.stack([M, R, A], 1), axis=0))),
+             "native_vs_jax_per_round": [b / a for a, b in zip(per["native"], per["jax"])]}
         # the per-point Python loop on the resampled records (native decide), and with NumPy weights
         idx = [np.repeat(np.arange(N), w[b].astype(int)) for b in range(W)]
         flat = np.concatenate(idx)
@@ -155,10 +186,18 @@ def main(argv=None) -> int:
             r["nested_warm_s"], _ = _timed(lambda: nested(sj), max(1, rounds // 2))
         res[name] = r
         label = "σ sweep" if name == "sigma" else "(g_a, g_b) grid"
-        rows.append((f"{label}: sweep engine, warm (median)", f"{med:.3f} s",
+        rows.append((f"{label}: sweep engine='native', warm (median)", f"{med:.3f} s",
                      f"{decisions / med:.2e} /s ({K * N / med:.2e} evaluations/s)"))
-        rows.append((f"{label}: sweep engine, first call (fresh process)", f"{fc['first_s']:.2f} s",
-                     f"peak RSS {fc['peak_rss_mb']:.0f} MB"))
+        rows.append((f"{label}: sweep engine='jax', warm (median)", f"{med_jax:.3f} s",
+                     f"{decisions / med_jax:.2e} /s; native is {r['native_vs_jax']:.1f}× faster "
+                     f"(target ≥ 3×: {'met' if r['native_vs_jax'] >= 3 else 'NOT met'}; per round "
+                     + ", ".join(f"{x:.1f}" for x in r["native_vs_jax_per_round"]) + ")"))
+        rows.append((f"{label}: engine='native', records not folded", f"{r['native_unfolded_warm_s']:.3f} s",
+                     f"{r['native_unfolded_vs_jax']:.1f}× the jax engine ({r['distinct_records']} distinct (M, R, A) "
+                     f"of {N}; folded by default)"))
+        rows.append((f"{label}: first call (fresh process), native / jax",
+                     f"{fc['first_s']:.2f} / {fc_jax['first_s']:.2f} s",
+                     f"peak RSS {fc['peak_rss_mb']:.0f} / {fc_jax['peak_rss_mb']:.0f} MB"))
         if "nested_warm_s" in r:
             rows.append((f"{label}: nested vmap (README pattern), warm / first",
                          f"{r['nested_warm_s']:.2f} s / {r['nested_first_s']:.1f} s",
@@ -170,8 +209,13 @@ def main(argv=None) -> int:
         rows.append((f"{label}: Python loop over decide, NumPy weights", f"{r['loop_weighted_s']:.2f} s",
                      f"{decisions / r['loop_weighted_s']:.2e} /s; sweep is "
                      f"{r['loop_weighted_s'] / med:.1f}× faster"))
+    import os
+
+    res["load_before"] = load_before
+    res["load_after"] = os.getloadavg()
     print(f"sweep benchmark: {size} configs × {W} resamples × {N} records ({source}), "
-          f"{jax.device_count()} device(s), jax {jax.__version__}")
+          f"{jax.device_count()} device(s), {len(os.sched_getaffinity(0))} CPUs, jax {jax.__version__}; "
+          f"load average {load_before[0]:.1f} before, {res['load_after'][0]:.1f} after")
     width = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{width}}  {b:>16}  {c}")

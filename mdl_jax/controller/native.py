@@ -13,6 +13,19 @@ reused; a cached library is loaded only when its bytes match the size and sha256
 build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
 is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
 Set ``MDL_JAX_NATIVE=0`` to turn the kernel off.
+
+Threads: a call splits its records into one contiguous part per thread of XLA's intra-op pool (the
+caller included; idle threads steal from the back of the others' parts), and each thread faults in
+its part of the fresh output pages with one ``MADV_POPULATE_WRITE`` before writing them: with one
+shared counter all threads wrote inside the same 2 MiB huge page at once and raced to fault (and
+zero) each new one. The pool follows the process's affinity mask; the kernel caps its threads at
+``usable_cpus()`` (the mask, capped by a cgroup CPU quota).
+
+The same library holds the sweep's engine (``sweep(..., engine="native")``, what "auto" picks on the
+CPU): ``mdl_sweep_f32`` scores a batch of configs × records in one call on every thread and returns
+the per-config weighted sums (``sweep_engine``). Configs that share their fusion numbers (σ, ε_c,
+gains, g_A, bias) share ‖v_meta‖ and α per record, so a grid over gates, thresholds or n_min/n_max
+costs one fusion per record.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
 
 TARGET = "mdl_decide_f32"
+SWEEP_TARGET = "mdl_sweep_f32"
 ENV_SWITCH = "MDL_JAX_NATIVE"
 _SOURCE = Path(__file__).with_name("_native") / "decide_cpu.cc"
 _LOCK = threading.Lock()
@@ -191,19 +205,69 @@ def load() -> bool:
                 # before giving up.
                 build(path)
                 lib = ctypes.cdll.LoadLibrary(str(path))
-            try:
-                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MdlDecideF32), platform="cpu")
-            except Exception as e:  # noqa: BLE001 - XLA's own error type
-                # Registered earlier in this process (the state was reset, e.g. by a test): XLA keeps
-                # the first handler, whose library stays loaded, so the kernel is usable.
-                if "Duplicate FFI handler" not in str(e):
-                    raise NativeBuildError(f"registering {TARGET} failed: {e}") from e
+            for target, fn in ((TARGET, lib.MdlDecideF32), (SWEEP_TARGET, lib.MdlSweepF32)):
+                try:
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
+                except Exception as e:  # noqa: BLE001 - XLA's own error type
+                    # Registered earlier in this process (the state was reset, e.g. by a test): XLA
+                    # keeps the first handler, whose library stays loaded, so the kernel is usable.
+                    if "Duplicate FFI handler" not in str(e):
+                        raise NativeBuildError(f"registering {target} failed: {e}") from e
+            lib.MdlSetMaxThreads.argtypes = [ctypes.c_int64]
+            lib.MdlLastThreads.restype = ctypes.c_int64
+            lib.MdlPoolThreads.restype = ctypes.c_int64
+            lib.MdlSetMaxThreads(usable_cpus())
             _STATE.update(ok=True, path=path, lib=lib)
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
             _STATE.update(ok=False, error=str(e))
             warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX path ({e}). "
                           f"Set {ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
         return _STATE["ok"]
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (v2 ``cpu.max`` or v1 CFS quota), None if none."""
+    try:
+        rel = ""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3 and (parts[0] == "0" or "cpu" in parts[1].split(",")):
+                rel = parts[2].lstrip("/")
+                break
+        for d in (Path("/sys/fs/cgroup") / rel, Path("/sys/fs/cgroup")):
+            f = d / "cpu.max"
+            if f.exists():
+                quota, period = f.read_text().split()[:2]
+                if quota != "max":
+                    return int(quota) / int(period)
+        for d in (Path("/sys/fs/cgroup/cpu") / rel, Path("/sys/fs/cgroup/cpu")):
+            q = d / "cpu.cfs_quota_us"
+            if q.exists() and int(q.read_text()) > 0:
+                return int(q.read_text()) / int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process can really run on: its affinity mask, capped by a cgroup CPU quota.
+
+    XLA sizes its CPU thread pool from the affinity mask (``taskset -c 0`` gives one thread), which
+    a container's quota can undercut; the kernel uses at most this many threads per call, since more
+    running threads than CPUs only add switches and throttling."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        n = min(n, max(1, int(limit + 0.5)))
+    return max(1, n)
+
+
+def threads_used() -> tuple[int, int]:
+    """(threads the kernel's last parallel call ran on, the size of XLA's pool then); zeros before
+    any call (for benchmarks)."""
+    if not _STATE.get("ok"):
+        return 0, 0
+    return int(_STATE["lib"].MdlLastThreads()), int(_STATE["lib"].MdlPoolThreads())
 
 
 def status() -> dict:
@@ -279,3 +343,144 @@ def params(cfg: MDLConfig) -> jax.Array:
         return _params_cached(cfg)
     except TypeError:  # unhashable leaves: pack and transfer every time
         return jax.device_put(_pack_uncached(cfg))
+
+
+# ------------------------------------------------------------------------------------ the sweep engine
+# Params layout (decide_cpu.cc: struct Params): what the fusion reads comes first; the read-out
+# numbers (g_a, g_b, θ, n_min, n_max) and the basis Q after it.
+_FUSION_END = 16 + 1 + 3 * 16 * 16 + 16 + 2   # centres, 1/(2σ²), W, bias, g_A coefficients
+
+
+def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
+    """A batch of K configs (leaves with leading axis K) as (K, 1066) ``params`` rows: each row the
+    same float32 bits ``pack`` gives that config alone (the same element-wise float32 arithmetic)."""
+    f = np.float32
+    D = cfg.D
+    col = lambda name, *shape: np.asarray(getattr(cfg, name), f).reshape((K,) + shape)  # noqa: E731
+    centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
+    sigma = col("sigma")
+    pi = np.asarray(cfg.projectors, f)
+    others = pi.sum(0, dtype=f)[None] - pi
+    W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
+    bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
+    parts = [np.broadcast_to(centres, (K, D)), (f(1.0) / (f(2.0) * sigma * sigma))[:, None], W.reshape(K, -1),
+             bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
+             col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D))]
+    out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
+    assert out.shape == (K, 1066), out.shape
+    return out
+
+
+def sweep_supports(cfg: MDLConfig, K: int) -> bool:
+    """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
+    if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
+        return False
+    shapes = {"sigma": (K,), "eps_c": (K,), "gains": (K, 3), "g_A_coeffs": (K, 2), "gate_coeffs": (K, 2),
+              "thresholds": (K, 3), "n_min": (K,), "n_max": (K,)}
+    try:
+        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
+            return False
+        return np.shape(cfg.bias) in ((K,), (K, cfg.D))
+    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read
+        return False
+
+
+def sweep_available(cfg: MDLConfig, K: int) -> bool:
+    """May ``sweep(engine="auto")`` use the native engine? Switch on, CPU backend, batch supported,
+    library built and loaded (a failed build warns once, as for ``decide``, and answers False)."""
+    return (enabled() and jax.default_backend() == "cpu" and sweep_supports(cfg, K) and load())
+
+
+def _sweep_call(M, R, A, w2, groups, readout, start, flags: int, mode: int):
+    K, W = readout.shape[0], w2.shape[1]
+    # (K, W, 6) float64 sums travel as int32 pairs: without x64, JAX has no float64 arrays.
+    return jax.ffi.ffi_call(SWEEP_TARGET, jax.ShapeDtypeStruct((K, W, 12), jnp.int32))(
+        M, R, A, w2, groups, readout, start, flags=np.int64(flags), mode=np.int64(mode))
+
+
+_sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode"))
+
+# How the kernel sums the weights (decide_cpu.cc: kIntegral, kInt32, kDouble).
+_INTEGRAL, _INT32, _DOUBLE = 0, 1, 2
+
+
+def _weight_mode(w2: np.ndarray) -> int:
+    """int32 weights: int32 lane sums. float32 integers whose (adopt + other) row totals are < 2^24
+    (bootstrap multiplicities as sweep passes them): float32 lane sums, exact and fastest. Other
+    floats: float64."""
+    if w2.dtype == np.int32:
+        return _INT32
+    if np.all(w2.sum((0, 2), dtype=np.float64) < 2**24) and np.array_equal(w2, np.floor(w2)):
+        return _INTEGRAL
+    return _DOUBLE
+
+
+# Fold records with the same (M, R, A) into one (see _split_weights). Off only to measure it.
+DEDUP = True
+
+
+def _split_weights(M, R, A, adopt, w, dedup: bool):
+    """The kernel's inputs: records and (2, W, n') weights, [0] on records labelled adopt, [1] on the
+    others. A decision depends on (M, R, A) and the config only, so records with the same triple
+    (paired designs: the 3,600 pooled B1/B2/B3 records of paper-scale-200x3 hold 400 distinct ones)
+    are decided once, carrying the sums of their weights by label: exact for integer weights (sums
+    of integers stay below the row totals), float32 rounding of the sums for other weights."""
+    lab = np.asarray(adopt, bool)
+    if dedup and len(M) > 1:
+        trip = np.ascontiguousarray(np.stack([M, R, A], 1), np.float32)
+        _, first, inv = np.unique(trip.view(np.dtype((np.void, 12))).ravel(), return_index=True,
+                                  return_inverse=True)
+        U = len(first)
+        if U <= 0.75 * len(M):
+            inv = inv.reshape(-1)
+            w2 = np.empty((2, w.shape[0], U), w.dtype)
+            for j, keep in enumerate((lab, ~lab)):
+                for i in range(w.shape[0]):
+                    w2[j, i] = np.bincount(inv, weights=np.where(keep, w[i], 0).astype(np.float64), minlength=U)
+            return M[first], R[first], A[first], w2
+    zero = np.zeros((), w.dtype)
+    return M, R, A, np.stack([np.where(lab, w, zero), np.where(lab, zero, w)])
+
+
+def sweep_engine(cfg: MDLConfig, K: int, size: int):
+    """The "native" pass function of ``sweep`` (see sweep.py's engine contract): one call of the
+    kernel per pass on every thread, raw weighted sums as NumPy arrays (n_correct (K, W),
+    counts (K, W, 4), Σ w·C_final (K, W)), all float64: integer weights give exact integers.
+
+    Configs whose fusion numbers (σ, ε_c, gains, g_A, bias) are equal form one group, whose ‖v_meta‖
+    and α the kernel computes once per record; the rest of each config is its read-out row."""
+    if not sweep_supports(cfg, K):
+        raise ValueError("engine: 'native' needs D = 16 and a concrete batch of configs")
+    if not (enabled() and load()):
+        raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
+    params = pack_batch(cfg, K)
+    # group by the fusion numbers' bytes (a dict: np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441)
+    ids: dict = {}
+    fusion = np.ascontiguousarray(params[:, :_FUSION_END])
+    group = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in fusion], np.int64)
+    first = np.unique(group, return_index=True)[1]    # ids count up in order of first appearance
+    order = np.argsort(group, kind="stable")             # configs sorted by group
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(K)
+    G = len(first)
+    groups = jax.device_put(params[first])
+    start = jax.device_put(np.searchsorted(group[order], np.arange(G + 1)).astype(np.int32))
+    # read-out rows: n_min, n_max, g_a, g_b, θ0-θ2, padding (decide_cpu.cc: struct Readout)
+    ro = np.zeros((K, 8), np.float32)
+    ro[:, 0], ro[:, 1], ro[:, 2:4], ro[:, 4:7] = (params[:, 808], params[:, 809], params[:, 803:805],
+                                                  params[:, 805:808])
+    readout = jax.device_put(ro[order])
+    flags_ = flags(cfg)
+
+    def run_pass(M, R, A, adopt, w):
+        w = np.asarray(w)
+        if w.dtype != np.int32:
+            w = w.astype(np.float32)
+        sig = [np.asarray(x, np.float32) for x in (M, R, A)]
+        # folding duplicates costs a sort of the records: worth it once a few configs share it
+        *sig, w2 = _split_weights(*sig, adopt, w, dedup=DEDUP and K >= 4)
+        out = _sweep_jit(*sig, w2, groups, readout, start, flags=flags_, mode=_weight_mode(w2))
+        sums = np.asarray(out).view(np.float64)[inverse]   # (K, W, 6), the caller's config order
+        return sums[..., 4], sums[..., 0:4], sums[..., 5]
+
+    return run_pass

@@ -369,8 +369,9 @@ def _config_chunks(cfg: MDLConfig, K: int, n: int):
 # raw weighted sums (n_correct (K, W), counts (K, W, 4), C_final (K, W)) as NumPy arrays, integer sums
 # exact. ``sweep`` adds the passes on the host. "jax" is the definition (the program above, on any
 # backend); "fused" the Pallas kernel of ``fused`` (a GPU; Pallas interpret mode elsewhere, for tests);
-# "auto" picks the fastest engine that supports the batch on the default backend.
-ENGINES = ("auto", "jax", "fused")
+# "native" the CPU kernel (``native.sweep_engine``); "auto" picks the fastest engine that supports the
+# batch on the default backend.
+ENGINES = ("auto", "jax", "fused", "native")
 
 
 def _jax_engine(cfg: MDLConfig, K: int, size: int):
@@ -394,10 +395,12 @@ def _jax_engine(cfg: MDLConfig, K: int, size: int):
 
 def _engine(name: str, cfg: MDLConfig, K: int, size: int):
     """The pass function for ``engine=name`` (``ENGINES``)."""
-    from mdl_jax.controller import fused
+    from mdl_jax.controller import fused, native
 
-    if name == "fused" or (name == "auto" and fused.sweep_usable(cfg)):
+    if name == "fused" or (name == "auto" and fused.sweep_usable(cfg)):   # a GPU (or interpret mode)
         return fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
+    if name == "native" or (name == "auto" and native.sweep_available(cfg, K)):   # the CPU
+        return native.sweep_engine(cfg, K, size)
     if name in ("auto", "jax"):
         return _jax_engine(cfg, K, size)
     raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}")

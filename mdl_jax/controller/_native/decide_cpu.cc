@@ -12,16 +12,23 @@
 // path. exp and tanh are Cephes-style polynomials (≈1 ulp) so the loops vectorise without libmvec or
 // -ffast-math; they differ from XLA's own approximations by a few ulp.
 //
+// The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
+// weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
+//
 // Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -111,24 +118,15 @@ struct Outputs {
   float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
 };
 
-// One block of up to L records starting at `base`: records across the lanes, so every arithmetic
-// line below is one SIMD instruction for 16 records.
-void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
-                  const float* Ap, int64_t base, int cnt, const Outputs& o) {
-  vf s[3];
-  if (cnt == L) {
-    s[0] = loadu(Mp + base);
-    s[1] = loadu(Rp + base);
-    s[2] = loadu(Ap + base);
-  } else {
-    // Tail block: pad with 0.5 (any valid value); only the first `cnt` lanes are stored.
-    for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);
-    for (int l = 0; l < cnt; ++l) {
-      s[0][l] = Mp[base + l];
-      s[1][l] = Rp[base + l];
-      s[2][l] = Ap[base + l];
-    }
-  }
+// Stages 1-4 up to the read-out for 16 records in lanes (`s`: M, R, A; the risk is inverted here when
+// the switch is on): v_meta, ‖v_meta‖² and ‖v_meta‖, α and g_A. Shared by decide and the sweep, so both
+// compute the same bits.
+struct Fused {
+  vf vm[D];
+  vf sq, n, alpha, gA;
+};
+
+__attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, vf s[3], Fused& f) {
   if (flags & kRiskInversion) s[2] = 1.0f - s[2];
 
   // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²).
@@ -150,7 +148,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     gA = P.gA_a + P.gA_b * (acc / float(D));
   }
   // Stages 2-3, fusion: v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b).
-  vf vm[D];
+  vf* vm = f.vm;
   for (int i = 0; i < D; ++i) {
     vf t0 = splat(0.0f), t12 = splat(P.bias[i]);
     for (int j = 0; j < D; ++j) {
@@ -159,7 +157,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     }
     vm[i] = tanh_v(gA * t0 + t12);
   }
-  // Stage 4, read-out (eq. 2), gate and action.
+  // Stage 4, read-out (eq. 2): the norms and α.
   vf sq = splat(0.0f), sq_wm = splat(0.0f), dot = splat(0.0f);
   for (int i = 0; i < D; ++i) {
     sq += vm[i] * vm[i];
@@ -169,10 +167,40 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   const vf zero = splat(0.0f), one = splat(1.0f);
   vf n = sq > 0.0f ? sqrt_v(sq) : zero;  // ‖v‖ = 0 exactly at v = 0 (as safe_norm)
   vf n_wm = sq_wm > 0.0f ? sqrt_v(sq_wm) : zero;
-  vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
   vf denom = n * n_wm;
   vf alpha = denom > 0.0f ? dot / (denom > 0.0f ? denom : one) : zero;  // α = 0 where undefined
-  alpha = vmax(vmin(alpha, one), -one);
+  f.alpha = vmax(vmin(alpha, one), -one);
+  f.sq = sq;
+  f.n = n;
+  f.gA = gA;
+}
+
+// One block of up to L records starting at `base`: records across the lanes, so every arithmetic
+// line below is one SIMD instruction for 16 records.
+void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
+                  const float* Ap, int64_t base, int cnt, const Outputs& o) {
+  vf s[3];
+  if (cnt == L) {
+    s[0] = loadu(Mp + base);
+    s[1] = loadu(Rp + base);
+    s[2] = loadu(Ap + base);
+  } else {
+    // Tail block: pad with 0.5 (any valid value); only the first `cnt` lanes are stored.
+    for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);
+    for (int l = 0; l < cnt; ++l) {
+      s[0][l] = Mp[base + l];
+      s[1][l] = Rp[base + l];
+      s[2][l] = Ap[base + l];
+    }
+  }
+  Fused f;
+  fuse(P, flags, s, f);
+  const vf* vm = f.vm;
+  const vf sq = f.sq, n = f.n, gA = f.gA;
+  const vf zero = splat(0.0f), one = splat(1.0f);
+  // C (eq. 2), gate and action.
+  vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
+  const vf alpha = f.alpha;
   vf Cf = (flags & kAlphaGating) ? C * (P.g_a + P.g_b * alpha) : C;
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
@@ -224,36 +252,118 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     for (int k = 0; k < 3; ++k) eo[l * 3 + k] = e[k][l];
 }
 
-// Work shared between the calling thread and the pool: chunks are claimed from an atomic counter, so
-// the caller only ever waits for chunks that a running thread has already claimed (no deadlock even
-// if the pool is busy or runs tasks inline), and tasks that start late find nothing left to do.
-struct Job {
-  const Params* P;  // the `params` operand: alive for the whole call
-  int64_t flags;
-  int d_wm, d_r;
-  const float *M, *R, *A;
-  Outputs o;
-  int64_t n, n_chunks;
-  std::atomic<int64_t> next{0}, done{0};
+// Parallel work over items [0, n_items) on the calling thread and XLA's intra-op pool.
+//
+// The items are split into one contiguous part per participant (the caller and each helper task,
+// numbered by arrival). A participant first takes items from the front of its own part, then steals
+// from the back of the others' parts. Why contiguous parts and not one shared counter: the outputs
+// are fresh pages that the kernel touches first, and with one counter every thread works inside the
+// same 2 MiB of each output at once, so when they cross into the next transparent huge page they all
+// fault on it together and each allocates and zeroes 2 MiB before one of them wins the page-table
+// lock (Linux's __do_huge_pmd_anonymous_page): up to T times the zeroing and memory traffic. With
+// parts, each thread faults only its own pages (a boundary page at most is shared). Stealing from
+// the back keeps a late or busy helper from stalling the call, and the caller only ever waits for
+// items that a running thread has already claimed (no deadlock if the pool is busy or runs tasks
+// inline; tasks that start late find nothing left to do).
+struct Work {
+  struct alignas(64) Part {
+    std::atomic<uint64_t> range{0};  // [lo, hi) of item indices, lo in the low 32 bits
+  };
+  static uint64_t pack(uint64_t lo, uint64_t hi) { return lo | (hi << 32); }
+
+  int64_t n_items = 0, n_parts = 1;
+  std::unique_ptr<Part[]> parts;
+  std::atomic<int64_t> arrivals{0}, done{0};
   std::mutex mu;
   std::condition_variable cv;
 
-  static constexpr int64_t kChunk = 2048;  // records per claim: 2048 × 108 B stays in L2
+  void init(int64_t n, int64_t p) {
+    n_items = n;
+    n_parts = std::max<int64_t>(1, std::min(p, n));
+    parts.reset(new Part[n_parts]);
+    for (int64_t i = 0; i < n_parts; ++i)
+      parts[i].range.store(pack(uint64_t(n * i / n_parts), uint64_t(n * (i + 1) / n_parts)),
+                           std::memory_order_relaxed);
+  }
 
-  void run() {
+  // Claim one item of `p`, from its front (the owner) or its back (a thief).
+  static bool claim(Part& p, bool front, int64_t* item) {
+    uint64_t r = p.range.load(std::memory_order_relaxed);
     for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= n_chunks) return;
-      const int64_t lo = c * kChunk, hi = lo + kChunk < n ? lo + kChunk : n;
-      for (int64_t b = lo; b < hi; b += L)
-        decide_block(*P, flags, d_wm, d_r, M, R, A, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
-      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks) {
-        std::lock_guard<std::mutex> lock(mu);
-        cv.notify_all();
+      const uint64_t lo = r & 0xffffffffu, hi = r >> 32;
+      if (lo >= hi) return false;
+      const uint64_t next = front ? pack(lo + 1, hi) : pack(lo, hi - 1);
+      if (p.range.compare_exchange_weak(r, next, std::memory_order_relaxed)) {
+        *item = static_cast<int64_t>(front ? lo : hi - 1);
+        return true;
       }
     }
   }
+
+  void finished(int64_t k) {
+    if (done.fetch_add(k, std::memory_order_acq_rel) + k == n_items) {
+      std::lock_guard<std::mutex> lock(mu);
+      cv.notify_all();
+    }
+  }
+
+  // `item(i)` processes item i; `own(lo, hi)`, when given, is called once by a part's owner with the
+  // part's item range before it starts on it.
+  template <class Item, class Own>
+  void run(const Item& item, const Own& own) {
+    const int64_t me = arrivals.fetch_add(1, std::memory_order_relaxed);
+    int64_t i;
+    // `own` and `item` run only while this thread holds a claimed item, so the call cannot have
+    // returned: what they reference on the caller's stack is alive.
+    if (me < n_parts && claim(parts[me], true, &i)) {
+      own(i, static_cast<int64_t>(parts[me].range.load(std::memory_order_relaxed) >> 32));
+      do {
+        item(i);
+        finished(1);
+      } while (claim(parts[me], true, &i));
+    }
+    for (int64_t j = 1; j <= n_parts; ++j) {
+      Part& p = parts[(me + j) % n_parts];
+      while (claim(p, false, &i)) {
+        item(i);
+        finished(1);
+      }
+    }
+  }
+
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done.load(std::memory_order_acquire) == n_items; });
+  }
 };
+
+// The most threads a call uses (0: every thread of XLA's pool), set by native.py from the CPUs this
+// process may really use: XLA sizes its pool from the affinity mask, which in a container can
+// exceed the CPU quota, and more running threads than CPUs only adds switches and cache misses.
+std::atomic<int64_t> g_max_threads{0};
+std::atomic<int64_t> g_last_threads{0};  // threads the last parallel call used (for benchmarks)
+std::atomic<int64_t> g_pool_threads{0};  // the size of XLA's pool at that call
+
+int64_t participants(ffi::ThreadPool& pool, int64_t n_items) {
+  int64_t t = std::max<int64_t>(1, pool.num_threads());
+  g_pool_threads.store(t, std::memory_order_relaxed);
+  const int64_t cap = g_max_threads.load(std::memory_order_relaxed);
+  if (cap > 0) t = std::min(t, cap);
+  t = std::max<int64_t>(1, std::min(t, n_items));
+  g_last_threads.store(t, std::memory_order_relaxed);
+  return t;
+}
+
+// Run `work` (already init'ed with `t` parts) on the caller and t - 1 pool tasks, then wait.
+template <class Item, class Own>
+void parallel(ffi::ThreadPool& pool, const std::shared_ptr<Work>& work, const Item& item, const Own& own) {
+  // The tasks capture copies of the functors and the shared Work: a task that starts after the call
+  // returned (it finds nothing to claim) must not touch the caller's stack.
+  for (int64_t t = 1; t < work->n_parts; ++t)
+    pool.Schedule([work, item, own] { work->run(item, own); });
+  work->run(item, own);
+  work->wait();
+}
 
 // Outputs are fresh allocations that the kernel writes in full; on Linux most of a large call's time
 // would otherwise go to 4 KiB page faults and zeroing. Asking for transparent huge pages on the
@@ -268,6 +378,20 @@ void advise_huge(void* p, int64_t bytes) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 #endif
 }
+
+// Fault in [p, p + bytes) for writing in one system call (Linux ≥ 5.14), page-aligned inward so a
+// page shared with a neighbouring thread's range is left to the first writer. Where unsupported
+// the call fails harmlessly and the first write faults as before. Changes no data.
+void populate(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+  constexpr uintptr_t kPage = 4096;
+  uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kPage - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+#endif
+}
+
+constexpr int64_t kChunk = 2048;  // records per claimed item: 2048 × 108 B stays in L2
 
 ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::F32> R,
                       ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> params,
@@ -287,39 +411,305 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
   if (d_wm <= 0 || d_r <= 0 || d_wm + d_r >= D)
     return ffi::Error::InvalidArgument("mdl_decide_f32: bad subspace dims");
 
-  const Params* P = reinterpret_cast<const Params*>(params.typed_data());
+  const Params& P = *reinterpret_cast<const Params*>(params.typed_data());
   const Outputs o{action->typed_data(), C->typed_data(),        alpha->typed_data(),
                   C_final->typed_data(), v_meta->typed_data(), energies->typed_data(),
                   norm->typed_data(),    g_A->typed_data()};
-  if (n <= Job::kChunk) {
+  const float *Mp = M.typed_data(), *Rp = R.typed_data(), *Ap = A.typed_data();
+  const int dwm = static_cast<int>(d_wm), dr = static_cast<int>(d_r);
+  auto records = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; b += L)
+      decide_block(P, flags, dwm, dr, Mp, Rp, Ap, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
+  };
+  if (n <= kChunk) {
     // Small calls (one record up to one chunk) run inline: no shared state, no pool, no locks.
-    for (int64_t b = 0; b < n; b += L)
-      decide_block(*P, flags, static_cast<int>(d_wm), static_cast<int>(d_r), M.typed_data(),
-                   R.typed_data(), A.typed_data(), b, n - b < L ? static_cast<int>(n - b) : L, o);
+    records(0, n);
     return ffi::Error::Success();
   }
-  for (auto [p, b] : {std::pair<void*, int64_t>{o.v_meta, n * D * 4}, {o.energies, n * 12},
-                      {o.action, n * 4}, {o.C, n * 4}, {o.alpha, n * 4},
-                      {o.C_final, n * 4}, {o.norm, n * 4}, {o.g_A, n * 4}})
-    advise_huge(p, b);
+  // (pointer, bytes per record) of every output
+  const std::pair<char*, int64_t> outs[] = {
+      {reinterpret_cast<char*>(o.v_meta), D * 4}, {reinterpret_cast<char*>(o.energies), 12},
+      {reinterpret_cast<char*>(o.action), 4},     {reinterpret_cast<char*>(o.C), 4},
+      {reinterpret_cast<char*>(o.alpha), 4},      {reinterpret_cast<char*>(o.C_final), 4},
+      {reinterpret_cast<char*>(o.norm), 4},       {reinterpret_cast<char*>(o.g_A), 4}};
+  for (const auto& [p, b] : outs) advise_huge(p, n * b);
 
-  auto job = std::make_shared<Job>();
-  job->P = P;
-  job->flags = flags;
-  job->d_wm = static_cast<int>(d_wm);
-  job->d_r = static_cast<int>(d_r);
-  job->M = M.typed_data();
-  job->R = R.typed_data();
-  job->A = A.typed_data();
-  job->o = o;
-  job->n = n;
-  job->n_chunks = (n + Job::kChunk - 1) / Job::kChunk;
+  // Each participant faults in its whole part of every output in one system call before writing it
+  // (measured here, 2 threads, N = 10^7: 68 ns of CPU per record against 71-107 when the first writes
+  // fault, the kernel's share 9.5 ns against 13-47 ns), and only its part (see Work).
+  const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+  if (n_chunks >= (int64_t{1} << 32))  // Work packs item indices in 32 bits
+    return ffi::Error::InvalidArgument("mdl_decide_f32: too many records in one call");
+  auto item = [&](int64_t c) { records(c * kChunk, std::min(n, (c + 1) * kChunk)); };
+  auto own = [&](int64_t c_lo, int64_t c_hi) {
+    const int64_t lo = c_lo * kChunk, hi = std::min(n, c_hi * kChunk);
+    for (const auto& [p, b] : outs) populate(p + lo * b, (hi - lo) * b);
+  };
+  auto work = std::make_shared<Work>();
+  work->init(n_chunks, participants(pool, n_chunks));
+  parallel(pool, work, item, own);
+  return ffi::Error::Success();
+}
 
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->n_chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { job->run(); });
-  job->run();
-  std::unique_lock<std::mutex> lock(job->mu);
-  job->cv.wait(lock, [&] { return job->done.load(std::memory_order_acquire) == job->n_chunks; });
+
+// ------------------------------------------------------------------------------------------ sweep
+// One pass of sweep(): every config of a batch × every record, reduced per config and weight vector
+// to raw weighted sums (mdl_jax/controller/sweep.py: the engine contract). What makes it fast:
+//  - configs that differ only in the read-out numbers (n_min, n_max, g_a, g_b, θ) share the fusion:
+//    the caller groups them (native.py), and ‖v_meta‖ and α are computed once per record and group;
+//  - the per-config work after the fusion is a few SIMD lines per 16 records, plus the weighted sums
+//    (masked adds in float64 lanes: integer weights are summed exactly, float weights in double);
+//  - items (a block of configs of one group × a chunk of records) run on every thread, each writing
+//    its own slice of a scratch array that is added up in a fixed order at the end, so the result
+//    does not depend on the thread count or timing (bit-identical from run to run).
+
+// Per-config read-out numbers, in the order native.py writes them.
+struct Readout {
+  float n_min, n_max, g_a, g_b, theta[3], pad;
+};
+static_assert(sizeof(Readout) == 8 * sizeof(float), "Readout must be 8 packed floats");
+
+typedef double vd __attribute__((vector_size(64), aligned(64)));      // 8 float64 lanes
+typedef int64_t vl __attribute__((vector_size(64), aligned(64)));     // 8 int64 lanes (masks)
+
+inline vd lo_d(vf x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
+inline vd hi_d(vf x) {
+  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
+}
+inline vd lo_d(vi x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
+inline vd hi_d(vi x) {
+  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
+}
+inline vl lo_m(vi m) { return __builtin_convertvector(__builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7), vl); }
+inline vl hi_m(vi m) {
+  return __builtin_convertvector(__builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15), vl);
+}
+// Sums in a fixed order (lanes converted to float64 exactly): the result never depends on the
+// compiler's reduction tree.
+inline double hsum(vd x) {
+  double t = 0.0;
+  for (int l = 0; l < 8; ++l) t += x[l];
+  return t;
+}
+inline double hsum(vf x) { return hsum(lo_d(x) + hi_d(x)); }
+inline double hsum(vi x) { return hsum(lo_d(x) + hi_d(x)); }
+inline vf select(vi m, vf x) { return (vf)(m & (vi)x); }  // x where m is -1, +0.0 where 0 (exact)
+
+// How the weights are summed (native.py picks it per pass):
+//  kIntegral: float32 weights that are integers with row totals < 2^24: float32 lane sums are exact;
+//  kInt32: int32 weights: int32 lane sums (totals < 2^31 per row, so exact);
+//  kDouble: any other float32 weights: float64 lane sums.
+// Lane sums cover one sub-chunk of records and are then added in float64.
+constexpr int64_t kIntegral = 0, kInt32 = 1, kDouble = 2;
+
+constexpr int64_t kSweepSub = 2048;        // records whose ‖v_meta‖, α stay in L1/L2 while configs loop
+constexpr int64_t kSweepChunk = 4096;      // records per item (before capping the scratch size)
+constexpr int64_t kSweepCfgBlock = 32;     // configs of one group per item
+constexpr int64_t kSweepScratch = 64 << 20;  // bytes of per-item partial sums at most
+constexpr int kStats = 6;                  // per (config, weight vector): 4 counts, correct, Σ w·C_final
+
+struct SweepArgs {
+  const Params* groups;      // (G,) packed configs, one per fusion group
+  const Readout* readout;    // (K,) configs sorted by group
+  const int32_t* start;      // (G + 1,) first config of each group
+  int64_t flags, n, W, mode;
+  const float *M, *R, *A;
+  const float* wf;           // (2, W, n) float32 weights, or
+  const int32_t* wi;         // (2, W, n) int32 weights: [0] of records labelled adopt, [1] the others
+};
+
+// One item: configs [k_lo, k_hi) of group g over records [lo, hi), sums added to out[k - k_lo][w][stat].
+void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64_t lo, int64_t hi,
+                double* out) {
+  const Params& P = a.groups[g];
+  const int64_t W = a.W;
+  const bool gating = a.flags & kAlphaGating;
+  constexpr int kB = kSweepSub / L;
+  vf nb[kB], ab[kB], cfb[kB];
+  vi actb[kB];
+  for (int64_t sub = lo; sub < hi; sub += kSweepSub) {
+    const int64_t sub_hi = std::min(hi, sub + kSweepSub);
+    const int nblk = static_cast<int>((sub_hi - sub + L - 1) / L);
+    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all 16 lanes in range
+    const int tail = static_cast<int>((sub_hi - sub) % L);
+    for (int b = 0; b < nblk; ++b) {
+      const int64_t base = sub + int64_t{b} * L;
+      const int cnt = b < full ? L : tail;
+      vf s[3];
+      if (cnt == L) {
+        s[0] = loadu(a.M + base);
+        s[1] = loadu(a.R + base);
+        s[2] = loadu(a.A + base);
+      } else {
+        for (int k = 0; k < 3; ++k) s[k] = splat(0.5f);  // padding lanes get weight 0 below
+        for (int l = 0; l < cnt; ++l) {
+          s[0][l] = a.M[base + l];
+          s[1][l] = a.R[base + l];
+          s[2][l] = a.A[base + l];
+        }
+      }
+      Fused f;
+      fuse(P, a.flags, s, f);
+      nb[b] = f.n;
+      ab[b] = f.alpha;
+    }
+    const vf zero = splat(0.0f), one = splat(1.0f);
+    for (int64_t k = k_lo; k < k_hi; ++k) {
+      const Readout& r = a.readout[k];
+      for (int b = 0; b < nblk; ++b) {
+        // The same arithmetic as decide_block's read-out, gate and action.
+        const vf C = vmax(vmin((nb[b] - r.n_min) / (r.n_max - r.n_min), one), zero);
+        const vf Cf = gating ? C * (r.g_a + r.g_b * ab[b]) : C;
+        cfb[b] = Cf;
+        actb[b] = 3 + (Cf >= r.theta[0]) + (Cf >= r.theta[1]) + (Cf >= r.theta[2]);
+      }
+      double* o = out + (k - k_lo) * W * kStats;
+      for (int64_t w = 0; w < W; ++w) {
+        // correct = Σ adopt-weight where Active + Σ other weight where not Active (adopt ⇔ Active)
+        const int64_t row_a = w * a.n + sub, row_r = (W + w) * a.n + sub;
+        auto weight_f = [&](int64_t row, int b) -> vf {
+          if (b < full) return loadu(a.wf + row + int64_t{b} * L);
+          vf x = zero;
+          for (int l = 0; l < tail; ++l) x[l] = a.wf[row + int64_t{b} * L + l];
+          return x;
+        };
+        auto weight_i = [&](int64_t row, int b) -> vi {
+          vi x = vi{};
+          if (b < full) std::memcpy(&x, a.wi + row + int64_t{b} * L, sizeof x);
+          else for (int l = 0; l < tail; ++l) x[l] = a.wi[row + int64_t{b} * L + l];
+          return x;
+        };
+        double t[kStats];
+        if (a.mode == kIntegral) {
+          vf s0 = zero, s1 = zero, s2 = zero, s3 = zero, sc = zero, scf = zero;
+          for (int b = 0; b < nblk; ++b) {
+            const vf xa = weight_f(row_a, b), xr = weight_f(row_r, b);
+            const vf x = xa + xr;  // integers below 2^24: exact
+            const vi act = actb[b];
+            const vi m0 = act == 0;
+            s0 += select(m0, x);
+            s1 += select(act == 1, x);
+            s2 += select(act == 2, x);
+            s3 += select(act == 3, x);
+            sc += select(m0, xa) + select(~m0, xr);
+            scf += x * cfb[b];
+          }
+          t[0] = hsum(s0), t[1] = hsum(s1), t[2] = hsum(s2), t[3] = hsum(s3), t[4] = hsum(sc);
+          t[5] = hsum(scf);
+        } else if (a.mode == kInt32) {
+          vi s0 = vi{}, s1 = vi{}, s2 = vi{}, s3 = vi{}, sc = vi{};
+          vd cf_lo = vd{}, cf_hi = vd{};
+          for (int b = 0; b < nblk; ++b) {
+            const vi xa = weight_i(row_a, b), xr = weight_i(row_r, b);
+            const vi x = xa + xr;  // at most a row total, < 2^31
+            const vi act = actb[b];
+            const vi m0 = act == 0;
+            s0 += x & m0;
+            s1 += x & (act == 1);
+            s2 += x & (act == 2);
+            s3 += x & (act == 3);
+            sc += (xa & m0) + (xr & ~m0);
+            cf_lo += lo_d(x) * lo_d(cfb[b]);
+            cf_hi += hi_d(x) * hi_d(cfb[b]);
+          }
+          t[0] = hsum(s0), t[1] = hsum(s1), t[2] = hsum(s2), t[3] = hsum(s3), t[4] = hsum(sc);
+          t[5] = hsum(cf_lo + cf_hi);
+        } else {
+          vd d[kStats][2] = {};
+          for (int b = 0; b < nblk; ++b) {
+            const vf xa = weight_f(row_a, b), xr = weight_f(row_r, b);
+            const vd x_lo = lo_d(xa) + lo_d(xr), x_hi = hi_d(xa) + hi_d(xr);
+            const vi act = actb[b];
+            const vi m0 = act == 0;
+            const vl m[4] = {lo_m(m0), lo_m(act == 1), lo_m(act == 2), lo_m(act == 3)};
+            const vl h[4] = {hi_m(m0), hi_m(act == 1), hi_m(act == 2), hi_m(act == 3)};
+            const vd z = vd{};
+            for (int j = 0; j < 4; ++j) {
+              d[j][0] += m[j] ? x_lo : z;
+              d[j][1] += h[j] ? x_hi : z;
+            }
+            const vf c = select(m0, xa) + select(~m0, xr);  // one of the two is +0.0: exact
+            d[4][0] += lo_d(c);
+            d[4][1] += hi_d(c);
+            d[5][0] += x_lo * lo_d(cfb[b]);
+            d[5][1] += x_hi * hi_d(cfb[b]);
+          }
+          for (int j = 0; j < kStats; ++j) t[j] = hsum(d[j][0] + d[j][1]);
+        }
+        for (int j = 0; j < kStats; ++j) o[w * kStats + j] += t[j];
+      }
+    }
+  }
+}
+
+ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::F32> R,
+                     ffi::Buffer<ffi::F32> A, ffi::AnyBuffer weights,
+                     ffi::Buffer<ffi::F32> groups, ffi::Buffer<ffi::F32> readout, ffi::Buffer<ffi::S32> start,
+                     ffi::ResultBuffer<ffi::S32> out, int64_t flags, int64_t mode) {
+  auto count = [](const auto& b) { return static_cast<int64_t>(b.element_count()); };
+  const int64_t n = count(M);
+  const int64_t G = count(start) - 1;
+  const int64_t K = count(readout) / 8;
+  if (count(R) != n || count(A) != n)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: M, R, A must have the same size");
+  if (n == 0 || G < 1 || count(groups) != G * kParams || count(readout) != K * 8)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: bad groups / readout sizes");
+  const auto dt = weights.element_type();
+  if ((dt == ffi::DataType::S32) != (mode == kInt32) || (dt != ffi::DataType::F32 && dt != ffi::DataType::S32) ||
+      mode < kIntegral || mode > kDouble)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: weights must be int32 (mode 1) or float32 (modes 0, 2)");
+  const int64_t W = static_cast<int64_t>(weights.element_count()) / (2 * n);
+  if (W < 1 || 2 * W * n != static_cast<int64_t>(weights.element_count()) || count(*out) != K * W * kStats * 2)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: weights / output shapes do not match");
+  const int32_t* st = start.typed_data();
+  if (st[0] != 0 || st[G] != K)
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: group starts must run from 0 to K");
+  for (int64_t g = 0; g < G; ++g)
+    if (st[g + 1] <= st[g]) return ffi::Error::InvalidArgument("mdl_sweep_f32: empty or unsorted group");
+
+  SweepArgs a{reinterpret_cast<const Params*>(groups.typed_data()),
+              reinterpret_cast<const Readout*>(readout.typed_data()),
+              st, flags, n, W, mode, M.typed_data(), R.typed_data(), A.typed_data(),
+              dt == ffi::DataType::F32 ? reinterpret_cast<const float*>(weights.untyped_data()) : nullptr,
+              dt == ffi::DataType::S32 ? reinterpret_cast<const int32_t*>(weights.untyped_data()) : nullptr};
+
+  // Tasks: blocks of at most kSweepCfgBlock configs inside each group (recomputing a group's fusion
+  // per block costs about what a few configs' read-outs do, and lets one big group use every thread).
+  std::vector<std::array<int64_t, 3>> tasks;  // (group, first config, end)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t k = st[g]; k < st[g + 1]; k += kSweepCfgBlock)
+      tasks.push_back({g, k, std::min<int64_t>(st[g + 1], k + kSweepCfgBlock)});
+  // Record chunks: kSweepChunk records each, fewer when the partial sums would outgrow kSweepScratch.
+  const int64_t per_chunk = K * W * kStats * int64_t{sizeof(double)};
+  int64_t n_rc = (n + kSweepChunk - 1) / kSweepChunk;
+  n_rc = std::max<int64_t>(1, std::min(n_rc, kSweepScratch / std::max<int64_t>(per_chunk, 1)));
+  int64_t rc_size = (n + n_rc - 1) / n_rc;
+  rc_size = (rc_size + L - 1) / L * L;
+  n_rc = (n + rc_size - 1) / rc_size;
+  std::unique_ptr<double[]> scratch(new (std::nothrow) double[n_rc * K * W * kStats]());
+  if (!scratch) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "mdl_sweep_f32: out of memory");
+
+  const int64_t n_items = static_cast<int64_t>(tasks.size()) * n_rc;
+  if (n_items >= (int64_t{1} << 32))  // Work packs item indices in 32 bits
+    return ffi::Error::InvalidArgument("mdl_sweep_f32: too many configs × record chunks in one pass");
+  auto item = [&](int64_t i) {
+    const auto& t = tasks[i / n_rc];
+    const int64_t rc = i % n_rc, lo = rc * rc_size, hi = std::min(n, lo + rc_size);
+    sweep_item(a, t[0], t[1], t[2], lo, hi, scratch.get() + (rc * K + t[1]) * W * kStats);
+  };
+  auto work = std::make_shared<Work>();
+  work->init(n_items, participants(pool, n_items));
+  if (work->n_parts == 1) {
+    for (int64_t i = 0; i < n_items; ++i) item(i);
+  } else {
+    parallel(pool, work, item, [](int64_t, int64_t) {});
+  }
+  // Chunks added in order: the same sums whatever ran where.
+  double* o = reinterpret_cast<double*>(out->untyped_data());
+  const int64_t m = K * W * kStats;
+  for (int64_t j = 0; j < m; ++j) o[j] = scratch[j];
+  for (int64_t rc = 1; rc < n_rc; ++rc)
+    for (int64_t j = 0; j < m; ++j) o[j] += scratch[rc * m + j];
   return ffi::Error::Success();
 }
 
@@ -343,3 +733,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlDecideF32, DecideImpl,
                                   .Attr<int64_t>("flags")
                                   .Attr<int64_t>("d_wm")
                                   .Attr<int64_t>("d_r"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlSweepF32, SweepImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // M (n,)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // A
+                                  .Arg<ffi::AnyBuffer>()          // weights (2, W, n): adopt / other records
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // groups (G, 1066): one packed config per group
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // readout (K, 8), configs sorted by group
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // start (G + 1,)
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // (K, W, 6) float64 sums, as (K, W, 12) int32
+                                  .Attr<int64_t>("flags")
+                                  .Attr<int64_t>("mode"));
+
+// Plain C entry points for native.py (ctypes): the thread cap and what the last call used.
+extern "C" {
+void MdlSetMaxThreads(int64_t n) { g_max_threads.store(n < 0 ? 0 : n, std::memory_order_relaxed); }
+int64_t MdlLastThreads() { return g_last_threads.load(std::memory_order_relaxed); }
+int64_t MdlPoolThreads() { return g_pool_threads.load(std::memory_order_relaxed); }
+}
