@@ -33,9 +33,10 @@ How it runs. One jitted program per pass: configs are padded to whole chunks and
 inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
 configs, and the per-config reductions are matmuls against the (W, N) weights. The chunk holds a few
 configs × all records, sized so the vmapped intermediates ((chunk, N, 16) floats) stay near the cache
-sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path; measured here it reaches
-the issue's targets without a native kernel (experiments/bench_sweep.py), so the same pure-JAX program
-runs on the CPU and on a GPU. With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
+sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path. That program is the
+definition ("jax" engine) and runs on any backend; ``engine="auto"`` picks a faster engine that computes
+the same sums where one applies: the native multi-config kernel on the CPU (``native.sweep_engine``)
+and the fused Pallas kernel on a single GPU (``fused.sweep_engine``). With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
 on the CPU), the jax engine runs on a 2-D ("configs", "records") mesh of them (Mesh + NamedSharding,
 shape from ``mesh.mesh_shape`` or ``mesh_shape=``): the configs of each chunk are split over the first
 axis, each pass's records over the second, and the sums over records become cross-device sums; with
