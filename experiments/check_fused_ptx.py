@@ -34,18 +34,7 @@ VARIANTS = ((64, 2, "ieee"), (128, 4, "ieee"), (256, 8, "ieee"), (256, 4, "ieee"
 
 def triton_ir() -> dict:
     """{variant name: (Triton IR text, num_warps)} for decide's kernel and the sweep kernel."""
-    from jax._src.pallas.triton import lowering
-
-    modules = []
-    real = lowering.lower_jaxpr_to_triton_module
-
-    def keep(*a, **k):
-        res = real(*a, **k)
-        modules.append(res.module)
-        return res
-
-    lowering.lower_jaxpr_to_triton_module = keep
-    try:
+    with fused.captured_triton_ir() as modules:
         cfg = MDLConfig()
         x = jax.ShapeDtypeStruct((1 << 20,), jnp.float32)
         names = []
@@ -60,8 +49,6 @@ def triton_ir() -> dict:
                                st=fused.structure(grid), interpret=False, block=fused.BLOCK,
                                rec_block=fused.SWEEP_BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
         names.append((f"sweep_b{fused.BLOCK}_w{fused.NUM_WARPS}", fused.NUM_WARPS))
-    finally:
-        lowering.lower_jaxpr_to_triton_module = real
     return {n: (m.operation.get_asm(enable_debug_info=False), w) for (n, w), m in zip(names, modules)}
 
 

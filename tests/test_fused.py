@@ -140,39 +140,31 @@ def test_fused_sweep_engine_takes_ablations_and_big_integer_weights():
 
 # ------------------------------------------------------------------------------------ lowering
 
-def test_both_kernels_lower_to_verified_triton_ir_for_cuda(monkeypatch):
+def test_both_kernels_lower_to_verified_triton_ir_for_cuda():
     # Cross-platform lowering runs Pallas' Triton lowering on this CPU machine: every primitive must
     # have a Triton rule, every tile a power-of-two size, and the module must pass MLIR verification.
     lowering = pytest.importorskip("jax._src.pallas.triton.lowering")
     if not hasattr(lowering, "lower_jaxpr_to_triton_module"):
         pytest.skip("this jax's Pallas Triton lowering has another entry point")
-    modules = []
-    real = lowering.lower_jaxpr_to_triton_module
-
-    def keep(*a, **k):
-        res = real(*a, **k)
-        modules.append(res.module)
-        return res
-
-    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", keep)
-    for cfg in (MDLConfig(), CONFIGS["identity subspaces"], CONFIGS["four ablations, other dims"]):
-        mats, vecs, scal = fused.pack(cfg)
-        for n in (1000, 1024):  # a partial last block (masked) and whole blocks
-            x = jax.ShapeDtypeStruct((n,), jnp.float32)
-            fused._decide_jit.trace(x, x, x, mats, vecs, scal, st=fused.structure(cfg), interpret=False,
-                                    block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(**CUDA)
-    grid = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
-    packed = fused._pack_batch(grid, 3)
-    x = jax.ShapeDtypeStruct((8000,), jnp.float32)
-    labels, weights = jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32)
-    fused._sweep_jit.trace(x, x, x, labels, weights, *packed, st=fused.structure(grid), interpret=False,
-                           block=fused.BLOCK, rec_block=fused.SWEEP_BLOCK,
-                           num_warps=fused.NUM_WARPS).lower(**CUDA)
-    # the opt-in TF32x3 products (three tensor-core passes), for bench_gpu to measure
-    x = jax.ShapeDtypeStruct((1024,), jnp.float32)
-    fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()),
-                            interpret=False, block=fused.BLOCK, num_warps=fused.NUM_WARPS,
-                            precision="tf32x3").lower(**CUDA)
+    with fused.captured_triton_ir() as modules:
+        for cfg in (MDLConfig(), CONFIGS["identity subspaces"], CONFIGS["four ablations, other dims"]):
+            mats, vecs, scal = fused.pack(cfg)
+            for n in (1000, 1024):  # a partial last block (masked) and whole blocks
+                x = jax.ShapeDtypeStruct((n,), jnp.float32)
+                fused._decide_jit.trace(x, x, x, mats, vecs, scal, st=fused.structure(cfg), interpret=False,
+                                        block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(**CUDA)
+        grid = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
+        packed = fused._pack_batch(grid, 3)
+        x = jax.ShapeDtypeStruct((8000,), jnp.float32)
+        labels, weights = jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32)
+        fused._sweep_jit.trace(x, x, x, labels, weights, *packed, st=fused.structure(grid), interpret=False,
+                               block=fused.BLOCK, rec_block=fused.SWEEP_BLOCK,
+                               num_warps=fused.NUM_WARPS).lower(**CUDA)
+        # the opt-in TF32x3 products (three tensor-core passes), for bench_gpu to measure
+        x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+        fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()),
+                                interpret=False, block=fused.BLOCK, num_warps=fused.NUM_WARPS,
+                                precision="tf32x3").lower(**CUDA)
     assert len(modules) == 8
     for i, m in enumerate(modules):
         assert m.operation.verify()

@@ -30,6 +30,7 @@ interpret mode on any backend (slow: for tests and debugging).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -474,3 +475,25 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = 
             return other()(M, R, A, adopt, w)
 
     return run_pass
+
+
+@contextlib.contextmanager
+def captured_triton_ir():
+    """Collect the Triton MLIR modules Pallas builds while the block lowers kernels (``.lower(
+    lowering_platforms=("cuda",))`` works without a GPU): how the tests and
+    ``experiments/check_fused_ptx.py`` inspect the kernels here. Yields the list they are appended to."""
+    from jax._src.pallas.triton import lowering
+
+    modules = []
+    real = lowering.lower_jaxpr_to_triton_module
+
+    def keep(*a, **k):
+        res = real(*a, **k)
+        modules.append(res.module)
+        return res
+
+    lowering.lower_jaxpr_to_triton_module = keep
+    try:
+        yield modules
+    finally:
+        lowering.lower_jaxpr_to_triton_module = real
