@@ -110,6 +110,11 @@ def sweep_cmd(args) -> int:
                                for k in range(len(values))]
     text = "\n".join(lines) + "\n"
     if args.out:
+        from pathlib import Path
+
+        # --out may name a file in folders that do not exist yet (``out_file`` checks that they can be
+        # created); made only now, after the sweep, so a failed sweep leaves nothing behind.
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"wrote {args.out} ({len(values)} configs × {int(np.asarray(total).mean()):,} records)",

@@ -310,7 +310,12 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     others = pi.sum(0, dtype=f)[None] - pi
     W = gains[:, None, None] * pi + f(cfg.eps_c) * others
     bias = np.broadcast_to(np.asarray(cfg.bias, f), (D,))
-    parts = [centres, [f(1.0) / (f(2.0) * sigma * sigma)], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
+    # σ near float32's ends (1e-30, 1e30 are valid) makes 1/(2σ²) inf or 0, as on the pure-JAX path
+    # (whose XLA arithmetic does not warn): no RuntimeWarning, which a warnings-as-errors caller would
+    # see as a crash on valid input.
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = f(1.0) / (f(2.0) * sigma * sigma)
+    parts = [centres, [inv], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
              np.asarray(cfg.gate_coeffs, f), np.asarray(cfg.thresholds, f), [f(cfg.n_min), f(cfg.n_max)],
              np.asarray(cfg.basis, f).ravel()]
     out = np.concatenate([np.asarray(p, f).ravel() for p in parts])
@@ -363,7 +368,9 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
     others = pi.sum(0, dtype=f)[None] - pi
     W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
-    parts = [np.broadcast_to(centres, (K, D)), (f(1.0) / (f(2.0) * sigma * sigma))[:, None], W.reshape(K, -1),
+    with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``_pack_uncached``
+        inv = f(1.0) / (f(2.0) * sigma * sigma)
+    parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
              bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
              col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D))]
     out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)

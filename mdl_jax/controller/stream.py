@@ -210,7 +210,21 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     state, w2d, batched, has_adopt = _parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress)
+    check_resamples(state, bootstrap, columns)
     return finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+
+
+def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:
+    """ValueError naming ``bootstrap`` when a Poisson resample drew no record at all.
+
+    Without a weight column a zero total can only be such a resample (each is empty with probability
+    e^-N for N records, so likely for a tiny file): the generic "weight" error of ``finish`` would
+    name a column the caller never gave."""
+    empty = np.flatnonzero(state["wsum"] <= 0)
+    if bootstrap and len(empty) and not (columns or {}).get("weight"):
+        raise ValueError(f"bootstrap: {len(empty)} of {int(bootstrap)} Poisson resamples drew no record "
+                         f"(resample {int(empty[0])} first; each is empty with probability e^-N for N "
+                         "records): use more records or fewer resamples")
 
 
 def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepResult:

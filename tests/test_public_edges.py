@@ -1,0 +1,107 @@
+"""Regressions from an adversarial probe of the sweep, the ``sweep`` command, ``decide``'s native
+kernel and ``distributed.initialize``: each test is one input a demanding user hit, and what it must do."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mdl_jax import MDLConfig, config_grid, decide, sweep
+from mdl_jax.controller import api
+from mdl_jax.controller.stream import sweep_parquet
+
+
+def _parquet(path, n, seed=0):
+    r = np.random.default_rng(seed)
+    pq.write_table(pa.table({"M": r.random(n), "R": r.random(n), "A": r.random(n), "adopt": r.random(n) < 0.5}),
+                   path)
+    return path
+
+
+def test_sweep_command_creates_the_missing_folders_of_out(tmp_path, capsys):
+    # --out passes ``out_file`` (a creatable path) but the command used to open() it directly: a
+    # FileNotFoundError traceback, exit 1, after the whole sweep had run.
+    from mdl_jax.cli import main
+
+    out = tmp_path / "new" / "deeper" / "grid.csv"
+    assert main(["sweep", str(_parquet(tmp_path / "r.parquet", 20)), "--grid", "sigma=0.1,0.2",
+                 "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_sweep_command_failing_leaves_no_output_folder_behind(tmp_path, capsys):
+    from mdl_jax.cli import main
+
+    out = tmp_path / "new" / "grid.csv"
+    assert main(["sweep", str(_parquet(tmp_path / "r.parquet", 20)), "--grid", "sigma=0,0.2",
+                 "--out", str(out)]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_empty_poisson_resample_is_an_error_naming_bootstrap_not_weight(tmp_path, capsys):
+    # One record, 10 Poisson(1) resamples: some draw nothing (seed 0: 3 of them). The error named the
+    # "weight" column, which the caller never gave.
+    path = _parquet(tmp_path / "one.parquet", 1)
+    with pytest.raises(ValueError, match=r"^bootstrap: 3 of 10 Poisson resamples drew no record"):
+        sweep_parquet(path, MDLConfig(), bootstrap=10, seed=0)
+    from mdl_jax.cli import main
+
+    assert main(["sweep", str(path), "--grid", "sigma=0.1", "--bootstrap", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep: bootstrap:")
+    # a weight column of zeros is still the weight column's error
+    pq.write_table(pa.table({"M": [0.5], "R": [0.5], "A": [0.5], "w": [0.0]}), tmp_path / "w.parquet")
+    with pytest.raises(ValueError, match=r"^weight:"):
+        sweep_parquet(tmp_path / "w.parquet", MDLConfig(), columns={"weight": "w"}, bootstrap=2)
+
+
+@pytest.mark.parametrize("address", ["notahost", "host:", ":1234", "host:port", 1234])
+def test_initialize_rejects_an_address_without_host_and_port_naming_the_argument(address):
+    # jax.distributed.initialize("notahost", ...) died in an IndexError inside JAX. The check runs
+    # before any JAX state is touched, so this process stays usable.
+    from mdl_jax.controller import distributed
+
+    with pytest.raises(ValueError, match=r"^coordinator_address: expected 'HOST:PORT'"):
+        distributed.initialize(address, num_processes=1, process_id=0)
+
+
+def test_a_sigma_whose_square_is_subnormal_is_rejected_naming_sigma():
+    # σ = 1e-30 (and anything below 2^-63) was accepted: the pure-JAX path returned NaN v_meta,
+    # energies and g_A (XLA flushes the subnormal σ² to 0, so (s - c)²/(2σ²) = 0/0 at a centre) and
+    # the native kernel a different, finite decision (action ACTIVE against OPT_OUT).
+    with pytest.raises(ValueError, match=r"^sigma: .*2\^-63"):
+        MDLConfig(sigma=np.nextafter(2.0 ** -63, 0))
+    for sigma in (1e-30, 1e-19):
+        with pytest.raises(ValueError, match=r"^sigma: .*2\^-63"):
+            MDLConfig(sigma=sigma)
+        with pytest.raises(ValueError, match=r"^sigma: .*2\^-63.*config 1 of the batch"):
+            config_grid(MDLConfig(), sigma=[0.1, sigma])
+    MDLConfig(sigma=2.0 ** -63)
+
+
+@pytest.mark.parametrize("sigma", [2.0 ** -63, 1e30])
+def test_decide_and_the_native_sweep_at_extreme_sigma_warn_nothing_and_equal_pure_jax(sigma):
+    # Packing the native kernel's params computed 1/(2σ²) in NumPy: a RuntimeWarning (an exception
+    # under warnings-as-errors) for a valid σ = 1e30, where the pure-JAX path is silent.
+    from mdl_jax.controller import decision
+
+    c = np.asarray(decision.centres(MDLConfig(), np.float32))
+    M = np.concatenate([c, [0.2, 0.5]]).astype(np.float32)   # exactly at the centres, and between
+    R, A = np.roll(M, 3), np.roll(M, 7)
+    cfg = MDLConfig(sigma=sigma)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = decide(M, R, A, cfg)
+        res = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="native")
+    want = api._decide_jit(M, R, A, cfg)
+    for f in got._fields:
+        g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+        assert np.all(np.isfinite(g)) and np.all(np.isfinite(w)), f
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=f)
+    ref = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="jax")
+    np.testing.assert_array_equal(res.counts, ref.counts)
+    np.testing.assert_allclose(res.mean_C_final, ref.mean_C_final, atol=1e-6)
