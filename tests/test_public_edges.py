@@ -105,3 +105,11 @@ def test_decide_and_the_native_sweep_at_extreme_sigma_warn_nothing_and_equal_pur
     ref = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="jax")
     np.testing.assert_array_equal(res.counts, ref.counts)
     np.testing.assert_allclose(res.mean_C_final, ref.mean_C_final, atol=1e-6)
+
+
+def test_a_grid_of_bias_vectors_of_the_wrong_length_names_bias_and_d():
+    # config_grid(bias=[np.zeros(5)]) failed inside NumPy: "could not broadcast input array from shape
+    # (1,5) into shape (1,16)", naming neither the field nor D.
+    with pytest.raises(ValueError, match=r"^bias: expected scalars or vectors of D = 16 values, got shape \(1, 5\)"):
+        config_grid(MDLConfig(), bias=[np.zeros(5)])
+    assert config_grid(MDLConfig(), bias=[np.zeros(16), np.ones(16)]).bias.shape == (2, 16)

@@ -248,6 +248,8 @@ def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
         if arr.ndim != want or arr.shape[0] == 0:
             raise ValueError(f"{name}: expected a non-empty list of "
                              f"{'scalars' if want == 1 else 'tuples'}, got shape {arr.shape}")
+        if name == "bias" and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
+            raise ValueError(f"bias: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
         if field in _SIZES and name not in COMPONENTS and arr.shape[1] != _SIZES[field]:
             raise ValueError(f"{name}: expected tuples of {_SIZES[field]} values, got shape {arr.shape}")
         if not np.all(np.isfinite(arr)):
