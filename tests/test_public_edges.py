@@ -113,3 +113,21 @@ def test_a_grid_of_bias_vectors_of_the_wrong_length_names_bias_and_d():
     with pytest.raises(ValueError, match=r"^bias: expected scalars or vectors of D = 16 values, got shape \(1, 5\)"):
         config_grid(MDLConfig(), bias=[np.zeros(5)])
     assert config_grid(MDLConfig(), bias=[np.zeros(16), np.ones(16)]).bias.shape == (2, 16)
+
+
+def test_poisson_weights_for_few_rows_hold_no_full_block_of_every_resample():
+    # --bootstrap W drew a (W, 2^16) int64 block per 2^16 rows even for a 1-row file: 5 GB at W = 10^4.
+    # Row by row the same generator gives the same numbers (the weights are unchanged) in O(2^16) memory.
+    import tracemalloc
+
+    from mdl_jax.controller.stream import POISSON_BLOCK, poisson_weights
+
+    want = np.random.default_rng([5, 1]).poisson(1.0, (4, POISSON_BLOCK))[:, 10:20]
+    np.testing.assert_array_equal(poisson_weights(POISSON_BLOCK + 10, POISSON_BLOCK + 20, 4, seed=5), want)
+    tracemalloc.start()
+    try:
+        poisson_weights(0, 1, 200, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, peak   # the (200, 2^16) int64 block alone was 105 MB

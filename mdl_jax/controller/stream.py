@@ -47,8 +47,12 @@ def poisson_weights(start: int, stop: int, n_resamples: int, seed: int = 0) -> n
     b0, b1 = start // POISSON_BLOCK, -(-stop // POISSON_BLOCK)
     for b in range(b0, b1):
         lo, hi = max(start, b * POISSON_BLOCK), min(stop, (b + 1) * POISSON_BLOCK)
-        block = np.random.default_rng([int(seed), b]).poisson(1.0, (n_resamples, POISSON_BLOCK))
-        out[:, lo - start:hi - start] = block[:, lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
+        # One resample's row of the block at a time: the generator fills a (W, 2^16) draw in C order, so
+        # W draws of (2^16,) are the same numbers without the (W, 2^16) int64 block (5 GB for W = 10^4,
+        # whatever the number of rows).
+        rng = np.random.default_rng([int(seed), b])
+        for w in range(n_resamples):
+            out[w, lo - start:hi - start] = rng.poisson(1.0, POISSON_BLOCK)[lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
     return out
 
 
