@@ -131,3 +131,14 @@ def test_poisson_weights_for_few_rows_hold_no_full_block_of_every_resample():
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024 * 1024, peak   # the (200, 2^16) int64 block alone was 105 MB
+
+
+def test_decide_takes_big_endian_arrays_and_equals_native_byte_order():
+    # A '>f4' array (a binary file, FITS, the network) was refused as "expected a number or an array
+    # of real numbers" because JAX does not take a non-native byte order.
+    r = np.random.default_rng(0)
+    M, R, A = (r.random(37).astype(np.float32) for _ in range(3))
+    got = decide(M.astype(">f4"), R.astype(">f8"), A, MDLConfig())
+    want = decide(M, R.astype(np.float64), A, MDLConfig())
+    for f in got._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
