@@ -142,3 +142,23 @@ def test_decide_takes_big_endian_arrays_and_equals_native_byte_order():
     want = decide(M, R.astype(np.float64), A, MDLConfig())
     for f in got._fields:
         np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
+
+
+def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
+    # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
+    # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").
+    r = np.random.default_rng(0)
+    n = 50
+    M, R, A = r.random(n), r.random(n), r.random(n)
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"M": M, "R": R, "A": A, "w": np.full(n, 2 ** 62, np.int64)}), path)
+    with pytest.raises(ValueError, match=r"^columns: role 'M' cannot be dropped"):
+        sweep_parquet(path, MDLConfig(), columns={"M": None})
+    res = sweep_parquet(path, MDLConfig(), columns={"weight": "w"}, bootstrap=3, seed=0)
+    from mdl_jax.controller.stream import poisson_weights
+
+    w = poisson_weights(0, n, 3, seed=0).astype(np.float64) * 2.0 ** 62
+    want = sweep(M, R, A, MDLConfig(), weights=w)
+    np.testing.assert_allclose(res.total, want.total, rtol=1e-12)
+    np.testing.assert_allclose(res.counts, want.counts, rtol=1e-6)
+    assert np.all(res.total > 0)

@@ -78,6 +78,10 @@ def _open(path, columns):
     if columns is not None:
         if not isinstance(columns, dict) or any(k not in ROLES for k in columns):
             raise ValueError(f"columns: expected a dict from roles {ROLES} to column names, got {columns!r}")
+        for k in ("M", "R", "A"):
+            if k in columns and columns[k] is None:   # was a KeyError further on
+                raise ValueError(f"columns: role {k!r} cannot be dropped (M, R and A are required); "
+                                 "map it to a column name or leave it out")
         cols.update({k: v for k, v in columns.items() if v is not None})
         for k, v in columns.items():
             if v is None:
@@ -175,7 +179,10 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
                 if "weight" in cols:
                     w = _column(batch, cols["weight"], "weight", row)[None]
                 if bootstrap:
-                    w = poisson_weights(row, row + n, int(bootstrap), int(seed)) * w
+                    p = poisson_weights(row, row + n, int(bootstrap), int(seed))
+                    if w.dtype.kind in "iu" and float(w.max(initial=0)) * float(p.max(initial=0)) >= 2.0 ** 62:
+                        w = w.astype(np.float64)   # an int64 product would wrap to negative weights
+                    w = p * w
                 buf.append((M, R, A, lab, w))
                 held += n
                 row += n
