@@ -162,3 +162,22 @@ def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_boots
     np.testing.assert_allclose(res.total, want.total, rtol=1e-12)
     np.testing.assert_allclose(res.counts, want.counts, rtol=1e-6)
     assert np.all(res.total > 0)
+
+
+def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(monkeypatch):
+    # A 10^5-config gate grid held (K, 1066) packed params and (K, 3, 16, 16) weight matrices at once
+    # (750 MB for 10 records); now packed _PACK_CHUNK configs at a time. Chunks of 3 here, so fusion
+    # groups (σ) span chunk ends and recur in later chunks: the sums must not change.
+    from mdl_jax.controller import native
+
+    monkeypatch.setattr(native, "_PACK_CHUNK", 3)
+    r = np.random.default_rng(4)
+    M, R, A = (r.random(30).astype(np.float32) for _ in range(3))
+    adopt = r.random(30) < 0.5
+    g = config_grid(MDLConfig(), g_a=[0.1, 0.5, 0.9, 0.3], sigma=[0.05, 0.2], bias=[0.0, 0.3])   # K = 16
+    w = r.integers(0, 3, (2, 30))
+    got = sweep(M, R, A, g, adopt=adopt, engine="native", weights=w)
+    want = sweep(M, R, A, g, adopt=adopt, engine="jax", weights=w)
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_array_equal(got.accuracy, want.accuracy)
+    np.testing.assert_allclose(got.mean_C_final, want.mean_C_final, atol=1e-6)
