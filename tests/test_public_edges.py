@@ -181,3 +181,16 @@ def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(
     np.testing.assert_array_equal(got.counts, want.counts)
     np.testing.assert_array_equal(got.accuracy, want.accuracy)
     np.testing.assert_allclose(got.mean_C_final, want.mean_C_final, atol=1e-6)
+
+
+def test_sweep_command_refuses_a_grid_too_large_for_memory_in_one_line(tmp_path, capsys):
+    # --grid g_a=0:1:100000 --grid g_b=0:1:100000 (10^10 configs) died in a 74.5 GiB MemoryError
+    # traceback; a COUNT of 10^9 allocated 8 GB at parse time.
+    from mdl_jax.cli import main
+
+    path = str(_parquet(tmp_path / "r.parquet", 10))
+    for grid in (["g_a=0:1:100000", "g_b=0:1:100000"], ["sigma=0.1:1:1000000000"]):
+        argv = ["sweep", path] + [x for g in grid for x in ("--grid", g)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep:") and "10,000,000" in err[0], err
