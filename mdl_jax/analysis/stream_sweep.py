@@ -16,6 +16,12 @@ import sys
 import numpy as np
 
 
+# The most configs one command sweeps: 10^7 configs' leaves alone are ~1.8 GB on the host (a typo
+# such as 0:1:100000 twice asked for 10^10, a 74.5 GiB allocation and a MemoryError traceback).
+# Larger grids: split them over several commands, or call ``sweep_parquet`` from Python.
+MAX_CONFIGS = 10 ** 7
+
+
 def grid_axis(text: str) -> tuple[str, list[float]]:
     """``FIELD=V1,V2,...`` or ``FIELD=START:STOP:COUNT`` (COUNT evenly spaced values, both ends)."""
     name, sep, values = text.partition("=")
@@ -26,6 +32,9 @@ def grid_axis(text: str) -> tuple[str, list[float]]:
             a, b, n = values.split(":")
             if int(n) < 1:
                 raise ValueError
+            if int(n) > MAX_CONFIGS:   # np.linspace would allocate it before any other check
+                raise argparse.ArgumentTypeError(f"COUNT {int(n):,} in {text!r} is over the command's "
+                                                 f"{MAX_CONFIGS:,} configs")
             vals = np.linspace(float(a), float(b), int(n)).tolist()
         else:
             vals = [float(v) for v in values.split(",")]
@@ -80,6 +89,10 @@ def sweep_cmd(args) -> int:
     names = [n for n, _ in args.grid]
     if len(set(names)) != len(names):
         raise CommandError(f"sweep: --grid: each field once, got {names}")
+    K = int(np.prod([len(v) for _, v in args.grid], dtype=np.float64))
+    if K > MAX_CONFIGS:
+        raise CommandError(f"sweep: --grid: {K:,} configs (the product of the axes' lengths) is over the "
+                           f"command's {MAX_CONFIGS:,}; split the grid over several commands")
     try:
         grid = config_grid(base, **dict(args.grid))
         res = sweep_parquet(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
@@ -110,6 +123,11 @@ def sweep_cmd(args) -> int:
                                for k in range(len(values))]
     text = "\n".join(lines) + "\n"
     if args.out:
+        from pathlib import Path
+
+        # --out may name a file in folders that do not exist yet (``out_file`` checks that they can be
+        # created); made only now, after the sweep, so a failed sweep leaves nothing behind.
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"wrote {args.out} ({len(values)} configs × {int(np.asarray(total).mean()):,} records)",

@@ -60,7 +60,7 @@ class MDLConfig:
         ablations of Table 7(a); the defaults are the full controller.
 
     Checked at construction (ValueError naming the field): every concrete numeric field is a real
-    number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0,
+    number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0 (≥ 2^-63),
     gains ≥ 0, eps_c = 0 or 0 < eps_c < min(gains), thresholds in [0, 1] with θ0 ≥ θ1 ≥ θ2,
     n_max > n_min; dims a tuple of three positive ints summing to D, qr_seed an int ≥ 0. The rules
     hold elementwise for a batch of configs (leaves shaped (K, ...)), and the message names the
@@ -182,6 +182,10 @@ def _broadcast(names: str, *arrays) -> tuple:
                          f"{[np.shape(a) for a in arrays]}") from None
 
 
+# The smallest σ: 2^-63, the square root of float32's smallest normal number (see _check_numeric).
+SIGMA_MIN = 2.0 ** -63
+
+
 def _check_numeric(cfg: MDLConfig) -> None:
     """Every rule of a field in one mask per config, so the index named is the first config that
     is wrong for any reason (as ``decide`` names the first bad record)."""
@@ -197,7 +201,11 @@ def _check_numeric(cfg: MDLConfig) -> None:
         if v[name] is not None:
             _fail(name, "finite values", getattr(cfg, name), per_config(name, finite(name)))
     if v["sigma"] is not None:
-        _fail("sigma", "a finite width > 0", cfg.sigma, finite("sigma") | ~(v["sigma"] > 0))
+        # σ ≥ 2^-63 keeps σ² a normal float32: below it XLA flushes σ² to 0 and the pure-JAX path's
+        # (s - c)²/(2σ²) is 0/0 = NaN at a centre, while the native kernel's 1/(2σ²) overflows (the two
+        # paths then disagree); every σ from 2^-63 up is a finite, matching decision.
+        _fail("sigma", f"a finite width > 0 (at least 2^-63 ≈ {SIGMA_MIN:.4g}, so σ² is a normal float32)",
+              cfg.sigma, finite("sigma") | ~(v["sigma"] >= SIGMA_MIN))
     gains_ok = v["gains"] is not None
     if gains_ok:
         # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))

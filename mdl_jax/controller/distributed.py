@@ -32,6 +32,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     """``jax.distributed.initialize`` (arguments as there; None lets JAX read a cluster's environment:
     SLURM, Open MPI, Kubernetes, Cloud TPU), with CPU collectives through gloo so CPU-only processes
     can combine their sums too. Call it first in every process, before any other JAX call."""
+    # JAX splits the address at its last ':' and fails with an IndexError on "host" alone.
+    if coordinator_address is not None and (
+            not isinstance(coordinator_address, str) or not coordinator_address.rpartition(":")[0]
+            or not coordinator_address.rpartition(":")[2].isdigit()):
+        raise ValueError(f"coordinator_address: expected 'HOST:PORT' (e.g. '10.0.0.1:1234'), "
+                         f"got {coordinator_address!r}")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
 
@@ -83,7 +89,9 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     state, w2d, batched, has_adopt = _stream._parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
-    return _stream.finish(combine(state), has_adopt=has_adopt, w2d=w2d, batched=batched)
+    state = combine(state)
+    _stream.check_resamples(state, bootstrap, columns)
+    return _stream.finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
 
 
 def tune_many(M, R, A, adopt, **kwargs):

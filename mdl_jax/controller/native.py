@@ -310,7 +310,12 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     others = pi.sum(0, dtype=f)[None] - pi
     W = gains[:, None, None] * pi + f(cfg.eps_c) * others
     bias = np.broadcast_to(np.asarray(cfg.bias, f), (D,))
-    parts = [centres, [f(1.0) / (f(2.0) * sigma * sigma)], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
+    # σ near float32's ends (1e-30, 1e30 are valid) makes 1/(2σ²) inf or 0, as on the pure-JAX path
+    # (whose XLA arithmetic does not warn): no RuntimeWarning, which a warnings-as-errors caller would
+    # see as a crash on valid input.
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = f(1.0) / (f(2.0) * sigma * sigma)
+    parts = [centres, [inv], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
              np.asarray(cfg.gate_coeffs, f), np.asarray(cfg.thresholds, f), [f(cfg.n_min), f(cfg.n_max)],
              np.asarray(cfg.basis, f).ravel()]
     out = np.concatenate([np.asarray(p, f).ravel() for p in parts])
@@ -363,7 +368,9 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
     others = pi.sum(0, dtype=f)[None] - pi
     W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
-    parts = [np.broadcast_to(centres, (K, D)), (f(1.0) / (f(2.0) * sigma * sigma))[:, None], W.reshape(K, -1),
+    with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``_pack_uncached``
+        inv = f(1.0) / (f(2.0) * sigma * sigma)
+    parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
              bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
              col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D))]
     out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
@@ -442,6 +449,10 @@ def _split_weights(M, R, A, adopt, w, dedup: bool):
     return M, R, A, np.stack([np.where(lab, w, zero), np.where(lab, zero, w)])
 
 
+# Configs packed at a time by sweep_engine (memory: this many (1066,) float32 rows and weight matrices).
+_PACK_CHUNK = 4096
+
+
 def sweep_engine(cfg: MDLConfig, K: int, size: int):
     """The "native" pass function of ``sweep`` (see sweep.py's engine contract): one call of the
     kernel per pass on every thread, raw weighted sums as NumPy arrays (n_correct (K, W),
@@ -453,22 +464,31 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int):
         raise ValueError("engine: 'native' needs D = 16 and a concrete batch of configs")
     if not (enabled() and load()):
         raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
-    params = pack_batch(cfg, K)
-    # group by the fusion numbers' bytes (a dict: np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441)
+    # Packed a chunk of configs at a time: the full (K, 1066) params of a 10^6-config gate grid were
+    # 4 GB (and their (K, 3, 16, 16) weight matrices 3 GB more) where the kernel needs one fusion row
+    # per group and an 8-float read-out row per config. Group by the fusion numbers' bytes (a dict:
+    # np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441).
     ids: dict = {}
-    fusion = np.ascontiguousarray(params[:, :_FUSION_END])
-    group = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in fusion], np.int64)
-    first = np.unique(group, return_index=True)[1]    # ids count up in order of first appearance
+    group = np.empty(K, np.int64)
+    fusion_rows = []
+    # read-out rows: n_min, n_max, g_a, g_b, θ0-θ2, padding (decide_cpu.cc: struct Readout)
+    ro = np.zeros((K, 8), np.float32)
+    for a in range(0, K, _PACK_CHUNK):
+        b = min(a + _PACK_CHUNK, K)
+        params = pack_batch(jax.tree.map(lambda x: np.asarray(x)[a:b], cfg), b - a)
+        for i, row in enumerate(np.ascontiguousarray(params[:, :_FUSION_END])):
+            n = len(ids)
+            group[a + i] = ids.setdefault(row.tobytes(), n)
+            if group[a + i] == n:                            # ids count up in order of first appearance
+                fusion_rows.append(params[i].copy())
+        ro[a:b, 0], ro[a:b, 1], ro[a:b, 2:4], ro[a:b, 4:7] = (params[:, 808], params[:, 809],
+                                                              params[:, 803:805], params[:, 805:808])
     order = np.argsort(group, kind="stable")             # configs sorted by group
     inverse = np.empty_like(order)
     inverse[order] = np.arange(K)
-    G = len(first)
-    groups = jax.device_put(params[first])
+    G = len(fusion_rows)
+    groups = jax.device_put(np.stack(fusion_rows))
     start = jax.device_put(np.searchsorted(group[order], np.arange(G + 1)).astype(np.int32))
-    # read-out rows: n_min, n_max, g_a, g_b, θ0-θ2, padding (decide_cpu.cc: struct Readout)
-    ro = np.zeros((K, 8), np.float32)
-    ro[:, 0], ro[:, 1], ro[:, 2:4], ro[:, 4:7] = (params[:, 808], params[:, 809], params[:, 803:805],
-                                                  params[:, 805:808])
     readout = jax.device_put(ro[order])
     flags_ = flags(cfg)
 

@@ -47,8 +47,12 @@ def poisson_weights(start: int, stop: int, n_resamples: int, seed: int = 0) -> n
     b0, b1 = start // POISSON_BLOCK, -(-stop // POISSON_BLOCK)
     for b in range(b0, b1):
         lo, hi = max(start, b * POISSON_BLOCK), min(stop, (b + 1) * POISSON_BLOCK)
-        block = np.random.default_rng([int(seed), b]).poisson(1.0, (n_resamples, POISSON_BLOCK))
-        out[:, lo - start:hi - start] = block[:, lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
+        # One resample's row of the block at a time: the generator fills a (W, 2^16) draw in C order, so
+        # W draws of (2^16,) are the same numbers without the (W, 2^16) int64 block (5 GB for W = 10^4,
+        # whatever the number of rows).
+        rng = np.random.default_rng([int(seed), b])
+        for w in range(n_resamples):
+            out[w, lo - start:hi - start] = rng.poisson(1.0, POISSON_BLOCK)[lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
     return out
 
 
@@ -74,6 +78,10 @@ def _open(path, columns):
     if columns is not None:
         if not isinstance(columns, dict) or any(k not in ROLES for k in columns):
             raise ValueError(f"columns: expected a dict from roles {ROLES} to column names, got {columns!r}")
+        for k in ("M", "R", "A"):
+            if k in columns and columns[k] is None:   # was a KeyError further on
+                raise ValueError(f"columns: role {k!r} cannot be dropped (M, R and A are required); "
+                                 "map it to a column name or leave it out")
         cols.update({k: v for k, v in columns.items() if v is not None})
         for k, v in columns.items():
             if v is None:
@@ -171,7 +179,10 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
                 if "weight" in cols:
                     w = _column(batch, cols["weight"], "weight", row)[None]
                 if bootstrap:
-                    w = poisson_weights(row, row + n, int(bootstrap), int(seed)) * w
+                    p = poisson_weights(row, row + n, int(bootstrap), int(seed))
+                    if w.dtype.kind in "iu" and float(w.max(initial=0)) * float(p.max(initial=0)) >= 2.0 ** 62:
+                        w = w.astype(np.float64)   # an int64 product would wrap to negative weights
+                    w = p * w
                 buf.append((M, R, A, lab, w))
                 held += n
                 row += n
@@ -210,7 +221,21 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     state, w2d, batched, has_adopt = _parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress)
+    check_resamples(state, bootstrap, columns)
     return finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+
+
+def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:
+    """ValueError naming ``bootstrap`` when a Poisson resample drew no record at all.
+
+    Without a weight column a zero total can only be such a resample (each is empty with probability
+    e^-N for N records, so likely for a tiny file): the generic "weight" error of ``finish`` would
+    name a column the caller never gave."""
+    empty = np.flatnonzero(state["wsum"] <= 0)
+    if bootstrap and len(empty) and not (columns or {}).get("weight"):
+        raise ValueError(f"bootstrap: {len(empty)} of {int(bootstrap)} Poisson resamples drew no record "
+                         f"(resample {int(empty[0])} first; each is empty with probability e^-N for N "
+                         "records): use more records or fewer resamples")
 
 
 def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepResult:

@@ -149,8 +149,11 @@ def _check_batch(configs: MDLConfig, K: int) -> None:
         a = _leaf(configs, f)
         if not np.all(np.isfinite(a)):
             bad(f, ~np.isfinite(a.reshape(K, -1)).all(1), "finite values")
-    if np.any(_leaf(configs, "sigma") <= 0):
-        bad("sigma", _leaf(configs, "sigma") <= 0, "sigma > 0")
+    sigma = _leaf(configs, "sigma")
+    if np.any(sigma <= 0):
+        bad("sigma", sigma <= 0, "sigma > 0")
+    if np.any(sigma < _config.SIGMA_MIN):   # as MDLConfig: σ² a normal float32
+        bad("sigma", sigma < _config.SIGMA_MIN, "sigma ≥ 2^-63 ≈ 1.084e-19, so σ² is a normal float32")
     # The rules of MDLConfig (and so of decide): a zero gain switches a pathway off, and ε_c = 0 (no
     # leakage) is valid with any gains ≥ 0; ε_c > 0 must stay below min(gains) (Theorem 1).
     gains = _leaf(configs, "gains")
@@ -245,6 +248,8 @@ def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
         if arr.ndim != want or arr.shape[0] == 0:
             raise ValueError(f"{name}: expected a non-empty list of "
                              f"{'scalars' if want == 1 else 'tuples'}, got shape {arr.shape}")
+        if name == "bias" and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
+            raise ValueError(f"bias: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
         if field in _SIZES and name not in COMPONENTS and arr.shape[1] != _SIZES[field]:
             raise ValueError(f"{name}: expected tuples of {_SIZES[field]} values, got shape {arr.shape}")
         if not np.all(np.isfinite(arr)):

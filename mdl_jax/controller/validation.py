@@ -129,6 +129,10 @@ def as_float_array(x, name: str = "x", dtype=None) -> jax.Array:
     signals are a ValueError naming the argument, never silently cast (complex would lose its
     imaginary part).
     """
+    if isinstance(x, (np.ndarray, np.generic)) and not x.dtype.isnative:
+        # Big-endian arrays (from binary files, FITS, the network) are real numbers too; JAX refuses
+        # a non-native byte order, so swap it here rather than call them "not real numbers".
+        x = np.asarray(x).astype(x.dtype.newbyteorder("="))
     try:
         x = jnp.asarray(x, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:  # text, ragged lists, ints beyond int64
