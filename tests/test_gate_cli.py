@@ -147,3 +147,43 @@ def test_bad_arguments_are_one_line_and_exit_2(rows, tmp_path, capsys, argv, mat
     import re
     assert re.search(match, err[0]), err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "table.json"]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 10])
+def test_memories_mixing_texts_and_dicts_reach_parquet_as_json_text(tmp_path, capsys, chunk_size):
+    """Texts and {"text": ...} dicts are both valid memories, mixed across rows or inside one; Parquet
+    needs one type per column, so that column becomes JSON text in every part (chunk sizes put the
+    mix inside a part and across parts), is named in the file's metadata, and decodes to the input."""
+    import pyarrow.parquet as pq
+
+    from mdl_jax.gate.command import ACTION_NAMES, JSON_COLUMNS_KEY
+
+    rows = [{"q": "Who wrote Hamlet?", "mems": ["Shakespeare wrote Hamlet.", "It is a tragedy."], "n": 1},
+            {"q": "Is the sun a star?", "mems": [{"text": "The sun is a star.", "source": "wiki", "trust": 0.9}],
+             "n": 2},
+            {"q": "Capital of France?", "mems": ["Paris is the capital.", {"text": "France is in Europe."}],
+             "n": 3}]
+    src = _jsonl(tmp_path / "mixed.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    assert main(["gate", str(src), "--out", str(out), "--query-field", "q", "--memories-field", "mems",
+                 "--embedder", "tests.gate_embedders:hashed", "--chunk-size", str(chunk_size),
+                 "--no-progress"]) == 0
+    assert "'mems' written as JSON text" in capsys.readouterr().err
+    t = pq.read_table(out)
+    assert json.loads(t.schema.metadata[JSON_COLUMNS_KEY]) == ["mems"]
+    got = t.to_pandas()
+    assert [json.loads(m) for m in got["mems"]] == [r["mems"] for r in rows]
+    assert got["n"].tolist() == [1, 2, 3] and got["mdl_row"].tolist() == [0, 1, 2]   # typed columns stay typed
+    want = MemoryGate(embedder=hashed).decide_batch([r["q"] for r in rows], [r["mems"] for r in rows])
+    assert got["mdl_action"].tolist() == [ACTION_NAMES[int(d.action)] for d in want]
+
+
+def test_uniform_memories_stay_a_typed_parquet_list(rows, tmp_path, capsys):
+    out = tmp_path / "out.parquet"
+    assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:5])), "--out", str(out), *FIELDS,
+                 "--embedder", "tests.gate_embedders:hashed", "--chunk-size", "2", "--no-progress"]) == 0
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert "JSON text" not in capsys.readouterr().err
+    assert pq.read_schema(out).field("mems").type == pa.list_(pa.string())

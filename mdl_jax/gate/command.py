@@ -247,7 +247,11 @@ def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            table = _json_fallback_table(rows)
+        pq.write_table(table, tmp)
     else:
         with open(tmp, "w", encoding="utf-8") as f:
             for r in rows:
@@ -257,17 +261,67 @@ def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
     os.replace(tmp, path)
 
 
-def _join_parts(parts: list[Path], out: Path, fmt: str) -> None:
-    """Parts → OUT through a temp file (one part in memory at a time)."""
+# Parquet needs one type per column, while JSON rows may mix them: memories given as texts in one row
+# and as {"text": ...} dicts in another (both are valid input). Such a column is written as JSON text
+# (the key below in the file's metadata names it), in every part, so the parts still join.
+JSON_COLUMNS_KEY = b"mdl_json_columns"
+
+
+def _as_json(values) -> list:
+    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
+
+
+def _json_fallback_table(rows: list[dict]):
+    """``pa.Table.from_pylist(rows)`` with each column Arrow cannot type as one column of JSON text."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    cols, as_json = {}, []
+    for name in names:
+        values = [r.get(name) for r in rows]
+        try:
+            cols[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            cols[name] = pa.array(_as_json(values), pa.string())
+            as_json.append(name)
+    return pa.table(cols).replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
+
+
+def _json_columns(schema) -> set:
+    return set(json.loads((schema.metadata or {}).get(JSON_COLUMNS_KEY, b"[]")))
+
+
+def _join_parts(parts: list[Path], out: Path, fmt: str) -> list[str]:
+    """Parts → OUT through a temp file (one part in memory at a time); the columns written as JSON text."""
     tmp = out.with_name(out.name + ".tmp")
+    as_json: set = set()
     if fmt == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schema = pa.unify_schemas([pq.read_schema(p) for p in parts], promote_options="permissive")
+        schemas = [pq.read_schema(p) for p in parts]
+        # a column that is JSON text in any part, or of types no promotion joins, is JSON text in all
+        as_json = set().union(*map(_json_columns, schemas))
+        for name in dict.fromkeys(f.name for sc in schemas for f in sc):
+            types = [sc.field(name) for sc in schemas if name in sc.names]
+            try:
+                pa.unify_schemas([pa.schema([f]) for f in types], promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError):
+                as_json.add(name)
+
+        def fix(t):
+            for name in as_json & set(t.column_names):
+                if not pa.types.is_string(t.schema.field(name).type) or name not in _json_columns(t.schema):
+                    i = t.column_names.index(name)
+                    t = t.set_column(i, name, pa.array(_as_json(t.column(name).to_pylist()), pa.string()))
+            return t.replace_schema_metadata(None)
+
+        schema = pa.unify_schemas([fix(sc.empty_table()).schema for sc in schemas], promote_options="permissive")
+        if as_json:
+            schema = schema.with_metadata({JSON_COLUMNS_KEY: json.dumps(sorted(as_json)).encode()})
         with pq.ParquetWriter(tmp, schema) as w:
             for p in parts:
-                t = pq.read_table(p)
+                t = fix(pq.read_table(p))
                 for f in schema:  # a column that was null throughout a part may be missing there
                     if f.name not in t.column_names:
                         t = t.append_column(f.name, pa.nulls(t.num_rows, f.type))
@@ -278,6 +332,7 @@ def _join_parts(parts: list[Path], out: Path, fmt: str) -> None:
                 with open(p, "rb") as r:
                     shutil.copyfileobj(r, w)
     os.replace(tmp, out)
+    return sorted(as_json)
 
 
 def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
@@ -344,7 +399,10 @@ def run(args) -> int:
                           config=args.config, cache_dir=args.cache_dir)
     except ValueError as e:
         raise GateInputError(str(e)) from None
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # /proc, a read-only mount, a file where a folder should be
+        raise GateInputError(f"--out: cannot write {work} beside {out.name} ({e.strerror})") from None
     fresh = not (work / "manifest.json").exists()
     lock = open(work / "lock", "w")
     try:
@@ -365,7 +423,10 @@ def run(args) -> int:
                 raise GateInputError(f"{args.input}: no rows to decide"
                                      + (f" ({sum(len(p['bad']) for p in man['parts'])} bad rows "
                                         "skipped)" if man["parts"] else ""))
-            _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
+            as_json = _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
+            if as_json:
+                print(f"mdl-jax: note: {', '.join(map(repr, as_json))} written as JSON text: their values mix "
+                      "types (texts and dicts), which a Parquet column cannot hold", file=sys.stderr)
             man["done"] = True
             _write_atomic(work / "manifest.json", json.dumps(man).encode())
     except GateInputError:

