@@ -187,3 +187,19 @@ def test_uniform_memories_stay_a_typed_parquet_list(rows, tmp_path, capsys):
 
     assert "JSON text" not in capsys.readouterr().err
     assert pq.read_schema(out).field("mems").type == pa.list_(pa.string())
+
+
+def test_the_truthfulqa_preset_without_categories_warns_that_every_row_gets_its_default(rows, tmp_path):
+    import warnings
+
+    out = tmp_path / "out.jsonl"
+    with pytest.warns(UserWarning, match=r"^--risk truthfulqa reads each row's category, but no --category-field"):
+        assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:3])), "--out", str(out), *FIELDS,
+                     "--risk", "truthfulqa", "--embedder", "tests.gate_embedders:hashed", "--no-progress"]) == 0
+    assert {json.loads(x)["mdl_A"] for x in out.read_text().splitlines()} == {0.5}
+    out.unlink()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["gate", str(tmp_path / "in.jsonl"), "--out", str(out), *FIELDS, "--category-field", "cat",
+                     "--risk", "truthfulqa", "--embedder", "tests.gate_embedders:hashed", "--no-progress"]) == 0
+    assert not [w for w in seen if "--risk truthfulqa" in str(w.message)]

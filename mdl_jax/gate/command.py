@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -394,6 +395,10 @@ def run(args) -> int:
     work = out.with_name(out.name + ".parts")
     if out.exists() and not work.exists():
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
+    if args.risk == "truthfulqa" and not args.category_field and not args.risk_field:
+        # the preset reads categories; without them every row silently got its default
+        warnings.warn("--risk truthfulqa reads each row's category, but no --category-field is given: "
+                      "every row gets the preset's default A = 0.5", stacklevel=2)
     try:
         gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=_risk_spec(args.risk),
                           config=args.config, cache_dir=args.cache_dir)
