@@ -179,6 +179,24 @@ def test_prompt_beyond_the_context_and_oversized_bodies_are_refused_before_any_w
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize("which", ["server", "gateway"])
+def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(which, request):
+    # Both servers answered 413 from the Content-Length and closed with the body unread: the kernel's
+    # reset then destroyed the 413 before a pooled client read it (openai: "Connection error").
+    server = request.getfixturevalue("server") if which == "server" else request.getfixturevalue("gateway")[0]
+    big = {"model": "smollm2", "messages": chat("x" * (2 << 20))}
+    with raw(server) as h:
+        assert h.get("/models").status_code == 200          # the pool now holds a kept-alive connection
+        for _ in range(3):
+            assert_error(h.post("/chat/completions", json=big), 413)
+            assert h.get("/models").status_code == 200      # and the client goes on (a new connection)
+    with pytest.raises(openai.APIStatusError) as e:
+        c = client(server)
+        c.models.list()
+        c.chat.completions.create(**big)
+    assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
+
+
 def _read_response(s: socket.socket) -> tuple[bytes, bytes]:
     buf = b""
     while b"\r\n\r\n" not in buf:

@@ -106,25 +106,55 @@ def _check_strings(x, path: str = "", depth: int = 0) -> None:
             _check_strings(v, f"{path}[{i}]", depth + 1)
 
 
+# A body over the limit is read and dropped (up to this many bytes) before the 413 goes out: closing a
+# connection with unread bytes in its receive buffer makes the kernel send a reset, which destroys the
+# 413 before a keep-alive client (the openai client's pool) reads it. Larger bodies are not worth
+# reading: for them the connection is closed at once (a reset is then the answer).
+DRAIN_MAX_BYTES = 64 << 20
+# Draining stops when nothing arrives for this long (a client that sent only the headers and waits).
+DRAIN_IDLE_S = 0.5
+
+
+async def _drain(stream, n_max: int, limits: Limits) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout_s
+    got = 0
+    while got < n_max:
+        wait = min(DRAIN_IDLE_S, deadline - loop.time())
+        if wait <= 0:
+            return
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), wait)
+        except (StopAsyncIteration, asyncio.TimeoutError):
+            return
+        except Exception:  # noqa: BLE001 - a client that went away: the 413 is all that is left to send
+            return
+        got += len(chunk)
+
+
 async def read_json(request, limits: Limits = LIMITS) -> dict:
     """The request body as a JSON object, or an APIError: 413 over ``max_body_bytes`` (by header or
     as it streams), 408 when it does not arrive within ``body_timeout_s``, 400 when it is not UTF-8,
     not JSON, not an object or holds lone surrogates."""
     cl = request.headers.get("content-length")
+    stream = request.stream().__aiter__()
     if cl is not None:
         try:
             n = int(cl)
         except ValueError:
             raise APIError(400, f"Content-Length: expected an integer, got {cl!r}") from None
         if n > limits.max_body_bytes:
+            if n <= DRAIN_MAX_BYTES:
+                await _drain(stream, n, limits)
             raise APIError(413, f"body: {n} bytes is over the limit of {limits.max_body_bytes}",
                            code="request_too_large")
 
     async def collect() -> bytes:
         buf = bytearray()
-        async for chunk in request.stream():
+        async for chunk in stream:
             buf += chunk
             if len(buf) > limits.max_body_bytes:
+                await _drain(stream, DRAIN_MAX_BYTES - len(buf), limits)
                 raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes",
                                code="request_too_large")
         return bytes(buf)
