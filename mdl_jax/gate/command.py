@@ -395,6 +395,9 @@ def run(args) -> int:
     work = out.with_name(out.name + ".parts")
     if out.exists() and not work.exists():
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
+    if (args.risk.lower().endswith(".json") and not args.category_field and not args.risk_field):
+        raise GateInputError(f"--risk: the risk table {args.risk} maps categories to A; name the rows' "
+                             "category with --category-field")
     if args.risk == "truthfulqa" and not args.category_field and not args.risk_field:
         # the preset reads categories; without them every row silently got its default
         warnings.warn("--risk truthfulqa reads each row's category, but no --category-field is given: "
@@ -425,9 +428,10 @@ def run(args) -> int:
         if not man["done"]:
             _stream(gate, args, work, man, fmt, tqdm)
             if not any(p["n_rows"] for p in man["parts"]):
+                bad = [m for p in man["parts"] for m in p["bad"]]
+                # every row was bad: say why (the first), as an error without --on-bad-row skip would
                 raise GateInputError(f"{args.input}: no rows to decide"
-                                     + (f" ({sum(len(p['bad']) for p in man['parts'])} bad rows "
-                                        "skipped)" if man["parts"] else ""))
+                                     + (f" ({len(bad)} bad rows skipped; the first: {bad[0]})" if bad else ""))
             as_json = _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
             if as_json:
                 print(f"mdl-jax: note: {', '.join(map(repr, as_json))} written as JSON text: their values mix "
