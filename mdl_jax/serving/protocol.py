@@ -125,9 +125,7 @@ async def _drain(stream, n_max: int, limits: Limits) -> None:
             return
         try:
             chunk = await asyncio.wait_for(stream.__anext__(), wait)
-        except (StopAsyncIteration, asyncio.TimeoutError):
-            return
-        except Exception:  # noqa: BLE001 - a client that went away: the 413 is all that is left to send
+        except Exception:  # noqa: BLE001 - the body's end, an idle client, one that went away: the 413 is next
             return
         got += len(chunk)
 
