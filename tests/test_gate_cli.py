@@ -203,3 +203,30 @@ def test_the_truthfulqa_preset_without_categories_warns_that_every_row_gets_its_
         assert main(["gate", str(tmp_path / "in.jsonl"), "--out", str(out), *FIELDS, "--category-field", "cat",
                      "--risk", "truthfulqa", "--embedder", "tests.gate_embedders:hashed", "--no-progress"]) == 0
     assert not [w for w in seen if "--risk truthfulqa" in str(w.message)]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3])
+def test_every_input_column_reaches_parquet_whatever_its_values(tmp_path, capsys, chunk_size):
+    """A key missing from a chunk's first row (pa.Table.from_pylist dropped it), ints past int64 and
+    empty dicts (a struct Parquet cannot hold) were lost or a traceback; each column is kept, typed
+    where Parquet can hold it, else JSON text that decodes to the input."""
+    import pyarrow.parquet as pq
+
+    rows = [{"q": "q0", "m": ["a"]},
+            {"q": "q1", "m": ["b"], "late": {"deep": [1, 2]}, "big": 2 ** 63, "e": {}},
+            {"q": "q2", "m": ["c"], "big": 1, "e": "s"}]
+    out = tmp_path / "out.parquet"
+    assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows)), "--out", str(out), "--query-field", "q",
+                 "--memories-field", "m", "--embedder", "tests.gate_embedders:hashed",
+                 "--chunk-size", str(chunk_size), "--no-progress"]) == 0
+    t = pq.read_table(out)
+    got = t.to_pylist()
+    assert [r["mdl_row"] for r in got] == [0, 1, 2] and [r["m"] for r in got] == [["a"], ["b"], ["c"]]
+    as_json = set(json.loads(t.schema.metadata[b"mdl_json_columns"]))
+    assert {"big", "e"} <= as_json
+    for key in ("late", "big", "e"):
+        want = [r.get(key) for r in rows]
+        vals = [r[key] for r in got]
+        if key in as_json:
+            vals = [None if v is None else json.loads(v) for v in vals]
+        assert vals == want, key

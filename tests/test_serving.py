@@ -197,6 +197,32 @@ def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(w
     assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
 
 
+def test_a_chunked_body_over_the_limit_that_keeps_trickling_gets_413_not_408(server):
+    # Over the limit, the rest was drained inside the body's time limit, so a client still sending
+    # when it ran out got 408 for a body that was simply too large.
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        block = b"x" * 65536
+        s.sendall((b"%x\r\n" % len(block) + block + b"\r\n") * 18)   # 1.1 MiB: over the 1 MiB limit
+
+        def trickle():   # then 100 bytes every 0.2 s, past the server's 1 s body timeout
+            try:
+                for _ in range(15):
+                    s.sendall(b"64\r\n" + b"y" * 100 + b"\r\n")
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        head, body = _read_response(s)
+        t.join()
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
 def _read_response(s: socket.socket) -> tuple[bytes, bytes]:
     buf = b""
     while b"\r\n\r\n" not in buf:

@@ -248,11 +248,7 @@ def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        try:
-            table = pa.Table.from_pylist(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            table = _json_fallback_table(rows)
-        pq.write_table(table, tmp)
+        pq.write_table(_table_from_rows(rows), tmp)
     else:
         with open(tmp, "w", encoding="utf-8") as f:
             for r in rows:
@@ -272,8 +268,20 @@ def _as_json(values) -> list:
     return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
 
 
-def _json_fallback_table(rows: list[dict]):
-    """``pa.Table.from_pylist(rows)`` with each column Arrow cannot type as one column of JSON text."""
+def _writable(t) -> bool:
+    """Can Parquet hold this Arrow type? (Not a struct without fields, from an empty dict.)"""
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        return t.num_fields > 0 and all(_writable(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _writable(t.value_type)
+    return True
+
+
+def _table_from_rows(rows: list[dict]):
+    """The rows as an Arrow table: every key of every row a column (``pa.Table.from_pylist`` takes the
+    first row's keys only and drops the rest), typed where Arrow can type it, else JSON text."""
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for r in rows for k in r))
@@ -281,8 +289,11 @@ def _json_fallback_table(rows: list[dict]):
     for name in names:
         values = [r.get(name) for r in rows]
         try:
-            cols[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            arr = pa.array(values)
+            if not _writable(arr.type):
+                raise pa.ArrowInvalid("a struct without fields")
+            cols[name] = arr
+        except (pa.ArrowException, OverflowError):   # mixed types, ints past int64, empty dicts
             cols[name] = pa.array(_as_json(values), pa.string())
             as_json.append(name)
     return pa.table(cols).replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
@@ -362,6 +373,8 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
     try:
         cols = gate.columns(qs, ms, cats, risks)
     except ValueError as e:  # a category outside a risk table, a callable risk out of range, ...
+        if str(e).startswith("embedder: cannot load"):   # the model loads on the first chunk: not the rows'
+            raise GateInputError(f"--embedder: {e}") from None
         raise GateInputError(f"{args.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
     out = []
     for j, (i, row) in enumerate(good):
@@ -395,15 +408,16 @@ def run(args) -> int:
     work = out.with_name(out.name + ".parts")
     if out.exists() and not work.exists():
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
-    if (args.risk.lower().endswith(".json") and not args.category_field and not args.risk_field):
+    risk = _risk_spec(args.risk)
+    if isinstance(risk, dict) and not args.category_field and not args.risk_field:
         raise GateInputError(f"--risk: the risk table {args.risk} maps categories to A; name the rows' "
                              "category with --category-field")
-    if args.risk == "truthfulqa" and not args.category_field and not args.risk_field:
+    if risk == "truthfulqa" and not args.category_field and not args.risk_field:
         # the preset reads categories; without them every row silently got its default
         warnings.warn("--risk truthfulqa reads each row's category, but no --category-field is given: "
                       "every row gets the preset's default A = 0.5", stacklevel=2)
     try:
-        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=_risk_spec(args.risk),
+        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=risk,
                           config=args.config, cache_dir=args.cache_dir)
     except ValueError as e:
         raise GateInputError(str(e)) from None
@@ -435,7 +449,7 @@ def run(args) -> int:
             as_json = _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
             if as_json:
                 print(f"mdl-jax: note: {', '.join(map(repr, as_json))} written as JSON text: their values mix "
-                      "types (texts and dicts), which a Parquet column cannot hold", file=sys.stderr)
+                      "types (e.g. texts and dicts), which a Parquet column cannot hold", file=sys.stderr)
             man["done"] = True
             _write_atomic(work / "manifest.json", json.dumps(man).encode())
     except GateInputError:

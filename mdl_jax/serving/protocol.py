@@ -147,14 +147,12 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
             raise APIError(413, f"body: {n} bytes is over the limit of {limits.max_body_bytes}",
                            code="request_too_large")
 
-    async def collect() -> bytes:
+    async def collect() -> bytes | None:
         buf = bytearray()
         async for chunk in stream:
             buf += chunk
             if len(buf) > limits.max_body_bytes:
-                await _drain(stream, DRAIN_MAX_BYTES - len(buf), limits)
-                raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes",
-                               code="request_too_large")
+                return None   # over the limit: drained below, outside this wait (a 413, not a 408)
         return bytes(buf)
 
     try:
@@ -162,6 +160,9 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
     except asyncio.TimeoutError:
         raise APIError(408, f"body: not received within {limits.body_timeout_s:g} s "
                             "(is Content-Length right?)", code="request_timeout") from None
+    if raw is None:
+        await _drain(stream, DRAIN_MAX_BYTES - limits.max_body_bytes, limits)
+        raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes", code="request_too_large")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
