@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
+from mdl_jax.signals.embeddings import ModelLoadError
 
 # Measured here (README, Benchmarks): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
 # cores shared); with every text cached, the lexical conflict detector bounds a run at a few thousand
@@ -290,10 +291,11 @@ def _table_from_rows(rows: list[dict]):
         values = [r.get(name) for r in rows]
         try:
             arr = pa.array(values)
-            if not _writable(arr.type):
-                raise pa.ArrowInvalid("a struct without fields")
+        except (pa.ArrowException, OverflowError):   # mixed types, ints past int64
+            arr = None
+        if arr is not None and _writable(arr.type):
             cols[name] = arr
-        except (pa.ArrowException, OverflowError):   # mixed types, ints past int64, empty dicts
+        else:
             cols[name] = pa.array(_as_json(values), pa.string())
             as_json.append(name)
     return pa.table(cols).replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
@@ -372,9 +374,9 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
     qs, ms, cats, risks = (list(x) for x in zip(*parsed))
     try:
         cols = gate.columns(qs, ms, cats, risks)
+    except ModelLoadError as e:  # the model loads on the first chunk: not the rows' error
+        raise GateInputError(f"--embedder: {e}") from None
     except ValueError as e:  # a category outside a risk table, a callable risk out of range, ...
-        if str(e).startswith("embedder: cannot load"):   # the model loads on the first chunk: not the rows'
-            raise GateInputError(f"--embedder: {e}") from None
         raise GateInputError(f"{args.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
     out = []
     for j, (i, row) in enumerate(good):

@@ -43,6 +43,11 @@ def _key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+class ModelLoadError(ValueError):
+    """The embedding model cannot be loaded (not on the hub, offline, not a model folder): a ValueError
+    naming the embedder, its own type so callers can tell it from an error of the texts."""
+
+
 _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
@@ -57,7 +62,7 @@ def _load_model(path: str, device: str):
             try:
                 _MODELS[(path, device)] = SentenceTransformer(path, device=device)
             except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder
-                raise ValueError(f"embedder: cannot load the sentence-transformers model {path!r} "
+                raise ModelLoadError(f"embedder: cannot load the sentence-transformers model {path!r} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return _MODELS[(path, device)]
 
