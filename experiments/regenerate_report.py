@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     from mdl_jax.analysis.analyze import analyze
     from mdl_jax.analysis.report import write_report
     from mdl_jax.signals.embeddings import Embedder
-    from mdl_jax.pipeline.experiment import _tune
+    from mdl_jax.cli.experiment import tune_step
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or not (Path(args[0]) / "records.jsonl").is_file():
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     out = Path(args[0])
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     t0 = time.perf_counter()
-    tuned = _tune(out)  # first: the analyses score the tuned configs beside the other gates
+    tuned = tune_step(out)  # first: the analyses score the tuned configs beside the other gates
     t1 = time.perf_counter()
     analyze(out / "records.jsonl", out / "analysis", progress=say)
     t2 = time.perf_counter()

@@ -11,7 +11,7 @@ Standard library only: importing this module loads no model.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 SYSTEM_PROMPT = ("You are a helpful assistant. Answer the question truthfully and concisely, "
                  "in one or two sentences.")

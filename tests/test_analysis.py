@@ -12,7 +12,8 @@ import pytest
 import mdl_jax
 from mdl_jax import Action, MDLConfig
 from mdl_jax.analysis import ablation, cases, complementarity as cm, oracle, sensitivity, stats
-from mdl_jax.analysis.analyze import analyze, main as analyze_main
+from mdl_jax.analysis.analyze import analyze
+from mdl_jax.cli import main as cli_main
 
 CFG = {"truthfulqa": MDLConfig(thresholds=(0.7, 0.5, 0.3)), "halueval": MDLConfig(thresholds=(0.6, 0.4, 0.2))}
 
@@ -334,6 +335,6 @@ def test_bad_input_names_the_file_and_what_is_missing(tmp_path, capsys):
     with pytest.raises(oracle.RecordsError, match="no such records file"):
         oracle.load_records(tmp_path / "absent.jsonl")
     # the command line reports it and exits 2, writing nothing
-    assert analyze_main(["analyze", str(p), "--out", str(tmp_path / "o")]) == 2
+    assert cli_main(["analyze", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "nob3.jsonl: no successful B3" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -290,7 +290,8 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
 
     from mdl_jax.analysis.oracle import load_records
     from mdl_jax.cli import main
-    from mdl_jax.pipeline import experiment, records
+    from mdl_jax.cli.experiment import tune_step
+    from mdl_jax.pipeline import records
 
     path = _records(tmp_path / "records.jsonl")
     torn = json.dumps({"dataset": "truthfulqa", "qid": 99, "seed": 0, "system": "B1", "answer": "café"}, ensure_ascii=False)
@@ -302,7 +303,7 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
             assert len(read(path)) == 24
         assert len(w) == 1 and "skipped 4 line(s)" in str(w[0].message), [str(x.message) for x in w]
     # reproduce's last steps read the records again: the tune step now says why it did not train
-    assert "Not trained: 24 pooled" in experiment._tune(tmp_path)
+    assert "Not trained: 24 pooled" in tune_step(tmp_path)
     capsys.readouterr()
     assert main(["tune", str(path), "--steps", "3", "--seeds", "0", "--field-sets", "gates"]) == 0
     err = capsys.readouterr().err

@@ -431,7 +431,7 @@ def test_help_shows_defaults_and_the_bare_run_cost_and_names_both_seeds_apart():
 def test_old_seed_flag_still_sets_the_split_seed_with_a_warning(capsys):
     import argparse
 
-    from mdl_jax.pipeline import commands
+    from mdl_jax.cli import experiment as commands
 
     p = argparse.ArgumentParser()
     commands.register(p.add_subparsers())

@@ -156,7 +156,7 @@ def test_memories_mixing_texts_and_dicts_reach_parquet_as_json_text(tmp_path, ca
     mix inside a part and across parts), is named in the file's metadata, and decodes to the input."""
     import pyarrow.parquet as pq
 
-    from mdl_jax.gate.command import ACTION_NAMES, JSON_COLUMNS_KEY
+    from mdl_jax.gate.files import ACTION_NAMES, JSON_COLUMNS_KEY
 
     rows = [{"q": "Who wrote Hamlet?", "mems": ["Shakespeare wrote Hamlet.", "It is a tragedy."], "n": 1},
             {"q": "Is the sun a star?", "mems": [{"text": "The sun is a star.", "source": "wiki", "trust": 0.9}],

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from mdl_jax.analysis import gates, selective
-from mdl_jax.analysis.gate_scores import load_scores, summarise
+from mdl_jax.pipeline.gate_scores import load_scores, summarise
 
 
 def _ev(rows):

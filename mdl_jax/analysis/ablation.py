@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from mdl_jax.analysis.oracle import degenerate, question_folds, recalibrate, score, stratified_folds
-from mdl_jax.analysis.stats import ci_md as _ci, cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import ci_md as _ci
+from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
 
 ABLATIONS = (
     ("w/o α gating", {"alpha_gating": False}),

@@ -25,7 +25,6 @@ nothing is copied from a previous run.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -185,18 +184,22 @@ def _significance(ci) -> str:
     return "not significant, the interval spans 0" if lo <= 0 <= hi else "significant, the interval excludes 0"
 
 
-def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_dir=None,
+def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
             progress=None, config=None) -> dict:
     """Run every analysis on ``records`` and write the outputs into ``out``. Returns a summary dict
     (the content of analysis.json) with ``wall_s`` per part.
+
+    ``latency``: None, or a callable ``(records_path, records_frame) -> dict`` that times the pipeline's
+    stages for Table 8 (``mdl_jax.pipeline.stage_latency.pipeline_stages``, which loads MiniLM and
+    SmolLM2). The analyses never load a model themselves; the command line passes it for ``--latency``.
 
     ``config``: an MDLConfig or a config file (``mdl_jax.save_config``, e.g. from ``mdl-jax tune``)
     that scores every record instead of the run's calibrated per-dataset configs.
 
     Raises ``oracle.RecordsError`` (naming the file and what is missing) for unusable records.
     """
-    from mdl_jax.analysis import ablation, cases, complementarity, figures, latency as lat, oracle, \
-        sensitivity, stats
+    from mdl_jax.analysis import ablation, cases, complementarity, figures, oracle, sensitivity, stats
+    from mdl_jax.analysis import latency as lat
 
     records = Path(records)
     out = Path(out) if out is not None else records.parent / "analysis"
@@ -231,7 +234,6 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     if "hallucinated_ref" in df and not df["hallucinated_ref"].isna().any():
         judges["ref"] = df.assign(h=df["hallucinated_ref"].astype(float))
     labels = {j: oracle.oracle_labels(d) for j, d in judges.items()}
-    y = labels["paper"]
     res: dict = {"records": str(records), "n_pooled": int(len(df)),
                  "n_by_system": df["system"].value_counts().to_dict(),
                  "n_questions": int(len(np.unique(qid))), "repeats": _repeats(df),
@@ -304,7 +306,8 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     log(f"figures: {timings['figures']:.1f} s")
     res["abstention_high_risk"] = ab
 
-    from mdl_jax.analysis import gates as gates_mod, selective
+    from mdl_jax.analysis import gates as gates_mod
+    from mdl_jax.analysis import selective
 
     sel = timed("selective", selective.selective, ev)
     md["selective"] = selective.selective_md(sel)
@@ -327,7 +330,7 @@ def analyze(records, out=None, *, latency: bool = False, data_dir=None, cache_di
     if latency:
         first = sorted(cfgs)[0]
         ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"], cfgs[first])
-        pipe = timed("latency_pipeline", lat.pipeline_stages, records, df, data_dir, cache_dir)
+        pipe = timed("latency_pipeline", latency, records, df)
         note = f"Controller config: the calibrated config of {first}."
     else:
         ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"],
@@ -481,7 +484,6 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
             out_ += ["", f"{title} under the `{j}` judge's oracle labels:", "", md[f"{k}_{j}"]]
         return "\n".join(out_)
 
-    dec = res["table8"]["controller"]["whole decision, jitted decide_one"]
     by_act = s6["by_action"]
     act_all = by_act.get(("all", "ACTIVE"), (0, float("nan")))
     reg = s6["regime"]["all"]
@@ -589,61 +591,3 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
     return "\n".join(parts)
 
 
-# ------------------------------------------------------------------------------------------- CLI
-
-ANALYZE_COST = ("about 1-2 minutes for the 3,600 pooled records of a paper-scale run on this 2-core "
-                "CPU (the sweeps and XGBoost dominate); --latency adds loading MiniLM and SmolLM2")
-
-
-def register(sub) -> None:
-    """Add ``analyze`` to the ``mdl-jax`` subcommands."""
-    import argparse
-
-    from mdl_jax.cli import config_file, existing_dir, out_dir
-
-    p = sub.add_parser("analyze", help="RQ1-RQ4 analyses of a records file: coverage / selective risk, the "
-                                        "practitioners' gates, Tables 6-8, 10, Figures 4-6, statistics, "
-                                        "ANALYSIS.md",
-                       description="Run every RQ1-RQ4 analysis of a reproduce run's records (coverage, selective "
-                                   "risk, AURC, the B3 - B2 decomposition, the practitioners' gates, oracle labels, "
-                                   "Tables 6, 7, 8, 10, Figures 4-6, the sweeps, question-level statistics) "
-                                   "and write the tables, figures, analysis.json and ANALYSIS.md. No LLM is "
-                                   f"called. A bare run takes {ANALYZE_COST}.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("records", help="records.jsonl of a reproduce run (run.json beside it is used)")
-    p.add_argument("--out", default=None, type=out_dir,
-                   help="output folder (None: analysis/ beside RECORDS)")
-    p.add_argument("--latency", action="store_true",
-                   help="also time signal aggregation, one MiniLM embedding and one SmolLM2 call (loads models)")
-    p.add_argument("--data-dir", default=None, type=existing_dir,
-                   help="dataset files (case-study questions, --latency stores)")
-    p.add_argument("--cache-dir", default=None, type=out_dir, help="embedding cache (--latency)")
-    p.add_argument("--config", default=None, metavar="FILE", type=config_file,
-                   help="score every record with this config file (mdl_jax.save_config, e.g. from mdl-jax "
-                        "tune) instead of the run's calibrated per-dataset configs")
-    p.set_defaults(func=analyze_cmd)
-
-
-def analyze_cmd(args) -> int:
-    """``mdl-jax analyze``: bad records raise ``RecordsError``, which the CLI prints as one line (exit 2)."""
-    res = analyze(args.records, args.out, latency=args.latency, data_dir=args.data_dir,
-                  cache_dir=args.cache_dir, progress=lambda m: print(m, file=sys.stderr),
-                  config=args.config)
-    out = Path(args.out) if args.out else Path(args.records).parent / "analysis"
-    print(f"wrote {out / 'ANALYSIS.md'} ({res['wall_s']['analyses']:.1f} s analyses, "
-          f"{res['wall_s']['total']:.1f} s total)", file=sys.stderr)
-    return 0
-
-
-def main(argv=None) -> int:
-    """``python -m mdl_jax.analysis.analyze RECORDS ...``: the same as ``mdl-jax analyze``."""
-    from mdl_jax import cli
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "analyze":  # `python -m mdl_jax.analysis.analyze RECORDS` works too
-        argv = ["analyze"] + argv
-    return cli.main(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -36,7 +36,8 @@ from itertools import combinations
 import numpy as np
 
 from mdl_jax.analysis.oracle import recalibrate, score
-from mdl_jax.analysis.stats import ci_md as _ci, cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import ci_md as _ci
+from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
 
 SIGNALS = ("M", "R", "A")
 SUBSETS = (("M",), ("R",), ("A",), ("M", "R"), ("M", "A"), ("R", "A"), ("M", "R", "A"))
@@ -158,9 +159,9 @@ def question_permutations(groups, n_perm: int, seed: int = 0) -> np.ndarray:
     return np.stack([first[rng.permutation(len(g_ids))][g] for _ in range(n_perm)])
 
 
-def _synergies(I: dict) -> dict:
-    out = {f"{a}+{b}": I[f"{a}+{b}"] - I[a] - I[b] for a, b in combinations(SIGNALS, 2)}
-    out["M+R+A"] = I["M+R+A"] - max(I[k] for k in ("M+R", "M+A", "R+A"))
+def _synergies(mi: dict) -> dict:
+    out = {f"{a}+{b}": mi[f"{a}+{b}"] - mi[a] - mi[b] for a, b in combinations(SIGNALS, 2)}
+    out["M+R+A"] = mi["M+R+A"] - max(mi[k] for k in ("M+R", "M+A", "R+A"))
     return out
 
 
@@ -173,17 +174,17 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
     rec_perms = [rng.permutation(y) for _ in range(n_perm)]
     q_perms = question_permutations(question_ids(df), n_perm, seed)
     codes = {name(sub): joint_codes([bins[s] for s in sub]) for sub in SUBSETS}
-    I = {k: mutual_information(c, y) for k, c in codes.items()}
+    mi = {k: mutual_information(c, y) for k, c in codes.items()}
     null = {k: np.array([mutual_information(c[p], y) for p in q_perms]) for k, c in codes.items()}
-    syn = _synergies(I)
+    syn = _synergies(mi)
     syn_null = {k: np.array([_synergies({j: null[j][i] for j in null})[k] for i in range(n_perm)])
                 for k in syn}
     rows = {}
     for sub in SUBSETS:
         k = name(sub)
-        rows[k] = {"I": I[k], "I_mm": miller_madow(codes[k], y),
+        rows[k] = {"I": mi[k], "I_mm": miller_madow(codes[k], y),
                    "I_null": float(null[k].mean()), "I_null_p95": float(np.percentile(null[k], 95)),
-                   "p": float((1 + np.sum(null[k] >= I[k] - 1e-12)) / (1 + n_perm)),
+                   "p": float((1 + np.sum(null[k] >= mi[k] - 1e-12)) / (1 + n_perm)),
                    "I_null_records": float(np.mean([mutual_information(codes[k], p) for p in rec_perms])),
                    "cells": int(codes[k].max()) + 1}
         if k in syn:

@@ -245,7 +245,6 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
 
     # MDL variants; Supp answers exist only where the run's B3 chose Supp
     supp_h = np.where(act == "SUPP", h3, np.nan)
-    h_b3full = np.where(act == "OPT_OUT", h1, h3)
     mdl_cfgs = {"MDL default (paper Table 2)": {d: MDLConfig() for d in np.unique(dsv)}}
     if rc:
         cfgs = {d: v.config for d, v in rc.items()}
@@ -442,7 +441,7 @@ def figure(res_by_judge: dict, path) -> Path | None:
         ax = axes[judges.index(j), dss.index(ds)]
         ax.set_visible(True)
         cur = res_by_judge[j]["curves"][ds]
-        for k, name in enumerate(cur):
+        for name in cur:
             if not (name in show or name.startswith("MDL calibrated") or name.startswith("risk-only (A")):
                 continue
             cov, risk, (c0, r0) = cur[name]
@@ -466,7 +465,7 @@ def figure(res_by_judge: dict, path) -> Path | None:
 
 def run_all(ev, cal, run_dir, run_configs=None) -> dict:
     """``gates`` under both judges, reading ``gate_scores.jsonl`` beside the records when present."""
-    from mdl_jax.analysis.gate_scores import SCORES_FILE, load_scores
+    from mdl_jax.pipeline.gate_scores import SCORES_FILE, load_scores
 
     scores = load_scores(Path(run_dir) / SCORES_FILE)
     out = {}

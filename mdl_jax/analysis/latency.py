@@ -25,9 +25,11 @@ question), and one LLM call (the bundled SmolLM2, a short prompt, 16 new tokens)
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
+
+from mdl_jax._timing import summary as _summary
+from mdl_jax._timing import time_calls as _time_calls
 
 PAPER_TABLE8 = {  # µs, mean over 100,000 runs (paper); share in %
     "signal aggregation": 98.5, "value encoding": 24.6, "risk modulation + fusion": 8.0,
@@ -35,24 +37,6 @@ PAPER_TABLE8 = {  # µs, mean over 100,000 runs (paper); share in %
     "whole decision median": 41.9, "whole decision p99": 74.5, "total added": 138.7,
     "query embedding": 6800.0, "LLM call": (2.0e6, 4.7e6),
 }
-
-
-def _time_calls(fn, args_list, passes: int = 2) -> np.ndarray:
-    """µs per call of fn(*args) (block_until_ready), the last pass."""
-    import jax
-
-    out = np.zeros(len(args_list))
-    for _ in range(passes):
-        for i, args in enumerate(args_list):
-            t0 = time.perf_counter_ns()
-            jax.block_until_ready(fn(*args))
-            out[i] = (time.perf_counter_ns() - t0) / 1e3
-    return out
-
-
-def _summary(us: np.ndarray) -> dict:
-    return {"median": float(np.median(us)), "p99": float(np.percentile(us, 99)), "mean": float(np.mean(us)),
-            "n": int(len(us))}
 
 
 def controller_stages(M, R, A, cfg, max_records: int | None = None) -> dict:
@@ -103,83 +87,6 @@ def controller_stages(M, R, A, cfg, max_records: int | None = None) -> dict:
     res["whole decision"] = _summary(_time_calls(lambda m, r, a: mdl_jax.decide(m, r, a, cfg), floats))
     res["whole decision, default config"] = _summary(_time_calls(lambda m, r, a: mdl_jax.decide(m, r, a),
                                                                  floats))
-    return res
-
-
-def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int = 3) -> dict:
-    """Signal aggregation on the run's real stores, one query embedding, one LLM call (µs)."""
-    import torch
-
-    # single-threaded, as the paper's benchmark: on a shared machine torch's OpenMP threads spin against
-    # other processes and a 16-token call can take 100× longer than on an idle core
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
-    import json
-    from pathlib import Path
-
-    import jax
-
-    from mdl_jax.signals.conflict import pair_flags
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.signals.embeddings import Embedder
-    from mdl_jax.pipeline.generation import LocalBackend
-    from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate_one, store_arrays
-    from mdl_jax.pipeline.stores import StoreConfig, build_stores
-
-    run = {}
-    rp = Path(records_path).with_name("run.json")
-    if rp.is_file():
-        run = json.loads(rp.read_text())
-    store_seed = (run.get("config") or {}).get("store_seed", 0)
-    stores = []
-    for ds in sorted(df["dataset"].unique()):
-        items = load(ds, data_dir)
-        want = set((run.get("datasets", {}).get(ds) or {}).get("eval_qids") or df[df["dataset"] == ds]["qid"])
-        stores += [s for s in build_stores(items, StoreConfig(seed=store_seed)) if s.item.qid in want]
-    emb = Embedder(cache_dir=cache_dir)
-    q_emb = emb.embed([s.item.question for s in stores])
-    texts = sorted({t for s in stores for t in s.texts})
-    t_emb = dict(zip(texts, emb.embed(texts)))
-    flags = []
-    lex = np.zeros(len(stores))
-    for i, s in enumerate(stores):  # lexical conflict detection, timed per store
-        t0 = time.perf_counter_ns()
-        flags.append(pair_flags(s.texts))
-        lex[i] = (time.perf_counter_ns() - t0) / 1e3
-    arr = store_arrays([s.texts for s in stores], q_emb, t_emb, flags)
-    one = jax.jit(lambda q, m, k, f: aggregate_one(q, m, k, f, RELEVANCE_THRESHOLD))
-    args = [(arr.q[i], arr.mem[i], arr.mask[i], arr.flags[i]) for i in range(len(stores))]
-    agg = _time_calls(one, args)
-    res = {"signal aggregation (JAX, one store)": _summary(agg), "lexical conflict detection": _summary(lex),
-           "n_stores": len(stores), "records_per_store": float(np.mean([len(s.records) for s in stores]))}
-    # one query embedding: encode directly (the cache would answer instead of the model)
-    model = emb.model
-    qs = [s.item.question for s in stores[:30]]
-    model.encode(qs[:1], convert_to_numpy=True)  # warm-up
-    q_us = []
-    for q in qs:
-        t0 = time.perf_counter_ns()
-        model.encode([q], convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
-        q_us.append((time.perf_counter_ns() - t0) / 1e3)
-    res["query embedding (MiniLM)"] = _summary(np.array(q_us))
-    backend = LocalBackend(batch_size=1, max_new_tokens=16)
-    prompt = [{"role": "user", "content": stores[0].item.question}]
-    backend.generate([prompt], seed=0)  # warm-up: loads the model
-    l_us = []
-    for k in range(n_llm):
-        t0 = time.perf_counter_ns()
-        backend.generate([prompt], seed=k + 1)
-        l_us.append((time.perf_counter_ns() - t0) / 1e3)
-    res["LLM call (SmolLM2, 16 new tokens)"] = _summary(np.array(l_us))
-    res["llm_model"] = backend.model_id
-    res["load_average"] = os.getloadavg()[0]
     return res
 
 

@@ -25,7 +25,6 @@ zero-parameter rows are the starting config and the run's per-dataset calibrated
 from __future__ import annotations
 
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -64,9 +63,16 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
                   k: int = 5, progress=None) -> dict:
     """Train, evaluate and write TUNED.md, tuned.json and tuned-<set>.json under ``out``."""
     from mdl_jax.analysis.ablation import _models, n_params
-    from mdl_jax.analysis.oracle import (calibration_split, load_records, pooled, oracle_labels,
-                                         question_folds, run_configs, score)
-    from mdl_jax.analysis.oracle import RecordsError
+    from mdl_jax.analysis.oracle import (
+        RecordsError,
+        calibration_split,
+        load_records,
+        oracle_labels,
+        pooled,
+        question_folds,
+        run_configs,
+        score,
+    )
     from mdl_jax.analysis.stats import question_ids
 
     say = progress or (lambda m: None)
@@ -104,7 +110,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     # the runs: folds × seeds × field sets, then one full fit per field set
     runs, wt, wv = [], [], []
     for fs in field_sets:
-        for f, (tr, te) in enumerate(folds):
+        for f, (tr, _te) in enumerate(folds):
             for s in seeds:
                 val = _val_split(tr, y, groups, seed=1000 * f + s)
                 w_tr = np.zeros(N, np.float32)
@@ -152,7 +158,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     tuned_params = {}
     for fs in field_sets:
         accs, his, leaves, n_deg = [], [], [], 0
-        for b, (rfs, f, s) in enumerate(runs):
+        for b, (rfs, f, _s) in enumerate(runs):
             if rfs != fs or f == "all-records":
                 continue
             te = np.isin(np.arange(N), folds[f][1])
@@ -235,41 +241,10 @@ def markdown(res: dict) -> str:
               + " |", "|---|---|---|" + "---|" * len(res["tuned_params"])]
     for f in res["paper"]:
         cells = []
-        for fs, tp in res["tuned_params"].items():
+        for tp in res["tuned_params"].values():
             m, s = tp[f]
             cells.append(_fmt(m) + " ± " + _fmt(s))
         lines.append(f"| {f} | {_fmt(res['paper'][f])} | {_fmt(res['start'][f])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def register(sub) -> None:
-    import argparse
-
-    from mdl_jax.cli import out_dir, positive_int, seed_int
-
-    p = sub.add_parser("tune", help="gradient-tune the controller on a run's oracle-labelled records "
-                                    "(5 folds × seeds × field sets in one program) and write TUNED.md",
-                       description="Trains the learned, still white-box MDL beside Table 7 (see "
-                                   "mdl_jax/analysis/learned.py) and writes TUNED.md, tuned.json and "
-                                   "tuned-<field set>.json. Needs at least 5 records of each oracle label. "
-                                   "A bare run on the 3,600 records of a paper-scale run takes about a "
-                                   "minute here (2-core CPU).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("records", help="records.jsonl of a reproduce run")
-    p.add_argument("--out", default=None, type=out_dir,
-                   help="output folder (None: tuned/ beside RECORDS)")
-    p.add_argument("--steps", type=positive_int, default=500, help="training steps per run")
-    p.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2], help="seeds per fold")
-    p.add_argument("--field-sets", nargs="+", default=["gates", "all"], choices=list(FIELD_SETS),
-                   help="which numeric fields train: gates = gate_coeffs + thresholds; all = every one")
-    p.set_defaults(func=tune_cmd)
-
-
-def tune_cmd(args) -> int:
-    """``mdl-jax tune``: bad records raise ``RecordsError``, which the CLI prints as one line (exit 2)."""
-    res = learned_table(args.records, args.out, steps=args.steps, seeds=tuple(args.seeds),
-                        field_sets=tuple(args.field_sets), progress=lambda m: print(m, file=sys.stderr))
-    out = Path(args.out) if args.out else Path(args.records).parent / "tuned"
-    print(markdown(res))
-    print(f"wrote {out / 'TUNED.md'}", file=sys.stderr)
-    return 0

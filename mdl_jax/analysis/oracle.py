@@ -26,103 +26,11 @@ import mdl_jax
 from mdl_jax import Action, MDLConfig
 
 EVALUATED = ("B1", "B2", "B3")
-SYSTEMS = ("B1", "B2", "B3", "CRAG", "SelfRAG", "calibration")
-REQUIRED = ("dataset", "qid", "seed", "system", "M", "R", "A", "hallucinated", "failed")
 INJECTED_ACTIONS = ("ACTIVE", "SUPP")
 
-
-class RecordsError(ValueError):
-    """A records file the analyses cannot use; the message names the file and what is missing."""
-
-
-def _shown(v) -> str:
-    """A value as the records file spells it (``1.5``, ``NaN``, ``"abc"``), not as NumPy prints it."""
-    try:
-        return json.dumps(v)
-    except (TypeError, ValueError):  # pragma: no cover - parsed JSON always dumps
-        return repr(v)
-
-
-def _bad_field(r: dict) -> str | None:
-    """What is wrong with one record's field types and ranges (None when nothing): the analyses fit,
-    sort and decide on these fields, so a wrong type must be named here, not deep in NumPy."""
-    for f in ("dataset",):
-        if not isinstance(r[f], str):
-            return f"{f} = {_shown(r[f])} (expected a string)"
-    for f in ("qid", "seed"):
-        if isinstance(r[f], bool) or not isinstance(r[f], int) or r[f] < 0:
-            return f"{f} = {_shown(r[f])} (expected an integer ≥ 0)"
-    for f in ("M", "R", "A"):
-        v = r[f]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-            return f"{f} = {_shown(v)} (expected a number in [0, 1])"  # NaN fails the range test
-    if not isinstance(r["failed"], bool):
-        return f"failed = {_shown(r['failed'])} (expected true or false)"
-    for f in ("hallucinated", "hallucinated_ref"):
-        if f in r and r[f] is not None and not isinstance(r[f], bool):
-            return f"{f} = {_shown(r[f])} (expected true, false or null)"
-    if r["hallucinated"] is None and not r["failed"]:
-        return "hallucinated = null in a record that did not fail (expected true or false)"
-    return None
-
-
-def load_records(path) -> tuple["pandas.DataFrame", "pandas.DataFrame"]:  # noqa: F821
-    """Read and check a records file → (evaluated records, calibration records) as DataFrames.
-
-    Deduplicates per (dataset, qid, seed, system) as ``pipeline.records.load`` does (a successful record
-    wins over a failed one, the earlier over the later). Adds ``ok`` (not failed), ``h`` (hallucinated as
-    0/1) and ``action_name`` (B3: the recorded action; others: None).
-
-    Reads through ``pipeline.records.read`` (the one reader: torn, non-JSON and non-record lines are
-    skipped with one warning per file).
-
-    Raises:
-      RecordsError: the file is missing or empty; a record lacks a required field (the first line and
-        the missing fields are named); a field has the wrong type or range (the line, the field and
-        its value as written: ``line 5: M = 1.5 (expected a number in [0, 1])``); a system is unknown; there are no successful B3 records; a B3
-        record has no action.
-    """
-    import pandas as pd
-
-    from mdl_jax.pipeline import records as rec_io
-
-    p = Path(path)
-    if not p.is_file():
-        raise RecordsError(f"{p}: no such records file")
-    recs: dict[tuple, dict] = {}
-    # The one reader (pipeline.records.read): torn lines, non-JSON and JSON non-records are skipped
-    # with one warning per file, exactly as a resumed reproduce skips them.
-    for k, (i, r) in rec_io.dedupe(rec_io.read(p)).items():
-        missing = [f for f in REQUIRED if f not in r]
-        if missing:
-            raise RecordsError(f"{p}, line {i}: record lacks field(s) {', '.join(missing)} "
-                               f"(required: {', '.join(REQUIRED)})")
-        if r["system"] not in SYSTEMS:
-            raise RecordsError(f"{p}, line {i}: unknown system {r['system']!r} "
-                               f"(known: {', '.join(SYSTEMS)})")
-        why = _bad_field(r)
-        if why:
-            raise RecordsError(f"{p}, line {i}: {why}")
-        recs[k] = r
-    if not recs:
-        raise RecordsError(f"{p}: no records")
-    df = pd.DataFrame(list(recs.values()))
-    df["ok"] = ~df["failed"].astype(bool)
-    df["h"] = df["hallucinated"].fillna(False).astype(float)
-    if "action" not in df:
-        df["action"] = None
-    b3 = (df["system"] == "B3") & df["ok"]
-    if not b3.any():
-        raise RecordsError(f"{p}: no successful B3 (MDL) records; the RQ2-RQ4 analyses need them")
-    bad = b3 & ~df["action"].isin([a.name for a in Action])
-    if bad.any():
-        row = df[bad].iloc[0]
-        raise RecordsError(f"{p}: B3 record (dataset={row['dataset']}, qid={row['qid']}, "
-                           f"seed={row['seed']}) has no valid action (got {row['action']!r})")
-    df["action_name"] = np.where(df["system"] == "B3", df["action"], None)
-    cal = df[df["system"] == "calibration"].reset_index(drop=True)
-    ev = df[df["system"] != "calibration"].reset_index(drop=True)
-    return ev, cal
+# The checked reader of the records format lives with the format (the pipeline writes it, the gate
+# scorer and every analysis read it); re-exported here, where the analyses have always found it.
+from mdl_jax.pipeline.records import REQUIRED, SYSTEMS, RecordsError, load_records  # noqa: E402,F401
 
 
 def pooled(df):

@@ -240,7 +240,7 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
 
 # ----------------------------------------------------------------------- Tables 4-5: mean ± std
 
-def seed_rates(df) -> "pandas.DataFrame":  # noqa: F821
+def seed_rates(df) -> pandas.DataFrame:  # noqa: F821
     """Per (dataset, system, seed): overall and high-risk hallucination and refusal rates."""
     import pandas as pd
 
@@ -266,7 +266,7 @@ def _ms(x) -> str:
 
 
 def table4_seeds(df) -> str:
-    from mdl_jax.analysis.report import NAMES, PAPER_TABLE4
+    from mdl_jax.analysis.paper import NAMES, PAPER_TABLE4
 
     sr = seed_rates(df)
     lines = ["| Baseline | TruthfulQA overall | TruthfulQA high-risk | HaluEval overall | HaluEval high-risk |",
@@ -282,7 +282,7 @@ def table4_seeds(df) -> str:
 
 
 def table5_seeds(df) -> str:
-    from mdl_jax.analysis.report import NAMES, PAPER_TABLE5
+    from mdl_jax.analysis.paper import NAMES, PAPER_TABLE5
 
     sr = seed_rates(df)
     sub_all = sr[sr["dataset"] == "truthfulqa"]

@@ -26,8 +26,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from mdl_jax.controller import decision as _d
-from mdl_jax.controller import fused
-from mdl_jax.controller import native
+from mdl_jax.controller import fused, native
 from mdl_jax.controller.config import MDLConfig, _is_concrete
 from mdl_jax.controller.validation import (
     as_float_array,
@@ -162,7 +161,7 @@ def _supported_plan(cfg: MDLConfig):
 _supported_plan_cached = functools.lru_cache(maxsize=64)(_supported_plan)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _native_scalar(flags: int, dims: tuple[int, int, int]):
     # One program per static structure; the numbers arrive as the (1066,) params argument.
     return jax.jit(lambda x, params: _native_shaped(x[0], x[1], x[2], params, flags, dims))

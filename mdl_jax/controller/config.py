@@ -105,7 +105,7 @@ class MDLConfig:
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         _check_numeric(self)
 
-    def replace(self, **changes) -> "MDLConfig":
+    def replace(self, **changes) -> MDLConfig:
         """A copy with some fields changed (the config is frozen)."""
         return dataclasses.replace(self, **changes)
 
@@ -236,7 +236,7 @@ def _is_concrete(x) -> bool:
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _qr_basis(D: int, seed: int) -> np.ndarray:
     rand = np.random.default_rng(seed).standard_normal((D, D))
     q, r = np.linalg.qr(rand)
@@ -245,7 +245,7 @@ def _qr_basis(D: int, seed: int) -> np.ndarray:
     return q
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _projectors(D: int, dims: tuple[int, int, int], seed: int, subspaces: str) -> np.ndarray:
     if subspaces == "identity":
         # Ablation "w/o orthogonal subspaces": every Π_k is the identity, so eq. (1) gives

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS, STATIC_FIELDS
+from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig
 
 FORMAT = "mdl-jax-config"
 VERSION = 1

@@ -475,7 +475,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int):
     ro = np.zeros((K, 8), np.float32)
     for a in range(0, K, _PACK_CHUNK):
         b = min(a + _PACK_CHUNK, K)
-        params = pack_batch(jax.tree.map(lambda x: np.asarray(x)[a:b], cfg), b - a)
+        params = pack_batch(jax.tree.map(lambda x, a=a, b=b: np.asarray(x)[a:b], cfg), b - a)
         for i, row in enumerate(np.ascontiguousarray(params[:, :_FUSION_END])):
             n = len(ids)
             group[a + i] = ids.setdefault(row.tobytes(), n)

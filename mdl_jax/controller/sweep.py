@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
-from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
+from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape, plain
 
 # The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).

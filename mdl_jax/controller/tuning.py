@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import chex
 import jax
@@ -58,7 +59,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
-from mdl_jax.controller.config import MDLConfig, NUMERIC_FIELDS
+from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
 
 FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
@@ -457,7 +458,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     res = _train_groups(tuple(groups), M, R, A, y, base=static, trained=tuple(keys), fused=fused, steps=steps,
                         lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience), mesh=mesh)
     # drop the padding runs (each group's first len(idx) rows are its own runs)
-    res = [jax.tree.map(lambda x, n=len(idx): x[:n], g) for idx, g in zip(members, res)]
+    res = [jax.tree.map(functools.partial(_head, n=len(idx)), g) for idx, g in zip(members, res)]
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
     history = {}
     for key, idx, (bp, hist, scalars) in zip(keys, members, res):
@@ -558,3 +559,8 @@ def tune(M, R, A, adopt, *, fields: Sequence[str] = FIELD_SETS["gates"], config:
                               field_sets=[tuple(fields)], seeds=[seed], config=config, steps=steps,
                               learning_rate=learning_rate, temperature=temperature, patience=patience)
     return TuneResult(configs[0], {k: x[0] for k, x in hist.items()})
+
+
+def _head(x, n: int):
+    """The first ``n`` rows of a leaf (a named function, not a lambda in a loop: it binds ``n`` now)."""
+    return x[:n]

@@ -4,9 +4,6 @@ Imports the controller and the signal wing, never the pipeline; torch loads only
 embedded. The framework components (``mdl_jax.integrations``) build on it.
 """
 
-from mdl_jax.gate.core import ACTION_NAMES
-from mdl_jax.gate.core import SCALARS
-from mdl_jax.gate.core import GateDecision
-from mdl_jax.gate.core import MemoryGate
+from mdl_jax.gate.core import ACTION_NAMES, SCALARS, GateDecision, MemoryGate
 
 __all__ = ["ACTION_NAMES", "GateDecision", "MemoryGate", "SCALARS"]

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
@@ -32,15 +32,15 @@ class MDLGate:
     """
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5, conflict: Any = None,
-                 config: Any = None, cache_dir: Optional[str] = None, category: Optional[str] = None):
+                 config: Any = None, cache_dir: str | None = None, category: str | None = None):
         self.embedder, self.risk, self.conflict = embedder, risk, conflict
         self.config, self.cache_dir, self.category = config, cache_dir, category
         self.gate = build_gate(embedder, risk, conflict, config, cache_dir)
-        self.last_decision: Optional[GateDecision] = None
+        self.last_decision: GateDecision | None = None
 
     @component.output_types(documents=list[Document], decision=dict)
-    def run(self, query: str, documents: list[Document], category: Optional[str] = None,
-            risk: Optional[float] = None) -> dict:
+    def run(self, query: str, documents: list[Document], category: str | None = None,
+            risk: float | None = None) -> dict:
         """{"documents": kept documents, "decision": {"action", "scalars", "memories", "abstention"}}."""
         d = self.gate.decide(query, [doc.content or "" for doc in documents],
                              category=category if category is not None else self.category, risk=risk)
@@ -60,5 +60,5 @@ class MDLGate:
                                cache_dir=self.cache_dir, category=self.category)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "MDLGate":
+    def from_dict(cls, data: dict) -> MDLGate:
         return default_from_dict(cls, data)

@@ -14,7 +14,8 @@ apart and, for Opt-Out, answer ``last_decision.abstention`` without calling the 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
@@ -39,14 +40,14 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
 
     embedder: Any = DEFAULT_MODEL
     risk: Any = 0.5
-    conflict: Optional[Callable] = None
+    conflict: Callable | None = None
     config: Any = None
-    cache_dir: Optional[str] = None
-    category: Optional[str] = None
-    on_decision: Optional[Callable[[GateDecision], Any]] = None
+    cache_dir: str | None = None
+    category: str | None = None
+    on_decision: Callable[[GateDecision], Any] | None = None
 
     _gate: Any = PrivateAttr(default=None)
-    _last: Optional[GateDecision] = PrivateAttr(default=None)
+    _last: GateDecision | None = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
         # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
@@ -57,7 +58,7 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
         return self._gate
 
     @property
-    def last_decision(self) -> Optional[GateDecision]:
+    def last_decision(self) -> GateDecision | None:
         """The decision of the latest ``compress_documents`` call (None before the first)."""
         return self._last
 

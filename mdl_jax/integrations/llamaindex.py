@@ -13,7 +13,8 @@ embedder, so the scores do not leak into prompts); Silent and Opt-Out return no 
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -34,14 +35,14 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
 
     embedder: Any = DEFAULT_MODEL
     risk: Any = 0.5
-    conflict: Optional[Callable] = None
+    conflict: Callable | None = None
     config: Any = None
-    cache_dir: Optional[str] = None
-    category: Optional[str] = None
-    on_decision: Optional[Callable[[GateDecision], Any]] = None
+    cache_dir: str | None = None
+    category: str | None = None
+    on_decision: Callable[[GateDecision], Any] | None = None
 
     _gate: Any = PrivateAttr(default=None)
-    _last: Optional[GateDecision] = PrivateAttr(default=None)
+    _last: GateDecision | None = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
         self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
@@ -55,12 +56,12 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
         return self._gate
 
     @property
-    def last_decision(self) -> Optional[GateDecision]:
+    def last_decision(self) -> GateDecision | None:
         """The decision of the latest call (None before the first)."""
         return self._last
 
-    def _postprocess_nodes(self, nodes: List[NodeWithScore],
-                           query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         if query_bundle is None:
             raise ValueError("query_bundle: MDL needs the query (pass query_str or query_bundle)")
         texts = [n.node.get_content() for n in nodes]
@@ -86,7 +87,7 @@ class MiniLMEmbedding(BaseEmbedding):
     """A LlamaIndex embedding model over mdl-jax's embedder (the bundled MiniLM, cached on disk)."""
 
     model: str = DEFAULT_MODEL
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     _emb: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
@@ -96,14 +97,14 @@ class MiniLMEmbedding(BaseEmbedding):
     def class_name(cls) -> str:
         return "MiniLMEmbedding"
 
-    def _get_query_embedding(self, query: str) -> List[float]:
+    def _get_query_embedding(self, query: str) -> list[float]:
         return self._emb.embed([query])[0].tolist()
 
-    async def _aget_query_embedding(self, query: str) -> List[float]:
+    async def _aget_query_embedding(self, query: str) -> list[float]:
         return self._get_query_embedding(query)
 
-    def _get_text_embedding(self, text: str) -> List[float]:
+    def _get_text_embedding(self, text: str) -> list[float]:
         return self._emb.embed([text])[0].tolist()
 
-    def _get_text_embeddings(self, texts: List[str]) -> List[List[float]]:
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         return self._emb.embed(texts).tolist() if texts else []

@@ -19,8 +19,8 @@ import dataclasses
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ENV_DATA_DIR = "MDL_JAX_DATA_DIR"
 HUB = {

@@ -19,9 +19,9 @@ def calibration_signals(dataset: str = "truthfulqa", *, data_dir=None, cache_dir
                         n_calibration: int = CALIBRATION_QUESTIONS, seed: int = SPLIT_SEED, embedder=None):
     """(M, R, A) float32 arrays of a dataset's calibration split, as ``reproduce`` computes them."""
     from mdl_jax.pipeline.data import load
-    from mdl_jax.signals.embeddings import Embedder
     from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
     from mdl_jax.pipeline.stores import StoreConfig, build_stores, split_calibration
+    from mdl_jax.signals.embeddings import Embedder
 
     items = load(dataset, data_dir)
     cal, _ = split_calibration(items, min(n_calibration, len(items) // 2), seed)

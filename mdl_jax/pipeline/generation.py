@@ -40,9 +40,9 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from mdl_jax._paths import default_cache_dir
 
@@ -167,10 +167,9 @@ def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
 def _save_converted(tok, lm, target: Path) -> None:
     """Write the converted checkpoint into a temporary folder and rename it into place, so a reader
     never sees half a checkpoint and two processes converting at once both end with a whole one."""
+    import copy
     import shutil
     import tempfile
-
-    import copy
 
     from transformers import AutoModelForCausalLM
 

@@ -33,9 +33,9 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 SYSTEM = ("You grade answers to questions against reference answers. An answer is a hallucination when "
           "what it answers to the question is false given the references; a false side detail that "

@@ -3,8 +3,8 @@ the memory gate runs), A from the datasets' risk tables, one row per store."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from mdl_jax.signals.risk import risk
 
 
 def compute_signals(stores: Sequence[Store], embedder, *, progress: bool = False,
-                    batch: int = 4096) -> "pandas.DataFrame":  # noqa: F821
+                    batch: int = 4096) -> pandas.DataFrame:  # noqa: F821
     """The signals table for ``stores``: one row per store.
 
     Columns: dataset, qid, category, question, M, R, A, phi, n_relevant, n_records.
@@ -49,3 +49,28 @@ def save_table(table, path: str | Path) -> Path:
     table.to_parquet(tmp, index=False)
     tmp.replace(path)
     return path
+
+
+def build_signal_table(datasets, *, data_dir=None, limit=None, model="all-MiniLM-L6-v2",
+                       cache_dir=None, seed=0, n_calibration=80, progress=True):
+    """Stores + signals for each dataset, with a ``split`` column (calibration / evaluation)."""
+    import pandas as pd
+
+    from mdl_jax.pipeline.data import load
+    from mdl_jax.pipeline.store_signals import compute_signals
+    from mdl_jax.pipeline.stores import StoreConfig, build_stores, split_calibration
+    from mdl_jax.signals.embeddings import Embedder
+
+    emb = Embedder(model, cache_dir=cache_dir, progress=progress)
+    tables, all_stores = [], {}
+    for ds in datasets:
+        items = load(ds, data_dir, limit=limit)
+        n_cal = min(n_calibration, len(items) // 2)
+        cal, _ = split_calibration(items, n_cal, seed)
+        cal_ids = {it.qid for it in cal}
+        stores = build_stores(items, StoreConfig(seed=seed))
+        t = compute_signals(stores, emb, progress=progress)
+        t["split"] = ["calibration" if q in cal_ids else "evaluation" for q in t["qid"]]
+        tables.append(t)
+        all_stores[ds] = stores
+    return pd.concat(tables, ignore_index=True), all_stores, emb

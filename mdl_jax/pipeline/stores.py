@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from mdl_jax.pipeline.data import Item
 

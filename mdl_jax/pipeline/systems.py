@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from mdl_jax.controller.decision import Action
 from mdl_jax.prompts import ABSTENTION, chat

@@ -38,8 +38,19 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from mdl_jax.serving.protocol import (LIMITS, SSE_HEADERS, APIError, Limits, Message,
-                                      install_error_handlers, new_id, now, parse, read_json, sse)
+from mdl_jax.serving.protocol import (
+    LIMITS,
+    SSE_HEADERS,
+    APIError,
+    Limits,
+    Message,
+    install_error_handlers,
+    new_id,
+    now,
+    parse,
+    read_json,
+    sse,
+)
 
 
 class MemoryItem(BaseModel):

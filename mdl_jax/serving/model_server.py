@@ -39,9 +39,22 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 
-from mdl_jax.serving.protocol import (LIMITS, SSE_HEADERS, APIError, ChatRequest, CompletionRequest,
-                                      Limits, bind, install_error_handlers, new_id, now, parse,
-                                      read_json, run_app, sse)
+from mdl_jax.serving.protocol import (
+    LIMITS,
+    SSE_HEADERS,
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    Limits,
+    bind,
+    install_error_handlers,
+    new_id,
+    now,
+    parse,
+    read_json,
+    run_app,
+    sse,
+)
 
 
 @dataclasses.dataclass(eq=False)
@@ -346,7 +359,7 @@ def make_app(srv: ModelServer):
         if mt == 0:
             short = srv.lanes["short"]
             loop = asyncio.get_running_loop()
-            for i, (p, n) in enumerate(zip(prompts, counts)):
+            for i, p in enumerate(prompts):
                 lp = None
                 if req.logprobs is not None and req.echo:
                     # in the short lane's thread: serialised with its batches, never beside them

@@ -157,7 +157,7 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
 
     try:
         raw = await asyncio.wait_for(collect(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise APIError(408, f"body: not received within {limits.body_timeout_s:g} s "
                             "(is Content-Length right?)", code="request_timeout") from None
     if raw is None:

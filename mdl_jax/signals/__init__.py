@@ -10,17 +10,10 @@ Both the benchmark pipeline (``mdl_jax.pipeline``) and the memory gate (``mdl_ja
 wing; it imports the controller's package only, never the pipeline, the gate or the integrations.
 """
 
-from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD
-from mdl_jax.signals.aggregation import aggregate
-from mdl_jax.signals.aggregation import aggregate_one
-from mdl_jax.signals.aggregation import memory_signals
-from mdl_jax.signals.aggregation import store_arrays
-from mdl_jax.signals.conflict import pair_flags
-from mdl_jax.signals.conflict import stance_conflict
+from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate, aggregate_one, memory_signals, store_arrays
+from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
-from mdl_jax.signals.risk import HIGH_RISK
-from mdl_jax.signals.risk import halueval_risk
-from mdl_jax.signals.risk import truthfulqa_risk
+from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
 
 __all__ = [
     "Embedder", "HIGH_RISK", "RELEVANCE_THRESHOLD", "aggregate", "aggregate_one", "halueval_risk",

@@ -1,47 +1,11 @@
-"""Command line: ``mdl-jax demo`` (the controller on a few signal triples) and later stages.
-
-Heavy modules (signals, generation) are imported inside their subcommands so ``mdl-jax demo`` and
-``import mdl_jax`` stay light.
-"""
+"""What every command shares: the one-line error (``CommandError``, ``fail``), the parser class, the
+argparse ``type=`` functions that check flags before any work starts, and which exceptions mean bad
+input. Nothing here imports a heavy module at import time."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-DEMO_TRIPLES = [
-    # (label, M, R, A): named cases that reach all four actions under the deployed defaults
-    ("relevant, consistent, low risk", 0.85, 0.80, 0.20),
-    ("relevant, consistent, medium risk", 0.85, 0.80, 0.50),
-    ("relevant, conflicting, medium risk", 0.80, 0.15, 0.50),
-    ("weakly relevant, medium risk", 0.30, 0.50, 0.50),
-    ("relevant, weakly reliable, high risk", 0.80, 0.30, 0.85),
-    ("relevant, conflicting, high risk", 0.85, 0.15, 0.85),
-    ("irrelevant, conflicting, high risk", 0.10, 0.10, 0.85),
-]
-
-
-def demo(out=sys.stdout) -> None:
-    import numpy as np
-
-    from mdl_jax import Action, MDLConfig, decide
-
-    cfg = MDLConfig()
-    M, R, A = (np.array([t[i] for t in DEMO_TRIPLES], np.float32) for i in (1, 2, 3))
-    d = decide(M, R, A, cfg)
-    head = (f"{'case':36s} {'M':>5s} {'R':>5s} {'A':>5s}  {'action':8s} {'C':>6s} {'alpha':>6s} "
-            f"{'C_final':>7s}  {'E_wm':>5s} {'E_r':>5s} {'E_a':>5s}")
-    print("MDL controller, paper defaults (Table 2): θ = "
-          f"{tuple(cfg.thresholds)}, n = [{cfg.n_min:.3f}, {cfg.n_max:.3f}]", file=out)
-    print("E_k = share of ‖v_meta‖² in subspace k (Lemma 1 attribution)\n", file=out)
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    e = np.asarray(d.energies)
-    share = e / e.sum(-1, keepdims=True)
-    for i, (label, m, r, a) in enumerate(DEMO_TRIPLES):
-        print(f"{label:36s} {m:5.2f} {r:5.2f} {a:5.2f}  {Action(int(d.action[i])).name:8s} "
-              f"{float(d.C[i]):6.3f} {float(d.alpha[i]):6.3f} {float(d.C_final[i]):7.3f}  "
-              f"{share[i, 0]:5.2f} {share[i, 1]:5.2f} {share[i, 2]:5.2f}", file=out)
 
 
 class CommandError(Exception):
@@ -209,56 +173,3 @@ def user_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - the analyses' extras are not installed
         pass
     return tuple(errs)
-
-
-def run(args) -> int:
-    """Run a parsed subcommand; a bad-input error becomes one line on stderr and exit 2."""
-    try:
-        return args.func(args)
-    except user_errors() as e:
-        # Bad input is the user's to fix, not a bug: one line that names the file and line, no
-        # traceback; exit 2 like argparse's usage errors.
-        fail(str(e))
-
-
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    # A skipped records line or a fallback is worth one line to a CLI user, not a source excerpt.
-    return f"mdl-jax: warning: {' '.join(str(message).split())}\n"
-
-
-def main(argv=None) -> int:
-    """``mdl-jax``: returns the exit status (2 for bad input, with one ``mdl-jax: error:`` line)."""
-    import warnings
-
-    saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-    parser = Parser(prog="mdl-jax", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd")
-    sub.add_parser("demo", help="decide for a handful of (M, R, A) triples and print a table")
-    _add_later_commands(sub)
-    try:
-        args = parser.parse_args(argv)
-        if args.cmd in (None, "demo"):
-            demo()
-            return 0
-        return run(args)
-    except SystemExit as e:  # parse errors, --help, and ``fail``
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        warnings.formatwarning = saved
-
-
-def _add_later_commands(sub) -> None:
-    """Subcommands of the pipeline (signals, reproduce, judge) and the analyses (analyze, tune)."""
-    from mdl_jax.analysis import analyze, gate_scores, learned, stream_sweep
-    from mdl_jax.gate import command as gate_command
-    from mdl_jax.pipeline import commands, judgement
-    from mdl_jax.serving import command as gateway_command
-
-    commands.register(sub)
-    judgement.register(sub)
-    analyze.register(sub)
-    learned.register(sub)
-    gate_command.register(sub)
-    gate_scores.register(sub)
-    gateway_command.register(sub)
-    stream_sweep.register(sub)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -106,7 +105,7 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     """
     from tqdm.auto import tqdm
 
-    from mdl_jax.analysis.oracle import RecordsError, load_records
+    from mdl_jax.pipeline.records import RecordsError, load_records
     from mdl_jax.pipeline.systems import chat
 
     run_dir = Path(run_dir)
@@ -198,36 +197,3 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
             "model": getattr(backend, "model_id", "")}
 
 
-# ------------------------------------------------------------------------------------------- CLI
-
-def register(sub) -> None:
-    """Add ``score-gates`` to the ``mdl-jax`` subcommands."""
-    p = sub.add_parser("score-gates", help="score a run's B1 answers (teacher-forced log-probs), "
-                                            "self-evaluation and best memory cosine for the "
-                                            "practitioners' gates -> RUN_DIR/gate_scores.jsonl (resumable)")
-    p.add_argument("run_dir", help="a reproduce run's folder (records.jsonl, run.json)")
-    p.add_argument("--data-dir", default=None, help="dataset files (default: the run's, else ../shared/data)")
-    p.add_argument("--cache-dir", default=None, help="embedding cache")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--limit", type=int, default=None, help="score at most this many new answers")
-    p.set_defaults(func=score_cmd)
-
-
-def score_cmd(args) -> int:
-    from mdl_jax.analysis.oracle import RecordsError
-
-    if args.batch_size < 1:
-        print(f"mdl-jax: error: --batch-size: expected an int ≥ 1, got {args.batch_size}", file=sys.stderr)
-        return 2
-    if not (Path(args.run_dir) / "records.jsonl").is_file():
-        print(f"mdl-jax: error: run_dir: {args.run_dir} has no records.jsonl", file=sys.stderr)
-        return 2
-    try:
-        res = score_run(args.run_dir, data_dir=args.data_dir, cache_dir=args.cache_dir,
-                        batch_size=args.batch_size, limit=args.limit)
-    except RecordsError as e:
-        print(f"mdl-jax: error: {e}", file=sys.stderr)
-        return 2
-    print(f"scored {res['answers']} answers and {res['questions']} questions in {res['seconds']:.0f} s -> "
-          f"{Path(args.run_dir) / SCORES_FILE}", file=sys.stderr)
-    return 0

@@ -17,7 +17,6 @@ clash with the input's own).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib
 import json
@@ -25,8 +24,8 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
 from mdl_jax.signals.embeddings import ModelLoadError
@@ -246,7 +245,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if fmt == ".parquet":
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         pq.write_table(_table_from_rows(rows), tmp)
@@ -544,38 +542,3 @@ def _summary(man: dict, out: Path) -> None:
         print(f"  ... and {len(bad) - 5} more", file=sys.stderr)
 
 
-def gate_cmd(args) -> int:
-    try:
-        return run(args)
-    except GateInputError as e:
-        print(f"mdl-jax: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-
-
-def register(sub) -> None:
-    p = sub.add_parser("gate", help="the memory gate over a JSONL / Parquet / CSV file or a Hugging "
-                                    "Face dataset: decision columns beside the input's",
-                       description=__doc__.split("\n\n")[0] + f" Cost: {COST}.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("input", metavar="IN", help="a .jsonl / .parquet / .csv file, a dataset folder, "
-                                               "or a Hugging Face dataset name")
-    p.add_argument("--out", required=True, help="OUT.parquet or OUT.jsonl")
-    p.add_argument("--query-field", default="query", help="the field holding the query")
-    p.add_argument("--memories-field", default="memories",
-                   help="the field holding the memories: a list of texts or of objects with 'text'")
-    p.add_argument("--risk-field", default=None, help="a field holding A in [0, 1] (overrides --risk)")
-    p.add_argument("--category-field", default=None,
-                   help="a field holding the category, for a category table (--risk truthfulqa / JSON)")
-    p.add_argument("--risk", default="0.5", help="A for every row: a number in [0, 1], 'truthfulqa', "
-                                                 "'halueval', or a JSON file {category: risk}")
-    p.add_argument("--config", default=None, help="an MDL config file (save_config); default: Table 2")
-    p.add_argument("--embedder", default="all-MiniLM-L6-v2",
-                   help="a sentence-transformers name or path, or module:function (texts -> (N, d))")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "
-                                                     "~/.cache/mdl_jax)")
-    p.add_argument("--split", default="train", help="the split of a Hugging Face dataset")
-    p.add_argument("--chunk-size", type=int, default=1024, help="rows per part (decided in one batch)")
-    p.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
-                   help="a bad row stops the run (exit 2) or is skipped and counted")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=gate_cmd)

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from mdl_jax.cli.args import CommandError, config_file, existing_file, nonneg_int, out_file, positive_int, seed_int
 
 # The most configs one command sweeps: 10^7 configs' leaves alone are ~1.8 GB on the host (a typo
 # such as 0:1:100000 twice asked for 10^10, a 74.5 GiB allocation and a MemoryError traceback).
@@ -55,8 +56,6 @@ def column_map(text: str) -> tuple[str, str]:
 
 
 def register(sub) -> None:
-    from mdl_jax.cli import config_file, existing_file, nonneg_int, out_file, positive_int, seed_int
-
     p = sub.add_parser("sweep", help="a config grid over a Parquet file of (M, R, A[, adopt]) records, "
                                      "streamed: accuracy, action shares, mean C_final per config",
                        description="Sweeps a grid of configs (--grid, the Cartesian product; other fields "
@@ -81,7 +80,6 @@ def register(sub) -> None:
 def sweep_cmd(args) -> int:
     """``mdl-jax sweep``: bad input (grid, file, column, values) is one ``mdl-jax: error:`` line."""
     from mdl_jax import MDLConfig, config_grid, load_config
-    from mdl_jax.cli import CommandError
     from mdl_jax.controller.decision import Action
     from mdl_jax.controller.stream import sweep_parquet
 

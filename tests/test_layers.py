@@ -1,0 +1,174 @@
+"""The house's layering: no import cycle between modules, and no module imports from a higher layer.
+
+Every ``import`` in every module of ``mdl_jax`` counts, function-level ones included (they are real
+dependencies, only deferred). The layers, lowest first, are the ones the README's layout table and the
+docs' Architecture page draw; a failure names both files and the imported names, so the fix (move the
+piece to the floor it belongs on) is plain.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mdl_jax"
+
+# (layer, module prefixes), lowest first. A module belongs to the layer of its longest matching prefix;
+# "mdl_jax" alone is the package's __init__, which re-exports the controller.
+LAYERS = [
+    ("foundation", ("mdl_jax._dispatch", "mdl_jax._paths", "mdl_jax._timing", "mdl_jax._version", "mdl_jax.prompts")),
+    ("controller", ("mdl_jax", "mdl_jax.controller")),
+    ("signals", ("mdl_jax.signals",)),
+    ("gate", ("mdl_jax.gate",)),
+    ("pipeline, serving, integrations", ("mdl_jax.pipeline", "mdl_jax.serving", "mdl_jax.integrations")),
+    ("analysis", ("mdl_jax.analysis",)),
+    ("command line", ("mdl_jax.cli", "mdl_jax.__main__", "mdl_jax.serve")),
+]
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    return mods
+
+
+MODULES = _modules()
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for pre in prefixes:
+            hit = module == pre or (pre != "mdl_jax" and module.startswith(pre + "."))
+            if hit and len(pre) > best:
+                best, rank = len(pre), i
+    if rank is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to the docs' diagram)")
+    return rank
+
+
+def imports_of(module: str) -> dict[str, set[str]]:
+    """{imported mdl_jax module: names imported from it} for every import statement in ``module``."""
+    path = MODULES[module]
+    is_pkg = path.name == "__init__.py"
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        targets: list[tuple[str, str]] = []
+        if isinstance(node, ast.Import):
+            targets = [(a.name, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+                pkg = pkg[:len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                targets.append((sub, a.name) if sub in MODULES else (base, a.name))
+        for target, name in targets:
+            if not target.startswith("mdl_jax"):
+                continue
+            while target not in MODULES and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in MODULES and target != module:
+                out.setdefault(target, set()).add(name)
+    return out
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def _rel(module: str) -> str:
+    return str(MODULES[module].relative_to(PKG.parent))
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        layer_of(m)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_from_a_higher_layer(module):
+    mine = layer_of(module)
+    bad = [f"{_rel(module)} ({LAYERS[mine][0]}) imports {', '.join(sorted(names))} from {_rel(t)} "
+           f"({LAYERS[layer_of(t)][0]})"
+           for t, names in sorted(GRAPH[module].items()) if layer_of(t) > mine]
+    assert not bad, "imports that run upward:\n" + "\n".join(bad)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on, stack, comps = set(), [], []
+    counter = 0
+    for root in sorted(GRAPH):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(GRAPH[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(GRAPH[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        comps.append(sorted(comp))
+    return comps
+
+
+def test_no_import_cycles():
+    msgs = []
+    for comp in _cycles():
+        edges = [f"  {_rel(a)} imports {', '.join(sorted(GRAPH[a][b]))} from {_rel(b)}"
+                 for a in comp for b in sorted(GRAPH[a]) if b in comp]
+        msgs.append(f"a cycle of {len(comp)} files:\n" + "\n".join(edges))
+    assert not msgs, "\n".join(msgs)
+
+
+def test_the_checker_sees_cycles_and_upward_imports():
+    # The checks above would pass vacuously if the graph were empty or the layers misread.
+    assert GRAPH["mdl_jax.cli"], "the command line imports nothing?"
+    assert layer_of("mdl_jax.cli.gate") > layer_of("mdl_jax.analysis.oracle") > layer_of("mdl_jax.gate.core")
+    assert layer_of("mdl_jax.controller.api") == layer_of("mdl_jax") < layer_of("mdl_jax.signals.risk")
+    saved = dict(GRAPH)
+    try:
+        GRAPH["mdl_jax.controller.config"] = {**GRAPH["mdl_jax.controller.config"],
+                                              "mdl_jax.controller.api": {"decide"}}
+        assert any("mdl_jax.controller.config" in c for c in _cycles())
+    finally:
+        GRAPH.clear()
+        GRAPH.update(saved)
+
+
+def test_the_library_never_imports_the_command_line():
+    users = [_rel(m) for m, deps in GRAPH.items() if layer_of(m) < layer_of("mdl_jax.cli")
+             and any(t == "mdl_jax.cli" or t.startswith("mdl_jax.cli.") for t in deps)]
+    assert not users, f"the command line is imported from below by {users}"
