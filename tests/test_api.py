@@ -220,4 +220,4 @@ def test_demo_cli_prints_the_table():
     out = subprocess.run([sys.executable, "-m", "mdl_jax", "demo"], capture_output=True, text=True,
                          check=True).stdout
     assert "C_final" in out and "E_wm" in out and len(out.splitlines()) == 12
-    assert all(a in out for a in ("ACTIVE", "SUPP", "SILENT", "OPT_OUT"))  # the deployed defaults act
+    assert all(a in out for a in ("Active", "Supp", "Silent", "Opt-Out"))  # the deployed defaults act

@@ -34,6 +34,6 @@ def demo(out=sys.stdout) -> None:
     e = np.asarray(d.energies)
     share = e / e.sum(-1, keepdims=True)
     for i, (label, m, r, a) in enumerate(DEMO_TRIPLES):
-        print(f"{label:36s} {m:5.2f} {r:5.2f} {a:5.2f}  {Action(int(d.action[i])).name:8s} "
+        print(f"{label:36s} {m:5.2f} {r:5.2f} {a:5.2f}  {Action(int(d.action[i])).label:8s} "
               f"{float(d.C[i]):6.3f} {float(d.alpha[i]):6.3f} {float(d.C_final[i]):7.3f}  "
               f"{share[i, 0]:5.2f} {share[i, 1]:5.2f} {share[i, 2]:5.2f}", file=out)

@@ -33,6 +33,16 @@ class Action(enum.IntEnum):
     SILENT = 2    # answer without memories
     OPT_OUT = 3   # abstain explicitly, no model call
 
+    @property
+    def label(self) -> str:
+        """The paper's spelling, used in every output a person reads: "Active", "Supp", "Silent",
+        "Opt-Out". (``name`` stays the enum's: records files and CSV columns keep ``ACTIVE`` etc.)"""
+        return ACTION_LABELS[self]
+
+
+# The paper's spelling of each action (Section 3.3), for everything a person reads.
+ACTION_LABELS = {Action.ACTIVE: "Active", Action.SUPP: "Supp", Action.SILENT: "Silent", Action.OPT_OUT: "Opt-Out"}
+
 
 class Decision(NamedTuple):
     """Controller output; every field has the input's leading shape (``...``).

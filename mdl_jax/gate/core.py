@@ -31,15 +31,14 @@ import numpy as np
 
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
-from mdl_jax.controller.decision import Action
+from mdl_jax.controller.decision import ACTION_LABELS, Action
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
 from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
 
-ACTION_NAMES = {Action.ACTIVE: "Active", Action.SUPP: "Supp", Action.SILENT: "Silent",
-                Action.OPT_OUT: "Opt-Out"}
+ACTION_NAMES = ACTION_LABELS  # the gate's name for the paper's spelling (controller.decision)
 SCALARS = ("M", "R", "A", "phi", "C", "alpha", "C_final", "E_wm", "E_r", "E_a")
 RISK_PRESETS = ("truthfulqa", "halueval")
 
