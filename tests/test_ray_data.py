@@ -1,0 +1,148 @@
+"""``MemoryGateBatch``, the gate as a Ray Data ``map_batches`` callable class: its decision columns equal
+the single-process gate's row for row, in every batch format, on a real local Ray instance (two workers,
+127.0.0.1 only) with the bundled MiniLM; bad rows fail the batch or are marked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
+from mdl_jax.integrations.ray_data import MemoryGateBatch
+from tests.gate_embedders import hashed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(n: int = 40) -> list[dict]:
+    """TruthfulQA questions (the bundled copy) with memories drawn from their reference answers, some
+    rows with none: every action and the empty-memories path occur."""
+    from mdl_jax.pipeline.data import load
+
+    items = load("truthfulqa", ROOT.parent / "shared" / "data", limit=n)
+    rows = []
+    for i, it in enumerate(items):
+        mems = (list(it.correct[:2]) + list(it.incorrect[: i % 4]))[: i % 6]
+        rows.append({"id": i, "query": it.question, "memories": mems, "category": it.category})
+    return rows
+
+
+def _single_process(gate: MemoryGate, rows: list[dict]) -> dict[str, np.ndarray]:
+    return gate.columns([r["query"] for r in rows], [r["memories"] for r in rows])
+
+
+def _same(out: dict, ref: dict) -> None:
+    assert list(out["mdl_action"]) == [ACTION_NAMES[int(a)] for a in ref["action"]]
+    for k in SCALARS:
+        np.testing.assert_array_equal(np.asarray(out[f"mdl_{k}"], np.float64), ref[k].astype(np.float64), err_msg=k)
+    np.testing.assert_array_equal(np.asarray(out["mdl_n_relevant"]), ref["n_relevant"])
+
+
+@pytest.mark.parametrize("fmt", ["numpy", "pandas", "pyarrow"])
+def test_batch_columns_equal_the_single_process_gate_in_every_batch_format(fmt):
+    rows = _rows(24)
+    ref = _single_process(MemoryGate(embedder=hashed), rows)
+    fn = MemoryGateBatch(embedder=hashed)
+    if fmt == "numpy":
+        batch = {"id": np.array([r["id"] for r in rows]), "query": np.array([r["query"] for r in rows]),
+                 "memories": np.array([np.array(r["memories"], dtype=object) for r in rows], dtype=object)}
+        out = fn(batch)
+        np.testing.assert_array_equal(out["id"], batch["id"])  # input columns pass through
+    elif fmt == "pandas":
+        import pandas as pd
+
+        out = fn(pd.DataFrame(rows))
+        assert list(out["id"]) == [r["id"] for r in rows]
+        out = {c: out[c].to_numpy() for c in out.columns}
+    else:
+        import pyarrow as pa
+
+        t = fn(pa.Table.from_pylist(rows))
+        assert t.column("id").to_pylist() == [r["id"] for r in rows]
+        out = {c: np.asarray(t.column(c).to_pylist(), dtype=object if c == "mdl_action" else None)
+               for c in t.column_names if c.startswith("mdl_")}
+    _same(out, ref)
+
+
+def test_a_row_depends_on_itself_alone_so_batching_does_not_change_it():
+    rows = _rows(30)
+    fn = MemoryGateBatch(embedder=hashed)
+    whole = fn.decide_columns({"query": [r["query"] for r in rows], "memories": [r["memories"] for r in rows]})
+    parts = [fn.decide_columns({"query": [r["query"] for r in rows[a:a + 7]],
+                                "memories": [r["memories"] for r in rows[a:a + 7]]}) for a in range(0, 30, 7)]
+    for k in whole:
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k], err_msg=k)
+
+
+def test_bad_rows_fail_the_batch_naming_the_row_or_are_marked():
+    cols = {"query": ["fine question", "", "another one"], "memories": [["a memory"], ["x"], "not a list"]}
+    with pytest.raises(ValueError, match=r"row 1 of the batch: queries\[0\]"):
+        MemoryGateBatch(embedder=hashed)(cols)
+    out = MemoryGateBatch(embedder=hashed, on_bad_row="mark")(cols)
+    assert out["mdl_action"][0] in ACTION_NAMES.values()
+    assert out["mdl_action"][1] is None and out["mdl_action"][2] is None
+    assert "queries[1]" in out["mdl_error"][1] and "memories_lists[2]" in out["mdl_error"][2]
+    assert out["mdl_error"][0] is None and np.isnan(out["mdl_C"][1]) and out["mdl_n_relevant"][2] == -1
+    with pytest.raises(ValueError, match="no column 'question'"):
+        MemoryGateBatch(embedder=hashed, query_field="question")(cols)
+    with pytest.raises(ValueError, match="on_bad_row"):
+        MemoryGateBatch(embedder=hashed, on_bad_row="skip")
+    with pytest.raises(TypeError, match="batch_format"):
+        MemoryGateBatch(embedder=hashed)([1, 2, 3])
+
+
+def test_a_risk_column_overrides_the_assessor_and_is_checked():
+    cols = {"query": ["q one", "q two"], "memories": [["m one"], ["m two"]], "A": [0.9, 0.1]}
+    out = MemoryGateBatch(embedder=hashed, risk_field="A")(cols)
+    np.testing.assert_allclose(out["mdl_A"], [0.9, 0.1], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"risks\[0\]: expected a number in \[0, 1\]"):
+        MemoryGateBatch(embedder=hashed, risk_field="A")({**cols, "A": [None, 0.1]})
+
+
+RAY_SCRIPT = r"""
+import json, sys
+import numpy as np
+import ray
+from mdl_jax.integrations.ray_data import MemoryGateBatch
+
+rows = json.load(open(sys.argv[1]))
+ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+         configure_logging=False)
+try:
+    ds = ray.data.from_items(rows, override_num_blocks=4)
+    out = ds.map_batches(MemoryGateBatch, fn_constructor_kwargs={"cache_dir": sys.argv[3]},
+                         concurrency=2, batch_size=8, num_cpus=1).take_all()
+finally:
+    ray.shutdown()
+keep = ["id", "mdl_action", "mdl_n_relevant"] + [k for k in out[0] if k.startswith("mdl_") and k not in
+                                                 ("mdl_action", "mdl_n_relevant")]
+json.dump([{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items() if k in keep} for r in out],
+          open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_ray_data_on_a_local_two_worker_instance_equals_the_single_process_gate(tmp_path, cache_dir):
+    pytest.importorskip("ray.data", reason="the ray extra: pip install 'mdl-jax[ray]'")
+    rows = _rows(40)
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    (tmp_path / "run.py").write_text(RAY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_DEDUP_LOGS": "0", "JAX_PLATFORMS": "cpu"}
+    p = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "rows.json"),
+                        str(tmp_path / "out.json"), str(tmp_path / "ray-cache")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = sorted(json.loads((tmp_path / "out.json").read_text()), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == [r["id"] for r in rows]
+    ref = _single_process(MemoryGate(cache_dir=cache_dir), rows)  # the real bundled MiniLM, here
+    out = {k: np.array([r[k] for r in got], dtype=object if k == "mdl_action" else None) for k in got[0]}
+    _same(out, ref)
+    assert len(set(out["mdl_action"])) >= 3, "the rows should reach several actions"
