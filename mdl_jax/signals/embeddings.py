@@ -111,10 +111,23 @@ class Embedder:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
-                 batch_size: int = 64, device: str | None = None, progress: bool = False):
+                 batch_size: int = 64, device: str | None = None, progress: bool = False,
+                 backend: str = "torch"):
+        from mdl_jax.signals.onnx_encoder import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+        if backend != "torch" and device not in (None, "cpu"):
+            raise ValueError(f"backend: {backend!r} runs on the CPU; device={device!r} needs backend 'torch'")
         self.model_name = model
+        self.backend = backend
         self.load_path, self.model_id = resolve_model(model)
+        if backend != "torch":
+            # its own cache key: ONNX Runtime's vectors differ from torch's in the last float32 bits
+            # (int8's more), and a cache must never mix two backends' vectors for one model
+            self.model_id += f"#{backend}"
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache_dir = cache_dir
         self.cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
         self.batch_size = batch_size
         self.device = device
@@ -126,7 +139,16 @@ class Embedder:
     @property
     def model(self):
         if self._model is None:
-            self._model = _load_model(self.load_path, self.device or "cpu")
+            if self.backend == "torch":
+                self._model = _load_model(self.load_path, self.device or "cpu")
+            else:
+                from mdl_jax.signals import onnx_encoder
+
+                try:
+                    self._model = onnx_encoder.load(self.load_path, self.cache_dir, self.backend)
+                except (OSError, ValueError) as e:
+                    raise ModelLoadError(f"embedder: cannot run {self.load_path!r} with backend "
+                                         f"{self.backend!r} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return self._model
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:

@@ -1,0 +1,201 @@
+"""A sentence-transformers model run through ONNX Runtime on the CPU, optionally with int8 weights.
+
+``Embedder(backend="onnx")`` (or ``"onnx-int8"``) encodes with this instead of torch. The ONNX graph is
+exported once from the local model folder (the bundled MiniLM, or any sentence-transformers folder whose
+pooling is mean or CLS), offline, with ``torch.onnx.export``, and kept in the cache folder beside the
+embeddings, keyed by the model folder's content hash, like the native kernel's build: a second process
+loads it in well under a second.
+
+Why our own exporter: sentence-transformers' ``backend="onnx"`` needs ``optimum``, whose ONNX exporter
+pins transformers < 4.58, older than the transformers the local LLM backend needs. The graph here is the
+transformer alone (input ids, attention mask, token type ids → last hidden state); tokenisation
+(truncation at the model's ``max_seq_length``, padding to the batch's longest text), mean / CLS pooling
+and the L2 normalisation are done in NumPy exactly as sentence-transformers does them, so the vectors
+match torch's to float32 rounding (cosine ≥ 0.99999 on the bundled data; int8: see the benchmark).
+
+int8: ``onnxruntime.quantization.quantize_dynamic`` (weights int8, activations quantised per batch at
+run time), applied once to the exported graph and cached too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+BACKENDS = ("torch", "onnx", "onnx-int8")
+OPSET = 17
+_SESSIONS: dict = {}
+_LOCK = threading.Lock()
+
+
+def _folder_hash(path: Path) -> str:
+    """sha256 over the model folder's files that define the graph and the tokenizer (names + bytes)."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"):
+            h.update(str(p.relative_to(path)).encode())
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _pooling(path: Path) -> str:
+    """The model's pooling mode from its sentence-transformers config ("mean" or "cls")."""
+    mods = path / "modules.json"
+    if not mods.is_file():
+        return "mean"  # a plain transformers folder: sentence-transformers adds mean pooling
+    for m in json.loads(mods.read_text()):
+        if m.get("type", "").endswith("Pooling"):
+            cfg = json.loads((path / m["path"] / "config.json").read_text())
+            if cfg.get("pooling_mode_mean_tokens"):
+                return "mean"
+            if cfg.get("pooling_mode_cls_token"):
+                return "cls"
+            raise ValueError(f"embedder: backend onnx supports mean or CLS pooling; {path} uses "
+                             f"{ {k: v for k, v in cfg.items() if v is True} }")
+    return "mean"
+
+
+def _atomic_save(write, target: Path) -> None:
+    """Write through a fresh temporary name in the target's folder, then rename: a reader never sees
+    half a graph, and a name planted at the target is replaced, never followed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False) -> Path:
+    """The ONNX graph of a local sentence-transformers folder, exported (and quantised) on first use.
+
+    Args:
+        model_path: a local model folder (``resolve_model`` gives the bundled MiniLM's).
+        cache_dir: where the graphs are kept (``<cache_dir>/onnx/<name>-<content hash>/``).
+        int8: also quantise the weights to int8 (dynamic quantisation) and return that graph.
+
+    Returns:
+        The path of ``model.onnx`` (or ``model.int8.onnx``).
+
+    Raises:
+        ValueError: ``model_path`` is not a local folder, or its pooling is neither mean nor CLS.
+    """
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(f"embedder: backend onnx needs a local model folder (the bundled MiniLM or a "
+                         f"path), got {str(model_path)!r}")
+    _pooling(path)  # refuse an unsupported pooling before exporting anything
+    out = Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}"
+    fp32 = out / "model.onnx"
+    if not fp32.is_file():
+        import torch
+        from transformers import AutoModel
+
+        class Body(torch.nn.Module):
+            """The transformer with keyword inputs: positional order differs across transformers versions."""
+
+            def __init__(self):
+                super().__init__()
+                # eager attention: the classic MatMul-Softmax pattern that ORT's BERT optimizer fuses
+                self.m = AutoModel.from_pretrained(str(path), attn_implementation="eager").eval()
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+        model = Body().eval()
+        ids = torch.ones((2, 8), dtype=torch.long)
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        dyn = {n: {0: "batch", 1: "seq"} for n in names}
+        dyn["last_hidden_state"] = {0: "batch", 1: "seq"}
+
+        def write(tmp):
+            with torch.no_grad():
+                # the TorchScript exporter (dynamo=False): one self-contained file, no onnxscript needed
+                torch.onnx.export(model, (ids, ids, torch.zeros_like(ids)), tmp, input_names=names,
+                                  output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=OPSET,
+                                  dynamo=False)
+        _atomic_save(write, fp32)
+    if not int8:
+        return fp32
+    q8 = out / "model.int8.onnx"
+    if not q8.is_file():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # per-channel weight scales: per-tensor int8 loses too much (min cosine 0.84 vs 0.97 to fp32)
+        _atomic_save(lambda tmp: quantize_dynamic(str(fp32), tmp, weight_type=QuantType.QInt8,
+                                                  per_channel=True), q8)
+    return q8
+
+
+class OnnxEncoder:
+    """``encode(texts, ...)`` with sentence-transformers' signature, run by ONNX Runtime.
+
+    Args:
+        model_path: a local sentence-transformers folder.
+        cache_dir: where the exported graphs are kept.
+        int8: run the int8-quantised graph.
+        threads: ONNX Runtime's intra-op threads (None: its default, all cores).
+    """
+
+    def __init__(self, model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
+                 threads: int | None = None):
+        import onnxruntime as ort
+        from transformers import AutoTokenizer
+
+        path = Path(model_path)
+        self.graph = export(path, cache_dir, int8=int8)
+        self.pooling = _pooling(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        st_cfg = path / "sentence_bert_config.json"
+        self.max_seq_length = int(json.loads(st_cfg.read_text()).get("max_seq_length", 512)) \
+            if st_cfg.is_file() else int(getattr(self.tokenizer, "model_max_length", 512))
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(self.graph), opts, providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self.session.get_inputs()}
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64, convert_to_numpy: bool = True,
+               normalize_embeddings: bool = True, show_progress_bar: bool = False) -> np.ndarray:
+        """(N, dim) float32 sentence vectors (unit norm when ``normalize_embeddings``)."""
+        texts = list(texts)
+        out = []
+        for i in range(0, len(texts), max(1, batch_size)):
+            tok = self.tokenizer(texts[i:i + batch_size], padding=True, truncation=True,
+                                 max_length=self.max_seq_length, return_tensors="np")
+            feed = {k: np.asarray(v, np.int64) for k, v in tok.items() if k in self._inputs}
+            if "token_type_ids" in self._inputs and "token_type_ids" not in feed:
+                feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+            h = self.session.run(None, feed)[0]
+            if self.pooling == "cls":
+                v = h[:, 0]
+            else:  # mean over the real tokens, as sentence-transformers' Pooling does it
+                m = feed["attention_mask"][..., None].astype(np.float32)
+                v = (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+            out.append(v.astype(np.float32))
+        vecs = np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+        if normalize_embeddings:
+            vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        return vecs
+
+
+def load(model_path: str, cache_dir: str | Path, backend: str):
+    """One encoder per (folder, backend) per process, shared like the torch models."""
+    key = (str(model_path), backend)
+    with _LOCK:
+        if key not in _SESSIONS:
+            _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8")
+        return _SESSIONS[key]
