@@ -33,7 +33,7 @@ from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
 from mdl_jax.controller.decision import ACTION_LABELS, Action
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
-from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, memory_signals
+from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
 from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
@@ -151,6 +151,10 @@ def _memory_texts(name: str, memories) -> list[str]:
     if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
         raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
                          f"got {type(memories).__name__}")
+    if len(memories) > MAX_MEMORIES:  # checked before any work: the pairwise arrays grow as S²
+        raise ValueError(f"{name}: expected at most {MAX_MEMORIES:,} memories (MAX_MEMORIES in "
+                         f"mdl_jax.signals.aggregation: the pairwise work grows as their square), "
+                         f"got {len(memories):,}")
     texts = []
     for j, m in enumerate(memories):
         if isinstance(m, Mapping):

@@ -18,15 +18,21 @@ clash with the input's own).
 from __future__ import annotations
 
 import csv
+import errno
 import importlib
 import json
 import os
+import re
 import shutil
+import stat
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
 from mdl_jax.signals.embeddings import ModelLoadError
 
@@ -36,7 +42,20 @@ from mdl_jax.signals.embeddings import ModelLoadError
 COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
         "with the texts cached, thousands of records/s")
 OUT_SUFFIXES = (".parquet", ".jsonl")
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: a part's "bad" keeps at most MAX_BAD_MESSAGES in all, "n_bad" counts them all
+# The columns the gate adds to each row. An input row holding one of them is refused (exit 2): re-gating
+# a gated file would overwrite its first decisions.
+OUT_COLUMNS = ("mdl_row", "mdl_action", *(f"mdl_{k}" for k in SCALARS), "mdl_n_relevant")
+
+# Bounds of ``mdl-jax gate`` (memories per row: MAX_MEMORIES in mdl_jax.signals.aggregation, a bad row):
+#   CSV_FIELD_LIMIT    characters in one CSV cell (Python's csv default is 131,072); a longer cell
+#                      stops the run (exit 2) naming the file and row: past it the file cannot be split
+#                      into rows reliably (an unclosed quote reads the rest of the file as one cell).
+#   MAX_BAD_MESSAGES   skipped-row messages kept in the manifest and printed (the first ones); every
+#                      skipped row is counted. Each message is cut to MAX_MESSAGE_CHARS.
+CSV_FIELD_LIMIT = 1 << 26
+MAX_BAD_MESSAGES = 100
+MAX_MESSAGE_CHARS = 500
 
 
 class GateInputError(ValueError):
@@ -74,31 +93,90 @@ def _read_jsonl(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
                 continue
             where = f"line {i + 1}"
             try:
-                yield i, json.loads(raw.decode("utf-8")), where
+                value = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 yield i, _Bad(f"not a JSON object ({e})"), where
+                continue
+            # JSON's \\ud800 escapes decode to lone surrogates, which no UTF-8 writer (nor tokenizer) takes
+            bad = _lone_surrogate(value, "") if b"\\u" in raw else None
+            yield i, (_Bad(bad) if bad else value), where
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(x: Any, path: str) -> str | None:
+    """Why ``x`` (a JSON value at ``path``) is not Unicode text, or None."""
+    if isinstance(x, str):
+        m = _SURROGATE.search(x)
+        return None if m is None else (f"field {path or 'the row'}: holds a lone surrogate "
+                                       f"({m.group()!r} at character {m.start()}), which is not Unicode "
+                                       "text (it cannot be written as UTF-8)")
+    if isinstance(x, dict):
+        for k, v in x.items():
+            where = f"{path}[{k!r}]" if path else repr(k)
+            why = _lone_surrogate(k, where + " (its name)") or _lone_surrogate(v, where)
+            if why:
+                return why
+    elif isinstance(x, list):
+        for j, v in enumerate(x):
+            why = _lone_surrogate(v, f"{path}[{j}]")
+            if why:
+                return why
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
 
 
 def _read_csv(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
     with open(path, newline="", encoding="utf-8", errors="strict") as f:
-        try:
-            for i, row in enumerate(csv.DictReader(f, delimiter=delim)):
-                if i >= start:
-                    yield i, row, f"row {i + 1}"
-        except UnicodeDecodeError as e:
-            raise GateInputError(f"IN: {path}: not UTF-8 text ({e})") from None
+        reader = csv.DictReader(f, delimiter=delim)
+        i = 0
+        while True:
+            # the limit is the csv module's, process-wide: raised for this read only, then put back
+            old = csv.field_size_limit(CSV_FIELD_LIMIT)
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as e:
+                raise GateInputError(f"IN: {path}: not UTF-8 text ({e})") from None
+            except csv.Error as e:
+                raise GateInputError(f"IN: {path}, row {i + 1}: not readable as "
+                                     f"CSV ({e}; the limit is CSV_FIELD_LIMIT = {CSV_FIELD_LIMIT:,} "
+                                     "characters per cell)") from None
+            finally:
+                csv.field_size_limit(old)
+            if i >= start:
+                yield i, row, f"row {i + 1}"
+            i += 1
 
 
-def _read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, object, str]]:
+def _parquet_file(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        f = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a broken file
-        raise GateInputError(f"IN: {path}: not a readable Parquet file ({e})") from None
+        raise GateInputError(f"IN: {path}: not a readable Parquet file ({_one_line(e)})") from None
+
+
+def _read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, object, str]]:
+    f = _parquet_file(path)
     i = 0
-    for batch in f.iter_batches(batch_size=chunk):
+    batches = f.iter_batches(batch_size=chunk)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001 - a truncated or overwritten file: ArrowInvalid, OSError, ...
+            raise GateInputError(f"IN: {path}, rows {i + 1}-{i + chunk}: not readable as Parquet "
+                                 f"({type(e).__name__}: {_one_line(e)}); was the file truncated or "
+                                 "overwritten?") from None
         n = batch.num_rows
         if i + n <= start:
             i += n
@@ -133,7 +211,9 @@ def _read_hf(src: str, kind: str, split: str, start: int) -> Iterator[tuple[int,
         raise GateInputError(f"IN: cannot load the dataset {src!r} ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:300]})") from None
     for i, row in enumerate(rows, start):
-        yield i, row, f"row {i + 1}"
+        # a dataset built from Python objects (a loading script, a JSON loader) may hold lone surrogates
+        bad = _lone_surrogate(row, "")
+        yield i, (_Bad(bad) if bad else row), f"row {i + 1}"
 
 
 def iter_rows(src: str, kind: str, *, start: int = 0, split: str = "train",
@@ -233,28 +313,48 @@ def _fingerprint(args) -> dict:
             **{k: getattr(args, k) for k in keys}}
 
 
+# Every file is written under a fresh name (mkstemp: O_CREAT | O_EXCL, so a name planted beforehand,
+# a symlink to someone's file included, is never opened), fsynced, renamed over its final name (a
+# rename replaces a symlink, never writes through it), and the folder fsynced: after a power cut the
+# manifest names no part whose bytes are not on disk.
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_with(path: Path, write, *, tmp_dir: Path | None = None) -> None:
+    """``write(binary file)`` into a fresh temp file in ``tmp_dir`` (default: beside ``path``), then
+    fsync, rename onto ``path`` and fsync ``path``'s folder; the temp file is removed on failure."""
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _replace_with(path, lambda f: f.write(data))
 
 
 def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     if fmt == ".parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(_table_from_rows(rows), tmp)
+        table = _table_from_rows(rows)
+        _replace_with(path, lambda f: pq.write_table(table, f))
     else:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+        data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+        _replace_with(path, lambda f: f.write(data.encode("utf-8")))
 
 
 # Parquet needs one type per column, while JSON rows may mix them: memories given as texts in one row
@@ -303,17 +403,22 @@ def _json_columns(schema) -> set:
     return set(json.loads((schema.metadata or {}).get(JSON_COLUMNS_KEY, b"[]")))
 
 
-def _join_parts(parts: list[Path], out: Path, fmt: str) -> list[str]:
-    """Parts → OUT through a temp file (one part in memory at a time); the columns written as JSON text."""
-    tmp = out.with_name(out.name + ".tmp")
+def _join_parts(parts: list[Path], out: Path, fmt: str, work: Path) -> list[str]:
+    """Parts → OUT through a temp file in ``work`` (one part in memory at a time); the columns written
+    as JSON text."""
     as_json: set = set()
+    _replace_with(out, lambda f: _join_into(f, parts, fmt, as_json), tmp_dir=work)
+    return sorted(as_json)
+
+
+def _join_into(w, parts: list[Path], fmt: str, as_json: set) -> None:
     if fmt == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         schemas = [pq.read_schema(p) for p in parts]
         # a column that is JSON text in any part, or of types no promotion joins, is JSON text in all
-        as_json = set().union(*map(_json_columns, schemas))
+        as_json.update(*map(_json_columns, schemas))
         for name in dict.fromkeys(f.name for sc in schemas for f in sc):
             types = [sc.field(name) for sc in schemas if name in sc.names]
             try:
@@ -331,26 +436,29 @@ def _join_parts(parts: list[Path], out: Path, fmt: str) -> list[str]:
         schema = pa.unify_schemas([fix(sc.empty_table()).schema for sc in schemas], promote_options="permissive")
         if as_json:
             schema = schema.with_metadata({JSON_COLUMNS_KEY: json.dumps(sorted(as_json)).encode()})
-        with pq.ParquetWriter(tmp, schema) as w:
+        with pq.ParquetWriter(w, schema) as pw:
             for p in parts:
                 t = fix(pq.read_table(p))
                 for f in schema:  # a column that was null throughout a part may be missing there
                     if f.name not in t.column_names:
                         t = t.append_column(f.name, pa.nulls(t.num_rows, f.type))
-                w.write_table(t.select(schema.names).cast(schema))
+                pw.write_table(t.select(schema.names).cast(schema))
     else:
-        with open(tmp, "wb") as w:
-            for p in parts:
-                with open(p, "rb") as r:
-                    shutil.copyfileobj(r, w)
-    os.replace(tmp, out)
-    return sorted(as_json)
+        for p in parts:
+            with open(p, "rb") as r:
+                shutil.copyfileobj(r, w)
 
 
 def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
     """Decide one chunk: (output rows, action counts, bad-row messages)."""
     good, parsed, bad = [], [], []
     for i, row, where in batch:
+        if isinstance(row, dict):
+            clash = [c for c in OUT_COLUMNS if c in row]
+            if clash:  # not a bad row: the input is a gated file (every row has them); never skipped
+                raise GateInputError(f"{args.input}, {where}: field {clash[0]!r} is one of the gate's output "
+                                     f"columns ({', '.join(OUT_COLUMNS[:3])}, ...): is IN already gated? "
+                                     "Drop or rename its mdl_* columns first, so no decision is overwritten")
         try:
             q, mems, cat, risk = parse_row(row, args)
             if risk is None:  # the assessor per row, so a category outside a table is this row's error
@@ -365,7 +473,7 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
             msg = f"{args.input}, {where}: {e}"
             if args.on_bad_row == "error":
                 raise GateInputError(msg) from None
-            bad.append(msg)
+            bad.append(msg[:MAX_MESSAGE_CHARS])
     counts = {name: 0 for name in ACTION_NAMES.values()}
     if not good:
         return [], counts, bad
@@ -378,7 +486,7 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
         raise GateInputError(f"{args.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
     out = []
     for j, (i, row) in enumerate(good):
-        name = ACTION_NAMES[int(cols["action"][j])]
+        name = ACTION_NAMES[Action(int(cols["action"][j]))]
         counts[name] += 1
         rec = dict(row)
         rec["mdl_row"] = i
@@ -388,6 +496,62 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
         rec["mdl_n_relevant"] = int(cols["n_relevant"][j])
         out.append(rec)
     return out, counts, bad
+
+
+def _parts_folder(work: Path, out: Path) -> None:
+    """Create ``work`` (OUT.parts) or check the one there: a real folder of ours, not a symlink."""
+    try:
+        work.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(work)
+    except OSError as e:  # /proc, a read-only mount, a file or a dangling link where a folder should be
+        raise GateInputError(f"--out: cannot write {work} beside {out.name} ({e.strerror})") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise GateInputError(f"--out: {work} is a symbolic link or not a folder; the parts folder must be a "
+                             "real folder (remove it)")
+    if st.st_uid != os.geteuid():
+        raise GateInputError(f"--out: {work} belongs to another user (uid {st.st_uid}); remove it or "
+                             "choose another --out")
+    if st.st_mode & 0o022:  # others could plant names in it between our checks and our opens
+        raise GateInputError(f"--out: {work} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+                             "remove it or make it yours alone (chmod go-w)")
+
+
+def _open_nofollow(path: Path, flags: int) -> int:
+    """``os.open`` that never follows a symlink at ``path`` and opens only a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise GateInputError(f"--out: {path} is a symbolic link; refusing to follow it "
+                                 "(remove it)") from None
+        raise GateInputError(f"--out: cannot open {path} ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GateInputError(f"--out: {path} is not a regular file (remove it)")
+    return fd
+
+
+_PART = re.compile(r"part-\d{6}\.(parquet|jsonl)")
+
+
+def _read_manifest(work: Path, fp: dict) -> dict:
+    path = work / "manifest.json"
+    with os.fdopen(_open_nofollow(path, os.O_RDONLY), "rb") as f:
+        raw = f.read()
+    try:
+        man = json.loads(raw)
+        ok = (man.get("version") == MANIFEST_VERSION and isinstance(man.get("parts"), list)
+              and all(_PART.fullmatch(str(p["file"])) and isinstance(p["bad"], list)
+                      and isinstance(p["n_bad"], int) for p in man["parts"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        ok = False
+    if not ok:
+        raise GateInputError(f"--out: {path} is not a manifest of this version of mdl-jax gate; remove "
+                             f"{work} to start over")
+    if man.get("args") != fp:
+        raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
+                             "another input; remove it to start over")
+    return man
 
 
 def run(args) -> int:
@@ -406,7 +570,7 @@ def run(args) -> int:
         raise GateInputError(f"--chunk-size: expected a positive int, got {args.chunk_size}")
     args.kind = _source_kind(args.input)
     work = out.with_name(out.name + ".parts")
-    if out.exists() and not work.exists():
+    if out.exists() and not os.path.lexists(work):
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
     risk = _risk_spec(args.risk)
     if isinstance(risk, dict) and not args.category_field and not args.risk_field:
@@ -421,44 +585,46 @@ def run(args) -> int:
                           config=args.config, cache_dir=args.cache_dir)
     except ValueError as e:
         raise GateInputError(str(e)) from None
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # /proc, a read-only mount, a file where a folder should be
-        raise GateInputError(f"--out: cannot write {work} beside {out.name} ({e.strerror})") from None
-    fresh = not (work / "manifest.json").exists()
-    lock = open(work / "lock", "w")
+    _parts_folder(work, out)
+    lock = _open_nofollow(work / "lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        os.close(lock)
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
     fp = _fingerprint(args)
-    man = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
-    if not fresh:
-        man = json.loads((work / "manifest.json").read_text())
-        if man.get("args") != fp:
-            raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
-                                 "another input; remove it to start over")
+    fresh = not os.path.lexists(work / "manifest.json")
+    man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
+    try:
+        if not fresh:  # another run's folder is left as it is: the error says to remove it
+            man = _read_manifest(work, fp)
+    except BaseException:
+        os.close(lock)
+        raise
     try:
         if not man["done"]:
             _stream(gate, args, work, man, fmt, tqdm)
             if not any(p["n_rows"] for p in man["parts"]):
                 bad = [m for p in man["parts"] for m in p["bad"]]
+                n_bad = sum(p["n_bad"] for p in man["parts"])
                 # every row was bad: say why (the first), as an error without --on-bad-row skip would
                 raise GateInputError(f"{args.input}: no rows to decide"
-                                     + (f" ({len(bad)} bad rows skipped; the first: {bad[0]})" if bad else ""))
-            as_json = _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt)
+                                     + (f" ({n_bad} bad rows skipped; the first: {bad[0]})" if bad else ""))
+            as_json = _join_parts([work / p["file"] for p in man["parts"] if p["n_rows"]], out, fmt, work)
             if as_json:
                 print(f"mdl-jax: note: {', '.join(map(repr, as_json))} written as JSON text: their values mix "
                       "types (e.g. texts and dicts), which a Parquet column cannot hold", file=sys.stderr)
             man["done"] = True
             _write_atomic(work / "manifest.json", json.dumps(man).encode())
-    except GateInputError:
-        if fresh or not man["parts"]:
-            lock.close()
-            shutil.rmtree(work, ignore_errors=True)  # nothing of this run is left behind
+    except BaseException as e:
+        # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
+        # nothing behind; otherwise the parts stay for the rerun that resumes
+        os.close(lock)
+        if not man["parts"] or fresh and isinstance(e, GateInputError):
+            shutil.rmtree(work, ignore_errors=True)
         raise
     _summary(man, out)
-    lock.close()
+    os.close(lock)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
@@ -466,15 +632,12 @@ def run(args) -> int:
 def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
     C = args.chunk_size
     start = len(man["parts"]) * C
+    total = _parquet_file(Path(args.input)).metadata.num_rows if args.kind == "parquet" else None
     rows = _Peek(iter_rows(args.input, args.kind, start=start, split=args.split, chunk=C))
-    total = None
-    if args.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        total = pq.ParquetFile(args.input).metadata.num_rows
     bar = tqdm(total=total, initial=start, desc="mdl-jax gate", unit="row", file=sys.stderr,
                disable=args.no_progress)
     k = len(man["parts"])
+    kept = sum(len(p["bad"]) for p in man["parts"])
     while True:
         # part k holds input rows [k·C, (k+1)·C): read until the next row belongs to part k + 1
         lo, hi = k * C, (k + 1) * C
@@ -484,9 +647,13 @@ def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
         recs, counts, bad = _decide_chunk(gate, args, batch)
         name = f"part-{k:06d}{fmt}"
         if recs:
-            _write_part(work / name, recs, fmt)
+            _write_part(work / name, recs, fmt)  # on disk (fsynced, folder too) before the manifest names it
+        # the manifest keeps the first MAX_BAD_MESSAGES messages and counts the rest: its size is bounded
+        # by the number of parts, whatever the number of bad rows
+        keep = bad[:max(0, MAX_BAD_MESSAGES - kept)]
+        kept += len(keep)
         man["parts"].append({"file": name, "start": lo, "end": hi, "n_rows": len(recs),
-                             "counts": counts, "bad": bad})
+                             "counts": counts, "bad": keep, "n_bad": len(bad)})
         _write_atomic(work / "manifest.json", json.dumps(man).encode())
         bar.update(len(batch))
         k += 1
@@ -527,18 +694,18 @@ def _exhausted(rows) -> bool:
 
 def _summary(man: dict, out: Path) -> None:
     counts = {name: 0 for name in ACTION_NAMES.values()}
-    bad = []
+    bad: list[str] = []
+    n_bad = 0
     for p in man["parts"]:
         for k, v in p["counts"].items():
             counts[k] += v
         bad += p["bad"]
+        n_bad += p["n_bad"]
     n = sum(counts.values())
     line = ", ".join(f"{k} {v}" for k, v in counts.items())
-    print(f"mdl-jax gate: {n} rows decided → {out} ({line}); {len(bad)} bad rows skipped",
+    print(f"mdl-jax gate: {n} rows decided → {out} ({line}); {n_bad} bad rows skipped",
           file=sys.stderr)
     for msg in bad[:5]:
         print(f"  skipped: {msg}", file=sys.stderr)
-    if len(bad) > 5:
-        print(f"  ... and {len(bad) - 5} more", file=sys.stderr)
-
-
+    if n_bad > 5:
+        print(f"  ... and {n_bad - 5} more", file=sys.stderr)

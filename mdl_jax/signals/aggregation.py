@@ -121,6 +121,42 @@ def _bucket(n: int, cap: int) -> int:
 # MB), the results are bit-identical and the pass is no slower (42 vs 76 ms per 4,096 stores).
 BATCH = 1024
 
+# The bounds on one row's pairwise work (the (rows, S, S) flags and similarities grow as S²):
+#   MAX_MEMORIES  memories per store; more is a ValueError naming the store (the gate's CLI: a bad
+#                 row, skipped under --on-bad-row skip). 1,000 memories are 10^6 pairs: ~0.5 M calls
+#                 of the lexical detector (about a second) and ~4 MB per (S, S) float32 array.
+#   PAIR_BUDGET   rows × S × S elements of one aggregation step (~4.2 M: some 60-80 MB for the flags,
+#                 JAX's copy and the pass's S×S temporaries). A step of ``batch`` stores that would
+#                 pass it is split into steps of stores of like size, each padded to its own S, so
+#                 one wide store no longer pads the 15+ small stores of its step to its width.
+MAX_MEMORIES = 1000
+PAIR_BUDGET = 1 << 22
+assert MAX_MEMORIES * MAX_MEMORIES <= PAIR_BUDGET  # the widest store fits one step alone
+
+
+def _steps(sizes: Sequence[int], cap: int) -> list[tuple[np.ndarray, int]]:
+    # (store indices, rows padded to) per aggregation step of one ``batch`` of stores: the whole
+    # batch in order when its padded (rows, S, S) arrays fit PAIR_BUDGET (the common case, and the
+    # shapes as before), else stores sorted by size, grouped while they fit.
+    n = len(sizes)
+    S = max(1, max(sizes, default=0))
+    if _bucket(n, cap) * S * S <= PAIR_BUDGET:
+        return [(np.arange(n), _bucket(n, cap))]
+    order = np.argsort(np.asarray(sizes), kind="stable")
+    steps, group = [], []
+    for j in order:
+        S = max(1, sizes[j])
+        if group and (len(group) + 1) * S * S > PAIR_BUDGET:
+            steps.append(group)
+            group = []
+        group.append(int(j))
+    steps.append(group)
+    out = []
+    for g in steps:  # rows padded to a power of two where that stays within the budget
+        S = max(1, max(sizes[j] for j in g))
+        out.append((np.asarray(g), max(len(g), min(1 << (len(g) - 1).bit_length(), PAIR_BUDGET // (S * S)))))
+    return out
+
 
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
                    conflict: Callable[[Sequence[str]], Sequence] = pair_flags,
@@ -141,6 +177,10 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         raise ValueError(f"stores: expected one memory list per query ({len(queries)}), "
                          f"got {len(stores)}")
     B = len(queries)
+    for b, s in enumerate(stores):
+        if len(s) > MAX_MEMORIES:
+            raise ValueError(f"stores[{b}]: expected at most {MAX_MEMORIES:,} memories (MAX_MEMORIES: "
+                             f"the pairwise work grows as their square), got {len(s):,}")
     out = {"M": np.zeros(B, np.float32), "R": np.zeros(B, np.float32),
            "phi": np.zeros(B, np.float32), "n_relevant": np.zeros(B, np.int32)}
     if not B:
@@ -159,14 +199,16 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     t1 = time.perf_counter()
     t["embedding"] = t.get("embedding", 0.0) + t1 - t0
     for i in tqdm(range(0, B, batch), desc="aggregating signals", disable=not progress):
-        t0 = time.perf_counter()
         n = min(batch, B - i)
-        arr = store_arrays(stores[i:i + n], q_emb[i:i + n], t_emb, conflict=conflict,
-                           pad_to=_bucket(n, batch))
-        t1 = time.perf_counter()
-        res = aggregate(arr.q, arr.mem, arr.mask, arr.flags, threshold)
-        for k, x in zip(("M", "R", "phi", "n_relevant"), res):
-            out[k][i:i + n] = np.asarray(x)[:n]
-        t["conflict"] = t.get("conflict", 0.0) + t1 - t0
-        t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t1
+        for js, rows in _steps([len(s) for s in stores[i:i + n]], batch):
+            t0 = time.perf_counter()
+            m = len(js)
+            arr = store_arrays([stores[i + j] for j in js], q_emb[i + js], t_emb, conflict=conflict,
+                               pad_to=rows)
+            t1 = time.perf_counter()
+            res = aggregate(arr.q, arr.mem, arr.mask, arr.flags, threshold)
+            for k, x in zip(("M", "R", "phi", "n_relevant"), res):
+                out[k][i + js] = np.asarray(x)[:m]
+            t["conflict"] = t.get("conflict", 0.0) + t1 - t0
+            t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t1
     return out
