@@ -122,7 +122,10 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False)
         dyn["last_hidden_state"] = {0: "batch", 1: "seq"}
 
         def write(tmp):
-            with torch.no_grad():
+            import warnings
+
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the exporter's tracer warnings say nothing to a user
                 # the TorchScript exporter (dynamo=False): one self-contained file, no onnxscript needed
                 torch.onnx.export(model, (ids, ids, torch.zeros_like(ids)), tmp, input_names=names,
                                   output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=OPSET,

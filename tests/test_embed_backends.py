@@ -1,0 +1,89 @@
+"""The embedding backends: ONNX Runtime's vectors match torch's (the bundled MiniLM, exported offline once
+and cached by content), int8 stays within its stated parity, each backend keeps its own cache key, and
+bad settings are one clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdl_jax.signals.embeddings import Embedder, ModelLoadError
+
+TEXTS = ["Is it safe to eat raw cookie dough?", "Raw flour can carry E. coli.",
+         "What happens if you swallow gum?", "It passes through the digestive system in days.",
+         "Who wrote the Declaration of Independence?", "Thomas Jefferson drafted it in 1776, " * 40]
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    """A cache folder whose export folder has a symlink planted at the names a naive exporter would
+    write through; the graph is exported into it once for the whole module."""
+    from mdl_jax.signals import onnx_encoder
+
+    cache = tmp_path_factory.mktemp("onnx-cache")
+    path = Embedder(backend="onnx").load_path
+    folder = cache / "onnx" / f"{Path(path).name}-{onnx_encoder._folder_hash(Path(path))}"
+    folder.mkdir(parents=True)
+    victim = cache / "victim.txt"
+    victim.write_text("keep me")
+    for name in ("model.onnx.tmp", "model.int8.onnx.tmp"):
+        (folder / name).symlink_to(victim)
+    onnx_encoder.export(path, cache)
+    return cache
+
+
+@pytest.mark.slow
+def test_onnx_vectors_equal_torchs_to_float32_rounding(onnx_cache):
+    ref = Embedder(cache_dir=onnx_cache).embed(TEXTS)
+    got = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS)  # the long text is truncated alike
+    cos = (ref * got).sum(1)
+    assert cos.min() >= 0.9999, cos
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_int8_is_within_its_stated_parity(onnx_cache):
+    ref = Embedder(cache_dir=onnx_cache).embed(TEXTS)
+    got = Embedder(cache_dir=onnx_cache, backend="onnx-int8").embed(TEXTS)
+    assert (ref * got).sum(1).min() >= 0.95  # documented: per-channel dynamic int8, min cosine ≈ 0.97
+
+
+@pytest.mark.slow
+def test_the_graph_is_exported_once_and_never_through_a_planted_name(onnx_cache):
+    from mdl_jax.signals import onnx_encoder
+
+    path = Embedder(backend="onnx").load_path
+    g = onnx_encoder.export(path, onnx_cache)
+    assert g.is_file() and not g.is_symlink() and (onnx_cache / "victim.txt").read_text() == "keep me"
+    before = g.stat().st_mtime_ns
+    assert onnx_encoder.export(path, onnx_cache) == g and g.stat().st_mtime_ns == before  # cached
+    assert {p.name for p in g.parent.glob("*.tmp")} <= {"model.onnx.tmp", "model.int8.onnx.tmp"}  # only ours
+
+
+@pytest.mark.slow
+def test_each_backend_keeps_its_own_cache_key(onnx_cache, tmp_path):
+    a = Embedder(cache_dir=tmp_path, backend="torch")
+    b = Embedder(cache_dir=tmp_path, backend="onnx")
+    assert a.model_id != b.model_id and b.model_id.endswith("#onnx")
+    a.embed(TEXTS[:2])
+    b.embed(TEXTS[:2])
+    assert b.n_embedded == 2 and b.n_cached == 0  # torch's vectors were not reused for onnx
+
+
+def test_bad_backend_settings_are_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"backend: expected one of \['torch', 'onnx', 'onnx-int8'\]"):
+        Embedder(cache_dir=tmp_path, backend="tensorrt")
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        Embedder(cache_dir=tmp_path, backend="onnx", device="cuda")
+    from mdl_jax.signals import onnx_encoder
+
+    with pytest.raises(ValueError, match="needs a local model folder"):
+        onnx_encoder.export("org/not-a-folder", tmp_path)
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    e = Embedder(str(bad), cache_dir=tmp_path, backend="onnx")
+    with pytest.raises(ModelLoadError, match="backend 'onnx'"):
+        e.embed(["x"])
+    assert not list(tmp_path.rglob("*.onnx")) and not list(tmp_path.rglob("*.tmp"))  # nothing half-written
