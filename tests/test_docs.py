@@ -280,6 +280,22 @@ def test_deviations_page_keeps_every_deviation():
     assert not missing, f"docs/deviations.md lost {missing}"
 
 
+def test_architecture_page_names_every_layer_and_module():
+    # The page draws tests/test_layers.py's LAYERS and lists every file of the package: a new module or
+    # layer that the page does not show fails here, so the page cannot go stale silently.
+    from tests.test_layers import LAYERS
+
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    svg = (DOCS / "assets" / "layers.svg").read_text(encoding="utf-8")
+    for name, _ in LAYERS:
+        assert name in text, f"architecture.md: no layer {name!r}"
+        assert name.split(" (")[0].split(",")[0] in svg, f"layers.svg: no layer {name!r}"
+    for path in sorted((ROOT / "mdl_jax").rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        assert path.name in text, f"architecture.md does not list {path.relative_to(ROOT)}"
+
+
 def test_soft_decide_column_zero_is_p_active():
     # The docs say soft_decide(...)[..., 0] is P(Active); this pins it to the code.
     import numpy as np
