@@ -82,7 +82,9 @@ def _all_blocks():
         if program is not None:
             continue  # run as one program by test_program_pages
         for b in blocks:
-            marks = [pytest.mark.slow] if b["kind"] in ("slow", "example") else []
+            if b["kind"] == "example":
+                continue  # equal to its file (test_every_block_is_run_or_says_why_not), run by test_example_files_run
+            marks = [pytest.mark.slow] if b["kind"] == "slow" else []
             params.append(pytest.param(page, b, id=f"{page}:{b['line']}", marks=marks))
     return params
 
@@ -133,8 +135,6 @@ def test_every_block_is_run_or_says_why_not(page):
 def test_block_runs(page, block, docs_env):
     if block["kind"] == "not-run":
         pytest.skip(f"not run: {block['arg']}")
-    if block["kind"] == "example":
-        pytest.skip(f"equals {block['arg']}, which test_example_files_run runs")
     _exec(block["code"], f"{page}:{block['line']}")
 
 
