@@ -1,6 +1,9 @@
 """A tour of mdl-jax: the controller, its transformations, calibration, sweeps, tuning, config
 files and the memory gate, on synthetic signals. The same code, with prose, is docs/tour.md."""
 
+import tempfile
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,10 +82,11 @@ if stop < len(h["loss"]) - 1:                         # stopped early: the rest 
     assert np.all(h["val_accuracy"][stop + 1:] == h["val_accuracy"][stop + 1])
 print("tuned gate:", np.round(tuned.config.gate_coeffs, 3), "θ:", np.round(tuned.config.thresholds, 3))
 
-path = save_config(tuned.config, "tuned.json", note="tuned on the tour's synthetic records")
+folder = Path(tempfile.mkdtemp())                     # not the current folder: the tour leaves no files behind
+path = save_config(tuned.config, folder / "tuned.json", note="tuned on the tour's synthetic records")
 again = load_config(path)
 assert again == tuned.config
-from_file = decide(M, R, A, "tuned.json")
+from_file = decide(M, R, A, path)                     # a path, like "tuned.json", is a config too
 assert (np.asarray(from_file.action) == np.asarray(decide(M, R, A, again).action)).all()
 print(path.read_text()[:120].replace("\n", " "), "...")
 print("mdl-jax", mdl_jax.__version__)
