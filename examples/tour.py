@@ -1,0 +1,102 @@
+"""A tour of mdl-jax: the controller, its transformations, calibration, sweeps, tuning, config
+files and the memory gate, on synthetic signals. The same code, with prose, is docs/tour.md."""
+
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import mdl_jax
+from mdl_jax import (
+    Action,
+    MDLConfig,
+    bootstrap_weights,
+    calibrate,
+    config_grid,
+    decide,
+    decide_one,
+    load_config,
+    save_config,
+    soft_decide,
+    sweep,
+    tune,
+)
+
+rng = np.random.default_rng(0)
+N = 400
+M, R, A = rng.uniform(0, 1, (3, N)).astype(np.float32)
+adopt = rng.uniform(size=N) < M * R * (1 - 0.5 * A)   # synthetic oracle labels: adopt ⇔ Active
+print(f"{N} records, {adopt.mean():.0%} labelled adopt")
+
+d = decide(0.85, 0.80, 0.20)
+print(Action(int(d.action)).label, f"C={float(d.C):.3f} alpha={float(d.alpha):.3f} C_final={float(d.C_final):.3f}")
+print("energies (wm, r, a):", np.round(np.asarray(d.energies), 3))
+
+batch = decide(M, R, A)                               # (N,) in, every field (N,) out
+labels = [a.label for a in Action]
+counts = np.bincount(np.asarray(batch.action), minlength=4)
+print(dict(zip(labels, counts.tolist())))
+
+cfg = MDLConfig()
+one = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))(jnp.asarray(M), jnp.asarray(R), jnp.asarray(A), cfg)
+assert (np.asarray(one.action) == np.asarray(batch.action)).mean() > 0.99  # the same controller
+
+p = soft_decide(M, R, A)                              # (N, 4): P(Active), P(Supp), P(Silent), P(Opt-Out)
+print("mean P(Active):", float(p[..., 0].mean()), "share Active:", float((np.asarray(batch.action) == 0).mean()))
+
+
+def mean_p_active(c):
+    return soft_decide(M, R, A, c)[..., 0].mean()
+
+
+grads = jax.jit(jax.grad(mean_p_active))(cfg)         # an MDLConfig of gradients, field by field
+print("d mean P(Active) / d thresholds:", np.round(np.asarray(grads.thresholds), 3))
+
+cal_idx, test_idx = np.arange(N) < N // 2, np.arange(N) >= N // 2
+cal = calibrate(M[cal_idx], R[cal_idx], A[cal_idx], adopt[cal_idx])
+print("θ:", np.round(cal.config.thresholds, 3), "agreement:", round(float(cal.best_agreement), 3),
+      "tied θ0:", np.round(cal.plateau, 3), "constant:", cal.constant)
+held_out = decide(M[test_idx], R[test_idx], A[test_idx], cal.config)
+print("held-out accuracy:", float(((np.asarray(held_out.action) == 0) == adopt[test_idx]).mean()))
+
+grid = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 6), g_b=np.linspace(0, 1, 6))    # K = 36, C order
+res = sweep(M, R, A, grid, adopt=adopt, weights=bootstrap_weights(N, 20, seed=0))       # W = 20 resamples
+acc = res.accuracy.reshape(6, 6, 20)                  # (g_a, g_b, resample)
+lo, hi = np.percentile(acc, [2.5, 97.5], axis=-1)
+i, j = np.unravel_index(acc.mean(-1).argmax(), (6, 6))
+print(f"best (g_a, g_b) = ({i / 5:.1f}, {j / 5:.1f}): accuracy {acc.mean(-1)[i, j]:.3f} "
+      f"(95% bootstrap {lo[i, j]:.3f}-{hi[i, j]:.3f})")
+print("action counts of that config, first resample:", res.counts.reshape(6, 6, 20, 4)[i, j, 0])
+
+val = rng.uniform(size=N) < 0.25                      # a quarter of the records for early stopping
+tuned = tune(M, R, A, adopt, fields=("gate_coeffs", "thresholds"), val=val, steps=80, patience=15)
+h = tuned.history
+series = [k for k, v in h.items() if np.ndim(v) >= 1]
+scalars = {k: int(v) if k.endswith("_step") else round(float(v), 3) for k, v in h.items() if np.ndim(v) == 0}
+print("per-step series:", sorted(series))
+print("scalars:", scalars)
+stop = int(h["stopped_step"])
+if stop < len(h["loss"]) - 1:                         # stopped early: the rest repeats the frozen parameters
+    assert np.all(h["val_accuracy"][stop + 1:] == h["val_accuracy"][stop + 1])
+print("tuned gate:", np.round(tuned.config.gate_coeffs, 3), "θ:", np.round(tuned.config.thresholds, 3))
+
+folder = Path(tempfile.mkdtemp())                     # not the current folder: the tour leaves no files behind
+path = save_config(tuned.config, folder / "tuned.json", note="tuned on the tour's synthetic records")
+again = load_config(path)
+assert again == tuned.config
+from_file = decide(M, R, A, path)                     # a path, like "tuned.json", is a config too
+assert (np.asarray(from_file.action) == np.asarray(decide(M, R, A, again).action)).all()
+print(path.read_text()[:120].replace("\n", " "), "...")
+print("mdl-jax", mdl_jax.__version__)
+
+# imported here, not at the top: the gate is the one step that needs the signals extra (MiniLM)
+from mdl_jax.gate import MemoryGate  # noqa: E402
+
+gate = MemoryGate(risk=0.2, config=tuned.config)
+d = gate.decide("What is the capital of France?",
+                ["Paris is the capital of France.", {"text": "The capital city of France is Paris.", "source": "wiki"}])
+print(d.action_name, {k: round(v, 3) for k, v in d.scalars.items() if k in ("M", "R", "A", "C_final")})
+print("inject:", d.memories)
+print("no memories:", gate.decide("What is the capital of France?", []).action_name)
