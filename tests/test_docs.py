@@ -268,7 +268,7 @@ def test_one_spelling_of_the_four_actions(page):
     assert not bad, f"{page}: write Active, Supp, Silent, Opt-Out in prose (enum names only in code): {bad}"
 
 
-DEVIATIONS = ["Unstated choices", "Assumption 1", "Stores", "LLM", "Deployed n_min / n_max", "Risk tables",
+DEVIATIONS = ["ONNX export", "Unstated choices", "Assumption 1", "Stores", "LLM", "Deployed n_min / n_max", "Risk tables",
               "Paired sampling", "CRAG / Self-RAG", "A second judge", "Quick runs", "Tuning", "High-risk",
               "The paper's Table 5", "Calibration ties", "Evaluation design",
               "Abstention is reported apart from hallucination", "Baseline gates"]
