@@ -460,7 +460,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # drop the padding runs (each group's first len(idx) rows are its own runs)
     res = [jax.tree.map(functools.partial(_head, n=len(idx)), g) for idx, g in zip(members, res)]
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
-    history = {}
+    history: dict[str, np.ndarray] = {}
     for key, idx, (bp, hist, scalars) in zip(keys, members, res):
         take = np.array(idx)
         for f, v in _constrained(bp, base=static, trained=key).items():  # one call per group
@@ -468,7 +468,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         for k, v in {**hist, **scalars}.items():
             arr = history.setdefault(k, np.zeros((B,) + np.shape(v)[1:], np.asarray(v).dtype))
             arr[take] = np.asarray(v)
-    for b in np.flatnonzero(history["diverged_step"] >= 0):
+    for b in np.flatnonzero(history["diverged_step"] >= 0).tolist():
         warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) diverged at "
                       f"step {int(history['diverged_step'][b])} (a non-finite loss or parameter); it "
                       f"stopped there and keeps its last finite parameters. Lower learning_rate "

@@ -284,7 +284,8 @@ class MemoryGate:
         if conflict is not None and not callable(conflict):
             raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
                              f"{type(conflict).__name__}")
-        self.conflict = _checked_conflict(conflict) if conflict is not None else pair_flags
+        self.conflict: Callable[[list[str]], Any] = (_checked_conflict(conflict) if conflict is not None
+                                                      else pair_flags)
         self.relevance_threshold = _unit("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:
             raise ValueError(f"abstention: expected a non-empty string, got {abstention!r}")
@@ -342,7 +343,7 @@ class MemoryGate:
         # chunk) then compiles the controller for a handful of shapes, not one per length.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
-        d = decide(*sig, self.config)
+        d = decide(sig[0], sig[1], sig[2], self.config)
         e = np.asarray(d.energies, np.float32)[:n]
         out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
                "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
