@@ -556,7 +556,7 @@ def _concrete_from(base: MDLConfig, values: dict, trained: Sequence[str]) -> MDL
 
 def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
          fields: Sequence[str] = FIELD_SETS["gates"], config: MDLConfig | None = None,
-         weights: ArrayLike | None = None, val: ArrayLike | None = None, steps: int = 500,
+         weights: ArrayLike = None, val: ArrayLike = None, steps: int = 500,
          learning_rate: float = 0.05, temperature: tuple[float, float] = (0.05, 0.002), patience: int = 100,
          seed: int = 0) -> TuneResult:
     """Tune ``fields`` of ``config`` (paper defaults when None) on (N,) signals and binary labels.
