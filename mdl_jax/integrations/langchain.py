@@ -35,9 +35,9 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
     each ``GateDecision``. ``last_decision`` holds the latest one (one per compressor: give each
     concurrent chain its own compressor, or use ``on_decision``).
 
-    The gate is built (and its settings checked) at construction: a bad risk or config is a
-    ``ValueError`` there (pydantic may wrap it in its ``ValidationError``, itself a ValueError), not at
-    the first query.
+    The gate is built (and its settings checked) at construction: a bad risk or config fails there,
+    not at the first query, as pydantic's ``ValidationError`` (a ``ValueError``) carrying the gate's
+    message, which names the setting.
 
     Attributes:
       embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled

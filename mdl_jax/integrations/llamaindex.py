@@ -35,7 +35,8 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
     ``postprocess_nodes(nodes, query_str=...)`` or as a query engine's ``node_postprocessors``: kept
     nodes are copies whose metadata gains ``mdl_action``, ``mdl_scalars`` (and ``mdl_caution`` for
     Supp), keys excluded from the text shown to the LLM and the embedder; Silent and Opt-Out keep
-    none. A call without a query is a ``ValueError`` naming ``query_bundle``.
+    none. A call without a query is a ``ValueError`` naming ``query_bundle``; a bad setting fails at
+    construction (the gate is built then), as pydantic's ``ValidationError`` (a ``ValueError``).
 
     Attributes:
       embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
