@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 
 class CommandError(Exception):
@@ -21,7 +22,7 @@ class Parser(argparse.ArgumentParser):
         fail(f"{cmd}{message}")
 
 
-def fail(message: str, code: int = 2):
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``mdl-jax: error: message`` as one line on stderr and exit with ``code``."""
     print(f"mdl-jax: error: {' '.join(str(message).split())}", file=sys.stderr)
     raise SystemExit(code)

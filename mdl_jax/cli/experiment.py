@@ -179,10 +179,10 @@ def reproduce_cmd(args) -> int:
     emb = Embedder(args.model, cache_dir=args.cache_dir)
     t0 = time.perf_counter()
     # what this run creates, it removes again if it fails on bad input before writing a record
-    fresh = cfg.out.absolute()
-    while not fresh.parent.exists():
-        fresh = fresh.parent
-    fresh = None if cfg.out.exists() else fresh
+    top = cfg.out.absolute()
+    while not top.parent.exists():
+        top = top.parent
+    fresh = None if cfg.out.exists() else top
     try:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:

@@ -29,6 +29,7 @@ from mdl_jax.controller import decision as _d
 from mdl_jax.controller import fused, native
 from mdl_jax.controller.config import MDLConfig, _is_concrete
 from mdl_jax.controller.validation import (
+    ArrayLike,
     as_float_array,
     check_unit_interval,
     common_shape,
@@ -82,7 +83,7 @@ def _chunked(M, R, A, cfg: MDLConfig) -> _d.Decision:
 def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
     shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
     flat = [jnp.broadcast_to(x, shape).reshape(-1) for x in (M, R, A)]
-    out = _batched(*flat, cfg)
+    out = _batched(flat[0], flat[1], flat[2], cfg)
     return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
 
 
@@ -198,13 +199,24 @@ def compute_dtype(arrs) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
 
 
-def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -> _d.Decision:
+def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
+           config: MDLConfig | str | os.PathLike | None = None, *, validate: bool = True) -> _d.Decision:
     """Run the MDL controller (Algorithm 1) on relevance M, reliability R and risk A.
 
+    Examples:
+      >>> from mdl_jax import Action, decide
+      >>> d = decide(0.8, 0.7, 0.2)                     # one record, the paper's defaults
+      >>> Action(int(d.action)).label, float(d.C_final)  # doctest: +SKIP
+      >>> decide([0.9, 0.1], [0.8, 0.5], 0.3).action.shape   # a batch; 0-d A broadcasts
+      (2,)
+
     Args:
-      M, R, A: scalars or arrays of real numbers (ints, float16/bfloat16/32/64) in [0, 1], of one
-        shape ``S``; 0-d values broadcast, any other mismatch is a ValueError naming the argument
-        (at trace time for traced input). bool, complex and text input is a ValueError, always.
+      M: relevance, a scalar or an array of shape ``S`` of real numbers (ints, float16/bfloat16/32/64)
+        in [0, 1]. M, R and A share one shape ``S``; 0-d values broadcast, any other mismatch is a
+        ValueError naming the argument (at trace time for traced input). bool, complex and text
+        input is a ValueError, always.
+      R: reliability, as ``M``.
+      A: task risk, as ``M`` (the controller inverts it: s_A = 1 − A).
       config: an ``MDLConfig``, or the path of a config file (``save_config``; read once per file
         version); the paper's Table 2 defaults when None. Its numeric fields may be traced
         (vmap/grad over the config).
@@ -217,9 +229,16 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
 
     Returns:
       A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
-      ``action`` holds ``Action`` codes (int32). The float fields are float32, or float64 for float64
-      input under x64: float16 / bfloat16 signals are widened to float32 and computed (and returned)
-      in float32, never in their own dtype.
+        ``action`` holds ``Action`` codes (int32). The float fields are float32, or float64 for float64
+        input under x64: float16 / bfloat16 signals are widened to float32 and computed (and returned)
+        in float32, never in their own dtype.
+
+    Raises:
+      ValueError: a signal outside [0, 1], NaN or ±inf (with ``validate``; the message names the
+        argument and its first bad index), of a non-real dtype, or of a shape that does not
+        broadcast; a config holding a batch of configs (``sweep`` takes those); a config file that
+        cannot be read as a config (``ConfigFileError``, a ValueError, naming the file and field).
+      TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
     if isinstance(config, (str, os.PathLike)):
         config = _config_file(os.fspath(config))
@@ -231,12 +250,13 @@ def decide(M, R, A, config: MDLConfig | None = None, *, validate: bool = True) -
             for n, x in zip(_NAMES, (M, R, A)):
                 check_unit_interval(n, x)
         if config is None or config is _DEFAULT:
-            if not jax.config.jax_enable_x64 and _native_ok(_DEFAULT):
+            # (jax.config's flags are attributes set at run time: its stubs do not declare them)
+            if not jax.config.jax_enable_x64 and _native_ok(_DEFAULT):  # type: ignore[attr-defined]
                 # (under x64 Python floats mean float64: the pure-JAX path keeps that)
                 # one (3,) input buffer instead of three scalars: ~2 µs less per call
                 return _native_default_scalar()(np.array((M, R, A), np.float32))
             return _decide_default_scalar(M, R, A)
-        if not jax.config.jax_enable_x64 and native.enabled():
+        if not jax.config.jax_enable_x64 and native.enabled():  # type: ignore[attr-defined]
             # Any other concrete config: its packed numbers are a cached device buffer, passed as an
             # argument to a program compiled once per static structure (ablation flags, dims), so a
             # call costs what the default's does (was 256 µs against 27 µs: the eager conversions of
@@ -365,24 +385,75 @@ def _signals(M, R, A) -> tuple[list, tuple]:
     return [a.astype(dtype) for a in arrs], shape
 
 
-def checked_decide(M, R, A, config: MDLConfig | None = None):
+def checked_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
+                   config: MDLConfig | str | os.PathLike | None = None) -> tuple[checkify.Error, _d.Decision]:
     """``decide`` with the checks compiled in (checkify): returns ``(error, Decision)``.
 
-    For inputs that are only known inside compiled code. ``error.get()`` is None when all is well,
-    else a message naming the argument and the first bad (flattened) index; ``error.throw()`` raises.
-    Dtype and shape follow ``decide``'s rules and are checked eagerly (at trace time under jit).
+    For inputs that are only known inside compiled code (a caller's jit, vmap or scan), where
+    ``decide`` cannot look at the values. Always the pure-JAX path.
+
+    Examples:
+      >>> err, d = checked_decide(jnp.array([0.5, 1.5]), 0.5, 0.5)
+      >>> err.get()
+      'M: expected finite values in [0, 1]; M[flat index 1] = 1.5 (`check` failed)'
+
+    Args:
+      M: relevance, (S) real array in [0, 1]; dtype and shape follow ``decide``'s rules and are
+        checked eagerly (at trace time under jit), the values inside the compiled program.
+      R: reliability, as ``M``.
+      A: task risk, as ``M``.
+      config: as ``decide``'s (an ``MDLConfig``, a config file path, or None for the defaults).
+
+    Returns:
+      ``(error, decision)``: a ``checkify.Error`` whose ``error.get()`` is None when all is well,
+        else a message naming the argument and the first bad (flattened) index, or saying that the
+        controller produced a NaN ``C_final``; ``error.throw()`` raises it. ``decision`` is the
+        ``Decision`` ``decide`` would return (unspecified values where the check failed).
+
+    Raises:
+      ValueError: a signal of a non-real dtype or a shape that does not broadcast; a batched or
+        unreadable config (as ``decide``).
+      TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
     cfg = _config(config)
     return _checked_jit(*_signals(M, R, A)[0], cfg)
 
 
-def soft_decide(M, R, A, config: MDLConfig | None = None, temperature=0.02, *, validate: bool = True):
+def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
+                config: MDLConfig | str | os.PathLike | None = None, temperature: ArrayLike = 0.02, *,
+                validate: bool = True) -> jax.Array:
     """Differentiable decision: action probabilities (..., 4) in ``Action`` order.
 
-    The thresholds are relaxed by sigmoids of width ``temperature`` (finite, > 0 in the signals'
-    dtype; a concrete value outside that is a ValueError); every numeric config field gets a finite
-    gradient (see ``decision.soft_action_probs``). Dtype, shape and (with ``validate``) the values
-    of concrete signals are checked as in ``decide``; traced ones are not inspected.
+    The thresholds are relaxed by sigmoids of width ``temperature``: P(C_final ≥ θ_k) ≈
+    sigmoid((C_final − θ_k)/τ), so every numeric config field gets a finite gradient (see
+    ``decision.soft_action_probs``), and as τ → 0 the probabilities tend to ``decide``'s action.
+
+    Examples:
+      >>> p = soft_decide(0.8, 0.7, 0.2)
+      >>> p.shape, float(p.sum())            # doctest: +SKIP
+      ((4,), 1.0)
+      >>> p_active = p[..., 0]               # P(Active); [..., 3] is P(Opt-Out)
+
+    Args:
+      M: relevance, a scalar or an array of shape ``S`` in [0, 1] (``decide``'s rules).
+      R: reliability, as ``M``.
+      A: task risk, as ``M``.
+      config: as ``decide``'s (an ``MDLConfig``, a config file path, or None for the defaults).
+      temperature: τ, the sigmoid width: a finite number > 0 in the signals' dtype (a traced value
+        is not checked).
+      validate: check concrete signals for NaN, ±inf and values outside [0, 1], as ``decide``;
+        traced signals are never inspected.
+
+    Returns:
+      (S + (4,)) float array of probabilities that sum to 1 over the last axis, in ``Action`` order:
+        ``[..., 0]`` is P(Active), ``[..., 1]`` P(Supp), ``[..., 2]`` P(Silent), ``[..., 3]``
+        P(Opt-Out). float32 (float64 for float64 input under x64).
+
+    Raises:
+      ValueError: a signal outside [0, 1] (with ``validate``), of a non-real dtype or a shape that
+        does not broadcast; ``temperature`` not a finite number > 0 in the signals' dtype; a
+        batched or unreadable config (as ``decide``).
+      TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
     cfg = _config(config)
     for n, x in zip(_NAMES, (M, R, A)):

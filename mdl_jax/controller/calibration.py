@@ -28,6 +28,7 @@ config can never choose Opt-Out.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import NamedTuple
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from mdl_jax.controller import api
 from mdl_jax.controller.config import MDLConfig
-from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
 
 
 class Calibration(NamedTuple):
@@ -50,7 +51,25 @@ class Calibration(NamedTuple):
     rule used, ``theta0_lowest`` / ``theta0_middle`` what each rule picks; ``constant`` is "always adopt"
     or "never adopt" when the best agreement equals that constant classifier's (else None);
     ``adopt_share`` is the share of calibration records the calibrated config makes Active;
-    ``opt_out_possible`` is False when θ2 = 0."""
+    ``opt_out_possible`` is False when θ2 = 0.
+
+    Attributes:
+      config: the starting config with n_min, n_max (min / max raw ‖v_meta‖ over the split) and
+        thresholds θ = (θ0, θ0 − offset, θ0 − 2·offset), the lower two clipped at 0, replaced.
+      grid: (G,) float64, the θ0 candidates, evenly spaced over [0, 1] (G = ``grid_size``).
+      agreement: (G,) float, the share of calibration records where "adopt ⇔ C_final ≥ grid[g]"
+        matches the oracle label.
+      best_agreement: max(agreement), the agreement of the chosen θ0.
+      plateau: (lowest, highest) θ0 among the grid values tied at ``best_agreement``.
+      n_tied: how many grid values tie at ``best_agreement``.
+      tie_break: the rule that picked θ0 among them: "middle" or "lowest".
+      theta0_lowest: the θ0 the "lowest" rule picks (the first maximiser: most Active).
+      theta0_middle: the θ0 the "middle" rule picks (middle of the widest contiguous tied run).
+      constant: "always adopt" or "never adopt" when the best agreement equals that constant
+        classifier's (no threshold beats ignoring the signals), else None.
+      adopt_share: share of calibration records the calibrated config makes Active.
+      opt_out_possible: False when θ2 = 0, so the config can never choose Opt-Out.
+    """
 
     config: MDLConfig
     grid: np.ndarray
@@ -91,21 +110,41 @@ def tied_plateau(agreement, tie_break: str = "middle") -> tuple[int, np.ndarray]
     return int(widest[(len(widest) - 1) // 2]), tied
 
 
-def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float = 0.2,
+def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
+              config: MDLConfig | str | os.PathLike | None = None, *, offset: float = 0.2,
               grid_size: int = 1001, tie_break: str = "middle") -> Calibration:
-    """Calibrate n_min, n_max and θ on a calibration split.
+    """Calibrate n_min, n_max and θ on a calibration split (paper Section 3.4).
+
+    Examples:
+      >>> cal = calibrate(M, R, A, adopt)        # (N,) signals and labels of the calibration split
+      >>> cal.config.thresholds, cal.best_agreement, cal.constant   # doctest: +SKIP
 
     Args:
-      M, R, A: (N,) signals of the calibration questions, in [0, 1].
-      adopt: (N,) binary oracle labels: 1 (or True) where the memory should be adopted (Active),
-        0 (or False) otherwise.
-      config: the starting config (paper defaults when None); its other fields are kept.
-      offset: θ1 = θ0 - offset, θ2 = θ0 - 2·offset (the paper's defaults are spaced by 0.2).
-      grid_size: number of evenly spaced θ0 candidates in [0, 1].
+      M: (N,) relevance of the calibration questions, real numbers in [0, 1], N ≥ 2 (1-d: a scalar
+        does not broadcast here).
+      R: (N,) reliability, as ``M``.
+      A: (N,) task risk, as ``M``.
+      adopt: (N,) binary oracle labels (bool, or numbers that are all 0 or 1): 1 (or True) where the
+        memory should be adopted (Active), 0 (or False) otherwise.
+      config: the starting config (an ``MDLConfig`` or a config file path; paper defaults when None);
+        its other fields are kept.
+      offset: θ1 = θ0 - offset, θ2 = θ0 - 2·offset, clipped at 0 (the paper's defaults are spaced by
+        0.2); a finite number ≥ 0.
+      grid_size: number of evenly spaced θ0 candidates in [0, 1], an int ≥ 2.
       tie_break: "middle" (default: the middle of the widest run of tied θ0) or "lowest" (the smallest
         tied θ0, the rule before 2026-11-30); see the module docstring for why.
 
-    Warns (``UserWarning``) when the best agreement is a constant classifier's (``constant``).
+    Returns:
+      A ``Calibration``: the calibrated config, the grid and its agreement, and how θ0 was chosen.
+
+    Raises:
+      ValueError: a signal outside [0, 1] (naming it and the first bad index), not 1-d, fewer than
+        2 records or shapes that differ; labels that are not binary; ``offset``, ``grid_size`` or
+        ``tie_break`` outside their domains (each named); a batched or unreadable config.
+      TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
+
+    Warns:
+      UserWarning: when the best agreement is a constant classifier's (``constant``).
     """
     cfg = api._config(config)
     for n, x in (("M", M), ("R", R), ("A", A)):
@@ -147,10 +186,10 @@ def calibrate(M, R, A, adopt, config: MDLConfig | None = None, *, offset: float 
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
     # agreement × N is a count (float32 rounding aside): compare counts with the constant classifiers'
     lab = np.asarray(labels).astype(bool).ravel()
-    n = lab.size
-    best_count = round(float(agreement[best]) * n)
+    n_rec = lab.size
+    best_count = round(float(agreement[best]) * n_rec)
     constant = ("always adopt" if best_count == int(lab.sum()) else
-                "never adopt" if best_count == n - int(lab.sum()) else None)
+                "never adopt" if best_count == n_rec - int(lab.sum()) else None)
     adopt_share = float(np.mean(np.asarray(c_final) >= np.asarray(theta0, np.asarray(c_final).dtype)))
     if constant is not None:
         warnings.warn(f"calibrate: the best agreement ({agreement[best]:.3f}) equals the constant "

@@ -27,44 +27,65 @@ _STATIC = (
 
 @dataclasses.dataclass(frozen=True)
 class MDLConfig:
-    """Hyperparameters of the MDL controller (paper, Table 2).
+    """Hyperparameters of the MDL controller (paper, Table 2, and Sections 3.2-3.4).
 
-    Numeric fields (pytree leaves):
-      sigma: width of the Gaussian value-encoding peaks (paper: 0.20).
-      eps_c: cross-subspace leakage in W_k = s_k Π_k + ε_c Σ_{j≠k} Π_j (paper: 0.10); Theorem 1 needs
-        eps_c < min(gains).
-      gains: principal gains (s_wm, s_r, s_a) = (1.0, 0.7, 0.5).
-      g_A_coeffs: (a, b) of the risk gain g_A = a + b·mean(v_a); paper (0.5, 0.5).
-      gate_coeffs: (g_a, g_b) of C_final = C·(g_a + g_b·α); paper (0.3, 0.7).
+    Frozen: change fields with ``replace``. Numeric fields are pytree leaves (traceable numbers:
+    ``jax.vmap`` / ``jax.grad`` run over them, and a batch of configs, built by ``config_grid`` or
+    ``stack_configs``, holds them with a leading axis K); static fields choose shapes and branches
+    at trace time and are part of the jit cache key. The defaults are the paper's.
+
+    Examples:
+      >>> cfg = MDLConfig().replace(thresholds=(0.7, 0.5, 0.3))
+      >>> ablated = MDLConfig(alpha_gating=False)       # Table 7(a): w/o α gating
+
+    Attributes:
+      sigma: σ, width of the Gaussian value-encoding peaks (paper: 0.20). Numeric.
+      eps_c: ε_c, cross-subspace leakage in W_k = s_k Π_k + ε_c Σ_{j≠k} Π_j (eq. 1; paper: 0.10);
+        Theorem 1 needs eps_c < min(gains). Numeric.
+      gains: s = (s_wm, s_r, s_a), the principal gains of eq. (1): (1.0, 0.7, 0.5). Numeric, (3,).
+      g_A_coeffs: (a, b) of the risk gain g_A = a + b·mean(v_a); paper (0.5, 0.5). Numeric, (2,).
+      gate_coeffs: (g_a, g_b), the α gating coefficients of C_final = C·(g_a + g_b·α); paper
+        (0.3, 0.7). Numeric, (2,).
       thresholds: θ = (θ0, θ1, θ2), descending; paper (0.6, 0.4, 0.2). C_final ≥ θ0 → Active,
-        ≥ θ1 → Supp, ≥ θ2 → Silent, else Opt-Out (a value exactly on a threshold takes the higher action).
-      bias: the fusion bias b. The paper writes +b but never gives a value; we use the scalar 0 broadcast
-        over D, which keeps the controller parameter-free.
-      n_min, n_max: normalisation of the raw norm ‖v_meta‖ into C. The paper takes them from the
-        calibration split: the minimum and maximum of ‖v_meta‖ over the calibration questions (Section
-        3.4). The defaults are computed the paper's way: over the signals of the TruthfulQA calibration
-        split (80 questions, split seed 0) under the other defaults here, by
-        ``mdl_jax.pipeline.defaults.deployed_norm_range`` (no LLM needed; a test recomputes and pins
-        them). An earlier version used the range over the whole signal cube [0, 1]^3
-        (``signal_cube_norm_range``: 1.252-3.281), which left an uncalibrated controller Active for 64%
-        of the cube; real signals occupy the top of that range, so the deployed range is narrower and
-        all four actions occur on ordinary inputs (``mdl-jax demo``).
+        ≥ θ1 → Supp, ≥ θ2 → Silent, else Opt-Out (a value exactly on a threshold takes the higher
+        action). Numeric, (3,).
+      bias: the fusion bias b of v_meta = tanh(... + b). The paper writes +b but never gives a value;
+        we use the scalar 0 broadcast over D, which keeps the controller parameter-free. Numeric, a
+        scalar or (D,).
+      n_min: n_min, the lower end of the normalisation of the raw norm ‖v_meta‖ into C (eq. 2). The
+        paper takes n_min and n_max from the calibration split: the minimum and maximum of
+        ‖v_meta‖ over the calibration questions (Section 3.4). The defaults are computed the
+        paper's way: over the signals of the TruthfulQA calibration split (80 questions, split seed
+        0) under the other defaults here, by ``mdl_jax.pipeline.defaults.deployed_norm_range`` (no
+        LLM needed; a test recomputes and pins them). An earlier version used the range over the
+        whole signal cube [0, 1]^3 (``signal_cube_norm_range``: 1.252-3.281), which left an
+        uncalibrated controller Active for 64% of the cube; real signals occupy the top of that
+        range, so the deployed range is narrower and all four actions occur on ordinary inputs
+        (``mdl-jax demo``). Numeric.
+      n_max: n_max, the upper end of that normalisation (see ``n_min``). Numeric.
+      D: D, the value-vector dimension (16). Static.
+      dims: (d_wm, d_r, d_a), the subspace dimensions (5, 5, 6), summing to D. Static.
+      qr_seed: seed of the random matrix R_rand whose QR decomposition gives the subspace bases
+        (42). The paper does not say which random matrix; we use a standard-normal D×D matrix from
+        ``numpy.random.default_rng(qr_seed)`` (stable across NumPy versions) and fix the QR sign so
+        that diag(R) > 0, which makes Q unique. Static.
+      alpha_gating: ablation switch of Table 7(a): False drops the α gate (C_final = C). Static.
+      risk_modulation: ablation switch: False fixes g_A = 1. Static.
+      subspaces: "qr" (orthogonal subspaces) or "identity" (ablation: every Π_k is the identity).
+        Static.
+      risk_inversion: ablation switch: False encodes A itself instead of s_A = 1 − A. Static.
+      value_encoding: ablation switch: False encodes a signal as v(s) = s·1 without the Gaussian
+        peaks. Static. (The five switches are the five ablations of Table 7(a); the defaults are
+        the full controller.)
 
-    Static fields:
-      D: value-vector dimension (16). dims: subspace dimensions (d_wm, d_r, d_a) = (5, 5, 6), summing to D.
-      qr_seed: seed of the random matrix whose QR decomposition gives the subspace bases (42). The paper
-        does not say which random matrix; we use a standard-normal D×D matrix from
-        ``numpy.random.default_rng(qr_seed)`` (stable across NumPy versions) and fix the QR sign so that
-        diag(R) > 0, which makes Q unique.
-      alpha_gating, risk_modulation, subspaces ("qr" | "identity"), risk_inversion, value_encoding: the five
-        ablations of Table 7(a); the defaults are the full controller.
-
-    Checked at construction (ValueError naming the field): every concrete numeric field is a real
-    number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0 (≥ 2^-63),
-    gains ≥ 0, eps_c = 0 or 0 < eps_c < min(gains), thresholds in [0, 1] with θ0 ≥ θ1 ≥ θ2,
-    n_max > n_min; dims a tuple of three positive ints summing to D, qr_seed an int ≥ 0. The rules
-    hold elementwise for a batch of configs (leaves shaped (K, ...)), and the message names the
-    first bad config's index. Traced leaves (inside jit/vmap/grad) cannot be read and are not checked.
+    Raises:
+      ValueError: at construction, naming the field: every concrete numeric field must be a real
+        number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0
+        (≥ 2^-63), gains ≥ 0, eps_c = 0 or 0 < eps_c < min(gains), thresholds in [0, 1] with
+        θ0 ≥ θ1 ≥ θ2, n_max > n_min; dims a tuple of three positive ints summing to D, qr_seed an
+        int ≥ 0, subspaces "qr" or "identity", the switches bools. The rules hold elementwise for a
+        batch of configs (leaves shaped (K, ...)), and the message names the first bad config's
+        index. Traced leaves (inside jit/vmap/grad) cannot be read and are not checked.
     """
 
     sigma: Any = 0.20
@@ -105,8 +126,19 @@ class MDLConfig:
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         _check_numeric(self)
 
-    def replace(self, **changes) -> MDLConfig:
-        """A copy with some fields changed (the config is frozen)."""
+    def replace(self, **changes: Any) -> MDLConfig:
+        """A copy with some fields changed (the config is frozen), checked like a new config.
+
+        Args:
+          **changes: field=value pairs, e.g. ``thresholds=(0.7, 0.5, 0.3)``.
+
+        Returns:
+          A new ``MDLConfig``.
+
+        Raises:
+          TypeError: a keyword that is not a field.
+          ValueError: a value outside its field's domain (as at construction).
+        """
         return dataclasses.replace(self, **changes)
 
     @property
@@ -206,14 +238,13 @@ def _check_numeric(cfg: MDLConfig) -> None:
         # paths then disagree); every σ from 2^-63 up is a finite, matching decision.
         _fail("sigma", f"a finite width > 0 (at least 2^-63 ≈ {SIGMA_MIN:.4g}, so σ² is a normal float32)",
               cfg.sigma, finite("sigma") | ~(v["sigma"] >= SIGMA_MIN))
-    gains_ok = v["gains"] is not None
-    if gains_ok:
+    if v["gains"] is not None:
         # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))
         _fail("gains", "finite gains ≥ 0", cfg.gains, per_config("gains", finite("gains") | ~(v["gains"] >= 0)))
     if v["eps_c"] is not None:
         bad = finite("eps_c") | ~(v["eps_c"] >= 0)
         what = "a finite leakage ≥ 0"
-        if gains_ok:
+        if v["gains"] is not None:
             # Theorem 1's condition; eps_c = 0 (no leakage) keeps every pathway monotone for any gains
             eps, low = _broadcast("eps_c, gains", v["eps_c"], v["gains"].min(axis=-1))
             bad = bad | ((eps > 0) & (eps >= low))

@@ -32,7 +32,10 @@ VERSION = 1
 
 
 class ConfigFileError(ValueError):
-    """A config file that cannot be read as a config of this version; the message names the file."""
+    """A config file that cannot be read as a config of this version; the message names the file.
+
+    A ``ValueError``, so ``except ValueError`` catches it with every other bad-input error.
+    """
 
 
 def _plain(v):
@@ -43,7 +46,19 @@ def _plain(v):
 
 
 def config_to_dict(cfg: MDLConfig) -> dict:
-    """The config as plain JSON-able values (a single config, not a batch)."""
+    """The config as plain JSON-able values: what ``save_config`` writes.
+
+    Args:
+      cfg: a single config (not a batch).
+
+    Returns:
+      {"format": FORMAT, "version": VERSION, "numeric": {field: float or list of floats},
+        "static": {field: value}} (``dims`` as a list).
+
+    Raises:
+      TypeError: ``cfg`` is not an ``MDLConfig``.
+      ValueError: ``cfg`` is a batch of configs (naming the first batched field).
+    """
     if not isinstance(cfg, MDLConfig):
         raise TypeError(f"cfg: expected an MDLConfig, got {type(cfg).__name__}")
     numeric = {}
@@ -105,6 +120,18 @@ def config_from_dict(d: dict, source: str = "config") -> MDLConfig:
     "static", or lists the fields it leaves at the paper defaults in "defaults" (e.g.
     ``"defaults": ["bias"]``): a missing field that is not listed, a field listed and also stated, a
     field under the wrong object or at the top level, and any unknown key are errors.
+
+    Args:
+      d: the parsed JSON object of a config file.
+      source: what to call it in error messages (the file's path).
+
+    Returns:
+      The ``MDLConfig`` it describes.
+
+    Raises:
+      ConfigFileError: (a ValueError) another format or version; a missing, unknown, misplaced or
+        doubly stated field; a value of the wrong JSON kind or length; a broken invariant of
+        ``MDLConfig`` (its message, prefixed by ``source``).
     """
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ConfigFileError(f"{source}: not an mdl-jax config (expected \"format\": \"{FORMAT}\")")
@@ -176,8 +203,26 @@ def _dumps(d: dict) -> str:
     return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text)
 
 
-def save_config(cfg: MDLConfig, path, *, note: str | None = None) -> Path:
-    """Write ``cfg`` to ``path`` as JSON (atomically: a temp file, then a rename)."""
+def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = None) -> Path:
+    """Write ``cfg`` to ``path`` as JSON (atomically: a temp file, then a rename).
+
+    Examples:
+      >>> save_config(cfg, "tuned.json", note="gates tuned on paper-scale-200x3, fold 0")   # doctest: +SKIP
+      >>> decide(0.8, 0.7, 0.2, config="tuned.json")                                     # doctest: +SKIP
+
+    Args:
+      cfg: a single config (not a batch).
+      path: the file to write; missing parent folders are created.
+      note: an optional free-text note stored in the file (under "note").
+
+    Returns:
+      The path written, as a ``Path``.
+
+    Raises:
+      TypeError: ``cfg`` is not an ``MDLConfig``.
+      ValueError: ``cfg`` is a batch of configs.
+      OSError: the file or its folder cannot be written.
+    """
     d = config_to_dict(cfg)
     if note:
         d["note"] = note
@@ -189,13 +234,23 @@ def save_config(cfg: MDLConfig, path, *, note: str | None = None) -> Path:
     return path
 
 
-def read_config_bytes(path) -> bytes:
+def read_config_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of the config file at ``path``: a regular file (after following links) of at most
     ``MAX_BYTES``, else ConfigFileError naming the file.
 
     Opened non-blocking, so a FIFO cannot block; the checks run on the opened descriptor, so the
     file cannot be swapped between check and read. A link to /dev/zero, a FIFO, a socket or a
     directory is refused, and at most MAX_BYTES + 1 bytes are ever read.
+
+    Args:
+      path: the config file.
+
+    Returns:
+      Its bytes (at most ``MAX_BYTES``).
+
+    Raises:
+      ConfigFileError: (a ValueError) the file cannot be opened or read, is not a regular file, or
+        is larger than ``MAX_BYTES``.
     """
     path = os.fspath(path)
     try:
@@ -267,7 +322,19 @@ def _depth_path(text: str, limit: int) -> str | None:
 
 
 def config_from_bytes(data: bytes, source: str = "config") -> MDLConfig:
-    """Parse a config file's bytes (UTF-8 JSON); ConfigFileError naming ``source`` and the field."""
+    """Parse a config file's bytes (UTF-8 JSON); ConfigFileError naming ``source`` and the field.
+
+    Args:
+      data: the file's bytes (``read_config_bytes``).
+      source: what to call them in error messages (the file's path).
+
+    Returns:
+      The ``MDLConfig`` they describe.
+
+    Raises:
+      ConfigFileError: (a ValueError) bytes that are not UTF-8, not JSON, or nest deeper than a
+        config does; and everything ``config_from_dict`` refuses.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -282,6 +349,22 @@ def config_from_bytes(data: bytes, source: str = "config") -> MDLConfig:
     return config_from_dict(d, source)
 
 
-def load_config(path) -> MDLConfig:
-    """Read a config written by ``save_config``; ConfigFileError naming the file and the field."""
+def load_config(path: str | os.PathLike) -> MDLConfig:
+    """Read a config written by ``save_config`` (or by hand, in the same format).
+
+    Examples:
+      >>> cfg = load_config("tuned.json")       # doctest: +SKIP
+
+    Args:
+      path: the config file.
+
+    Returns:
+      The ``MDLConfig`` it holds.
+
+    Raises:
+      ConfigFileError: (a ValueError, naming the file and the field) a path that is not a regular
+        file or is larger than ``MAX_BYTES``; bytes that are not UTF-8 JSON or nest too deep;
+        another format or version; a missing, unknown or misplaced field; a value of the wrong
+        JSON kind or length; a broken ``MDLConfig`` invariant.
+    """
     return config_from_bytes(read_config_bytes(path), os.fspath(path))

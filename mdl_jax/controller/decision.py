@@ -26,7 +26,17 @@ _HI = jax.lax.Precision.HIGHEST
 
 
 class Action(enum.IntEnum):
-    """The four-level action (Section 3.3), ordered from most to least trusting."""
+    """The four-level action (Section 3.3), ordered from most to least trusting.
+
+    An ``IntEnum``: ``Decision.action`` holds these codes as int32, and the last axis of
+    ``soft_decide``'s probabilities is in this order (index 0 is P(Active)).
+
+    Attributes:
+      ACTIVE: 0, C_final ≥ θ0: inject the memories.
+      SUPP: 1, θ0 > C_final ≥ θ1: inject them with a caution instruction.
+      SILENT: 2, θ1 > C_final ≥ θ2: answer without the memories.
+      OPT_OUT: 3, C_final < θ2 (or a NaN signal): abstain explicitly, no model call.
+    """
 
     ACTIVE = 0    # inject the memories
     SUPP = 1      # inject with a caution instruction
@@ -47,10 +57,20 @@ ACTION_LABELS = {Action.ACTIVE: "Active", Action.SUPP: "Supp", Action.SILENT: "S
 class Decision(NamedTuple):
     """Controller output; every field has the input's leading shape (``...``).
 
-    action: int32 codes of ``Action``. C, alpha, C_final: confidence, consistency, gated confidence.
-    v_meta: (..., D) fused representation. energies: (..., 3) ‖Π_k v_meta‖² per subspace (wm, r, a):
-    the Lemma 1 attribution interface, summing to ‖v_meta‖² under QR subspaces. norm: raw ‖v_meta‖
-    (what calibration normalises). g_A: the risk gain applied to the relevance pathway.
+    The float fields are float32 (float64 for float64 input under x64), as ``decide`` says.
+
+    Attributes:
+      action: (...) int32 codes of ``Action`` (the action a of Algorithm 1).
+      C: (...) float confidence C in [0, 1] (eq. 2).
+      alpha: (...) float directional consistency α = cos(v_wm, v_meta) in [-1, 1] (eq. 2); 0 where
+        either vector has zero norm.
+      C_final: (...) float gated confidence C_final = C·(g_a + g_b·α), the value the thresholds θ
+        compare.
+      v_meta: (..., D) float fused representation v_meta (D = 16 by default).
+      energies: (..., 3) float ‖Π_k v_meta‖² per subspace (wm, r, a): the Lemma 1 attribution
+        interface, summing to ‖v_meta‖² under QR subspaces.
+      norm: (...) float raw ‖v_meta‖ (what calibration normalises into C with n_min, n_max).
+      g_A: (...) float risk gain g_A applied to the relevance pathway.
     """
 
     action: jax.Array
@@ -158,8 +178,23 @@ def energies(v_meta, cfg: MDLConfig) -> jax.Array:
     return jnp.stack([jnp.sum(sq[a:b]) for a, b in zip(edges[:-1], edges[1:])])
 
 
-def decide_one(M, R, A, cfg: MDLConfig) -> Decision:
-    """Algorithm 1 for one record (scalars M, R, A in [0, 1])."""
+def decide_one(M: jax.Array, R: jax.Array, A: jax.Array, cfg: MDLConfig) -> Decision:
+    """Algorithm 1 for one record: the definition every batched path and kernel is tested against.
+
+    Pure and unchecked, for composing with ``jax.vmap`` / ``jax.jit`` / ``jax.grad`` yourself;
+    ``decide`` is the checked, batched entry point.
+
+    Args:
+      M: () float array, the relevance in [0, 1].
+      R: () float array, the reliability in [0, 1].
+      A: () float array, the task risk in [0, 1] (inverted to s_A = 1 − A unless
+        ``cfg.risk_inversion`` is False).
+      cfg: one config (not a batch); its numeric fields may be traced.
+
+    Returns:
+      A ``Decision`` of 0-d fields (``v_meta``: (D,), ``energies``: (3,)) in the signals' dtype.
+        Values outside [0, 1] are not checked and give an unspecified decision.
+    """
     v_meta, v_wm, g_A = fuse(M, R, A, cfg)
     C, alpha, n = read_out(v_meta, v_wm, cfg)
     C_final = gate(C, alpha, cfg)
@@ -176,7 +211,20 @@ def soft_action_probs(C_final, cfg: MDLConfig, temperature=0.02) -> jax.Array:
 
 
 def signal_cube_norm_range(cfg: MDLConfig | None = None, points: int = 41) -> tuple[float, float]:
-    """Min and max of ‖v_meta‖ over a points³ grid of [0, 1]³: the default n_min / n_max (see MDLConfig)."""
+    """Min and max of ‖v_meta‖ over a points³ grid of the signal cube [0, 1]³.
+
+    An earlier version's default n_min / n_max (1.252-3.281 under the paper's settings); the
+    defaults now come from a calibration split (see ``MDLConfig``'s n_min, n_max). Useful as a
+    calibration-free range for a config whose fusion fields differ from the defaults.
+
+    Args:
+      cfg: the config whose fusion is evaluated (its n_min / n_max are not used); the paper's
+        defaults when None.
+      points: grid points per axis (41: a step of 0.025), so points³ records are decided.
+
+    Returns:
+      (min, max) of the raw norm ‖v_meta‖ over the grid, as Python floats.
+    """
     cfg = cfg or MDLConfig()
     g = jnp.linspace(0.0, 1.0, points, dtype=jnp.float32)
     M, R, A = (x.ravel() for x in jnp.meshgrid(g, g, g, indexing="ij"))

@@ -84,7 +84,7 @@ class Structure(NamedTuple):
 
 def structure(cfg: MDLConfig) -> Structure:
     return Structure(cfg.value_encoding, cfg.risk_inversion, cfg.risk_modulation, cfg.alpha_gating,
-                     cfg.subspaces == "qr", tuple(cfg.dims))
+                     cfg.subspaces == "qr", (*cfg.dims,))
 
 
 # ------------------------------------------------------------------------------------ when to use it
@@ -452,7 +452,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, *, interpret: bool | None = 
     st = structure(cfg)
     rec_block = min(SWEEP_BLOCK, _pow2_at_least(size, block))
     blk = min(block, rec_block)
-    backup = []
+    backup: list = []   # the fallback engine, built on first need
 
     def other():
         if not backup:

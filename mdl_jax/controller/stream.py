@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.controller import sweep as _sw
+from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
 
 # Rows per block of Poisson draws (see the module docstring).
@@ -194,13 +195,18 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
     return red.state(), bool(bootstrap), batched, "adopt" in cols
 
 
-def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int = 0, seed: int = 0,
-                  record_chunk: int = RECORD_CHUNK, engine: str = "auto", mesh_shape=None,
-                  progress: bool = False) -> SweepResult:
+def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict | None = None,
+                  bootstrap: int = 0, seed: int = 0, record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+                  mesh_shape: tuple[int, int] | None = None, progress: bool = False) -> SweepResult:
     """``sweep`` over the records of a Parquet file, streamed: memory is one pass, not N.
 
+    Examples:
+      >>> res = sweep_parquet("records.parquet", config_grid(g_a=np.linspace(0, 1, 21)), bootstrap=10)
+      >>> res.accuracy.shape       # doctest: +SKIP
+      (21, 10)
+
     Args:
-      path: a Parquet file with one record per row.
+      path: a Parquet file with one record per row (needs pyarrow, in the ``[signals]`` extra).
       configs: as ``sweep`` (a batch, a single config; not a list: call once per batch).
       columns: {role: column name} for roles "M", "R", "A" (default: columns of those names),
         "adopt" (binary oracle labels; default: the column "adopt" if the file has one, else no
@@ -208,13 +214,23 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
       bootstrap: W > 0 gives W Poisson(1) bootstrap resamples (module docstring), multiplied into the
         weight column if there is one; 0 (default): the records once.
       seed: the resamples' seed (an int ≥ 0).
-      record_chunk, engine, mesh_shape: as ``sweep``.
+      record_chunk: as ``sweep``'s: records per pass.
+      engine: as ``sweep``'s.
+      mesh_shape: as ``sweep``'s.
       progress: a tqdm bar over row groups (off by default, like every library call here).
 
     Returns:
-      ``SweepResult`` as ``sweep``'s, with a W axis after K when ``bootstrap`` > 0. ValueError naming
-      the column and row for a missing file or column, a null, a signal outside [0, 1], a label that
-      is not 0/1, a negative or non-finite weight; and for a weight vector whose total is 0.
+      ``SweepResult`` as ``sweep``'s, with a W axis after K when ``bootstrap`` > 0.
+
+    Raises:
+      ValueError: naming the column and row for a missing file or column, a file that is not
+        Parquet or holds no records, a null, a signal outside [0, 1], a label that is not 0/1, a
+        negative or non-finite weight; a weight vector whose total is 0, or a Poisson resample
+        that drew no record (naming ``bootstrap``); ``columns``, ``bootstrap``, ``seed``,
+        ``record_chunk``, ``engine`` or ``mesh_shape`` outside their domains; a config of the
+        batch outside its domain.
+      TypeError: ``path`` not a path; ``configs`` a list or tuple, or not an ``MDLConfig``.
+      ImportError: pyarrow is not installed.
     """
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")

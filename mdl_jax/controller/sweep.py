@@ -44,6 +44,14 @@ one device nothing changes.
 
 Passes are added by ``_Reducer``, which ``sweep`` (arrays), ``stream.sweep_parquet`` (Parquet) and
 ``distributed`` (processes) share: whatever the source, the same engines and the same exact sums.
+
+Why one module over the house's ~600 lines: about 400 of its lines are code; the rest is the reference
+documentation of its five public names (``SweepResult``, ``stack_configs``, ``config_grid``,
+``bootstrap_weights``, ``sweep``), which the API docs are generated from, and the comments on why each
+pass is laid out as it is. If the code itself grows, the seam to split along is config batches
+(``batch_size`` through ``bootstrap_weights``: building and checking a batch) versus the pass machinery
+(the program, the engines, ``_Reducer``, ``sweep``), with the public names re-exported here so
+``from mdl_jax.controller.sweep import config_grid, sweep`` keeps working.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +70,7 @@ from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
-from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape, plain
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, plain
 
 # The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
 _BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
@@ -81,19 +89,23 @@ _CHUNK_DECISIONS = 16384
 
 
 class SweepResult(NamedTuple):
-    """Per-config reductions. With ``weights`` of shape (W, N) every field has a W axis after K.
+    """Per-config reductions, as float64 NumPy arrays. With ``weights`` of shape (W, N) every field
+    has a W axis after K; the K axis is absent for a single unbatched config.
 
-    accuracy: (K[, W]) share of records (by weight) where 'adopt ⇔ ACTIVE' matches the oracle label;
-      None when no labels were given.
-    counts: (K[, W], 4) weighted number of records per action, in ``Action`` order.
-    mean_C_final: (K[, W]) weighted mean of C_final.
-    total: ([W]) total weight (the number of records, unweighted).
+    Attributes:
+      accuracy: (K[, W]) share of records (by weight) where 'adopt ⇔ ACTIVE' matches the oracle
+        label (binary decision accuracy, paper Section 5.3); None when no labels were given.
+      counts: (K[, W], 4) weighted number of records per action, in ``Action`` order (exact
+        integers for integer weights with totals < 2^31).
+      mean_C_final: (K[, W]) weighted mean of C_final.
+      total: ([W]) total weight (the number of records, unweighted); a float64 scalar without a W
+        axis.
     """
 
-    accuracy: jax.Array | None
-    counts: jax.Array
-    mean_C_final: jax.Array
-    total: jax.Array
+    accuracy: np.ndarray | None
+    counts: np.ndarray
+    mean_C_final: np.ndarray
+    total: np.ndarray | np.float64
 
 
 # ------------------------------------------------------------------------------------ config batches
@@ -185,8 +197,26 @@ def _as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:
 
 
 def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
-    """A batch of configs from single configs that share their static fields: every numeric leaf
-    gets a leading axis K = len(configs)."""
+    """A batch of configs from single configs that share their static fields.
+
+    Examples:
+      >>> batch = stack_configs([MDLConfig(), MDLConfig(sigma=0.3)])     # K = 2
+      >>> batch.sigma.shape
+      (2,)
+
+    Args:
+      configs: K ≥ 1 single ``MDLConfig`` with the same static fields (D, dims, qr_seed, the
+        ablations); a scalar and a (D,) bias mix (stored as (K, D)).
+
+    Returns:
+      A batch of configs: every numeric leaf a float32 NumPy array with a leading axis
+        K = len(configs); static fields from ``configs[0]``.
+
+    Raises:
+      ValueError: no configs; static fields that differ (naming the index); a field whose shape
+        differs between configs.
+      TypeError: an entry that is not an ``MDLConfig`` (naming the index).
+    """
     configs = list(configs)
     if not configs:
         raise ValueError("configs: expected at least one MDLConfig")
@@ -215,7 +245,7 @@ def _with_leaves(template: MDLConfig, leaves: dict) -> MDLConfig:
     return _config._unflatten(_config._flatten(template)[1], [leaves[f] for f in NUMERIC_FIELDS])
 
 
-def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
+def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     """The Cartesian product of named value lists, as a batch of K = ∏ len(values) configs.
 
     Keywords are numeric fields (``sigma=[...]``, ``eps_c``, ``n_min``, ``n_max``, ``bias``; vector
@@ -225,6 +255,24 @@ def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
     ``(len(axis1), len(axis2), ...)``. Other fields come from ``base`` (the paper defaults when None).
     Every config is checked (finite, σ > 0, 0 ≤ ε_c < min gains, θ descending in [0, 1],
     n_max > n_min): a bad value is a ValueError naming the field and the config's index.
+
+    Examples:
+      >>> grid = config_grid(g_a=np.linspace(0, 1, 21), g_b=np.linspace(0, 1, 21))   # K = 441
+      >>> sweep(M, R, A, grid, adopt=adopt).accuracy.reshape(21, 21)                 # doctest: +SKIP
+
+    Args:
+      base: the single config the other fields come from; the paper's defaults when None.
+      **axes: field or component name = a non-empty list of values (scalars; tuples for a whole
+        vector field; scalars or D-vectors for ``bias``).
+
+    Returns:
+      A batch of K configs (numeric leaves float32 with a leading axis K, ``base``'s static fields).
+
+    Raises:
+      ValueError: no keywords; an unknown name; a list that is empty, not real numbers, of the wrong
+        rank or tuple length, or not finite (naming the keyword and index); a config of the product
+        outside its domain (naming the field and the config's index); a batched ``base``.
+      TypeError: ``base`` is not an ``MDLConfig``.
     """
     base = base if base is not None else MDLConfig()
     if not isinstance(base, MDLConfig):
@@ -279,8 +327,23 @@ def config_grid(base: MDLConfig | None = None, **axes) -> MDLConfig:
 
 
 def bootstrap_weights(n: int, n_resamples: int, seed: int = 0) -> np.ndarray:
-    """(n_resamples, n) multiplicities of n draws with replacement from n records (a bootstrap
-    resample each row); ``sweep(..., weights=...)`` then scores every resample exactly."""
+    """Bootstrap resamples as per-record multiplicity weights for ``sweep(..., weights=...)``.
+
+    A record's decision does not depend on how often it was drawn, so ``sweep`` decides each
+    (config, record) once and scores every resample exactly as one weighted sum.
+
+    Args:
+      n: the number of records N, a positive int.
+      n_resamples: the number of resamples W, a positive int.
+      seed: seed of ``numpy.random.default_rng`` (any value it takes).
+
+    Returns:
+      (n_resamples, n) float32 array: row w holds how often each record was drawn in n draws with
+        replacement from n records (integers summing to n).
+
+    Raises:
+      ValueError: ``n`` or ``n_resamples`` not a positive int (naming it).
+    """
     if not (isinstance(n, (int, np.integer)) and n > 0):
         raise ValueError(f"n: expected a positive int, got {n!r}")
     if not (isinstance(n_resamples, (int, np.integer)) and n_resamples > 0):
@@ -428,7 +491,7 @@ def _weights(weights, N: int):
     if w.dtype.kind not in "biuf":
         raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
     w2d = w.ndim == 2
-    w = w.reshape((1, -1) if w.ndim == 1 else w.shape)
+    w = w.reshape((1, -1) if w.ndim == 1 else tuple(w.shape))   # (tuple(): numpy's stubs misread .shape here)
     if w.ndim != 2 or w.shape[1] != N:
         raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -554,12 +617,34 @@ def _pass_layout(K: int, N: int, record_chunk: int, mesh_shape) -> tuple[int, in
     return n_pass, -(-size // r) * r, shape
 
 
-def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK,
-          engine: str = "auto", mesh_shape: tuple[int, int] | None = None):
+@overload
+def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig, *,
+          adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
+          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          mesh_shape: tuple[int, int] | None = None) -> SweepResult: ...
+@overload
+def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: Sequence[MDLConfig], *,
+          adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
+          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          mesh_shape: tuple[int, int] | None = None) -> list[SweepResult]: ...
+
+
+def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig | Sequence[MDLConfig], *,
+          adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
+          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          mesh_shape: tuple[int, int] | None = None) -> SweepResult | list[SweepResult]:
     """Every config × every record, reduced per config (see the module docstring).
 
+    Examples:
+      >>> configs = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 21), g_b=np.linspace(0, 1, 21))
+      >>> res = sweep(M, R, A, configs, adopt=adopt, weights=bootstrap_weights(len(M), 10, seed=0))
+      >>> res.accuracy.reshape(21, 21, 10)       # doctest: +SKIP
+
     Args:
-      M, R, A: (N,) signals in [0, 1] (checked: ValueError naming the argument and first bad index).
+      M: (N,) relevance in [0, 1], N ≥ 1 (checked: ValueError naming the argument and first bad
+        index; 0-d values broadcast to N).
+      R: (N,) reliability, as ``M``.
+      A: (N,) task risk, as ``M``.
       configs: a batch of configs (``config_grid``, ``stack_configs``), a single ``MDLConfig`` (a batch
         of one), or a list/tuple of those (e.g. one batch per ablation) → a list of results.
       adopt: optional (N,) binary oracle labels (1 = adopt the memory); gives ``accuracy``.
@@ -575,11 +660,21 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
         it selects the jax engine (with "auto"; another engine is a ValueError).
 
     Returns:
-      ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays; leading
-      axis K (absent for a single unbatched config), then W when ``weights`` was 2-d. With integer
-      weights (none, or bootstrap multiplicities) whose totals are < 2^31, ``counts`` and ``total``
-      are exact integers and ``accuracy`` the exact ratio; other weights are summed in float32 within
-      a pass (scaled so they cannot overflow) and in float64 across passes.
+      ``SweepResult`` (or a list of them, one per entry of ``configs``) of float64 NumPy arrays;
+        leading axis K (absent for a single unbatched config), then W when ``weights`` was 2-d.
+        With integer weights (none, or bootstrap multiplicities) whose totals are < 2^31,
+        ``counts`` and ``total`` are exact integers and ``accuracy`` the exact ratio; other weights
+        are summed in float32 within a pass (scaled so they cannot overflow) and in float64 across
+        passes.
+
+    Raises:
+      ValueError: a signal outside [0, 1], not 1-d or empty, or shapes that differ; labels that are
+        not binary or not (N,); weights of the wrong shape, negative, non-finite, with a zero or
+        overflowing total; a config of the batch outside its domain (naming the field and index);
+        leaves of one batch with different K; an empty list of configs; ``record_chunk`` not a
+        positive int; an unknown ``engine``; a ``mesh_shape`` that does not fit the devices, or
+        with an engine other than "jax" / "auto".
+      TypeError: ``configs`` (or an entry) is not an ``MDLConfig``.
     """
     if isinstance(configs, (list, tuple)):
         if not configs:

@@ -60,7 +60,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
-from mdl_jax.controller.validation import binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
 
 FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
 _EPS = 1e-3
@@ -73,7 +73,30 @@ class TuneResult(NamedTuple):
     """``config``: the tuned config. ``history``: per-step arrays ("loss", "train_accuracy",
     "val_accuracy", "temperature", and the constrained "sigma", "eps_c", "min_gain", "thresholds",
     "n_min", "n_max" after each step) and scalars ("best_step", "stopped_step", "best_val_accuracy",
-    "disagreement": share of training records where soft argmax ≠ hard action at the end)."""
+    "disagreement": share of training records where soft argmax ≠ hard action at the end).
+
+    Attributes:
+      config: the tuned ``MDLConfig``: the kept parameters (those of the best validation accuracy,
+        or the last step's without a validation part), its trained fields as plain floats / tuples;
+        fields outside ``fields`` are the starting config's values, exactly.
+      history: a dict of NumPy arrays. Per-step series, shape (steps,) (``thresholds``:
+        (steps, 3)): ``"loss"`` (weighted cross-entropy), ``"train_accuracy"`` and
+        ``"val_accuracy"`` (hard decisions, adopt ⇔ Active; validation accuracy is 0 without a
+        validation part) of the parameters entering step k, before its update; ``"temperature"``
+        (τ at step k); ``"sigma"``, ``"eps_c"``, ``"min_gain"`` (min of the gains),
+        ``"thresholds"``, ``"n_min"``, ``"n_max"``: the constrained config values after step k's
+        update. Scalars, shape (): ``"best_step"`` (int32: the step whose parameters were kept;
+        steps − 1 without a validation part), ``"best_val_accuracy"`` (float32, the validation
+        accuracy at ``best_step``), ``"stopped_step"`` (int32: the step at which early stopping,
+        ``patience`` steps without a better validation accuracy, or divergence stopped the run;
+        ``steps`` when it never stopped), ``"diverged_step"`` (int32: the step whose update was
+        not finite or broke an invariant and was not applied; −1: never) and ``"disagreement"``
+        (float32: share of training records where the soft argmax at the final temperature ≠ the
+        hard action, for the kept parameters). After ``stopped_step`` the run no longer moves:
+        every later entry scores the same frozen parameters (the accuracies and field values
+        repeat; ``"loss"`` still changes because τ keeps annealing), so only steps up to
+        ``stopped_step`` describe training.
+    """
 
     config: MDLConfig
     history: dict
@@ -460,7 +483,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     # drop the padding runs (each group's first len(idx) rows are its own runs)
     res = [jax.tree.map(functools.partial(_head, n=len(idx)), g) for idx, g in zip(members, res)]
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
-    history = {}
+    history: dict[str, np.ndarray] = {}
     for key, idx, (bp, hist, scalars) in zip(keys, members, res):
         take = np.array(idx)
         for f, v in _constrained(bp, base=static, trained=key).items():  # one call per group
@@ -468,7 +491,7 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         for k, v in {**hist, **scalars}.items():
             arr = history.setdefault(k, np.zeros((B,) + np.shape(v)[1:], np.asarray(v).dtype))
             arr[take] = np.asarray(v)
-    for b in np.flatnonzero(history["diverged_step"] >= 0):
+    for b in np.flatnonzero(history["diverged_step"] >= 0).tolist():
         warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) diverged at "
                       f"step {int(history['diverged_step'][b])} (a non-finite loss or parameter); it "
                       f"stopped there and keeps its last finite parameters. Lower learning_rate "
@@ -531,21 +554,60 @@ def _concrete_from(base: MDLConfig, values: dict, trained: Sequence[str]) -> MDL
                                                      "value_encoding")})
 
 
-def tune(M, R, A, adopt, *, fields: Sequence[str] = FIELD_SETS["gates"], config: MDLConfig | None = None,
-         weights=None, val=None, steps: int = 500, learning_rate: float = 0.05,
-         temperature=(0.05, 0.002), patience: int = 100, seed: int = 0) -> TuneResult:
+def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
+         fields: Sequence[str] = FIELD_SETS["gates"], config: MDLConfig | None = None,
+         weights: ArrayLike = None, val: ArrayLike = None, steps: int = 500,
+         learning_rate: float = 0.05, temperature: tuple[float, float] = (0.05, 0.002), patience: int = 100,
+         seed: int = 0) -> TuneResult:
     """Tune ``fields`` of ``config`` (paper defaults when None) on (N,) signals and binary labels.
 
+    The objective and the parametrisation that keeps the paper's invariants are in the module
+    docstring; one run, jitted (``tune_many`` trains many in one program).
+
+    Examples:
+      >>> res = tune(M, R, A, adopt, fields=("gate_coeffs", "thresholds"), val=val_mask)
+      >>> res.config.thresholds, res.history["best_step"]           # doctest: +SKIP
+      >>> res.history["val_accuracy"][: int(res.history["stopped_step"]) + 1]   # doctest: +SKIP
+
     Args:
+      M: (N,) relevance in [0, 1], N ≥ ``MIN_RECORDS`` (5).
+      R: (N,) reliability, as ``M``.
+      A: (N,) task risk, as ``M``.
+      adopt: (N,) binary oracle labels (bool, or numbers all 0 or 1): 1 where the memory should be
+        adopted (the target is Active).
+      fields: the numeric ``MDLConfig`` fields to train, a non-empty subset of
+        ``NUMERIC_FIELDS``; default ``FIELD_SETS["gates"]`` = ("gate_coeffs", "thresholds"),
+        ``FIELD_SETS["all"]`` trains every numeric field.
+      config: the starting ``MDLConfig`` (a single config); the paper's defaults when None.
       weights: optional (N,) non-negative per-record weights of the training loss.
       val: optional (N,) validation mask/weights over the same records (early stopping); records
         with validation weight > 0 are left out of training.
+      steps: optimisation steps (full batch), a positive int.
+      learning_rate: peak learning rate of Adam on a warmup-cosine schedule (warmup over the first
+        tenth, decaying to 5% of it), finite and > 0.
+      temperature: (start, end) of τ, annealed geometrically over the steps; both > 0.
+      patience: steps without a better validation accuracy before the run stops moving (only with
+        a validation part).
       seed: an int in [0, 2**64); 0 starts at ``config`` itself, any other from a jittered point of its own.
 
-    Fields outside ``fields`` come back exactly as in ``config``. ValueError naming the argument for
-    signals outside [0, 1] or not 1-d, fewer than ``MIN_RECORDS`` (5) records, training labels of one
-    class only, a seed outside its domain, a learning rate that is not finite and > 0. A diverged run
-    warns (RuntimeWarning) and keeps its last finite parameters (``history["diverged_step"]``).
+    Returns:
+      A ``TuneResult``: the tuned config and the per-step history (layout in ``TuneResult``).
+
+    Raises:
+      ValueError: naming the argument: signals outside [0, 1], not 1-d or of different lengths,
+        fewer than ``MIN_RECORDS`` (5) records; labels that are not binary, or of one class only
+        among the training records; ``weights`` or ``val`` not of shape (N,), or negative or
+        non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left;
+        an unknown or empty ``fields``; ``steps`` not a positive int, ``learning_rate`` not finite
+        and > 0, ``temperature`` not two positive numbers, ``seed`` outside [0, 2**64).
+      TypeError: ``config`` is not an ``MDLConfig`` (a config file path is not taken here:
+        ``load_config`` it first).
+
+    Warns:
+      RuntimeWarning: a diverged run; it keeps its last finite parameters
+        (``history["diverged_step"]``).
+
+    Fields outside ``fields`` come back exactly as in ``config``.
     """
     (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
     w = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)

@@ -10,10 +10,19 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+# What the public functions take for signals and labels: Python numbers, (nested) lists, NumPy or JAX
+# arrays, and JAX tracers inside a caller's jit/vmap/grad, i.e. what ``jnp.asarray`` takes. Any to the
+# type checker, on purpose: these functions check the values themselves at run time (dtype, shape and
+# range, errors naming the argument) and then rebind the names to arrays, and numpy.typing.ArrayLike's
+# union (str and bytes in, float only through complex) made mypy call decide's one-float fast path
+# unreachable and skip checking it.
+ArrayLike: TypeAlias = Any
 
 
 def is_traced(x) -> bool:

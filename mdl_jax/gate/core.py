@@ -32,6 +32,7 @@ import numpy as np
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
 from mdl_jax.controller.decision import ACTION_LABELS, Action
+from mdl_jax.controller.validation import ArrayLike
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
@@ -186,7 +187,20 @@ def _jsonable(x):
 class GateDecision:
     """One gated decision. ``action``: ``mdl_jax.Action``; ``scalars``: M, R, A, φ, C, α, C_final and
     the subspace energies E_wm, E_r, E_a (plain floats); ``retrieved``: the memories as given;
-    ``memories``: those to inject (all for Active / Supp, none for Silent / Opt-Out)."""
+    ``memories``: those to inject (all for Active / Supp, none for Silent / Opt-Out).
+
+    Frozen; built by ``MemoryGate.decide`` / ``decide_batch``.
+
+    Attributes:
+      query: the query, as given.
+      action: the ``Action`` (Active, Supp, Silent or Opt-Out).
+      scalars: {"M", "R", "A", "phi", "C", "alpha", "C_final", "E_wm", "E_r", "E_a"}: plain floats
+        (``SCALARS``): the signals, φ (conflict rate), the controller's C, α, C_final and the
+        subspace energies ‖Π_k v_meta‖².
+      retrieved: the memories as given (texts or dicts), a tuple.
+      texts: the memories' texts, a tuple in the same order.
+      abstention: the answer for Opt-Out (no model call).
+    """
 
     query: str
     action: Action
@@ -202,6 +216,7 @@ class GateDecision:
 
     @property
     def injects(self) -> bool:
+        """True for Active and Supp, the actions that inject the memories."""
         return self.action in (Action.ACTIVE, Action.SUPP)
 
     @property
@@ -223,6 +238,17 @@ class GateDecision:
         Active: the memory block goes in front of the last user message's content; Supp: the block and
         the caution; Silent: the chat unchanged; Opt-Out: None (answer with ``abstention``). The input
         is not modified; a copy is returned.
+
+        Args:
+          messages: the chat, a list of dicts with a "role" and a "content" (a string, or a list of
+            content parts: the memories then become a first text part); at least one "user" message.
+
+        Returns:
+          A new list of new dicts, or None for Opt-Out.
+
+        Raises:
+          ValueError: ``messages`` is not a list of dicts with a "role", has no user message, or the
+            last user message's content is neither a string nor a list (naming the index).
         """
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise ValueError("messages: expected a list of chat messages (dicts with 'role' and "
@@ -252,7 +278,7 @@ class GateDecision:
         return out
 
     def to_dict(self) -> dict:
-        """JSON-able: {"action", "scalars", "memories"}."""
+        """JSON-able: {"action": ``action_name``, "scalars": ``scalars``, "memories": ``memories``}."""
         return {"action": self.action_name, "scalars": dict(self.scalars),
                 "memories": _jsonable(self.memories)}
 
@@ -261,6 +287,11 @@ class GateDecision:
 
 class MemoryGate:
     """MDL between a retriever and a model, for any query and memories.
+
+    Examples:
+      >>> gate = MemoryGate(risk=0.5)           # bundled MiniLM, paper defaults
+      >>> d = gate.decide("Is it safe to eat raw cookie dough?", ["Raw flour can carry E. coli"])
+      >>> d.action_name, d.scalars["C_final"], d.memories      # doctest: +SKIP
 
     Args:
       embedder: a sentence-transformers model name or local path (default: the bundled
@@ -273,8 +304,17 @@ class MemoryGate:
       conflict: ``texts -> S×S`` booleans, the pairs that contradict; default the paper's lexical
         detector (``mdl_jax.signals.conflict.pair_flags``).
       config: an ``MDLConfig`` or the path of a config file; default the paper's Table 2 settings.
-      cache_dir, batch_size: for a named embedder: its vector cache folder and encoding batch size.
-      abstention: the answer an Opt-Out returns (no model call).
+      cache_dir: for a named embedder: its vector cache folder (default: the embedder's own).
+      batch_size: for a named embedder: its encoding batch size.
+      relevance_threshold: the cosine above which a memory counts as relevant to the query (for R
+        and φ; the paper's 0.3), in [0, 1].
+      abstention: the answer an Opt-Out returns (no model call), a non-empty string.
+
+    Raises:
+      ValueError: naming the argument: an embedder that is neither a name, an object with
+        ``embed`` nor a callable; a risk outside [0, 1], an unknown preset or an empty table; a
+        conflict that is not callable; a config that is neither an ``MDLConfig`` nor a readable
+        config file; a relevance threshold outside [0, 1]; an empty abstention.
     """
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5,
@@ -288,15 +328,34 @@ class MemoryGate:
         if conflict is not None and not callable(conflict):
             raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
                              f"{type(conflict).__name__}")
-        self.conflict = _checked_conflict(conflict) if conflict is not None else pair_flags
+        self.conflict: Callable[[list[str]], Any] = (_checked_conflict(conflict) if conflict is not None
+                                                      else pair_flags)
         self.relevance_threshold = _unit("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:
             raise ValueError(f"abstention: expected a non-empty string, got {abstention!r}")
         self.abstention = abstention
 
     # -- columns: the array path the CLI and the benchmark use ---------------------------------------
-    def check(self, queries, memories_lists, categories=None, risks=None):
-        """Validate a batch; returns (queries, texts per query, categories, A as float32 (B,))."""
+    def check(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
+              categories: Sequence | None = None, risks: Sequence | None = None,
+              ) -> tuple[list[str], list[list[str]], list, np.ndarray]:
+        """Validate a batch of B queries and compute their risk A.
+
+        Args:
+          queries: B non-empty strings.
+          memories_lists: B lists of memories (texts, or dicts with a "text" field), one per query.
+          categories: None or B categories for the risk assessor.
+          risks: None or B values: a number in [0, 1] overrides the assessor for that query, None
+            keeps it.
+
+        Returns:
+          (queries, texts per query, categories, A as a (B,) float32 array).
+
+        Raises:
+          ValueError: naming the argument and index: a query that is not a non-empty string, a
+            malformed memory list, a length that is not B, a risk outside [0, 1], a category
+            outside the risk table.
+        """
         if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
             raise ValueError(f"queries: expected a list of strings, got {type(queries).__name__}")
         if isinstance(memories_lists, (str, bytes)) or not isinstance(memories_lists, Sequence):
@@ -317,13 +376,29 @@ class MemoryGate:
             A[i] = self.risk(qs[i], cats[i]) if r is None else _unit(f"risks[{i}]", r)
         return qs, texts, cats, A
 
-    def columns(self, queries, memories_lists, categories=None, risks=None, *,
+    def columns(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
+                categories: Sequence | None = None, risks: Sequence | None = None, *,
                 progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
         """The decision as columns: {"action": (B,) int32, "M", "R", "A", "phi", "C", "alpha",
         "C_final", "E_wm", "E_r", "E_a": (B,) float32, "n_relevant": (B,) int32}.
 
         ``timings``, if given, accumulates seconds per stage: "checks" (input checks and risk),
         "embedding", "conflict", "aggregation" (see ``memory_signals``) and "decision" (the controller).
+
+        Args:
+          queries: as ``check``.
+          memories_lists: as ``check``.
+          categories: as ``check``.
+          risks: as ``check``.
+          progress: a progress bar while embedding.
+          timings: a dict to accumulate seconds per stage into (see above), or None.
+
+        Returns:
+          The columns above, one row per query.
+
+        Raises:
+          ValueError: as ``check``; an embedder whose output is not an (N, d) finite array; a
+            conflict detector whose output is not S×S.
         """
         t = timings if timings is not None else {}
         t0 = time.perf_counter()
@@ -336,8 +411,24 @@ class MemoryGate:
         t["decision"] = t.get("decision", 0.0) + time.perf_counter() - t0
         return out
 
-    def decide_signals(self, M, R, A, *, phi=None, n_relevant=None) -> dict[str, np.ndarray]:
-        """The controller on (B,) signals → the columns of ``columns`` (phi / n_relevant passed through)."""
+    def decide_signals(self, M: ArrayLike, R: ArrayLike, A: ArrayLike, *, phi: ArrayLike | None = None,
+                       n_relevant: ArrayLike | None = None) -> dict[str, np.ndarray]:
+        """The controller on (B,) signals → the columns of ``columns`` (phi / n_relevant passed through).
+
+        Args:
+          M: (B,) relevance in [0, 1].
+          R: (B,) reliability in [0, 1].
+          A: (B,) task risk in [0, 1].
+          phi: optional (B,) conflict rates, passed through (zeros when None).
+          n_relevant: optional (B,) counts of relevant memories, passed through (no column when None).
+
+        Returns:
+          {"action": (B,) int32, "M", "R", "A", "phi", "C", "alpha", "C_final", "E_wm", "E_r",
+            "E_a": (B,) float32[, "n_relevant": (B,) int32]}.
+
+        Raises:
+          ValueError: a signal outside [0, 1] (``decide``'s check, naming it and the index).
+        """
         from mdl_jax.controller.api import decide
 
         M, R, A = (np.asarray(x, np.float32).reshape(-1) for x in (M, R, A))
@@ -346,7 +437,7 @@ class MemoryGate:
         # chunk) then compiles the controller for a handful of shapes, not one per length.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
-        d = decide(*sig, self.config)
+        d = decide(sig[0], sig[1], sig[2], self.config)
         e = np.asarray(d.energies, np.float32)[:n]
         out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
                "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
@@ -361,7 +452,21 @@ class MemoryGate:
     def decide_batch(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
                      categories: Sequence | None = None, risks: Sequence | None = None, *,
                      progress: bool = False) -> list[GateDecision]:
-        """One ``GateDecision`` per query: all texts embedded in batches, the controller run once."""
+        """One ``GateDecision`` per query: all texts embedded in batches, the controller run once.
+
+        Args:
+          queries: as ``check``.
+          memories_lists: as ``check``.
+          categories: as ``check``.
+          risks: as ``check``.
+          progress: a progress bar while embedding.
+
+        Returns:
+          B ``GateDecision``, in the order of ``queries``.
+
+        Raises:
+          ValueError: as ``check`` and ``columns``.
+        """
         qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
         sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
                              threshold=self.relevance_threshold, progress=progress)
@@ -379,6 +484,20 @@ class MemoryGate:
 
         ``category`` feeds a table / preset / callable risk assessor; ``risk`` (a number in [0, 1])
         overrides the assessor for this call.
+
+        Args:
+          query: a non-empty string.
+          memories: the retrieved memories: texts, or dicts with a "text" field (other fields are
+            carried through untouched).
+          category: the query's category, for a table, preset or callable risk assessor.
+          risk: A for this call, a number in [0, 1]; None: the gate's assessor.
+
+        Returns:
+          The ``GateDecision``.
+
+        Raises:
+          ValueError: naming the argument: an empty query, a malformed memory, a risk outside
+            [0, 1], a category outside the risk table.
         """
         _check_query("query", query)
         _memory_texts("memories", memories)

@@ -29,6 +29,21 @@ class MDLGate:
 
     Init parameters are ``MemoryGate``'s (``embedder``, ``risk``, ``conflict``, ``config``,
     ``cache_dir``) and a fixed ``category``; ``run`` may override ``category`` and ``risk`` per query.
+    ``last_decision`` holds the latest ``GateDecision``.
+
+    Args:
+      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
+        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
+      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
+        {category: risk} table or a callable (query, category) → A.
+      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
+        detector.
+      config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
+      cache_dir: the named embedder's vector cache folder (None: its default).
+      category: a fixed category for a category-table or preset risk, used for every query.
+
+    Raises:
+      ValueError: a setting the gate refuses (``MemoryGate``), at construction.
     """
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5, conflict: Any = None,
@@ -41,7 +56,24 @@ class MDLGate:
     @component.output_types(documents=list[Document], decision=dict)
     def run(self, query: str, documents: list[Document], category: str | None = None,
             risk: float | None = None) -> dict:
-        """{"documents": kept documents, "decision": {"action", "scalars", "memories", "abstention"}}."""
+        """{"documents": kept documents, "decision": {"action", "scalars", "memories", "abstention"}}.
+
+        Args:
+          query: the query the documents were retrieved for.
+          documents: the retrieved documents.
+          category: this query's category (None: the component's ``category``).
+          risk: A for this query, a number in [0, 1] (None: the gate's assessor).
+
+        Returns:
+          {"documents": for Active / Supp, copies of every document whose ``meta`` gains
+            ``mdl_action``, ``mdl_scalars`` and, for Supp, ``mdl_caution``; for Silent / Opt-Out, [];
+            "decision": ``GateDecision.to_dict()`` with "memories" (the kept documents' contents)
+            and "abstention" (the answer for Opt-Out)}.
+
+        Raises:
+          ValueError: an empty query or document, a risk outside [0, 1], a category outside the
+            risk table (``MemoryGate.decide``).
+        """
         d = self.gate.decide(query, [doc.content or "" for doc in documents],
                              category=category if category is not None else self.category, risk=risk)
         self.last_decision = d
@@ -61,4 +93,5 @@ class MDLGate:
 
     @classmethod
     def from_dict(cls, data: dict) -> MDLGate:
+        """The component ``to_dict`` described (Haystack's pipeline loading)."""
         return default_from_dict(cls, data)

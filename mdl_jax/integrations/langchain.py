@@ -22,7 +22,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
-from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision, MemoryGate
 from mdl_jax.integrations import build_gate, decision_metadata
 from mdl_jax.signals.embeddings import Embedder
 
@@ -34,6 +34,23 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
     ``cache_dir``), a fixed ``category`` for a category-table risk, and ``on_decision``, called with
     each ``GateDecision``. ``last_decision`` holds the latest one (one per compressor: give each
     concurrent chain its own compressor, or use ``on_decision``).
+
+    The gate is built (and its settings checked) at construction: a bad risk or config fails there,
+    not at the first query, as pydantic's ``ValidationError`` (a ``ValueError``) carrying the gate's
+    message, which names the setting.
+
+    Attributes:
+      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
+        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
+      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
+        {category: risk} table or a callable (query, category) → A.
+      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
+        detector.
+      config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
+      cache_dir: the named embedder's vector cache folder (None: its default).
+      category: a fixed category for a category-table or preset risk, used for every query.
+      on_decision: called with each ``GateDecision`` (also the Silent / Opt-Out ones, which keep
+        no documents), or None.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -50,11 +67,13 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
     _last: GateDecision | None = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
+        """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
         # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
         self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
 
     @property
-    def gate(self):
+    def gate(self) -> MemoryGate:
+        """The ``MemoryGate`` behind the fields."""
         return self._gate
 
     @property
@@ -64,7 +83,20 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        """Documents to keep for ``query``: all (with the decision in their metadata) or none."""
+        """Documents to keep for ``query``: all (with the decision in their metadata) or none.
+
+        Args:
+          documents: the retrieved documents.
+          query: the query they were retrieved for.
+          callbacks: LangChain callbacks (unused: the gate makes no model call).
+
+        Returns:
+          For Active / Supp, copies of every document whose ``metadata`` gains ``mdl_action``,
+            ``mdl_scalars`` and, for Supp, ``mdl_caution``; for Silent / Opt-Out, [].
+
+        Raises:
+          ValueError: an empty query or an empty document text (``MemoryGate.decide``).
+        """
         d = self._gate.decide(query, [doc.page_content for doc in documents], category=self.category)
         self._last = d
         if self.on_decision is not None:

@@ -21,7 +21,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import PrivateAttr
 
-from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision, MemoryGate
 from mdl_jax.integrations import METADATA_KEYS, build_gate, decision_metadata
 from mdl_jax.signals.embeddings import Embedder
 
@@ -31,6 +31,24 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
 
     Fields: ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
     ``cache_dir``), a fixed ``category``, and ``on_decision`` (called with each ``GateDecision``).
+    ``last_decision`` holds the latest decision. Use it through LlamaIndex's
+    ``postprocess_nodes(nodes, query_str=...)`` or as a query engine's ``node_postprocessors``: kept
+    nodes are copies whose metadata gains ``mdl_action``, ``mdl_scalars`` (and ``mdl_caution`` for
+    Supp), keys excluded from the text shown to the LLM and the embedder; Silent and Opt-Out keep
+    none. A call without a query is a ``ValueError`` naming ``query_bundle``; a bad setting fails at
+    construction (the gate is built then), as pydantic's ``ValidationError`` (a ``ValueError``).
+
+    Attributes:
+      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
+        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
+      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
+        {category: risk} table or a callable (query, category) → A.
+      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
+        detector.
+      config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
+      cache_dir: the named embedder's vector cache folder (None: its default).
+      category: a fixed category for a category-table or preset risk, used for every query.
+      on_decision: called with each ``GateDecision``, or None.
     """
 
     embedder: Any = DEFAULT_MODEL
@@ -45,14 +63,17 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
     _last: GateDecision | None = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
+        """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
         self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's name of the component (for serialisation)."""
         return "MDLNodePostprocessor"
 
     @property
-    def gate(self):
+    def gate(self) -> MemoryGate:
+        """The ``MemoryGate`` behind the fields."""
         return self._gate
 
     @property

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from mdl_jax.signals.conflict import pair_flags
 
@@ -65,7 +66,7 @@ aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_
 def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
                  text_emb: Mapping[str, np.ndarray] | tuple[np.ndarray, Mapping[str, int]],
                  flags: Sequence | None = None,
-                 conflict: Callable[[Sequence[str]], Sequence] = pair_flags, *,
+                 conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags, *,
                  pad_to: int | None = None) -> StoreArrays:
     """Pad stores into arrays. ``stores``: B lists of memory texts (a list may be empty); ``q_emb``
     (B, d); ``text_emb``: a mapping text → (d,) embedding, or (U (n, d), {text: row of U});
@@ -78,7 +79,8 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
     if isinstance(text_emb, tuple):
         U, index = text_emb
     else:  # gather this chunk's vectors once, then index them
-        index, rows = {}, []
+        rows: list[np.ndarray] = []
+        index = {}
         for texts in stores:
             for t in texts:
                 if t not in index:
@@ -159,7 +161,7 @@ def _steps(sizes: Sequence[int], cap: int) -> list[tuple[np.ndarray, int]]:
 
 
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
-                   conflict: Callable[[Sequence[str]], Sequence] = pair_flags,
+                   conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
                    threshold: float = RELEVANCE_THRESHOLD, batch: int = BATCH,
                    progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.

@@ -39,7 +39,7 @@ he she his her do does did done have has had will would can could should may mig
 what which who whom whose when where why how all any each some one ones into out up down over under about
 yes also just very much many most only own same other""".split())
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-_ANT = {}
+_ANT: dict[str, set[str]] = {}
 for _a, _b in ANTONYMS:
     _ANT.setdefault(_a, set()).add(_b)
     _ANT.setdefault(_b, set()).add(_a)
