@@ -110,13 +110,28 @@ def _peak_growth_mb(script: str, *args) -> float:
     line, measured around the call under test after a warm-up (compilation) call."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True,
-                         text=True, env=env, timeout=300, check=False)
+                         text=True, env=env, cwd=ROOT, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return float(out.stdout.strip().splitlines()[-1])
 
 
-_CALIBRATE_MEMORY = """
-    import resource, sys, warnings
+_PEAK = """
+    def reset_peak():
+        # the peak RSS (VmHWM) reset to the current RSS (Linux: clear_refs 5), so the growth measured
+        # is the call's own, not a peak left by the set-up
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return hwm()
+
+    def hwm():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+"""
+
+
+_CALIBRATE_MEMORY = _PEAK + """
+    import sys, warnings
     import numpy as np
     from mdl_jax.controller.calibration import calibrate
     warnings.simplefilter("ignore")
@@ -125,9 +140,9 @@ _CALIBRATE_MEMORY = """
     x = rng.uniform(size=(3, N)).astype(np.float32)
     lab = rng.uniform(size=N) < 0.5
     calibrate(*x[:, :100], lab[:100])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = reset_peak()
     calibrate(*x, lab)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024)
+    print(hwm() - base)
 """
 
 
@@ -175,8 +190,8 @@ def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
 
 
 
-_SWEEP_MEMORY = """
-    import resource, sys
+_SWEEP_MEMORY = _PEAK + """
+    import sys
     import numpy as np, pyarrow as pa, pyarrow.parquet as pq
     from mdl_jax.cli import main
     from mdl_jax.controller import sweep as sw
@@ -187,9 +202,9 @@ _SWEEP_MEMORY = """
     sw.MEMORY_BOUND = bound
     args = ["sweep", path, "--grid", "g_a=0.2,0.4", "--out", path + ".csv", "--bootstrap"]
     assert main(args + ["2"]) == 0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = reset_peak()
     assert main(args + [str(W)]) == 0
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024)
+    print(hwm() - base)
 """
 
 
