@@ -423,8 +423,8 @@ RECORD_CHUNK = 1 << 18
 # plus the per-config sums (K configs × W vectors: the reducer's int64/float64 sums, an engine's output
 # and scratch). A pass's records are cut to fit it (at W = 1000 bootstrap resamples, 2^18-record passes
 # held 2 × W × 2^18 float32 weights at a time: `mdl-jax sweep --bootstrap 1000` was killed at 7 GB);
-# a batch whose sums alone leave no room for MIN_PASS records per pass is a ValueError naming the
-# bound. Raise it on a machine with more memory.
+# a batch of W > 1 weight vectors whose sums leave no room for MIN_PASS records per pass is a
+# ValueError naming the bound. Raise it on a machine with more memory.
 MEMORY_BOUND = 1 << 30
 MIN_PASS = 256
 _PASS_BYTES = 64     # bytes per (record, weight vector) of a pass at its peak (~12 4-byte copies)
@@ -437,6 +437,10 @@ def bounded_chunk(record_chunk: int, K: int, W: int, what: str = "weights", rese
     even ``MIN_PASS`` records fit."""
     state = K * W * _STATE_BYTES + int(reserved)
     fit = (MEMORY_BOUND - state) // (W * _PASS_BYTES)
+    if fit < MIN_PASS and W == 1:
+        # one weight vector: the sums are one row per config, as they always were (the CLI bounds K
+        # by MAX_CONFIGS); only many weight vectors are refused
+        return int(record_chunk)
     if fit < MIN_PASS:
         need = state + MIN_PASS * W * _PASS_BYTES
         raise ValueError(f"{what}: {K:,} configs × {W:,} weight vectors need about {need / 2**30:.2f} GiB "
