@@ -177,6 +177,8 @@ def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
     new = np.asarray(cal.grid_agreement(c, lab, grid))
     old = np.asarray(jax.jit(_old_grid_agreement)(c, lab, grid))
     assert new.dtype == old.dtype and np.array_equal(new, old)
+    if kind != "uniform":
+        return
     # the whole calibration, plateau and tie outputs included, on real signals
     x = rng.uniform(size=(3, 400)).astype(np.float32)
     y = rng.uniform(size=400) < 0.5
