@@ -82,6 +82,15 @@ MAX_BYTES = 1 << 20
 # Objects and lists nest 3 deep in a config ({"numeric": {"gains": [...]}}); deeper is not a config, and
 # Python's json parser would recurse until RecursionError on a few thousand levels.
 _MAX_DEPTH = 8
+# The largest D a config file may set. The controller's cost grows as D² per record plus a D×D QR and
+# (3, D, D) projectors per config: D = 4,096 in a 443-byte file took 83 s and 2.2 GB for four
+# decisions. 256 is 16× the paper's D = 16 (the kernels run D = 16 only). Over it: ConfigFileError
+# naming static.D and the bound. (An MDLConfig built in Python is not bounded.)
+MAX_D = 256
+# The longest number a config file may write, in characters: any float64 written out exactly (at most
+# ~770 significant digits) fits. Over it: ConfigFileError naming the bound (Python's int parser would
+# stop at 4,300 digits with its own internal message, and long numbers cost quadratic time).
+MAX_NUMBER_CHARS = 800
 
 
 def _is_number(v) -> bool:
@@ -189,6 +198,9 @@ def config_from_dict(d: dict, source: str = "config") -> MDLConfig:
     D = kw.get("D", MDLConfig.D)
     if not (isinstance(D, int) and not isinstance(D, bool) and D > 0):
         raise ConfigFileError(f"{source}: static.D: expected a positive int, got {_short_json(D)}")
+    if D > MAX_D:
+        raise ConfigFileError(f"{source}: static.D: {D} is over the largest D a config file may set, "
+                              f"{MAX_D} (config_file.MAX_D; the paper's is 16)")
     for f, v in objs["numeric"].items():
         kw[f] = _numeric_value(f, v, D, source)
     try:
@@ -342,8 +354,26 @@ def config_from_bytes(data: bytes, source: str = "config") -> MDLConfig:
     where = _depth_path(text, _MAX_DEPTH)
     if where is not None:
         raise ConfigFileError(f"{source}: {where}: nested deeper than {_MAX_DEPTH} levels; not a config")
+    def number(kind):
+        def parse(literal: str):
+            if len(literal) > MAX_NUMBER_CHARS:
+                raise ConfigFileError(f"{source}: a number of {len(literal):,} characters "
+                                      f"({literal[:20]}...); a config file's numbers have at most "
+                                      f"{MAX_NUMBER_CHARS} (config_file.MAX_NUMBER_CHARS)")
+            return kind(literal)
+        return parse
+
+    def unique(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ConfigFileError(f"{source}: {k}: stated twice in one object (JSON would keep the "
+                                      "last silently); state each key once")
+            seen.add(k)
+        return dict(pairs)
+
     try:
-        d = json.loads(text)
+        d = json.loads(text, object_pairs_hook=unique, parse_int=number(int), parse_float=number(float))
     except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigFileError(f"{source}: not valid JSON ({e})") from None
     return config_from_dict(d, source)

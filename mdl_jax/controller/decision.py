@@ -156,7 +156,16 @@ def gate(C, alpha, cfg: MDLConfig):
     if not cfg.alpha_gating:
         return C
     g_a, g_b = (jnp.asarray(x, C.dtype) for x in cfg.gate_coeffs)
-    return C * (g_a + g_b * alpha)
+    return C * (g_a + _uncontracted(g_b * alpha))
+
+
+def _uncontracted(p):
+    # The product rounded on its own, never fused with the add after it: XLA:CPU contracts a·b + c into
+    # one FMA (one rounding) inside a jitted fusion but not between eager ops, so jitted and eager
+    # decide_one, the kernels and the sweep put a C_final that lies on θ on different sides of it. A
+    # select LLVM cannot fold is not an fmul, so nothing contracts across it (a no-op: p == p unless NaN,
+    # and NaN stays NaN). The native and fused kernels round the same product alone too.
+    return jnp.where(p == p, p, jnp.nan)
 
 
 def act(C_final, cfg: MDLConfig) -> jax.Array:

@@ -268,7 +268,8 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
     ok = denom > 0
     alpha = jnp.where(ok, jnp.sum(v_wm * v_meta, axis=1) / jnp.where(ok, denom, 1.0), 0.0)
     alpha = jnp.minimum(jnp.maximum(alpha, -1.0), 1.0)
-    C_final = C * (sc(_G_A) + sc(_G_B) * alpha) if st.alpha_gating else C
+    # the product rounded alone (decision._uncontracted): Triton and XLA would contract it into an FMA
+    C_final = C * (sc(_G_A) + _decision._uncontracted(sc(_G_B) * alpha)) if st.alpha_gating else C
     action = (3 - (C_final >= sc(_TH0)).astype(jnp.int32) - (C_final >= sc(_TH1)).astype(jnp.int32)
               - (C_final >= sc(_TH2)).astype(jnp.int32))
     # A NaN signal is Opt-Out, as on the pure-JAX path; Triton's min/max drop NaN (minnum), so the

@@ -57,6 +57,28 @@ def poisson_weights(start: int, stop: int, n_resamples: int, seed: int = 0) -> n
     return out
 
 
+class _PoissonBlocks:
+    """``poisson_weights`` for consecutive row ranges, keeping the last block's (W, 2^16) draws: passes
+    shorter than a block (many resamples under the memory bound) would otherwise draw each block once
+    per pass. The same numbers as ``poisson_weights``; ``keep`` False draws every time (no cache)."""
+
+    def __init__(self, n_resamples: int, seed: int, keep: bool):
+        self.W, self.seed, self.keep = int(n_resamples), int(seed), keep
+        self.block, self.draws = None, None
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        if not self.keep:
+            return poisson_weights(start, stop, self.W, self.seed)
+        out = np.empty((self.W, stop - start), np.int32)
+        for b in range(start // POISSON_BLOCK, -(-stop // POISSON_BLOCK)):
+            if self.block != b:
+                self.block, self.draws = b, None    # free the old block before drawing the next
+                self.draws = poisson_weights(b * POISSON_BLOCK, (b + 1) * POISSON_BLOCK, self.W, self.seed)
+            lo, hi = max(start, b * POISSON_BLOCK), min(stop, (b + 1) * POISSON_BLOCK)
+            out[:, lo - start:hi - start] = self.draws[:, lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
+        return out
+
+
 def _open(path, columns):
     """(ParquetFile, {role: column name}) with every named column present (ValueError otherwise)."""
     try:
@@ -91,6 +113,24 @@ def _open(path, columns):
         if name not in have:
             raise ValueError(f"columns: {str(path)!r} has no column {name!r} (for {role}); it has {have}")
     return pf, cols
+
+
+def _read_batches(pf, path, group: int, **kw):
+    """``pf.iter_batches`` of one row group; a page pyarrow cannot decode (corrupt compressed data, a
+    broken page header: OSError or another ArrowException) is a ValueError naming the file and the row
+    group, not a traceback."""
+    import pyarrow as pa
+
+    it = pf.iter_batches(row_groups=[group], **kw)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as e:
+            raise ValueError(f"path: {str(path)!r}: row group {group} cannot be read; the file is damaged "
+                             f"({type(e).__name__}: {' '.join(str(e).split())})") from None
+        yield batch
 
 
 def _column(batch, name: str, role: str, row0: int) -> np.ndarray:
@@ -147,6 +187,13 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
     groups = list(range(pf.num_row_groups)) if row_groups is None else list(row_groups)
     mine = sum(n_rows[g] for g in groups)
     W = max(int(bootstrap), 1)
+    # passes (and the batches read) cut to the sweep's memory bound: W resamples' weights per record,
+    # and the current Poisson block's draws when they take at most a quarter of the bound
+    cache = W * POISSON_BLOCK * 4 if bootstrap else 0
+    keep = bool(bootstrap) and cache <= _sw.MEMORY_BOUND // 4
+    record_chunk = _sw.bounded_chunk(record_chunk, K, W, "bootstrap" if bootstrap else "configs",
+                                     reserved=cache if keep else 0)
+    draws = _PoissonBlocks(W, seed, keep)
     _, size, shape = _sw._pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
     names = list(dict.fromkeys(cols.values()))
     token = _sw._MESH_SHAPE.set(shape)
@@ -171,7 +218,7 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
 
         for g in tqdm(groups, desc="sweep", unit="row group", disable=not progress):
             row = int(starts[g])
-            for batch in pf.iter_batches(batch_size=int(record_chunk), row_groups=[g], columns=names):
+            for batch in _read_batches(pf, path, g, batch_size=int(record_chunk), columns=names):
                 n = batch.num_rows
                 M, R, A = (_column(batch, cols[k], k, row) for k in ("M", "R", "A"))
                 lab = (_column(batch, cols["adopt"], "adopt", row) if "adopt" in cols
@@ -180,7 +227,7 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
                 if "weight" in cols:
                     w = _column(batch, cols["weight"], "weight", row)[None]
                 if bootstrap:
-                    p = poisson_weights(row, row + n, int(bootstrap), int(seed))
+                    p = draws(row, row + n)
                     if w.dtype.kind in "iu" and float(w.max(initial=0)) * float(p.max(initial=0)) >= 2.0 ** 62:
                         w = w.astype(np.float64)   # an int64 product would wrap to negative weights
                     w = p * w

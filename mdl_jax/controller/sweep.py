@@ -481,6 +481,37 @@ def _engine(name: str, cfg: MDLConfig, K: int, size: int):
 # N = 5×10^7 records (what decide handles) sweep in 191 passes. The host adds the passes' sums.
 RECORD_CHUNK = 1 << 18
 
+# Memory bound of a sweep's passes (bytes): the weights one pass holds (W weight vectors × its
+# records, in the ~12 four-byte copies that reading, scaling, padding and splitting them by label make)
+# plus the per-config sums (K configs × W vectors: the reducer's int64/float64 sums, an engine's output
+# and scratch). A pass's records are cut to fit it (at W = 1000 bootstrap resamples, 2^18-record passes
+# held 2 × W × 2^18 float32 weights at a time: `mdl-jax sweep --bootstrap 1000` was killed at 7 GB);
+# a batch of W > 1 weight vectors whose sums leave no room for MIN_PASS records per pass is a
+# ValueError naming the bound. Raise it on a machine with more memory.
+MEMORY_BOUND = 1 << 30
+MIN_PASS = 256
+_PASS_BYTES = 64     # bytes per (record, weight vector) of a pass at its peak (~12 4-byte copies)
+_STATE_BYTES = 256   # bytes per (config, weight vector)
+
+
+def bounded_chunk(record_chunk: int, K: int, W: int, what: str = "weights", reserved: int = 0) -> int:
+    """Records per pass for K configs and W weight vectors under ``MEMORY_BOUND`` (``reserved`` bytes
+    of it held elsewhere): ``record_chunk`` or fewer; ValueError naming ``what`` and the bound when not
+    even ``MIN_PASS`` records fit."""
+    state = K * W * _STATE_BYTES + int(reserved)
+    fit = (MEMORY_BOUND - state) // (W * _PASS_BYTES)
+    if fit < MIN_PASS and W == 1:
+        # one weight vector: the sums are one row per config, as they always were (the CLI bounds K
+        # by MAX_CONFIGS); only many weight vectors are refused
+        return int(record_chunk)
+    if fit < MIN_PASS:
+        need = state + MIN_PASS * W * _PASS_BYTES
+        raise ValueError(f"{what}: {K:,} configs × {W:,} weight vectors need about {need / 2**30:.2f} GiB "
+                         f"(per-config sums and a pass of {MIN_PASS} records), over the sweep's memory bound "
+                         f"of {MEMORY_BOUND / 2**30:.2f} GiB (mdl_jax.controller.sweep.MEMORY_BOUND); use "
+                         "fewer weight vectors (resamples) or fewer configs per sweep")
+    return int(min(int(record_chunk), fit))
+
 
 def _weights(weights, N: int):
     """(weights (W, N) as given or ones, float64 totals (W,), 2-d?), checked: finite, non-negative,
@@ -702,6 +733,7 @@ def _sweep_state(M, R, A, configs, *, adopt, weights, record_chunk, engine, mesh
     sig = [np.broadcast_to(np.asarray(x, np.float32), (N,)) for x in (M, R, A)]
     lab = np.zeros((N,), bool) if adopt is None else binary_labels(adopt, N)
     w, total, w2d = _weights(weights, N)
+    record_chunk = bounded_chunk(record_chunk, K, w.shape[0], "weights" if weights is not None else "configs")
     n_pass, size, mesh = _pass_layout(K, N, record_chunk, mesh_shape)
     step = -(-N // n_pass)   # records per pass before rounding up to the record shards
     token = _MESH_SHAPE.set(mesh)

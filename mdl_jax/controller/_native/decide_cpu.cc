@@ -74,6 +74,16 @@ inline void storeu(int32_t* p, vi x) { std::memcpy(p, &x, sizeof x); }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
+// The gate C·(g_a + g_b·α) with the product rounded on its own, as every other path computes it
+// (decision.py: _uncontracted): g++ -O3 contracts g_b·α + g_a into one FMA (one rounding), which put
+// a C_final that lies exactly on θ on the other side of it than decide_one. The empty asm takes the
+// product through memory, so the compiler cannot fuse it with the add.
+inline vf gate_v(vf C, float g_a, float g_b, vf alpha) {
+  vf p = g_b * alpha;
+  __asm__ volatile("" : "+m"(p));
+  return C * (g_a + p);
+}
+
 // exp for float32 (Cephes expf): n = round(x / ln2) by the 1.5·2^23 trick, r = x - n ln2 in two parts,
 // degree-6 polynomial, scale by 2^n through the exponent bits; ≈1 ulp. Input clamped to
 // [-87.34, 88] so that -126 ≤ n ≤ 127 and the exponent bits stay finite (no inf/NaN). The kernel only
@@ -201,7 +211,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   // C (eq. 2), gate and action.
   vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
   const vf alpha = f.alpha;
-  vf Cf = (flags & kAlphaGating) ? C * (P.g_a + P.g_b * alpha) : C;
+  vf Cf = (flags & kAlphaGating) ? gate_v(C, P.g_a, P.g_b, alpha) : C;
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
   // A NaN signal is Opt-Out, as on the pure-JAX path (where NaN reaches C_final and fails every
@@ -559,7 +569,7 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
       for (int b = 0; b < nblk; ++b) {
         // The same arithmetic as decide_block's read-out, gate and action.
         const vf C = vmax(vmin((nb[b] - r.n_min) / (r.n_max - r.n_min), one), zero);
-        const vf Cf = gating ? C * (r.g_a + r.g_b * ab[b]) : C;
+        const vf Cf = gating ? gate_v(C, r.g_a, r.g_b, ab[b]) : C;
         cfb[b] = Cf;
         actb[b] = 3 + (Cf >= r.theta[0]) + (Cf >= r.theta[1]) + (Cf >= r.theta[2]);
       }
