@@ -370,18 +370,20 @@ def gateway(hostile, tmp_path_factory):
         proc.wait(timeout=30)
 
 
+Q = "What is the capital of France?"
 MDL = {"memories": ["France is famous for its cheese and wine."], "risk": 0.5}
 
 
 def _post(url, model, **kw):
     return httpx.post(url + "/chat/completions", timeout=60, json={
-        "model": model, "messages": chat("What is the capital of France?"), "mdl": MDL, **kw})
+        "model": model, "messages": chat(Q), "mdl": MDL, **kw})
 
 
 def test_gateway_upstream_json_it_cannot_pass_on_is_a_502_naming_the_upstream(gateway):
     url, _, log, _, up = gateway
     where = up.split("//")[1].split("/")[0]
-    assert _post(url, "fine").status_code == 200
+    ok = _post(url, "fine")
+    assert ok.status_code == 200 and ok.json()["mdl"]["upstream"], ok.text[:300]
     for m in ("nan", "surrogate", "deep"):
         r = _post(url, m)
         assert r.status_code == 502, (m, r.status_code, r.text[:200])
@@ -402,14 +404,15 @@ def test_gateway_garbage_server_sent_events_end_in_an_openai_error_event(gateway
     c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
     for m in ("garbage-sse", "empty-sse"):
         with pytest.raises(openai.APIError) as e:
-            for _ in c.chat.completions.create(model=m, messages=chat("Hi"), stream=True,
+            for _ in c.chat.completions.create(model=m, messages=chat(Q), stream=True,
                                                extra_body={"mdl": MDL}):
                 pass
         assert where in str(e.value.message), (m, e.value.message)
         with httpx.stream("POST", url + "/chat/completions", timeout=60, json={
-                "model": m, "messages": chat("Hi"), "stream": True, "mdl": MDL}) as r:
+                "model": m, "messages": chat(Q), "stream": True, "mdl": MDL}) as r:
             events = [x[6:] for x in r.iter_lines() if x.startswith("data: ")]
         assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events
+        assert "mdl" in json.loads(events[0]) or m == "empty-sse", events  # the decision went upstream
 
 
 def _hwm_kb(pid: int) -> int:

@@ -20,8 +20,9 @@ Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time an
 
 The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
 Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
-fails (refused, reset, timed out, 5xx, not JSON) gives 502 with the reason, and the gateway keeps
-serving. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
+fails (refused, reset, timed out, 5xx, not strict JSON, over ``max_upstream_bytes``) gives 502 with
+the reason, and the gateway keeps serving; a stream whose upstream sends garbage ends with an error
+event. Memory vectors are kept in memory (``BoundedEmbedder``, ``embed_cache_texts``), never on disk. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class GatewayRequest(BaseModel):
     model: StrictStr
     messages: list[Message] = Field(min_length=1, max_length=LIMITS.max_messages)
     stream: bool | None = Field(None, strict=True)
-    mdl: MDLField = Field(default_factory=MDLField)
+    mdl: MDLField = Field(default_factory=lambda: MDLField.model_validate({}))
 
     def query(self) -> str:
         users = [m for m in self.messages if m.role == "user"]
@@ -243,6 +244,17 @@ class Gateway:
         self.batcher: GateBatcher | None = None
         self.http: httpx.AsyncClient | None = None
 
+    def client(self) -> httpx.AsyncClient:
+        """The upstream HTTP client (made when the app starts, by its lifespan)."""
+        if self.http is None:
+            raise RuntimeError("the gateway's app has not started (no HTTP client yet)")
+        return self.http
+
+    def decisions(self) -> GateBatcher:
+        if self.batcher is None:
+            raise RuntimeError("the gateway's app has not started (no decision batcher yet)")
+        return self.batcher
+
     def headers(self, request: Request) -> dict:
         """What goes upstream: the caller's key (never logged) and content type."""
         h = {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"}
@@ -308,9 +320,9 @@ class Gateway:
         a refused / timed-out call, a 5xx, a body over the size limit or one that is not ``valid``
         strict JSON raises a 502 saying so."""
         try:
-            req = self.http.build_request(method, self.upstream + path, json=json_body,
+            req = self.client().build_request(method, self.upstream + path, json=json_body,
                                           headers=self.headers(request))
-            r = await self.http.send(req, stream=True)
+            r = await self.client().send(req, stream=True)
         except httpx.HTTPError as e:
             raise self.failed(e) from None
         try:
@@ -383,7 +395,7 @@ def make_app(gw: Gateway):
             gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
         except ValueError as e:
             raise APIError(400, f"mdl: {e}", param="mdl") from None
-        d, took, rows = await gw.batcher.decide(query, mems, req.mdl.category, req.mdl.risk)
+        d, took, rows = await gw.decisions().decide(query, mems, req.mdl.category, req.mdl.risk)
         timing = {"x-mdl-decision-ms": f"{1e3 * took:.2f}", "x-mdl-decision-batch": str(rows)}
         messages = d.build_messages([m.model_dump(exclude_none=True) for m in req.messages])
         info = {**d.to_dict(), "upstream": messages is not None}
@@ -436,8 +448,8 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
     that sends garbage, too much, ends without ``[DONE]`` or dies mid-stream gets the client an
     OpenAI-style error event naming it, then ``[DONE]`` (the status line has gone out)."""
     try:
-        req = gw.http.build_request("POST", url, json=body, headers=gw.headers(request))
-        r = await gw.http.send(req, stream=True)
+        req = gw.client().build_request("POST", url, json=body, headers=gw.headers(request))
+        r = await gw.client().send(req, stream=True)
     except httpx.HTTPError as e:
         raise gw.failed(e) from None
     if r.status_code != 200 or not r.headers.get("content-type", "").startswith("text/event-stream"):

@@ -8,9 +8,13 @@ max_tokens / max_completion_tokens, seed, stop, stream, logprobs + top_logprobs)
 returns the log-probability of every prompt token: teacher-forced scoring).
 
 How requests run: each is validated (types and ranges, 400 otherwise), its prompt counted in tokens
-(prompt + max_tokens must fit the model's context) and queued on one of two lanes: long requests
-(a prompt over ``long_prompt_tokens`` or max_tokens over ``long_max_tokens``) on their own, so they
-never hold back short ones. A lane's batcher collects what is queued for a few ms, groups requests
+(prompt + max_tokens must fit the model's context) and queued on one of three lanes, each with its
+own thread and tokenizer: short requests; long ones (a prompt over ``long_prompt_tokens`` or
+max_tokens over ``long_max_tokens``); and echo scoring (``max_tokens: 0``), computed in chunks of
+``score_chunk_tokens`` positions. Short requests come first: while one is queued or running, the long
+lane waits between tokens and the scoring lane between chunks (``ShortFirst``). A client that
+disconnects cancels its work: queued, it never runs; running, its row stops at the next token (its
+scoring at the next chunk). Temperatures below ``min_temperature`` decode greedily. A lane's batcher collects what is queued for a few ms, groups requests
 with the same temperature and top_p (up to ``batch_rows`` rows and ``batch_tokens`` tokens) and runs
 ``LocalBackend.generate`` on them in its own thread; each row keeps its own max_tokens, stop strings
 and stream. A request's answer is the one ``LocalBackend.generate`` gives the same prompt with the
@@ -377,7 +381,8 @@ class ModelServer:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(lane.run()) for lane in (*self.lanes.values(), self.score_lane)]
+        runners: list[Lane | ScoreLane] = [*self.lanes.values(), self.score_lane]
+        self.tasks = [loop.create_task(lane.run()) for lane in runners]
 
     def auth(self, request) -> None:
         """With ``--api-key``, every /v1 request must carry ``Authorization: Bearer <key>`` (401)."""
@@ -640,11 +645,14 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
                     **extra})
 
+    if job.stream is None or job.future is None:
+        raise ValueError("_stream_chat: expected a queued streaming job")
+    tokens, result = job.stream, job.future
     ids: list[int] = []
     sent = ""
     try:
         yield chunk({"role": "assistant", "content": ""})
-        while (token := await job.stream.get()) is not None:
+        while (token := await tokens.get()) is not None:
             ids.append(token)
             text = srv.tok.decode(ids, skip_special_tokens=True)
             if text.endswith("\ufffd"):
@@ -656,7 +664,7 @@ async def _stream_chat(srv: ModelServer, job: Job, cid: str, name: str, usage: b
                 yield chunk({"content": visible[len(sent):]})
                 sent = visible
         try:
-            g, _ = await job.future
+            g, _ = await result
         except APIError as e:
             yield sse(e.body())
             yield sse("[DONE]")

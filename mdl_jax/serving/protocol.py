@@ -2,9 +2,11 @@
 that check types and ranges before any work, errors in OpenAI's JSON shape, the limits (one place),
 a body reader that cannot be hung or flooded, and server-sent events.
 
-Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request), 404
-(unknown model or route), 405, 408 (the body did not arrive in time), 413 (body too large), 502 (the
-gateway's upstream failed), 503 (overloaded or injected failure).
+Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request, NaN
+or Infinity included), 404 (unknown model or route), 405, 408 (the headers or the body did not arrive
+in time), 413 (body too large), 502 (the gateway's upstream failed, answered what cannot be passed on,
+or answered more than ``max_upstream_bytes``), 503 (overloaded: queue or connection limit, or an
+injected failure). Streams end with such an error object as their last event before ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class Limits:
     # --- connections (both servers; enforced below HTTP by ``GuardedH11``) ---
     header_timeout_s: float = 10.0      # a request's headers must arrive within this of the connection
                                         # opening (or of the previous answer) → 408, connection closed
-    keep_alive_s: float = 5.0           # an idle keep-alive connection is closed after this (uvicorn)
+    keep_alive_s: float = 5.0           # an idle keep-alive connection is closed after this (uvicorn;
+                                        # whole seconds, rounded up)
     max_connections: int = 4096         # open connections; one more closes the oldest connection still
                                         # sending its headers, or (none such) gets 503 and is closed
     max_body_bytes: int = 1 << 20       # a request body; larger → 413 before it is read
@@ -489,7 +492,8 @@ def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY
                                                         else min(want, hard), hard))
-    config = uvicorn.Config(app, http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+    config = uvicorn.Config(app, http=guarded_protocol(limits),
+                            timeout_keep_alive=math.ceil(limits.keep_alive_s),  # uvicorn: whole s
                             log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
