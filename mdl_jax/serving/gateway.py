@@ -20,20 +20,25 @@ Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time an
 
 The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
 Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
-fails (refused, reset, timed out, 5xx, not JSON) gives 502 with the reason, and the gateway keeps
-serving. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
+fails (refused, reset, timed out, 5xx, not strict JSON, over ``max_upstream_bytes``) gives 502 with
+the reason, and the gateway keeps serving; a stream whose upstream sends garbage ends with an error
+event. Memory vectors are kept in memory (``BoundedEmbedder``, ``embed_cache_texts``), never on disk. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import json
+import threading
 import time
+import zlib
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -44,13 +49,16 @@ from mdl_jax.serving.protocol import (
     APIError,
     Limits,
     Message,
+    StrictJSONError,
     install_error_handlers,
     new_id,
     now,
     parse,
     read_json,
     sse,
+    strict_json,
 )
+from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder, resolve_model
 
 
 class MemoryItem(BaseModel):
@@ -79,7 +87,7 @@ class GatewayRequest(BaseModel):
     model: StrictStr
     messages: list[Message] = Field(min_length=1, max_length=LIMITS.max_messages)
     stream: bool | None = Field(None, strict=True)
-    mdl: MDLField = Field(default_factory=MDLField)
+    mdl: MDLField = Field(default_factory=lambda: MDLField.model_validate({}))
 
     def query(self) -> str:
         users = [m for m in self.messages if m.role == "user"]
@@ -136,20 +144,120 @@ class GateBatcher:
         return out
 
 
+class BoundedEmbedder:
+    """The gate's embedder inside the gateway. Memories come from clients, so their vectors must not
+    pile up: ``Embedder``'s SQLite cache keeps every text ever seen (+601 kB per request of 256 new
+    memories); this keeps at most ``max_texts`` vectors in memory, least recently used dropped first,
+    and writes nothing to disk. Same contract: ``embed(texts)`` → (N, dim) float32, unit norm."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, max_texts: int = LIMITS.embed_cache_texts,
+                 batch_size: int = 64, device: str | None = None):
+        if max_texts < 1:
+            raise ValueError(f"max_texts: expected >= 1, got {max_texts}")
+        self.model_name = model
+        self.load_path, self.model_id = resolve_model(model)
+        self.max_texts, self.batch_size, self.device = max_texts, batch_size, device
+        self.cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.n_embedded = self.n_cached = 0
+
+    @classmethod
+    def like(cls, e: Embedder, max_texts: int = LIMITS.embed_cache_texts) -> BoundedEmbedder:
+        return cls(e.model_name, max_texts=max_texts, batch_size=e.batch_size, device=e.device)
+
+    @property
+    def model(self):
+        from mdl_jax.signals.embeddings import _load_model  # one copy of the weights per process
+
+        return _load_model(self.load_path, self.device or "cpu")
+
+    def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
+        texts = [str(t) for t in texts]
+        if not texts:
+            raise ValueError("texts: expected at least one text")
+        with self._lock:
+            found = {t: self.cache[t] for t in dict.fromkeys(texts) if t in self.cache}
+            for t in found:
+                self.cache.move_to_end(t)
+        todo = [t for t in dict.fromkeys(texts) if t not in found]
+        self.n_cached += len(texts) - sum(1 for t in texts if t not in found)
+        if todo:
+            vecs = np.asarray(self.model.encode(todo, batch_size=self.batch_size, convert_to_numpy=True,
+                                                normalize_embeddings=True, show_progress_bar=False),
+                              np.float32)
+            self.n_embedded += len(todo)
+            found.update(zip(todo, vecs))
+            with self._lock:
+                for t, v in zip(todo, vecs):
+                    self.cache[t] = v
+                while len(self.cache) > self.max_texts:
+                    self.cache.popitem(last=False)
+        out = np.stack([found[t] for t in texts]).astype(np.float32)
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+
+class TooLarge(Exception):
+    """An upstream answer over ``max_upstream_bytes`` (decoded)."""
+
+
+class _Decoder:
+    """Content-Encoding (identity, gzip, deflate) undone with the output bounded per call: a small
+    gzip body cannot expand past the limit in memory (httpx would decode each chunk whole)."""
+
+    def __init__(self, r: httpx.Response):
+        enc = r.headers.get("content-encoding", "identity").strip().lower()
+        if enc not in ("", "identity", "gzip", "x-gzip", "deflate"):
+            raise ValueError(f"an unsupported Content-Encoding ({enc[:40]})")
+        self.z = None if enc in ("", "identity") else zlib.decompressobj(zlib.MAX_WBITS | 32)
+        self.raw_deflate = enc == "deflate"
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """Decoded bytes of ``data``, at most ``room`` + 1 of them (one more means: over)."""
+        if self.z is None:
+            return data[:room + 1]
+        out = bytearray()
+        while data and len(out) <= room:
+            try:
+                out += self.z.decompress(data, room + 1 - len(out))
+            except zlib.error:
+                if not (self.raw_deflate and not out):
+                    raise
+                self.z, self.raw_deflate = zlib.decompressobj(-zlib.MAX_WBITS), False  # raw deflate
+                continue
+            data = self.z.unconsumed_tail
+        return bytes(out)
+
+
 class Gateway:
+    """MDL in front of one upstream: the gate, the upstream's address, the limits, the HTTP client."""
+
     def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float = 300.0):
         u = urlsplit(upstream)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"upstream: expected an http(s) URL like http://127.0.0.1:8123/v1, got {upstream!r}")
         self.upstream = upstream.rstrip("/")
         self.where = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"  # for errors
+        if isinstance(getattr(gate, "embedder", None), Embedder):
+            # clients send the memories: keep their vectors bounded, never on disk (see BoundedEmbedder)
+            gate.embedder = BoundedEmbedder.like(gate.embedder, limits.embed_cache_texts)
         self.gate, self.limits, self.timeout = gate, limits, timeout
         self.batcher: GateBatcher | None = None
         self.http: httpx.AsyncClient | None = None
 
+    def client(self) -> httpx.AsyncClient:
+        """The upstream HTTP client (made when the app starts, by its lifespan)."""
+        if self.http is None:
+            raise RuntimeError("the gateway's app has not started (no HTTP client yet)")
+        return self.http
+
+    def decisions(self) -> GateBatcher:
+        if self.batcher is None:
+            raise RuntimeError("the gateway's app has not started (no decision batcher yet)")
+        return self.batcher
+
     def headers(self, request: Request) -> dict:
         """What goes upstream: the caller's key (never logged) and content type."""
-        h = {"Content-Type": "application/json"}
+        h = {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"}
         for name in ("authorization", "openai-organization", "openai-project"):
             if name in request.headers:
                 h[name] = request.headers[name]
@@ -164,39 +272,88 @@ class Gateway:
             why = f"{type(e).__name__}"
         return APIError(502, f"upstream {self.where} failed: {why}", "upstream_error", code="upstream_error")
 
+    def bad(self, why: str) -> APIError:
+        return APIError(502, f"upstream {self.where} {why}", "upstream_error", code="upstream_error")
+
+    async def chunks(self, r: httpx.Response, limit: int) -> AsyncIterator[bytes]:
+        """The decoded body of ``r`` as it arrives; TooLarge once more than ``limit`` bytes came."""
+        try:
+            dec = _Decoder(r)
+        except ValueError as e:
+            raise self.bad(f"answered with {e}") from None
+        got = 0
+        async for raw in r.aiter_raw():
+            try:
+                data = dec.feed(raw, limit - got)
+            except zlib.error:
+                raise self.bad("answered with a body that does not decompress") from None
+            got += len(data)
+            if got > limit:
+                raise TooLarge
+            yield data
+
+    async def read(self, r: httpx.Response) -> bytes:
+        """The whole (decoded) body of ``r``, or a 502 when it is over ``max_upstream_bytes``."""
+        limit = self.limits.max_upstream_bytes
+        cl = r.headers.get("content-length", "")
+        too_big = self.bad(f"answered with more than {limit} bytes (the gateway's limit)")
+        if cl.isdigit() and int(cl) > limit and "content-encoding" not in r.headers:
+            raise too_big
+        buf = bytearray()
+        try:
+            async for data in self.chunks(r, limit):
+                buf += data
+        except TooLarge:
+            raise too_big from None
+        return bytes(buf)
+
+    def parse(self, body: bytes, what: str):
+        """The upstream's JSON, strictly (no NaN, no lone surrogates, not too deep), else a 502."""
+        try:
+            return strict_json(body)
+        except StrictJSONError as e:
+            raise self.bad(f"{what} ({e})") from None
+
     async def call(self, method: str, path: str, request, *, what: str, json_body=None,
                    valid=lambda o: True):
         """One upstream call: its JSON body, or the caller's answer for an upstream 4xx (a Response);
-        a refused / timed-out call, a 5xx or a body that is not ``valid`` JSON raises a 502 saying so."""
+        a refused / timed-out call, a 5xx, a body over the size limit or one that is not ``valid``
+        strict JSON raises a 502 saying so."""
         try:
-            r = await self.http.request(method, self.upstream + path, json=json_body,
-                                        headers=self.headers(request))
+            req = self.client().build_request(method, self.upstream + path, json=json_body,
+                                          headers=self.headers(request))
+            r = await self.client().send(req, stream=True)
         except httpx.HTTPError as e:
             raise self.failed(e) from None
+        try:
+            body = await self.read(r)
+        except httpx.HTTPError as e:
+            raise self.failed(e) from None
+        finally:
+            await r.aclose()
         if r.status_code != 200:
-            err = self.upstream_status(r, r.content)
+            err = self.upstream_status(r, body)
             if isinstance(err, APIError):
                 raise err
             return err
-        try:
-            out = r.json()
-            if not valid(out):
-                raise ValueError
-        except ValueError:
-            raise APIError(502, f"upstream {self.where} {what}", "upstream_error",
-                           code="upstream_error") from None
+        out = self.parse(body, what)
+        if not valid(out):
+            raise self.bad(what)
         return out
 
     def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | Response:
         """An upstream error answer: 4xx back to the caller as it was (its fault); else 502."""
-        if 400 <= r.status_code < 500:
-            try:
-                return JSONResponse(json.loads(body), status_code=r.status_code)
-            except ValueError:
-                return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
         try:
-            msg = json.loads(body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+            obj = strict_json(body)
+        except StrictJSONError:
+            obj = None
+        if 400 <= r.status_code < 500:
+            if isinstance(obj, dict):
+                return JSONResponse(obj, status_code=r.status_code)
+            return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
+        try:
+            msg = str(obj["error"]["message"])[:200]  # type: ignore[index]
+        except (KeyError, TypeError):
             msg = body[:200].decode("utf-8", "replace")
         return APIError(502, f"upstream {self.where} answered HTTP {r.status_code}: {msg}",
                         "upstream_error", code="upstream_error")
@@ -219,7 +376,9 @@ def make_app(gw: Gateway):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "upstream": gw.where}
+        e = getattr(gw.gate, "embedder", None)
+        cache = {"texts": len(e.cache), "max_texts": e.max_texts} if isinstance(e, BoundedEmbedder) else None
+        return {"status": "ok", "upstream": gw.where, "embedding_cache": cache}
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -236,7 +395,7 @@ def make_app(gw: Gateway):
             gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
         except ValueError as e:
             raise APIError(400, f"mdl: {e}", param="mdl") from None
-        d, took, rows = await gw.batcher.decide(query, mems, req.mdl.category, req.mdl.risk)
+        d, took, rows = await gw.decisions().decide(query, mems, req.mdl.category, req.mdl.risk)
         timing = {"x-mdl-decision-ms": f"{1e3 * took:.2f}", "x-mdl-decision-batch": str(rows)}
         messages = d.build_messages([m.model_dump(exclude_none=True) for m in req.messages])
         info = {**d.to_dict(), "upstream": messages is not None}
@@ -284,37 +443,77 @@ def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
 
 async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, info: dict, timing: dict):
     """Open the upstream stream first (its errors are still an HTTP status), then pass events through,
-    the ``mdl`` object added to the first one. An upstream that dies mid-stream ends the stream with
-    an error event (the status line has gone out)."""
+    the ``mdl`` object added to the first one. Every event is checked (strict JSON object or
+    ``[DONE]``, at most ``max_event_bytes``, the stream at most ``max_upstream_bytes``): an upstream
+    that sends garbage, too much, ends without ``[DONE]`` or dies mid-stream gets the client an
+    OpenAI-style error event naming it, then ``[DONE]`` (the status line has gone out)."""
     try:
-        req = gw.http.build_request("POST", url, json=body, headers=gw.headers(request))
-        r = await gw.http.send(req, stream=True)
+        req = gw.client().build_request("POST", url, json=body, headers=gw.headers(request))
+        r = await gw.client().send(req, stream=True)
     except httpx.HTTPError as e:
         raise gw.failed(e) from None
-    if r.status_code != 200:
-        raw = await r.aread()
-        await r.aclose()
+    if r.status_code != 200 or not r.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            raw = await gw.read(r)
+        except httpx.HTTPError as e:
+            raise gw.failed(e) from None
+        finally:
+            await r.aclose()
+        if r.status_code == 200:
+            raise gw.bad("answered a stream request with something other than server-sent events "
+                         f"(Content-Type {r.headers.get('content-type', 'none')[:60]!r})")
         err = gw.upstream_status(r, raw)
         if isinstance(err, APIError):
             raise err
         return err
 
+    def event(data: bytes, first: bool) -> tuple[bytes, bool]:
+        """One upstream event's data → what the client gets, and whether it was [DONE]."""
+        if data.strip() == b"[DONE]":
+            return sse("[DONE]"), True
+        ev = gw.parse(data, "sent an event that is not a JSON object")
+        if not isinstance(ev, dict):
+            raise gw.bad("sent an event that is not a JSON object")
+        if first and "error" not in ev:
+            ev["mdl"] = info
+        return sse(ev), False
+
     async def events():
-        first = True
+        limit_ev = gw.limits.max_event_bytes
+        buf, data, first, done = b"", [], True, False
         try:
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if first and data != "[DONE]":
-                    try:
-                        ev = json.loads(data)
-                        ev["mdl"] = info
-                        data = json.dumps(ev, ensure_ascii=False)
-                        first = False
-                    except (ValueError, TypeError):
-                        pass
-                yield f"data: {data}\n\n".encode()
+            async for chunk in gw.chunks(r, gw.limits.max_upstream_bytes):
+                buf += chunk
+                while not done:
+                    i = buf.find(b"\n")
+                    if i < 0:
+                        if len(buf) > limit_ev:
+                            raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
+                        break
+                    line, buf = buf[:i].rstrip(b"\r"), buf[i + 1:]
+                    if line.startswith(b"data:"):
+                        data.append(line[5:].removeprefix(b" "))
+                        if sum(map(len, data)) > limit_ev:
+                            raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
+                    elif not line and data:  # a blank line ends an event
+                        out, done = event(b"\n".join(data), first)
+                        data, first = [], False
+                        yield out
+                if done:
+                    return
+            if data:  # the last event without its blank line
+                out, done = event(b"\n".join(data), first)
+                yield out
+            if not done:
+                raise gw.bad("ended the stream without [DONE]" if not first else
+                             "ended the stream without sending an event")
+        except TooLarge:
+            yield sse(gw.bad(f"sent a stream over {gw.limits.max_upstream_bytes} bytes "
+                             "(the gateway's limit)").body())
+            yield sse("[DONE]")
+        except APIError as e:
+            yield sse(e.body())
+            yield sse("[DONE]")
         except httpx.HTTPError as e:
             yield sse(gw.failed(e).body())
             yield sse("[DONE]")

@@ -2,16 +2,20 @@
 that check types and ranges before any work, errors in OpenAI's JSON shape, the limits (one place),
 a body reader that cannot be hung or flooded, and server-sent events.
 
-Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request), 404
-(unknown model or route), 405, 408 (the body did not arrive in time), 413 (body too large), 502 (the
-gateway's upstream failed), 503 (overloaded or injected failure).
+Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request, NaN
+or Infinity included), 404 (unknown model or route), 405, 408 (the headers or the body did not arrive
+in time), 413 (body too large), 502 (the gateway's upstream failed, answered what cannot be passed on,
+or answered more than ``max_upstream_bytes``), 503 (overloaded: queue or connection limit, or an
+injected failure). Streams end with such an error object as their last event before ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import math
 import socket
 import time
 import uuid
@@ -22,23 +26,42 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Every limit of both servers (CLI flags override some)."""
+    """Every limit of both servers, and what exceeding it gets (CLI flags override some)."""
+    # --- connections (both servers; enforced below HTTP by ``GuardedH11``) ---
+    header_timeout_s: float = 10.0      # a request's headers must arrive within this of the connection
+                                        # opening (or of the previous answer) → 408, connection closed
+    keep_alive_s: float = 5.0           # an idle keep-alive connection is closed after this (uvicorn;
+                                        # whole seconds, rounded up)
+    max_connections: int = 4096         # open connections; one more closes the oldest connection still
+                                        # sending its headers, or (none such) gets 503 and is closed
     max_body_bytes: int = 1 << 20       # a request body; larger → 413 before it is read
     body_timeout_s: float = 10.0        # the whole body must arrive within this (a short body under a
                                         # larger Content-Length would otherwise pin the connection) → 408
-    keep_alive_s: float = 5.0           # idle keep-alive connections are closed after this (uvicorn)
-    max_tokens: int = 2048              # cap on max_tokens (default 150, the paper's)
+    # --- requests (both servers) ---
+    max_tokens: int = 2048              # cap on max_tokens (default 150, the paper's) → 400
     default_max_tokens: int = 150
-    max_messages: int = 512
-    max_stop: int = 4                   # stop strings per request (OpenAI's limit)
-    max_prompts: int = 64               # legacy completions: prompts per request
-    max_logprobs: int = 20
+    max_messages: int = 512             # → 400
+    max_stop: int = 4                   # stop strings per request (OpenAI's limit) → 400
+    max_prompts: int = 64               # legacy completions: prompts per request → 400
+    max_logprobs: int = 20              # → 400
+    # JSON numbers must be finite: NaN, Infinity and 1e999 → 400 (strict JSON; json.loads takes them)
+    # --- the local model server ---
+    min_temperature: float = 1e-5       # a temperature below this (but >= 0) is greedy decoding, as
+                                        # vLLM's: logits / 1e-38 overflow float32
     max_queue: int = 512                # requests waiting for the model; more → 503
     batch_rows: int = 16                # rows per generation batch
     batch_tokens: int = 16384           # Σ (prompt + max_tokens) per batch
     batch_wait_s: float = 0.005         # how long the batcher waits for more requests to join
     long_prompt_tokens: int = 1024      # beyond either, a request runs in the long lane, so it never
     long_max_tokens: int = 256          # holds back the short ones
+    score_chunk_tokens: int = 64        # echo scoring runs in chunks of this many positions: between
+                                        # them it yields to short requests and notices a gone client
+    # --- the gateway ---
+    max_upstream_bytes: int = 8 << 20   # an upstream answer (decoded), or a whole upstream stream,
+                                        # larger → 502 (or an error event ending the stream)
+    max_event_bytes: int = 1 << 20      # one server-sent event from the upstream; larger → error event
+    embed_cache_texts: int = 20000      # memory and query embeddings kept (in memory, least recently
+                                        # used dropped first; nothing a client sends is written to disk)
 
 
 LIMITS = Limits()
@@ -164,18 +187,53 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
         await _drain(stream, DRAIN_MAX_BYTES - limits.max_body_bytes, limits)
         raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes", code="request_too_large")
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"body: not valid UTF-8 (byte {e.start})") from None
-    try:
-        obj = json.loads(text)
-    except RecursionError:
-        raise APIError(400, "body: JSON nested too deeply") from None
-    except ValueError as e:
-        raise APIError(400, f"body: not valid JSON ({e})") from None
+        obj = strict_json(raw)
+    except StrictJSONError as e:
+        raise APIError(400, f"body: {e}", param=e.param) from None
     if not isinstance(obj, dict):
         raise APIError(400, f"body: expected a JSON object, got {_json_kind(obj)}")
-    _check_strings(obj)
+    return obj
+
+
+class StrictJSONError(ValueError):
+    """Bytes that are not strict JSON (RFC 8259): the reason, and where when known."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _not_finite(s: str):
+    raise StrictJSONError(f"{s} is not a JSON number (only finite numbers are)")
+
+
+def _finite(s: str) -> float:
+    x = float(s)
+    if not math.isfinite(x):
+        raise StrictJSONError(f"the number {s[:40]} is out of range (not finite as a float)")
+    return x
+
+
+def strict_json(raw: bytes):
+    """Parse ``raw`` as strict JSON: UTF-8, no NaN / Infinity / out-of-range numbers (Python's json
+    takes them; they cannot be sent on), nesting of at most 64 levels, no lone surrogates (they pass
+    json.loads but cannot be encoded again). Raises StrictJSONError saying which."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StrictJSONError(f"not valid UTF-8 (byte {e.start})") from None
+    try:
+        obj = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
+    except RecursionError:
+        raise StrictJSONError("JSON nested too deeply") from None
+    except StrictJSONError:
+        raise
+    except ValueError as e:
+        raise StrictJSONError(f"not valid JSON ({e})") from None
+    try:
+        _check_strings(obj)
+    except APIError as e:
+        raise StrictJSONError(e.message.removeprefix("body: "), e.param) from None
     return obj
 
 
@@ -344,13 +402,99 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error answer, written below h11 (no request was parsed to answer)."""
+    body = json.dumps(APIError(status, message, "invalid_request_error" if status < 500 else "server_error",
+                               code=code).body()).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(limits: Limits):
+    """uvicorn's h11 protocol with what it lacks against slow clients (slowloris): a header timeout
+    (uvicorn times out idle keep-alive connections only, not a connection that never completes its
+    headers) and a connection limit that sheds the connections still sending headers, oldest first,
+    before refusing anyone, so a real client is served beside thousands of slow ones."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting: dict = {}  # connections whose next request's headers are not complete, oldest first
+
+    class GuardedH11(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _got_bytes = False
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                victim = next((c for c in waiting if c is not self), None)
+                if victim is None:
+                    transport.write(_raw_error(503, "Service Unavailable",
+                                               f"server busy: {limits.max_connections} connections open",
+                                               "overloaded"))
+                    transport.close()
+                    return
+                victim._expire(shed=True)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._got_bytes = False
+            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._expire)
+            waiting[self] = None
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            waiting.pop(self, None)
+
+        def _expire(self, shed: bool = False) -> None:
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            if self._got_bytes:  # a partial request: say why (a silent idle one is just closed)
+                why = (f"headers not received within {limits.header_timeout_s:g} s" if not shed else
+                       f"closed to make room: {limits.max_connections} connections open")
+                self.transport.write(_raw_error(408, "Request Timeout", why, "request_timeout"))
+            self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self._got_bytes = True
+            super().data_received(data)
+            if self._header_timer is not None and self.conn.their_state is not h11.IDLE:
+                self._disarm()  # the headers are in: the body has its own timeout (read_json)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._arm()  # the next request's headers (uvicorn's keep-alive closes a silent one)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11
+
+
 def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
-    """uvicorn on an already bound socket, with the keep-alive timeout of ``limits``; no access log
-    (nothing a client sends, an API key included, is ever written out)."""
+    """uvicorn on an already bound socket with the connection limits of ``limits`` (header timeout,
+    keep-alive timeout, connection limit); no access log (nothing a client sends, an API key
+    included, is ever written out)."""
+    import resource
+
     import uvicorn
 
-    config = uvicorn.Config(app, timeout_keep_alive=limits.keep_alive_s, log_level="warning",
-                            access_log=False, limit_concurrency=4096, lifespan="on",
+    # every connection is a file descriptor: make room for the connection limit if the hard limit lets
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = limits.max_connections + 256
+    if soft < want and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY
+                                                        else min(want, hard), hard))
+    config = uvicorn.Config(app, http=guarded_protocol(limits),
+                            timeout_keep_alive=math.ceil(limits.keep_alive_s),  # uvicorn: whole s
+                            log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     try:

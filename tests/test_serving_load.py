@@ -1,0 +1,465 @@
+"""The servers under load and hostile input (issue 27 §1, §2), scaled to a 2-core machine, on
+127.0.0.1 only, every test bounded in time.
+
+Local model server (one real SmolLM2 server process, ``--header-timeout 1.5 --max-connections 200``):
+a short request keeps its latency beside a long scoring request (scoring yields between chunks);
+work whose client left is cancelled (generation within a token, scoring within a chunk); the
+tokenizers of the server's threads are never shared (the "Unable to create tensor" 500s); slow
+clients are timed out and shed so a real client is served; temperatures below the floor are greedy.
+
+Gateway (the real ``mdl-jax gateway`` before a hostile fake upstream): NaN, lone surrogates and deep
+nesting from the upstream are 502s naming it, a NaN in a request is a 400, garbage server-sent events
+end the stream with an OpenAI-style error event, an oversized (gzip-bombed) answer is a 502 with the
+gateway's memory bounded, and client-supplied memories never reach the disk cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER_TIMEOUT = 1.5
+MAX_CONN = 200
+pytestmark = pytest.mark.slow
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0", "--header-timeout",
+                             str(HEADER_TIMEOUT), "--max-connections", str(MAX_CONN)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    line = proc.stdout.readline()
+    assert " on http://127.0.0.1:" in line, line
+    url = line.split(" on ")[-1].strip()
+    try:
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def health(url: str) -> dict:
+    return httpx.get(url[:-len("/v1")] + "/health", timeout=30).json()
+
+
+def short(url: str, text: str = "Hi", timeout: float = 120) -> float:
+    t = time.monotonic()
+    r = httpx.post(url + "/chat/completions", json={"messages": chat(text), "max_tokens": 2,
+                                                     "temperature": 0}, timeout=timeout)
+    assert r.status_code == 200, r.text
+    return time.monotonic() - t
+
+
+def until(cond, seconds: float, step: float = 0.05) -> float | None:
+    """Seconds until ``cond()`` held, or None when it did not within ``seconds``."""
+    t = time.monotonic()
+    while time.monotonic() - t < seconds:
+        if cond():
+            return time.monotonic() - t
+        time.sleep(step)
+    return None
+
+
+LONG_TEXT = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))  # ~900 tok
+
+
+def test_a_short_request_keeps_its_latency_beside_long_scoring_and_the_scoring_stops_when_abandoned(server):
+    url, _ = server
+    short(url)  # warm
+    base = min(short(url) for _ in range(2))
+    gone = threading.Event()
+
+    def score():  # echo scoring of ~900 tokens; its client leaves when told
+        with httpx.Client(timeout=300) as h:
+            try:
+                with h.stream("POST", url + "/completions", json={"prompt": LONG_TEXT, "max_tokens": 0,
+                                                                  "echo": True, "logprobs": 1}):
+                    gone.wait(300)
+            except httpx.HTTPError:
+                pass
+
+    t = threading.Thread(target=score)
+    t.start()
+    try:
+        assert until(lambda: health(url)["running"].get("score"), 60), "the scoring never started"
+        took = short(url, timeout=max(10.0, 4 * base))
+        assert health(url)["running"]["score"]  # answered while the scoring still ran
+        print(f"\nshort request: {took:.2f} s beside scoring, baseline {base:.2f} s "
+              f"(ratio {took / base:.2f})")
+        assert took <= 2 * base + 1.0  # the target is 2x; 1 s of slack for a 2-core machine shared
+    finally:
+        gone.set()
+        t.join()
+    freed = until(lambda: not health(url)["running"]["score"], 10, 0.02)
+    print(f"abandoned scoring stopped {freed} s after its client left")
+    assert freed is not None and freed <= 3.0  # one chunk (64 positions) on a loaded 2-core machine
+
+
+def test_abandoned_requests_are_cancelled_and_a_later_request_is_not_held_up(server):
+    """4 generation requests (max_tokens 400, the long lane) and 6 scoring requests whose clients
+    leave: the lanes come free within about a second, and a small request after them is answered
+    in its usual time (before: 193 s and 731 s of work for nobody)."""
+    url, _ = server
+    base = short(url)
+
+    def leave(body, path, after):
+        try:
+            httpx.post(url + path, json=body, timeout=after)
+        except httpx.TimeoutException:
+            pass
+
+    gens = [threading.Thread(target=leave, args=({"messages": chat(f"Count to {400 + i}."), "max_tokens": 400,
+                                                  "temperature": 0}, "/chat/completions", 4.0))
+            for i in range(4)]
+    scores = [threading.Thread(target=leave, args=({"prompt": LONG_TEXT + str(i), "max_tokens": 0,
+                                                    "echo": True, "logprobs": 0}, "/completions", 4.0))
+              for i in range(6)]
+    for th in gens + scores:
+        th.start()
+    for th in gens + scores:
+        th.join()
+    left = time.monotonic()
+
+    def idle():
+        h = health(url)
+        return not any(h["running"].values()) and not any(h["queued"].values())
+
+    freed = until(idle, 10, 0.02)
+    print(f"\nabandoned work let go {freed} s after the clients left")
+    assert freed is not None and freed <= 3.0  # target 1 s: one decoding step (slower on a loaded 2-core VM)
+    took = short(url, timeout=max(10.0, 4 * base))
+    assert took <= 2 * base + 1.0, (took, base)
+    assert health(url)["cancelled"] >= 10
+    assert time.monotonic() - left < 15
+
+
+def test_the_servers_threads_never_share_a_tokenizer():
+    """Each lane's thread, the counting thread and the event loop tokenize with their own tokenizer:
+    hammered at once from threads (as the lanes and the counter do under mixed load), none fails.
+    Through one shared tokenizer the same hammering raised "Unable to create tensor" (the 48 500s)."""
+    from mdl_jax.pipeline.generation import LocalBackend
+    from mdl_jax.serving.model_server import ModelServer
+
+    srv = ModelServer(LocalBackend("bundled:smollm2"))
+    toks = [lane.backend._lm()[0] for lane in srv.lanes.values()] + \
+        [srv.score_lane.backend._lm()[0], srv.count_tok, srv.tok]
+    assert len({id(t) for t in toks}) == len(toks)
+    errors: list[str] = []
+
+    def hammer(tok, batched: bool):
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            try:
+                if batched:
+                    tok(["a", "b c d e f g h"], return_tensors="pt", padding=True)
+                else:
+                    tok("x y z")["input_ids"]
+            except Exception as e:  # noqa: BLE001 - what the test counts
+                errors.append(repr(e)[:100])
+
+    threads = [threading.Thread(target=hammer, args=(t, i < 3)) for i, t in enumerate(toks)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, set(errors)
+
+
+def test_mixed_load_gets_no_5xx(server):
+    """Short, streamed, long-lane and scoring requests at once (scaled down from 2,250): all 200."""
+    url, _ = server
+    bodies = [("/chat/completions", {"messages": chat(f"Say {i}."), "max_tokens": 2, "seed": i})
+              for i in range(8)]
+    bodies += [("/chat/completions", {"messages": chat("Name a colour."), "max_tokens": 260, "stop": ["."],
+                                      "temperature": 0})]
+    bodies += [("/completions", {"prompt": f"Some text {i} to score.", "max_tokens": 0, "echo": True,
+                                 "logprobs": 1}) for i in range(4)]
+    bodies += [("/completions", {"prompt": ["The sky is", "Grass is"], "max_tokens": 2})]
+    out: list = [None] * len(bodies)
+
+    def one(i):
+        out[i] = httpx.post(url + bodies[i][0], json=bodies[i][1], timeout=300).status_code
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert out == [200] * len(bodies), out
+
+
+def test_temperatures_below_the_floor_are_greedy(server):
+    url, _ = server
+
+    def text(t):
+        r = httpx.post(url + "/chat/completions", json={"messages": chat("Name a fruit."), "max_tokens": 4,
+                                                         "temperature": t}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    greedy = text(0)
+    for t in (1e-38, 5e-324, 1e-6):
+        got = text(t)
+        assert "\ufffd" not in got and got == greedy, (t, got, greedy)
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_slow_clients_are_timed_out_and_shed_while_a_real_client_is_served(server):
+    """300 connections that hold partial headers (scaled from 4,000; the server's limit is 200 here),
+    plus 50 that never send a byte: a real client is answered at once; every slow connection is
+    closed by the server within the header timeout (+1 s), and the server's descriptors come back.
+    Idle keep-alive connections are closed after the keep-alive timeout."""
+    url, pid = server
+    host, port = "127.0.0.1", int(url.split(":")[-1].split("/")[0])
+    fds0 = _fds(pid)
+    slow = []
+    for i in range(350):
+        s = socket.create_connection((host, port), timeout=5)
+        if i < 300:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: app")
+        slow.append(s)
+    t0 = time.monotonic()
+    t = time.monotonic()
+    r = httpx.get(url + "/models", timeout=10)
+    served = time.monotonic() - t
+    assert r.status_code == 200 and served < 3.0, (r.status_code, served)
+    print(f"\nreal client beside 350 slow connections: {served:.3f} s")
+
+    def closed(s) -> bool:
+        s.settimeout(HEADER_TIMEOUT + 1.5 - min(time.monotonic() - t0, HEADER_TIMEOUT + 1.4))
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    return True
+                assert b.startswith(b"HTTP/1.1 408") or b.startswith(b"HTTP/1.1 503"), b[:80]
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+    still_open = sum(not closed(s) for s in slow)
+    for s in slow:
+        s.close()
+    assert still_open == 0, f"{still_open} slow connections still open {HEADER_TIMEOUT + 1.5} s on"
+    assert until(lambda: _fds(pid) <= fds0 + 5, 5) is not None, (_fds(pid), fds0)
+
+    kept = []
+    for _ in range(50):  # keep-alive: one request each, then idle
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += s.recv(65536)
+        head, body = got.split(b"\r\n\r\n", 1)
+        n = int(next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")).split(b":")[1])
+        while len(body) < n:
+            body += s.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200")
+        kept.append(s)
+    t = time.monotonic()
+    for s in kept:
+        s.settimeout(max(0.1, 5.0 + 2.0 - (time.monotonic() - t)))
+        try:
+            assert s.recv(1) == b""
+        except TimeoutError:
+            pytest.fail("an idle keep-alive connection was not closed after 5 s (+2)")
+        finally:
+            s.close()
+
+
+# --- the gateway before a hostile upstream -----------------------------------------------------------
+
+BIG = 48 << 20  # decoded bytes of the gzip-bombed answer (the gateway's limit is 8 MiB)
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """An OpenAI-compatible upstream that misbehaves as the request's ``model`` says."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def send(self, body: bytes, ctype="application/json", extra=()):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.send(b'{"object": "list", "data": [{"id": "x", "object": "model"}]}')
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        m = req["model"]
+        done = b'{"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": ' \
+               b'{"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]'
+        if m == "nan":
+            self.send(done + b', "usage": {"prompt_tokens": NaN}}')
+        elif m == "surrogate":
+            self.send(done + b', "x": "\\ud800"}')
+        elif m == "deep":
+            self.send(done + b', "x": ' + b"[" * 100000 + b"]" * 100000 + b"}")
+        elif m == "big":
+            pad = b'{"choices": [], "x": "' + b"a" * BIG + b'"}'
+            self.send(gzip.compress(pad, 6), extra=[("Content-Encoding", "gzip")])
+        elif m == "garbage-sse":
+            self.send(b'data: {"id": "c", "choices": [{"index": 0, "delta": {"content": "o"}}]}\n\n'
+                      b"data: this is not json\n\ndata: [DONE]\n\n", "text/event-stream")
+        elif m == "empty-sse":
+            self.send(b": nothing here\n\nevent: ping\n\n", "text/event-stream")
+        else:
+            self.send(done + b"}")
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def gateway(hostile, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gw")
+    cache = d / "cache"
+    cache.mkdir()
+    log = d / "gateway.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "mdl_jax", "gateway", "--upstream", hostile,
+                                 "--port", "0", "--timeout", "30"], cwd=ROOT,
+                                env={**os.environ, "MDL_JAX_CACHE_DIR": str(cache)},
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    assert "MDL gateway on http://127.0.0.1:" in line, (line, log.read_text())
+    try:
+        yield line.split(" on ")[1].split(" ")[0], proc.pid, log, cache, hostile
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+Q = "What is the capital of France?"
+MDL = {"memories": ["France is famous for its cheese and wine."], "risk": 0.5}
+
+
+def _post(url, model, **kw):
+    return httpx.post(url + "/chat/completions", timeout=60, json={
+        "model": model, "messages": chat(Q), "mdl": MDL, **kw})
+
+
+def test_gateway_upstream_json_it_cannot_pass_on_is_a_502_naming_the_upstream(gateway):
+    url, _, log, _, up = gateway
+    where = up.split("//")[1].split("/")[0]
+    ok = _post(url, "fine")
+    assert ok.status_code == 200 and ok.json()["mdl"]["upstream"], ok.text[:300]
+    for m in ("nan", "surrogate", "deep"):
+        r = _post(url, m)
+        assert r.status_code == 502, (m, r.status_code, r.text[:200])
+        err = r.json()["error"]
+        assert err["type"] == "upstream_error" and where in err["message"], err
+    assert "Traceback" not in log.read_text()
+    # a NaN (or an infinity) in a field the gateway forwards is the client's error
+    for blob in (b"NaN", b"Infinity", b"1e999"):
+        r = httpx.post(url + "/chat/completions", timeout=60, headers={"Content-Type": "application/json"},
+                       content=b'{"model": "fine", "temperature": ' + blob + b', "messages": '
+                               b'[{"role": "user", "content": "Hi"}]}')
+        assert r.status_code == 400, (blob, r.status_code, r.text[:200])
+
+
+def test_gateway_garbage_server_sent_events_end_in_an_openai_error_event(gateway):
+    url, _, _, _, up = gateway
+    where = up.split("//")[1].split("/")[0]
+    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+    for m in ("garbage-sse", "empty-sse"):
+        with pytest.raises(openai.APIError) as e:
+            for _ in c.chat.completions.create(model=m, messages=chat(Q), stream=True,
+                                               extra_body={"mdl": MDL}):
+                pass
+        assert where in str(e.value.message), (m, e.value.message)
+        with httpx.stream("POST", url + "/chat/completions", timeout=60, json={
+                "model": m, "messages": chat(Q), "stream": True, "mdl": MDL}) as r:
+            events = [x[6:] for x in r.iter_lines() if x.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events
+        assert "mdl" in json.loads(events[0]) or m == "empty-sse", events  # the decision went upstream
+
+
+def _hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_gateway_refuses_an_oversized_upstream_answer_with_its_memory_bounded(gateway):
+    url, pid, _, _, _ = gateway
+    _post(url, "fine")
+    before = _hwm_kb(pid)
+    r = _post(url, "big")
+    grew = (_hwm_kb(pid) - before) / 1024
+    print(f"\n48 MB (gzip-decoded) answer: HTTP {r.status_code}, gateway peak RSS +{grew:.1f} MB")
+    assert r.status_code == 502 and "limit" in r.json()["error"]["message"], r.text[:200]
+    assert grew < 24, grew  # the 8 MiB limit, not the 48 MB answer
+
+
+def test_gateway_client_memories_never_fill_the_disk(gateway):
+    url, _, _, cache, _ = gateway
+
+    def size():
+        return sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+
+    _post(url, "fine")
+    before = size()
+    for k in range(3):
+        mems = [f"memory {k}-{i}: a new text the gateway has never seen." for i in range(64)]
+        r = httpx.post(url + "/chat/completions", timeout=120, json={
+            "model": "fine", "messages": chat("Hi"), "mdl": {"memories": mems, "risk": 0.5}})
+        assert r.status_code == 200, r.text[:200]
+    assert size() == before  # nothing a client sends is written to disk
+    h = httpx.get(url[:-len("/v1")] + "/health", timeout=10).json()["embedding_cache"]
+    assert 0 < h["texts"] <= h["max_texts"], h
+
+
+def test_bounded_embedder_keeps_at_most_its_bound_and_agrees_with_the_disk_cached_one(tmp_path):
+    import numpy as np
+
+    from mdl_jax.serving.gateway import BoundedEmbedder
+    from mdl_jax.signals.embeddings import Embedder
+
+    e = BoundedEmbedder(max_texts=10)
+    texts = [f"text number {i}" for i in range(25)]
+    a = e.embed(texts)
+    assert a.shape[0] == 25 and len(e.cache) == 10 and list(e.cache)[-1] == texts[-1]
+    b = Embedder(cache_dir=tmp_path).embed(texts)
+    assert np.allclose(a, b, atol=1e-5)
