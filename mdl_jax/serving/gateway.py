@@ -160,13 +160,18 @@ class BoundedEmbedder:
         self.cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.n_embedded = self.n_cached = 0
+        self._source: Embedder | None = None
 
     @classmethod
     def like(cls, e: Embedder, max_texts: int = LIMITS.embed_cache_texts) -> BoundedEmbedder:
-        return cls(e.model_name, max_texts=max_texts, batch_size=e.batch_size, device=e.device)
+        out = cls(e.model_name, max_texts=max_texts, batch_size=e.batch_size, device=e.device)
+        out._source = e  # encode with e's own model: its backend (torch, onnx, onnx-int8) is kept
+        return out
 
     @property
     def model(self):
+        if self._source is not None:
+            return self._source.model
         from mdl_jax.signals.embeddings import _load_model  # one copy of the weights per process
 
         return _load_model(self.load_path, self.device or "cpu")
