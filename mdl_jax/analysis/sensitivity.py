@@ -8,8 +8,8 @@ Bootstrap resamples (10, seed 0) resample *questions* (``stats.question_bootstra
 of a drawn question gets its multiplicity, since a question's records share its signals), drawn once
 over the pooled records and split by dataset, so every config is scored on the same resamples.
 
-Degenerate optima: the best cell of a grid is flagged (``oracle.degenerate``) when its controller takes
-one action on ≥ 99% of the records or adopts on ≤ 1% (= always-reject): a sweep whose best point is a
+Degenerate optima: the best cell of a grid is flagged (``degenerate`` below) when its controller takes
+one action on ≥ 99% of the records, or adopts on ≤ 5% (≈ always-reject) or ≥ 95%: a sweep whose best point is a
 constant rule says that no setting of the swept fields beats ignoring the signals.
 
   gate grid   (g_a, g_b) ∈ [0, 1]² in steps of 0.05 (21 × 21), C_final = C·(g_a + g_b α)  (Fig. 5(b))
@@ -22,7 +22,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.analysis.oracle import degenerate
+from mdl_jax.analysis.oracle import ACTION_LABELS
+from mdl_jax.analysis.oracle import degenerate as _strict_degenerate
+
+NEAR_DEGENERATE = 0.05  # the rule: an adopt (Active) share ≤ 5% or ≥ 95% is a constant controller in all but name
+
+
+def degenerate(action) -> str | None:
+    """``oracle.degenerate`` (≥ 99% one action, ≤ 1% Active), and near-degenerate: Active on ≤ 5% (≈
+    always-reject) or ≥ 95% (≈ always-adopt) of the records, with the action shares (e.g. σ = 0.05's
+    2% Active / 47% Opt-Out). ``action``: (N,) codes or a (4,) vector of counts / shares."""
+    strict = _strict_degenerate(action)
+    if strict:
+        return strict
+    a = np.asarray(action)
+    share = (a / a.sum()) if a.shape == (4,) and a.dtype.kind == "f" else \
+        np.bincount(a.astype(int).ravel(), minlength=4) / max(a.size, 1)
+    if share.sum() == 0:
+        return None
+    share = share / share.sum()
+    if share[0] <= NEAR_DEGENERATE or share[0] >= 1 - NEAR_DEGENERATE:
+        kind = "always-reject" if share[0] <= NEAR_DEGENERATE else "always-adopt"
+        return ("near-degenerate: " + " / ".join(f"{v:.0%} {n}" for n, v in zip(ACTION_LABELS, share) if v > 0)
+                + f", ≈ {kind}")
+    return None
 from mdl_jax.controller.decision import Action
 
 N_BOOT = 10

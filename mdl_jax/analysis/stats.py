@@ -158,7 +158,29 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     out["q_t"], out["q_p"], out["q_dz"] = pt["t"], pt["p"], pt["dz"]
     out["ci_lo"], out["ci_hi"] = cluster_bootstrap_diff(a, b, qids)
     out["warnings"] = warnings_for(out["n_questions"], out["n_seeds"], mc["a_only"] + mc["b_only"])
+    # what the design can detect (analysis.rigour): MDE at 80% power, power for the paper's effect
+    from mdl_jax.analysis import rigour
+
+    out["se"] = rigour.cluster_se(a - b, qids)
+    out["mde"] = rigour.mde(out["se"])
+    pe = paper_effect(sys_a, sys_b, dataset, high_risk)
+    out["paper_effect"] = pe
+    out["power_paper"] = rigour.power(pe, out["se"]) if pe is not None else None
+    out["verdict"] = rigour.verdict(out["diff"], (out["ci_lo"], out["ci_hi"]), out["mde"], out["n_questions"],
+                                    out["n_seeds"], lower=f"{sys_a} lower", higher=f"{sys_a} higher")
     return out
+
+
+def paper_effect(sys_a: str, sys_b: str, dataset: str, high_risk: bool) -> float | None:
+    """The paper's reported rate difference A − B (Table 4; CRAG / Self-RAG: Table 5, TruthfulQA), or None."""
+    from mdl_jax.analysis.paper import PAPER_TABLE4, PAPER_TABLE5
+
+    col = {"truthfulqa": 0, "halueval": 2}.get(dataset)
+    if col is not None and sys_a in PAPER_TABLE4 and sys_b in PAPER_TABLE4:
+        return PAPER_TABLE4[sys_a][col + int(high_risk)] - PAPER_TABLE4[sys_b][col + int(high_risk)]
+    if dataset == "truthfulqa" and sys_a in PAPER_TABLE5 and sys_b in PAPER_TABLE5:
+        return PAPER_TABLE5[sys_a][int(high_risk)] - PAPER_TABLE5[sys_b][int(high_risk)]
+    return None
 
 
 COMPARISONS = (("B3", "B2"), ("B3", "B1"), ("B2", "B1"), ("B3", "CRAG"), ("B3", "SelfRAG"))
@@ -222,7 +244,7 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
     crag = crag or {}
     lines = ["| dataset | subset | A vs B | rate A | rate B | A − B [95% CI, question bootstrap] | "
              "seed-level t (p) | McNemar p (A-only / B-only) | question-level t (p), d_z | n q × seeds | "
-             "warnings |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "MDE (80% power) | reads | warnings |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seed = "–" if not np.isfinite(r["seed_t"]) else f"{r['seed_t']:.2f} ({_p(r['seed_p'])})"
         qt = "–" if not np.isfinite(r["q_t"]) else f"{r['q_t']:.2f} ({_p(r['q_p'])}), {r['q_dz']:+.2f}"
@@ -234,7 +256,8 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
             f"| {r['dataset']} | {'high-risk' if r['high_risk'] else 'all'} | {r['a']} vs {r['b']} | "
             f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} {_ci(r['ci_lo'], r['ci_hi'])} "
             f"| {seed} | {_p(r['mcnemar_p'])} ({r['a_only']} / {r['b_only']}) | {qt} | "
-            f"{r['n_questions']} × {r['n_seeds']} | {'; '.join(warn) or '–'} |")
+            f"{r['n_questions']}{' †' if r['n_questions'] < MIN_QUESTIONS else ''} × {r['n_seeds']} | "
+            f"{r.get('mde', float('nan')) * 100:.1f} pp | {r.get('verdict', '–')} | {'; '.join(warn) or '–'} |")
     return "\n".join(lines)
 
 
