@@ -524,7 +524,7 @@ def _conclusion(res: dict) -> str:
             f"{v['mde'] * 100:.1f} pp: {v['verdict']}), the question-level ceiling is {r['ceiling_ceiling']:.3f}, "
             f"and I(M+R+A) has p = {t.get('p_within', t['p']):.3f} against the within-dataset question-shuffled null"
             + (f"; the design cannot test RQ2–RQ3 on {', '.join(nt)} with this reader and this judge" if nt else ""))
-    txt = ("**Conclusion.** The oracle labels are the judges' verdicts turned into adopt / reject, so every "
+    txt = ("**Conclusion, and its dependence on the judge.** The oracle labels are the judges' verdicts turned into adopt / reject, so every "
            "RQ2–RQ3 number inherits the judge's errors: " + "; ".join(parts) + ".")
     if len(rg) > 1 and all("vs_constant" in g for g in rg.values()):
         signs = {j: np.sign(g["vs_constant"]["diff"]) for j, g in rg.items()}

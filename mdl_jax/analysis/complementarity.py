@@ -197,7 +197,8 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
     syn_null = {k: np.array([_synergies({j: null[j][i] for j in null})[k] for i in range(n_perm)])
                 for k in syn}
     # the within-dataset null (questions move only within their dataset)
-    s_perms = stratified_question_permutations(question_ids(df), df["dataset"].to_numpy(), n_perm, seed)
+    s_perms = stratified_question_permutations(
+        question_ids(df), df["dataset"].to_numpy() if "dataset" in df else np.zeros(len(df)), n_perm, seed)
     snull = {k: np.array([mutual_information(c[p], y) for p in s_perms]) for k, c in codes.items()}
     ssyn_null = {k: np.array([_synergies({j: snull[j][i] for j in snull})[k] for i in range(n_perm)])
                  for k in syn}

@@ -35,11 +35,11 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
-Z_A, Z_B = 1.959964, 0.841621  # two-sided α = 0.05, power 0.80
+from mdl_jax.analysis.stats import Z_A, Z_B, cluster_se, mde, power, verdict  # noqa: F401  (re-exported)
+
 N_DRAWS = 1000
 MIN_AGREEMENT = 0.80
 MIN_READER = 0.20
@@ -48,51 +48,6 @@ NEAR_DEGENERATE = 0.05  # an adopt share ≤ 5% or ≥ 95% is always-reject / al
 
 
 # ------------------------------------------------------------------------------------- power
-
-def cluster_se(d, groups) -> float:
-    """SE of mean(d) over records ``d`` (N,) clustered by ``groups`` (N,) (module docstring)."""
-    d = np.asarray(d, np.float64)
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
-    if G < 2:
-        return float("nan")
-    s = np.bincount(g, weights=d, minlength=G)
-    n = np.bincount(g, minlength=G).astype(np.float64)
-    m = s.sum() / N
-    return float(math.sqrt(np.sum((s - m * n) ** 2) / N ** 2 * G / (G - 1)))
-
-
-def mde(se: float) -> float:
-    """Minimum detectable difference at 80% power, two-sided α = 0.05."""
-    return float((Z_A + Z_B) * se)
-
-
-def power(delta: float, se: float) -> float:
-    """Power of the two-sided 5% test to resolve a true difference ``delta`` with standard error ``se``."""
-    from scipy.stats import norm
-
-    if not (np.isfinite(se) and se > 0 and np.isfinite(delta)):
-        return float("nan")
-    z = abs(delta) / se
-    return float(norm.cdf(z - Z_A) + norm.cdf(-z - Z_A))
-
-
-def verdict(diff: float, ci, mde_: float, n_q: int, n_seeds: int, lower: str = "lower",
-            higher: str = "higher") -> str:
-    """What a difference with its interval and MDE lets a report say (module docstring)."""
-    lo, hi = ci
-    if lo == hi == 0 and diff == 0:
-        return "identical decisions"
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds (too few questions)"
-    if lo > 0:
-        return higher
-    if hi < 0:
-        return lower
-    if abs(diff) < mde_:
-        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds"
-    return f"no difference of the detectable size (≥ {mde_ * 100:.1f} pp)"
-
 
 def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
     """Paired difference mean(a − b) with its cluster bootstrap CI, cluster SE, MDE, the power for the
@@ -467,6 +422,10 @@ def _pp(x) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{x * 100:+.1f} pp"
 
 
+def _mde(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x * 100:.1f} pp"
+
+
 def _pct(x) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{x:.0%}"
 
@@ -487,7 +446,7 @@ def power_md(comparisons: list[dict]) -> str:
     for c in comparisons:
         lines.append(f"| {c['dataset']} | {'high-risk' if c['high_risk'] else 'all'} | {c['a']} − {c['b']} | "
                      f"{c['diff']:+.3f} {_ci((c['ci_lo'], c['ci_hi']))} | {c['n_questions']} × {c['n_seeds']} | "
-                     f"{c['mde'] * 100:.1f} pp | {_pp(c.get('paper_effect'))} | "
+                     f"{_mde(c['mde'])} | {_pp(c.get('paper_effect'))} | "
                      f"{_pct(c.get('power_paper'))} | {c['verdict']} |")
     return "\n".join(lines)
 

@@ -19,8 +19,57 @@ import numpy as np
 from mdl_jax.signals.risk import HIGH_RISK
 
 N_BOOT = 2000
+Z_A, Z_B = 1.959964, 0.841621  # two-sided α = 0.05, power 0.80 (minimum detectable differences)
 MIN_QUESTIONS = 30   # below this a rate difference is anecdotal
 MIN_DISCORDANT = 10  # McNemar on fewer discordant pairs has almost no power
+
+
+# -------------------------------------------------- power (see analysis.rigour's docstring)
+
+def cluster_se(d, groups) -> float:
+    """SE of mean(d) over records ``d`` (N,) clustered by ``groups`` (N,) (module docstring)."""
+    d = np.asarray(d, np.float64)
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
+    if G < 2:
+        return float("nan")
+    s = np.bincount(g, weights=d, minlength=G)
+    n = np.bincount(g, minlength=G).astype(np.float64)
+    m = s.sum() / N
+    return float(np.sqrt(np.sum((s - m * n) ** 2) / N ** 2 * G / (G - 1)))
+
+
+def mde(se: float) -> float:
+    """Minimum detectable difference at 80% power, two-sided α = 0.05."""
+    return float((Z_A + Z_B) * se)
+
+
+def power(delta: float, se: float) -> float:
+    """Power of the two-sided 5% test to resolve a true difference ``delta`` with standard error ``se``."""
+    from scipy.stats import norm
+
+    if not (np.isfinite(se) and se > 0 and np.isfinite(delta)):
+        return float("nan")
+    z = abs(delta) / se
+    return float(norm.cdf(z - Z_A) + norm.cdf(-z - Z_A))
+
+
+def verdict(diff: float, ci, mde_: float, n_q: int, n_seeds: int, lower: str = "lower",
+            higher: str = "higher") -> str:
+    """What a difference with its interval and MDE lets a report say (module docstring)."""
+    lo, hi = ci
+    if lo == hi == 0 and diff == 0:
+        return "identical decisions"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds (too few questions)"
+    if lo > 0:
+        return higher
+    if hi < 0:
+        return lower
+    if abs(diff) < mde_:
+        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds"
+    return f"no difference of the detectable size (≥ {mde_ * 100:.1f} pp)"
+
 
 
 def paired_t(a, b) -> dict:
@@ -159,14 +208,12 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     out["ci_lo"], out["ci_hi"] = cluster_bootstrap_diff(a, b, qids)
     out["warnings"] = warnings_for(out["n_questions"], out["n_seeds"], mc["a_only"] + mc["b_only"])
     # what the design can detect (analysis.rigour): MDE at 80% power, power for the paper's effect
-    from mdl_jax.analysis import rigour
-
-    out["se"] = rigour.cluster_se(a - b, qids)
-    out["mde"] = rigour.mde(out["se"])
+    out["se"] = cluster_se(a - b, qids)
+    out["mde"] = mde(out["se"])
     pe = paper_effect(sys_a, sys_b, dataset, high_risk)
     out["paper_effect"] = pe
-    out["power_paper"] = rigour.power(pe, out["se"]) if pe is not None else None
-    out["verdict"] = rigour.verdict(out["diff"], (out["ci_lo"], out["ci_hi"]), out["mde"], out["n_questions"],
+    out["power_paper"] = power(pe, out["se"]) if pe is not None else None
+    out["verdict"] = verdict(out["diff"], (out["ci_lo"], out["ci_hi"]), out["mde"], out["n_questions"],
                                     out["n_seeds"], lower=f"{sys_a} lower", higher=f"{sys_a} higher")
     return out
 
@@ -217,6 +264,10 @@ def all_comparisons(df) -> list[dict]:
     return out
 
 
+def _mde(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x * 100:.1f} pp"
+
+
 def _p(p) -> str:
     if p is None or not np.isfinite(p):
         return "–"
@@ -257,7 +308,7 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
             f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} {_ci(r['ci_lo'], r['ci_hi'])} "
             f"| {seed} | {_p(r['mcnemar_p'])} ({r['a_only']} / {r['b_only']}) | {qt} | "
             f"{r['n_questions']}{' †' if r['n_questions'] < MIN_QUESTIONS else ''} × {r['n_seeds']} | "
-            f"{r.get('mde', float('nan')) * 100:.1f} pp | {r.get('verdict', '–')} | {'; '.join(warn) or '–'} |")
+            f"{_mde(r.get('mde'))} | {r.get('verdict', '–')} | {'; '.join(warn) or '–'} |")
     return "\n".join(lines)
 
 
