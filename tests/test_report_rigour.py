@@ -52,7 +52,7 @@ def test_auroc_matches_sklearn_and_weights_are_multiplicities():
     assert rigour.auroc(s, y) == pytest.approx(roc_auc_score(y, s))
     w = rng.integers(0, 3, 200).astype(float)
     rep = np.repeat(np.arange(200), w.astype(int))
-    assert rigour.auroc(s, y, w[None, :])[0] == pytest.approx(roc_auc_score(y[rep], s[rep]))
+    assert rigour.auroc_weighted(s, y, w[None, :])[0] == pytest.approx(roc_auc_score(y[rep], s[rep]))
     ci = rigour.auroc_ci(s, y, np.arange(200) // 2, n_boot=50)
     assert ci["ci"][0] <= ci["auroc"] <= ci["ci"][1]
 

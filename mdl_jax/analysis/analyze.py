@@ -162,19 +162,15 @@ def _signal_notes(ev, data_dir=None) -> dict:
 
     out = {}
     items = _questions(set(ev["dataset"]), data_dir)
-    try:
-        from mdl_jax.signals.risk import risk
-    except ImportError:  # pragma: no cover - the pipeline wing is part of the package
-        risk = None
+    from mdl_jax.signals.risk import risk
     for ds, g in ev.groupby("dataset"):
         d = {"n": int(len(g))}
         if "phi" in g:
             phi = g["phi"].astype(float)
             d["phi_fires"] = int((phi > 0).sum())
         q = g.drop_duplicates("qid")
-        if risk is not None and items:
-            known = [(r["A"], items.get((ds, r["qid"]))) for _, r in q.iterrows()]
-            known = [(a, it) for a, it in known if it is not None]
+        if items:
+            known = [(r["A"], it) for _, r in q.iterrows() if (it := items.get((ds, r["qid"]))) is not None]
             if known:
                 same = sum(abs(float(a) - risk(ds, it.question, getattr(it, "category", "") or "")) < 1e-6
                            for a, it in known)

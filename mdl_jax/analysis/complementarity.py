@@ -32,6 +32,7 @@ the paper computes it (its Table 10 numbers satisfy exactly this): for a pair, I
 from __future__ import annotations
 
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def table6(df, y, configs, cal=None) -> dict:
         neutral = {s: med[s] for s in SIGNALS if s not in sub}
         sc = score(df, configs, neutral)
         correct[name(sub)] = sc.adopt == y
-        row = {"accuracy": float(correct[name(sub)].mean()), "adopt_rate": float(sc.adopt.mean())}
+        row: dict[str, Any] = {"accuracy": float(correct[name(sub)].mean()), "adopt_rate": float(sc.adopt.mean())}
         if cal is not None and len(cal):
             re = {ds: recalibrate(cal, ds, configs[ds], neutral) or configs[ds] for ds in configs}
             row["accuracy_recal"] = float((score(df, re, neutral).adopt == y).mean())

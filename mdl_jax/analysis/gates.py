@@ -235,7 +235,7 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
         adopt = np.zeros(N, bool)
         for d in np.unique(dsv):
             m, mc = dsv == d, cal_ds == d
-            if mc.sum() >= 2:
+            if mc.sum() >= 2 and cal_y is not None:
                 c = calibrate_threshold(-cal["A"].to_numpy(np.float64)[mc], cal_y[mc])
                 res["calibration"].setdefault("risk-only (calibrated τ)", {})[d] = c
                 adopt[m] = -A[m] >= c["tau"]
@@ -255,9 +255,9 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
             # the run calibrated on the paper judge's labels; under another judge, the same protocol
             for d in list(cfgs):
                 mc = cal_ds == d
-                if mc.sum() >= 2:
-                    cfgs[d] = mdl_jax.calibrate(*(cal[c].to_numpy(np.float32)[mc] for c in ("M", "R", "A")),
-                                                cal_y[mc]).config
+                if mc.sum() >= 2 and cal_y is not None:
+                    cM, cR, cA = (cal[c].to_numpy(np.float32)[mc] for c in ("M", "R", "A"))
+                    cfgs[d] = mdl_jax.calibrate(cM, cR, cA, cal_y[mc]).config
         mdl_cfgs[f"MDL calibrated ({'run config' if judge == 'paper' else judge + ' labels'})"] = cfgs
     for name, c in _load_tuned(run_dir).items():
         mdl_cfgs[name + ", in-sample"] = {d: c for d in np.unique(dsv)}

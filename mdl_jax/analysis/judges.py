@@ -59,7 +59,7 @@ def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.
     verdicts = judge_all(list(g["answer"]), its, embedder)
     g["gold"] = g["label"].eq("hallucinated")
     for name, js in verdicts.items():
-        g[f"judge_{name}"] = [j.hallucinated for j in js]
+        g[f"judge_{name}"] = [None if j is None else j.hallucinated for j in js]
     return g
 
 

@@ -192,7 +192,7 @@ def paired_share(df) -> dict:
     prompt), how many have exactly B2's answer for the same (dataset, qid, seed). Paired sampling
     makes this 100% by construction (generation cache); anything less shows unpaired sampling (runs
     made before it, or a backend that ignores seeds). Returns {dataset: {"n", "equal", "share"}}."""
-    out = {}
+    out: dict = {}
     if df.empty or "action" not in df:
         return out
     key = ["dataset", "qid", "seed"]

@@ -35,6 +35,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
     ci = cluster_bootstrap_diff(a, b, groups)
     n_q = int(len(np.unique(groups)))
     n_s = int(len(np.unique(seeds))) if seeds is not None else 1
-    out = {"diff": float(d.mean()) if len(d) else float("nan"), "ci": list(ci), "se": se, "mde": mde(se),
+    out: dict[str, Any] = {"diff": float(d.mean()) if len(d) else float("nan"), "ci": list(ci), "se": se, "mde": mde(se),
            "n_questions": n_q, "n_seeds": n_s, "n": int(len(d))}
     out["verdict"] = verdict(out["diff"], ci, out["mde"], n_q, n_s)
     out["resolvable"] = not out["verdict"].startswith(("not resolvable", "no difference"))
@@ -72,14 +73,18 @@ def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------- AUROC
 
-def auroc(score, pos, weights=None) -> float:
-    """AUROC of ``score`` (N,) for the binary ``pos`` (N,): P(score of a positive > a negative's), ties
-    ½. ``weights``: (N,) or (T, N) record multiplicities (a question bootstrap) → float or (T,)."""
+def auroc(score, pos) -> float:
+    """AUROC of ``score`` (N,) for the binary ``pos`` (N,): P(score of a positive > a negative's), ties ½."""
+    return float(auroc_weighted(score, pos, np.ones((1, len(np.asarray(score))))).item())
+
+
+def auroc_weighted(score, pos, weights) -> np.ndarray:
+    """(T,) AUROCs under (T, N) record multiplicities ``weights`` (a question bootstrap)."""
     s = np.asarray(score, np.float64)
     p = np.asarray(pos, bool)
     ok = np.isfinite(s)
     s, p = s[ok], p[ok]
-    w = np.ones((1, len(s))) if weights is None else np.atleast_2d(np.asarray(weights, np.float64))[:, ok]
+    w = np.atleast_2d(np.asarray(weights, np.float64))[:, ok]
     u, inv = np.unique(s, return_inverse=True)
     K = len(u)
     T = w.shape[0]
@@ -93,7 +98,7 @@ def auroc(score, pos, weights=None) -> float:
     den = wp.sum(1) * wn.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(den > 0, num / den, np.nan)
-    return float(r[0]) if weights is None or np.ndim(weights) == 1 else r
+    return r
 
 
 def auroc_ci(score, pos, groups, n_boot: int = 400, seed: int = 0) -> dict:
@@ -102,7 +107,7 @@ def auroc_ci(score, pos, groups, n_boot: int = 400, seed: int = 0) -> dict:
 
     a = auroc(score, pos)
     w = question_bootstrap_weights(groups, n_boot, seed)
-    bs = auroc(score, pos, w)
+    bs = auroc_weighted(score, pos, w)
     bs = bs[np.isfinite(bs)]
     lo, hi = (np.percentile(bs, [2.5, 97.5]) if len(bs) else (np.nan, np.nan))
     return {"auroc": a, "ci": [float(lo), float(hi)], "n": int(np.isfinite(np.asarray(score, float)).sum()),
@@ -170,7 +175,8 @@ def _beta(rng, a, b, T):
     return rng.beta(a + 1, b + 1, size=T)
 
 
-def relabel(P, conf: dict, *, n_draws: int = N_DRAWS, seed: int = 0, bootstrap: bool = False):
+def relabel(P, conf: dict, *, n_draws: int = N_DRAWS, seed: int = 0,
+            bootstrap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(T, N) true-label draws H1, H2, H3 for one dataset's paired frame ``P`` given the judge's
     confusion ``conf`` ({condition: counts}, ``confusion``) (module docstring). With ``bootstrap`` also
     (T, N) question-bootstrap multiplicities (else ones)."""
@@ -267,7 +273,8 @@ def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, s
             continue
         P = P_all[P_all["dataset"] == ds].reset_index(drop=True)
         one = np.ones((1, len(P)))
-        raw = _stats(*(P[x].to_numpy(np.float64)[None, :] for x in ("h1", "h2", "h3")), one, P)
+        r1, r2, r3 = (P[x].to_numpy(np.float64)[None, :] for x in ("h1", "h2", "h3"))
+        raw = _stats(r1, r2, r3, one, P)
         lab = _stats(*relabel(P, c, n_draws=n_draws, seed=seed), P)
         boot = _stats(*relabel(P, c, n_draws=n_draws, seed=seed + 7, bootstrap=True), P)
         d: dict = {"confusion": c, "n": int(len(P)), "n_questions": int(P["qid"].nunique()),

@@ -152,9 +152,11 @@ def paired_share(ev) -> float | None:
     with paired sampling; well below in runs made before it (None without B3 Active records)."""
     ok = ev[ev["ok"]]
     keys = ["dataset", "qid", "seed"]
-    b2 = ok[ok["system"] == "B2"].set_index(keys)["answer"] if "answer" in ok else None
-    b3 = ok[(ok["system"] == "B3") & (ok["action"] == "ACTIVE")].set_index(keys)["answer"] if b2 is not None else None
-    if b3 is None or not len(b3):
+    if "answer" not in ok:
+        return None
+    b2 = ok[ok["system"] == "B2"].set_index(keys)["answer"]
+    b3 = ok[(ok["system"] == "B3") & (ok["action"] == "ACTIVE")].set_index(keys)["answer"]
+    if not len(b3):
         return None
     j = b3.to_frame("b3").join(b2.to_frame("b2"), how="inner")
     return float((j["b3"] == j["b2"]).mean()) if len(j) else None

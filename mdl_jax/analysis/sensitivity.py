@@ -20,10 +20,13 @@ constant rule says that no setting of the swept fields beats ignoring the signal
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from mdl_jax.analysis.oracle import ACTION_LABELS
 from mdl_jax.analysis.oracle import degenerate as _strict_degenerate
+from mdl_jax.controller.decision import Action
 
 NEAR_DEGENERATE = 0.05  # the rule: an adopt (Active) share ≤ 5% or ≥ 95% is a constant controller in all but name
 
@@ -46,7 +49,7 @@ def degenerate(action) -> str | None:
         return ("near-degenerate: " + " / ".join(f"{v:.0%} {n}" for n, v in zip(ACTION_LABELS, share) if v > 0)
                 + f", ≈ {kind}")
     return None
-from mdl_jax.controller.decision import Action
+
 
 N_BOOT = 10
 GATE_AXIS = np.round(np.linspace(0.0, 1.0, 21), 4)
@@ -93,6 +96,7 @@ def _pooled_sweep(df, y, configs, make_batch, n_boot: int = N_BOOT, seed: int = 
         c1 = np.asarray(one.counts, np.float64)
         cnt_point = c1 if cnt_point is None else cnt_point + c1
         tot += total
+    assert acc_sum is not None and acc1_sum is not None, "no dataset to sweep"
     return {"accuracy": acc_sum / tot[None, :], "counts": cnt, "accuracy_point": acc1_sum / N,
             "counts_point": cnt_point}
 
@@ -258,8 +262,9 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
 
     base = configs[sorted(configs)[0]]
     datasets = sorted(configs)
-    splits = [calibration_split(cal, d) for d in datasets] if cal is not None and len(cal) else []
-    if len(splits) != len(datasets) or any(s is None or len(s[0]) < 2 for s in splits):
+    maybe = [calibration_split(cal, d) for d in datasets] if cal is not None and len(cal) else []
+    splits = [s for s in maybe if s is not None and len(s[0]) >= 2]
+    if len(splits) != len(datasets):
         return {"skipped": "the QR-basis study recalibrates on the calibration split; this run has none"}
     all_seeds = sorted(set(seeds) | {default})
     pis = jnp.asarray(np.stack([_projectors(base.D, base.dims, s, base.subspaces) for s in all_seeds]),
@@ -279,14 +284,15 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
         act, t0 = (np.asarray(x) for x in out[tb])
         per = []
         for i, s in enumerate(all_seeds):
-            row = {"seed": s, "adopt": float(np.mean(act[i] == 0)), "opt_out": float(np.mean(act[i] == 3)),
+            row: dict[str, Any] = {"seed": s, "adopt": float(np.mean(act[i] == 0)),
+                                   "opt_out": float(np.mean(act[i] == 3)),
                    "theta0": {d: float(t0[i, j]) for j, d in enumerate(datasets)},
                    "degenerate": {d: degenerate(act[i][ds == j]) for j, d in enumerate(datasets)}}
             for j, y in labels.items():
                 row[f"accuracy_{j}"] = float(np.mean((act[i] == 0) == np.asarray(y)))
             per.append(row)
         study = [r for r in per if r["seed"] in set(seeds)]
-        summ = {}
+        summ: dict = {}
         for k in ["adopt", "opt_out"] + [f"accuracy_{j}" for j in labels]:
             v = np.array([r[k] for r in study])
             summ[k] = {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),

@@ -14,9 +14,14 @@ Warnings are attached where n is too small for a claim (see ``warnings_for``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from mdl_jax.signals.risk import HIGH_RISK
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 N_BOOT = 2000
 Z_A, Z_B = 1.959964, 0.841621  # two-sided α = 0.05, power 0.80 (minimum detectable differences)
@@ -187,7 +192,7 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     a, b = wide[sys_a].to_numpy(), wide[sys_b].to_numpy()
     qids = wide.index.get_level_values("qid").to_numpy()
     seeds = wide.index.get_level_values("seed").to_numpy()
-    out = {"a": sys_a, "b": sys_b, "dataset": dataset, "high_risk": high_risk,
+    out: dict[str, Any] = {"a": sys_a, "b": sys_b, "dataset": dataset, "high_risk": high_risk,
            "rate_a": float(a.mean()), "rate_b": float(b.mean()), "diff": float(a.mean() - b.mean()),
            "n_pairs": int(len(a)), "n_questions": int(len(np.unique(qids))),
            "n_seeds": int(len(np.unique(seeds)))}
@@ -239,7 +244,7 @@ def crag_equals_b2(df) -> dict:
     CRAG sends B2's prompt when it grades every memory Correct; a CRAG that did so everywhere equals B2
     answer for answer and is no separate result (``degenerate``: every shared pair equal). Returns
     {dataset: {"n", "equal", "share", "degenerate"}}."""
-    out = {}
+    out: dict = {}
     if "answer" not in df:
         return out
     key = ["dataset", "qid", "seed"]
@@ -314,7 +319,7 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
 
 # ----------------------------------------------------------------------- Tables 4-5: mean ± std
 
-def seed_rates(df) -> pandas.DataFrame:  # noqa: F821
+def seed_rates(df) -> pd.DataFrame:
     """Per (dataset, system, seed): overall and high-risk hallucination and refusal rates."""
     import pandas as pd
 
