@@ -386,6 +386,16 @@ def rigour(ev, df, labels: dict, sc, qid, gv=None, comparisons=None, *, n_draws:
         r["b1b2_only"] = {"accuracy": float(corr[b12].mean()), "constant": const12["pooled"],
                           **design(corr[b12], const12["correct"], qid[b12], seeds[b12])}
         col = JUDGES.get(j)
+        if col is not None and col in ev and not ev[col].isna().all():
+            # B3 against random abstention on as many questions, with its MDE (per dataset)
+            P_all = paired_frame(ev, col)
+            for ds in sorted(P_all["dataset"].unique()):
+                p = P_all[P_all["dataset"] == ds]
+                q = p["qid"].to_numpy()
+                k = len(np.unique(q[p["action"].to_numpy() == "OPT_OUT"]))
+                G = len(np.unique(q))
+                r.setdefault("b3_vs_random", {})[ds] = design(
+                    p["h3"].to_numpy(), p["h2"].to_numpy() * (1 - k / max(G, 1)), q, p["seed"].to_numpy())
         if gv is not None and col is not None:
             r["judge_error"] = judge_error(ev, gv, j, col, n_draws=n_draws)
             r["validity"] = validity(ev, gv, j, col, r["judge_error"])
@@ -475,8 +485,10 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
               "calibrated per dataset, so the constant they must beat is each dataset's majority: "
               + ", ".join(f"{ds} always {d['label']} {d['accuracy']:.3f} (n = {d['n']})" for ds, d in
                           c["by_dataset"].items())
-              + f"; pooled {c['pooled']:.3f} (the pooled majority {by_judge_head[j]['majority_class']:.3f} is "
-              f"not a rule any per-dataset controller competes with). MDL − per-dataset constant = "
+              + f"; pooled {c['pooled']:.3f}"
+              + (f" (not the pooled majority {by_judge_head[j]['majority_class']:.3f}: no per-dataset controller "
+                 "competes with that one)" if abs(c["pooled"] - by_judge_head[j]["majority_class"]) > 5e-4 else "")
+              + ". MDL − per-dataset constant = "
               f"{v['diff']:+.3f} {_ci(v['ci'])}, MDE {v['mde'] * 100:.1f} pp: **{v['verdict']}**. Per dataset: "
               + "; ".join(f"{ds} {d['diff']:+.3f} {_ci(d['ci'])} (MDE {d['mde'] * 100:.1f} pp, {d['verdict']})"
                           for ds, d in r["vs_constant_by_dataset"].items())
@@ -485,6 +497,11 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
               f"(no B3 record): MDL {r['b1b2_only']['accuracy']:.3f} vs per-dataset constant "
               f"{r['b1b2_only']['constant']:.3f}, difference {r['b1b2_only']['diff']:+.3f} "
               f"{_ci(r['b1b2_only']['ci'])} ({r['b1b2_only']['verdict']}).", ""]
+        if r.get("b3_vs_random"):
+            L += ["B3 − random abstention on as many questions (paired; the random rule's expected rate per record, "
+                  "B2's answer × (1 − abstained questions / questions)): " + "; ".join(
+                      f"{ds} {d['diff']:+.3f} {_ci(d['ci'])}, MDE {_mde(d['mde'])}: **{d['verdict']}**"
+                      for ds, d in r["b3_vs_random"].items()) + ".", ""]
     L += ["### Judge error: corrected rates and how often each sign survives", "",
           "Sensitivity (Se) and specificity (Sp) of each judge per dataset and condition come from the shipped "
           "gold set (`mdl_jax/analysis/resources/gold_verdicts.jsonl`: the 482 gold answers judged by the "
