@@ -293,7 +293,7 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
     text = (out / "ANALYSIS.md").read_text()
     for needle in ("Table 6", "Table 10", "Table 7", "Table 8", "Figure 6", "paper", "Wall time", "Ceiling",
                    "question-shuffled null", "Calibration: ties", "QR basis", "under the `ref` judge",
-                   "dependence on the judge", "grouped by question"):
+                   "dependence on the judge", "grouped by question", "What this design can detect", "not resolvable"):
         assert needle in text, needle
     for name in ("table6_ref.md", "table7_ref.md", "table10_ref.md", "figure5a_confusion_ref.png",
                  "figure5b_gate_grid_ref.png", "figure4_action_regions_ref.png", "qr_bases.md"):

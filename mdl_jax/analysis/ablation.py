@@ -192,8 +192,8 @@ def table7_md(t7a: dict, t7b: dict) -> str:
         if rec:
             g = t7b["record_level"][nm]
             cells.append(f"{g['accuracy']:.1%} ± {g['std']:.1%}")
-        pa = PAPER_TABLE7B.get(nm)
-        lines.append(f"| {nm} | " + " | ".join(cells) + (f" | {pa[0]:.1%} / {pa[1]} |" if pa else " | – |"))
+        pb = PAPER_TABLE7B.get(nm)
+        lines.append(f"| {nm} | " + " | ".join(cells) + (f" | {pb[0]:.1%} / {pb[1]} |" if pb else " | – |"))
     lines += ["", "MDL is not trained: its row is the run's calibrated controller scored on the same test folds. "
               "#Params: LR weights + intercept; MLP weights + biases; XGBoost tree nodes (splits + leaves)."]
     return "\n".join(lines)

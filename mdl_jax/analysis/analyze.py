@@ -75,7 +75,32 @@ def _headline_numbers(df, y, sc, qid) -> dict:
             **{f"ceiling_{k}": v for k, v in oracle.question_ceiling(df, y).items()}}
 
 
-def _calibration_report(df, cal, cfgs, rc) -> dict:
+def _b3_rate_at(pairs: dict, ds: str, cfg, theta0: float) -> dict:
+    """B3's hallucination rate (Table 4's B3 column) on a dataset if θ0 had been ``theta0`` (θ1, θ2 by the
+    calibration rule), read off the paired answers: Active → B2's, Silent → B1's, Opt-Out → safe, Supp →
+    the recorded Supp answer where the run chose Supp, else B2's (counted). {judge: rate, "stand_ins",
+    "shares"}."""
+    from mdl_jax import Action
+    from mdl_jax.analysis import oracle
+
+    out: dict = {"theta0": float(theta0)}
+    c = cfg.replace(thresholds=(theta0, max(theta0 - 0.2, 0.0), max(theta0 - 0.4, 0.0)))
+    for j, P in pairs.items():
+        p = P[P["dataset"] == ds]
+        if not len(p):
+            continue
+        a = oracle.score(p, {ds: c}).action
+        h1, h2, h3 = (p[f"h_{s}"].to_numpy(float) for s in ("B1", "B2", "B3"))
+        run_supp = p["action"].to_numpy() == "SUPP"
+        h = np.select([a == Action.ACTIVE, a == Action.SILENT, a == Action.OPT_OUT], [h2, h1, np.zeros_like(h1)],
+                      np.where(run_supp, h3, h2))
+        out[j] = float(h.mean())
+        out["stand_ins"] = int(np.sum((a == Action.SUPP) & ~run_supp))
+        out["shares"] = _shares(a)
+    return out
+
+
+def _calibration_report(df, cal, cfgs, rc, pairs: dict | None = None) -> dict:
     """Per dataset: the calibration the run's config came from, recomputed under both tie-breaks (the
     tied plateau, the constant-classifier warning), whether Opt-Out is reachable, and what the new rule
     would decide on the evaluated records beside what the run decided."""
@@ -110,6 +135,17 @@ def _calibration_report(df, cal, cfgs, rc) -> dict:
             hi = cfg.replace(thresholds=(c.plateau[1], max(c.plateau[1] - 0.2, 0.0), max(c.plateau[1] - 0.4, 0.0)))
             if len(ev):
                 d["b3_shares_plateau_top"] = _shares(oracle.score(ev, {ds: hi}).action)
+            # every tied run (the tied set can have gaps), and the B3 column (Table 4's B3 rate, read off
+            # the paired B1/B2 answers) at both ends of every run and at the run's own θ0
+            grid, agree = np.asarray(c.grid), np.asarray(c.agreement)
+            tied = np.flatnonzero(agree == agree.max())
+            runs = np.split(tied, np.flatnonzero(np.diff(tied) > 1) + 1) if len(tied) else []
+            d["tied_runs"] = [{"from": float(grid[r[0]]), "to": float(grid[r[-1]]), "n": int(len(r))} for r in runs]
+            if pairs is not None:
+                pts = {"run": float(cfg.thresholds[0])}
+                for i, r in enumerate(d["tied_runs"]):
+                    pts[f"run {i + 1} low"], pts[f"run {i + 1} high"] = r["from"], r["to"]
+                d["b3_rate_at"] = {k: _b3_rate_at(pairs, ds, cfg, t0) for k, t0 in pts.items()}
         out[ds] = d
     return out
 
@@ -126,19 +162,15 @@ def _signal_notes(ev, data_dir=None) -> dict:
 
     out = {}
     items = _questions(set(ev["dataset"]), data_dir)
-    try:
-        from mdl_jax.signals.risk import risk
-    except ImportError:  # pragma: no cover - the pipeline wing is part of the package
-        risk = None
+    from mdl_jax.signals.risk import risk
     for ds, g in ev.groupby("dataset"):
         d = {"n": int(len(g))}
         if "phi" in g:
             phi = g["phi"].astype(float)
             d["phi_fires"] = int((phi > 0).sum())
         q = g.drop_duplicates("qid")
-        if risk is not None and items:
-            known = [(r["A"], items.get((ds, r["qid"]))) for _, r in q.iterrows()]
-            known = [(a, it) for a, it in known if it is not None]
+        if items:
+            known = [(r["A"], it) for _, r in q.iterrows() if (it := items.get((ds, r["qid"]))) is not None]
             if known:
                 same = sum(abs(float(a) - risk(ds, it.question, getattr(it, "category", "") or "")) < 1e-6
                            for a, it in known)
@@ -247,7 +279,10 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
     b3 = df["system"].to_numpy() == "B3"
     res["b3_recorded_action_agreement"] = float(np.mean(
         df.loc[b3, "action_name"].to_numpy() == np.array([figures.ACTION_NAMES[a] for a in sc.action[b3]])))
-    res["calibration"] = timed("calibration", _calibration_report, df, cal, cfgs, rc)
+    from mdl_jax.analysis import selective as _sel
+
+    pairs = {j: _sel.paired(ev, j)[0] for j, col in _sel.JUDGES.items() if col in ev and not ev[col].isna().all()}
+    res["calibration"] = timed("calibration", _calibration_report, df, cal, cfgs, rc, pairs)
     res["signals"] = timed("signal_notes", _signal_notes, ev, data_dir)
     md: dict[str, str] = {}
     figs = {}
@@ -299,7 +334,7 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
     t0 = time.perf_counter()
     ab = figures.abstention_bins(df, sc)
     figs["figure5c"] = figures.figure5c(ab, out / "figure5c_abstention_bins.png")
-    picked = cases.attach_questions(cases.pick(ev), data_dir)
+    picked = cases.attach_questions(cases.pick(ev, cases.current_risk_agrees(ev, data_dir)), data_dir)
     md["cases"] = cases.cases_md(picked)
     figs["figure6"] = cases.figure6(picked, out / "figure6_cases.png")
     timings["figures"] = time.perf_counter() - t0
@@ -325,6 +360,14 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
     md["table4_seeds"] = stats.table4_seeds(ev)
     md["table5_seeds"] = stats.table5_seeds(ev)
     res["comparisons"] = comps
+
+    from mdl_jax.analysis import rigour
+    from mdl_jax.analysis.judges import load_gold_verdicts
+
+    gv = load_gold_verdicts()
+    res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps)
+    md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])
+    res["headline"] = rigour.headline(res)
 
     timings["analyses"] = time.perf_counter() - t_all
     if latency:
@@ -374,6 +417,18 @@ def _calibration_md(cal: dict) -> str:
                          f"run's {_shares_txt(d['b3_shares_run'])}; the top of the plateau (θ0 = "
                          f"{d['plateau'][1]:.3f}), equally supported, gives {_shares_txt(d['b3_shares_plateau_top'])}")
             line += "."
+            if d.get("tied_runs"):
+                line += (f" Tied runs of θ0: {len(d['tied_runs'])} ("
+                         + "; ".join(f"{r['from']:.3f}–{r['to']:.3f}, {r['n']} grid values" for r in d["tied_runs"]) + ")"
+                         + (", so the 'middle of the widest run' rule depends on which run is widest" if
+                            len(d["tied_runs"]) > 1 else "") + ".")
+            if d.get("b3_rate_at"):
+                line += (" B3's hallucination rate (Table 4's B3 column, read off the paired B1/B2 answers) at: "
+                         + "; ".join(f"{k} θ0 = {v['theta0']:.3f}: " + ", ".join(
+                             f"{j} {v[j]:.3f}" for j in ("paper", "ref") if j in v)
+                             + (f" ({v['stand_ins']} Supp stand-ins)" if v.get("stand_ins") else "")
+                             for k, v in d["b3_rate_at"].items())
+                         + ". Where these differ, the B3 column is a property of the tie rule, not of the data.")
             if d["constant"]:
                 line += (f" **Warning: the best agreement equals the constant classifier '{d['constant']}'** "
                          "(`calibrate` warns): no threshold beats ignoring the signals on this split, so the "
@@ -407,14 +462,30 @@ def _judge_table(res: dict) -> str:
         lambda r: f"{r['accuracy']:.3f} [{r['accuracy_ci'][0]:.3f}, {r['accuracy_ci'][1]:.3f}]", "0.612")
     row("majority rule (always " + "/".join(sorted({bj[j]['majority_label'] for j in js})) + ")",
         lambda r: f"{r['majority_class']:.3f} (always {r['majority_label']})", "0.581")
-    row("MDL − majority [95% CI]", lambda r: f"{r['vs_majority']:+.3f} {_ci(r['vs_majority_ci'])}")
+    row("MDL − pooled majority [95% CI] (not the constant a per-dataset controller competes with)",
+        lambda r: f"{r['vs_majority']:+.3f} {_ci(r['vs_majority_ci'])}")
+    rg = res.get("rigour", {}).get("by_judge", {})
+
+    def rgrow(name, fn):
+        rows.append(f"| {name} | " + " | ".join(fn(rg[j]) if j in rg else "–" for j in js) + " | – |")
+
+    rgrow("per-dataset majority (the constant MDL and every gate must beat)", lambda r: (
+        f"{r['constant']['pooled']:.3f} (" + ", ".join(f"{d}: always {v['label']} {v['accuracy']:.3f}"
+                                                     for d, v in r["constant"]["by_dataset"].items()) + ")"))
+    rgrow("MDL − per-dataset majority [95% CI]; MDE; reads", lambda r: (
+        f"{r['vs_constant']['diff']:+.3f} {_ci(r['vs_constant']['ci'])}; {r['vs_constant']['mde'] * 100:.1f} pp; "
+        f"{r['vs_constant']['verdict']}"))
+    rgrow("B3 Opt-Out records (correct by construction)", lambda r: f"{r['opt_out_free']['n']}")
+    rgrow("MDL − per-dataset majority on B1+B2 records only", lambda r: (
+        f"{r['b1b2_only']['diff']:+.3f} {_ci(r['b1b2_only']['ci'])}"))
     row("ceiling of any question-level rule (in sample)", lambda r: f"{r['ceiling_ceiling']:.3f}")
     row("(question, seed) pairs where B1 and B2 get opposite oracle labels",
         lambda r: f"{r['ceiling_opposite_pairs']:.1%} of {r['ceiling_n_pairs']}")
     row("best signal subset (Table 6)", lambda r: (lambda t6: (lambda k: f"{k}: {t6[k]['accuracy']:.3f}")(
         max(t6, key=lambda k: t6[k]["accuracy"])))(r["table6"]["rows"]), "R+A: 0.627")
-    row("I(M+R+A), bits; question-shuffled null 95th pct (p)", lambda r: (lambda t: (
-        f"{t['I']:.3f}; {t['I_null_p95']:.3f} (p = {t['p']:.3f})"))(r["table10"]["rows"]["M+R+A"]), "0.057")
+    row("I(M+R+A), bits; question-shuffled null 95th pct (p); within-dataset null p", lambda r: (lambda t: (
+        f"{t['I']:.3f}; {t['I_null_p95']:.3f} (p = {t['p']:.3f}); p = {t.get('p_within', float('nan')):.3f}"))(
+        r["table10"]["rows"]["M+R+A"]), "0.057")
     row("synergy of M+R+A; null 95th pct (p)", lambda r: (lambda t: (
         f"{t['synergy']:+.3f}; {t['synergy_null_p95']:+.3f} (p = {t['synergy_p']:.3f})"))(
         r["table10"]["rows"]["M+R+A"]), "+0.007")
@@ -432,24 +503,40 @@ def _judge_table(res: dict) -> str:
 
 def _conclusion(res: dict) -> str:
     bj = res["by_judge"]
+    rg = res.get("rigour", {}).get("by_judge", {})
     parts = []
     for j, r in bj.items():
         t = r["table10"]["rows"]["M+R+A"]
+        g = rg.get(j)
+        if g is None:
+            parts.append(f"under the `{j}` judge's labels MDL scores {r['accuracy']:.3f}")
+            continue
+        v = g["vs_constant"]
+        val = g.get("validity", {})
+        nt = [ds for ds, x in val.items() if not x["testable"]]
         parts.append(
-            f"under the `{j}` judge's labels MDL scores {r['accuracy']:.3f} against the majority rule's "
-            f"{r['majority_class']:.3f} (difference {r['vs_majority']:+.3f}, 95% CI {_ci(r['vs_majority_ci'])}: "
-            f"{_significance(r['vs_majority_ci'])}), the question-level ceiling is {r['ceiling_ceiling']:.3f}, "
-            f"and I(M+R+A) has p = {t['p']:.3f} against the question-shuffled null")
-    txt = ("**Conclusion, and its dependence on the judge.** The oracle labels are the judges' verdicts turned "
-           "into adopt / reject, so every RQ2–RQ3 number inherits the judge's errors: " + "; ".join(parts) + ".")
-    if len(bj) > 1:
-        acc = {j: r["accuracy"] for j, r in bj.items()}
-        txt += (f" The two judges move MDL's accuracy by {abs(acc['paper'] - acc['ref']):.3f} and the ranking "
-                "against the majority rule "
-                + ("changes" if (bj["paper"]["vs_majority"] > 0) != (bj["ref"]["vs_majority"] > 0) else "does not change")
-                + ". The `paper` judge agrees with the gold set at about chance on HaluEval (see the Judges section of "
-                "REPORT.md), so half of its oracle labels are noise there; no RQ2–RQ3 claim here holds under both "
-                "judges unless both columns of the table above say so.")
+            f"under the `{j}` judge's labels MDL scores {r['accuracy']:.3f} against the per-dataset majority's "
+            f"{g['constant']['pooled']:.3f} (difference {v['diff']:+.3f}, 95% CI {_ci(v['ci'])}, MDE "
+            f"{v['mde'] * 100:.1f} pp: {v['verdict']}), the question-level ceiling is {r['ceiling_ceiling']:.3f}, "
+            f"and I(M+R+A) has p = {t.get('p_within', t['p']):.3f} against the within-dataset question-shuffled null"
+            + (f"; the design cannot test RQ2–RQ3 on {', '.join(nt)} with this reader and this judge" if nt else ""))
+    txt = ("**Conclusion, and its dependence on the judge.** The oracle labels are the judges' verdicts turned into adopt / reject, so every "
+           "RQ2–RQ3 number inherits the judge's errors: " + "; ".join(parts) + ".")
+    if len(rg) > 1 and all("vs_constant" in g for g in rg.values()):
+        signs = {j: np.sign(g["vs_constant"]["diff"]) for j, g in rg.items()}
+        res_ = {j: g["vs_constant"]["resolvable"] for j, g in rg.items()}
+        if len(set(signs.values())) == 1:
+            txt += (" Against the right constant (each dataset's majority) the sign of MDL − constant is the same "
+                    "under both judges (" + ", ".join(f"`{j}`: {rg[j]['vs_constant']['verdict']}" for j in rg)
+                    + "): it does not depend on the judge.")
+        else:
+            txt += (" The sign of MDL − constant differs between the judges; "
+                    + ("at least one of them is not resolvable, so neither direction is claimed." if not all(
+                        res_.values()) else "both are resolved, so the conclusion depends on the judge."))
+        txt += (" Each claim's testability with this reader and judge (reader accuracy without memory, judge "
+                "agreement by condition, the coupling of the judge's verdict to M) is under *What this design can "
+                "detect*; a claim marked not testable there reads \"does not reproduce, and is not testable with "
+                "this reader and judge\".")
     qr = res.get("qr_bases", {})
     if "lowest" in qr:
         sm = qr["lowest"]["summary"]
@@ -522,6 +609,8 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "B3 records.", "",
         "## Headline, beside the paper, under each judge", "", _judge_table(res), "",
         _conclusion(res), "",
+        "## What this design can detect: power, judge error, the right constants, validity", "",
+        md.get("design", "*Not computed.*"), "",
         "## Calibration: ties and degenerate optima", "",
         "Recomputed from the run's calibration split (`mdl_jax.calibrate`, both tie-breaks). The shipped "
         "configs and this run's decisions are unchanged; the current rule applies to new calibrations.", "",
@@ -573,7 +662,8 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         both("section6", "Section 6"), "",
         "## Figure 6: case studies (picked by rule, verbatim)", "",
         "Rule: `mdl_jax/analysis/cases.py` (first seed; per dataset and kind, highest risk first; where the "
-        "records carry both judges' verdicts, only cases on which they agree).", "",
+        "records carry both judges' verdicts, only cases on which they agree; where the dataset files are "
+        "local, only questions whose recorded risk A equals today's risk rule's).", "",
         img("figure6", "Figure 6"), "", md["cases"], "",
         "## RQ4: Table 8, latency", "", md["table8"], "",
         "## Statistics that hold up", "",

@@ -64,8 +64,27 @@ def _verdicts(row) -> str:
     return f"paper judge: {v(row['h'])}; ref judge: {v(bool(ref))}"
 
 
-def pick(df) -> list[dict]:
-    """The cases (see the module docstring); each a dict with the B1/B2/B3 records of one question."""
+def current_risk_agrees(df, data_dir=None) -> set | None:
+    """The (dataset, qid) whose recorded risk A equals what today's risk rule (``signals.risk``) gives,
+    or None where the dataset files are not local (then every question is eligible). A case study of a
+    question the current rule scores differently would illustrate a controller input that no longer
+    exists (e.g. HaluEval "Cranium or Thurn and Taxis": recorded A = 0.85, today's rule 0.20)."""
+    from mdl_jax.signals.risk import risk
+
+    items = _questions(set(df["dataset"]), data_dir)
+    if not items:
+        return None
+    ok = set()
+    for (ds, q), a in df.drop_duplicates(["dataset", "qid"]).set_index(["dataset", "qid"])["A"].items():
+        it = items.get((ds, int(q)))
+        if it is not None and abs(float(a) - risk(ds, it.question, getattr(it, "category", "") or "")) < 1e-6:
+            ok.add((ds, int(q)))
+    return ok
+
+
+def pick(df, eligible: set | None = None) -> list[dict]:
+    """The cases (see the module docstring); each a dict with the B1/B2/B3 records of one question.
+    ``eligible``: the (dataset, qid) that may be picked (``current_risk_agrees``), None = all."""
     out = []
     for ds in sorted(df["dataset"].unique()):
         d = df[(df["dataset"] == ds) & df["ok"]]
@@ -77,6 +96,8 @@ def pick(df) -> list[dict]:
         qids = sorted(set(wide["B1"].index) & set(wide["B2"].index) & set(wide["B3"].index))
         if _has_ref(d):
             qids = [q for q in qids if all(_agree(wide[s].loc[q]) for s in ("B1", "B2", "B3"))]
+        if eligible is not None:
+            qids = [q for q in qids if (ds, int(q)) in eligible]
         b3 = wide["B3"].loc[qids]
         b2 = wide["B2"].loc[qids]
         withheld = b3["action_name"].isin(["SILENT", "OPT_OUT"])

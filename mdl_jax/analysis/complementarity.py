@@ -32,6 +32,7 @@ the paper computes it (its Table 10 numbers satisfy exactly this): for a pair, I
 from __future__ import annotations
 
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def table6(df, y, configs, cal=None) -> dict:
         neutral = {s: med[s] for s in SIGNALS if s not in sub}
         sc = score(df, configs, neutral)
         correct[name(sub)] = sc.adopt == y
-        row = {"accuracy": float(correct[name(sub)].mean()), "adopt_rate": float(sc.adopt.mean())}
+        row: dict[str, Any] = {"accuracy": float(correct[name(sub)].mean()), "adopt_rate": float(sc.adopt.mean())}
         if cal is not None and len(cal):
             re = {ds: recalibrate(cal, ds, configs[ds], neutral) or configs[ds] for ds in configs}
             row["accuracy_recal"] = float((score(df, re, neutral).adopt == y).mean())
@@ -159,6 +160,23 @@ def question_permutations(groups, n_perm: int, seed: int = 0) -> np.ndarray:
     return np.stack([first[rng.permutation(len(g_ids))][g] for _ in range(n_perm)])
 
 
+def stratified_question_permutations(groups, strata, n_perm: int, seed: int = 0) -> np.ndarray:
+    """As ``question_permutations``, but a question's signals go only to another question of the same
+    stratum (dataset): the null then keeps each dataset's signal distribution, so a signal that only
+    separates the datasets (A, with its per-dataset tiers) is not credited with the dataset difference."""
+    g_ids, first, g = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+    st = np.asarray(strata)[first]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_perm):
+        tgt = np.arange(len(g_ids))
+        for s in np.unique(st):
+            idx = np.flatnonzero(st == s)
+            tgt[idx] = idx[rng.permutation(len(idx))]
+        out.append(first[tgt][g])
+    return np.stack(out)
+
+
 def _synergies(mi: dict) -> dict:
     out = {f"{a}+{b}": mi[f"{a}+{b}"] - mi[a] - mi[b] for a, b in combinations(SIGNALS, 2)}
     out["M+R+A"] = mi["M+R+A"] - max(mi[k] for k in ("M+R", "M+A", "R+A"))
@@ -179,6 +197,12 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
     syn = _synergies(mi)
     syn_null = {k: np.array([_synergies({j: null[j][i] for j in null})[k] for i in range(n_perm)])
                 for k in syn}
+    # the within-dataset null (questions move only within their dataset)
+    s_perms = stratified_question_permutations(
+        question_ids(df), df["dataset"].to_numpy() if "dataset" in df else np.zeros(len(df)), n_perm, seed)
+    snull = {k: np.array([mutual_information(c[p], y) for p in s_perms]) for k, c in codes.items()}
+    ssyn_null = {k: np.array([_synergies({j: snull[j][i] for j in snull})[k] for i in range(n_perm)])
+                 for k in syn}
     rows = {}
     for sub in SUBSETS:
         k = name(sub)
@@ -186,10 +210,13 @@ def table10(df, y, n_bins: int = 5, n_perm: int = N_PERM, seed: int = 0) -> dict
                    "I_null": float(null[k].mean()), "I_null_p95": float(np.percentile(null[k], 95)),
                    "p": float((1 + np.sum(null[k] >= mi[k] - 1e-12)) / (1 + n_perm)),
                    "I_null_records": float(np.mean([mutual_information(codes[k], p) for p in rec_perms])),
-                   "cells": int(codes[k].max()) + 1}
+                   "cells": int(codes[k].max()) + 1,
+                   "I_null_within": float(snull[k].mean()), "I_null_within_p95": float(np.percentile(snull[k], 95)),
+                   "p_within": float((1 + np.sum(snull[k] >= mi[k] - 1e-12)) / (1 + n_perm))}
         if k in syn:
             rows[k].update(synergy=syn[k], synergy_null_p95=float(np.percentile(syn_null[k], 95)),
-                           synergy_p=float((1 + np.sum(syn_null[k] >= syn[k] - 1e-12)) / (1 + n_perm)))
+                           synergy_p=float((1 + np.sum(syn_null[k] >= syn[k] - 1e-12)) / (1 + n_perm)),
+                           synergy_p_within=float((1 + np.sum(ssyn_null[k] >= syn[k] - 1e-12)) / (1 + n_perm)))
     return {"rows": rows, "n_bins": n_bins, "n_perm": n_perm,
             "levels": {s: int(bins[s].max()) + 1 for s in SIGNALS}}
 
@@ -256,16 +283,20 @@ def low_relevance_md(lr: dict) -> str:
 
 
 def table10_md(t10: dict) -> str:
-    lines = ["| Signal configuration | I (bits, plug-in) | Question-shuffled null: mean / 95th pct (p) | Synergy "
-             "(null 95th pct, p) | I, Miller-Madow | Record-shuffled null (mean; ignores questions) | "
-             "cells | Paper: I / synergy |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| Signal configuration | I (bits, plug-in) | Question-shuffled null: mean / 95th pct (p) | "
+             "Within-dataset null: mean / 95th pct (p) | Synergy (null 95th pct, p; p within dataset) | "
+             "I, Miller-Madow | Record-shuffled null (mean; ignores questions) | "
+             "cells | Paper: I / synergy |", "|---|---|---|---|---|---|---|---|---|"]
     for sub in SUBSETS:
         k = name(sub)
         r = t10["rows"][k]
-        syn = (f"{r['synergy']:+.3f} ({r['synergy_null_p95']:+.3f}, p = {r['synergy_p']:.3f})"
-               if "synergy" in r else "—")
+        syn = (f"{r['synergy']:+.3f} ({r['synergy_null_p95']:+.3f}, p = {r['synergy_p']:.3f}; "
+               f"{_p(r.get('synergy_p_within'))})" if "synergy" in r else "—")
+        within = (f"{r['I_null_within']:.3f} / {r['I_null_within_p95']:.3f} (p = {r['p_within']:.3f})"
+                  if "p_within" in r else "–")
         pi, ps = PAPER_TABLE10[k]
-        lines.append(f"| I({k}) | {r['I']:.3f} | {r['I_null']:.3f} / {r['I_null_p95']:.3f} (p = {r['p']:.3f}) | {syn} | "
+        lines.append(f"| I({k}) | {r['I']:.3f} | {r['I_null']:.3f} / {r['I_null_p95']:.3f} (p = {r['p']:.3f}) | "
+                     f"{within} | {syn} | "
                      f"{r['I_mm']:.3f} | {r['I_null_records']:.3f} | {r['cells']} | "
                      f"{pi:.3f} / {'—' if ps is None else f'{ps:+.3f}'} |")
     lev = ", ".join(f"{s}: {v}" for s, v in t10["levels"].items())
@@ -274,8 +305,9 @@ def table10_md(t10: dict) -> str:
                  f"merged; a signal with ≤ {t10['n_bins']} distinct values keeps one bin per value (levels used: {lev}); "
                  "a subset is the joint bin. Synergy: pair I(XY) − I(X) − I(Y); "
                  f"triple I(MRA) − max pair. Null: {t10.get('n_perm', N_PERM)} permutations that move whole "
-                 "questions (each question's signal cell goes to another question; labels stay), the design's "
-                 "null; p = (1 + #null ≥ observed) / (1 + permutations). An I or synergy below the null's "
+                 "questions (each question's signal cell goes to another question; labels stay); the within-dataset "
+                 "null moves a question only within its dataset, so a signal that merely separates the datasets "
+                 "(A's per-dataset tiers) is not credited with the datasets' difference in labels: read that one; p = (1 + #null ≥ observed) / (1 + permutations). An I or synergy below the null's "
                  "95th percentile is at chance level.")
     r = t10["rows"]["M+R+A"]
 
@@ -284,7 +316,9 @@ def table10_md(t10: dict) -> str:
                 "uncorrected)" if p > 0.01 else "above chance")
 
     lines.append("")
-    lines.append(f"**Reading:** I(M+R+A) = {r['I']:.3f} bits against a question-shuffled null of {r['I_null']:.3f} "
+    pw = r.get("p_within", r["p"])
+    lines.append(f"**Reading:** I(M+R+A) = {r['I']:.3f} bits against a within-dataset question-shuffled null "
+                 f"(p = {pw:.3f}): {verdict(pw)}; against the pooled question-shuffled null of {r['I_null']:.3f} "
                  f"(95th percentile {r['I_null_p95']:.3f}, p = {r['p']:.3f}): {verdict(r['p'])}; its synergy "
                  f"{r['synergy']:+.3f} (null 95th percentile {r['synergy_null_p95']:+.3f}, p = {r['synergy_p']:.3f}) "
                  f"is {verdict(r['synergy_p'])}. The record-shuffled null ({r['I_null_records']:.3f}) treats the "

@@ -214,7 +214,7 @@ def c_alpha(df, scored, y) -> dict:
 
     C, al = scored.C.astype(float), scored.alpha.astype(float)
     corr = scored.adopt == y
-    out = {"n": int(len(C)), "n_correct": int(corr.sum()), "n_incorrect": int((~corr).sum())}
+    out: dict[str, float] = {"n": int(len(C)), "n_correct": int(corr.sum()), "n_incorrect": int((~corr).sum())}
     if np.std(C) > 0 and np.std(al) > 0:
         out["pearson_r"], out["pearson_p"] = (float(v) for v in stats.pearsonr(C, al))
         out["spearman_r"], out["spearman_p"] = (float(v) for v in stats.spearmanr(C, al))
@@ -231,7 +231,7 @@ def c_alpha(df, scored, y) -> dict:
 def section6(df, scored, y) -> dict:
     """Hallucination under each B3 action; accuracy in the A ≥ 0.70, M ≥ 0.70 regime vs the rest."""
     b3 = df["system"].to_numpy() == "B3"
-    out = {"by_action": {}}
+    out: dict = {"by_action": {}}
     for ds in sorted(df["dataset"].unique()) + ["all"]:
         m = b3 & ((df["dataset"].to_numpy() == ds) if ds != "all" else True)
         for a in Action:
@@ -270,15 +270,15 @@ def figure_section6(s6: dict, path: Path, judge: str | None = None) -> Path:
     a1.set_ylim(0, 1.3)
     a1.set_title(f"hallucination under each B3 action{_judged(judge)}", fontsize=9)
     a1.legend(fontsize=7, loc="upper center", ncol=2)
-    xs = np.arange(len(dss))
-    a2.bar(xs - 0.2, [s6["regime"][d]["acc"] for d in dss], width=0.4,
+    xd = np.arange(len(dss))
+    a2.bar(xd - 0.2, [s6["regime"][d]["acc"] for d in dss], width=0.4,
            label="A ≥ 0.70 and M ≥ 0.70")
-    a2.bar(xs + 0.2, [s6["regime"][d]["acc_rest"] for d in dss], width=0.4, label="other records")
-    for x, d in zip(xs, dss):
+    a2.bar(xd + 0.2, [s6["regime"][d]["acc_rest"] for d in dss], width=0.4, label="other records")
+    for x, d in zip(xd, dss):
         a2.text(x - 0.2, 0.02, f"n={s6['regime'][d]['n']}", ha="center", fontsize=7, rotation=90, color="w")
         a2.text(x + 0.2, 0.02, f"n={s6['regime'][d]['n_rest']}", ha="center", fontsize=7, rotation=90, color="w")
     a2.axhline(PAPER_SECTION6["regime_acc"], color="k", ls="--", lw=0.8, label="paper: 55.6% (117 records)")
-    a2.set_xticks(xs, dss)
+    a2.set_xticks(xd, dss)
     a2.set_ylim(0, 1.3)
     a2.set_ylabel("decision accuracy vs oracle")
     a2.set_title(f"accuracy in the high-risk, high-relevance regime{_judged(judge)}", fontsize=9)

@@ -59,7 +59,7 @@ def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.
     verdicts = judge_all(list(g["answer"]), its, embedder)
     g["gold"] = g["label"].eq("hallucinated")
     for name, js in verdicts.items():
-        g[f"judge_{name}"] = [j.hallucinated for j in js]
+        g[f"judge_{name}"] = [None if j is None else j.hallucinated for j in js]
     return g
 
 
@@ -256,3 +256,53 @@ def llm_section(run_dir) -> str | None:
                       "server, the verdict read from the Yes/No label likelihood where the server sends "
                       "logprobs, else from the reply's first word; agreement with the shipped gold set:",
                       "", *parts])
+
+
+# -- the gold set as the analyses read it: every judge's verdict and the answer's condition -----------
+
+VERDICTS_PATH = Path(__file__).resolve().parent / "resources" / "gold_verdicts.jsonl"
+MEMORY_SYSTEMS = ("B2", "CRAG", "SelfRAG")  # answers written with the memories in the prompt
+
+
+def answer_condition(system: str, action) -> str:
+    """'memory' where the answer was written with the memories in its prompt (B2, CRAG, Self-RAG; B3
+    under Active / Supp), 'no memory' otherwise (B1; B3 under Silent), 'abstention' for B3 Opt-Out."""
+    if system in MEMORY_SYSTEMS or (system == "B3" and action in ("ACTIVE", "SUPP")):
+        return "memory"
+    if system == "B3" and action == "OPT_OUT":
+        return "abstention"
+    return "no memory"
+
+
+def gold_verdicts(embedder, results_dir, data_dir=None) -> pd.DataFrame:
+    """The gold set judged by every judge (``judge_gold``) with each answer's condition (with / without
+    the memories in the prompt; a B3 answer's action is read from its run's records under
+    ``results_dir/<run>/records.jsonl``). Columns: gid, run, dataset, qid, seed, system, split, condition,
+    gold (bool), judge_<name> (bool). The analyses read the committed copy (``load_gold_verdicts``) so
+    that they call no model; ``experiments/regenerate_report.py`` refreshes it."""
+    from mdl_jax.pipeline import records as rec_io
+
+    g = judge_gold(embedder, data_dir=data_dir)
+    act: dict = {}
+    for run in sorted(g["run"].unique()):
+        p = Path(results_dir) / run / "records.jsonl"
+        if p.is_file():
+            for r in rec_io.load(p).values():
+                if r.get("system") == "B3":
+                    act[(run, r["dataset"], int(r["qid"]), int(r["seed"]))] = r.get("action")
+    g["condition"] = [answer_condition(s, act.get((r, d, int(q), int(e))))
+                      for s, r, d, q, e in zip(g["system"], g["run"], g["dataset"], g["qid"], g["seed"])]
+    cols = ["gid", "run", "dataset", "qid", "seed", "system", "split", "condition", "gold"] + [
+        f"judge_{n}" for n in JUDGES]
+    return g[cols]
+
+
+def load_gold_verdicts(path: str | Path = VERDICTS_PATH) -> pd.DataFrame | None:
+    """The committed judged gold set (``gold_verdicts``), or None where it is not there."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    v = pd.read_json(p, lines=True, dtype={"qid": int, "seed": int})
+    if "kind" not in v:  # the gold labellers' kind (correct / wrong / mixed / non_answer / refusal)
+        v = v.merge(load_gold()[["gid", "kind"]], on="gid", how="left")
+    return v

@@ -28,6 +28,7 @@ import json
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,18 +98,20 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     folds = question_folds(y, groups, k, seed=0)
 
     # the zero-parameter starting point: calibrated on the pooled calibration split
-    splits = [calibration_split(cal, ds) for ds in sorted(df["dataset"].unique())]
-    splits = [s for s in splits if s is not None and len(s[0])]
+    maybe = [calibration_split(cal, ds) for ds in sorted(df["dataset"].unique())]
+    splits = [s for s in maybe if s is not None and len(s[0]) > 0]
     if splits and sum(len(s[0]) for s in splits) >= 2:
         with warnings.catch_warnings():  # a constant optimum is flagged in the table ('degenerate')
             warnings.simplefilter("ignore", UserWarning)
-            start = calibrate(*(np.concatenate([s[i] for s in splits]) for i in range(4))).config
+            sM, sR, sA, sy = (np.concatenate([s[i] for s in splits]) for i in range(4))
+            start = calibrate(sM, sR, sA, sy).config
         start_src = "paper defaults, n_min/n_max/θ calibrated on the pooled calibration split"
     else:
         start, start_src = MDLConfig(), "paper defaults (no calibration records)"
 
     # the runs: folds × seeds × field sets, then one full fit per field set
-    runs, wt, wv = [], [], []
+    runs: list[tuple[Any, Any, int]] = []
+    wt, wv = [], []
     for fs in field_sets:
         for f, (tr, _te) in enumerate(folds):
             for s in seeds:

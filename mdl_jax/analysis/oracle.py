@@ -95,7 +95,7 @@ def question_ceiling(df, y) -> dict:
     n = np.bincount(g).astype(float)
     out = {"ceiling": float(np.maximum(ones, n - ones).sum() / len(y)) if len(y) else float("nan")}
     key = df["dataset"].astype(str) + ":" + df["qid"].astype(str) + ":" + df["seed"].astype(str)
-    lab = {}
+    lab: dict[str, dict[str, int]] = {}
     for k, s, v in zip(key.to_numpy(), df["system"].to_numpy(), y):
         if s in ("B1", "B2"):
             lab.setdefault(k, {})[s] = v
@@ -133,7 +133,7 @@ class RunConfig(NamedTuple):
     source: str  # where it came from: "run.json", "recalibrated", "MDLConfig() defaults"
 
 
-def calibration_split(cal, dataset: str):
+def calibration_split(cal, dataset: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """(M, R, A, adopt) float32/int32 arrays of a dataset's calibration records (B2 answers: a
     hallucination under injected memory means reject, as ``pipeline.experiment`` labels them)."""
     c = cal[(cal["dataset"] == dataset) & cal["ok"]] if len(cal) else cal
@@ -145,7 +145,7 @@ def calibration_split(cal, dataset: str):
 
 def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
     """The calibrated config of each dataset of the run (see the module docstring)."""
-    run = {}
+    run: dict = {}
     rp = Path(records_path).with_name("run.json")
     if rp.is_file():
         try:

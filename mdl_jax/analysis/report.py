@@ -39,14 +39,17 @@ def frame(records_path):
 SMALL_N = 30  # below this many records a rate is shown, but flagged: too few for a claim
 
 
-def _cell(x, n) -> str:
-    """'0.412 [0.35, 0.48] (n=200)'; a † where n < SMALL_N."""
+def _cell(x, n, n_q: int | None = None) -> str:
+    """'0.412 [0.35, 0.48] (n=600, 200 q)'; a † where the QUESTIONS (the design's unit: a question's
+    records share its signals) number fewer than SMALL_N (records where ``n_q`` is not given)."""
     if n == 0 or x is None or (isinstance(x, float) and np.isnan(x)):
         return "– (n=0)"
     from mdl_jax.analysis.judges import wilson
 
     lo, hi = wilson(round(x * n), n)
-    return f"{x:.3f} [{lo:.2f}, {hi:.2f}] (n={n}){' †' if n < SMALL_N else ''}"
+    k = n if n_q is None else n_q
+    q = "" if n_q is None else f", {n_q} q"
+    return f"{x:.3f} [{lo:.2f}, {hi:.2f}] (n={n}{q}){' †' if k < SMALL_N else ''}"
 
 
 def rates(df) -> dict:
@@ -55,6 +58,8 @@ def rates(df) -> dict:
     a = ok["A"].to_numpy()
     return {
         "n": int(len(df)), "n_failed": int((~df["ok"]).sum()),
+        "n_questions": int(ok["qid"].nunique()) if "qid" in ok else int(len(ok)),
+        "n_questions_high_risk": int(hi["qid"].nunique()) if "qid" in hi else int(len(hi)),
         "overall": float(ok["h"].mean()) if len(ok) else float("nan"),
         "high_risk": float(hi["h"].mean()) if len(hi) else float("nan"),
         "n_high_risk": int(len(hi)),
@@ -93,9 +98,11 @@ def table4(df) -> str:
         cells = []
         for j, ds in enumerate(("truthfulqa", "halueval")):
             sub = df[(df["system"] == s) & (df["dataset"] == ds)]
-            r = rates(sub) if len(sub) else {"overall": None, "high_risk": None, "n_ok": 0, "n_high_risk": 0}
-            cells += [f"{_cell(r['overall'], r['n_ok'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
-                      f"{_cell(r['high_risk'], r['n_high_risk'])} (paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
+            r = rates(sub) if len(sub) else {"overall": None, "high_risk": None, "n_ok": 0, "n_high_risk": 0,
+                                             "n_questions": 0, "n_questions_high_risk": 0}
+            cells += [f"{_cell(r['overall'], r['n_ok'], r['n_questions'])} (paper {PAPER_TABLE4[s][2 * j]:.3f})",
+                      f"{_cell(r['high_risk'], r['n_high_risk'], r['n_questions_high_risk'])} "
+                      f"(paper {PAPER_TABLE4[s][2 * j + 1]:.3f})"]
         lines.append(f"| {NAMES[s]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -118,8 +125,8 @@ def table5(df) -> str:
         # a CRAG that graded every memory Correct sent B2's prompt everywhere: it is B2, not a result
         flag = (f" **degenerate: = B2 answer for answer ({crag['equal']}/{crag['n']})**"
                 if s == "CRAG" and crag.get("degenerate") else "")
-        lines.append(f"| {NAMES[s]}{flag} | {_cell(r['overall'], r['n_ok'])} (paper {p[0]:.3f}) | "
-                     f"{_cell(r['high_risk'], r['n_high_risk'])} "
+        lines.append(f"| {NAMES[s]}{flag} | {_cell(r['overall'], r['n_ok'], r['n_questions'])} (paper {p[0]:.3f}) | "
+                     f"{_cell(r['high_risk'], r['n_high_risk'], r['n_questions_high_risk'])} "
                      f"(paper {p[1]:.3f}) | {_fmt(r['refusal'])} (paper {p[2]:.3f}) | "
                      f"{_fmt(r['risk_weighted'])} | {r['calls_per_question']:.2f} |")
     return "\n".join(lines)
@@ -185,7 +192,7 @@ def paired_share(df) -> dict:
     prompt), how many have exactly B2's answer for the same (dataset, qid, seed). Paired sampling
     makes this 100% by construction (generation cache); anything less shows unpaired sampling (runs
     made before it, or a backend that ignores seeds). Returns {dataset: {"n", "equal", "share"}}."""
-    out = {}
+    out: dict = {}
     if df.empty or "action" not in df:
         return out
     key = ["dataset", "qid", "seed"]
@@ -247,9 +254,10 @@ DEFINITIONS = """Terms used in this report:
   calibrated on each dataset's calibration split (Section 3.4), unless a config file was given.
 - **θ = (θ0, θ1, θ2)**: C_final ≥ θ0 → Active (inject the memories), ≥ θ1 → Supp (inject with a
   caution), ≥ θ2 → Silent (answer without memories), else Opt-Out (abstain, no LLM call).
-- **Intervals**: [lo, hi] is a 95% Wilson interval of a rate over n records; † marks n < 30, too few
-  records for a claim. Records of one question under several seeds are not independent, so these
-  intervals are optimistic; the question-level tests of the analyses section are the stricter ones.
+- **Intervals**: [lo, hi] is a 95% Wilson interval of a rate over n records; † marks fewer than 30
+  questions (q), too few for a claim. Records of one question under several seeds are not independent, so
+  these intervals are optimistic; the question-level tests and the minimum detectable differences of
+  *What this design can detect* are the ones to read a comparison by.
 - **tokens/s** is the whole pipeline's generation throughput (every LLM call of every system, batched,
   on this machine), not one model call's decoding speed.
 """
@@ -293,6 +301,16 @@ def _where_from(out) -> list[str]:
             "abstention counts as safe in the paper's metric, so a gain may be abstention rather than "
             "better answers; details under *RQ1: where the difference comes from* below):", "",
             *rows, ""]
+
+
+def _design(out) -> list[str]:
+    """Under Table 4: what the design can detect (``analysis.rigour``: power, judge-corrected rates, the
+    right constants, validity), from analysis/design.md. Empty before the analyses ran."""
+    p = Path(out) / "analysis" / "design.md"
+    if not p.is_file():
+        return []
+    body = p.read_text().replace("### ", "#### ")
+    return ["### What this design can detect: power, judge error, the right constants, validity", "", body, ""]
 
 
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
@@ -345,9 +363,11 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
            else ""), "",
         "Numbers in parentheses are the paper's (deepseek-v4-flash; Table 4: 200 questions × 3 seeds, "
         "Table 5: 200 × 2); ours come "
-        "from a much smaller model and sample, so only the direction of the comparisons is comparable.", "",
+        "from a much smaller model and sample. A direction is comparable only where this design can resolve it: "
+        "below the minimum detectable difference (*What this design can detect*, after Table 4) neither the "
+        "size nor the direction of a difference can be read from these records.", "",
         DEFINITIONS, "",
-        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "", *_where_from(out),
+        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "", *_where_from(out), *_design(out),
         "## Table 5: baselines on TruthfulQA (paper judge)", "", t5, "",
         "## Figure 3", "", "![Figure 3](figure3.png)", "",
         "## Paired t-tests across seeds (hallucination rate)", "",
@@ -429,7 +449,9 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
     if analysis_md:
         import re
 
-        body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())  # its title: the heading below says it
+        body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())
+        if _design(out):  # shown under Table 4 already
+            body = re.sub(r"^## What this design can detect.*?(?=^## )", "", body, flags=re.M | re.S)  # its title: the heading below says it
         body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
         body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
         lines += ["", "## Where the RQ1 difference comes from, the practitioners' gates, and the RQ2–RQ4 analyses "

@@ -152,9 +152,11 @@ def paired_share(ev) -> float | None:
     with paired sampling; well below in runs made before it (None without B3 Active records)."""
     ok = ev[ev["ok"]]
     keys = ["dataset", "qid", "seed"]
-    b2 = ok[ok["system"] == "B2"].set_index(keys)["answer"] if "answer" in ok else None
-    b3 = ok[(ok["system"] == "B3") & (ok["action"] == "ACTIVE")].set_index(keys)["answer"] if b2 is not None else None
-    if b3 is None or not len(b3):
+    if "answer" not in ok:
+        return None
+    b2 = ok[ok["system"] == "B2"].set_index(keys)["answer"]
+    b3 = ok[(ok["system"] == "B3") & (ok["action"] == "ACTIVE")].set_index(keys)["answer"]
+    if not len(b3):
         return None
     j = b3.to_frame("b3").join(b2.to_frame("b2"), how="inner")
     return float((j["b3"] == j["b2"]).mean()) if len(j) else None
@@ -195,6 +197,18 @@ def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, se
     per_q = all(len(np.unique(opt[qid == q])) == 1 for q in np.unique(qid[opt])) if opt.any() else True
     ra = random_abstention(h2, qid, q_opt, n_draws=n_draws, seed=seed)
     ra["per_question"] = per_q
+    # the paired test against random abstention (its expected rate per record), clustered by question:
+    # the draws' range above carries the random choice only, not the sampling of the questions
+    from mdl_jax.analysis.stats import cluster_bootstrap_diff, cluster_se, mde, verdict
+
+    base = h2 * (1 - q_opt / max(ra["n_questions"], 1))
+    se = cluster_se(h3 - base, qid)
+    ci = cluster_bootstrap_diff(h3, base, qid)
+    n_seeds = int(p["seed"].nunique()) if "seed" in p else 1
+    ra["paired"] = {"diff": float(np.mean(h3 - base)) if len(h3) else float("nan"), "ci": list(ci), "se": se,
+                    "mde": mde(se), "verdict": verdict(float(np.mean(h3 - base)) if len(h3) else float("nan"), ci,
+                                                       mde(se), ra["n_questions"], n_seeds,
+                                                       lower="B3 lower", higher="B3 higher")}
     out["random_abstention"] = ra
     out["decomposition"] = decompose(h2, h3, act)
     # curves: B3 ranked by C_final (Opt-Out answered as Silent, i.e. B1, beyond B3's own coverage);
@@ -246,18 +260,27 @@ def where_from(s: dict) -> str:
                 f"B3 never abstains here, so the whole difference is in the answers it gives (Supp's "
                 f"cautious prompt and Silent's no-memory answer against B2's); selective risk B3 "
                 f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f}.")
-    beat = b3["overall"] < ra["lo"]
-    worse = b3["overall"] > ra["hi"]
-    verdict = ("below the whole random range: B3 chooses where to abstain better than chance" if beat else
-               "above the random range: random abstention of the same count does better" if worse else
-               "inside the random range: random abstention of the same count does as well")
-    sel = ("answers no better than B2 where it answers" if b3["selective_risk"] >= b2["selective_risk"]
-           else "answers better than B2 where it answers")
+    pr = ra.get("paired")
+    if pr is not None:
+        v = pr["verdict"]
+        verdict = (f"paired test B3 − random {pr['diff']:+.3f} [{pr['ci'][0]:+.3f}, {pr['ci'][1]:+.3f}], MDE "
+                   f"{pr['mde'] * 100:.1f} pp: " + (
+                       "B3 chooses where to abstain better than chance" if v == "B3 lower" else
+                       "random abstention of the same count does better" if v == "B3 higher" else
+                       v + ": no better than random abstention, and not shown to be worse"))
+    else:
+        beat, worse = b3["overall"] < ra["lo"], b3["overall"] > ra["hi"]
+        verdict = ("below the whole random range" if beat else "above the random range" if worse else
+                   "inside the random range")
+    sel = ("answers no better than B2 where it answers (a difference in selective risk is not tested here)"
+           if b3["selective_risk"] >= b2["selective_risk"] else
+           "lower than B2 where it answers (not tested: see the judge-error section for whether its sign holds)")
     share = (f"Opt-Out counted as safe accounts for {d['OPT_OUT'] / d['total'] * 100:.0f}% of it (the other "
              f"actions together {(d['total'] - d['OPT_OUT']):+.3f}). " if d["total"] < 0 and d["OPT_OUT"] < 0 else "")
     return (f"B3 − B2 = {d['total']:+.3f} = {parts}. {share}B3 {b3['overall']:.3f} vs "
             f"random abstention on the same {ra['n_abstain']} of {ra['n_questions']} questions "
-            f"{ra['mean']:.3f} [{ra['lo']:.3f}–{ra['hi']:.3f}] (expected {ra['expected']:.3f}): {verdict}. Selective risk B3 "
+            f"{ra['mean']:.3f} [{ra['lo']:.3f}–{ra['hi']:.3f}, the random choice's range] (expected {ra['expected']:.3f}); "
+            f"{verdict}. Selective risk B3 "
             f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f} ({sel}).")
 
 

@@ -8,8 +8,8 @@ Bootstrap resamples (10, seed 0) resample *questions* (``stats.question_bootstra
 of a drawn question gets its multiplicity, since a question's records share its signals), drawn once
 over the pooled records and split by dataset, so every config is scored on the same resamples.
 
-Degenerate optima: the best cell of a grid is flagged (``oracle.degenerate``) when its controller takes
-one action on ≥ 99% of the records or adopts on ≤ 1% (= always-reject): a sweep whose best point is a
+Degenerate optima: the best cell of a grid is flagged (``degenerate`` below) when its controller takes
+one action on ≥ 99% of the records, or adopts on ≤ 5% (≈ always-reject) or ≥ 95%: a sweep whose best point is a
 constant rule says that no setting of the swept fields beats ignoring the signals.
 
   gate grid   (g_a, g_b) ∈ [0, 1]² in steps of 0.05 (21 × 21), C_final = C·(g_a + g_b α)  (Fig. 5(b))
@@ -20,10 +20,36 @@ constant rule says that no setting of the swept fields beats ignoring the signal
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from mdl_jax.analysis.oracle import degenerate
+from mdl_jax.analysis.oracle import ACTION_LABELS
+from mdl_jax.analysis.oracle import degenerate as _strict_degenerate
 from mdl_jax.controller.decision import Action
+
+NEAR_DEGENERATE = 0.05  # the rule: an adopt (Active) share ≤ 5% or ≥ 95% is a constant controller in all but name
+
+
+def degenerate(action) -> str | None:
+    """``oracle.degenerate`` (≥ 99% one action, ≤ 1% Active), and near-degenerate: Active on ≤ 5% (≈
+    always-reject) or ≥ 95% (≈ always-adopt) of the records, with the action shares (e.g. σ = 0.05's
+    2% Active / 47% Opt-Out). ``action``: (N,) codes or a (4,) vector of counts / shares."""
+    strict = _strict_degenerate(action)
+    if strict:
+        return strict
+    a = np.asarray(action)
+    share = (a / a.sum()) if a.shape == (4,) and a.dtype.kind == "f" else \
+        np.bincount(a.astype(int).ravel(), minlength=4) / max(a.size, 1)
+    if share.sum() == 0:
+        return None
+    share = share / share.sum()
+    if share[0] <= NEAR_DEGENERATE or share[0] >= 1 - NEAR_DEGENERATE:
+        kind = "always-reject" if share[0] <= NEAR_DEGENERATE else "always-adopt"
+        return ("near-degenerate: " + " / ".join(f"{v:.0%} {n}" for n, v in zip(ACTION_LABELS, share) if v > 0)
+                + f", ≈ {kind}")
+    return None
+
 
 N_BOOT = 10
 GATE_AXIS = np.round(np.linspace(0.0, 1.0, 21), 4)
@@ -70,6 +96,7 @@ def _pooled_sweep(df, y, configs, make_batch, n_boot: int = N_BOOT, seed: int = 
         c1 = np.asarray(one.counts, np.float64)
         cnt_point = c1 if cnt_point is None else cnt_point + c1
         tot += total
+    assert acc_sum is not None and acc1_sum is not None, "no dataset to sweep"
     return {"accuracy": acc_sum / tot[None, :], "counts": cnt, "accuracy_point": acc1_sum / N,
             "counts_point": cnt_point}
 
@@ -235,8 +262,9 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
 
     base = configs[sorted(configs)[0]]
     datasets = sorted(configs)
-    splits = [calibration_split(cal, d) for d in datasets] if cal is not None and len(cal) else []
-    if len(splits) != len(datasets) or any(s is None or len(s[0]) < 2 for s in splits):
+    maybe = [calibration_split(cal, d) for d in datasets] if cal is not None and len(cal) else []
+    splits = [s for s in maybe if s is not None and len(s[0]) >= 2]
+    if len(splits) != len(datasets):
         return {"skipped": "the QR-basis study recalibrates on the calibration split; this run has none"}
     all_seeds = sorted(set(seeds) | {default})
     pis = jnp.asarray(np.stack([_projectors(base.D, base.dims, s, base.subspaces) for s in all_seeds]),
@@ -256,14 +284,15 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
         act, t0 = (np.asarray(x) for x in out[tb])
         per = []
         for i, s in enumerate(all_seeds):
-            row = {"seed": s, "adopt": float(np.mean(act[i] == 0)), "opt_out": float(np.mean(act[i] == 3)),
+            row: dict[str, Any] = {"seed": s, "adopt": float(np.mean(act[i] == 0)),
+                                   "opt_out": float(np.mean(act[i] == 3)),
                    "theta0": {d: float(t0[i, j]) for j, d in enumerate(datasets)},
                    "degenerate": {d: degenerate(act[i][ds == j]) for j, d in enumerate(datasets)}}
             for j, y in labels.items():
                 row[f"accuracy_{j}"] = float(np.mean((act[i] == 0) == np.asarray(y)))
             per.append(row)
         study = [r for r in per if r["seed"] in set(seeds)]
-        summ = {}
+        summ: dict = {}
         for k in ["adopt", "opt_out"] + [f"accuracy_{j}" for j in labels]:
             v = np.array([r[k] for r in study])
             summ[k] = {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),

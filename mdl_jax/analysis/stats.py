@@ -14,13 +14,67 @@ Warnings are attached where n is too small for a claim (see ``warnings_for``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from mdl_jax.signals.risk import HIGH_RISK
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 N_BOOT = 2000
+Z_A, Z_B = 1.959964, 0.841621  # two-sided α = 0.05, power 0.80 (minimum detectable differences)
 MIN_QUESTIONS = 30   # below this a rate difference is anecdotal
 MIN_DISCORDANT = 10  # McNemar on fewer discordant pairs has almost no power
+
+
+# -------------------------------------------------- power (see analysis.rigour's docstring)
+
+def cluster_se(d, groups) -> float:
+    """SE of mean(d) over records ``d`` (N,) clustered by ``groups`` (N,) (module docstring)."""
+    d = np.asarray(d, np.float64)
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
+    if G < 2:
+        return float("nan")
+    s = np.bincount(g, weights=d, minlength=G)
+    n = np.bincount(g, minlength=G).astype(np.float64)
+    m = s.sum() / N
+    return float(np.sqrt(np.sum((s - m * n) ** 2) / N ** 2 * G / (G - 1)))
+
+
+def mde(se: float) -> float:
+    """Minimum detectable difference at 80% power, two-sided α = 0.05."""
+    return float((Z_A + Z_B) * se)
+
+
+def power(delta: float, se: float) -> float:
+    """Power of the two-sided 5% test to resolve a true difference ``delta`` with standard error ``se``."""
+    from scipy.stats import norm
+
+    if not (np.isfinite(se) and se > 0 and np.isfinite(delta)):
+        return float("nan")
+    z = abs(delta) / se
+    return float(norm.cdf(z - Z_A) + norm.cdf(-z - Z_A))
+
+
+def verdict(diff: float, ci, mde_: float, n_q: int, n_seeds: int, lower: str = "lower",
+            higher: str = "higher") -> str:
+    """What a difference with its interval and MDE lets a report say (module docstring)."""
+    lo, hi = ci
+    if lo == hi == 0 and diff == 0:
+        return "identical decisions"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds (too few questions)"
+    if lo > 0:
+        return higher
+    if hi < 0:
+        return lower
+    if abs(diff) < mde_:
+        return f"not resolvable with n = {n_q} questions × {n_seeds} seeds"
+    return f"no difference of the detectable size (≥ {mde_ * 100:.1f} pp)"
+
 
 
 def paired_t(a, b) -> dict:
@@ -138,7 +192,7 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     a, b = wide[sys_a].to_numpy(), wide[sys_b].to_numpy()
     qids = wide.index.get_level_values("qid").to_numpy()
     seeds = wide.index.get_level_values("seed").to_numpy()
-    out = {"a": sys_a, "b": sys_b, "dataset": dataset, "high_risk": high_risk,
+    out: dict[str, Any] = {"a": sys_a, "b": sys_b, "dataset": dataset, "high_risk": high_risk,
            "rate_a": float(a.mean()), "rate_b": float(b.mean()), "diff": float(a.mean() - b.mean()),
            "n_pairs": int(len(a)), "n_questions": int(len(np.unique(qids))),
            "n_seeds": int(len(np.unique(seeds)))}
@@ -158,7 +212,27 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     out["q_t"], out["q_p"], out["q_dz"] = pt["t"], pt["p"], pt["dz"]
     out["ci_lo"], out["ci_hi"] = cluster_bootstrap_diff(a, b, qids)
     out["warnings"] = warnings_for(out["n_questions"], out["n_seeds"], mc["a_only"] + mc["b_only"])
+    # what the design can detect (analysis.rigour): MDE at 80% power, power for the paper's effect
+    out["se"] = cluster_se(a - b, qids)
+    out["mde"] = mde(out["se"])
+    pe = paper_effect(sys_a, sys_b, dataset, high_risk)
+    out["paper_effect"] = pe
+    out["power_paper"] = power(pe, out["se"]) if pe is not None else None
+    out["verdict"] = verdict(out["diff"], (out["ci_lo"], out["ci_hi"]), out["mde"], out["n_questions"],
+                                    out["n_seeds"], lower=f"{sys_a} lower", higher=f"{sys_a} higher")
     return out
+
+
+def paper_effect(sys_a: str, sys_b: str, dataset: str, high_risk: bool) -> float | None:
+    """The paper's reported rate difference A − B (Table 4; CRAG / Self-RAG: Table 5, TruthfulQA), or None."""
+    from mdl_jax.analysis.paper import PAPER_TABLE4, PAPER_TABLE5
+
+    col = {"truthfulqa": 0, "halueval": 2}.get(dataset)
+    if col is not None and sys_a in PAPER_TABLE4 and sys_b in PAPER_TABLE4:
+        return PAPER_TABLE4[sys_a][col + int(high_risk)] - PAPER_TABLE4[sys_b][col + int(high_risk)]
+    if dataset == "truthfulqa" and sys_a in PAPER_TABLE5 and sys_b in PAPER_TABLE5:
+        return PAPER_TABLE5[sys_a][int(high_risk)] - PAPER_TABLE5[sys_b][int(high_risk)]
+    return None
 
 
 COMPARISONS = (("B3", "B2"), ("B3", "B1"), ("B2", "B1"), ("B3", "CRAG"), ("B3", "SelfRAG"))
@@ -170,7 +244,7 @@ def crag_equals_b2(df) -> dict:
     CRAG sends B2's prompt when it grades every memory Correct; a CRAG that did so everywhere equals B2
     answer for answer and is no separate result (``degenerate``: every shared pair equal). Returns
     {dataset: {"n", "equal", "share", "degenerate"}}."""
-    out = {}
+    out: dict = {}
     if "answer" not in df:
         return out
     key = ["dataset", "qid", "seed"]
@@ -193,6 +267,10 @@ def all_comparisons(df) -> list[dict]:
                 if r is not None:
                     out.append(r)
     return out
+
+
+def _mde(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x * 100:.1f} pp"
 
 
 def _p(p) -> str:
@@ -222,7 +300,7 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
     crag = crag or {}
     lines = ["| dataset | subset | A vs B | rate A | rate B | A − B [95% CI, question bootstrap] | "
              "seed-level t (p) | McNemar p (A-only / B-only) | question-level t (p), d_z | n q × seeds | "
-             "warnings |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "MDE (80% power) | reads | warnings |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seed = "–" if not np.isfinite(r["seed_t"]) else f"{r['seed_t']:.2f} ({_p(r['seed_p'])})"
         qt = "–" if not np.isfinite(r["q_t"]) else f"{r['q_t']:.2f} ({_p(r['q_p'])}), {r['q_dz']:+.2f}"
@@ -234,13 +312,14 @@ def comparisons_table(rows: list[dict], crag: dict | None = None) -> str:
             f"| {r['dataset']} | {'high-risk' if r['high_risk'] else 'all'} | {r['a']} vs {r['b']} | "
             f"{r['rate_a']:.3f} | {r['rate_b']:.3f} | {r['diff']:+.3f} {_ci(r['ci_lo'], r['ci_hi'])} "
             f"| {seed} | {_p(r['mcnemar_p'])} ({r['a_only']} / {r['b_only']}) | {qt} | "
-            f"{r['n_questions']} × {r['n_seeds']} | {'; '.join(warn) or '–'} |")
+            f"{r['n_questions']}{' †' if r['n_questions'] < MIN_QUESTIONS else ''} × {r['n_seeds']} | "
+            f"{_mde(r.get('mde'))} | {r.get('verdict', '–')} | {'; '.join(warn) or '–'} |")
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------- Tables 4-5: mean ± std
 
-def seed_rates(df) -> pandas.DataFrame:  # noqa: F821
+def seed_rates(df) -> pd.DataFrame:
     """Per (dataset, system, seed): overall and high-risk hallucination and refusal rates."""
     import pandas as pd
 

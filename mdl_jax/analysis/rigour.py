@@ -1,0 +1,559 @@
+"""What the design can detect: power, judge error, the right constants and the validity of each claim.
+
+  cluster SE        the standard error of a paired difference of rates, clustered by question: the
+                    linearised (ratio-estimator) variance Σ_g (s_g − d̄ n_g)² / N² · G / (G − 1) over the
+                    G questions (s_g: the question's summed record differences, n_g its records); with
+                    equal records per question it is sd(question means) / √G
+  MDE               the minimum detectable difference at 80% power, two-sided α = 0.05, for the run's
+                    own design: (z_0.975 + z_0.80) · SE = 2.80 · SE
+  power(δ)          Φ(|δ|/SE − z_0.975) + Φ(−|δ|/SE − z_0.975): the chance this design resolves a true
+                    difference δ (the paper's reported one, where the paper gives it)
+  verdict           an interval excluding 0 states a direction; one including 0 with |difference| < MDE
+                    reads "not resolvable with n = G questions × S seeds" (neither direction); one
+                    including 0 with |difference| ≥ MDE reads "no difference of the detectable size"
+  judge error       the judged gold set (``judges.load_gold_verdicts``) gives, per judge × dataset ×
+                    condition (the answer written with / without the memories in its prompt),
+                    sensitivity Se = P(judge says hallucinated | gold hallucinated) and specificity Sp.
+                    Rogan–Gladen: p = (q + Sp − 1) / (Se + Sp − 1), clipped to [0, 1]. The Bayesian
+                    equivalent (``relabel``): each of ``N_DRAWS`` draws takes Se ~ Beta(tp + 1, fn + 1),
+                    Sp ~ Beta(tn + 1, fp + 1), the cell's prevalence π from Rogan–Gladen, and re-draws
+                    every answer's true label from P(hallucinated | verdict) (PPV / 1 − NPV); paired
+                    answers (B3 Active = B2's answer, B3 Silent = B1's) share one draw, an Opt-Out
+                    abstention is safe. Corrected rate: the mean over draws; its interval: the draws
+                    with a question bootstrap on top (gold uncertainty and sampling together); the
+                    sign-hold share of a comparison: the share of draws (no bootstrap) whose difference
+                    has the raw difference's sign.
+  validity          an RQ2–RQ3 claim is testable with a reader and judge when (i) the judge agrees
+                    with the gold set ≥ ``MIN_AGREEMENT`` on answers with and without memory, (ii) the
+                    reader answers correctly without memory on ≥ ``MIN_READER`` of the gold set's
+                    no-memory answers (kind 'correct'), so that both oracle labels occur for a reason other than the
+                    judge's error, and (iii) the judge's verdict on no-memory answers is not coupled to
+                    the memory's similarity M: |AUROC(M → B1 judged safe) − 0.5| ≤ ``MAX_COUPLING`` (a
+                    no-memory answer never saw the memories; a judge whose verdict tracks M makes the
+                    oracle a function of the signal being tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mdl_jax.analysis.stats import Z_A, Z_B, cluster_se, mde, power, verdict  # noqa: F401  (re-exported)
+
+N_DRAWS = 1000
+MIN_AGREEMENT = 0.80
+MIN_READER = 0.20
+MAX_COUPLING = 0.15
+NEAR_DEGENERATE = 0.05  # an adopt share ≤ 5% or ≥ 95% is always-reject / always-adopt in all but name
+
+
+# ------------------------------------------------------------------------------------- power
+
+def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
+    """Paired difference mean(a − b) with its cluster bootstrap CI, cluster SE, MDE, the power for the
+    paper's effect and the verdict. a, b: (N,) per-record values; groups: (N,) question ids."""
+    from mdl_jax.analysis.stats import cluster_bootstrap_diff
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d = a - b
+    se = cluster_se(d, groups)
+    ci = cluster_bootstrap_diff(a, b, groups)
+    n_q = int(len(np.unique(groups)))
+    n_s = int(len(np.unique(seeds))) if seeds is not None else 1
+    out: dict[str, Any] = {"diff": float(d.mean()) if len(d) else float("nan"), "ci": list(ci), "se": se, "mde": mde(se),
+           "n_questions": n_q, "n_seeds": n_s, "n": int(len(d))}
+    out["verdict"] = verdict(out["diff"], ci, out["mde"], n_q, n_s)
+    out["resolvable"] = not out["verdict"].startswith(("not resolvable", "no difference"))
+    if paper_effect is not None:
+        out["paper_effect"] = float(paper_effect)
+        out["power_paper"] = power(paper_effect, se)
+    return out
+
+
+# ------------------------------------------------------------------------------------- AUROC
+
+def auroc(score, pos) -> float:
+    """AUROC of ``score`` (N,) for the binary ``pos`` (N,): P(score of a positive > a negative's), ties ½."""
+    return float(auroc_weighted(score, pos, np.ones((1, len(np.asarray(score))))).item())
+
+
+def auroc_weighted(score, pos, weights) -> np.ndarray:
+    """(T,) AUROCs under (T, N) record multiplicities ``weights`` (a question bootstrap)."""
+    s = np.asarray(score, np.float64)
+    p = np.asarray(pos, bool)
+    ok = np.isfinite(s)
+    s, p = s[ok], p[ok]
+    w = np.atleast_2d(np.asarray(weights, np.float64))[:, ok]
+    u, inv = np.unique(s, return_inverse=True)
+    K = len(u)
+    T = w.shape[0]
+    wp = np.zeros((T, K))
+    wn = np.zeros((T, K))
+    for t in range(T):
+        wp[t] = np.bincount(inv, weights=w[t] * p, minlength=K)
+        wn[t] = np.bincount(inv, weights=w[t] * ~p, minlength=K)
+    below = np.cumsum(wn, 1) - wn  # negatives strictly below each score value
+    num = np.sum(wp * (below + 0.5 * wn), 1)
+    den = wp.sum(1) * wn.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(den > 0, num / den, np.nan)
+    return r
+
+
+def auroc_ci(score, pos, groups, n_boot: int = 400, seed: int = 0) -> dict:
+    """AUROC with a 95% question-bootstrap interval and its n."""
+    from mdl_jax.analysis.stats import question_bootstrap_weights
+
+    a = auroc(score, pos)
+    w = question_bootstrap_weights(groups, n_boot, seed)
+    bs = auroc_weighted(score, pos, w)
+    bs = bs[np.isfinite(bs)]
+    lo, hi = (np.percentile(bs, [2.5, 97.5]) if len(bs) else (np.nan, np.nan))
+    return {"auroc": a, "ci": [float(lo), float(hi)], "n": int(np.isfinite(np.asarray(score, float)).sum()),
+            "n_positive": int(np.asarray(pos, bool).sum())}
+
+
+# ------------------------------------------------------------------------------------- judge error
+
+def confusion(gv, judge: str) -> dict:
+    """{dataset: {condition: {tp, fp, fn, tn, n, se, sp, agreement}}} of one judge on the judged gold set
+    ``gv`` (``judges.load_gold_verdicts``); conditions 'memory' and 'no memory' (abstentions are safe by
+    construction and left out)."""
+    out: dict = {}
+    for (ds, cond), d in gv.groupby(["dataset", "condition"]):
+        if cond not in ("memory", "no memory"):
+            continue
+        j, g = d[f"judge_{judge}"].astype(bool).to_numpy(), d["gold"].astype(bool).to_numpy()
+        tp, fp = int((j & g).sum()), int((j & ~g).sum())
+        fn, tn = int((~j & g).sum()), int((~j & ~g).sum())
+        out.setdefault(ds, {})[cond] = {
+            "tp": tp, "fp": fp, "fn": fn, "tn": tn, "n": int(len(d)),
+            "se": tp / (tp + fn) if tp + fn else float("nan"), "sp": tn / (tn + fp) if tn + fp else float("nan"),
+            "agreement": float((j == g).mean()) if len(d) else float("nan")}
+    return out
+
+
+def rogan_gladen(q: float, se: float, sp: float) -> float:
+    """The prevalence corrected for a judge of sensitivity ``se`` and specificity ``sp``, clipped to
+    [0, 1] (nan where Se + Sp ≤ 1: the judge carries no information)."""
+    j = se + sp - 1
+    if not np.isfinite(j) or j <= 0:
+        return float("nan")
+    return float(min(max((q + sp - 1) / j, 0.0), 1.0))
+
+
+def paired_frame(ev, judge_col: str):
+    """One row per (dataset, qid, seed) with B1, B2 and B3 all answered: h1, h2, h3 (the judge's 0/1),
+    action, A, M, C_final, and whether B3's answer is B2's (Active) / B1's (Silent) answer verbatim."""
+    import pandas as pd
+
+    ok = ev[ev["ok"] & ev["system"].isin(("B1", "B2", "B3"))]
+    keys = ["dataset", "qid", "seed"]
+    parts = []
+    for s in ("B1", "B2", "B3"):
+        sub = ok[ok["system"] == s].set_index(keys)
+        cols = {judge_col: f"h{s[1]}", "answer": f"ans{s[1]}"}
+        if s == "B3":
+            cols.update(action="action", C_final="C_final")
+        if s == "B2":
+            cols.update(A="A", M="M", R="R")
+        parts.append(sub[[c for c in cols if c in sub]].rename(columns=cols))
+    P = pd.concat(parts, axis=1, join="inner").reset_index()
+    P = P.dropna(subset=["h1", "h2", "h3", "action"])
+    for c in ("h1", "h2", "h3"):
+        P[c] = P[c].astype(float)
+    if "ans3" in P:
+        P["same2"] = (P["action"] == "ACTIVE") & (P["ans3"] == P["ans2"])
+        P["same1"] = (P["action"] == "SILENT") & (P["ans3"] == P["ans1"])
+    else:
+        P["same2"] = P["same1"] = False
+    return P.reset_index(drop=True)
+
+
+def _beta(rng, a, b, T):
+    return rng.beta(a + 1, b + 1, size=T)
+
+
+def relabel(P, conf: dict, *, n_draws: int = N_DRAWS, seed: int = 0,
+            bootstrap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(T, N) true-label draws H1, H2, H3 for one dataset's paired frame ``P`` given the judge's
+    confusion ``conf`` ({condition: counts}, ``confusion``) (module docstring). With ``bootstrap`` also
+    (T, N) question-bootstrap multiplicities (else ones)."""
+    from mdl_jax.analysis.stats import question_bootstrap_weights
+
+    rng = np.random.default_rng(seed)
+    N, T = len(P), n_draws
+    h1, h2, h3 = (P[c].to_numpy(np.float64) for c in ("h1", "h2", "h3"))
+    act = P["action"].to_numpy()
+
+    def draw(h, cond, base_rate):
+        c = conf[cond]
+        se = _beta(rng, c["tp"], c["fn"], T)[:, None]
+        sp = _beta(rng, c["tn"], c["fp"], T)[:, None]
+        j = np.maximum(se + sp - 1, 1e-3)
+        pi = np.clip((base_rate + sp - 1) / j, 0.005, 0.995)
+        ppv = se * pi / (se * pi + (1 - sp) * (1 - pi))
+        fomr = (1 - se) * pi / ((1 - se) * pi + sp * (1 - pi))
+        prob = np.where(h[None, :] > 0.5, ppv, fomr)
+        return (rng.random((T, len(h))) < prob).astype(np.float64)
+
+    H1 = draw(h1, "no memory", h1.mean())
+    H2 = draw(h2, "memory", h2.mean())
+    own_mem = draw(h3, "memory", h2.mean())
+    own_no = draw(h3, "no memory", h1.mean())
+    same2, same1 = P["same2"].to_numpy(bool), P["same1"].to_numpy(bool)
+    injected = np.isin(act, ("ACTIVE", "SUPP"))
+    H3 = np.where(injected, own_mem, own_no)
+    H3 = np.where(same2[None, :], H2, np.where(same1[None, :], H1, H3))
+    H3 = np.where((act == "OPT_OUT")[None, :], 0.0, H3)
+    W = (question_bootstrap_weights(P["qid"].to_numpy(), T, seed + 1).astype(np.float64) if bootstrap
+         else np.ones((T, N)))
+    return H1, H2, H3, W
+
+
+def _stats(H1, H2, H3, W, P) -> dict:
+    """Every judged statistic of a dataset's paired records, per draw: (T,) arrays."""
+    from mdl_jax.signals.risk import HIGH_RISK
+
+    act = P["action"].to_numpy()
+    opt = (act == "OPT_OUT")[None, :]
+    adopt = (act == "ACTIVE")[None, :].astype(np.float64)
+    hi = (P["A"].to_numpy(np.float64) >= HIGH_RISK)[None, :]
+    qid = P["qid"].to_numpy()
+    G = len(np.unique(qid))
+    k = len(np.unique(qid[act == "OPT_OUT"]))
+
+    def rate(H, m=None):
+        w = W if m is None else W * m
+        return np.sum(w * H, 1) / np.maximum(np.sum(w, 1), 1e-12)
+
+    out = {}
+    for s, H in (("B1", H1), ("B2", H2), ("B3", H3)):
+        out[f"rate_{s}"] = rate(H)
+        out[f"high_risk_{s}"] = rate(H, hi)
+    out["B3-B2"] = out["rate_B3"] - out["rate_B2"]
+    out["B3-B1"] = out["rate_B3"] - out["rate_B1"]
+    out["B2-B1"] = out["rate_B2"] - out["rate_B1"]
+    out["B3-B2 high-risk"] = out["high_risk_B3"] - out["high_risk_B2"]
+    out["B3-random abstention"] = out["rate_B3"] - rate(H2) * (1 - k / max(G, 1))
+    out["selective risk B3-B2"] = rate(H3, ~opt) - out["rate_B2"]
+    # Section 5.3 oracle on the three records of each (question, seed); MDL adopts iff Active
+    y1, y2 = H1, 1 - H2
+    y3 = np.where(np.isin(act, ("ACTIVE", "SUPP"))[None, :], 1 - H3, H3)
+    c12 = (adopt == y1).astype(float) + (adopt == y2).astype(float)
+    c3 = (adopt == y3).astype(float)
+    n = np.sum(W, 1)
+    acc = (np.sum(W * (c12 + c3), 1)) / (3 * n)
+    yr = np.sum(W * (y1 + y2 + y3), 1) / (3 * n)
+    out["MDL accuracy"] = acc
+    out["MDL-constant"] = acc - np.maximum(yr, 1 - yr)
+    acc12 = np.sum(W * c12, 1) / (2 * n)
+    y12 = np.sum(W * (y1 + y2), 1) / (2 * n)
+    out["MDL-constant (B1+B2 records)"] = acc12 - np.maximum(y12, 1 - y12)
+    return out
+
+
+COMPARED = ("B3-B2", "B3-B2 high-risk", "B3-B1", "B2-B1", "B3-random abstention", "selective risk B3-B2",
+            "MDL-constant", "MDL-constant (B1+B2 records)")
+
+
+def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
+    """Per dataset: raw and corrected rates and every compared difference, with intervals and the share
+    of re-drawn label sets in which the raw sign holds (module docstring)."""
+    conf = confusion(gv, judge)
+    out: dict = {}
+    if judge_col not in ev or ev[judge_col].isna().all():
+        return out
+    P_all = paired_frame(ev, judge_col)
+    for ds in sorted(P_all["dataset"].unique()):
+        c = conf.get(ds, {})
+        if not all(k in c for k in ("memory", "no memory")):
+            out[ds] = {"note": "no gold answers of this dataset in both conditions"}
+            continue
+        P = P_all[P_all["dataset"] == ds].reset_index(drop=True)
+        one = np.ones((1, len(P)))
+        r1, r2, r3 = (P[x].to_numpy(np.float64)[None, :] for x in ("h1", "h2", "h3"))
+        raw = _stats(r1, r2, r3, one, P)
+        lab = _stats(*relabel(P, c, n_draws=n_draws, seed=seed), P)
+        boot = _stats(*relabel(P, c, n_draws=n_draws, seed=seed + 7, bootstrap=True), P)
+        d: dict = {"confusion": c, "n": int(len(P)), "n_questions": int(P["qid"].nunique()),
+                   "rogan_gladen": {s: rogan_gladen(float(P[f"h{s[1]}"].mean()), c[cond]["se"], c[cond]["sp"])
+                                    for s, cond in (("B1", "no memory"), ("B2", "memory"))}}
+        for k in raw:
+            r = float(raw[k][0])
+            d.setdefault("stats", {})[k] = {
+                "raw": r, "corrected": float(np.mean(lab[k])),
+                "ci": [float(np.percentile(boot[k], 2.5)), float(np.percentile(boot[k], 97.5))],
+                **({"sign_holds": float(np.mean(np.sign(lab[k]) == np.sign(r))) if r != 0 else float("nan")}
+                   if k in COMPARED else {})}
+        out[ds] = d
+    return out
+
+
+# ------------------------------------------------------------------------------------- validity
+
+def validity(ev, gv, judge: str, judge_col: str, corrected: dict | None = None) -> dict:
+    """Per dataset: the three conditions of the module docstring under one judge, and 'testable'."""
+    conf = confusion(gv, judge) if gv is not None else {}
+    out: dict = {}
+    if judge_col not in ev or ev[judge_col].isna().all():
+        return out
+    P_all = paired_frame(ev, judge_col)
+    for ds in sorted(P_all["dataset"].unique()):
+        P = P_all[P_all["dataset"] == ds]
+        safe1 = P["h1"].to_numpy() < 0.5
+        M = P["M"].to_numpy(np.float64)
+        med = np.median(M)
+        above, below = M > med, M <= med
+        cp = auroc_ci(M, safe1, P["qid"].to_numpy(), n_boot=200)
+        # the reader's accuracy without memory: the gold labellers' share of no-memory answers that are
+        # correct (kind 'correct'; a non-answer is safe but not correct), with its Wilson interval
+        from mdl_jax.analysis.judges import wilson
+
+        gn = gv[(gv["dataset"] == ds) & (gv["condition"] == "no memory")] if gv is not None else None
+        if gn is not None and len(gn) and "kind" in gn:
+            k_ok = int((gn["kind"] == "correct").sum())
+            reader, reader_ci, reader_n = k_ok / len(gn), list(wilson(k_ok, len(gn))), int(len(gn))
+        else:
+            reader, reader_ci, reader_n = float("nan"), [float("nan")] * 2, 0
+        reader_raw = float(safe1.mean())
+        c = conf.get(ds, {})
+        ag = {k: c[k]["agreement"] for k in ("memory", "no memory") if k in c}
+        d = {"reader_accuracy_no_memory": reader, "reader_accuracy_no_memory_ci": reader_ci,
+             "reader_accuracy_n_gold": reader_n, "b1_judged_safe": reader_raw,
+             "agreement": ag, "n_gold": {k: c[k]["n"] for k in ag},
+             "b1_hallucinated_above_median_M": float(1 - safe1[above].mean()) if above.any() else float("nan"),
+             "b1_hallucinated_below_median_M": float(1 - safe1[below].mean()) if below.any() else float("nan"),
+             "auroc_M_b1_safe": cp}
+        reasons = []
+        if not ag or min(ag.values()) < MIN_AGREEMENT:
+            reasons.append("the judge agrees with the gold set on " + (" / ".join(
+                f"{v:.2f} ({k})" for k, v in ag.items()) or "no gold answers") + f" (< {MIN_AGREEMENT:.2f})")
+        if not np.isfinite(reader) or reader < MIN_READER:
+            reasons.append(f"the reader answers correctly without memory {reader:.0%} of the time "
+                           f"(< {MIN_READER:.0%})")
+        if np.isfinite(cp["auroc"]) and abs(cp["auroc"] - 0.5) > MAX_COUPLING:
+            reasons.append(f"the judge's verdict on no-memory answers tracks M (AUROC of M for 'B1 safe' "
+                           f"{cp['auroc']:.2f})")
+        d["testable"] = not reasons
+        d["reasons"] = reasons
+        out[ds] = d
+    return out
+
+
+# ------------------------------------------------------------------------------------- the lot
+
+def per_dataset_constant(df, y) -> dict:
+    """The constant each per-dataset calibrated controller must beat: each dataset's majority label
+    (its accuracy there), and pooled: the record-weighted mean of those (not the pooled majority)."""
+    ds = df["dataset"].to_numpy()
+    y = np.asarray(y)
+    out = {}
+    corr = np.zeros(len(y))
+    for d in np.unique(ds):
+        m = ds == d
+        lab = int(y[m].mean() > 0.5)
+        corr[m] = y[m] == lab
+        out[d] = {"label": "adopt" if lab else "reject", "accuracy": float(corr[m].mean()), "n": int(m.sum())}
+    return {"by_dataset": out, "pooled": float(corr.mean()) if len(y) else float("nan"), "correct": corr}
+
+
+def rigour(ev, df, labels: dict, sc, qid, gv=None, comparisons=None, *, n_draws: int = N_DRAWS) -> dict:
+    """Every statistic of this module for a run: per judge the decision accuracy against the per-dataset
+    constant (with its MDE), the free Opt-Out records, the accuracy on B1+B2 records, the judge-error
+    correction and the validity of each RQ2–RQ3 claim; the power of every system comparison."""
+    from mdl_jax.analysis import stats
+    from mdl_jax.analysis.selective import JUDGES
+
+    res: dict = {"gold_available": gv is not None, "by_judge": {}}
+    sys_ = df["system"].to_numpy()
+    act = (df["action_name"] if "action_name" in df else df["action"]).to_numpy()
+    seeds = df["seed"].to_numpy()
+    for j, y in labels.items():
+        y = np.asarray(y)
+        corr = (sc.adopt == y).astype(float)
+        const = per_dataset_constant(df, y)
+        r: dict = {"constant": {k: v for k, v in const.items() if k != "correct"}}
+        r["vs_constant"] = design(corr, const["correct"], qid, seeds)
+        for ds in sorted(df["dataset"].unique()):
+            m = df["dataset"].to_numpy() == ds
+            r.setdefault("vs_constant_by_dataset", {})[ds] = design(corr[m], const["correct"][m], qid[m], seeds[m])
+        opt = (sys_ == "B3") & (act == "OPT_OUT")
+        r["opt_out_free"] = {"n": int(opt.sum()), "correct": int(corr[opt].sum())}
+        b12 = np.isin(sys_, ("B1", "B2"))
+        const12 = per_dataset_constant(df[b12], y[b12])
+        r["b1b2_only"] = {"accuracy": float(corr[b12].mean()), "constant": const12["pooled"],
+                          **design(corr[b12], const12["correct"], qid[b12], seeds[b12])}
+        col = JUDGES.get(j)
+        if col is not None and col in ev and not ev[col].isna().all():
+            # B3 against random abstention on as many questions, with its MDE (per dataset)
+            P_all = paired_frame(ev, col)
+            for ds in sorted(P_all["dataset"].unique()):
+                p = P_all[P_all["dataset"] == ds]
+                q = p["qid"].to_numpy()
+                k = len(np.unique(q[p["action"].to_numpy() == "OPT_OUT"]))
+                G = len(np.unique(q))
+                r.setdefault("b3_vs_random", {})[ds] = design(
+                    p["h3"].to_numpy(), p["h2"].to_numpy() * (1 - k / max(G, 1)), q, p["seed"].to_numpy())
+        if gv is not None and col is not None:
+            r["judge_error"] = judge_error(ev, gv, j, col, n_draws=n_draws)
+            r["validity"] = validity(ev, gv, j, col, r["judge_error"])
+        res["by_judge"][j] = r
+    if comparisons is not None:
+        res["comparisons"] = [{k: c[k] for k in ("a", "b", "dataset", "high_risk", "diff", "ci_lo", "ci_hi", "se", "n_questions", "n_seeds",
+                                                  "mde", "power_paper", "paper_effect", "verdict")
+                               if k in c} for c in comparisons]
+    _ = stats
+    return res
+
+
+def headline(res: dict) -> dict:
+    """The numbers a README may quote, one key each (``analysis.json["headline"]``)."""
+    rg = res.get("rigour", {})
+    h: dict = {"n_questions": res.get("n_questions"), "by_judge": {}}
+    for j, r in rg.get("by_judge", {}).items():
+        hj = {"mdl_accuracy": res["by_judge"][j]["accuracy"],
+              "constant_per_dataset": r["constant"]["pooled"],
+              "mdl_minus_constant": r["vs_constant"]["diff"], "mdl_minus_constant_ci": r["vs_constant"]["ci"],
+              "mdl_minus_constant_mde": r["vs_constant"]["mde"], "mdl_minus_constant_verdict": r["vs_constant"]["verdict"],
+              "opt_out_free_records": r["opt_out_free"]["n"]}
+        for ds, v in r.get("validity", {}).items():
+            hj.setdefault("testable", {})[ds] = v["testable"]
+        for ds, e in r.get("judge_error", {}).items():
+            if "stats" in e:
+                s = e["stats"]
+                hj.setdefault("corrected", {})[ds] = {k: {kk: s[k][kk] for kk in ("raw", "corrected", "ci", "sign_holds")
+                                                         if kk in s[k]} for k in COMPARED}
+        h["by_judge"][j] = hj
+    for c in rg.get("comparisons", []):
+        if (c["a"], c["b"]) == ("B3", "B2"):
+            h.setdefault("b3_minus_b2", {})[f"{c['dataset']}{' high-risk' if c['high_risk'] else ''}"] = {
+                k: c.get(k) for k in ("diff", "ci_lo", "ci_hi", "mde", "power_paper", "paper_effect", "verdict")}
+    return h
+
+
+# ------------------------------------------------------------------------------------- Markdown
+
+def _pp(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x * 100:+.1f} pp"
+
+
+def _mde(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x * 100:.1f} pp"
+
+
+def _pct(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x:.0%}"
+
+
+def _ci01(ci) -> str:
+    lo, hi = ci
+    return "[–]" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def _ci(ci) -> str:
+    lo, hi = ci
+    return "[–]" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def power_md(comparisons: list[dict]) -> str:
+    lines = ["| dataset | subset | A − B | difference [95% CI] | n q × seeds | MDE (80% power) | paper's effect | "
+             "power for it | reads |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        lines.append(f"| {c['dataset']} | {'high-risk' if c['high_risk'] else 'all'} | {c['a']} − {c['b']} | "
+                     f"{c['diff']:+.3f} {_ci((c['ci_lo'], c['ci_hi']))} | {c['n_questions']} × {c['n_seeds']} | "
+                     f"{_mde(c['mde'])} | {_pp(c.get('paper_effect'))} | "
+                     f"{_pct(c.get('power_paper'))} | {c['verdict']} |")
+    return "\n".join(lines)
+
+
+def rigour_md(rg: dict, by_judge_head: dict) -> str:
+    """The 'What this design can detect' section (ANALYSIS.md, and REPORT.md after Table 4)."""
+    L = ["The minimum detectable difference (MDE) is the smallest true difference this run's design "
+         "(paired, clustered by question, from the run's own variances) resolves with 80% power at the 5% "
+         "level (2.80 × the cluster standard error); the power column is the chance it would resolve the "
+         "paper's reported difference. A comparison whose interval includes 0 and whose difference is "
+         "below the MDE reads **not resolvable**: neither its direction nor its size can be taken from "
+         "these records, and the paper's direction is not comparable there either. † marks fewer than 30 "
+         "questions (the unit of the design, not records).", ""]
+    if rg.get("comparisons"):
+        L += [power_md(rg["comparisons"]), ""]
+    for j, r in rg["by_judge"].items():
+        c, v = r["constant"], r["vs_constant"]
+        L += [f"**Decision accuracy against the right constant (`{j}` judge).** MDL and every gate are "
+              "calibrated per dataset, so the constant they must beat is each dataset's majority: "
+              + ", ".join(f"{ds} always {d['label']} {d['accuracy']:.3f} (n = {d['n']})" for ds, d in
+                          c["by_dataset"].items())
+              + f"; pooled {c['pooled']:.3f}"
+              + (f" (not the pooled majority {by_judge_head[j]['majority_class']:.3f}: no per-dataset controller "
+                 "competes with that one)" if abs(c["pooled"] - by_judge_head[j]["majority_class"]) > 5e-4 else "")
+              + ". MDL − per-dataset constant = "
+              f"{v['diff']:+.3f} {_ci(v['ci'])}, MDE {v['mde'] * 100:.1f} pp: **{v['verdict']}**. Per dataset: "
+              + "; ".join(f"{ds} {d['diff']:+.3f} {_ci(d['ci'])} (MDE {d['mde'] * 100:.1f} pp, {d['verdict']})"
+                          for ds, d in r["vs_constant_by_dataset"].items())
+              + f". An Opt-Out record is 'reject' in the oracle by construction: {r['opt_out_free']['n']} B3 "
+              f"Opt-Out records, {r['opt_out_free']['correct']} of them correct for free. On B1 + B2 records only "
+              f"(no B3 record): MDL {r['b1b2_only']['accuracy']:.3f} vs per-dataset constant "
+              f"{r['b1b2_only']['constant']:.3f}, difference {r['b1b2_only']['diff']:+.3f} "
+              f"{_ci(r['b1b2_only']['ci'])} ({r['b1b2_only']['verdict']}).", ""]
+        if r.get("b3_vs_random"):
+            L += ["B3 − random abstention on as many questions (paired; the random rule's expected rate per record, "
+                  "B2's answer × (1 − abstained questions / questions)): " + "; ".join(
+                      f"{ds} {d['diff']:+.3f} {_ci(d['ci'])}, MDE {_mde(d['mde'])}: **{d['verdict']}**"
+                      for ds, d in r["b3_vs_random"].items()) + ".", ""]
+    L += ["### Judge error: corrected rates and how often each sign survives", "",
+          "Sensitivity (Se) and specificity (Sp) of each judge per dataset and condition come from the shipped "
+          "gold set (`mdl_jax/analysis/resources/gold_verdicts.jsonl`: the 482 gold answers judged by the "
+          "current judges; all splits; the `ref` judge's rules were written reading the dev half, so its "
+          "error is if anything understated). Corrected = the mean over "
+          f"{N_DRAWS:,} re-drawn label sets (Se, Sp from their Beta posteriors, each answer's true label "
+          "from P(hallucinated | verdict), paired answers sharing one draw); the interval adds a question "
+          "bootstrap; 'sign holds' = share of re-drawn label sets whose difference has the raw sign.", ""]
+    for j, r in rg["by_judge"].items():
+        je = r.get("judge_error")
+        if not je:
+            L += [f"`{j}` judge: no judged gold set available, no correction.", ""]
+            continue
+        for ds, d in je.items():
+            if "stats" not in d:
+                L += [f"`{j}` judge, {ds}: {d.get('note')}", ""]
+                continue
+            cf = d["confusion"]
+            L += [f"**`{j}` judge, {ds}** (gold: with memory n = {cf['memory']['n']}, Se {cf['memory']['se']:.2f}, "
+                  f"Sp {cf['memory']['sp']:.2f}, agreement {cf['memory']['agreement']:.2f}; without memory n = "
+                  f"{cf['no memory']['n']}, Se {cf['no memory']['se']:.2f}, Sp {cf['no memory']['sp']:.2f}, "
+                  f"agreement {cf['no memory']['agreement']:.2f}; Se + Sp − 1 = {cf['memory']['se'] + cf['memory']['sp'] - 1:.2f} / "
+                  f"{cf['no memory']['se'] + cf['no memory']['sp'] - 1:.2f}, 0 = no information; Rogan–Gladen B1 "
+                  f"{d['rogan_gladen']['B1']:.3f}, B2 {d['rogan_gladen']['B2']:.3f})", "",
+                  "| quantity | raw | corrected [95%: gold + questions] | sign holds in |", "|---|---|---|---|"]
+            for k, s in d["stats"].items():
+                sh = s.get("sign_holds")
+                L.append(f"| {k} | {s['raw']:+.3f} | {s['corrected']:+.3f} {_ci(s['ci'])} | "
+                         f"{_pct(sh)} |")
+            L.append("")
+    L += ["### Can the design test RQ2–RQ3 with this reader and judge?", "",
+          f"Testable needs (i) judge–gold agreement ≥ {MIN_AGREEMENT:.2f} with and without memory, (ii) the "
+          f"reader correct without memory on ≥ {MIN_READER:.0%} of the gold set's no-memory answers (correct, not "
+          f"merely safe: a non-answer is safe), (iii) no "
+          f"coupling of the judge's no-memory verdict to M (|AUROC(M → B1 safe) − 0.5| ≤ {MAX_COUPLING:.2f}).", ""]
+    for j, r in rg["by_judge"].items():
+        for ds, v in r.get("validity", {}).items():
+            cp = v["auroc_M_b1_safe"]
+            L.append(f"- `{j}` judge, {ds}: reader correct without memory {_pct(v['reader_accuracy_no_memory'])} "
+                     f"of {v['reader_accuracy_n_gold']} gold no-memory answers {_ci01(v['reader_accuracy_no_memory_ci'])} "
+                     f"(judged safe by this judge: {v['b1_judged_safe']:.0%} of B1 answers); gold agreement "
+                     + " / ".join(f"{a:.2f} ({k})" for k, a in v["agreement"].items())
+                     + f"; B1 answers judged hallucinated {v['b1_hallucinated_above_median_M']:.0%} above vs "
+                     f"{v['b1_hallucinated_below_median_M']:.0%} below M's median; AUROC of M for 'B1 safe' "
+                     f"{cp['auroc']:.2f} {_ci(cp['ci'])}. **"
+                     + ("testable" if v["testable"] else "not testable with this reader and judge") + "**"
+                     + ("" if v["testable"] else ": " + "; ".join(v["reasons"])) + ".")
+    L += ["", "Where a cell reads *not testable*, every RQ2–RQ3 conclusion of this report on that dataset "
+          "under that judge (MDL against the constant, Table 6's best subset, Table 10's synergy, Table 7's "
+          "learned controllers) reads \"does not reproduce, and is not testable with this reader and judge\": "
+          "the oracle labels there measure the reader's weakness or the judge's coupling to M, not the value "
+          "of the memory. It would become testable with a reader that answers a fair share of questions "
+          "correctly without memory, and a judge that agrees with the gold set ≥ "
+          f"{MIN_AGREEMENT:.2f} in both conditions and whose verdict does not track M.", ""]
+    return "\n".join(L)

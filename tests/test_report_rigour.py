@@ -1,0 +1,163 @@
+"""What the design can detect (issue 26): power, judge-error correction, the right constants, validity,
+and the smaller fixes (within-dataset null, near-degenerate sweep optima, † by questions). Small records
+with known answers; fast."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mdl_jax.analysis import rigour
+
+
+def _design(G=100, S=3, c=0.2, seed=0):
+    """G questions × S seeds; question g's record difference is +c or −c (alternating) on every seed."""
+    g = np.repeat(np.arange(G), S)
+    d = np.where(g % 2 == 0, c, -c)
+    return d, g
+
+
+def test_cluster_se_and_mde_closed_form():
+    d, g = _design(G=100, S=3, c=0.2)
+    # question means are ±0.2 (mean 0), sd (ddof 1) = 0.2·sqrt(G/(G−1)); SE = sd / √G
+    se = 0.2 * np.sqrt(100 / 99) / np.sqrt(100)
+    assert rigour.cluster_se(d, g) == pytest.approx(se, rel=1e-9)
+    assert rigour.mde(se) == pytest.approx((1.959964 + 0.841621) * se)
+    # power at the MDE is 80% (the far tail adds ~0); at 0 it is the 5% size
+    assert rigour.power(rigour.mde(se), se) == pytest.approx(0.80, abs=0.002)
+    assert rigour.power(0.0, se) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_cluster_se_counts_questions_not_records():
+    d, g = _design(G=50, S=1, c=0.3)
+    se1 = rigour.cluster_se(d, g)
+    d3, g3 = _design(G=50, S=6, c=0.3)  # the same questions repeated on more seeds: no new information
+    assert rigour.cluster_se(d3, g3) == pytest.approx(se1)
+
+
+def test_verdict_never_claims_an_unresolvable_direction():
+    assert rigour.verdict(-0.01, (-0.05, 0.03), 0.08, 200, 3).startswith("not resolvable with n = 200")
+    assert rigour.verdict(-0.10, (-0.15, -0.05), 0.08, 200, 3, lower="B3 lower") == "B3 lower"
+    assert rigour.verdict(0.09, (-0.01, 0.19), 0.08, 200, 3).startswith("no difference of the detectable")
+    d = rigour.design(np.r_[np.ones(30), np.zeros(30)], np.r_[np.zeros(30), np.ones(30)] * 0 + 0.5,
+                      np.arange(60))
+    assert {"diff", "ci", "mde", "verdict", "resolvable"} <= set(d)
+
+
+def test_auroc_matches_sklearn_and_weights_are_multiplicities():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    s = rng.integers(0, 5, 200).astype(float)  # ties on purpose
+    y = rng.random(200) < 0.3 + 0.1 * s
+    assert rigour.auroc(s, y) == pytest.approx(roc_auc_score(y, s))
+    w = rng.integers(0, 3, 200).astype(float)
+    rep = np.repeat(np.arange(200), w.astype(int))
+    assert rigour.auroc_weighted(s, y, w[None, :])[0] == pytest.approx(roc_auc_score(y[rep], s[rep]))
+    ci = rigour.auroc_ci(s, y, np.arange(200) // 2, n_boot=50)
+    assert ci["ci"][0] <= ci["auroc"] <= ci["ci"][1]
+
+
+def test_rogan_gladen_recovers_the_truth():
+    # a judge of Se 0.8, Sp 0.9 on a true rate 0.3: observed q = 0.8·0.3 + 0.1·0.7 = 0.31
+    assert rigour.rogan_gladen(0.31, 0.8, 0.9) == pytest.approx(0.3)
+    assert np.isnan(rigour.rogan_gladen(0.5, 0.5, 0.5))  # no information
+
+
+def _paired_world(n_q=300, seeds=2, p1=0.6, p2=0.3, se=0.8, sp=0.9, seed=0):
+    """Paired B1/B2/B3 records (B3 = B2's answer when Active, B1's when Silent) with known true rates,
+    judged by a judge of known Se / Sp, and a gold set drawn from the same judge."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n_q):
+        act = "ACTIVE" if q % 2 else "SILENT"
+        for s in range(seeds):
+            t1, t2 = rng.random() < p1, rng.random() < p2
+            j1 = rng.random() < (se if t1 else 1 - sp)
+            j2 = rng.random() < (se if t2 else 1 - sp)
+            base = dict(dataset="d", qid=q, seed=s, ok=True, A=0.5, M=rng.random(), R=0.5, C_final=0.5)
+            rows.append(dict(base, system="B1", hallucinated=j1, answer=f"a1-{q}-{s}", action=None))
+            rows.append(dict(base, system="B2", hallucinated=j2, answer=f"a2-{q}-{s}", action=None))
+            same = act == "ACTIVE"
+            rows.append(dict(base, system="B3", hallucinated=j2 if same else j1,
+                             answer=f"a2-{q}-{s}" if same else f"a1-{q}-{s}", action=act))
+    ev = pd.DataFrame(rows)
+    gold = []
+    for cond, p in (("memory", p2), ("no memory", p1)):
+        t = rng.random(4000) < p
+        j = np.where(t, rng.random(4000) < se, rng.random(4000) < 1 - sp)
+        gold.append(pd.DataFrame({"dataset": "d", "condition": cond, "gold": t, "judge_paper": j,
+                                  "kind": np.where(t, "wrong", "correct")}))
+    return ev, pd.concat(gold, ignore_index=True)
+
+
+def test_judge_error_correction_comes_back_to_the_truth():
+    ev, gv = _paired_world()
+    je = rigour.judge_error(ev, gv, "paper", "hallucinated", n_draws=300)["d"]
+    st = je["stats"]
+    # raw rates are biased towards 0.5 by the judge (0.3 → 0.31, 0.6 → 0.52); corrected ones come back
+    for k, truth in (("rate_B1", 0.6), ("rate_B2", 0.3)):
+        lo, hi = st[k]["ci"]
+        assert lo <= truth <= hi, (k, st[k])
+        assert abs(st[k]["corrected"] - truth) < abs(st[k]["raw"] - truth) + 0.01
+    assert st["B2-B1"]["sign_holds"] > 0.95  # a −0.3 difference survives the judge's error
+    assert je["rogan_gladen"]["B1"] == pytest.approx(0.6, abs=0.05)
+
+
+def test_confusion_and_validity_by_condition():
+    ev, gv = _paired_world()
+    c = rigour.confusion(gv, "paper")["d"]
+    assert c["memory"]["se"] == pytest.approx(0.8, abs=0.03) and c["no memory"]["sp"] == pytest.approx(0.9, abs=0.03)
+    v = rigour.validity(ev, gv, "paper", "hallucinated")["d"]
+    # the judge agrees ~0.86 and M is unrelated to the verdicts; the reader is correct 40% without memory
+    assert v["reader_accuracy_no_memory"] == pytest.approx(0.4, abs=0.03)
+    assert v["testable"], v["reasons"]
+    gv_bad = gv.assign(judge_paper=np.random.default_rng(1).random(len(gv)) < 0.5)
+    v2 = rigour.validity(ev, gv_bad, "paper", "hallucinated")["d"]
+    assert not v2["testable"] and "agrees with the gold set" in v2["reasons"][0]
+
+
+def test_per_dataset_constant_is_not_the_pooled_majority():
+    df = pd.DataFrame({"dataset": ["a"] * 10 + ["b"] * 10})
+    y = np.r_[np.ones(8), np.zeros(2), np.zeros(7), np.ones(3)]  # a: adopt 80%; b: reject 70%
+    c = rigour.per_dataset_constant(df, y)
+    assert c["by_dataset"]["a"]["label"] == "adopt" and c["by_dataset"]["b"]["label"] == "reject"
+    assert c["pooled"] == pytest.approx(0.75)  # the pooled majority would be 0.55
+
+
+def test_stratified_null_keeps_questions_in_their_dataset():
+    from mdl_jax.analysis.complementarity import stratified_question_permutations
+
+    groups = np.repeat(np.arange(20), 3)
+    strata = np.where(groups < 8, "a", "b")
+    P = stratified_question_permutations(groups, strata, 50, 0)
+    assert (strata[P] == strata[None, :]).all()
+    # whole questions move: a question's records all get the signals of one question
+    assert all(len(set(groups[P[0][groups == g]])) == 1 for g in range(20))
+
+
+def test_near_degenerate_sweep_optimum_is_flagged():
+    from mdl_jax.analysis.sensitivity import degenerate
+
+    msg = degenerate(np.array([0.02, 0.21, 0.30, 0.47]))  # σ = 0.05 in the paired run
+    assert msg is not None and "always-reject" in msg and "47% Opt-Out" in msg
+    assert degenerate(np.array([0.3, 0.3, 0.2, 0.2])) is None
+
+
+def test_dagger_follows_questions_not_records():
+    from mdl_jax.analysis.report import _cell
+
+    assert "†" in _cell(0.5, 69, 23)      # HaluEval's high-risk cells: 69 records, 23 questions
+    assert "†" not in _cell(0.5, 600, 200)
+
+
+def test_compare_systems_reports_power():
+    from mdl_jax.analysis.stats import compare_systems
+
+    rng = np.random.default_rng(0)
+    rows = [dict(dataset="truthfulqa", qid=q, seed=s, system=sy, ok=True, A=0.5, h=float(rng.random() < 0.4))
+            for q in range(60) for s in range(3) for sy in ("B2", "B3")]
+    r = compare_systems(pd.DataFrame(rows), "B3", "B2", "truthfulqa")
+    assert r["mde"] > 0 and r["paper_effect"] == pytest.approx(0.004)
+    assert 0.0 < r["power_paper"] < 0.2
+    if r["ci_lo"] <= 0 <= r["ci_hi"] and abs(r["diff"]) < r["mde"]:
+        assert r["verdict"].startswith("not resolvable")
