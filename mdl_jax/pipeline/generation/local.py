@@ -114,7 +114,7 @@ class LocalBackend:
                     text = text[:hit]
                 out_sorted.append(Generation(text.strip(), k, prompt_tokens=int(enc["attention_mask"][r].sum()),
                                              finish_reason=reason))
-        out: list[Generation] = [None] * n  # type: ignore[list-item]
+        out: list[Generation] = [None] * n  # type: ignore[list-item]  # placeholders: every slot is set below
         for pos, i in enumerate(order):
             out[i] = out_sorted[pos]
         return out
@@ -175,16 +175,17 @@ class LocalBackend:
         packs = []  # (packed ids, positions, segment per token (-1 prompt), option spans [(start, end)])
         for p, opts in zip(prompts, per):
             text = tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-            ids = list(tok(text, add_special_tokens=False)["input_ids"])
-            n_p = len(ids)
-            pos, seg, spans = list(range(n_p)), [-1] * n_p, []
+            # one prompt's packed sequence as lists (p_: the batch below holds the tensors)
+            p_ids = list(tok(text, add_special_tokens=False)["input_ids"])
+            n_p = len(p_ids)
+            p_pos, p_seg, spans = list(range(n_p)), [-1] * n_p, []
             for j, o in enumerate(opts):
                 oid = tok(o, add_special_tokens=False)["input_ids"]
-                spans.append((len(ids), len(ids) + len(oid)))
-                ids += oid
-                pos += range(n_p, n_p + len(oid))
-                seg += [j] * len(oid)
-            packs.append((ids, pos, seg, spans, n_p))
+                spans.append((len(p_ids), len(p_ids) + len(oid)))
+                p_ids += oid
+                p_pos += range(n_p, n_p + len(oid))
+                p_seg += [j] * len(oid)
+            packs.append((p_ids, p_pos, p_seg, spans, n_p))
         res: list[list[float]] = [[0.0] * len(o) for o in per]
         order = sorted(range(len(packs)), key=lambda i: len(packs[i][0]))
         t0 = time.perf_counter()
@@ -256,7 +257,7 @@ class LocalBackend:
             pid = list(tok(text, add_special_tokens=False)["input_ids"])
             aid = list(tok(a, add_special_tokens=False)["input_ids"]) if a else []
             rows.append((pid, aid))
-        res: list[dict] = [None] * len(rows)  # type: ignore[list-item]
+        res: list[dict] = [None] * len(rows)  # type: ignore[list-item]  # placeholders: every row is set below
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
         t0 = time.perf_counter()
         for start in range(0, len(order), self.batch_size):
