@@ -43,6 +43,7 @@ def test_refusal_patterns(text, want):
 
 # --- Systems with the real local model -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_local_backend_batches_and_is_deterministic(local_backend, stores):
     qs = [s.item.question for s in stores]
     a = sysm.run_plain(local_backend, qs, stores, inject=True, seed=7)
@@ -54,6 +55,7 @@ def test_local_backend_batches_and_is_deterministic(local_backend, stores):
     assert "Memories:" not in c[0]["prompts"][0][1]["content"]
 
 
+@pytest.mark.slow
 def test_mdl_system_maps_actions_to_prompts(local_backend, stores):
     qs = [s.item.question for s in stores]
     acts = [Action.ACTIVE, Action.SUPP, Action.SILENT, Action.OPT_OUT]
@@ -65,6 +67,7 @@ def test_mdl_system_maps_actions_to_prompts(local_backend, stores):
     assert r[3]["answer"] == ABSTENTION and is_refusal(r[3]["answer"])
 
 
+@pytest.mark.slow
 def test_crag_and_selfrag_count_their_calls(local_backend, stores):
     qs = [s.item.question for s in stores[:2]]
     crag = sysm.run_crag(local_backend, qs, stores[:2], seed=3)
@@ -111,6 +114,7 @@ def server():
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_openai_backend_retries_5xx_then_succeeds(server, monkeypatch):
     monkeypatch.setenv("MDL_JAX_OPENAI_BASE_URL", server)
     monkeypatch.setenv("MDL_JAX_OPENAI_API_KEY", "sk-test-secret-123")
@@ -130,6 +134,7 @@ def test_openai_backend_records_failure_when_unreachable(monkeypatch):
     assert b.calls == b.failed_calls == 1
 
 
+@pytest.mark.slow
 def test_served_logprobs_score_labels_like_the_local_model(server, local_backend, monkeypatch):
     """serve returns OpenAI top_logprobs; OpenAIBackend.score reads them; for one-token labels they
     are the local model's own label log-likelihoods (same model, up to bf16 batch rounding)."""
@@ -153,6 +158,7 @@ def test_openai_backend_needs_a_base_url(monkeypatch):
         OpenAIBackend("m")
 
 
+@pytest.mark.slow
 def test_reproduce_through_openai_server_keeps_secrets_out(server, tmp_path, cache_dir):
     env = {**os.environ, "MDL_JAX_OPENAI_BASE_URL": server, "MDL_JAX_OPENAI_API_KEY": "sk-secret-xyz",
            "MDL_JAX_CACHE_DIR": str(cache_dir)}
@@ -188,6 +194,7 @@ def _strip(recs: dict) -> dict:
             for k, r in recs.items()}
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, cache_dir):
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert _reproduce(full, cache_dir).wait(timeout=900) == 0
@@ -248,6 +255,7 @@ def test_paired_t_across_seeds():
     assert paired_t(pd.DataFrame(rows[:20]), "B1", "B2", "d")["p"] is None
 
 
+@pytest.mark.slow
 def test_the_converted_checkpoint_of_the_bundled_gguf_loads_to_the_same_model(local_backend, tmp_path):
     """The GGUF is converted once to a transformers checkpoint in the cache (loading it is ~15 s, the
     checkpoint ~1 s): the checkpoint must give exactly the loaded model's weights, logits and chat

@@ -89,6 +89,7 @@ def local_fp32():
     return LocalBackend(batch_size=8, max_new_tokens=16, dtype="float32")
 
 
+@pytest.mark.slow
 def test_answer_is_a_function_of_prompt_and_record_seed_not_of_batch(local_fp32, stores):
     chats = [chat(s.item.question, s.texts) for s in stores]
     seeds = _seeds(stores)
@@ -100,6 +101,7 @@ def test_answer_is_a_function_of_prompt_and_record_seed_not_of_batch(local_fp32,
     assert other != together  # the seed matters: another run seed draws other numbers
 
 
+@pytest.mark.slow
 def test_cache_gives_b3_and_selfrag_exactly_b2s_and_b1s_answers(local_backend, stores, tmp_path):
     """Wherever B3 (Active / Silent) or Self-RAG (draft / regeneration) sends B2's or B1's prompt for
     the same record, it gets that answer back, replayed, without generating again."""
@@ -128,6 +130,7 @@ def test_cache_gives_b3_and_selfrag_exactly_b2s_and_b1s_answers(local_backend, s
 
 # --- Likelihood-scored decisions -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_score_is_the_log_likelihood_of_the_option_tokens(local_fp32):
     # float32, so batched + padded scoring must equal the plain one-sequence forward pass tightly (in
     # bf16 the two differ by rounding, up to ~0.07 nats measured).
@@ -149,6 +152,7 @@ def test_score_is_the_log_likelihood_of_the_option_tokens(local_fp32):
         assert got == pytest.approx(want, abs=2e-3)
 
 
+@pytest.mark.slow
 def test_packed_options_score_as_if_each_had_its_own_pass(local_fp32):
     """Options are packed after their prompt behind a 4-d mask: prompts of different lengths, option
     lists of different sizes, padding and several batches still give each option exactly the
@@ -181,6 +185,7 @@ def test_packed_options_score_as_if_each_had_its_own_pass(local_fp32):
             assert g == pytest.approx(want, abs=2e-3), (o, g, want)
 
 
+@pytest.mark.slow
 def test_crag_and_selfrag_decisions_are_scored_deterministic_and_never_unparsed(local_backend, stores):
     qs, seeds = [s.item.question for s in stores[:2]], _seeds(stores[:2])
     crag = [sysm.run_crag(local_backend, qs, stores[:2], seed=seeds) for _ in range(2)]
@@ -297,6 +302,7 @@ def test_decisions_are_parsed_when_the_server_sends_no_logprobs(fault_server, mo
     assert d[0]["label"] == "Ambiguous" and d[0]["method"] == "parsed"
 
 
+@pytest.mark.slow
 def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, tmp_path, cache_dir):
     env = {**os.environ, "MDL_JAX_OPENAI_BASE_URL": fault_server("no-choices"),
            "MDL_JAX_CACHE_DIR": str(cache_dir)}
@@ -311,6 +317,7 @@ def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, 
     assert len(recs) == 4 and all(r["failed"] and "0 choices" in r["error"] for r in recs.values())
 
 
+@pytest.mark.slow
 def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tmp_path, cache_dir):
     """A rerun that writes no record keeps the last working run's figures in run.json, but its exit
     status is its own: no record of it failed, so 0, even when that last run failed (exit 3)."""
@@ -338,6 +345,7 @@ def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tm
 
 # --- One run per out dir ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(tmp_path, cache_dir):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c",
@@ -375,6 +383,7 @@ def _bar(stderr: str) -> tuple[int, int]:
     return tuple(map(int, counts[-1]))
 
 
+@pytest.mark.slow
 def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp_path, cache_dir):
     out = tmp_path / "run"
     first = _tiny(out, cache_dir, "--n-questions", "3")

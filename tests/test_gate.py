@@ -42,6 +42,7 @@ def gate():
     return MemoryGate(embedder=_lookup)
 
 
+@pytest.mark.slow
 def test_gate_equals_decide_on_the_pipelines_signals_for_the_same_stores(embedder):
     """One implementation: for the pipeline's own stores, the gate's M, R, φ, A and action are those
     ``compute_signals`` + ``mdl_jax.decide`` give (same embedder, same conflict detector, same risk)."""
@@ -98,6 +99,7 @@ def test_memory_dicts_are_carried_through_and_only_their_text_is_scored(gate):
     assert d.build_messages(multi)[0]["content"][0]["text"].startswith("Memories:\n- fact 0.95 a")
 
 
+@pytest.mark.slow
 def test_the_lexical_detector_is_the_default_and_replaceable(embedder):
     mems = ["Raw cookie dough is safe to eat.", "Raw cookie dough is not safe to eat."]
     d = MemoryGate(embedder=embedder).decide("Is raw cookie dough safe to eat?", mems)

@@ -39,6 +39,7 @@ def _env(cache_dir):
     return {**os.environ, "PYTHONPATH": str(ROOT), "MDL_JAX_CACHE_DIR": str(cache_dir)}
 
 
+@pytest.mark.slow
 def test_every_input_format_gives_the_gates_decisions_beside_the_input(rows, tmp_path, embedder,
                                                                       cache_dir, capsys):
     """JSONL, CSV, Parquet and a saved Hugging Face dataset folder, to Parquet and JSONL, with the real

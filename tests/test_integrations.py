@@ -92,6 +92,7 @@ def test_components_check_their_settings_at_construction():
             make(embedder=_lookup, config="/nonexistent/config.json")
 
 
+@pytest.mark.slow
 def test_langchain_compressor_in_langchain_cores_retrieval_machinery(embedder, cache_dir):
     """The real InMemoryVectorStore and retriever, composed with the compressor by runnables (what
     ContextualCompressionRetriever does; that class lives in `langchain_classic`, tested below)."""
@@ -131,6 +132,7 @@ def test_langchain_compressor_in_contextual_compression_retriever(cache_dir):
         assert len(kept) == n and comp.last_decision.action == action
 
 
+@pytest.mark.slow
 def test_llamaindex_postprocessor_after_a_real_vector_index(embedder, cache_dir):
     from llama_index.core import VectorStoreIndex
 

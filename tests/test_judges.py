@@ -59,6 +59,7 @@ def _ref(answers, item, embedder):
 
 # --- the paper's rule, unchanged ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_paper_rule_unchanged_on_its_hand_made_cases(embedder):
     correct = [("Nothing happens if you eat watermelon seeds", "The seeds pass through you")] * 4
     incorrect = [("You grow watermelons in your stomach", "You get sick")] * 4
@@ -74,6 +75,7 @@ def test_paper_rule_unchanged_on_its_hand_made_cases(embedder):
     assert j[0].sim_incorrect > max(j[0].sim_correct, jm.HALLUCINATION_THRESHOLD)
 
 
+@pytest.mark.slow
 def test_paper_rule_reproduces_the_committed_verdicts(embedder):
     """judge_all's "paper" verdicts equal the ones stored by the committed run, record for record."""
     recs = [json.loads(line) for line in RECORDS.read_text().splitlines()]
@@ -87,6 +89,7 @@ def test_paper_rule_reproduces_the_committed_verdicts(embedder):
 
 # --- the ref judge on each failure mode --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_negation_is_not_a_hallucination(embedder):
     """Section 5.1's rule flags "No, MSG is not proven harmful" (it is near the wrong reference in
     MiniLM space); the ref judge reads its polarity."""
@@ -103,6 +106,7 @@ def test_negation_is_not_a_hallucination(embedder):
     assert toad[0].sim_incorrect > toad[0].sim_correct
 
 
+@pytest.mark.slow
 def test_yes_no_polarity(embedder):
     answers = ["Kim Jung-ah and Mary Ramsey both are singers.", "Yes.",
                "No, only Mary Ramsey is a singer.", "Kim Jung-ah is not a singer; she is a dancer."]
@@ -111,6 +115,7 @@ def test_yes_no_polarity(embedder):
     assert {x.rule for x in j} == {"yes/no"}
 
 
+@pytest.mark.slow
 def test_short_right_answer_inside_a_wordy_answer(embedder):
     """HaluEval right answers are a couple of words: a sentence that contains them is right, even where
     MiniLM puts it nearer the wrong reference (the paper's rule flags the first one)."""
@@ -126,6 +131,7 @@ def test_short_right_answer_inside_a_wordy_answer(embedder):
     assert [x.hallucinated for x in becker] == [False, True, True]
 
 
+@pytest.mark.slow
 def test_invented_answer_unlike_the_listed_wrong_one(embedder):
     """An answer naming an entity that is neither the right answer nor in the knowledge is wrong, though
     it is far from the one listed wrong reference (the paper's rule passes it under 0.5)."""
@@ -143,6 +149,7 @@ def test_invented_answer_unlike_the_listed_wrong_one(embedder):
                 embedder)[0].hallucinated
 
 
+@pytest.mark.slow
 def test_refusals_empty_and_missing_answers(embedder):
     j = _ref(["I don't know.", "", None, "What happens if you touch a toad?"], TOAD, embedder)
     assert j[0].refusal and not j[0].hallucinated
@@ -161,6 +168,7 @@ def _judge(argv):
     return main(["judge", *argv])  # the command line's own error handling: one line, exit 2
 
 
+@pytest.mark.slow
 def test_judge_command_writes_one_verdict_per_judge_per_record(tmp_path, cache_dir, capsys):
     src = tmp_path / "answers.jsonl"
     rows = [{"dataset": "truthfulqa", "qid": 15, "answer": "No, MSG is not proven harmful.", "seed": 3},
@@ -236,6 +244,7 @@ def test_gold_set_shape():
     assert g["gid"].is_unique and g["reason"].str.len().min() > 10
 
 
+@pytest.mark.slow
 def test_test_split_agreement_is_what_the_module_reports(gold_agreement):
     """The figures the judgement docstring states are the agreement computed now, on the test split."""
     stated = {}
@@ -256,6 +265,7 @@ def test_test_split_agreement_is_what_the_module_reports(gold_agreement):
         assert t.loc[("ref", ds), "rate"] > t.loc[("paper", ds), "rate"]
 
 
+@pytest.mark.slow
 def test_agreement_markdown(gold_agreement):
     md = jg.agreement_markdown(gold_agreement)
     assert "| ref | TruthfulQA | test | 188 |" in md and "| paper | HaluEval | dev | 60 |" in md

@@ -62,6 +62,7 @@ def _gold_slice(path: Path, n: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_llm_judge_grades_gold_answers_through_a_real_server_and_asks_nothing_twice(
         served, tmp_path, capsys, monkeypatch):
     from mdl_jax.cli import main

@@ -147,6 +147,7 @@ def test_uncertainty_summary_and_scores_file(tmp_path):
     assert list(load_scores(p)) == [("d", 1, 0, "B1")]
 
 
+@pytest.mark.slow
 def test_teacher_forced_logprobs_equal_a_one_sequence_forward_pass(local_backend):
     import torch
 
@@ -200,6 +201,7 @@ def legacy_server():
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_openai_backend_token_logprobs_through_legacy_completions_equal_the_local_ones(legacy_server,
                                                                                         local_backend):
     from mdl_jax.pipeline.generation import OpenAIBackend

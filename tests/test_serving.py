@@ -28,6 +28,9 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+# Every test here talks to a real server: the local one (SmolLM2 behind it) or the gateway (MiniLM).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 ERROR_KEYS = {"message", "type", "param", "code"}
 

@@ -284,6 +284,7 @@ def test_fewer_than_two_relevant_gives_half_and_padding_is_ignored():
 
 # --- Real embeddings -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_real_signals_on_both_datasets(embedder, tqa, halu):
     for items in (tqa[:12], halu[:12]):
         table = compute_signals(build_stores(items), embedder)
@@ -300,6 +301,7 @@ def _store(texts, question="Is it safe to eat raw cookie dough?"):
     return Store(it, tuple(MemoryRecord(t, "correct", 0) for t in texts))
 
 
+@pytest.mark.slow
 def test_edge_cases_with_real_embeddings(embedder):
     long_text = "Raw cookie dough can carry bacteria such as E. coli and salmonella. " * 80
     stores = [
@@ -316,6 +318,7 @@ def test_edge_cases_with_real_embeddings(embedder):
     assert np.isfinite(t.M[3]) and np.isfinite(t.M[4]) and t.n_relevant[4] == 2
 
 
+@pytest.mark.slow
 def test_cache_is_hit_on_rerun(cache_dir, embedder, tqa):
     texts = [s for it in tqa[:8] for s in it.correct]
     first = embedder.embed(texts)
@@ -336,6 +339,7 @@ def test_store_arrays_pad_and_mask(tqa):
     assert not arr.flags[3, 2:].any()
 
 
+@pytest.mark.slow
 def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
     from tests.reference import numpy_store_signals
 
@@ -353,6 +357,7 @@ def test_batched_aggregation_matches_per_store_reference(embedder, tqa, halu):
                 assert got[k][b] == pytest.approx(ref[k], abs=1e-5), (b, k)
 
 
+@pytest.mark.slow
 def test_signals_cli_writes_the_parquet_table(tmp_path, cache_dir):
     import os
     import subprocess
@@ -371,6 +376,7 @@ def test_signals_cli_writes_the_parquet_table(tmp_path, cache_dir):
     assert (t["split"] == "calibration").sum() == 8
 
 
+@pytest.mark.slow
 def test_default_norm_range_is_the_truthfulqa_calibration_split_range(embedder):
     """Issue 9 item 4: MDLConfig's n_min / n_max are the raw-norm range over the TruthfulQA calibration
     split (Section 3.4), recomputed here from the data by the function that defines them."""

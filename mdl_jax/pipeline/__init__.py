@@ -1,11 +1,16 @@
 """The experiment pipeline, in data-flow order (each stage imported on use; most need torch):
 
   data.py → stores.py → store_signals.py   (M, R, A per question, computed by ``mdl_jax.signals``)
-  generation.py              LLM backends (local transformers, OpenAI-compatible); the local server is mdl_jax/serving
+  generation/                LLM backends: local transformers (local.py, loading.py), OpenAI-compatible
+                             (openai_client.py), paired sampling (sampling.py), the run's answer cache
+                             (cache.py); the local server is mdl_jax/serving
   systems.py                 B1, B2, B3 (MDL), CRAG, Self-RAG
   judgement.py               hallucination scoring (the paper's rule and the ref judge), ``mdl-jax judge``
+  judgement_llm.py           the judge that asks a strong model (``--judge llm``)
   records.py                 durable, resumable records
-  experiment.py              the ``reproduce`` runner;  commands.py: the ``signals`` command
+  experiment.py              the ``reproduce`` runner (the command itself is mdl_jax/cli/experiment.py)
+  gate_scores.py             ``score-gates``: the practitioners' gates' inputs, scored from a run's records
+  stage_latency.py           Table 8's stages timed on a run's stores and models (``analyze --latency``)
   defaults.py                the deployed n_min / n_max, recomputed from the calibration split
   resources/                 the judges' gold set; configs calibrated for the bundled model
 

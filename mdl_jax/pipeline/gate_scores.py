@@ -111,7 +111,7 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     run_dir = Path(run_dir)
     recs_path = run_dir / "records.jsonl"
     ev, cal = load_records(recs_path)
-    run = {}
+    run: dict = {}
     if (run_dir / "run.json").is_file():
         run = json.loads((run_dir / "run.json").read_text()).get("config", {}) or {}
     store_seed = int(run.get("store_seed", 0) or 0)
@@ -151,14 +151,14 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
             t_emb = dict(zip(texts, embedder.embed(texts, desc="embedding memories")))
             bar = tqdm(total=len(qtodo), desc="self-evaluation", unit="q", disable=not progress)
             for i in range(0, len(qtodo), batch_size):
-                chunk = list(range(i, min(i + batch_size, len(qtodo))))
+                idx = list(range(i, min(i + batch_size, len(qtodo))))
                 prompts = [[{"role": "user", "content": SELF_EVAL.format(q=st[j].item.question)}]
-                           for j in chunk]
+                           for j in idx]
                 t0 = time.perf_counter()
                 sc = backend.score(prompts, list(SELF_EVAL_OPTIONS))
-                dt = (time.perf_counter() - t0) / len(chunk)
+                dt = (time.perf_counter() - t0) / len(idx)
                 rows = []
-                for j, s in zip(chunk, sc):
+                for j, s in zip(idx, sc):
                     ds, qid = qtodo[j]
                     mem = np.stack([t_emb[t] for t in st[j].texts])
                     cos = mem @ q_emb[j] / (np.linalg.norm(mem, axis=1) * np.linalg.norm(q_emb[j]) + 1e-12)

@@ -84,7 +84,7 @@ import difflib
 import functools
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -199,7 +199,7 @@ def _same(a: str, b: str) -> bool:
     return m.real_quick_ratio() >= FUZZY and m.quick_ratio() >= FUZZY and m.ratio() >= FUZZY
 
 
-def _has(words: Sequence[str], w: str) -> bool:
+def _has(words: Iterable[str], w: str) -> bool:  # a list or a set of words
     return any(_same(w, x) for x in words)
 
 
@@ -228,7 +228,7 @@ def _leading_polarity(text: str) -> str | None:
 
 def _names(text: str) -> list[str]:
     """Normalised words that look like names or numbers: capitalised (not a stopword) or with digits."""
-    out = []
+    out: list[str] = []
     for raw in re.findall(r"[^\W_][\w'’.-]*", text):
         w = raw.strip(".'’-")
         if not w:

@@ -77,7 +77,7 @@ def prompt(item, answer: str) -> list[dict]:
 def verdict_from_reply(content: str | None, top: Sequence[tuple[str, float]] | None) -> LLMVerdict:
     """The verdict of one reply: label likelihood where ``top`` (first-token (token, logprob) pairs)
     names a label, else the text; neither → failed, never guessed."""
-    best = {}
+    best: dict[str, float] = {}
     for tok, lp in top or ():
         t = tok.strip().lower().strip(".,!:;*\"'`")
         for lab in LABELS:  # a token that starts a label ("Y", " yes", "No") counts for it

@@ -14,6 +14,10 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas
 
 KEY = ("dataset", "qid", "seed", "system")
 
@@ -160,7 +164,7 @@ def _bad_field(r: dict) -> str | None:
     return None
 
 
-def load_records(path) -> tuple[pandas.DataFrame, pandas.DataFrame]:  # noqa: F821
+def load_records(path) -> tuple[pandas.DataFrame, pandas.DataFrame]:
     """Read and check a records file → (evaluated records, calibration records) as DataFrames.
 
     Deduplicates per (dataset, qid, seed, system) as ``pipeline.records.load`` does (a successful record

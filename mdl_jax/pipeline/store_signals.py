@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,9 +13,12 @@ from mdl_jax.pipeline.stores import Store
 from mdl_jax.signals.aggregation import memory_signals
 from mdl_jax.signals.risk import risk
 
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas
+
 
 def compute_signals(stores: Sequence[Store], embedder, *, progress: bool = False,
-                    batch: int = 4096) -> pandas.DataFrame:  # noqa: F821
+                    batch: int = 4096) -> pandas.DataFrame:
     """The signals table for ``stores``: one row per store.
 
     Columns: dataset, qid, category, question, M, R, A, phi, n_relevant, n_records.

@@ -115,7 +115,7 @@ def classify(backend, prompts: Sequence[list], options: Sequence[str]) -> list[d
     if not n:
         return []
     scored = backend.score(prompts, list(options)) if hasattr(backend, "score") else [None] * n
-    out: list[dict] = [None] * n  # type: ignore[list-item]
+    out: list[dict] = [None] * n  # type: ignore[list-item]  # placeholders: every slot is set below
     fallback = []
     for i, sc in enumerate(scored):
         if isinstance(sc, str):  # the call itself failed (server down ...): nothing to parse either
