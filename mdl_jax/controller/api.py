@@ -275,8 +275,8 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         plan = _native_plan(cfg)
         if plan is not None:
             if validate:
-                for n, x in zip(_NAMES, (M, R, A)):
-                    check_unit_interval(n, x)
+                for n, arr in zip(_NAMES, (M, R, A)):
+                    check_unit_interval(n, arr)
             return _native_jit(M, R, A, plan[0], flags=plan[1], dims=cfg.dims)
     (M, R, A), traced = _prepare(M, R, A, validate)
     if not traced and M.dtype == jnp.float32:

@@ -64,17 +64,19 @@ class _PoissonBlocks:
 
     def __init__(self, n_resamples: int, seed: int, keep: bool):
         self.W, self.seed, self.keep = int(n_resamples), int(seed), keep
-        self.block, self.draws = None, None
+        self.block: int | None = None
+        self.draws: np.ndarray | None = None
 
     def __call__(self, start: int, stop: int) -> np.ndarray:
         if not self.keep:
             return poisson_weights(start, stop, self.W, self.seed)
         out = np.empty((self.W, stop - start), np.int32)
         for b in range(start // POISSON_BLOCK, -(-stop // POISSON_BLOCK)):
-            if self.block != b:
+            if self.block != b or self.draws is None:
                 self.block, self.draws = b, None    # free the old block before drawing the next
                 self.draws = poisson_weights(b * POISSON_BLOCK, (b + 1) * POISSON_BLOCK, self.W, self.seed)
             lo, hi = max(start, b * POISSON_BLOCK), min(stop, (b + 1) * POISSON_BLOCK)
+            assert self.draws is not None
             out[:, lo - start:hi - start] = self.draws[:, lo - b * POISSON_BLOCK:hi - b * POISSON_BLOCK]
         return out
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
 from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
 
@@ -152,7 +153,7 @@ class MemoryGateBatch:
             sub = self.gate.columns([qs[i] for i in idx], [mems[i] for i in idx],
                                     None if cats is None else [cats[i] for i in idx],
                                     None if risks is None else [risks[i] for i in idx])
-            out["mdl_action"][idx] = [ACTION_NAMES[int(a)] for a in sub["action"]]
+            out["mdl_action"][idx] = [ACTION_NAMES[Action(int(a))] for a in sub["action"]]
             for k in SCALARS:  # float32 values, widened exactly: the values `mdl-jax gate` writes
                 out[f"mdl_{k}"][idx] = sub[k].astype(np.float64)
             out["mdl_n_relevant"][idx] = sub["n_relevant"]

@@ -357,7 +357,7 @@ class Gateway:
                 return JSONResponse(obj, status_code=r.status_code)
             return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
         try:
-            msg = str(obj["error"]["message"])[:200]  # type: ignore[index]
+            msg = str(obj["error"]["message"])[:200]
         except (KeyError, TypeError):
             msg = body[:200].decode("utf-8", "replace")
         return APIError(502, f"upstream {self.where} answered HTTP {r.status_code}: {msg}",

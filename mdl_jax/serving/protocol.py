@@ -424,7 +424,7 @@ def guarded_protocol(limits: Limits):
         _header_timer: asyncio.TimerHandle | None = None
         _got_bytes = False
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
                 victim = next((c for c in waiting if c is not self), None)

@@ -145,7 +145,8 @@ def _steps(sizes: Sequence[int], cap: int) -> list[tuple[np.ndarray, int]]:
     if _bucket(n, cap) * S * S <= PAIR_BUDGET:
         return [(np.arange(n), _bucket(n, cap))]
     order = np.argsort(np.asarray(sizes), kind="stable")
-    steps, group = [], []
+    steps: list[list[int]] = []
+    group: list[int] = []
     for j in order:
         S = max(1, sizes[j])
         if group and (len(group) + 1) * S * S > PAIR_BUDGET:

@@ -51,6 +51,7 @@ from mdl_jax.pipeline.generation.loading import auto_dtype as auto_dtype
 from mdl_jax.pipeline.generation.loading import bundled_gguf as bundled_gguf
 from mdl_jax.pipeline.generation.local import LocalBackend as LocalBackend
 from mdl_jax.pipeline.generation.local import _head_fp32 as _head_fp32
+from mdl_jax.pipeline.generation.local import _plain_head as _plain_head
 from mdl_jax.pipeline.generation.openai_client import OpenAIBackend as OpenAIBackend
 from mdl_jax.pipeline.generation.sampling import _RowSampler as _RowSampler
 from mdl_jax.pipeline.generation.sampling import record_seed as record_seed
