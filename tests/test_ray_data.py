@@ -38,10 +38,11 @@ def _single_process(gate: MemoryGate, rows: list[dict]) -> dict[str, np.ndarray]
     return gate.columns([r["query"] for r in rows], [r["memories"] for r in rows])
 
 
-def _same(out: dict, ref: dict) -> None:
+def _same(out: dict, ref: dict, atol: float = 0.0) -> None:
     assert list(out["mdl_action"]) == [ACTION_NAMES[int(a)] for a in ref["action"]]
     for k in SCALARS:
-        np.testing.assert_array_equal(np.asarray(out[f"mdl_{k}"], np.float64), ref[k].astype(np.float64), err_msg=k)
+        np.testing.assert_allclose(np.asarray(out[f"mdl_{k}"], np.float64), ref[k].astype(np.float64), rtol=0,
+                                   atol=atol, err_msg=k)
     np.testing.assert_array_equal(np.asarray(out["mdl_n_relevant"]), ref["n_relevant"])
 
 
@@ -144,5 +145,7 @@ def test_ray_data_on_a_local_two_worker_instance_equals_the_single_process_gate(
     assert [r["id"] for r in got] == [r["id"] for r in rows]
     ref = _single_process(MemoryGate(cache_dir=cache_dir), rows)  # the real bundled MiniLM, here
     out = {k: np.array([r[k] for r in got], dtype=object if k == "mdl_action" else None) for k in got[0]}
-    _same(out, ref)
+    # actions and counts exactly; the scalars to float32 rounding: MiniLM's vectors move by an ulp or
+    # two with the batch a text is encoded in (padding), and the workers' batches are not the driver's
+    _same(out, ref, atol=1e-5)
     assert len(set(out["mdl_action"])) >= 3, "the rows should reach several actions"
