@@ -135,15 +135,12 @@ class MemoryGateBatch:
         try:
             self.gate.check(qs, mems, cats, risks)
         except ValueError:
-            if self.on_bad_row == "error":
-                self._raise_first_bad(qs, mems, cats, risks)
-                raise
             for i in range(n):  # find the bad rows one by one; only on a batch that has one
-                try:
-                    self.gate.check([qs[i]], [mems[i]], None if cats is None else [cats[i]],
-                                    None if risks is None else [risks[i]])
-                except ValueError as e:
-                    ok[i], errors[i] = False, str(e).replace("[0]", f"[{i}]", 1)
+                why = self._row_error(i, qs, mems, cats, risks)
+                if why is not None and self.on_bad_row == "error":
+                    raise ValueError(f"row {i} of the batch: {why}") from None
+                if why is not None:
+                    ok[i], errors[i] = False, why.replace("[0]", f"[{i}]", 1)
         out: dict[str, np.ndarray] = {"mdl_action": np.full(n, None, dtype=object)}
         for k in SCALARS:
             out[f"mdl_{k}"] = np.full(n, np.nan, np.float64)
@@ -161,10 +158,11 @@ class MemoryGateBatch:
             out["mdl_error"] = np.array(errors, dtype=object)
         return out
 
-    def _raise_first_bad(self, qs, mems, cats, risks) -> None:
-        for i in range(len(qs)):
-            try:
-                self.gate.check([qs[i]], [mems[i]], None if cats is None else [cats[i]],
-                                None if risks is None else [risks[i]])
-            except ValueError as e:
-                raise ValueError(f"row {i} of the batch: {e}") from None
+    def _row_error(self, i, qs, mems, cats, risks) -> str | None:
+        """What is wrong with row ``i`` alone (the gate's own check on a batch of one), or None."""
+        try:
+            self.gate.check([qs[i]], [mems[i]], None if cats is None else [cats[i]],
+                            None if risks is None else [risks[i]])
+        except ValueError as e:
+            return str(e)
+        return None
