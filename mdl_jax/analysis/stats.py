@@ -121,8 +121,10 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, G, size=(n_boot, G))
     # multiplicity of each group per resample, then ratio of sums: one matmul, no Python loop
-    mult = np.zeros((n_boot, G))
-    np.add.at(mult, (np.repeat(np.arange(n_boot), G), draws.ravel()), 1.0)
+    # (bincount over resample × group cells: the same counts as np.add.at, ~10× faster; the gates'
+    # tables call this hundreds of times a run)
+    cell = (np.arange(n_boot)[:, None] * G + draws).ravel()
+    mult = np.bincount(cell, minlength=n_boot * G).reshape(n_boot, G).astype(float)
     est = (mult @ sum_d) / (mult @ cnt)
     lo, hi = np.percentile(est, [2.5, 97.5])
     return float(lo), float(hi)
