@@ -632,7 +632,11 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "log-probabilities of the recorded B1 answers (`mdl-jax score-gates`, no new generation); on the "
         "calibration split, which holds only with-memory answers, they score that answer after the "
         "no-memory prompt. The tuned MDL configs were fitted on all evaluated records (in-sample); "
-        "XGBoost's predictions are out-of-fold with folds grouped by question.", "",
+        "XGBoost's predictions are out-of-fold with folds grouped by question. So that MDL and the "
+        "thresholded gates can also be read against XGBoost on its own terms, each judge's second table "
+        "fits every one-dimensional score (MDL's C_final included) the way XGBoost is fitted: τ per dataset "
+        "on the evaluation records' oracle labels, out of fold on XGBoost's question-grouped folds, beside "
+        "the calibration-split figures (`analysis.json`: `gates.<judge>.grouped_folds`).", "",
         md["gates"], "",
         img("risk_coverage", "Risk-coverage curves of every gate"), "",
         "## RQ2: signal complementarity", "", "### Table 6: signal subsets", "", tables("table6", "Table 6"), "",

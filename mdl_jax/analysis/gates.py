@@ -28,6 +28,13 @@ calibrated = the run's config (paper judge) or ``mdl_jax.calibrate`` on the same
 labels. The uncertainty of a calibration question is that of its recorded (with-memory) answer scored
 after the no-memory prompt: the split holds no no-memory answer, and no new generation is made.
 
+The grouped-folds protocol (issue 26 §3, ``out_of_fold_threshold``), computed for every run beside the
+one above: every one-dimensional score (similarity, the uncertainty gates, self-evaluation, −A, MDL's
+C_final) gets its per-dataset τ the way XGBoost is fitted: on the evaluation records' own oracle labels,
+with XGBoost's 5 question-grouped folds (same seed), fitted on four folds and applied to the fifth. Not
+in the paper, which calibrates on a held-out split (Section 3.4) and fits XGBoost on its folds (Table 7(b));
+the two protocols side by side show how much of a gate's gap to XGBoost is the protocol, not the score.
+
 Decision accuracy is Section 5.3's: a gate's adopt (inject; MDL: Active) against the oracle label of each
 pooled B1/B2/B3 record of the same (question, seed), with a question-bootstrap 95% CI.
 """
@@ -42,6 +49,10 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.analysis import rigour, selective
+
+K_FOLDS = 5  # XGBoost's folds and the grouped-folds protocol's, grouped by question (Table 7(b)'s k)
+XGB = "XGBoost (M, R, A), grouped 5-fold"
+PROTOCOLS = ("calibration split", "grouped folds")
 
 UNCERTAINTY = {  # name: (field of gate_scores.jsonl, sign so that a larger score = more unsure)
     "uncertainty: mean log-prob": ("mean_logprob", -1.0),
@@ -64,10 +75,71 @@ def calibrate_threshold(score, adopt) -> dict:
     if len(s) < 2:
         raise ValueError(f"score: a calibration split needs ≥ 2 finite scores, got {len(s)}")
     cand = np.r_[np.unique(s), np.inf]
-    agree = np.array([np.mean((s >= t) == y) for t in cand])
-    best = np.flatnonzero(agree == agree.max())
+    # counts, not means, for every cut at once (the grouped-folds protocol calls this 5 × per gate on
+    # thousands of records): right(t) = #{adopt, s ≥ t} + #{reject, s < t}; integer counts also make
+    # the tie test exact
+    order = np.argsort(s, kind="stable")
+    below = np.searchsorted(s[order], cand, side="left")  # records with s < t
+    pos = np.r_[0, np.cumsum(y[order])]
+    neg = np.r_[0, np.cumsum(~y[order])]
+    right = (pos[-1] - pos[below]) + neg[below]
+    best = np.flatnonzero(right == right.max())
     j = best[(len(best) - 1) // 2]
-    return {"tau": float(cand[j]), "agreement": float(agree[j]), "n_tied": int(len(best))}
+    return {"tau": float(cand[j]), "agreement": float(right[j] / len(s)), "n_tied": int(len(best))}
+
+
+def out_of_fold_threshold(score, adopt, groups, folds, strata=None) -> dict:
+    """'adopt iff score ≥ τ' with τ fitted out of fold: the grouped-folds protocol.
+
+    For each (fit, scored) index pair of ``folds`` and each stratum (dataset) of the scored part, τ is
+    ``calibrate_threshold`` on the fit part's finite scores of that stratum, and the scored records are
+    decided with it; every record is decided by the one fold that scores it.
+
+    Args:
+      score: (N,) float, larger = adopt; nan = no score (never adopted, never fitted on).
+      adopt: (N,) 0/1 labels the threshold is fitted to (the oracle labels).
+      groups: (N,) question ids; no group may sit on both sides of a fold.
+      folds: list of (fit indices, scored indices), e.g. ``oracle.question_folds``.
+      strata: (N,) labels given a threshold each (default: one for all).
+    Returns:
+      {"adopt": (N,) bool decisions, "fitted": (N,) bool (a threshold was fitted for the record),
+       "folds": [{stratum: calibrate_threshold's dict + "n_fit"}] one per fold}.
+    Raises:
+      ValueError: a fold puts a group on both sides, or scores a record twice.
+    """
+    s = np.asarray(score, np.float64)
+    y = np.asarray(adopt).astype(bool)
+    g = np.asarray(groups)
+    st = np.zeros(len(s), np.int64) if strata is None else np.asarray(strata)
+    if not (len(y) == len(g) == len(st) == len(s)):
+        raise ValueError(f"score, adopt, groups, strata: lengths {len(s)}, {len(y)}, {len(g)}, {len(st)} differ")
+    scored = np.bincount(np.concatenate([np.asarray(te, np.int64) for _, te in folds] or [np.zeros(0, np.int64)]),
+                         minlength=len(s))
+    if (scored > 1).any():
+        raise ValueError(f"folds: {int((scored > 1).sum())} records are scored by more than one fold")
+    dec = np.zeros(len(s), bool)
+    fitted = np.zeros(len(s), bool)
+    per_fold: list[dict] = []
+    for f, (tr, te) in enumerate(folds):
+        tr, te = np.asarray(tr, np.int64), np.asarray(te, np.int64)
+        leak = np.intersect1d(g[tr], g[te])
+        if leak.size:
+            # a question's records share its signals: fitting on them scores the question in sample
+            raise ValueError(f"folds: fold {f} fits on and scores the same questions ({leak[:3].tolist()}, ...); "
+                             "use folds grouped by question (oracle.question_folds)")
+        taus = {}
+        for d in np.unique(st[te]):
+            fit = tr[(st[tr] == d) & np.isfinite(s[tr])]
+            if len(fit) < 2 or not np.isfinite(s[te[st[te] == d]]).any():
+                continue
+            c = calibrate_threshold(s[fit], y[fit])
+            c["n_fit"] = int(len(fit))
+            taus[d.item() if hasattr(d, "item") else d] = c
+            sc = te[st[te] == d]
+            dec[sc] = s[sc] >= c["tau"]
+            fitted[sc] = True
+        per_fold.append(taus)
+    return {"adopt": dec, "fitted": fitted, "folds": per_fold}
 
 
 def _load_tuned(run_dir: Path) -> dict:
@@ -179,6 +251,10 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
     res["majority"] = float(max(y.mean(), 1 - y.mean())) if len(y) else float("nan")
     rc = run_configs or {}
     lat = _latencies(ev, scores)
+    # one set of question-grouped folds for every out-of-fold fit below: XGBoost's and the grouped-folds
+    # protocol's thresholds are fitted on the same questions and score the same held-out ones
+    folds = question_folds(y, qids, K_FOLDS, xgb_seed) if len(np.unique(qids)) >= K_FOLDS else None
+    one_d: dict[str, np.ndarray] = {}  # every one-dimensional gate score per (question, seed), for the folds
 
     # per-(q, seed) decisions: gate → (mode, adopt (N,), answer source (N,) in {"B1","B2","B3","abstain"},
     # confidence for the curve, the curve's base answers)
@@ -196,6 +272,8 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
     cal_ds = cal["dataset"].to_numpy() if has_cal else None
 
     def thresholded(name, s_ev, s_cal, conf, base, calls_fn, latency):
+        if np.isfinite(s_ev).any():
+            one_d[name] = s_ev  # the grouped-folds protocol needs no calibration split
         if not has_cal or not np.isfinite(s_ev).any():
             return
         adopt = np.zeros(N, bool)
@@ -231,6 +309,7 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
         thresholded("self-evaluation", ev_f["self-evaluation"], cal_f["self-evaluation"],
                     -ev_f["self-evaluation"], h1, lambda a: 2.0 * np.ones(N), lat["self-evaluation"])
     # risk-only: adopt (B2) iff A < τ, abstain elsewhere; calibrated like the others on score −A
+    one_d["risk-only (calibrated τ)"] = -A
     if has_cal:
         adopt = np.zeros(N, bool)
         for d in np.unique(dsv):
@@ -275,19 +354,22 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
                                                                     np.select([a == "ACTIVE", a == "SILENT"], [h2, h1], h2))),
                          calls=(a != "OPT_OUT").astype(float), lat=lat["MDL decide"],
                          inj=np.asarray(sc.C_final, np.float64))
+        # under the grouped folds MDL is its C_final with one fitted threshold (adopt ⇔ Active needs
+        # C_final ≥ θ1, the one cut that decision accuracy reads), Supp / Silent / Opt-Out all reject
+        one_d[name] = np.asarray(sc.C_final, np.float64)
     res["mdl_supp_stand_ins"] = n_stand_in
 
     # XGBoost on (M, R, A), folds grouped by question, per dataset pooled as Table 7(b)
     try:
         from xgboost import XGBClassifier
 
-        if len(np.unique(qids)) < 5:
-            raise ValueError("fewer than 5 questions")
+        if folds is None:
+            raise ValueError(f"fewer than {K_FOLDS} questions")
 
         X = pooled[["M", "R", "A"]].to_numpy(np.float64)
         p_rec = np.full(len(pooled), np.nan)
         n_pred = 0
-        for tr, te in question_folds(y, qids, 5, xgb_seed):
+        for tr, te in folds:
             m = XGBClassifier(n_estimators=100, max_depth=4, random_state=xgb_seed, n_jobs=1,
                               tree_method="hist", eval_metric="logloss")
             m.fit(X[tr], y[tr])
@@ -299,13 +381,14 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
         idx = {k: i for i, k in enumerate(zip(pooled["dataset"], pooled["qid"], pooled["seed"]))}
         pq = np.array([p_rec[idx[k]] if k in idx else np.nan for k in zip(P["dataset"], P["qid"], P["seed"])])
         adopt = pq >= 0.5
-        dec["XGBoost (M, R, A), grouped 5-fold"] = dict(adopt=adopt, src=np.where(adopt, "B2", "B1"), conf=pq,
-                                                         base=h2, calls=np.ones(N),
-                                                         lat=t_pred / max(len(te), 1), inj=pq)
+        dec[XGB] = dict(adopt=adopt, src=np.where(adopt, "B2", "B1"), conf=pq, base=h2, calls=np.ones(N),
+                        lat=t_pred / max(len(te), 1), inj=pq)
     except ImportError:
         res["notes"].append("XGBoost is not installed (the experiments extra): its row is left out")
     except ValueError as e:
         res["notes"].append(f"XGBoost with 5 question-grouped folds needs ≥ 5 questions ({e}): left out")
+
+    res["grouped_folds"] = _grouped_folds(one_d, dec.get(XGB), P, pooled, y, qids, folds, xgb_seed)
 
     hi = A >= HIGH_RISK
     for name, d in dec.items():
@@ -333,7 +416,8 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
                 yd = y[pm][mm]
                 const = (yd == int(yd.mean() > 0.5)).astype(float)
                 r["vs_constant"] = rigour.design(corr, const, qids[pm][mm], pooled["seed"].to_numpy()[pm][mm])
-                r["constant"] = float(const.mean())
+                r["constant"] = float(const.mean())  # (overwritten below by "the gate is constant"; kept as before)
+                r["constant_accuracy"] = float(const.mean())
             # ranking quality on the same answers for every gate: AUROC of the inject score for
             # "B2's answer safe" and for "B1's answer hallucinated" (question bootstrap)
             if "inj" in d and np.isfinite(d["inj"][m]).sum() >= 2:
@@ -347,6 +431,80 @@ def gates(ev, cal, run_dir, *, judge: str = "paper", scores: dict | None = None,
             res["rows"].setdefault(ds, {})[name] = r
             res["curves"].setdefault(ds, {})[name] = (curve.coverage, curve.risk, (r["coverage"], r["selective_risk"]))
     return res
+
+
+def _accuracy_row(adopt_q, pos, y, qids, seeds, with_constant: bool = True) -> dict:
+    """Decision accuracy of a per-(question, seed) ``adopt_q`` (len(P),) over the pooled records ``pos``
+    (index into ``adopt_q`` per pooled record, −1 = not paired) with labels ``y``, question bootstrap CI,
+    and its paired difference from the records' majority label (``rigour.design``)."""
+    from mdl_jax.analysis.stats import cluster_bootstrap_diff
+
+    m = pos >= 0
+    corr = (np.asarray(adopt_q)[pos[m]] == y[m]).astype(float)
+    row: dict = {"inject": float(np.mean(adopt_q)) if len(adopt_q) else float("nan"),
+                 "is_constant": bool(len(adopt_q) and np.all(adopt_q == adopt_q[0]))}
+    if not len(corr):
+        return {**row, "accuracy": float("nan"), "accuracy_ci": (float("nan"), float("nan"))}
+    row["accuracy"] = float(corr.mean())
+    row["accuracy_ci"] = cluster_bootstrap_diff(corr, np.zeros_like(corr), qids[m])
+    if with_constant:
+        yd = y[m]
+        const = (yd == int(yd.mean() > 0.5)).astype(float)
+        row["vs_constant"] = rigour.design(corr, const, qids[m], seeds[m])
+        row["constant_accuracy"] = float(const.mean())
+    return row
+
+
+def _grouped_folds(one_d: dict, xgb: dict | None, P, pooled, y, qids, folds, seed: int) -> dict:
+    """The grouped-folds protocol: every one-dimensional score of ``one_d`` ({gate: (len(P),) score per
+    (question, seed)}) gets its per-dataset τ fitted on the evaluation records' oracle labels ``y`` out of
+    fold (``out_of_fold_threshold`` on ``folds``, XGBoost's), and is scored by those out-of-fold decisions.
+    XGBoost's out-of-fold row (``xgb``, already fitted so) is added for the side-by-side reading."""
+    out: dict = {"k": K_FOLDS, "seed": seed, "rows": {}, "pooled": {}, "thresholds": {}, "notes": []}
+    if folds is None:
+        out["notes"].append(f"fewer than {K_FOLDS} questions: no question-grouped {K_FOLDS}-fold fit")
+        return out
+    idx = {k: i for i, k in enumerate(zip(P["dataset"], P["qid"], P["seed"]))}
+    pos = np.array([idx.get(k, -1) for k in zip(pooled["dataset"], pooled["qid"], pooled["seed"])], np.int64)
+    on = pos >= 0  # pooled records of a paired (question, seed): the only ones a gate score exists for
+    pds = pooled["dataset"].to_numpy()
+    dsv = P["dataset"].to_numpy()
+    decided: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, s_q in one_d.items():
+        s_rec = np.full(len(pooled), np.nan)
+        s_rec[on] = np.asarray(s_q, np.float64)[pos[on]]
+        o = out_of_fold_threshold(s_rec, y, qids, folds, strata=pds)
+        adopt_q, fit_q = np.zeros(len(P), bool), np.zeros(len(P), bool)
+        # a (question, seed)'s records share its score and its fold, so they share one decision
+        adopt_q[pos[on]] = o["adopt"][on]
+        fit_q[pos[on]] = o["fitted"][on]
+        decided[name] = (adopt_q, fit_q)
+        out["thresholds"][name] = {str(d): [f[d] for f in o["folds"] if d in f] for d in np.unique(pds)
+                                   if any(d in f for f in o["folds"])}
+    if xgb is not None:
+        decided[XGB] = (np.asarray(xgb["adopt"], bool), np.isfinite(np.asarray(xgb["inj"], np.float64)))
+    seeds = pooled["seed"].to_numpy()
+    for name, (adopt_q, fit_q) in decided.items():
+        fitted_ds = [d for d in np.unique(dsv) if fit_q[dsv == d].any()]
+        if not fitted_ds:
+            out["notes"].append(f"{name}: no dataset with ≥ 2 scored records in every fit: left out")
+            continue
+        if len(fitted_ds) == len(np.unique(dsv)):
+            r = _accuracy_row(adopt_q, pos, y, qids, seeds, with_constant=False)
+            out["pooled"][name] = {"accuracy": r["accuracy"], "accuracy_ci": r["accuracy_ci"]}
+        for d in fitted_ds:
+            # a dataset's pooled records point into P's rows of that dataset only, so the whole-P ``pos``
+            # serves: the row is read from adopt_q[P's rows of d]
+            m, pm = dsv == d, pds == d
+            r = _accuracy_row(adopt_q, pos[pm], y[pm], qids[pm], seeds[pm])
+            r["inject"] = float(np.mean(adopt_q[m]))
+            r["is_constant"] = bool(np.all(adopt_q[m] == adopt_q[m][0]))
+            th = out["thresholds"].get(name, {}).get(d, [])
+            r["tau"] = [c["tau"] for c in th]
+            r["fit_agreement"] = [c["agreement"] for c in th]
+            r["n_tied"] = [c["n_tied"] for c in th]
+            out["rows"].setdefault(str(d), {})[name] = r
+    return out
 
 
 def _latencies(ev, scores: dict) -> dict:
@@ -421,11 +579,12 @@ def gates_md(res_by_judge: dict) -> str:
              "majority label on the same records (the constant a per-dataset calibrated gate must beat), paired, "
              "question-bootstrap CI, MDE at 80% power. AUROC: how well the gate's inject score ranks the SAME "
              "answers for every gate (B2's answer safe; B1's answer hallucinated), 0.5 = no ranking; compare "
-             "gates on these, not on the AURC, whose answer set differs by gate (in brackets). Protocols differ: "
-             "XGBoost is fitted on the evaluation labels (out of fold, folds grouped by question), the "
-             "thresholded gates are calibrated on the calibration split, and the uncertainty gates are "
-             "calibrated on the with-memory answer scored after the no-memory prompt but applied to the B1 "
-             "answer's score: a different feature.", ""]
+             "gates on these, not on the AURC, whose answer set differs by gate (in brackets). Protocols differ "
+             "in this table: XGBoost is fitted on the evaluation labels (out of fold, folds grouped by "
+             "question), the thresholded gates are calibrated on the calibration split, and the uncertainty "
+             "gates are calibrated on the with-memory answer scored after the no-memory prompt but applied to "
+             "the B1 answer's score: a different feature. The second table of each judge reads every "
+             "one-dimensional gate under both protocols (see there).", ""]
     for judge, res in res_by_judge.items():
         lines += [f"**Judge `{judge}`**", ""]
         for n in res.get("notes", []):
@@ -462,12 +621,78 @@ def gates_md(res_by_judge: dict) -> str:
             lines += ["", "Calibrated thresholds (τ, calibration agreement, number of tied cuts): " + "; ".join(
                 f"{g}: " + ", ".join(f"{d} τ = {c['tau']:.4g} ({c['agreement']:.3f}, {c['n_tied']} tied)"
                                      for d, c in v.items()) for g, v in cal.items()) + "."]
+        lines += _protocols_md(res)
         si = {k: v for k, v in res.get("mdl_supp_stand_ins", {}).items() if v}
         if si:
             lines += ["", "MDL Supp records without a recorded Supp answer (B2's answer stands in): "
                       + ", ".join(f"{k} {v}" for k, v in si.items()) + "."]
         lines.append("")
     return "\n".join(lines)
+
+
+PROTOCOLS_MD = (
+    "Two protocols, side by side. **Calibration split** (the table above, and MDL's own Section 3.4 "
+    "protocol): a gate's τ is fitted per dataset on the run's held-out calibration questions, labelled "
+    "adopt ⇔ the with-memory answer is safe, then applied to the evaluation records. **Grouped folds** (the "
+    "way XGBoost is fitted): the same score's τ is fitted per dataset on the evaluation records' own oracle "
+    "labels (Section 5.3), {k} folds grouped by question (`oracle.question_folds`, seed {seed}: XGBoost's "
+    "folds), τ fitted on four folds and applied to the fifth, so every decision is out of fold and no "
+    "question is both fitted on and scored; MDL enters as its C_final with one cut (adopt ⇔ Active). Why "
+    "they differ: the grouped folds fit on far more records, to the very label rule and answers that "
+    "decision accuracy scores (B1, B2 and B3 records pooled, the uncertainty gates on the B1 answer's own "
+    "score), while the calibration split is small, labelled by B2's answer alone and, for the uncertainty "
+    "gates, scored on a different answer; a gate better under the folds lost that much to the transfer from "
+    "the split, not to its ranking. Under the folds every gate, XGBoost included, is fitted the same way, "
+    "so that column compares the scores themselves. Constants (always / never inject) need no fit and read "
+    "the same under both. τ over the folds: the fitted cut of each fold (min–max).")
+
+
+def _protocols_md(res: dict) -> list[str]:
+    """The calibration-split and grouped-folds decision accuracies of every 1-D gate, one row each."""
+    gf = res.get("grouped_folds") or {}
+    rows = gf.get("rows") or {}
+    out = ["", "*Both protocols.* " + PROTOCOLS_MD.format(k=gf.get("k", K_FOLDS), seed=gf.get("seed", 0)), ""]
+    for n in gf.get("notes", []):
+        out.append(f"- note (grouped folds): {n}")
+    if not rows:
+        return out + ([""] if gf.get("notes") else [])
+
+    def acc(r):
+        return f"{_f(r['accuracy'])} [{_f(r['accuracy_ci'][0])}–{_f(r['accuracy_ci'][1])}]" if r else "–"
+
+    def vs(r):
+        vc = (r or {}).get("vs_constant")
+        if not vc:
+            return "–"
+        return (f"{vc['diff']:+.3f} [{_f(vc['ci'][0], '{:+.3f}')}, {_f(vc['ci'][1], '{:+.3f}')}]; "
+                f"{vc['mde'] * 100:.1f} pp; {vc['verdict']}")
+
+    def taus(r):
+        t = [x for x in (r or {}).get("tau", []) if x is not None and math.isfinite(x)]
+        n_inf = len((r or {}).get("tau", [])) - len(t)
+        if not (r or {}).get("tau"):
+            return "–"
+        s = (f"{t[0]:.4g}" if min(t) == max(t) else f"{min(t):.4g} to {max(t):.4g}") if t else ""
+        return s + (f"{'; ' if s else ''}{n_inf} never adopt" if n_inf else "")
+
+    out += ["| dataset | gate | calibration split: accuracy [95% CI] | calibration split: − constant [95% CI]; "
+            "MDE; reads | grouped folds: accuracy [95% CI] | grouped folds: − constant [95% CI]; MDE; reads | "
+            "inject (split / folds) | τ over the folds |", "|---|---|---|---|---|---|---|---|"]
+    for ds, by in rows.items():
+        for name, r in by.items():
+            c = res.get("rows", {}).get(ds, {}).get(name)
+            if name == XGB:
+                c = None  # it has no calibration-split fit: its row above is the grouped-folds one
+            inj = (f"{_f(c['inject'], '{:.2f}') if c else '–'} / {_f(r['inject'], '{:.2f}')}"
+                   + (" (constant)" if r.get("is_constant") else ""))
+            out.append(f"| {ds} | {name} | {acc(c)} | {vs(c)} | {acc(r)} | {vs(r)} | {inj} | "
+                       f"{'p ≥ 0.5' if name == XGB else taus(r)} |")
+    pooled = gf.get("pooled", {})
+    if pooled:
+        out += ["", "Grouped folds, decision accuracy pooled over the datasets: " + "; ".join(
+            f"{k} {_f(v['accuracy'])} [{_f(v['accuracy_ci'][0])}–{_f(v['accuracy_ci'][1])}]"
+            for k, v in pooled.items()) + "."]
+    return out
 
 
 def figure(res_by_judge: dict, path) -> Path | None:
@@ -531,5 +756,5 @@ def jsonable(res_by_judge: dict) -> dict:
     return {j: {k: v for k, v in r.items() if k != "curves"} for j, r in res_by_judge.items()}
 
 
-__all__ = ["calibrate_threshold", "gates", "gates_md", "figure", "run_all", "jsonable"]
+__all__ = ["calibrate_threshold", "out_of_fold_threshold", "gates", "gates_md", "figure", "run_all", "jsonable"]
 _ = json  # (json used by callers through analysis.json)
