@@ -637,14 +637,16 @@ PROTOCOLS_MD = (
     "way XGBoost is fitted): the same score's τ is fitted per dataset on the evaluation records' own oracle "
     "labels (Section 5.3), {k} folds grouped by question (`oracle.question_folds`, seed {seed}: XGBoost's "
     "folds), τ fitted on four folds and applied to the fifth, so every decision is out of fold and no "
-    "question is both fitted on and scored; MDL enters as its C_final with one cut (adopt ⇔ Active). Why "
-    "they differ: the grouped folds fit on far more records, to the very label rule and answers that "
-    "decision accuracy scores (B1, B2 and B3 records pooled, the uncertainty gates on the B1 answer's own "
-    "score), while the calibration split is small, labelled by B2's answer alone and, for the uncertainty "
-    "gates, scored on a different answer; a gate better under the folds lost that much to the transfer from "
-    "the split, not to its ranking. Under the folds every gate, XGBoost included, is fitted the same way, "
-    "so that column compares the scores themselves. Constants (always / never inject) need no fit and read "
-    "the same under both. τ over the folds: the fitted cut of each fold (min–max).")
+    "question is both fitted on and scored; MDL enters as its C_final with one fitted cut (the adopt ⇔ "
+    "Active that decision accuracy reads). Why they differ: the grouped folds fit on more records, to the "
+    "very label rule and answers that decision accuracy scores (B1, B2 and B3 records pooled, the "
+    "uncertainty gates on the B1 answer's own score), while the calibration split is small, labelled by the "
+    "with-memory answer alone and, for the uncertainty gates, scored on a different answer; where a gate "
+    "does better under the folds, the difference (within the intervals shown) is what the transfer from the "
+    "split cost it, not its score's ranking. Under the folds every gate, XGBoost included, is fitted the "
+    "same way, so that column compares the scores themselves. Constants (always / never inject) need no "
+    "fit and read the same under both. τ over the folds: the range of the {k} fitted cuts, and how many "
+    "folds' best cut was 'never adopt' (τ = +∞).")
 
 
 def _protocols_md(res: dict) -> list[str]:
