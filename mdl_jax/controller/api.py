@@ -250,13 +250,12 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
             for n, x in zip(_NAMES, (M, R, A)):
                 check_unit_interval(n, x)
         if config is None or config is _DEFAULT:
-            # (jax.config's flags are attributes set at run time: its stubs do not declare them)
-            if not jax.config.jax_enable_x64 and _native_ok(_DEFAULT):  # type: ignore[attr-defined]
+            if not jax.config.jax_enable_x64 and _native_ok(_DEFAULT):
                 # (under x64 Python floats mean float64: the pure-JAX path keeps that)
                 # one (3,) input buffer instead of three scalars: ~2 µs less per call
                 return _native_default_scalar()(np.array((M, R, A), np.float32))
             return _decide_default_scalar(M, R, A)
-        if not jax.config.jax_enable_x64 and native.enabled():  # type: ignore[attr-defined]
+        if not jax.config.jax_enable_x64 and native.enabled():
             # Any other concrete config: its packed numbers are a cached device buffer, passed as an
             # argument to a program compiled once per static structure (ablation flags, dims), so a
             # call costs what the default's does (was 256 µs against 27 µs: the eager conversions of
@@ -267,7 +266,7 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
     cfg = _config(config)
     if (type(M) is np.ndarray and type(R) is np.ndarray and type(A) is np.ndarray
             and M.dtype == R.dtype == A.dtype == np.float32 and M.shape == R.shape == A.shape
-            and not jax.config.jax_enable_x64):  # type: ignore[attr-defined]
+            and not jax.config.jax_enable_x64):
         # Hot path for the gate and the framework components: float32 NumPy arrays of one shape go to
         # the native kernel as they are. The general path below turns each into a JAX array first
         # (three eager dispatches, ~40% of a one-query gate call's controller time), only for the

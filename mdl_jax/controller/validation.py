@@ -143,7 +143,7 @@ def as_float_array(x, name: str = "x", dtype=None) -> jax.Array:
         # a non-native byte order, so swap it here rather than call them "not real numbers".
         x = np.asarray(x).astype(x.dtype.newbyteorder("="))
     if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in "iu" and x.dtype.itemsize > 4 \
-            and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+            and not jax.config.jax_enable_x64:
         # Without x64, JAX wraps 64-bit ints to int32 (2^62 becomes 0, a valid signal that checkify
         # then passed): convert to float32 here, where 2^62 stays 4.6e18 and fails the range check.
         x = x.astype(np.float32)
