@@ -226,6 +226,31 @@ def gold_agreement(embedder):
     return jg.agreement(jg.judge_gold(embedder))
 
 
+@pytest.mark.slow
+def test_judged_gold_set_is_kept_per_content_and_rejudged_when_an_answer_changes(embedder, tmp_path):
+    """The report's gold-set judging is cached by everything the verdicts depend on: a second call
+    embeds nothing and returns the same verdicts; a changed answer, or a torn cache file, is judged
+    afresh (never a stale or wrong verdict)."""
+    from mdl_jax.signals.embeddings import Embedder
+
+    emb = Embedder(cache_dir=tmp_path)  # its own cache folder (the vectors: a copy of the session's)
+    emb._model = embedder.model
+    gold = jg.load_gold().head(12)
+    first = jg.judge_gold(emb, gold)
+    files = list((tmp_path / "judged").glob("gold-*.json"))
+    assert len(files) == 1
+    n = emb.n_embedded + emb.n_cached
+    again = jg.judge_gold(emb, gold)
+    assert emb.n_embedded + emb.n_cached == n  # answered from the kept verdicts: no embedding at all
+    pd.testing.assert_frame_equal(first, again)
+    changed = gold.copy()
+    changed.loc[changed.index[0], "answer"] = "An answer nobody has judged yet."
+    jg.judge_gold(emb, changed)
+    assert emb.n_embedded + emb.n_cached > n and len(list((tmp_path / "judged").glob("gold-*.json"))) == 2
+    files[0].write_text('{"paper": [true]')  # torn
+    pd.testing.assert_frame_equal(jg.judge_gold(emb, gold), first)
+
+
 def test_wilson_interval():
     lo, hi = jg.wilson(8, 10)
     assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)

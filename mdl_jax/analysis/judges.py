@@ -51,15 +51,60 @@ def _items(datasets, data_dir=None) -> dict:
     return {ds: load(ds, data_dir) for ds in sorted(set(datasets))}
 
 
+def _verdicts_key(answers: list, items: list, embedder) -> str | None:
+    """What the judges' verdicts on ``answers`` depend on: the answers, their questions' references
+    (the items), the judges' rules (the source of ``pipeline/judgement.py``) and the embedder's model
+    (its ``model_id`` names the backend too). None for an embedder without a cache folder or model id
+    (a test double): nothing is cached for it."""
+    if getattr(embedder, "cache_dir", None) is None or not getattr(embedder, "model_id", None):
+        return None
+    import hashlib
+    import json
+
+    from mdl_jax.pipeline import judgement
+
+    h = hashlib.sha256(Path(judgement.__file__).read_bytes())
+    h.update(json.dumps([embedder.model_id, answers, [repr(it) for it in items]]).encode())
+    return h.hexdigest()[:24]
+
+
 def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.DataFrame:
-    """The gold set with ``gold`` (bool) and one ``judge_<name>`` (bool) column per judge."""
+    """The gold set with ``gold`` (bool) and one ``judge_<name>`` (bool) column per judge.
+
+    Every run's report judges the same shipped gold set with the same rules (about 10 s of a small
+    run's 30 s of analysis on the 2-core VM), so the verdicts are kept in the embedder's cache folder
+    (``judged/gold-KEY.json``, one small file per key), keyed by everything they depend on
+    (``_verdicts_key``): a change of answer, reference, rule or model judges afresh."""
+    import json
+
+    from mdl_jax._paths import write_atomic
+
     g = load_gold() if gold is None else gold.copy()
     pools = _items(g["dataset"], data_dir)
     its = [pools[d][q] for d, q in zip(g["dataset"], g["qid"])]
-    verdicts = judge_all(list(g["answer"]), its, embedder)
+    answers = list(g["answer"])
+    key = _verdicts_key(answers, its, embedder)
+    path = None if key is None else Path(embedder.cache_dir) / "judged" / f"gold-{key}.json"
+    flags = None
+    if path is not None and path.is_file():
+        try:
+            flags = json.loads(path.read_text())
+            if set(flags) != set(JUDGES) or any(len(v) != len(answers) or any(x is not None and type(x) is not bool
+                                                                               for x in v) for v in flags.values()):
+                flags = None
+        except (OSError, ValueError):
+            flags = None  # a torn or foreign file costs one judging, never a wrong verdict
+    if flags is None:
+        verdicts = judge_all(answers, its, embedder)
+        flags = {name: [None if j is None else bool(j.hallucinated) for j in js] for name, js in verdicts.items()}
+        if path is not None:
+            try:
+                write_atomic(path, json.dumps(flags).encode())
+            except OSError:
+                pass  # a cache that cannot be written costs only the next run's judging
     g["gold"] = g["label"].eq("hallucinated")
-    for name, js in verdicts.items():
-        g[f"judge_{name}"] = [None if j is None else j.hallucinated for j in js]
+    for name, js in flags.items():
+        g[f"judge_{name}"] = js
     return g
 
 

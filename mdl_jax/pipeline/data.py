@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -204,6 +205,26 @@ def _item(dataset: str, i: int, row: dict) -> Item:
                 (row["hallucinated_answer"].strip(),), row["knowledge"].strip())
 
 
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What the memo of ``_load_text_file`` keys a file by besides its path: a file rewritten in place
+    (new size, mtime or inode) is read again."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+@functools.lru_cache(maxsize=8)
+def _load_text_file(dataset: str, src: Path, limit: int | None, size: int, mtime_ns: int,
+                    inode: int) -> tuple[Item, ...]:
+    """A local .csv / .jsonl file parsed and checked once per process. One run reads each dataset
+    5-6 times (the pipeline, the judges, the gold report, the case studies), ~1 s each for HaluEval's
+    10,000 rows on the 2-core VM. Items are frozen, and ``load`` hands out a fresh list, so a caller
+    can never change what the next one gets. Bound: 8 entries (two datasets × a few limits)."""
+    rows = _read_csv(src, dataset) if src.suffix == ".csv" else _read_jsonl(src, dataset)
+    for line, row in rows:  # the whole file, whatever the limit: a bad file is an error
+        _check_row(f"{src}, line {line}", dataset, row)
+    return tuple(_item(dataset, i, row) for i, (_, row) in enumerate(rows[:limit]))
+
+
 def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path | None = None,
          limit: int | None = None) -> list[Item]:
     """Load ``dataset`` ('truthfulqa' or 'halueval') as a list of ``Item`` in file order.
@@ -223,10 +244,7 @@ def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path |
         if kind is None:
             raise DataError(f"{src}: expected a .csv, .jsonl or .parquet file")
         if kind != "parquet":
-            rows = _read_csv(src, dataset) if kind == "csv" else _read_jsonl(src, dataset)
-            for line, row in rows:  # the whole file, whatever the limit: a bad file is an error
-                _check_row(f"{src}, line {line}", dataset, row)
-            return [_item(dataset, i, row) for i, (_, row) in enumerate(rows[:limit])]
+            return list(_load_text_file(dataset, src, limit, *_identity(src)))
     import datasets  # heavy; imported on use
 
     if src is not None:
