@@ -235,8 +235,6 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     ``SMALL_MEMORIES`` memories takes the NumPy path (``aggregate_small``); there the default
     detector's flags, computed among the relevant memories only, count under "aggregation".
     """
-    from tqdm.auto import tqdm
-
     if len(queries) != len(stores):
         raise ValueError(f"stores: expected one memory list per query ({len(queries)}), "
                          f"got {len(stores)}")
@@ -277,6 +275,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
             t["conflict"] = t.get("conflict", 0.0) + t1 - t0
             t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t1
         return out
+    from tqdm.auto import tqdm
+
     # a disabled bar still costs ~0.3 ms to build: a one-query call (the gateway's, a framework
     # component's) skips it
     steps = tqdm(range(0, B, batch), desc="aggregating signals") if progress else range(0, B, batch)

@@ -148,8 +148,7 @@ class Embedder:
         self._model = None
         self.n_embedded = 0
         self.n_cached = 0
-        # text → vector as read from SQLite or the encoder (renormalised on the way out, as those
-        # are): see MEMORY_TEXTS
+        # text → unit-norm float32 vector, as ``embed`` returned it: see MEMORY_TEXTS
         self._memory: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._memory_lock = threading.Lock()
 
@@ -184,7 +183,7 @@ class Embedder:
             keys = {t: _key(t) for t in unique if t not in vec}
             found = self.cache.get_keys(self.model_id, keys.values())
             todo = [t for t, k in keys.items() if k not in found]
-            vec.update((t, found[k]) for t, k in keys.items() if k in found)
+            raw = {t: found[k] for t, k in keys.items() if k in found}
             if todo:
                 from tqdm.auto import tqdm
 
@@ -198,7 +197,7 @@ class Embedder:
                                              normalize_embeddings=True, show_progress_bar=False)
                     vecs = np.asarray(vecs, np.float32)
                     self.cache.put(self.model_id, chunk, vecs)
-                    vec.update(zip(chunk, vecs.copy()))  # rows of their own: no chunk kept alive by one
+                    raw.update(zip(chunk, vecs))
                     self.n_embedded += len(chunk)
                     bar.update(len(chunk))
                 bar.close()
@@ -206,14 +205,18 @@ class Embedder:
                 self.n_cached += sum(1 for t in texts if t not in new)
             else:
                 self.n_cached += len(texts)
+            # Renormalise cached vectors too, so the contract holds whatever wrote the cache (row by
+            # row: a row's bits do not depend on the others, so remembered rows are returned as they are)
+            names = list(raw)
+            rows = np.stack([raw[t] for t in names]).astype(np.float32)
+            rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+            vec.update(zip(names, rows))
             with self._memory_lock:  # (of a call larger than the bound, only its last texts)
-                for t in list(keys)[-MEMORY_TEXTS:]:
+                for t in names[-MEMORY_TEXTS:]:
                     if len(t) <= MEMORY_TEXT_CHARS:
-                        self._memory[t] = vec[t]
+                        self._memory[t] = vec[t].copy()  # its own row: no batch kept alive by one
                 while len(self._memory) > MEMORY_TEXTS:
                     self._memory.popitem(last=False)
         else:
             self.n_cached += len(texts)
-        out = np.stack([vec[t] for t in texts]).astype(np.float32)
-        # Renormalise cached vectors too, so the contract holds whatever wrote the cache.
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return np.stack([vec[t] for t in texts])
