@@ -508,3 +508,29 @@ def test_embedder_memory_serves_repeat_texts_without_sqlite_and_stays_bounded(tm
     fresh = Embedder(cache_dir=tmp_path)  # what the memory served is what SQLite holds
     np.testing.assert_array_equal(fresh.embed(texts), first)
     assert fresh.n_embedded == 0
+
+
+def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():
+    """store_arrays(threshold=...) analyses only memories that may be relevant: the aggregation's bits
+    are those of the full flags, and the flags it kept are pair_flags' on those pairs."""
+    from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate
+
+    rng = np.random.default_rng(11)
+    vec = rng.normal(size=(30, 16)).astype(np.float32)
+    vec[1:] += 0.3 * vec[0]
+    vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+    names = [f"the dough {i % 3} is {'not ' * (i % 2)}safe, says {i}" for i in range(30)]
+    U = (vec, {t: i for i, t in enumerate(names)})
+    stores = [list(rng.choice(names[1:], size=i % 6, replace=False)) for i in range(40)]
+    q = np.repeat(vec[:1], len(stores), 0)
+    full = store_arrays(stores, q, U)
+    pruned = store_arrays(stores, q, U, threshold=RELEVANCE_THRESHOLD)
+    assert (pruned.flags <= full.flags).all() and pruned.flags.sum() < full.flags.sum()
+    for a, b in zip(aggregate(full.q, full.mem, full.mask, full.flags, RELEVANCE_THRESHOLD),
+                    aggregate(pruned.q, pruned.mem, pruned.mask, pruned.flags, RELEVANCE_THRESHOLD)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    keep = [[True, False, True, True], [False] * 4]
+    texts = names[1:5]
+    got, ref = lexical.pair_flags_among(texts, keep[0]), pair_flags(texts)
+    assert all(got[i][j] == (ref[i][j] and keep[0][i] and keep[0][j]) for i in range(4) for j in range(4))
+    assert lexical.pair_flags_among(texts, keep[1]) == [[False] * 4 for _ in range(4)]

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from mdl_jax.signals.conflict import pair_flags, pair_flags_recent
+from mdl_jax.signals.conflict import pair_flags, pair_flags_among, pair_flags_recent
 
 RELEVANCE_THRESHOLD = 0.3
 _HI = jax.lax.Precision.HIGHEST
@@ -126,11 +126,14 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
                  text_emb: Mapping[str, np.ndarray] | tuple[np.ndarray, Mapping[str, int]],
                  flags: Sequence | None = None,
                  conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags, *,
-                 pad_to: int | None = None) -> StoreArrays:
+                 pad_to: int | None = None, threshold: float | None = None) -> StoreArrays:
     """Pad stores into arrays. ``stores``: B lists of memory texts (a list may be empty); ``q_emb``
     (B, d); ``text_emb``: a mapping text → (d,) embedding, or (U (n, d), {text: row of U});
     ``flags``: per store an S_b×S_b boolean matrix, else computed with ``conflict``. ``pad_to``: add
-    empty stores up to this many rows (so chunks of a stream share one compiled shape)."""
+    empty stores up to this many rows (so chunks of a stream share one compiled shape).
+    ``threshold``: with the default (pairwise) detector, compute flags only among the memories that
+    may be relevant (cosine above ``threshold`` less a bound on float32 rounding: a superset of those
+    the aggregation counts, which reads no other pair), the rest False; same M, R, φ bits."""
     B = len(stores)
     Bp = max(B, pad_to or 0)
     S = max(1, max((len(s) for s in stores), default=0))  # S ≥ 1: an all-empty chunk still has a shape
@@ -149,22 +152,37 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
     idx = np.zeros((Bp, S), np.intp)
     mask = np.zeros((Bp, S), bool)
     fl = np.zeros((Bp, S, S), bool)
-    fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
     if B and all(len(t) == S for t in stores):  # the common case: one conversion per chunk
         idx[:B] = [[index[t] for t in texts] for texts in stores]
         mask[:B] = True
-        fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
     else:
         for b, texts in enumerate(stores):
             n = len(texts)
             if n:
                 idx[b, :n] = [index[t] for t in texts]
                 mask[b, :n] = True
-                fl[b, :n, :n] = np.asarray(fs[b], bool).reshape(n, n)
     mem = np.asarray(U, np.float32)[idx]
     mem[~mask] = 0.0
     q = np.zeros((Bp, d), np.float32)
     q[:B] = q_emb
+    fs: list
+    if flags is None and conflict is pair_flags and threshold is not None and B:
+        # |float32 dot - exact| ≤ d · 2^-24 · ‖q‖‖m‖ for either summation order (JAX's, NumPy's):
+        # four times that, plus 1e-6, keeps every memory the JAX pass may count as relevant
+        cos = np.einsum("bsd,bd->bs", mem[:B], q[:B])
+        slack = (4 * d * 2.0 ** -24 + 1e-6) * np.linalg.norm(mem[:B], axis=2) \
+            * np.linalg.norm(q[:B], axis=1)[:, None]
+        keep = (mask[:B] & (cos > threshold - slack)).tolist()
+        fs = [pair_flags_among(t, keep[b]) if t else [] for b, t in enumerate(stores)]
+    else:
+        fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
+    if B and all(len(t) == S for t in stores):
+        fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
+    else:
+        for b, texts in enumerate(stores):
+            n = len(texts)
+            if n:
+                fl[b, :n, :n] = np.asarray(fs[b], bool).reshape(n, n)
     return StoreArrays(q, mem, mask, fl)
 
 
@@ -286,7 +304,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
             t0 = time.perf_counter()
             m = len(js)
             arr = store_arrays([stores[i + j] for j in js], q_emb[i + js], t_emb, conflict=conflict,
-                               pad_to=rows)
+                               pad_to=rows, threshold=threshold)
             t1 = time.perf_counter()
             res = aggregate(arr.q, arr.mem, arr.mask, arr.flags, threshold)
             for k, x in zip(("M", "R", "phi", "n_relevant"), res):

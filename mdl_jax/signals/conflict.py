@@ -118,6 +118,21 @@ def pair_flags(texts) -> list[list[bool]]:
     return out
 
 
+def pair_flags_among(texts, keep) -> list[list[bool]]:
+    """``pair_flags`` for the pairs of texts whose ``keep`` entries are both true (only those texts are
+    analysed); every other pair False. ``keep``: S booleans."""
+    n = len(texts)
+    out = [[False] * n for _ in range(n)]
+    ks = [i for i in range(n) if keep[i]]
+    if len(ks) < 2:
+        return out
+    an = {i: _analyse(texts[i]) for i in ks}
+    for a, i in enumerate(ks):
+        for j in ks[a + 1:]:
+            out[i][j] = out[j][i] = _conflict(an[i], an[j])
+    return out
+
+
 # The analyses of the texts that one-query calls saw last (``mdl_jax.signals.aggregation``'s small
 # path: a framework component or the gateway, whose retrievers return the same documents again), least
 # recently used dropped first. Bounded: ANALYSES_KEPT texts of at most ANALYSED_TEXT_CHARS characters
