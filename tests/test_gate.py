@@ -226,3 +226,20 @@ def test_wings_import_only_downward():
     # pipeline/ holds no copy of the moved signal modules (one implementation, no shims)
     assert not {"embeddings.py", "conflict.py", "risk.py", "signals.py"} & {
         f.name for f in (root / "pipeline").glob("*.py")}
+
+
+def test_one_row_decision_has_the_batch_bits(gate):
+    """decide_signals on one row (on the native kernel: ``decide``'s scalar path) gives the bits of the
+    same row inside a padded batch, and the batch path's error for a bad signal. (16 rows: on pure
+    JAX, where one row is padded to 16 too, programs of other widths may round differently.)"""
+    rng = np.random.default_rng(7)
+    M, R, A = (rng.random(16, dtype=np.float32) for _ in range(3))
+    cols = gate.decide_signals(M, R, A)
+    for i in range(16):
+        one = gate.decide_signals(M[i:i + 1], R[i:i + 1], A[i:i + 1])
+        assert set(one) == set(cols)
+        for k in cols:
+            assert one[k].shape == (1,) and one[k].dtype == cols[k].dtype
+            assert one[k][0] == cols[k][i] or (np.isnan(one[k][0]) and np.isnan(cols[k][i])), (k, i)
+    with pytest.raises(ValueError, match=r"^M: expected values in \[0, 1\]; M\[0\] = 1.5"):
+        gate.decide_signals([1.5], [0.5], [0.5])

@@ -415,3 +415,122 @@ def test_stores_draw_the_same_distractors_as_a_scan_of_the_pool_per_question():
         return out
 
     assert [s.records for s in build_stores(items)] == scan(items)
+
+
+# --- The small path (one query: NumPy) against the JAX pass ---------------------------------------
+
+@given(st.integers(0, 12), st.integers(0, 2 ** 32 - 1), st.sampled_from([0.0, 0.3, 0.6]))
+def test_small_path_matches_the_jax_aggregation(S, seed, threshold):
+    """``aggregate_small`` (NumPy, unpadded) gives ``aggregate``'s M, R, φ to ≤ 1e-6 and the same
+    n_relevant on random stores (flags as an array, and as a function of the relevant indices), away
+    from cosines within float32 rounding of the threshold, where the two may count relevance apart."""
+    from hypothesis import assume
+
+    from mdl_jax.signals.aggregation import aggregate, aggregate_small
+
+    d, P = 16, 12  # one padded shape: a compilation per threshold, not per draw
+    rng = np.random.default_rng(seed)
+    q = _unit(rng.normal(size=d))
+    base = rng.normal(size=(S, d)) + q * rng.uniform(0, 3, size=(S, 1))
+    mem = (base / np.linalg.norm(base, axis=1, keepdims=True)).astype(np.float32)
+    assume(S == 0 or np.abs(mem.astype(np.float64) @ q - threshold).min() > 1e-5)
+    flags = rng.random((S, S)) < 0.4  # not symmetric: both paths read the pairs i < j
+    pm, mask, pf = np.zeros((1, P, d), np.float32), np.zeros((1, P), bool), np.zeros((1, P, P), bool)
+    pm[0, :S], mask[0, :S], pf[0, :S, :S] = mem, True, flags
+    ref = [np.asarray(x)[0] for x in aggregate(q[None], pm, mask, pf, threshold)]
+    for fl in (flags if S else None, lambda r: flags[np.ix_(r, r)]):
+        got = aggregate_small(q, mem, fl, threshold)
+        assert got[3] == ref[3]
+        for k in range(3):
+            assert type(got[k]) is np.float32 and abs(float(got[k]) - float(ref[k])) <= 1e-6, (k, got, ref)
+
+
+def test_one_query_calls_take_the_small_path_with_the_batch_signals():
+    """memory_signals on ≤ SMALL_BATCH stores (the NumPy path) matches the same stores inside a larger
+    call (the JAX pass) to ≤ 1e-6, for the default detector (flags of the relevant memories only,
+    analyses reused) and a custom one; empty stores included."""
+    from mdl_jax.signals import aggregation
+
+    rng = np.random.default_rng(5)
+    vec = rng.normal(size=(40, 16)).astype(np.float32)
+    vec[1:] += 1.5 * vec[0]
+    vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+    names = [f"the dough {i % 3} is {'not ' * (i % 2)}safe, says {i}" for i in range(40)]
+    table = dict(zip(names, vec))
+    embed = type("Table", (), {"embed": lambda self, texts, desc="": np.stack([table[t] for t in texts])})()
+    stores = [list(rng.choice(names[1:], size=i % 7, replace=False)) for i in range(20)]
+    queries = [names[0]] * len(stores)
+    for conflict in (pair_flags, lambda t: np.asarray(pair_flags(t))):
+        big = memory_signals(queries, stores, embed, conflict=conflict)  # 20 > SMALL_BATCH: JAX
+        assert len(stores) > aggregation.SMALL_BATCH
+        for i in range(0, len(stores), 4):
+            small = memory_signals(queries[i:i + 4], stores[i:i + 4], embed, conflict=conflict)
+            assert np.array_equal(small["n_relevant"], big["n_relevant"][i:i + 4])
+            for k in ("M", "R", "phi"):
+                assert small[k].dtype == np.float32
+                np.testing.assert_allclose(small[k], big[k][i:i + 4], atol=1e-6, rtol=0)
+    assert big["phi"].max() > 0 and (big["n_relevant"] >= 2).any()  # the detector fired
+
+
+def test_recent_analyses_give_the_same_flags_and_stay_bounded(monkeypatch):
+    monkeypatch.setattr(lexical, "ANALYSES_KEPT", 8)
+    monkeypatch.setattr(lexical, "_RECENT", type(lexical._RECENT)())
+    texts = [f"Raw dough {i} is {'not ' * (i % 2)}safe to eat" for i in range(12)] + ["x" * 1001]
+    for _ in range(3):  # the second and third pass reuse analyses
+        assert lexical.pair_flags_recent(texts) == pair_flags(texts)
+        assert len(lexical._RECENT) <= 8 and "x" * 1001 not in lexical._RECENT
+
+
+def test_embedder_memory_serves_repeat_texts_without_sqlite_and_stays_bounded(tmp_path, monkeypatch):
+    """The in-process memory in front of the SQLite cache: repeat texts give the same vectors without
+    a SQLite read; at most MEMORY_TEXTS vectors kept, none of texts over MEMORY_TEXT_CHARS."""
+    from mdl_jax.signals import embeddings
+
+    class Model:  # a stand-in encoder: no weights to load
+        def encode(self, texts, **kw):
+            return np.stack([np.random.default_rng(len(t)).normal(size=8) for t in texts]).astype(np.float32)
+
+    monkeypatch.setattr(embeddings, "MEMORY_TEXTS", 4)
+    e = Embedder(cache_dir=tmp_path)
+    e._model = Model()
+    texts = ["a", "bb", "ccc", "bb", "y" * (embeddings.MEMORY_TEXT_CHARS + 1)]
+    first = e.embed(texts)
+    assert (e.n_embedded, e.n_cached) == (4, 0) and len(e._memory) == 3
+    assert "y" * (embeddings.MEMORY_TEXT_CHARS + 1) not in e._memory
+    monkeypatch.setattr(e.cache, "get_keys", lambda *a: pytest.fail("SQLite read for remembered texts"))
+    again = e.embed(["ccc", "a", "bb"])
+    np.testing.assert_array_equal(again, first[[2, 0, 1]])
+    assert e.n_cached == 3 and e.n_embedded == 4
+    monkeypatch.undo()
+    monkeypatch.setattr(embeddings, "MEMORY_TEXTS", 4)
+    e.embed([f"t{i}" for i in range(10)])
+    assert len(e._memory) == 4 and list(e._memory) == [f"t{i}" for i in range(6, 10)]
+    fresh = Embedder(cache_dir=tmp_path)  # what the memory served is what SQLite holds
+    np.testing.assert_array_equal(fresh.embed(texts), first)
+    assert fresh.n_embedded == 0
+
+
+def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():
+    """store_arrays(threshold=...) analyses only memories that may be relevant: the aggregation's bits
+    are those of the full flags, and the flags it kept are pair_flags' on those pairs."""
+    from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate
+
+    rng = np.random.default_rng(11)
+    vec = rng.normal(size=(30, 16)).astype(np.float32)
+    vec[1:] += 0.3 * vec[0]
+    vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+    names = [f"the dough {i % 3} is {'not ' * (i % 2)}safe, says {i}" for i in range(30)]
+    U = (vec, {t: i for i, t in enumerate(names)})
+    stores = [list(rng.choice(names[1:], size=i % 6, replace=False)) for i in range(40)]
+    q = np.repeat(vec[:1], len(stores), 0)
+    full = store_arrays(stores, q, U)
+    pruned = store_arrays(stores, q, U, threshold=RELEVANCE_THRESHOLD)
+    assert (pruned.flags <= full.flags).all() and pruned.flags.sum() < full.flags.sum()
+    for a, b in zip(aggregate(full.q, full.mem, full.mask, full.flags, RELEVANCE_THRESHOLD),
+                    aggregate(pruned.q, pruned.mem, pruned.mask, pruned.flags, RELEVANCE_THRESHOLD)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    keep = [[True, False, True, True], [False] * 4]
+    texts = names[1:5]
+    got, ref = lexical.pair_flags_among(texts, keep[0]), pair_flags(texts)
+    assert all(got[i][j] == (ref[i][j] and keep[0][i] and keep[0][j]) for i in range(4) for j in range(4))
+    assert lexical.pair_flags_among(texts, keep[1]) == [[False] * 4 for _ in range(4)]

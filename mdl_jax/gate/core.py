@@ -27,12 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
+import jax
 import numpy as np
 
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
 from mdl_jax.controller.decision import ACTION_LABELS, Action
-from mdl_jax.controller.validation import ArrayLike
+from mdl_jax.controller.validation import ArrayLike, check_unit_interval
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
@@ -429,15 +430,36 @@ class MemoryGate:
         Raises:
           ValueError: a signal outside [0, 1] (``decide``'s check, naming it and the index).
         """
-        from mdl_jax.controller.api import decide
+        from mdl_jax.controller import api
 
         M, R, A = (np.asarray(x, np.float32).reshape(-1) for x in (M, R, A))
         n = len(M)
+        x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]
+        if n == 1 and len(R) == len(A) == 1 and not x64 and api._native_plan(self.config) is not None:
+            # One record on the native kernel: ``decide``'s scalar path, ~45 µs less than padding to
+            # 16 rows (three concatenations, the array checks, a (16,) program). The same kernel computes
+            # each record alone, so the bits are the batch path's (checked in tests/test_gate.py); on
+            # pure JAX the scalar and vectorised programs round differently, so that keeps the padding.
+            m, r, a = float(M[0]), float(R[0]), float(A[0])
+            if not (0.0 <= m <= 1.0 and 0.0 <= r <= 1.0 and 0.0 <= a <= 1.0):
+                for name, x in (("M", M), ("R", R), ("A", A)):  # the batch path's message
+                    check_unit_interval(name, x)
+            d = api.decide(m, r, a, self.config)  # (its scalar path needs validate=True)
+            e = np.asarray(d.energies, np.float32).reshape(1, 3)
+            out = {"action": np.asarray(d.action, np.int32).reshape(1), "M": M, "R": R, "A": A,
+                   "phi": np.zeros(1, np.float32) if phi is None else np.asarray(phi, np.float32),
+                   "C": np.asarray(d.C, np.float32).reshape(1),
+                   "alpha": np.asarray(d.alpha, np.float32).reshape(1),
+                   "C_final": np.asarray(d.C_final, np.float32).reshape(1),
+                   "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
+            if n_relevant is not None:
+                out["n_relevant"] = np.asarray(n_relevant, np.int32)
+            return out
         # Pad to a power-of-two length: a stream of chunks of varying length (skipped rows, the last
         # chunk) then compiles the controller for a handful of shapes, not one per length.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
-        d = decide(sig[0], sig[1], sig[2], self.config)
+        d = api.decide(sig[0], sig[1], sig[2], self.config)
         e = np.asarray(d.energies, np.float32)[:n]
         out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
                "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
@@ -468,15 +490,19 @@ class MemoryGate:
           ValueError: as ``check`` and ``columns``.
         """
         qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
+        return self._decisions(qs, texts, memories_lists, A, progress)
+
+    def _decisions(self, qs: list[str], texts: list[list[str]], memories_lists: Sequence[Sequence],
+                   A: np.ndarray, progress: bool = False) -> list[GateDecision]:
+        # decide_batch after its checks (decide checks its own arguments, under their own names)
         sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
                              threshold=self.relevance_threshold, progress=progress)
         cols = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"])
-        out = []
-        for i, q in enumerate(qs):
-            scal = {k: float(cols[k][i]) for k in SCALARS}
-            out.append(GateDecision(q, Action(int(cols["action"][i])), scal, tuple(memories_lists[i]),
-                                    tuple(texts[i]), self.abstention))
-        return out
+        rows = [cols[k].tolist() for k in SCALARS]  # one conversion per column, not per value
+        actions = cols["action"].tolist()
+        return [GateDecision(q, Action(actions[i]), {k: rows[j][i] for j, k in enumerate(SCALARS)},
+                             tuple(memories_lists[i]), tuple(texts[i]), self.abstention)
+                for i, q in enumerate(qs)]
 
     def decide(self, query: str, memories: Sequence, category: str | None = None,
                risk: float | None = None) -> GateDecision:
@@ -500,7 +526,6 @@ class MemoryGate:
             [0, 1], a category outside the risk table.
         """
         _check_query("query", query)
-        _memory_texts("memories", memories)
-        if risk is not None:
-            _unit("risk", risk)
-        return self.decide_batch([query], [memories], [category], [risk])[0]
+        texts = _memory_texts("memories", memories)
+        A = np.array([self.risk(query, category) if risk is None else _unit("risk", risk)], np.float32)
+        return self._decisions([query], [texts], [memories], A)[0]

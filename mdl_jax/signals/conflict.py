@@ -13,8 +13,10 @@ Those stay invisible to φ by design: the paper's detector is lexical.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
+import threading
 
 NEGATORS = frozenset({
     "not", "no", "never", "none", "nothing", "nobody", "neither", "nor", "without", "cannot",
@@ -109,6 +111,60 @@ def pair_flags(texts) -> list[list[bool]]:
     """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once."""
     n = len(texts)
     an = [_analyse(t) for t in texts]
+    out = [[False] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            out[i][j] = out[j][i] = _conflict(an[i], an[j])
+    return out
+
+
+def pair_flags_among(texts, keep) -> list[list[bool]]:
+    """``pair_flags`` for the pairs of texts whose ``keep`` entries are both true (only those texts are
+    analysed); every other pair False. ``keep``: S booleans."""
+    n = len(texts)
+    out = [[False] * n for _ in range(n)]
+    ks = [i for i in range(n) if keep[i]]
+    if len(ks) < 2:
+        return out
+    an = {i: _analyse(texts[i]) for i in ks}
+    for a, i in enumerate(ks):
+        for j in ks[a + 1:]:
+            out[i][j] = out[j][i] = _conflict(an[i], an[j])
+    return out
+
+
+# The analyses of the texts that one-query calls saw last (``mdl_jax.signals.aggregation``'s small
+# path: a framework component or the gateway, whose retrievers return the same documents again), least
+# recently used dropped first. Bounded: ANALYSES_KEPT texts of at most ANALYSED_TEXT_CHARS characters
+# each (longer ones are analysed every time), ≲ 2,048 × ~6 KiB ≈ 12 MiB at the bound. Streams do not
+# use it (``pair_flags``): there, most texts are new and a cache costs more than it saves (see
+# ``_analyse``).
+ANALYSES_KEPT = 2048
+ANALYSED_TEXT_CHARS = 1000
+_RECENT: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+_RECENT_LOCK = threading.Lock()
+
+
+def _recent_analysis(text: str):
+    with _RECENT_LOCK:
+        a = _RECENT.get(text)
+        if a is not None:
+            _RECENT.move_to_end(text)
+            return a
+    a = _analyse(text)
+    if len(text) <= ANALYSED_TEXT_CHARS:
+        with _RECENT_LOCK:
+            _RECENT[text] = a
+            if len(_RECENT) > ANALYSES_KEPT:
+                _RECENT.popitem(last=False)
+    return a
+
+
+def pair_flags_recent(texts) -> list[list[bool]]:
+    """``pair_flags``, the same flags, with the analyses of recently seen texts reused (see
+    ``ANALYSES_KEPT``): for a few texts at a time, most of them seen before."""
+    n = len(texts)
+    an = [_recent_analysis(t) for t in texts]
     out = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):

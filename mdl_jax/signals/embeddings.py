@@ -9,6 +9,7 @@ nothing. Output: L2-normalised float32, shape (N, dim).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import sqlite3
 import threading
@@ -20,6 +21,13 @@ import numpy as np
 from mdl_jax._paths import ENV_CACHE, default_cache_dir  # noqa: F401  (re-exported)
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# In front of the SQLite cache, each ``Embedder`` keeps the vectors of the texts it served last in
+# memory (least recently used dropped first): a text a framework component sees again (the same
+# retrieved documents, a repeated query) skips the hashing and the SQLite round trip (~30-60 µs a
+# call). Bounded: at most MEMORY_TEXTS vectors, of texts of at most MEMORY_TEXT_CHARS characters
+# (longer ones always go to SQLite): ≤ 4,096 × (4 KiB + d × 4 B) ≈ 23 MiB at MiniLM's d = 384.
+MEMORY_TEXTS = 4096
+MEMORY_TEXT_CHARS = 4096
 _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
@@ -84,7 +92,12 @@ class EmbeddingCache:
         self._lock = threading.Lock()
 
     def get(self, model: str, texts: Sequence[str]) -> dict[bytes, np.ndarray]:
-        keys = list({_key(t) for t in texts})
+        """{sha256(text): vector} for those of ``texts`` cached under ``model``."""
+        return self.get_keys(model, {_key(t) for t in texts})
+
+    def get_keys(self, model: str, keys) -> dict[bytes, np.ndarray]:
+        """{key: vector} for those of ``keys`` (sha256 digests of texts) cached under ``model``."""
+        keys = list(keys)
         out: dict[bytes, np.ndarray] = {}
         with self._lock:
             for i in range(0, len(keys), 900):  # SQLite's bound-variable limit
@@ -135,6 +148,9 @@ class Embedder:
         self._model = None
         self.n_embedded = 0
         self.n_cached = 0
+        # text → unit-norm float32 vector, as ``embed`` returned it: see MEMORY_TEXTS
+        self._memory: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        self._memory_lock = threading.Lock()
 
     @property
     def model(self):
@@ -155,26 +171,52 @@ class Embedder:
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
-        found = self.cache.get(self.model_id, texts)
-        todo = list(dict.fromkeys(t for t in texts if _key(t) not in found))
-        self.n_cached += len(texts) - sum(1 for t in texts if _key(t) not in found)
-        if todo:
-            from tqdm.auto import tqdm
+        unique = list(dict.fromkeys(texts))
+        vec: dict[str, np.ndarray] = {}
+        with self._memory_lock:
+            for t in unique:
+                v = self._memory.get(t)
+                if v is not None:
+                    self._memory.move_to_end(t)
+                    vec[t] = v
+        if len(vec) < len(unique):
+            keys = {t: _key(t) for t in unique if t not in vec}
+            found = self.cache.get_keys(self.model_id, keys.values())
+            todo = [t for t, k in keys.items() if k not in found]
+            raw = {t: found[k] for t, k in keys.items() if k in found}
+            if todo:
+                from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(todo), desc=desc, unit="text", disable=not self.progress)
-            # Longest first: batches of similar length pad less; committed batch by batch.
-            todo.sort(key=len, reverse=True)
-            step = max(self.batch_size * 8, 256)
-            for i in range(0, len(todo), step):
-                chunk = todo[i:i + step]
-                vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
-                                         normalize_embeddings=True, show_progress_bar=False)
-                vecs = np.asarray(vecs, np.float32)
-                self.cache.put(self.model_id, chunk, vecs)
-                found.update({_key(t): v for t, v in zip(chunk, vecs)})
-                self.n_embedded += len(chunk)
-                bar.update(len(chunk))
-            bar.close()
-        out = np.stack([found[_key(t)] for t in texts]).astype(np.float32)
-        # Renormalise cached vectors too, so the contract holds whatever wrote the cache.
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+                bar = tqdm(total=len(todo), desc=desc, unit="text", disable=not self.progress)
+                # Longest first: batches of similar length pad less; committed batch by batch.
+                todo.sort(key=len, reverse=True)
+                step = max(self.batch_size * 8, 256)
+                for i in range(0, len(todo), step):
+                    chunk = todo[i:i + step]
+                    vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
+                                             normalize_embeddings=True, show_progress_bar=False)
+                    vecs = np.asarray(vecs, np.float32)
+                    self.cache.put(self.model_id, chunk, vecs)
+                    raw.update(zip(chunk, vecs))
+                    self.n_embedded += len(chunk)
+                    bar.update(len(chunk))
+                bar.close()
+                new = set(todo)
+                self.n_cached += sum(1 for t in texts if t not in new)
+            else:
+                self.n_cached += len(texts)
+            # Renormalise cached vectors too, so the contract holds whatever wrote the cache (row by
+            # row: a row's bits do not depend on the others, so remembered rows are returned as they are)
+            names = list(raw)
+            rows = np.stack([raw[t] for t in names]).astype(np.float32)
+            rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+            vec.update(zip(names, rows))
+            with self._memory_lock:  # (of a call larger than the bound, only its last texts)
+                for t in names[-MEMORY_TEXTS:]:
+                    if len(t) <= MEMORY_TEXT_CHARS:
+                        self._memory[t] = vec[t].copy()  # its own row: no batch kept alive by one
+                while len(self._memory) > MEMORY_TEXTS:
+                    self._memory.popitem(last=False)
+        else:
+            self.n_cached += len(texts)
+        return np.stack([vec[t] for t in texts])
