@@ -434,7 +434,7 @@ class MemoryGate:
 
         M, R, A = (np.asarray(x, np.float32).reshape(-1) for x in (M, R, A))
         n = len(M)
-        x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]
+        x64 = jax.config.jax_enable_x64
         if n == 1 and len(R) == len(A) == 1 and not x64 and api._native_plan(self.config) is not None:
             # One record on the native kernel: ``decide``'s scalar path, ~45 µs less than padding to
             # 16 rows (three concatenations, the array checks, a (16,) program). The same kernel computes
