@@ -54,3 +54,24 @@ def local_backend():
     from mdl_jax.pipeline.generation import LocalBackend
 
     return LocalBackend(batch_size=8, max_new_tokens=24)  # the real bundled SmolLM2, loaded once
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run ``mdl-jax ARGV`` in this process: ``cli([...], ENV=...)`` → (exit status, stdout, stderr).
+
+    What ``python -m mdl_jax`` runs (``mdl_jax.cli.main``), without a fresh interpreter's ~10 s of
+    imports, model loads and compilations: the loaded models and compiled programs are this session's.
+    Tests that need a real process (a kill, a second process holding a lock, the installed entry
+    point) start one; the others call this."""
+    from mdl_jax.cli import main
+
+    def run(argv, **env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, str(v))
+        capsys.readouterr()
+        rc = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run

@@ -4,7 +4,6 @@ and progress / throughput on a resumed run. Real model and real local servers, e
 servers (tiny http.servers that misbehave on purpose)."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -21,8 +20,15 @@ from mdl_jax.pipeline import records as rec_io
 from mdl_jax.pipeline import systems as sysm
 from mdl_jax.pipeline.data import load
 from mdl_jax.pipeline.experiment import OutDirInUse, lock_out_dir
-from mdl_jax.pipeline.generation import (CachedBackend, Generation, GenerationCache, LocalBackend,
-                                         OpenAIBackend, _RowSampler, record_seed)
+from mdl_jax.pipeline.generation import (
+    CachedBackend,
+    Generation,
+    GenerationCache,
+    LocalBackend,
+    OpenAIBackend,
+    _RowSampler,
+    record_seed,
+)
 from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import chat
 
@@ -303,42 +309,33 @@ def test_decisions_are_parsed_when_the_server_sends_no_logprobs(fault_server, mo
 
 
 @pytest.mark.slow
-def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, tmp_path, cache_dir):
-    env = {**os.environ, "MDL_JAX_OPENAI_BASE_URL": fault_server("no-choices"),
-           "MDL_JAX_CACHE_DIR": str(cache_dir)}
+def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, tmp_path, cache_dir, cli):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "mdl_jax", "reproduce", "--backend", "openai", "--llm", "m",
-                        "--datasets", "halueval", "--n-questions", "2", "--n-calibration", "2",
-                        "--systems", "B1", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 3, p.stderr[-2000:]
-    assert "4 of 4 records of this run failed" in p.stderr
+    rc, _, err = cli(["reproduce", "--backend", "openai", "--llm", "m", "--datasets", "halueval",
+                      "--n-questions", "2", "--n-calibration", "2", "--systems", "B1", "--out", out],
+                     MDL_JAX_OPENAI_BASE_URL=fault_server("no-choices"), MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 3, err[-2000:]
+    assert "4 of 4 records of this run failed" in err
     recs = rec_io.load(out / "records.jsonl")
     assert len(recs) == 4 and all(r["failed"] and "0 choices" in r["error"] for r in recs.values())
 
 
 @pytest.mark.slow
-def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tmp_path, cache_dir):
+def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tmp_path, cache_dir, cli):
     """A rerun that writes no record keeps the last working run's figures in run.json, but its exit
     status is its own: no record of it failed, so 0, even when that last run failed (exit 3)."""
     from mdl_jax.pipeline.experiment import SHIPPED
 
     out = tmp_path / "run"
-    local = [sys.executable, "-m", "mdl_jax", "reproduce", "--datasets", "halueval", "--systems", "B1",
-             "--max-new-tokens", "8", "--out", str(out)]
-    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
-    ok = subprocess.run(local + ["--n-questions", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=600)
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    failing = subprocess.run(
-        local + ["--n-questions", "2", "--backend", "openai", "--llm", "m",
-                 "--config", str(SHIPPED / "smollm2-halueval.json")],
-        cwd=ROOT, env={**env, "MDL_JAX_OPENAI_BASE_URL": fault_server("no-choices")},
-        capture_output=True, text=True, timeout=600)
-    assert failing.returncode == 3 and "1 of 1 records of this run failed" in failing.stderr
-    again = subprocess.run(local + ["--n-questions", "1"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
+    local = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--out", out]
+    rc, _, err = cli(local + ["--n-questions", "1"], MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 0, err[-2000:]
+    rc, _, err = cli(local + ["--n-questions", "2", "--backend", "openai", "--llm", "m",
+                              "--config", SHIPPED / "smollm2-halueval.json"],
+                     MDL_JAX_OPENAI_BASE_URL=fault_server("no-choices"))
+    assert rc == 3 and "1 of 1 records of this run failed" in err
+    rc, _, err = cli(local + ["--n-questions", "1"])
+    assert rc == 0, err[-2000:]
     run = json.loads((out / "run.json").read_text())
     assert run["report_rewritten"] is True and run["this_run"]["records_failed"] == 1
 
@@ -346,7 +343,7 @@ def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tm
 # --- One run per out dir ---------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(tmp_path, cache_dir):
+def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(tmp_path, cache_dir, cli):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
@@ -357,10 +354,8 @@ def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(t
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(OutDirInUse, match=f"in use by another reproduce run \\(pid {holder.pid}\\)"):
             lock_out_dir(out)
-        env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
-        p = subprocess.run([sys.executable, "-m", "mdl_jax", "reproduce", "--out", str(out)], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 2 and "is in use by another reproduce run" in p.stderr
+        rc, _, err = cli(["reproduce", "--out", out], MDL_JAX_CACHE_DIR=cache_dir)
+        assert rc == 2 and "is in use by another reproduce run" in err
         assert not (out / "records.jsonl").exists()
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -370,12 +365,9 @@ def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(t
 
 # --- Progress and throughput across a resume -------------------------------------------------------
 
-def _tiny(out: Path, cache_dir, *extra) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
-    return subprocess.run(
-        [sys.executable, "-m", "mdl_jax", "reproduce", "--datasets", "halueval", "--n-calibration", "2",
-         "--systems", "B1", "B2", "B3", "--max-new-tokens", "8", "--batch-size", "4", "--out", str(out),
-         *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+def _tiny(cli, out: Path, cache_dir, *extra) -> tuple[int, str, str]:
+    return cli(["reproduce", "--datasets", "halueval", "--n-calibration", "2", "--systems", "B1", "B2", "B3",
+                "--max-new-tokens", "8", "--batch-size", "4", "--out", out, *extra], MDL_JAX_CACHE_DIR=cache_dir)
 
 
 def _bar(stderr: str) -> tuple[int, int]:
@@ -384,20 +376,20 @@ def _bar(stderr: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp_path, cache_dir):
+def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp_path, cache_dir, cli):
     out = tmp_path / "run"
-    first = _tiny(out, cache_dir, "--n-questions", "3")
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert _bar(first.stderr) == (3 * 3, 3 * 3)  # the shipped config: no calibration answers
+    rc, _, err = _tiny(cli, out, cache_dir, "--n-questions", "3")
+    assert rc == 0, err[-2000:]
+    assert _bar(err) == (3 * 3, 3 * 3)  # the shipped config: no calibration answers
     run1 = json.loads((out / "run.json").read_text())
     assert run1["tokens_generated"] > 0 and run1["this_run"]["tokens_generated"] > 0
     recs = rec_io.load(out / "records.jsonl")
     b3 = [r for r in recs.values() if r["system"] == "B3" and r["action"] in ("ACTIVE", "SILENT")]
     assert all(r["answer_cached"] for r in b3)  # B1 / B2 had answered these prompts already
     # a rerun with a smaller plan: the bar shows this plan (3/3), never 9/3
-    again = _tiny(out, cache_dir, "--n-questions", "1")
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert _bar(again.stderr) == (1 * 3, 1 * 3)
+    rc, _, err = _tiny(cli, out, cache_dir, "--n-questions", "1")
+    assert rc == 0, err[-2000:]
+    assert _bar(err) == (1 * 3, 1 * 3)
     run2 = json.loads((out / "run.json").read_text())
     assert run2["tokens_generated"] >= run1["tokens_generated"] > 0  # the first run's work is kept
     assert run2["generation_seconds"] >= run1["generation_seconds"] > 0
