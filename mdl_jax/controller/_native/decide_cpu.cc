@@ -3,7 +3,8 @@
 // Why it exists: the pure-JAX batched path (mdl_jax/controller/api.py) tops out near 1.2-1.4e7 decisions/s on the
 // 2-core dev VM. XLA:CPU splits the per-record graph into ~30 fusions and library calls, each streaming
 // (chunk, 16) intermediates through the cache, and zero-fills every output before the loop. Here one
-// pass per block of 16 records keeps everything in registers (records across the SIMD lanes) and writes
+// pass per block of L records (16 with AVX-512, 8 with AVX2) keeps everything in registers (records
+// across the SIMD lanes) and writes
 // each output exactly once, on every thread of XLA's intra-op pool.
 //
 // It computes exactly what mdl_jax/controller/decision.py:decide_one computes, for D = 16 and any numeric config
@@ -15,7 +16,7 @@
 // The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
 // weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
 //
-// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
+// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native, per ISA variant), never at import.
 
 #include <algorithm>
 #include <array>
@@ -80,8 +81,13 @@ static_assert(sizeof(Params) == 1066 * sizeof(float), "Params must be packed flo
 constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
                   kQR = 16;
 
-// 16 float32 lanes (one record each) as a GCC/Clang vector-extension type: explicit SIMD that lowers
-// to one AVX-512 register, two AVX2 registers or four NEON registers, without intrinsics.
+// L float32 lanes (one record each) as a GCC/Clang vector-extension type: explicit SIMD that lowers to
+// one register of the ISA it is built for (native.py: one build per ISA, MDL_LANES = 16 for AVX-512,
+// 8 for AVX2), without intrinsics except where noted. Why not 16 lanes everywhere: built for AVX2, a
+// 64-byte type is split over two ymm registers, GCC lowered its selects and min/max lane by lane
+// (scalar vcmpltss / vminss), register pressure doubled and spilled, and the one-output-at-a-time
+// FMA chains left the core waiting: 875 cycles per record on a Zen 3 (issue 25), ~970 for that build on
+// the dev VM's AVX-512 Xeon; 8 lanes and the changes marked below: ~270 there.
 typedef float vf __attribute__((vector_size(4 * L), aligned(4 * L)));
 typedef int32_t vi __attribute__((vector_size(4 * L), aligned(4 * L)));
 
@@ -197,7 +203,7 @@ struct Outputs {
   float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
 };
 
-// Stages 1-4 up to the read-out for 16 records in lanes (`s`: M, R, A; the risk is inverted here when
+// Stages 1-4 up to the read-out for L records in lanes (`s`: M, R, A; the risk is inverted here when
 // the switch is on): v_meta, ‖v_meta‖² and ‖v_meta‖, α and g_A. Shared by decide and the sweep, so both
 // compute the same bits.
 struct Fused {
@@ -268,7 +274,7 @@ __attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, 
 }
 
 // One block of up to L records starting at `base`: records across the lanes, so every arithmetic
-// line below is one SIMD instruction for 16 records.
+// line below is one SIMD instruction for L records.
 void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
                   const float* Ap, int64_t base, int cnt, const Outputs& o) {
   vf s[3];
@@ -566,7 +572,7 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
 // to raw weighted sums (mdl_jax/controller/sweep.py: the engine contract). What makes it fast:
 //  - configs that differ only in the read-out numbers (n_min, n_max, g_a, g_b, θ) share the fusion:
 //    the caller groups them (native.py), and ‖v_meta‖ and α are computed once per record and group;
-//  - the per-config work after the fusion is a few SIMD lines per 16 records, plus the weighted sums
+//  - the per-config work after the fusion is a few SIMD lines per L records, plus the weighted sums
 //    (masked adds in float64 lanes: integer weights are summed exactly, float weights in double);
 //  - items (a block of configs of one group × a chunk of records) run on every thread, each writing
 //    its own slice of a scratch array that is added up in a fixed order at the end, so the result
@@ -641,7 +647,7 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
   for (int64_t sub = lo; sub < hi; sub += kSweepSub) {
     const int64_t sub_hi = std::min(hi, sub + kSweepSub);
     const int nblk = static_cast<int>((sub_hi - sub + L - 1) / L);
-    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all 16 lanes in range
+    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all L lanes in range
     const int tail = static_cast<int>((sub_hi - sub) % L);
     for (int b = 0; b < nblk; ++b) {
       const int64_t base = sub + int64_t{b} * L;
