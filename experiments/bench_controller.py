@@ -6,14 +6,28 @@ All measured in one run on the same inputs: (a) the NumPy per-decision reference
 the paper reports 40.1 µs per decision), (b) one call of ``decide`` on a single record, next to the
 pure-JAX single-record path and a plain ``jit(decide_one)``, (c) batched throughput of ``decide`` at
 several N, next to the pure-JAX chunked path (what ``decide`` runs without the native kernel) and the
-plain ``jit(vmap(decide_one))`` form. Throughputs are measured in interleaved rounds (the dev VM is
-noisy, ±10-30% from minute to minute) and the median round is reported, the best in the JSON.
-Prints a table, then one JSON object as the last line.
+plain ``jit(vmap(decide_one))`` form, and next to every ISA variant of the kernel this CPU runs
+(``native.decide_variant``: AVX-512 and AVX2 on an AVX-512 CPU), (d) each variant on one core: CPU
+time per record at N = 10^6, in cycles of the measured clock, against the FMA bound of the kernel's
+arithmetic (``FLOP_PER_RECORD`` below). Throughputs are measured in interleaved rounds (the dev VM is
+noisy, ±10-30% from minute to minute) and the median round is reported, the range and the best in
+the JSON. Prints the CPU's flags, a table with each target beside its figure, then one JSON object
+as the last line.
+
+The AVX2 proxy on an AVX-512 CPU (what an AVX2-only CPU such as a Zen 3 runs; still this CPU's
+cores, caches and clock):
+
+    MDL_JAX_NATIVE_ISA=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2 python -m experiments.bench_controller
+
+makes ``decide`` use the AVX2 build and XLA (the pure-JAX paths) emit AVX2 code only.
+``--compare-lib old.so`` also measures another build of the kernel (e.g. an earlier commit's) in
+the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -25,9 +39,81 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax import MDLConfig, decide, decide_one
-from mdl_jax.controller import api
-from mdl_jax.controller import native
+from mdl_jax.controller import api, native
 from tests.reference import NumpyMDL
+
+# Floating-point operations per record of the kernel's arithmetic (decide_cpu.cc) with every switch on
+# (the default config), an FMA counted as 2, min/max/sub/div/sqrt as 1, integer bit tricks and
+# selects not at all: the value encoding 48 × (Gaussian 5 + exp 22 + add 1), g_A 19, the fusion
+# 256 × 6 (two products, an FMA chain and a sum) + 16 × 2, tanh 16 × (odd polynomial 12 + exp 24 and
+# 4 for 1 - 2/(e + 1)), norms and α 101, read-out 10, Lemma 1 energies 256 × 2 + 16 × 2.
+FLOP_PER_RECORD = {"value_encoding": 48 * 28, "g_A": 19, "fusion": 256 * 6 + 16 * 2, "tanh": 16 * 40,
+                   "norms_alpha": 101, "readout": 10, "energies": 256 * 2 + 16 * 2}
+FMA_UNITS = 2  # FMA pipes per core on the CPUs discussed (Intel Xeon since Skylake-SP Gold, AMD Zen 3)
+FLAGS_SHOWN = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
+               "avx512_fp16", "amx_tile")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict:
+    """Each variant's kernel on one thread: CPU seconds per record (process time, so time this
+    process was descheduled on a shared machine does not count), interleaved rounds, and the clock
+    measured between rounds (dependent adds: one per cycle)."""
+    rng = np.random.default_rng(1)
+    xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
+    cfg = MDLConfig()
+    P, fl = native.params(cfg), native.flags(cfg)
+    targets = {v: native.load_variant(v)["decide"] for v in variants}
+    libs = {v: native._VARIANTS[v]["lib"] for v in variants}
+    for lib in libs.values():
+        lib.MdlClockHz.restype = ctypes.c_double
+        lib.MdlClockHz.argtypes = [ctypes.c_int64]
+    per: dict = {v: [] for v in variants}
+    hz = []
+    try:
+        for lib in libs.values():
+            lib.MdlSetMaxThreads(1)
+        def call(v):
+            return native._decide_variant_jit(*xs, P, target=targets[v], flags=fl, dims=cfg.dims)
+
+        for v in variants:
+            jax.block_until_ready(call(v))
+        for _ in range(rounds):
+            hz.append(next(iter(libs.values())).MdlClockHz(3_000_000))
+            for v in variants:
+                reps, c0 = 0, time.process_time()
+                while True:
+                    jax.block_until_ready(call(v))
+                    reps += 1
+                    if time.process_time() - c0 >= min_time and reps >= 2:
+                        break
+                per[v].append((time.process_time() - c0) / (n * reps))
+    finally:
+        for lib in libs.values():
+            lib.MdlSetMaxThreads(native.usable_cpus())
+    clock = statistics.median(hz)
+    flop = sum(FLOP_PER_RECORD.values())
+    out = {"n": n, "clock_ghz": clock / 1e9, "clock_ghz_range": [min(hz) / 1e9, max(hz) / 1e9],
+           "flop_per_record": flop}
+    for v in variants:
+        lanes = native._VARIANTS[v]["lanes"]
+        bound = flop / (FMA_UNITS * 2 * lanes)
+        cyc = [t * clock for t in per[v]]
+        out[v] = {"lanes": lanes, "cpu_ns_per_record": statistics.median(per[v]) * 1e9,
+                  "cpu_ns_range": [min(per[v]) * 1e9, max(per[v]) * 1e9],
+                  "cycles_per_record": statistics.median(cyc), "cycles_range": [min(cyc), max(cyc)],
+                  "fma_bound_cycles": bound, "times_fma_bound": statistics.median(cyc) / bound,
+                  "times_fma_bound_range": [min(cyc) / bound, max(cyc) / bound]}
+    return out
 
 
 def _median_us(fn, reps: int) -> float:
@@ -40,26 +126,38 @@ def _median_us(fn, reps: int) -> float:
 
 
 def _throughputs(fns: dict, n: int, rounds: int, min_time: float) -> dict:
-    """decisions/s of each fn: interleaved rounds of >= min_time each; (median, best) per fn."""
+    """decisions/s of each fn: interleaved rounds of >= min_time each; (median, best, rounds, CPU ns
+    per record of each round) per fn. The CPU time (this process's, all threads) does not count time
+    the process waited for a CPU, so on a shared machine its ratios are steadier than wall-clock ones."""
     for fn in fns.values():
         jax.block_until_ready(fn())  # compile + warm
-    per = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            reps, t0 = 0, time.perf_counter()
+    per: dict = {k: [] for k in fns}
+    cpu: dict = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        # the order rotates from round to round: at N = 10^7 whichever path ran right after the
+        # pure-JAX one (which frees GBs of intermediates) ran up to 2.7× slower than in other places
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            fn = fns[k]
+            reps, t0, c0 = 0, time.perf_counter(), time.process_time()
             while True:
                 jax.block_until_ready(fn())
                 reps += 1
                 if time.perf_counter() - t0 >= min_time and reps >= 2:
                     break
             per[k].append(n * reps / (time.perf_counter() - t0))
-    return {k: (statistics.median(v), max(v)) for k, v in per.items()}
+            cpu[k].append((time.process_time() - c0) / (n * reps) * 1e9)
+    return {k: (statistics.median(v), max(v), v, cpu[k]) for k, v in per.items()}
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (< 30 s)")
     p.add_argument("--sizes", type=int, nargs="*", default=None)
+    p.add_argument("--no-plain-vmap", action="store_true",
+                   help="skip plain jit(vmap(decide_one)) (slowest path: ~30 s a call at N = 10^7 here)")
+    p.add_argument("--compare-lib", nargs="*", default=[],
+                   help="other builds of the kernel (.so) to measure in the same rounds, e.g. an earlier commit's")
     args = p.parse_args(argv)
     sizes = args.sizes or ([3600, 1_000_000] if args.quick else [3600, 1_000_000, 10_000_000])
     min_time, rounds = (0.3, 3) if args.quick else (1.0, 5)
@@ -68,10 +166,30 @@ def main(argv=None) -> dict:
     x = rng.uniform(size=(3, 3600)).astype(np.float32)
     t = time.perf_counter()
     native_ok = api._native_ok(cfg)
+    flags = native.cpu_flags()
     res: dict = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-                 "cpus": os.cpu_count(), "backend": jax.default_backend(), "jax": jax.__version__,
-                 "native_kernel": native_ok, "native_load_s": time.perf_counter() - t,
-                 "native_status": native.status()}
+                 "cpu_model": _cpu_model(), "cpu_flags": sorted(flags),
+                 "cpu_flags_shown": {f: f in flags for f in FLAGS_SHOWN},
+                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                 "cpus": os.cpu_count(), "usable_cpus": native.usable_cpus(), "backend": jax.default_backend(),
+                 "jax": jax.__version__, "native_kernel": native_ok, "native_load_s": time.perf_counter() - t,
+                 "native_status": native.status(), "native_isa": native.status().get("isa"),
+                 "native_isa_env": os.environ.get(native.ENV_ISA, "")}
+    variants = [v for v in native.available_isas() if v != "native" or len(native.available_isas()) == 1]
+    for v in list(variants):
+        try:
+            native.load_variant(v)
+        except native.NativeBuildError as e:  # e.g. no compiler: measured without it
+            variants.remove(v)
+            res.setdefault("variant_errors", {})[v] = str(e)
+    res["variants"] = variants
+    compare = {}
+    for i, path in enumerate(args.compare_lib):
+        lib = ctypes.cdll.LoadLibrary(path)
+        name = f"compare{i}"
+        jax.ffi.register_ffi_target(f"mdl_decide_f32_{name}", jax.ffi.pycapsule(lib.MdlDecideF32), platform="cpu")
+        compare[name] = f"mdl_decide_f32_{name}"
+    res["compare_libs"] = dict(zip(compare, args.compare_lib))
 
     # (a) paper-style NumPy, one decision per call
     ref = NumpyMDL(cfg)
@@ -129,28 +247,54 @@ def main(argv=None) -> dict:
     # (c) batched throughput
     plain = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))
     res["batched"] = {}
+    P = native.params(cfg)
     for n in sizes:
         xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
-        got = _throughputs({
-            "decide": lambda: decide(*xs, cfg),
-            "decide_unvalidated": lambda: decide(*xs, cfg, validate=False),
-            "pure_jax_chunked": lambda: api._decide_jit(*xs, cfg),
-            "plain_vmap": lambda: plain(*xs, cfg),
-        }, n, rounds, min_time)
+        fns = {
+            "decide": lambda xs=xs: decide(*xs, cfg),
+            "decide_unvalidated": lambda xs=xs: decide(*xs, cfg, validate=False),
+            "pure_jax_chunked": lambda xs=xs: api._decide_jit(*xs, cfg),
+        }
+        if not args.no_plain_vmap:
+            fns["plain_vmap"] = lambda xs=xs: plain(*xs, cfg)
+        # the kernel alone (unvalidated), per ISA variant: the same jitted FFI call for each
+        targets = {v: native.load_variant(v)["decide"] for v in variants}
+        targets.update(compare)
+        for v, tg in targets.items():
+            fns["kernel_" + v] = lambda xs=xs, tg=tg: native._decide_variant_jit(
+                *xs, P, target=tg, flags=native.flags(cfg), dims=cfg.dims)
+        got = _throughputs(fns, n, rounds, min_time)
         row = {k: v[0] for k, v in got.items()}
         row["best"] = {k: v[1] for k, v in got.items()}
+        row["rounds"] = {k: v[2] for k, v in got.items()}
+        row["cpu_ns_per_record"] = {k: statistics.median(v[3]) for k, v in got.items()}
+        row["cpu_ratio_rounds_vs_pure_jax"] = {k: [b / a for a, b in zip(v[3], got["pure_jax_chunked"][3])]
+                                               for k, v in got.items() if k.startswith(("decide", "kernel_"))}
+        # per round (interleaved): the ratio of two paths measured within the same seconds
+        row["ratio_rounds_vs_pure_jax"] = {k: [a / b for a, b in zip(v[2], got["pure_jax_chunked"][2])]
+                                           for k, v in got.items() if k.startswith(("decide", "kernel_"))}
         row["ratio_vs_pure_jax"] = row["decide"] / row["pure_jax_chunked"]
-        row["ratio_vs_plain_vmap"] = row["decide"] / row["plain_vmap"]
+        row["ratio_vs_plain_vmap"] = row["decide"] / row["plain_vmap"] if "plain_vmap" in row else float("nan")
         row["ratio_vs_numpy"] = row["decide"] * res["numpy_per_decision_us_mean"] * 1e-6
         res["batched"][str(n)] = row
+
+    # (d) one core per variant, against the FMA bound
+    n1 = 1_000_000 if not args.quick else 200_000
+    res["one_core"] = _one_core(variants, n1, 3 if args.quick else 5, 0.3 if args.quick else 0.8) if variants else {}
 
     res["ratio_single_vs_numpy"] = res["numpy_per_decision_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_pure_jax"] = res["pure_jax_single_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_plain_jit"] = res["plain_jit_single_us_median"] / res["single_call_us_median"]
-    res["targets"] = {"batched_per_s": 3e7, "single_call_us": 20.0}
+    res["targets"] = {"batched_per_s": 3e7, "single_call_us": 20.0, "avx2_ratio_vs_pure_jax": 3.0,
+                      "avx2_times_fma_bound": 3.0}
 
+    shown = " ".join(f for f in FLAGS_SHOWN if f in flags) or "-"
     print(f"MDL controller benchmark ({res['machine']}, {res['cpus']} CPUs, backend {res['backend']},"
-          f" jax {res['jax']}; native kernel: {'on' if native_ok else 'OFF'})")
+          f" jax {res['jax']}; native kernel: {'on' if native_ok else 'OFF'}, ISA variant of decide: "
+          f"{res['native_isa']}{' (forced by ' + native.ENV_ISA + ')' if res['native_isa_env'] else ''})")
+    print(f"CPU: {res['cpu_model']}; flags: {shown}"
+          f"{'; XLA_FLAGS=' + res['xla_flags'] if res['xla_flags'] else ''}")
+    print(f"kernel variants measured: {', '.join(variants) or 'none'}")
     print(f"{'path':46s} {'value':>14s}")
     print(f"{'NumPy per decision (median / mean)':46s} {res['numpy_per_decision_us_median']:8.1f} / "
           f"{res['numpy_per_decision_us_mean']:.1f} µs")
@@ -165,7 +309,61 @@ def main(argv=None) -> dict:
     for n, row in res["batched"].items():
         print(f"{'decide, N=' + n:46s} {row['decide']:11.3e} /s  (unvalidated {row['decide_unvalidated']:.2e};"
               f" pure JAX {row['pure_jax_chunked']:.2e} = {row['ratio_vs_pure_jax']:.1f}×; plain vmap "
-              f"{row['plain_vmap']:.2e} = {row['ratio_vs_plain_vmap']:.1f}×; {row['ratio_vs_numpy']:.0f}× NumPy)")
+              f"{row.get('plain_vmap', float('nan')):.2e} = {row['ratio_vs_plain_vmap']:.1f}×; "
+              f"{row['ratio_vs_numpy']:.0f}× NumPy)")
+        for k in [k for k in row if k.startswith("kernel_") and k in row["ratio_rounds_vs_pure_jax"]]:
+            r = row["ratio_rounds_vs_pure_jax"][k]
+            tgt = ("  [target on AVX2 ≥ 3× pure JAX: " + ("met" if min(r) >= 3 else "NOT met in every round")
+                   + "]") if k == "kernel_avx2" and int(n) >= 10**6 else ""
+            c = row["cpu_ratio_rounds_vs_pure_jax"][k]
+            print(f"{'  kernel ' + k[7:] + ' (unvalidated), N=' + n:46s} {row[k]:11.3e} /s  "
+                  f"({row[k] / row['pure_jax_chunked']:.2f}× pure JAX; rounds {min(r):.2f}-{max(r):.2f}×; "
+                  f"CPU time {row['cpu_ns_per_record'][k]:.0f} ns/record, {min(c):.2f}-{max(c):.2f}× less than "
+                  f"pure JAX's {row['cpu_ns_per_record']['pure_jax_chunked']:.0f}){tgt}")
+    oc = res["one_core"]
+    if oc:
+        print(f"one core, kernel alone, N={oc['n']}: clock {oc['clock_ghz']:.2f} GHz "
+              f"({oc['clock_ghz_range'][0]:.2f}-{oc['clock_ghz_range'][1]:.2f}); {oc['flop_per_record']} FLOP "
+              f"per record, FMA bound = FLOP / ({FMA_UNITS} FMA units × 2 × lanes)")
+        for v in variants:
+            o = oc[v]
+            tgt = ("  [target ≤ 3× the bound: " + ("met" if o["times_fma_bound_range"][1] <= 3 else
+                   "met at the median" if o["times_fma_bound"] <= 3 else "NOT met") + "]") if v == "avx2" else ""
+            print(f"{'  ' + v + ' (' + str(o['lanes']) + ' lanes), CPU per record':46s} "
+                  f"{o['cpu_ns_per_record']:8.1f} ns = {o['cycles_per_record']:.0f} cycles "
+                  f"({o['cycles_range'][0]:.0f}-{o['cycles_range'][1]:.0f}); FMA bound {o['fma_bound_cycles']:.0f}"
+                  f" → {o['times_fma_bound']:.2f}× ({o['times_fma_bound_range'][0]:.2f}-"
+                  f"{o['times_fma_bound_range'][1]:.2f}×){tgt}")
+    print("targets:")
+    big = [n for n in res["batched"] if int(n) >= 10**7]
+    if big:
+        b = res["batched"][big[-1]]
+        print(f"  decide ≥ 3×10^7 /s at N={big[-1]}: {b['decide']:.2e} /s "
+              f"({'met' if b['decide'] >= 3e7 else 'not met'} here)")
+    print(f"  decide, one record ≤ 20 µs: {res['single_call_us_median']:.1f} µs "
+          f"({'met' if res['single_call_us_median'] <= 20 else 'not met'} here)")
+    for n in [n for n in res["batched"] if int(n) >= 10**6]:
+        r = res["batched"][n]["ratio_rounds_vs_pure_jax"]
+        if res["native_isa"] == "avx2":
+            print(f"  AVX2: decide ≥ 3× pure JAX at N={n} (all cores): {res['batched'][n]['ratio_vs_pure_jax']:.2f}×"
+                  f" (rounds {min(r['decide']):.2f}-{max(r['decide']):.2f}×)")
+        if "kernel_avx2" in r:
+            ratio = res["batched"][n]["kernel_avx2"] / res["batched"][n]["pure_jax_chunked"]
+            c = res["batched"][n]["cpu_ratio_rounds_vs_pure_jax"]["kernel_avx2"]
+            print(f"  AVX2: kernel ≥ 3× pure JAX at N={n} (all cores): {ratio:.2f}× (rounds "
+                  f"{min(r['kernel_avx2']):.2f}-{max(r['kernel_avx2']):.2f}×; in CPU time {min(c):.2f}-{max(c):.2f}×)")
+    if oc and "avx2" in oc:
+        print(f"  AVX2: one core ≤ 3× the FMA bound: {oc['avx2']['times_fma_bound']:.2f}× "
+              f"({oc['avx2']['times_fma_bound_range'][0]:.2f}-{oc['avx2']['times_fma_bound_range'][1]:.2f}×)")
+    for name, path in res["compare_libs"].items():
+        for n, row in res["batched"].items():
+            for v in variants:
+                r = [a / b for a, b in zip(row["rounds"]["kernel_" + v], row["rounds"]["kernel_" + name])]
+                ratio = row["kernel_" + v] / row["kernel_" + name]
+                print(f"  kernel {v} against {name} ({path}) at N={n}: {ratio:.2f}× (rounds {min(r):.2f}-"
+                      f"{max(r):.2f}×)")
+    print("(on an AVX-512 CPU the AVX2 figures are the AVX2 build on these cores: a proxy, not a Zen 3)"
+          if "avx512" in variants else "")
     print(json.dumps(res))
     return res
 

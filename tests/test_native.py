@@ -1,5 +1,6 @@
 """The native CPU kernel (mdl_jax/controller/_native/decide_cpu.cc): routing, parity with the pure-JAX definition,
-batch-size invariance, every ablation and the fallback when it cannot be built."""
+batch-size invariance, every ablation, the ISA variants (AVX-512 / AVX2) and the fallback when it cannot be
+built."""
 
 import warnings
 
@@ -9,8 +10,7 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, decide
-from mdl_jax.controller import api
-from mdl_jax.controller import native
+from mdl_jax.controller import api, native
 from mdl_jax.controller.decision import Decision
 from tests.reference import NumpyMDL
 
@@ -237,3 +237,65 @@ def test_concurrent_calls_from_python_threads_are_independent(rng):
         parallel = list(pool.map(lambda x: np.asarray(decide(*x).C_final), xs))
     for a, b in zip(serial, parallel):
         assert np.array_equal(a, b)
+
+
+# --- ISA variants ---------------------------------------------------------------------------------
+# Every variant this CPU runs besides the process's own (the one the tests above check). On an
+# AVX-512 CPU that is the AVX2 build (8 records per ymm register), what an AVX2-only CPU (Zen 3)
+# runs: it must decide what decide_one decides, and computes the same float operations in the same
+# order per record as the process's variant, so its outputs are the same bits (ties included).
+_OTHER_ISAS = [v for v in native.available_isas() if v != "native" and v != native.isa()]
+
+
+@pytest.mark.parametrize("variant", _OTHER_ISAS or [pytest.param(None, marks=pytest.mark.skip(
+    reason="this CPU runs one ISA variant only: the tests above cover it"))])
+def test_every_isa_variant_matches_pure_jax_and_the_default_variant_bit_for_bit(variant):
+    rng = np.random.default_rng(11)
+    g = np.array([0.0, 1.0, 0.5, np.nextafter(np.float32(0), np.float32(1))], np.float32)
+    corners = np.stack([a.ravel() for a in np.meshgrid(g, g, g, indexing="ij")])
+    x = np.concatenate([corners, np.linspace(0, 1, 16, dtype=np.float32)[None].repeat(3, 0),
+                        rng.uniform(size=(3, 20_011)).astype(np.float32)], 1)
+    cfgs = [MDLConfig(), MDLConfig(sigma=1e-4), MDLConfig(sigma=5.0),
+            MDLConfig(sigma=0.07, eps_c=0.05, gains=(0.9, 0.8, 0.6), g_A_coeffs=(0.4, 0.7),
+                      gate_coeffs=(0.2, 0.9), thresholds=(0.7, 0.45, 0.1), n_min=1.0, n_max=3.6,
+                      bias=np.linspace(-0.2, 0.2, 16), dims=(4, 7, 5), qr_seed=7)]
+    cfgs += [MDLConfig(**{s: "identity" if s == "subspaces" else False}) for s in
+             ("alpha_gating", "risk_modulation", "risk_inversion", "value_encoding", "subspaces")]
+    for i, cfg in enumerate(cfgs):
+        got = native.decide_variant(variant, *x, cfg)
+        if i == 3:  # the contract (5000 records: the program compiled for the test above is reused);
+            # for the other configs it follows from the bits and the tests above
+            assert_parity(native.decide_variant(variant, *x[:, :5000], cfg), _pure(*x[:, :5000], cfg), cfg)
+        ref = _native(*x, cfg)
+        for f in FIELDS:
+            assert np.array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f))), (cfg, f)
+    # every tail width (8-lane and 16-lane blocks) and the thread-pool path with a ragged last chunk
+    for n in (1, 7, 9, 17, 2049):
+        got, ref = native.decide_variant(variant, *x[:, :n]), _native(*x[:, :n], MDLConfig())
+        for f in FIELDS:
+            assert np.array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f))), (n, f)
+    nan = np.array([[np.nan, 0.5], [0.5, 0.5], [0.5, np.nan]], np.float32)
+    assert np.array_equal(np.asarray(native.decide_variant(variant, *nan).action), [3, 3])  # Opt-Out
+
+
+def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
+    zen3 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi1 bmi2 f16c".split())
+    monkeypatch.delenv(native.ENV_ISA, raising=False)
+    monkeypatch.setattr(native, "_x86", lambda: True)
+    monkeypatch.setattr(native, "cpu_flags", lambda: zen3)
+    assert native.available_isas() == ("avx2", "native") and native.isa() == "avx2"
+    monkeypatch.setenv(native.ENV_ISA, "avx512")
+    with pytest.raises(native.NativeBuildError, match="cannot run it .no avx512f"):
+        native.isa()
+    monkeypatch.setenv(native.ENV_ISA, "sse9")
+    with pytest.raises(native.NativeBuildError, match="expected auto or one of"):
+        native.isa()
+    monkeypatch.setattr(native, "cpu_flags", lambda: zen3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    monkeypatch.setenv(native.ENV_ISA, "auto")
+    assert native.isa() == "avx512"
+    monkeypatch.setenv(native.ENV_ISA, "AVX2")
+    assert native.isa() == "avx2"
+    # the cache key follows the flags: each variant has its own library
+    assert "-mno-avx512f" in native.build_flags("avx2") and "-mno-avx512f" not in native.build_flags("avx512")
+    paths = {native.library_path(variant=v) for v in native.ISAS}
+    assert len(paths) == 3 and native.library_path().name.startswith("decide_cpu-avx2-")

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from mdl_jax import MDLConfig, bootstrap_weights, config_grid, stack_configs, sweep
+from mdl_jax import MDLConfig, bootstrap_weights, config_grid, sweep
 from mdl_jax.controller import native
 from mdl_jax.controller import sweep as sweep_mod
 
@@ -243,3 +243,39 @@ def test_records_with_the_same_signals_are_decided_once_with_the_same_result(mon
     for f in ("accuracy", "counts"):
         assert np.array_equal(getattr(folded, f), getattr(plain, f)), f
     np.testing.assert_allclose(folded.mean_C_final, plain.mean_C_final, rtol=1e-6)
+
+
+# The ISA variants besides the process's own (on an AVX-512 CPU: the AVX2 build, 8 lanes), each
+# against the process's variant: the same decisions, so equal integer counts, and the same sums up to
+# the lane order of float sums. The process's variant is the one every test above checks.
+_OTHER_ISAS = [v for v in native.available_isas() if v != "native" and v != native.isa()]
+
+
+@pytest.mark.parametrize("variant", _OTHER_ISAS or [pytest.param(None, marks=pytest.mark.skip(
+    reason="this CPU runs one ISA variant only: the tests above cover it"))])
+def test_every_isa_variant_sweeps_as_the_default_one(variant, data, monkeypatch):
+    M, R, A, adopt = data
+    grids = _concat([config_grid(MDLConfig(), **g) for g in GRIDS.values()])
+    ablation = config_grid(MDLConfig(risk_inversion=False, subspaces="identity", dims=(4, 7, 5)), sigma=[0.1, 0.25])
+    rng = np.random.default_rng(3)
+    big = np.full((1, N), 30_000, np.int64)
+    real = native.sweep_engine
+    cases = [(grids, bootstrap_weights(N, 3, seed=1)), (ablation, None), (ablation, big),
+             (ablation, rng.uniform(0, 2.5, (2, N)))]
+    for cfgs, w in cases:
+        ref = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
+        monkeypatch.setattr(native, "sweep_engine", lambda *a, **k: real(*a, variant=variant))
+        got = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
+        monkeypatch.setattr(native, "sweep_engine", real)
+        assert np.array_equal(got.counts, ref.counts) and np.array_equal(got.total, ref.total)
+        np.testing.assert_allclose(got.accuracy, ref.accuracy, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got.mean_C_final, ref.mean_C_final, rtol=1e-6, atol=1e-7)
+    # a tail-heavy pass: n = 4099 crosses the sub-chunks with a ragged last block of every width
+    n = 4099
+    M2, R2, A2 = rng.uniform(size=(3, n)).astype(np.float32)
+    a2 = rng.integers(0, 2, n)
+    cfgs = config_grid(MDLConfig(), sigma=[0.1, 0.4], g_a=[0.1, 0.6])
+    ref = sweep(M2, R2, A2, cfgs, adopt=a2, record_chunk=1500, engine="native")
+    monkeypatch.setattr(native, "sweep_engine", lambda *a, **k: real(*a, variant=variant))
+    got = sweep(M2, R2, A2, cfgs, adopt=a2, record_chunk=1500, engine="native")
+    assert np.array_equal(got.counts, ref.counts)

@@ -1,18 +1,27 @@
 """The native CPU kernel for ``decide``: build on first use, register with XLA's FFI, pack the config.
 
 ``decide`` runs concrete float32 input on the CPU through one XLA FFI kernel
-(``_native/decide_cpu.cc``): a single pass per block of 16 records, all outputs written once, on every
+(``_native/decide_cpu.cc``): a single pass per block of 16 records (8 on AVX2), all outputs written once, on every
 thread of XLA's intra-op pool. It computes what ``decision.decide_one`` computes (tests/test_native.py:
 every float within 2e-6 of the pure-JAX path), 3-4.5× faster in batch than the best pure-JAX form on
 the dev VM, because XLA:CPU splits that graph into ~30 fusions with (chunk, 16) intermediates in memory.
 
 The pure-JAX functions stay the definition and the path for everything else: traced input (a caller's
 jit/vmap/grad), float64, GPUs, D ≠ 16. The kernel is compiled with the system C++ compiler on the first
-eligible call (≈2 s), cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, jaxlib and CPU, and
-reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
+eligible call (≈2 s), cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler flags,
+jaxlib and CPU, and reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
 build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
 is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
 Set ``MDL_JAX_NATIVE=0`` to turn the kernel off.
+
+ISA variants: on x86-64 the kernel is built for one of two instruction sets, chosen at load time from
+the CPU's flags (``isa()``): "avx512" (AVX-512 F/BW/DQ/VL: 16 records per zmm register) or "avx2"
+(AVX2 + FMA, no AVX-512: 8 records per ymm register, the Zen 3 / most laptops case); other CPUs get
+"native" (``-march=native`` / ``-mcpu=native``, the source's portable 16-lane form). Set
+``MDL_JAX_NATIVE_ISA=avx2`` (or avx512, native) to force one, e.g. the AVX2 build on an AVX-512 CPU
+to benchmark or test it; a variant the CPU cannot run is refused (warning, pure-JAX path).
+``load_variant(isa)`` loads another variant beside the process's one under its own FFI target
+names (tests and benchmarks: ``decide_variant``, ``sweep_engine(..., isa=...)``).
 
 Threads: a call splits its records into one contiguous part per thread of XLA's intra-op pool (the
 caller included; idle threads steal from the back of the others' parts), and each thread faults in
@@ -54,9 +63,14 @@ from mdl_jax.controller.config import MDLConfig
 TARGET = "mdl_decide_f32"
 SWEEP_TARGET = "mdl_sweep_f32"
 ENV_SWITCH = "MDL_JAX_NATIVE"
+ENV_ISA = "MDL_JAX_NATIVE_ISA"
+ISAS = ("avx512", "avx2", "native")
 _SOURCE = Path(__file__).with_name("_native") / "decide_cpu.cc"
 _LOCK = threading.Lock()
-_STATE: dict = {}  # "ok": bool once tried; "error": why not; "path": the library
+_STATE: dict = {}  # "ok": bool once tried; "error": why not; "path": the library; "isa": its variant
+_VARIANTS: dict = {}  # isa -> {"lib", "path", "decide", "sweep"} (load_variant)
+# What each x86-64 variant needs from the CPU (/proc/cpuinfo flag names).
+_NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"), "avx2": ("avx2", "fma")}
 
 
 class NativeBuildError(RuntimeError):
@@ -65,6 +79,61 @@ class NativeBuildError(RuntimeError):
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except (OSError, IndexError):
+        pass
+    return frozenset()
+
+
+def available_isas() -> tuple[str, ...]:
+    """The variants this CPU can run, widest first ("native" always)."""
+    if not _x86():
+        return ("native",)
+    have = cpu_flags()
+    return tuple(v for v in ("avx512", "avx2") if all(f in have for f in _NEEDS[v])) + ("native",)
+
+
+def isa() -> str:
+    """The variant ``load`` builds: ``$MDL_JAX_NATIVE_ISA`` if set (and not "auto"), else the widest
+    this CPU runs. Raises NativeBuildError for an unknown name or one this CPU cannot run."""
+    want = os.environ.get(ENV_ISA, "auto").strip().lower() or "auto"
+    have = available_isas()
+    if want == "auto":
+        return have[0]
+    if want not in ISAS:
+        raise NativeBuildError(f"{ENV_ISA}={want!r}: expected auto or one of {', '.join(ISAS)}")
+    if want not in have:
+        missing = [f for f in _NEEDS.get(want, ()) if f not in cpu_flags()]
+        raise NativeBuildError(f"{ENV_ISA}={want}: this CPU cannot run it (no {', '.join(missing) or 'x86-64'})")
+    return want
+
+
+def build_flags(variant: str | None = None) -> list[str]:
+    """The compiler flags of a variant (default: ``isa()``)."""
+    variant = variant or isa()
+    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-w"]
+    if variant == "avx512":
+        # 512-bit vectors: one zmm register holds a 16-record block.
+        return flags + ["-march=native", "-mprefer-vector-width=512", "-DMDL_LANES=16"]
+    if variant == "avx2":
+        # The CPU's own tuning with every AVX-512 extension off (a no-op on an AVX2-only CPU; on an
+        # AVX-512 one it builds what an AVX2 CPU would run): 8-record blocks in ymm registers.
+        return flags + ["-march=native", "-mno-avx512f", "-mprefer-vector-width=256", "-DMDL_LANES=8"]
+    if _x86():
+        return flags + ["-march=native"]
+    return flags + (["-mcpu=native"] if platform.machine() in ("aarch64", "arm64") else [])
 
 
 def _cpu_signature() -> str:
@@ -87,14 +156,16 @@ def _compiler() -> str | None:
     return None
 
 
-def library_path(cache_dir: Path | None = None) -> Path:
-    """Where the built kernel lives: keyed by the source, jaxlib (the FFI headers) and the CPU."""
+def library_path(cache_dir: Path | None = None, variant: str | None = None) -> Path:
+    """Where the built kernel lives: keyed by the source, the compiler and its flags (the ISA
+    variant), jaxlib (the FFI headers) and the CPU."""
     import jaxlib
 
+    variant = variant or isa()
     parts = [_SOURCE.read_bytes(), jax.__version__, getattr(jaxlib, "__version__", ""), _cpu_signature(),
-             _compiler() or ""]
+             _compiler() or "", " ".join(build_flags(variant))]
     key = hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
-    return (cache_dir or default_cache_dir()) / "native" / f"decide_cpu-{key.hexdigest()[:16]}.so"
+    return (cache_dir or default_cache_dir()) / "native" / f"decide_cpu-{variant}-{key.hexdigest()[:16]}.so"
 
 
 def _record_path(lib: Path) -> Path:
@@ -141,7 +212,7 @@ def _elf_complete(data: bytes) -> bool:
     return True
 
 
-def build(out: Path) -> Path:
+def build(out: Path, variant: str | None = None) -> Path:
     """Compile the kernel to ``out``, atomically, with its size/sha256 record beside it.
 
     Both files are written under temporary names and renamed into place, so ``out`` is only ever a
@@ -152,13 +223,8 @@ def build(out: Path) -> Path:
     cxx = _compiler()
     if cxx is None:
         raise NativeBuildError("no C++ compiler found (tried $CXX, g++, c++, clang++)")
+    flags = build_flags(variant)
     out.parent.mkdir(parents=True, exist_ok=True)
-    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-w"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        # Native ISA (AVX-512 where present) with 512-bit vectors: one register holds a 16-record block.
-        flags += ["-march=native", "-mprefer-vector-width=512"]
-    else:
-        flags += ["-mcpu=native"] if platform.machine() in ("aarch64", "arm64") else []
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     tmp_record = tmp + ".sha256"
@@ -194,6 +260,7 @@ def load() -> bool:
         if "ok" in _STATE:
             return _STATE["ok"]
         try:
+            variant = isa()
             path = library_path()
             if not verified(path):
                 # Missing, cut short, foreign, or from before records existed: never load it.
@@ -205,24 +272,72 @@ def load() -> bool:
                 # before giving up.
                 build(path)
                 lib = ctypes.cdll.LoadLibrary(str(path))
-            for target, fn in ((TARGET, lib.MdlDecideF32), (SWEEP_TARGET, lib.MdlSweepF32)):
-                try:
-                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
-                except Exception as e:  # noqa: BLE001 - XLA's own error type
-                    # Registered earlier in this process (the state was reset, e.g. by a test): XLA
-                    # keeps the first handler, whose library stays loaded, so the kernel is usable.
-                    if "Duplicate FFI handler" not in str(e):
-                        raise NativeBuildError(f"registering {target} failed: {e}") from e
-            lib.MdlSetMaxThreads.argtypes = [ctypes.c_int64]
-            lib.MdlLastThreads.restype = ctypes.c_int64
-            lib.MdlPoolThreads.restype = ctypes.c_int64
-            lib.MdlSetMaxThreads(usable_cpus())
-            _STATE.update(ok=True, path=path, lib=lib)
+            _register(lib, TARGET, SWEEP_TARGET)
+            _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
             _STATE.update(ok=False, error=str(e))
             warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX path ({e}). "
                           f"Set {ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
         return _STATE["ok"]
+
+
+def _register(lib, decide_target: str, sweep_target: str) -> None:
+    for target, fn in ((decide_target, lib.MdlDecideF32), (sweep_target, lib.MdlSweepF32)):
+        try:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
+        except Exception as e:  # noqa: BLE001 - XLA's own error type
+            # Registered earlier in this process (the state was reset, e.g. by a test): XLA keeps
+            # the first handler, whose library stays loaded, so the kernel is usable.
+            if "Duplicate FFI handler" not in str(e):
+                raise NativeBuildError(f"registering {target} failed: {e}") from e
+    lib.MdlSetMaxThreads.argtypes = [ctypes.c_int64]
+    lib.MdlLastThreads.restype = ctypes.c_int64
+    lib.MdlPoolThreads.restype = ctypes.c_int64
+    lib.MdlLanes.restype = ctypes.c_int64
+    lib.MdlSetMaxThreads(usable_cpus())
+
+
+def load_variant(variant: str) -> dict:
+    """Build (cached) and register one ISA variant beside the process's own, under the FFI targets
+    ``mdl_decide_f32_<variant>`` / ``mdl_sweep_f32_<variant>``; returns {"path", "decide", "sweep",
+    "lanes"}. Raises NativeBuildError where the CPU cannot run it or the build fails."""
+    with _LOCK:
+        if variant in _VARIANTS:
+            return {k: v for k, v in _VARIANTS[variant].items() if k != "lib"}
+        if variant not in available_isas():
+            raise NativeBuildError(f"the {variant} variant does not run on this CPU ({platform.machine()})")
+        path = library_path(variant=variant)
+        if not verified(path):
+            build(path, variant)
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        d, w = f"{TARGET}_{variant}", f"{SWEEP_TARGET}_{variant}"
+        _register(lib, d, w)
+        _VARIANTS[variant] = {"lib": lib, "path": str(path), "decide": d, "sweep": w,
+                              "lanes": int(lib.MdlLanes())}
+        return {k: v for k, v in _VARIANTS[variant].items() if k != "lib"}
+
+
+def _decide_variant_call(M, R, A, params, target: str, flags: int, dims: tuple[int, int, int]):
+    n = M.shape[0]
+    f32 = jnp.float32
+    types = [jax.ShapeDtypeStruct((n,), jnp.int32)] + [jax.ShapeDtypeStruct((n,), f32)] * 3 + [
+        jax.ShapeDtypeStruct((n, 16), f32), jax.ShapeDtypeStruct((n, 3), f32),
+        jax.ShapeDtypeStruct((n,), f32), jax.ShapeDtypeStruct((n,), f32)]
+    out = jax.ffi.ffi_call(target, types)(M, R, A, params, flags=np.int64(flags), d_wm=np.int64(dims[0]),
+                                          d_r=np.int64(dims[1]))
+    return _decision.Decision(*out)
+
+
+_decide_variant_jit = jax.jit(_decide_variant_call, static_argnames=("target", "flags", "dims"))
+
+
+def decide_variant(variant: str, M, R, A, cfg: MDLConfig | None = None) -> _decision.Decision:
+    """``decide`` on 1-D float32 records through one ISA variant's kernel (no validation; tests and
+    benchmarks compare the variants with it)."""
+    cfg = cfg or MDLConfig()
+    t = load_variant(variant)["decide"]
+    M, R, A = (jnp.asarray(x, jnp.float32).reshape(-1) for x in (M, R, A))
+    return _decide_variant_jit(M, R, A, params(cfg), target=t, flags=flags(cfg), dims=cfg.dims)
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -398,14 +513,14 @@ def sweep_available(cfg: MDLConfig, K: int) -> bool:
     return (enabled() and jax.default_backend() == "cpu" and sweep_supports(cfg, K) and load())
 
 
-def _sweep_call(M, R, A, w2, groups, readout, start, flags: int, mode: int):
+def _sweep_call(M, R, A, w2, groups, readout, start, flags: int, mode: int, target: str = SWEEP_TARGET):
     K, W = readout.shape[0], w2.shape[1]
     # (K, W, 6) float64 sums travel as int32 pairs: without x64, JAX has no float64 arrays.
-    return jax.ffi.ffi_call(SWEEP_TARGET, jax.ShapeDtypeStruct((K, W, 12), jnp.int32))(
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((K, W, 12), jnp.int32))(
         M, R, A, w2, groups, readout, start, flags=np.int64(flags), mode=np.int64(mode))
 
 
-_sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode"))
+_sweep_jit = jax.jit(_sweep_call, static_argnames=("flags", "mode", "target"))
 
 # How the kernel sums the weights (decide_cpu.cc: kIntegral, kInt32, kDouble).
 _INTEGRAL, _INT32, _DOUBLE = 0, 1, 2
@@ -453,17 +568,19 @@ def _split_weights(M, R, A, adopt, w, dedup: bool):
 _PACK_CHUNK = 4096
 
 
-def sweep_engine(cfg: MDLConfig, K: int, size: int):
+def sweep_engine(cfg: MDLConfig, K: int, size: int, variant: str | None = None):
     """The "native" pass function of ``sweep`` (see sweep.py's engine contract): one call of the
     kernel per pass on every thread, raw weighted sums as NumPy arrays (n_correct (K, W),
     counts (K, W, 4), Σ w·C_final (K, W)), all float64: integer weights give exact integers.
 
     Configs whose fusion numbers (σ, ε_c, gains, g_A, bias) are equal form one group, whose ‖v_meta‖
-    and α the kernel computes once per record; the rest of each config is its read-out row."""
+    and α the kernel computes once per record; the rest of each config is its read-out row.
+    ``variant``: run that ISA variant's kernel (``load_variant``) instead of the process's own."""
     if not sweep_supports(cfg, K):
         raise ValueError("engine: 'native' needs D = 16 and a concrete batch of configs")
     if not (enabled() and load()):
         raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
+    target = SWEEP_TARGET if variant is None else load_variant(variant)["sweep"]
     # Packed a chunk of configs at a time: the full (K, 1066) params of a 10^6-config gate grid were
     # 4 GB (and their (K, 3, 16, 16) weight matrices 3 GB more) where the kernel needs one fusion row
     # per group and an 8-float read-out row per config. Group by the fusion numbers' bytes (a dict:
@@ -499,7 +616,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int):
         sig = [np.asarray(x, np.float32) for x in (M, R, A)]
         # folding duplicates costs a sort of the records: worth it once a few configs share it
         *sig, w2 = _split_weights(*sig, adopt, w, dedup=DEDUP and K >= 4)
-        out = _sweep_jit(*sig, w2, groups, readout, start, flags=flags_, mode=_weight_mode(w2))
+        out = _sweep_jit(*sig, w2, groups, readout, start, flags=flags_, mode=_weight_mode(w2), target=target)
         sums = np.asarray(out).view(np.float64)[inverse]   # (K, W, 6), the caller's config order
         return sums[..., 4], sums[..., 0:4], sums[..., 5]
 

@@ -3,7 +3,8 @@
 // Why it exists: the pure-JAX batched path (mdl_jax/controller/api.py) tops out near 1.2-1.4e7 decisions/s on the
 // 2-core dev VM. XLA:CPU splits the per-record graph into ~30 fusions and library calls, each streaming
 // (chunk, 16) intermediates through the cache, and zero-fills every output before the loop. Here one
-// pass per block of 16 records keeps everything in registers (records across the SIMD lanes) and writes
+// pass per block of L records (16 with AVX-512, 8 with AVX2) keeps everything in registers (records
+// across the SIMD lanes) and writes
 // each output exactly once, on every thread of XLA's intra-op pool.
 //
 // It computes exactly what mdl_jax/controller/decision.py:decide_one computes, for D = 16 and any numeric config
@@ -15,11 +16,12 @@
 // The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
 // weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
 //
-// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native), never at import.
+// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native, per ISA variant), never at import.
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -32,6 +34,11 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <time.h>
+#endif
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
 
 #include "xla/ffi/api/ffi.h"
@@ -40,8 +47,20 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// Records per block = float32 lanes of one vector register: 16 for AVX-512 (zmm), 8 for AVX2 (ymm).
+// native.py passes -DMDL_LANES per ISA variant; without it, 8 where the widest vectors are 256-bit.
+#ifndef MDL_LANES
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define MDL_LANES 8
+#else
+#define MDL_LANES 16
+#endif
+#endif
+static_assert(MDL_LANES == 8 || MDL_LANES == 16, "MDL_LANES must be 8 or 16");
+
 constexpr int D = 16;  // value-vector dimension (the kernel is only used when cfg.D == 16)
-constexpr int L = 16;  // records per block = float32 lanes of one AVX-512 register
+constexpr int L = MDL_LANES;
+constexpr int kIB = 4;  // fusion outputs computed together (see fuse)
 
 // Layout of the float32 `params` buffer; mdl_jax/controller/native.py:_pack writes the same order.
 struct Params {
@@ -62,17 +81,33 @@ static_assert(sizeof(Params) == 1066 * sizeof(float), "Params must be packed flo
 constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
                   kQR = 16;
 
-// 16 float32 lanes (one record each) as a GCC/Clang vector-extension type: explicit SIMD that lowers
-// to one AVX-512 register, two AVX2 registers or four NEON registers, without intrinsics.
-typedef float vf __attribute__((vector_size(64), aligned(64)));
-typedef int32_t vi __attribute__((vector_size(64), aligned(64)));
+// L float32 lanes (one record each) as a GCC/Clang vector-extension type: explicit SIMD that lowers to
+// one register of the ISA it is built for (native.py: one build per ISA, MDL_LANES = 16 for AVX-512,
+// 8 for AVX2), without intrinsics except where noted. Why not 16 lanes everywhere: built for AVX2, a
+// 64-byte type is split over two ymm registers, GCC lowered its selects and min/max lane by lane
+// (scalar vcmpltss / vminss), register pressure doubled and spilled, and the one-output-at-a-time
+// FMA chains left the core waiting: 875 cycles per record on a Zen 3 (issue 25), ~970 for that build on
+// the dev VM's AVX-512 Xeon; 8 lanes and the changes marked below: ~270 there.
+typedef float vf __attribute__((vector_size(4 * L), aligned(4 * L)));
+typedef int32_t vi __attribute__((vector_size(4 * L), aligned(4 * L)));
 
 inline vf splat(float x) { return vf{} + x; }
 inline vf loadu(const float* p) { vf r; std::memcpy(&r, p, sizeof r); return r; }
 inline void storeu(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 inline void storeu(int32_t* p, vi x) { std::memcpy(p, &x, sizeof x); }
+// min/max with the semantics of `a < b ? a : b` / `a > b ? a : b` (b when either is NaN or both are
+// zeros), which are exactly x86's MINPS/MAXPS: one instruction, where GCC otherwise emits a compare
+// and a blend (AVX2) for the select.
+#if defined(__AVX512F__) && MDL_LANES == 16
+inline vf vmin(vf a, vf b) { return (vf)_mm512_min_ps((__m512)a, (__m512)b); }
+inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
+#elif defined(__AVX__) && MDL_LANES == 8
+inline vf vmin(vf a, vf b) { return (vf)_mm256_min_ps((__m256)a, (__m256)b); }
+inline vf vmax(vf a, vf b) { return (vf)_mm256_max_ps((__m256)a, (__m256)b); }
+#else
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+#endif
 
 // The gate C·(g_a + g_b·α) with the product rounded on its own, as every other path computes it
 // (decision.py: _uncontracted): g++ -O3 contracts g_b·α + g_a into one FMA (one rounding), which put
@@ -119,16 +154,56 @@ inline vf tanh_v(vf x) {
 
 inline vf sqrt_v(vf x) {
   vf r;
-  for (int l = 0; l < 16; ++l) r[l] = __builtin_sqrtf(x[l]);  // GCC emits one vsqrtps (zmm)
+  for (int l = 0; l < L; ++l) r[l] = __builtin_sqrtf(x[l]);  // GCC emits one vsqrtps
   return r;
 }
+
+#if MDL_LANES == 8 && defined(__AVX__)
+// out[l * D + i] = x[i][l] for 8 components i (8 × 8 transpose; row stride D floats).
+inline void store_transposed8(const vf* x, float* out) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = (__m256)x[i];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int l = 0; l < 4; ++l) {
+    _mm256_storeu_ps(out + l * D, _mm256_permute2f128_ps(r[l], r[l + 4], 0x20));
+    _mm256_storeu_ps(out + (l + 4) * D, _mm256_permute2f128_ps(r[l], r[l + 4], 0x31));
+  }
+}
+
+// out[3 l + k] = e[k][l] for 8 records: 24 contiguous floats, three stores.
+inline void store_energies8(const vf* e, float* out) {
+  const __m256 e0 = (__m256)e[0], e1 = (__m256)e[1], e2 = (__m256)e[2];
+  // position p of the 24 comes from record p / 3 of e[p % 3]
+  const __m256i idx[3] = {_mm256_setr_epi32(0, 0, 0, 1, 1, 1, 2, 2), _mm256_setr_epi32(2, 3, 3, 3, 4, 4, 4, 5),
+                          _mm256_setr_epi32(5, 5, 6, 6, 6, 7, 7, 7)};
+  const __m256 p0[3] = {_mm256_permutevar8x32_ps(e0, idx[0]), _mm256_permutevar8x32_ps(e1, idx[0]),
+                        _mm256_permutevar8x32_ps(e2, idx[0])};
+  const __m256 p1[3] = {_mm256_permutevar8x32_ps(e0, idx[1]), _mm256_permutevar8x32_ps(e1, idx[1]),
+                        _mm256_permutevar8x32_ps(e2, idx[1])};
+  const __m256 p2[3] = {_mm256_permutevar8x32_ps(e0, idx[2]), _mm256_permutevar8x32_ps(e1, idx[2]),
+                        _mm256_permutevar8x32_ps(e2, idx[2])};
+  // then each position from its own e[k]: blend masks of the positions with p % 3 == 1 and == 2
+  _mm256_storeu_ps(out, _mm256_blend_ps(_mm256_blend_ps(p0[0], p0[1], 0x92), p0[2], 0x24));
+  _mm256_storeu_ps(out + 8, _mm256_blend_ps(_mm256_blend_ps(p1[0], p1[1], 0x24), p1[2], 0x49));
+  _mm256_storeu_ps(out + 16, _mm256_blend_ps(_mm256_blend_ps(p2[0], p2[1], 0x49), p2[2], 0x92));
+}
+#endif
 
 struct Outputs {
   int32_t* action;
   float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
 };
 
-// Stages 1-4 up to the read-out for 16 records in lanes (`s`: M, R, A; the risk is inverted here when
+// Stages 1-4 up to the read-out for L records in lanes (`s`: M, R, A; the risk is inverted here when
 // the switch is on): v_meta, ‖v_meta‖² and ‖v_meta‖, α and g_A. Shared by decide and the sweep, so both
 // compute the same bits.
 struct Fused {
@@ -158,15 +233,28 @@ __attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, 
     gA = P.gA_a + P.gA_b * (acc / float(D));
   }
   // Stages 2-3, fusion: v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b).
+  // kIB outputs at a time: each output's two sums are serial chains of 16 FMA/adds (4-cycle
+  // latency each), and one output at a time left the core waiting on them (on AVX2, with 8 lanes,
+  // the whole kernel was latency-bound). kIB independent pairs of chains keep the FMA units busy and
+  // load each v[k][j] once per kIB outputs. Every output's arithmetic, and its order, is unchanged.
   vf* vm = f.vm;
-  for (int i = 0; i < D; ++i) {
-    vf t0 = splat(0.0f), t12 = splat(P.bias[i]);
-    for (int j = 0; j < D; ++j) {
-      t0 += P.W[0][i][j] * v[0][j];
-      t12 += P.W[1][i][j] * v[1][j] + P.W[2][i][j] * v[2][j];
+  for (int i0 = 0; i0 < D; i0 += kIB) {
+    vf t0[kIB], t12[kIB];
+    for (int b = 0; b < kIB; ++b) {
+      t0[b] = splat(0.0f);
+      t12[b] = splat(P.bias[i0 + b]);
     }
-    vm[i] = tanh_v(gA * t0 + t12);
+#pragma GCC unroll 16
+    for (int j = 0; j < D; ++j) {
+      const vf a = v[0][j], r = v[1][j], q = v[2][j];
+      for (int b = 0; b < kIB; ++b) {
+        t0[b] += P.W[0][i0 + b][j] * a;
+        t12[b] += P.W[1][i0 + b][j] * r + P.W[2][i0 + b][j] * q;
+      }
+    }
+    for (int b = 0; b < kIB; ++b) vm[i0 + b] = gA * t0[b] + t12[b];
   }
+  for (int i = 0; i < D; ++i) vm[i] = tanh_v(vm[i]);  // independent: they overlap
   // Stage 4, read-out (eq. 2): the norms and α.
   vf sq = splat(0.0f), sq_wm = splat(0.0f), dot = splat(0.0f);
   for (int i = 0; i < D; ++i) {
@@ -186,7 +274,7 @@ __attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, 
 }
 
 // One block of up to L records starting at `base`: records across the lanes, so every arithmetic
-// line below is one SIMD instruction for 16 records.
+// line below is one SIMD instruction for L records.
 void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
                   const float* Ap, int64_t base, int cnt, const Outputs& o) {
   vf s[3];
@@ -222,14 +310,21 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   // Lemma 1 attribution: energy of v_meta in each subspace = squared norm of its basis coordinates.
   vf e[3];
   if (flags & kQR) {
+    // The 16 basis coordinates c_i = Σ_j Q[j][i] vm[j], kIB at a time (independent chains, as in
+    // fuse), then each subspace's energy Σ c_i² in order of i.
+    vf c[D];
+    for (int i0 = 0; i0 < D; i0 += kIB) {
+      vf t[kIB];
+      for (int b = 0; b < kIB; ++b) t[b] = zero;
+#pragma GCC unroll 16
+      for (int j = 0; j < D; ++j)
+        for (int b = 0; b < kIB; ++b) t[b] += P.Q[j][i0 + b] * vm[j];
+      for (int b = 0; b < kIB; ++b) c[i0 + b] = t[b];
+    }
     const int edges[4] = {0, d_wm, d_wm + d_r, D};
     for (int k = 0; k < 3; ++k) {
       e[k] = zero;
-      for (int i = edges[k]; i < edges[k + 1]; ++i) {
-        vf c = zero;
-        for (int j = 0; j < D; ++j) c += P.Q[j][i] * vm[j];
-        e[k] += c * c;
-      }
+      for (int i = edges[k]; i < edges[k + 1]; ++i) e[k] += c[i] * c[i];
     }
   } else {
     e[0] = e[1] = e[2] = sq;
@@ -255,9 +350,19 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   }
   // v_meta and energies are (record, component): a transpose of the lane layout.
   float* vo = o.v_meta + base * D;
+  float* eo = o.energies + base * 3;
+#if MDL_LANES == 8 && defined(__AVX__)
+  if (cnt == L) {
+    // Explicit shuffles: GCC's own vectorisation of the loops below took ~30 shuffles per record
+    // (one shuffle port on Intel), these take 6 for v_meta and 2 for the energies.
+    store_transposed8(vm, vo);
+    store_transposed8(vm + 8, vo + 8);
+    store_energies8(e, eo);
+    return;
+  }
+#endif
   for (int l = 0; l < cnt; ++l)
     for (int i = 0; i < D; ++i) vo[l * D + i] = vm[i][l];
-  float* eo = o.energies + base * 3;
   for (int l = 0; l < cnt; ++l)
     for (int k = 0; k < 3; ++k) eo[l * 3 + k] = e[k][l];
 }
@@ -467,7 +572,7 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
 // to raw weighted sums (mdl_jax/controller/sweep.py: the engine contract). What makes it fast:
 //  - configs that differ only in the read-out numbers (n_min, n_max, g_a, g_b, θ) share the fusion:
 //    the caller groups them (native.py), and ‖v_meta‖ and α are computed once per record and group;
-//  - the per-config work after the fusion is a few SIMD lines per 16 records, plus the weighted sums
+//  - the per-config work after the fusion is a few SIMD lines per L records, plus the weighted sums
 //    (masked adds in float64 lanes: integer weights are summed exactly, float weights in double);
 //  - items (a block of configs of one group × a chunk of records) run on every thread, each writing
 //    its own slice of a scratch array that is added up in a fixed order at the end, so the result
@@ -479,26 +584,28 @@ struct Readout {
 };
 static_assert(sizeof(Readout) == 8 * sizeof(float), "Readout must be 8 packed floats");
 
-typedef double vd __attribute__((vector_size(64), aligned(64)));      // 8 float64 lanes
-typedef int64_t vl __attribute__((vector_size(64), aligned(64)));     // 8 int64 lanes (masks)
+// Half a block's lanes in float64 / int64 (one register of the same width as vf).
+typedef double vd __attribute__((vector_size(4 * L), aligned(4 * L)));   // L/2 float64 lanes
+typedef int64_t vl __attribute__((vector_size(4 * L), aligned(4 * L)));  // L/2 int64 lanes (masks)
 
-inline vd lo_d(vf x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
-inline vd hi_d(vf x) {
-  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
-}
-inline vd lo_d(vi x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
-inline vd hi_d(vi x) {
-  return __builtin_convertvector(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15), vd);
-}
-inline vl lo_m(vi m) { return __builtin_convertvector(__builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7), vl); }
-inline vl hi_m(vi m) {
-  return __builtin_convertvector(__builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15), vl);
-}
+#if MDL_LANES == 16
+#define MDL_LO 0, 1, 2, 3, 4, 5, 6, 7
+#define MDL_HI 8, 9, 10, 11, 12, 13, 14, 15
+#else
+#define MDL_LO 0, 1, 2, 3
+#define MDL_HI 4, 5, 6, 7
+#endif
+inline vd lo_d(vf x) { return __builtin_convertvector(__builtin_shufflevector(x, x, MDL_LO), vd); }
+inline vd hi_d(vf x) { return __builtin_convertvector(__builtin_shufflevector(x, x, MDL_HI), vd); }
+inline vd lo_d(vi x) { return __builtin_convertvector(__builtin_shufflevector(x, x, MDL_LO), vd); }
+inline vd hi_d(vi x) { return __builtin_convertvector(__builtin_shufflevector(x, x, MDL_HI), vd); }
+inline vl lo_m(vi m) { return __builtin_convertvector(__builtin_shufflevector(m, m, MDL_LO), vl); }
+inline vl hi_m(vi m) { return __builtin_convertvector(__builtin_shufflevector(m, m, MDL_HI), vl); }
 // Sums in a fixed order (lanes converted to float64 exactly): the result never depends on the
 // compiler's reduction tree.
 inline double hsum(vd x) {
   double t = 0.0;
-  for (int l = 0; l < 8; ++l) t += x[l];
+  for (int l = 0; l < L / 2; ++l) t += x[l];
   return t;
 }
 inline double hsum(vf x) { return hsum(lo_d(x) + hi_d(x)); }
@@ -540,7 +647,7 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
   for (int64_t sub = lo; sub < hi; sub += kSweepSub) {
     const int64_t sub_hi = std::min(hi, sub + kSweepSub);
     const int nblk = static_cast<int>((sub_hi - sub + L - 1) / L);
-    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all 16 lanes in range
+    const int full = static_cast<int>((sub_hi - sub) / L);  // blocks with all L lanes in range
     const int tail = static_cast<int>((sub_hi - sub) % L);
     for (int b = 0; b < nblk; ++b) {
       const int64_t base = sub + int64_t{b} * L;
@@ -763,4 +870,37 @@ extern "C" {
 void MdlSetMaxThreads(int64_t n) { g_max_threads.store(n < 0 ? 0 : n, std::memory_order_relaxed); }
 int64_t MdlLastThreads() { return g_last_threads.load(std::memory_order_relaxed); }
 int64_t MdlPoolThreads() { return g_pool_threads.load(std::memory_order_relaxed); }
+int64_t MdlLanes() { return L; }
+
+static double thread_seconds() {
+#if defined(__linux__)
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+#else
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
+}
+
+// The core's clock while busy, for the benchmark's cycles per record: `iters` × 64 dependent
+// register-register integer adds (one cycle each on x86-64 cores; add-immediate chains are not used,
+// since Golden Cove folds them at rename), timed by this thread's CPU clock (so time the thread was
+// descheduled on a shared machine does not count). Elsewhere an estimate.
+double MdlClockHz(int64_t iters) {
+  uint64_t x = 0, one = 1;
+  const double t0 = thread_seconds();
+  for (int64_t i = 0; i < iters; ++i) {
+#if defined(__x86_64__)
+    __asm__ volatile(
+        ".rept 64\n\t"
+        "addq %1, %0\n\t"
+        ".endr"
+        : "+r"(x) : "r"(one));
+#else
+    for (int k = 0; k < 64; ++k) __asm__ volatile("" : "+r"(x) : "r"(x + 1));
+#endif
+  }
+  const double s = thread_seconds() - t0;
+  return s > 0 ? double(iters) * 64.0 / s : 0.0;
+}
 }
