@@ -12,13 +12,16 @@ How requests run: each is validated (types and ranges, 400 otherwise), its promp
 own thread and tokenizer: short requests; long ones (a prompt over ``long_prompt_tokens`` or
 max_tokens over ``long_max_tokens``); and echo scoring (``max_tokens: 0``), computed in chunks of
 ``score_chunk_tokens`` positions. Short requests come first: while one is queued or running, the long
-lane waits between tokens and the scoring lane between chunks (``ShortFirst``). A client that
-disconnects cancels its work: queued, it never runs; running, its row stops at the next token (its
-scoring at the next chunk). Temperatures below ``min_temperature`` decode greedily. A lane's batcher collects what is queued for a few ms, groups requests
+lane waits between tokens (and between chunks of ``prefill_chunk_tokens`` while it reads a long
+prompt) and the scoring lane between chunks (``ShortFirst``). A client that disconnects cancels its
+work: queued, it never runs; running, its row stops at the next token (its scoring, or a long
+prompt's prefill once every client of the batch has gone, at the next chunk). Temperatures below
+``min_temperature`` decode greedily. A lane's batcher collects what is queued for a few ms, groups requests
 with the same temperature and top_p (up to ``batch_rows`` rows and ``batch_tokens`` tokens) and runs
 ``LocalBackend.generate`` on them in its own thread; each row keeps its own max_tokens, stop strings
 and stream. A request's answer is the one ``LocalBackend.generate`` gives the same prompt with the
-same seed (paired sampling across backends), up to bf16 rounding under another batch shape.
+same seed (paired sampling across backends), up to bf16 rounding under another batch shape (or, in
+the long lane, a prompt read in chunks).
 
 ``logprobs`` on chat completions: ``choices[0].logprobs.content`` holds the first reply token only,
 with its ``top_logprobs`` most likely alternatives (what CRAG and Self-RAG read). ``n`` > 1 and
@@ -69,8 +72,9 @@ class ShortFirst:
     """Short requests before everything else. The short lane holds it from the moment a request is
     queued there until its lane is empty again; the long lane waits on it between tokens and the
     scoring lane between chunks, so a short request waits for at most one decoding step or one
-    scoring chunk of the long work beside it, then has the CPU (or GPU) to itself. A prefill of the
-    long lane is one uninterruptible call of ``generate``: short requests run beside it (contended)."""
+    scoring chunk of the long work beside it, then has the CPU (or GPU) to itself. The long lane reads
+    a long prompt in chunks of ``prefill_chunk_tokens`` and waits between them too, so a short request
+    also waits for at most one chunk of a long prompt's prefill."""
 
     def __init__(self) -> None:
         self._idle = threading.Event()
@@ -148,6 +152,7 @@ class Lane:
         self.batches = itertools.count(1)
         self.started = 0
         self.running: str | None = None  # the batch in the worker thread now (health endpoint)
+        self.prefill: tuple[int, int] | None = None  # (prompt tokens read, of) while it reads a prompt in chunks
         self.enqueued_at: dict[int, tuple[float, int]] = {}
 
     def put(self, job: Job) -> None:
@@ -226,6 +231,7 @@ class Lane:
             return all(j.cancelled for j in batch)
 
         def on_token(i: int, token: int) -> bool:
+            self.prefill = None
             if self.yields and i == 0:  # once per step: short requests first
                 self.gate.wait(gone)
             j = batch[i]
@@ -233,10 +239,20 @@ class Lane:
                 loop.call_soon_threadsafe(j.stream.put_nowait, token)
             return j.cancelled  # the client went away: end the row
 
-        gens = self.backend.generate([j.prompt for j in batch], seed=[j.seed for j in batch],
-                                     max_new_tokens=[j.max_tokens for j in batch],
-                                     temperature=batch[0].temperature, top_p=batch[0].top_p,
-                                     stop=[j.stop for j in batch], on_token=on_token)
+        def on_prefill(done: int, total: int) -> bool:
+            self.prefill = (done, total)
+            self.gate.wait(gone)  # between chunks of a long prompt: short requests first
+            return gone()         # every client left: the rest of the prompt is not read
+
+        chunked = dict(prefill_chunk=self.limits.prefill_chunk_tokens, on_prefill=on_prefill) if self.yields \
+            else {}
+        try:
+            gens = self.backend.generate([j.prompt for j in batch], seed=[j.seed for j in batch],
+                                         max_new_tokens=[j.max_tokens for j in batch],
+                                         temperature=batch[0].temperature, top_p=batch[0].top_p,
+                                         stop=[j.stop for j in batch], on_token=on_token, **chunked)
+        finally:
+            self.prefill = None
         out = []
         for j, g in zip(batch, gens):
             lp = None
@@ -314,6 +330,7 @@ class ScoreLane:
         from transformers import DynamicCache
 
         from mdl_jax.pipeline.generation import _head_fp32, _plain_head
+        from mdl_jax.pipeline.generation.local import _cache_kw
 
         tok, lm = self.backend._lm()
         if not _plain_head(lm):  # no body/head split to chunk: one pass (not interruptible)
@@ -334,8 +351,8 @@ class ScoreLane:
                     if job.cancelled:
                         raise Cancelled
                     b = min(a + step, len(ids) - 1)  # positions a..b-1 predict tokens a+1..b
-                    hidden = lm.model(input_ids=x[:, a:b], past_key_values=cache,
-                                      use_cache=True).last_hidden_state[0]
+                    hidden = lm.model(input_ids=x[:, a:b], use_cache=True,
+                                      **{_cache_kw(lm): cache}).last_hidden_state[0]
                     logp = torch.log_softmax(_head_fp32(lm, hidden), -1).cpu()
                     tgt = torch.tensor(ids[a + 1:b + 1])
                     lps += logp[torch.arange(b - a), tgt].tolist()
@@ -527,7 +544,8 @@ def make_app(srv: ModelServer):
     async def health():
         lanes = {**srv.lanes, "score": srv.score_lane}
         return {"status": "ok", "queued": {k: len(v.jobs) for k, v in lanes.items()},
-                "running": {k: v.running for k, v in lanes.items()}, "requests": srv.requests,
+                "running": {k: v.running for k, v in lanes.items()},
+                "prefill": {k: v.prefill for k, v in srv.lanes.items()}, "requests": srv.requests,
                 "cancelled": srv.cancelled}
 
     @app.post("/v1/chat/completions")

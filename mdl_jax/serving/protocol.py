@@ -56,6 +56,8 @@ class Limits:
     long_max_tokens: int = 256          # holds back the short ones
     score_chunk_tokens: int = 64        # echo scoring runs in chunks of this many positions: between
                                         # them it yields to short requests and notices a gone client
+    prefill_chunk_tokens: int = 256     # the long lane reads a prompt in chunks of this many tokens:
+                                        # between them it yields to short requests and notices a gone client
     # --- the gateway ---
     max_upstream_bytes: int = 8 << 20   # an upstream answer (decoded), or a whole upstream stream,
                                         # larger → 502 (or an error event ending the stream)

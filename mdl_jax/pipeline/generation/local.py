@@ -39,7 +39,7 @@ class LocalBackend:
 
     def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
                  temperature: float = TEMPERATURE, top_p: float = TOP_P, stop=None,
-                 on_token=None) -> list[Generation]:
+                 on_token=None, prefill_chunk: int | None = None, on_prefill=None) -> list[Generation]:
         """One text per prompt. ``seed``: the record seed of each prompt (or one int for all).
 
         A prompt is a chat (list of messages, rendered with the model's chat template) or a plain
@@ -49,6 +49,13 @@ class LocalBackend:
         the decoding loop for every new token of prompt i (a true return ends that row). None of
         them changes a row's draws: the batch decodes to its longest cap, a row that is done is
         only padded, so a row's text is the prefix of what it would be without them.
+
+        ``prefill_chunk``: read a batch's prompts longer than this many tokens in chunks of it (a KV
+        cache carries the prefix), calling ``on_prefill(tokens_read, prompt_tokens)`` before each
+        chunk: the local server's long lane waits there for short requests, and a true return (every
+        client gone) ends the batch before its next chunk, each row's text empty. None (the default):
+        one pass, as the experiment pipeline runs. Chunks change a row's numbers by float rounding only
+        (another matmul shape), the way another batch shape does.
         """
         import torch
 
@@ -93,6 +100,14 @@ class LocalBackend:
                 kw["stopping_criteria"] = StoppingCriteriaList([rows])
             t0 = time.perf_counter()
             with torch.inference_mode():
+                cache = _prefill(lm, enc, prefill_chunk, on_prefill)
+                if cache is _CANCELLED:
+                    self.seconds += time.perf_counter() - t0
+                    out_sorted += [Generation("", 0, prompt_tokens=int(enc["attention_mask"][r].sum()),
+                                              finish_reason="stop") for r in range(len(idx))]
+                    continue
+                if cache is not None:
+                    kw[_cache_kw(lm)] = cache
                 ids = lm.generate(**enc, **kw)
             self.seconds += time.perf_counter() - t0
             new = ids[:, enc["input_ids"].shape[1]:]
@@ -315,6 +330,44 @@ class LocalBackend:
         if rid:
             first = (tok.decode(rid[:1]), float(logp[rid[0]]))
         return tops, first
+
+
+_CANCELLED = object()  # what ``_prefill`` returns when ``on_prefill`` asked to stop
+
+
+def _cache_kw(lm) -> str:
+    """The name under which this transformers version takes a KV cache (``cache`` from 5.x on)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
+
+
+def _prefill(lm, enc, chunk: int | None, on_prefill):
+    """All prompt tokens but the last through the model body in chunks of ``chunk``, into a KV cache
+    that ``generate`` continues from (it then reads the last token itself and decodes as after a
+    one-pass prefill). None when there is nothing to chunk (no ``chunk``, a short prompt, no body/head
+    split); ``_CANCELLED`` when ``on_prefill`` returned true before a chunk.
+
+    Left padding as ``generate`` has it: the 2-d mask over the cache and the chunk, positions from
+    the mask's running count, so a padded row's tokens sit where they would in one pass."""
+    from transformers import DynamicCache
+
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    n = ids.shape[1]
+    if not chunk or n - 1 <= chunk or not _plain_head(lm):
+        return None
+    if chunk < 1:
+        raise ValueError(f"prefill_chunk: expected a positive number of tokens, got {chunk}")
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    name = _cache_kw(lm)
+    for a in range(0, n - 1, chunk):
+        if on_prefill is not None and on_prefill(a, n):
+            return _CANCELLED
+        b = min(a + chunk, n - 1)
+        lm.model(input_ids=ids[:, a:b], attention_mask=mask[:, :b], position_ids=pos[:, a:b],
+                 use_cache=True, **{name: cache})
+    return cache
 
 
 def _first_stop(text: str, stops) -> int | None:
