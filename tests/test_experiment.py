@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 
 from mdl_jax import Action
-from mdl_jax.pipeline import records as rec_io
 from mdl_jax.analysis.report import paired_t, rates
+from mdl_jax.pipeline import records as rec_io
+from mdl_jax.pipeline import systems as sysm
 from mdl_jax.pipeline.data import load
 from mdl_jax.pipeline.generation import OpenAIBackend
 from mdl_jax.pipeline.judgement import is_refusal
 from mdl_jax.pipeline.stores import build_stores
-from mdl_jax.pipeline import systems as sysm
 from mdl_jax.prompts import ABSTENTION, CAUTION, chat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_local_backend_batches_and_is_deterministic(local_backend, stores):
     assert [r["answer"] for r in a] == [r["answer"] for r in b]
     assert all(r["answer"] and r["llm_calls"] == 1 and r["tokens"] > 0 for r in a)
     assert "Memories:" in a[0]["prompts"][0][1]["content"]
-    c = sysm.run_plain(local_backend, qs, stores, inject=False, seed=7)
+    c = sysm.run_plain(local_backend, qs[:1], stores[:1], inject=False, seed=7)  # one: only its prompt is read
     assert "Memories:" not in c[0]["prompts"][0][1]["content"]
 
 
@@ -159,14 +159,14 @@ def test_openai_backend_needs_a_base_url(monkeypatch):
 
 
 @pytest.mark.slow
-def test_reproduce_through_openai_server_keeps_secrets_out(server, tmp_path, cache_dir):
-    env = {**os.environ, "MDL_JAX_OPENAI_BASE_URL": server, "MDL_JAX_OPENAI_API_KEY": "sk-secret-xyz",
-           "MDL_JAX_CACHE_DIR": str(cache_dir)}
+def test_reproduce_through_openai_server_keeps_secrets_out(server, tmp_path, cache_dir, cli):
     out = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "mdl_jax", "reproduce", "--backend", "openai", "--llm",
-                    "smollm2", "--datasets", "halueval", "--n-questions", "2", "--n-calibration", "2",
-                    "--systems", "B1", "B3", "--max-new-tokens", "16", "--out", str(out)],
-                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    rc, _, err = cli(["reproduce", "--backend", "openai", "--llm", "smollm2", "--datasets", "halueval",
+                      "--n-questions", "2", "--n-calibration", "2", "--systems", "B1", "B3",
+                      "--max-new-tokens", "16", "--out", out],
+                     MDL_JAX_OPENAI_BASE_URL=server, MDL_JAX_OPENAI_API_KEY="sk-secret-xyz",
+                     MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 0, err[-2000:]
     recs = rec_io.load(out / "records.jsonl")
     assert len(recs) == 2 + 2 * 2 and all(not r["failed"] for r in recs.values())
     for f in out.iterdir():
@@ -177,13 +177,15 @@ def test_reproduce_through_openai_server_keeps_secrets_out(server, tmp_path, cac
 
 # --- Durable records: SIGKILL and resume ---------------------------------------------------------
 
+def _reproduce_argv(out: Path) -> list[str]:
+    return ["reproduce", "--datasets", "halueval", "--n-questions", "6", "--n-calibration", "4", "--systems",
+            "B1", "B2", "B3", "--chunk-size", "2", "--max-new-tokens", "24", "--batch-size", "2", "--out", str(out)]
+
+
 def _reproduce(out: Path, cache_dir) -> subprocess.Popen:
     env = {**os.environ, "MDL_JAX_CACHE_DIR": str(cache_dir)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "mdl_jax", "reproduce", "--datasets", "halueval", "--n-questions", "6",
-         "--n-calibration", "4", "--systems", "B1", "B2", "B3", "--chunk-size", "2",
-         "--max-new-tokens", "24", "--batch-size", "2", "--out", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "mdl_jax", *_reproduce_argv(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _strip(recs: dict) -> dict:
@@ -195,9 +197,9 @@ def _strip(recs: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, cache_dir):
+def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, cache_dir, cli):
+    # the run that is killed is a real process; the uninterrupted run and the resume run in this one
     full, killed = tmp_path / "full", tmp_path / "killed"
-    assert _reproduce(full, cache_dir).wait(timeout=900) == 0
     p = _reproduce(killed, cache_dir)
     path = killed / "records.jsonl"
     deadline = time.time() + 600
@@ -207,7 +209,10 @@ def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, ca
     p.wait()
     n_before = len(path.read_text().splitlines())
     assert 0 < n_before < 6 * 3  # killed mid-run (the shipped config: no calibration records)
-    assert _reproduce(killed, cache_dir).wait(timeout=900) == 0
+    rc, _, err = cli(_reproduce_argv(killed), MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 0, err[-2000:]
+    rc, _, err = cli(_reproduce_argv(full))
+    assert rc == 0, err[-2000:]
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     keys = [rec_io.key(r) for r in lines]
     assert len(keys) == len(set(keys)) == 6 * 3  # none lost, none doubled
