@@ -278,6 +278,7 @@ EXPECTED = ["ANALYSIS.md", "analysis.json", "table6.md", "low_relevance.md", "ta
             "selective.md", "gates.md", "figure_risk_coverage.png"]  # RQ1 abstention, baseline gates
 
 
+@pytest.mark.slow
 def test_analyze_writes_every_table_and_figure(tmp_path):
     recs = make_records(n_q=16, systems=("B1", "B2", "B3", "CRAG"))
     for r in recs:  # a second judge that disagrees on every third question: every RQ2-RQ3 output twice

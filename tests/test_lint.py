@@ -22,6 +22,7 @@ def test_ruff_is_clean_on_the_package():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mypy_is_clean_on_the_package(tmp_path):
     pytest.importorskip("mypy", reason="the dev extra: pip install -e '.[dev]'")
     # a cache outside the checkout: a fresh clone stays clean, and a stale cache never hides an error
