@@ -247,8 +247,7 @@ class CT2Backend:
         t0 = time.perf_counter()
         gen = self._generator(_call_seed([seeds[i] for i in order]))
         self.seconds += time.perf_counter() - t0
-        for start in range(0, n, self.batch_size):
-            idx = order[start:start + self.batch_size]
+        for idx in _plan_batches([len(ids[i]) for i in order], max(caps), self.batch_size, order):
             cap = max(caps[i] for i in idx)
             t0 = time.perf_counter()
             res = gen.generate_batch([tok.convert_ids_to_tokens(ids[i]) for i in idx], max_length=cap,
@@ -293,6 +292,34 @@ class CT2Backend:
 
     def prompt_logprobs(self, text: str, k: int = 0):
         return self._local().prompt_logprobs(text, k)
+
+
+STEP_OVERHEAD = 4.0  # one decoding step's cost at batch b ~ STEP_OVERHEAD + b (in one row's cost)
+
+
+def _plan_batches(lengths: Sequence[int], new: int, batch_size: int, order: Sequence[int]) -> list[list[int]]:
+    """Batches of consecutive rows of ``order`` (sorted by prompt length, ``lengths`` in that order)
+    that minimise the estimated decoding time.
+
+    ctranslate2 forwards a batch's prompts at once only up to the shortest one; the rest of each
+    longer prompt is fed one token per decoding step, so a batch runs ``new + (longest - shortest)``
+    steps. A step at batch b costs about ``STEP_OVERHEAD + b`` rows' worth (reading the weights is
+    shared; measured on the dev VM: 80 ms at b = 1 and 0.6 s at b = 32, under load), so one batch of
+    32 prompts whose lengths spread over 200 tokens (B2 prompts do) decodes 150 tokens in 350 steps.
+    Dynamic programming over the sorted rows (at most ``batch_size`` each) picks the cuts."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - batch_size), j):
+            c = best[i] + (new + lengths[j - 1] - lengths[i]) * (STEP_OVERHEAD + (j - i))
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out, j = [], n
+    while j > 0:
+        out.append(list(order[cut[j]:j]))
+        j = cut[j]
+    return out[::-1]
 
 
 def _eos_ids(tok) -> set[int]:
