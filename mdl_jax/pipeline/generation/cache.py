@@ -20,7 +20,8 @@ from mdl_jax.pipeline.generation.sampling import _seeds
 class GenerationCache:
     """Durable generation cache of one run (SQLite in the out dir).
 
-    Key: sha256 of (model id, prompt, record seed, max_new_tokens, temperature, top_p); the record
+    Key: sha256 of (model id, prompt, record seed, max_new_tokens, temperature, top_p, and the engine
+    where it is not torch: ``engine="ctranslate2"``'s answers are never replayed as torch's); the record
     seed is a function of (dataset, qid, run seed), so the key is one per (prompt, record, sampling
     settings). Wherever two systems send the same prompt for the same record (B3 Active = B2, B3
     Silent = B1, Self-RAG's draft = B2, ...) the second gets the first's answer, exactly, and nothing
@@ -37,9 +38,11 @@ class GenerationCache:
 
     @staticmethod
     def key(model_id: str, prompt, seed: int, max_new_tokens: int, temperature: float,
-            top_p: float) -> str:
-        blob = json.dumps([model_id, prompt, int(seed), int(max_new_tokens), float(temperature),
-                           float(top_p)], sort_keys=True, ensure_ascii=False)
+            top_p: float, engine: str = "torch") -> str:
+        parts = [model_id, prompt, int(seed), int(max_new_tokens), float(temperature), float(top_p)]
+        if engine and engine != "torch":  # torch keys stay what they were: existing caches still replay
+            parts.append({"engine": engine})
+        blob = json.dumps(parts, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def get(self, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -82,7 +85,9 @@ class CachedBackend:
                  temperature: float = TEMPERATURE, top_p: float = TOP_P) -> list[Generation]:
         mnt = max_new_tokens or self.backend.max_new_tokens
         seeds = _seeds(seed, len(prompts))
-        keys = [GenerationCache.key(self.backend.model_id, p, s, mnt, temperature, top_p)
+        engine = getattr(self.backend, "engine", "torch")
+        engine = engine if isinstance(engine, str) else "torch"
+        keys = [GenerationCache.key(self.backend.model_id, p, s, mnt, temperature, top_p, engine)
                 for p, s in zip(prompts, seeds)]
         have = self.cache.get(keys)
         todo: dict[str, int] = {}  # key → first index that needs it
