@@ -330,6 +330,7 @@ def site(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_site_builds_strict_offline_and_links_resolve(site):
     for page in ("index.html", "tour.html", "guides/controller.html", "api/controller.html",
                  "architecture.html", "benchmarks.html"):
@@ -361,6 +362,7 @@ def _browser(binary: str, *args: str) -> str:
     return r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "heading", "code"), [
     ("index.html", "mdl-jax", "decide("),
     ("guides/sweeps.html", "Sweeps", "config_grid("),
