@@ -33,6 +33,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from mdl_jax.pipeline.generation.base import BUNDLED, BUNDLED_ID, MAX_NEW_TOKENS
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed
 
 ENGINES = ("torch", "ctranslate2", "auto")
+_SEED_LOCK = threading.Lock()
 
 
 def ct2_available() -> bool:
@@ -227,8 +229,6 @@ class CT2Backend:
                                   None, None, min_new_tokens)
 
     def _generate_ids(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
-        from mdl_jax.pipeline.generation.local import _first_stop
-
         tok = self._load()
         n = len(ids)
         caps = ([int(max_new_tokens or self.max_new_tokens)] * n
@@ -239,11 +239,20 @@ class CT2Backend:
             raise ValueError(f"max_new_tokens / stop: expected one entry per prompt ({n})")
         eos_ids = _eos_ids(tok)
         order = sorted(range(n), key=lambda i: len(ids[i]))  # similar lengths share a batch (stable)
-        out: list = [None] * n  # placeholders: every slot is set below
         sampling = (dict(sampling_topk=0, sampling_topp=float(top_p), sampling_temperature=float(temperature))
                     if temperature > 0 else dict(sampling_topk=1))
         if not n:
             return []
+        # ctranslate2's seed is global and read when the worker first samples (in the first batch), so
+        # no other call may set it in between: calls through this engine run one at a time per process.
+        with _SEED_LOCK:
+            return self._run(ids, seeds, order, caps, stops, eos_ids, sampling, min_new_tokens, on_token)
+
+    def _run(self, ids, seeds, order, caps, stops, eos_ids, sampling, min_new_tokens, on_token):
+        from mdl_jax.pipeline.generation.local import _first_stop
+
+        tok = self._tok
+        out: list = [None] * len(ids)  # placeholders: every slot is set below
         t0 = time.perf_counter()
         gen = self._generator(_call_seed([seeds[i] for i in order]))
         self.seconds += time.perf_counter() - t0
