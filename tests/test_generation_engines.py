@@ -110,7 +110,9 @@ def _params(fn):
 def test_interface_matches_the_local_backend(tiny):
     for name in ("generate", "score", "token_logprobs", "top_logprobs", "prompt_logprobs"):
         local, ct2 = _params(getattr(LocalBackend, name)), _params(getattr(CT2Backend, name))
-        assert local.items() <= ct2.items(), name  # every LocalBackend parameter, same default
+        # the chunked-prefill hooks are the model server's (its long lane runs LocalBackend only)
+        local = {k: v for k, v in local.items() if k not in ("prefill_chunk", "on_prefill")}
+        assert local.items() <= ct2.items(), name  # every other LocalBackend parameter, same default
     be = CT2Backend(tiny, batch_size=2, max_new_tokens=4, dtype="float32")
     for attr in ("model_id", "max_new_tokens", "batch_size", "device", "dtype", "tokens_generated",
                  "seconds", "score_seconds", "calls", "failed_calls"):

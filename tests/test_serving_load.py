@@ -155,7 +155,10 @@ def test_a_prompt_read_in_chunks_generates_what_one_pass_does(local_backend):
     from mdl_jax.pipeline.generation import LocalBackend
 
     tok, lm = local_backend._lm()
-    lm32 = copy.deepcopy(lm).float()  # the bundled weights in float32 (a second load would dequantize again)
+    # the bundled weights in float32 (a second load would dequantize again); torch's own .float(): a model
+    # read straight from the GGUF (a fresh cache, before the converted checkpoint exists) counts as
+    # quantised to transformers, whose .float() refuses, though its weights are plain tensors
+    lm32 = torch.nn.Module.float(copy.deepcopy(lm))
     b = LocalBackend(local_backend.model, max_new_tokens=4)
     b._lm = lambda: (tok, lm32)  # type: ignore[method-assign]
     threads = torch.get_num_threads()

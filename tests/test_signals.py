@@ -445,10 +445,10 @@ def test_small_path_matches_the_jax_aggregation(S, seed, threshold):
             assert type(got[k]) is np.float32 and abs(float(got[k]) - float(ref[k])) <= 1e-6, (k, got, ref)
 
 
-def test_one_query_calls_take_the_small_path_with_the_batch_signals():
-    """memory_signals on ≤ SMALL_BATCH stores (the NumPy path) matches the same stores inside a larger
-    call (the JAX pass) to ≤ 1e-6, for the default detector (flags of the relevant memories only,
-    analyses reused) and a custom one; empty stores included."""
+def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(monkeypatch):
+    """memory_signals on stores of ≤ SMALL_MEMORIES memories (the NumPy path, however many rows the
+    call has) matches the JAX pass on the same stores to ≤ 1e-6, for the default detector (flags of
+    the relevant memories only, analyses reused) and a custom one; empty stores included."""
     from mdl_jax.signals import aggregation
 
     rng = np.random.default_rng(5)
@@ -461,8 +461,9 @@ def test_one_query_calls_take_the_small_path_with_the_batch_signals():
     stores = [list(rng.choice(names[1:], size=i % 7, replace=False)) for i in range(20)]
     queries = [names[0]] * len(stores)
     for conflict in (pair_flags, lambda t: np.asarray(pair_flags(t))):
-        big = memory_signals(queries, stores, embed, conflict=conflict)  # 20 > SMALL_BATCH: JAX
-        assert len(stores) > aggregation.SMALL_BATCH
+        with monkeypatch.context() as m:
+            m.setattr(aggregation, "SMALL_MEMORIES", -1)  # every store "large": the JAX pass
+            big = memory_signals(queries, stores, embed, conflict=conflict)
         for i in range(0, len(stores), 4):
             small = memory_signals(queries[i:i + 4], stores[i:i + 4], embed, conflict=conflict)
             assert np.array_equal(small["n_relevant"], big["n_relevant"][i:i + 4])

@@ -8,8 +8,9 @@ A comes from ``risk``. This is the one implementation behind both the benchmark 
 (``mdl_jax.pipeline.store_signals``) and the memory gate (``mdl_jax.gate``): both call
 ``memory_signals``. Stores are padded to the largest store size S and masked; embeddings are gathered
 from one matrix of unique texts. The lexical flags are computed once per store (S(S-1)/2 pairs) in
-Python and enter the JAX pass as a (B, S, S) boolean array. A call of a few small stores (one query:
-``SMALL_BATCH``) is aggregated in NumPy instead (``aggregate_small``, the same formulas to ≤ 1e-6),
+Python and enter the JAX pass as a (B, S, S) boolean array. A store of at most ``SMALL_MEMORIES``
+memories is aggregated in NumPy instead (``aggregate_small``, the same formulas to ≤ 1e-6; the path
+follows the row's own size, never the call's, so batching never changes a row's bits),
 with the default detector's flags computed among the relevant memories only. Deviation: the paper does not say what M is
 when every cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
 """
@@ -65,12 +66,13 @@ def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
 
 aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
 
-# A call of at most SMALL_BATCH stores of at most SMALL_MEMORIES memories (one query from a framework
-# component or the gateway) is aggregated in NumPy by ``aggregate_small``: there, JAX's dispatch, the
+# A store of at most SMALL_MEMORIES memories is aggregated in NumPy by ``aggregate_small``, whatever the
+# call's size (a path chosen by the call's size would make a row's last bit depend on its batch
+# neighbours: tests/test_ray_data.py). For one query (a framework component, the gateway) JAX's dispatch, the
 # padding to 16 rows and the transfers back cost ~100 µs against ~10 µs of arithmetic. The two paths
 # agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_signals.py); they can count a memory as
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
-SMALL_BATCH = 8
+SMALL_BATCH = 8  # (kept for callers; the path no longer depends on it)
 SMALL_MEMORIES = 64
 
 
@@ -249,8 +251,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     so padding memory stays bounded (see ``BATCH``). Returns {"M", "R", "phi": (B,) float32,
     "n_relevant": (B,) int32}.
     ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
-    padding) and "aggregation" (the JAX pass). A call of at most ``SMALL_BATCH`` stores of at most
-    ``SMALL_MEMORIES`` memories takes the NumPy path (``aggregate_small``); there the default
+    padding) and "aggregation" (the JAX pass). A store of at most ``SMALL_MEMORIES`` memories takes
+    the NumPy path (``aggregate_small``) in a call of any size; there the default
     detector's flags, computed among the relevant memories only, count under "aggregation".
     """
     if len(queries) != len(stores):
@@ -278,7 +280,20 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         t_emb = (np.zeros((1, q_emb.shape[1]), np.float32), {})
     t1 = time.perf_counter()
     t["embedding"] = t.get("embedding", 0.0) + t1 - t0
-    if B <= SMALL_BATCH and all(len(s) <= SMALL_MEMORIES for s in stores):
+    small = [len(s) <= SMALL_MEMORIES for s in stores]
+    if not all(small) and any(small):
+        # Which path a row takes depends on the row alone (its own number of memories), never on
+        # its neighbours in the call: so a row's signals are the same bits whatever it is batched
+        # with (the gate's and MemoryGateBatch's promise). A mixed call is split in two.
+        out_idx = [np.flatnonzero(np.asarray(small) == k) for k in (True, False)]
+        for idx in out_idx:
+            part = memory_signals([queries[i] for i in idx], [stores[i] for i in idx], embedder,
+                                  conflict=conflict, threshold=threshold, batch=batch, progress=progress,
+                                  timings=timings)
+            for k in out:
+                out[k][idx] = part[k]
+        return out
+    if all(small):
         U, index = t_emb
         for b, s in enumerate(stores):
             t0 = time.perf_counter()
