@@ -287,7 +287,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         # with (the gate's and MemoryGateBatch's promise). A mixed call is split in two.
         out_idx = [np.flatnonzero(np.asarray(small) == k) for k in (True, False)]
         for idx in out_idx:
-            part = memory_signals([queries[i] for i in idx], [stores[i] for i in idx], embedder,
+            picked = idx.tolist()
+            part = memory_signals([queries[i] for i in picked], [stores[i] for i in picked], embedder,
                                   conflict=conflict, threshold=threshold, batch=batch, progress=progress,
                                   timings=timings)
             for k in out:
