@@ -26,12 +26,12 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mdl_jax._paths import fsync_dir, replace_with
 from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
 from mdl_jax.signals.embeddings import ModelLoadError
@@ -318,28 +318,7 @@ def _fingerprint(args) -> dict:
 # rename replaces a symlink, never writes through it), and the folder fsynced: after a power cut the
 # manifest names no part whose bytes are not on disk.
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_with(path: Path, write, *, tmp_dir: Path | None = None) -> None:
-    """``write(binary file)`` into a fresh temp file in ``tmp_dir`` (default: beside ``path``), then
-    fsync, rename onto ``path`` and fsync ``path``'s folder; the temp file is removed on failure."""
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+_fsync_dir, _replace_with = fsync_dir, replace_with  # the one mechanism: mdl_jax/_paths.py
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
