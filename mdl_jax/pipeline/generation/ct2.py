@@ -39,7 +39,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mdl_jax._paths import default_cache_dir
-from mdl_jax.pipeline.generation.base import BUNDLED, BUNDLED_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, Chat, Generation
+from mdl_jax.pipeline.generation.base import (
+    BUNDLED,
+    BUNDLED_ID,
+    MAX_NEW_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    Chat,
+    Generation,
+    per_prompt_limits,
+)
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed
 
 ENGINES = ("torch", "ctranslate2", "auto")
@@ -231,12 +240,7 @@ class CT2Backend:
     def _generate_ids(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
         tok = self._load()
         n = len(ids)
-        caps = ([int(max_new_tokens or self.max_new_tokens)] * n
-                if max_new_tokens is None or isinstance(max_new_tokens, int)
-                else [int(m or self.max_new_tokens) for m in max_new_tokens])
-        stops = [list(s or ()) for s in stop] if stop is not None else [[] for _ in range(n)]
-        if len(caps) != n or len(stops) != n:
-            raise ValueError(f"max_new_tokens / stop: expected one entry per prompt ({n})")
+        caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
         eos_ids = _eos_ids(tok)
         order = sorted(range(n), key=lambda i: len(ids[i]))  # similar lengths share a batch (stable)
         sampling = (dict(sampling_topk=0, sampling_topp=float(top_p), sampling_temperature=float(temperature))

@@ -12,7 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from mdl_jax.pipeline.generation.base import BUNDLED, BUNDLED_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, Chat, Generation
+from mdl_jax.pipeline.generation.base import (
+    BUNDLED,
+    BUNDLED_ID,
+    MAX_NEW_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    Chat,
+    Generation,
+    per_prompt_limits,
+)
 from mdl_jax.pipeline.generation.loading import _load_local, auto_dtype
 from mdl_jax.pipeline.generation.sampling import _RowSampler, _seeds, row_seed
 
@@ -60,12 +69,7 @@ class LocalBackend:
         import torch
 
         n = len(prompts)
-        caps = ([int(max_new_tokens or self.max_new_tokens)] * n
-                if max_new_tokens is None or isinstance(max_new_tokens, int)
-                else [int(m or self.max_new_tokens) for m in max_new_tokens])
-        stops = [list(s or ()) for s in stop] if stop is not None else [[] for _ in range(n)]
-        if len(caps) != n or len(stops) != n:
-            raise ValueError(f"max_new_tokens / stop: expected one entry per prompt ({n})")
+        caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
         seeds = _seeds(seed, n)
         tok, lm = self._lm()
         texts_all = [p if isinstance(p, str) else
