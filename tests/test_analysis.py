@@ -339,3 +339,17 @@ def test_bad_input_names_the_file_and_what_is_missing(tmp_path, capsys):
     assert cli_main(["analyze", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "nob3.jsonl: no successful B3" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_abstention_bins_keep_one_bin_when_every_high_risk_record_shares_its_signals():
+    # a small run: every A ≥ 0.70 record has the same M and R, so the quintile edges collapse to one
+    # value; that is one closed bin, not zero bins (an IndexError in np.add.at before)
+    from types import SimpleNamespace
+
+    from mdl_jax.analysis import figures
+
+    df = pd.DataFrame({"M": [0.5, 0.5, 0.5, 0.9], "R": [0.2, 0.2, 0.2, 0.7], "A": [0.85, 0.85, 0.85, 0.2]})
+    scored = SimpleNamespace(action=np.array([Action.OPT_OUT, Action.ACTIVE, Action.SILENT, Action.ACTIVE]))
+    ab = figures.abstention_bins(df, scored)
+    assert ab["n"] == 3 and ab["count"].shape == (1, 1) and ab["count"][0, 0] == 3
+    assert ab["rate"][0, 0] == pytest.approx(2 / 3) and ab["overall"] == pytest.approx(2 / 3)

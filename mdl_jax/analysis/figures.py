@@ -128,6 +128,11 @@ def figure5b(gate: dict, path: Path, judge: str | None = None) -> Path:
     return _save(fig, path)
 
 
+def _edges(x: np.ndarray, n_bins: int) -> np.ndarray:
+    e = np.unique(np.quantile(x, np.linspace(0, 1, n_bins + 1)))
+    return e if len(e) >= 2 else np.repeat(e, 2)
+
+
 def abstention_bins(df, scored, n_bins: int = 5) -> dict:
     """Abstention share over M × R quintile bins of the records with A ≥ 0.70 (NaN: empty bin)."""
     hi = df["A"].to_numpy() >= HIGH_RISK
@@ -135,8 +140,10 @@ def abstention_bins(df, scored, n_bins: int = 5) -> dict:
     ab = np.isin(scored.action[hi], (Action.SILENT, Action.OPT_OUT))
     if not hi.any():
         return {"n": 0}
-    em = np.unique(np.quantile(M, np.linspace(0, 1, n_bins + 1)))
-    er = np.unique(np.quantile(R, np.linspace(0, 1, n_bins + 1)))
+    # Tied quantiles collapse to fewer edges; when every record shares one M (or R), as in a small run,
+    # one edge is left: keep it as a single closed bin [v, v] rather than zero bins.
+    em = _edges(M, n_bins)
+    er = _edges(R, n_bins)
     im = np.clip(np.searchsorted(em, M, side="right") - 1, 0, len(em) - 2)
     ir = np.clip(np.searchsorted(er, R, side="right") - 1, 0, len(er) - 2)
     num = np.zeros((len(em) - 1, len(er) - 1))
