@@ -39,7 +39,19 @@ def rng():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("emb-cache")
+    """This session's own cache folder (embeddings, judged sets): the runs and gates the tests start
+    write there, not into the user's cache. The two parts that are expensive to make and keyed by
+    their content, the converted SmolLM2 checkpoints (``models/``, ~15 s per dtype) and the compiled
+    native kernels (``native/``, ~10 s per ISA), link to the default cache instead, so a fresh clone
+    makes each once, not once more per session folder (or per pytest-xdist worker)."""
+    from mdl_jax._paths import default_cache_dir
+
+    d = tmp_path_factory.mktemp("emb-cache")
+    for part in ("models", "native"):
+        shared = default_cache_dir() / part
+        shared.mkdir(parents=True, exist_ok=True)
+        (d / part).symlink_to(shared, target_is_directory=True)
+    return d
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +87,33 @@ def cli(monkeypatch, capsys):
         return rc, out, err
 
     return run
+
+
+# --- Two workers (scripts/test.sh runs `pytest -n auto --dist loadgroup`) --------------------------
+# The suite is CPU-bound on 2 cores, but one process keeps ~1.2 of them busy (servers answering, models
+# loading, single-threaded Python). Two pytest-xdist workers fill the rest. Every test that runs
+# SmolLM2 (in this process or in a server it starts) is one group, on one worker: two workers each
+# running torch on both cores thrash (each test ran 2-3× slower), and the model is loaded once. Every
+# other file is its own group (module fixtures made once). The SmolLM2 group is the longest, so it is
+# sent first, then the longest of the rest; a serial run (no -n) runs the same order.
+LLM_FILES = ("test_experiment", "test_fidelity", "test_selective", "test_llm_judge", "test_generation_engines",
+             "test_serving", "test_serving_load")
+LONG_FILES = ("test_tuning", "test_native", "test_docs", "test_scale", "test_decision", "test_lint",
+              "test_analysis", "test_ray_data", "test_hardening", "test_packaging")
+
+
+def _group(item) -> str:
+    stem = item.path.stem
+    return "llm" if stem in LLM_FILES else stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+    def rank(item):
+        g = _group(item)
+        return 0 if g == "llm" else 1 + LONG_FILES.index(g) if g in LONG_FILES else 1 + len(LONG_FILES)
+
+    items.sort(key=rank)  # stable: each file keeps its own order

@@ -312,7 +312,7 @@ def test_decisions_are_parsed_when_the_server_sends_no_logprobs(fault_server, mo
 def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, tmp_path, cache_dir, cli):
     out = tmp_path / "run"
     rc, _, err = cli(["reproduce", "--backend", "openai", "--llm", "m", "--datasets", "halueval",
-                      "--n-questions", "2", "--n-calibration", "2", "--systems", "B1", "--out", out],
+                      "--n-questions", "2", "--n-calibration", "2", "--systems", "B1", "--no-analyses", "--out", out],
                      MDL_JAX_OPENAI_BASE_URL=fault_server("no-choices"), MDL_JAX_CACHE_DIR=cache_dir)
     assert rc == 3, err[-2000:]
     assert "4 of 4 records of this run failed" in err
@@ -327,7 +327,8 @@ def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tm
     from mdl_jax.pipeline.experiment import SHIPPED
 
     out = tmp_path / "run"
-    local = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--out", out]
+    local = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--no-analyses",
+             "--out", out]
     rc, _, err = cli(local + ["--n-questions", "1"], MDL_JAX_CACHE_DIR=cache_dir)
     assert rc == 0, err[-2000:]
     rc, _, err = cli(local + ["--n-questions", "2", "--backend", "openai", "--llm", "m",
@@ -366,8 +367,11 @@ def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(t
 # --- Progress and throughput across a resume -------------------------------------------------------
 
 def _tiny(cli, out: Path, cache_dir, *extra) -> tuple[int, str, str]:
+    # --no-analyses: these tests check the run's bookkeeping; the analyses after a run are
+    # test_experiment's sigkill test and test_analysis's
     return cli(["reproduce", "--datasets", "halueval", "--n-calibration", "2", "--systems", "B1", "B2", "B3",
-                "--max-new-tokens", "8", "--batch-size", "4", "--out", out, *extra], MDL_JAX_CACHE_DIR=cache_dir)
+                "--max-new-tokens", "8", "--batch-size", "4", "--no-analyses", "--out", out, *extra],
+               MDL_JAX_CACHE_DIR=cache_dir)
 
 
 def _bar(stderr: str) -> tuple[int, int]:
@@ -396,7 +400,10 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
     # nothing was left to generate: the rerun only rewrote the report, which keeps the figures of the
     # run that did the work (not ~0 s of its own)
     assert run2["this_run"] == run1["this_run"] and run2["wall_seconds"] == run1["wall_seconds"] > 0
-    assert run2["report_rewritten"] is True and "rewritten by a rerun" in (out / "REPORT.md").read_text()
+    report = (out / "REPORT.md").read_text()
+    assert run2["report_rewritten"] is True and "rewritten by a rerun" in report
+    # --no-analyses: the report says how to run them later, and none ran
+    assert "not run (--no-analyses): `mdl-jax analyze" in report and not (out / "analysis").exists()
 
 
 def test_shipped_configs_are_the_committed_paper_scale_calibration():

@@ -146,6 +146,10 @@ def _register_reproduce(sub, common) -> None:
     p.add_argument("--call-timeout", type=positive_float, default=120.0,
                    help="openai backend: total seconds one call may take, retries included; a call "
                         "over budget becomes a failed record (a rerun fills it in)")
+    p.add_argument("--no-analyses", dest="analyses", action="store_false",
+                   help="write the records and the RQ1 report only, without the learned MDL and the "
+                        "RQ2-RQ4 analyses (tables and figures under OUT/analysis); `mdl-jax analyze "
+                        "OUT/records.jsonl` runs them later on the same records")
     p.set_defaults(func=reproduce_cmd)
 
 
@@ -215,8 +219,13 @@ def reproduce_cmd(args) -> int:
             summary["report_rewritten"] = True
         (cfg.out / "run.json").write_text(json.dumps(summary, indent=2))
         # tune first: the analyses score the tuned configs beside the practitioners' gates
-        tuned_md = tune_step(cfg.out)
-        analysis_md = analyze_step(cfg.out)
+        if args.analyses:
+            tuned_md = tune_step(cfg.out)
+            analysis_md = analyze_step(cfg.out)
+        else:
+            tuned_md = None
+            analysis_md = (f"The RQ2–RQ4 analyses were not run (--no-analyses): `mdl-jax analyze "
+                           f"{cfg.out / 'records.jsonl'}` runs them on these records.")
         report = write_report(cfg.out, summary, embedder=emb, analysis_md=analysis_md,
                               tuned_md=tuned_md)
     finally:

