@@ -65,7 +65,7 @@ def embedder(cache_dir):
 def local_backend():
     from mdl_jax.pipeline.generation import LocalBackend
 
-    return LocalBackend(batch_size=8, max_new_tokens=24)  # the real bundled SmolLM2, loaded once
+    return LocalBackend(batch_size=8, max_new_tokens=12)  # the real bundled SmolLM2, loaded once
 
 
 @pytest.fixture

@@ -77,6 +77,7 @@ def test_oracle_labels_follow_section_5_3():
         oracle.oracle_labels(pd.DataFrame({"system": ["CRAG"], "action_name": [None], "h": [0.0]}))
 
 
+@pytest.mark.slow
 def test_binary_accuracy_counts_only_active_as_adopt():
     # a 5 × 5 (M, R) grid at one risk level: Supp, Silent and Opt-Out all count as reject
     g = np.linspace(0.1, 0.9, 5, dtype=np.float32)

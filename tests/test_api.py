@@ -145,6 +145,7 @@ def test_soft_decision_is_a_distribution_and_tends_to_hard(rng):
     np.testing.assert_array_equal(np.asarray(p).argmax(-1)[far], hard[far])
 
 
+@pytest.mark.slow
 def test_finite_gradients_for_every_numeric_config_field(maybe_jit, rng):
     x = jnp.asarray(rng.uniform(size=(3, 64)).astype(np.float32))
     target = jnp.asarray(rng.integers(0, 4, 64))

@@ -282,6 +282,7 @@ def test_llm_judge_check_help_does_not_start_the_job():
     assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr
 
 
+@pytest.mark.slow
 def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tmp_path, capsys):
     """19 §1: a records line torn inside a UTF-8 character, JSON non-records and a non-JSON line are
     skipped with ONE warning per file by every consumer; every complete record is kept, and the

@@ -66,6 +66,7 @@ def _tie_records(n=12, seed=0):
     return np.array(x, np.float32).T, cfgs
 
 
+@pytest.mark.slow
 def test_ties_on_a_threshold_take_the_same_action_on_every_path():
     """C_final exactly on θ0 = θ1 = θ2 is Active on eager decide_one, jitted decide_one, decide (native
     kernel and pure JAX), the fused kernel (interpret mode) and the three sweep engines."""

@@ -192,6 +192,7 @@ def test_ablation_no_value_encoding_is_constant_vector(maybe_jit):
 
 # --- Precision, gradients, NaN safety ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_float64_agrees_with_float32(maybe_jit):
     x32 = np.random.default_rng(1).uniform(size=(3, 500)).astype(np.float32)
     out32 = run(maybe_jit, *x32)

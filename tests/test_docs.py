@@ -143,6 +143,7 @@ def _program_pages():
 
 
 @pytest.mark.parametrize("page", _program_pages())
+@pytest.mark.slow
 def test_program_page_is_its_file_and_its_fast_part_runs(page, docs_env):
     program, blocks = _page_blocks(page)
     joined = "\n".join(b["code"] for b in blocks)

@@ -92,7 +92,7 @@ def test_row_sampler_keeps_to_the_top_p_nucleus():
 def local_fp32():
     # float32: no bf16 rounding, so the property below holds exactly (bf16's rate is measured by
     # experiments/batching_invariance.py; the generation cache makes the experiment exact anyway).
-    return LocalBackend(batch_size=8, max_new_tokens=16, dtype="float32")
+    return LocalBackend(batch_size=8, max_new_tokens=10, dtype="float32")
 
 
 @pytest.mark.slow
@@ -196,8 +196,11 @@ def test_crag_and_selfrag_decisions_are_scored_deterministic_and_never_unparsed(
     qs, seeds = [s.item.question for s in stores[:2]], _seeds(stores[:2])
     crag = [sysm.run_crag(local_backend, qs, stores[:2], seed=seeds) for _ in range(2)]
     assert [r["extra"] for r in crag[0]] == [r["extra"] for r in crag[1]]
-    for r in crag[0]:
+    for r, s in zip(crag[0], stores[:2]):
         assert set(r["extra"]["grade_methods"]) == {"scored"} and r["extra"]["method"] == "scored"
+        # the calls it counts: one grade per memory, then the answer
+        assert r["llm_calls"] == len(s.records) + 1 and len(r["extra"]["grades"]) == len(s.records)
+        assert r["extra"]["verdict"] in ("Correct", "Incorrect", "Ambiguous")
         for sc in r["extra"]["grade_scores"]:
             assert set(sc) == set(sysm.GRADES) and all(v <= 0 for v in sc.values())
     srag = [sysm.run_selfrag(local_backend, qs, stores[:2], seed=seeds) for _ in range(2)]
@@ -208,6 +211,8 @@ def test_crag_and_selfrag_decisions_are_scored_deterministic_and_never_unparsed(
         assert e["isrel"] in sysm.ISREL and e["issup"] in sysm.ISSUP and 1 <= e["isuse"] <= 5
         assert e["outcome"] in ("kept", "regenerated") and not e["unparsed"]
         assert e["regenerated"] == (e["isrel"] == "Irrelevant" or e["issup"] == "No support")
+        # draft + ISREL + ISSUP + ISUSE (+ the parametric regeneration)
+        assert r["llm_calls"] == (5 if e["regenerated"] else 4) and r["answer"]
 
 
 class _TextOnly:

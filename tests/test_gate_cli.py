@@ -77,6 +77,7 @@ def _run(src, out, cache_dir, *extra):
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_gives_exactly_the_uninterrupted_output(rows, tmp_path, cache_dir):
     src = _jsonl(tmp_path / "in.jsonl", rows + rows[:10])  # 30 rows, 10 parts of 3
     ref = tmp_path / "ref.jsonl"

@@ -74,6 +74,7 @@ def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monk
     assert built == [path] and loaded == [len(lib_bytes)]
 
 
+@pytest.mark.slow
 def test_truncated_kernel_library_does_not_kill_a_fresh_process(good_library, tmp_path):
     # The reproducer end to end, with the real compiler: before the fix this process died of SIGBUS.
     lib_bytes, record = good_library
@@ -93,6 +94,7 @@ def test_truncated_kernel_library_does_not_kill_a_fresh_process(good_library, tm
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
 
 
+@pytest.mark.slow
 def test_kernel_build_writes_library_and_record_atomically(good_library, tmp_path):
     lib_bytes, _ = good_library
     out = tmp_path / "k.so"

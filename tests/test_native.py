@@ -203,6 +203,7 @@ def test_zero_norm_v_meta_gives_no_nan_in_the_kernel():
         assert np.all(np.isfinite(np.asarray(getattr(out, f)))), f
 
 
+@pytest.mark.slow
 def test_gpu_check_script_runs_on_cpu():
     # experiments/bench_gpu.py is what a session with a GPU runs in one call; keep it working here.
     from experiments import bench_gpu
@@ -215,6 +216,7 @@ def test_gpu_check_script_runs_on_cpu():
     assert res["sweep_sigma"]["decisions_per_s"] > 0 and res["tune_all"]["warm_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
@@ -249,6 +251,7 @@ _OTHER_ISAS = [v for v in native.available_isas() if v != "native" and v != nati
 
 @pytest.mark.parametrize("variant", _OTHER_ISAS or [pytest.param(None, marks=pytest.mark.skip(
     reason="this CPU runs one ISA variant only: the tests above cover it"))])
+@pytest.mark.slow
 def test_every_isa_variant_matches_pure_jax_and_the_default_variant_bit_for_bit(variant):
     rng = np.random.default_rng(11)
     g = np.array([0.0, 1.0, 0.5, np.nextafter(np.float32(0), np.float32(1))], np.float32)

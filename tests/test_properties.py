@@ -176,6 +176,7 @@ _ARRAY_KINDS = [k for k in KINDS if not isinstance(k, str)]
 
 
 @given(triples(kinds=_ARRAY_KINDS, shapes=[(), (3,), (3, 1), (2, 3)]))
+@pytest.mark.slow
 def test_decide_inside_a_callers_jit_follows_the_same_dtype_and_shape_rules(xs):
     bad = expected_bad(xs, values=False)
     f = jax.jit(lambda m, r, a: decide(m, r, a))

@@ -63,6 +63,7 @@ def test_mesh_shape_shards_configs_first_and_records_when_the_batch_is_small():
         _engine_for_mesh("native", (1, 1))
 
 
+@pytest.mark.slow
 def test_sweep_and_tune_many_on_2d_meshes_of_four_and_two_devices_equal_one_device(tmp_path):
     """Configs, records or both sharded over 4 forced CPU devices (and over 2 of them) give the
     one-device numbers (a (1, 1) mesh in the same process): counts and accuracies exactly, C_final
@@ -107,6 +108,7 @@ def records(tmp_path_factory):
     return path, M, R, A, adopt, weight
 
 
+@pytest.mark.slow
 def test_sweep_parquet_equals_sweep_on_the_same_records_and_weights(records):
     """Streamed in passes that cut across row groups: the in-memory sweep's integer sums exactly,
     unweighted, and with a weight column times Poisson resamples keyed by row (any batch size)."""
@@ -184,6 +186,7 @@ WORKER = (
 )
 
 
+@pytest.mark.slow
 def test_two_processes_through_jax_distributed_equal_one_process(records, tmp_path):
     """Two CPU processes (one device each) on 127.0.0.1, each sweeping half the rows (arrays) and
     half the row groups (Parquet): both return one process's sweep, integer sums exactly; and

@@ -30,6 +30,7 @@ def teacher_data():
 
 @pytest.mark.parametrize("field, index", [("sigma", None), ("eps_c", None), ("gate_coeffs", 1),
                                           ("thresholds", 0), ("n_max", None)])
+@pytest.mark.slow
 def test_soft_decision_gradients_match_finite_differences(field, index, maybe_jit):
     rng = np.random.default_rng(1)
     M, R, A = (jnp.asarray(x) for x in rng.uniform(size=(3, 16)).astype(np.float32))
@@ -57,6 +58,7 @@ def test_soft_decision_gradients_match_finite_differences(field, index, maybe_ji
     assert abs(g - fd) <= 2e-2 * max(1.0, abs(fd)), (g, fd)
 
 
+@pytest.mark.slow
 def test_tuning_recovers_a_teachers_gates_up_to_their_common_scale(teacher_data):
     """Labels from a controller with known gates (0.1, 0.9) and θ0 = 0.5. Only g_a/θ0 and g_b/θ0 are
     identifiable (C·(g_a + g_b α) ≥ θ0 is unchanged when all three scale together), so the tolerance is
@@ -71,6 +73,7 @@ def test_tuning_recovers_a_teachers_gates_up_to_their_common_scale(teacher_data)
     assert res.history["disagreement"] <= 0.01  # the annealed soft controller is the hard one
 
 
+@pytest.mark.slow
 def test_invariants_hold_after_every_step_when_every_field_trains(teacher_data):
     M, R, A, y = teacher_data
     res = tune(M[:300], R[:300], A[:300], y[:300], fields=FIELD_SETS["all"], steps=60,
@@ -124,6 +127,7 @@ def test_the_default_config_round_trips_through_the_parametrisation():
                                    rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fields_outside_the_trained_set_come_back_bit_identical(teacher_data):
     """Frozen fields are the starting config's values exactly, even at the domain edges that the
     free parametrisation can only approach (ε_c = 0, θ0 = 1, a zero gain): issue 19 §5 saw
@@ -156,6 +160,7 @@ def test_a_diverged_run_is_reported_as_divergence_and_keeps_finite_parameters(te
 
 
 @pytest.mark.parametrize("steps", [1, 2, 9])
+@pytest.mark.slow
 def test_runs_shorter_than_the_warmup_train(teacher_data, steps):
     """A run of fewer than 10 steps has a warmup of at most steps − 1 (optax rejects a schedule whose
     warmup leaves no decay steps): one step already moves the trained fields."""
@@ -204,6 +209,7 @@ def test_early_stopping_keeps_the_best_validation_step(teacher_data):
     assert int(h["stopped_step"]) <= 300
 
 
+@pytest.mark.slow
 def test_one_program_trains_folds_seeds_and_field_sets_like_separate_runs(teacher_data):
     M, R, A, y = (x[:500] for x in teacher_data)
     n = len(M)
