@@ -39,15 +39,16 @@ def rng():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """This session's own cache folder (embeddings, judged sets): the runs and gates the tests start
+    """This session's own cache folder (embeddings): the runs and gates the tests start
     write there, not into the user's cache. The two parts that are expensive to make and keyed by
     their content, the converted SmolLM2 checkpoints (``models/``, ~15 s per dtype) and the compiled
-    native kernels (``native/``, ~10 s per ISA), link to the default cache instead, so a fresh clone
-    makes each once, not once more per session folder (or per pytest-xdist worker)."""
+    native kernels (``native/``, ~10 s per ISA) and the judged gold set (``judged/``, ~18 s of MiniLM),
+    link to the default cache instead, so a fresh clone makes each once, not once more per session
+    folder (or per pytest-xdist worker)."""
     from mdl_jax._paths import default_cache_dir
 
     d = tmp_path_factory.mktemp("emb-cache")
-    for part in ("models", "native"):
+    for part in ("models", "native", "judged"):
         shared = default_cache_dir() / part
         shared.mkdir(parents=True, exist_ok=True)
         (d / part).symlink_to(shared, target_is_directory=True)
