@@ -149,7 +149,7 @@ def _register_reproduce(sub, common) -> None:
     p.add_argument("--no-analyses", dest="analyses", action="store_false",
                    help="write the records and the RQ1 report only, without the learned MDL and the "
                         "RQ2-RQ4 analyses (tables and figures under OUT/analysis); `mdl-jax analyze "
-                        "OUT/records.jsonl` runs them later on the same records")
+                        "OUT/records.jsonl` and `mdl-jax tune` run them later on the same records")
     p.set_defaults(func=reproduce_cmd)
 
 
