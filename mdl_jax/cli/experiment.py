@@ -146,7 +146,7 @@ def _register_reproduce(sub, common) -> None:
     p.add_argument("--call-timeout", type=positive_float, default=120.0,
                    help="openai backend: total seconds one call may take, retries included; a call "
                         "over budget becomes a failed record (a rerun fills it in)")
-    p.add_argument("--no-analyses", dest="analyses", action="store_false",
+    p.add_argument("--no-analyses", action="store_true",
                    help="write the records and the RQ1 report only, without the learned MDL and the "
                         "RQ2-RQ4 analyses (tables and figures under OUT/analysis); `mdl-jax analyze "
                         "OUT/records.jsonl` and `mdl-jax tune` run them later on the same records")
@@ -219,7 +219,7 @@ def reproduce_cmd(args) -> int:
             summary["report_rewritten"] = True
         (cfg.out / "run.json").write_text(json.dumps(summary, indent=2))
         # tune first: the analyses score the tuned configs beside the practitioners' gates
-        if args.analyses:
+        if not args.no_analyses:
             tuned_md = tune_step(cfg.out)
             analysis_md = analyze_step(cfg.out)
         else:
