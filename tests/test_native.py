@@ -302,3 +302,20 @@ def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
     assert "-mno-avx512f" in native.build_flags("avx2") and "-mno-avx512f" not in native.build_flags("avx512")
     paths = {native.library_path(variant=v) for v in native.ISAS}
     assert len(paths) == 3 and native.library_path().name.startswith("decide_cpu-avx2-")
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 100, native.SMALL_CALL])
+def test_small_numpy_call_gives_decides_bits_without_dispatch(n, rng):
+    # decide_small (ctypes, NumPy in and out: the memory gate's per-query path) runs the blocks a
+    # decide call of that size runs inline, so every field must be bit-identical, for any config the
+    # kernel takes; over SMALL_CALL records (the kernel's threaded path) it declines.
+    M, R, A = (rng.uniform(0, 1, n).astype(np.float32) for _ in range(3))
+    for cfg in (MDLConfig(), MDLConfig(thresholds=(0.7, 0.5, 0.3), sigma=0.2, gate_coeffs=(0.2, 0.8)),
+                MDLConfig(subspaces="identity", risk_inversion=False, alpha_gating=False)):
+        got, want = native.decide_small(M, R, A, cfg), decide(M, R, A, cfg)
+        assert got is not None and set(got) == set(Decision._fields)
+        for f in Decision._fields:
+            w = np.asarray(getattr(want, f))
+            assert got[f].dtype == w.dtype and got[f].shape == w.shape and np.array_equal(got[f], w), f
+    big = np.full(native.SMALL_CALL + 1, 0.5, np.float32)
+    assert native.decide_small(big, big, big, MDLConfig()) is None

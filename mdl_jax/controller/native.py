@@ -294,7 +294,63 @@ def _register(lib, decide_target: str, sweep_target: str) -> None:
     lib.MdlLastThreads.restype = ctypes.c_int64
     lib.MdlPoolThreads.restype = ctypes.c_int64
     lib.MdlLanes.restype = ctypes.c_int64
+    small = getattr(lib, "MdlDecideSmallF32", None)
+    if small is not None:
+        ptr = ctypes.c_void_p
+        small.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                          *([ptr] * 8)]
+        small.restype = ctypes.c_int64
     lib.MdlSetMaxThreads(usable_cpus())
+
+
+SMALL_CALL = 2048  # decide_cpu.cc: kChunk, the largest call the kernel runs inline on the caller's thread
+
+
+def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) -> dict[str, np.ndarray] | None:
+    """``decide`` on the native kernel for a small call, from and to NumPy, without XLA's dispatch.
+
+    For callers that hold float32 NumPy signals and want NumPy back (the memory gate, per query): the
+    kernel's own inline path (``MdlDecideSmallF32``, the same blocks as a ``decide`` call of that size,
+    so the same bits), called through ctypes. ``M``, ``R``, ``A``: C-contiguous float32 arrays of one
+    shape (n,), n ≤ ``SMALL_CALL``, values already checked. None when the kernel is not loaded, the
+    config is outside its limits, or the library predates this entry point: the caller takes
+    ``decide``. Returns the ``Decision`` fields as arrays: action (n,) int32; C, alpha, C_final, norm,
+    g_A (n,); v_meta (n, 16); energies (n, 3), float32."""
+    if not (enabled() and load()):
+        return None
+    fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)
+    n = M.shape[0]
+    if fn is None or n > SMALL_CALL:
+        return None
+    try:
+        plan = _small_plan(cfg)
+    except TypeError:  # unhashable leaves: checked every call
+        plan = _small_plan.__wrapped__(cfg)
+    if plan is None:
+        return None
+    p, fl = plan
+    # One buffer for the eight outputs (25 floats a record), each a contiguous slice of it: one
+    # allocation and one address instead of eight (ctypes' per-array `.ctypes.data` costs ~1 µs).
+    buf = np.empty(25 * n, np.float32)
+    base = buf.ctypes.data
+    rc = fn(M.ctypes.data, R.ctypes.data, A.ctypes.data, p.ctypes.data, n, fl, cfg.dims[0], cfg.dims[1],
+            *(base + 4 * n * k for k in _SMALL_OFFSETS))
+    if rc != 0:
+        return None
+    return {"action": buf[:n].view(np.int32), "C": buf[n:2 * n], "alpha": buf[2 * n:3 * n],
+            "C_final": buf[3 * n:4 * n], "v_meta": buf[4 * n:20 * n].reshape(n, 16),
+            "energies": buf[20 * n:23 * n].reshape(n, 3), "norm": buf[23 * n:24 * n], "g_A": buf[24 * n:]}
+
+
+# Where each output starts in decide_small's buffer, in records: action, C, alpha, C_final, v_meta
+# (16 a record), energies (3), norm, g_A, the order of MdlDecideSmallF32's arguments.
+_SMALL_OFFSETS = (0, 1, 2, 3, 4, 20, 23, 24)
+
+
+@functools.lru_cache(maxsize=64)
+def _small_plan(cfg: MDLConfig) -> tuple[np.ndarray, int] | None:
+    # What depends only on the config (its limits, ~10 µs to check; the packed numbers), once per config.
+    return (_pack_uncached(cfg), flags(cfg)) if supports(cfg) else None
 
 
 def load_variant(variant: str) -> dict:
