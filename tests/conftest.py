@@ -110,8 +110,9 @@ def _group(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if config.pluginmanager.hasplugin("xdist"):  # (the mark is xdist's: unknown without it)
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
 
     def rank(item):
         g = _group(item)
