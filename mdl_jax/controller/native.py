@@ -311,11 +311,20 @@ def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) ->
 
     For callers that hold float32 NumPy signals and want NumPy back (the memory gate, per query): the
     kernel's own inline path (``MdlDecideSmallF32``, the same blocks as a ``decide`` call of that size,
-    so the same bits), called through ctypes. ``M``, ``R``, ``A``: C-contiguous float32 arrays of one
-    shape (n,), n ≤ ``SMALL_CALL``, values already checked. None when the kernel is not loaded, the
-    config is outside its limits, or the library predates this entry point: the caller takes
-    ``decide``. Returns the ``Decision`` fields as arrays: action (n,) int32; C, alpha, C_final, norm,
-    g_A (n,); v_meta (n, 16); energies (n, 3), float32."""
+    so the same bits), called through ctypes.
+
+    Args:
+      M: (n,) relevance, a C-contiguous float32 array, values already checked to lie in [0, 1]
+        (nothing is checked here).
+      R: (n,) reliability, as ``M``.
+      A: (n,) task risk, as ``M``.
+      cfg: a concrete ``MDLConfig``.
+
+    Returns:
+      The ``Decision`` fields as NumPy arrays: action (n,) int32; C, alpha, C_final, norm, g_A (n,),
+        v_meta (n, 16) and energies (n, 3), float32. None when the kernel is off or not loaded, n
+        exceeds ``SMALL_CALL``, the config is outside the kernel's limits, or the library predates
+        this entry point: the caller then takes ``decide``. Raises nothing of its own."""
     if not (enabled() and load()):
         return None
     fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)

@@ -109,8 +109,12 @@ def stance_conflict(a: str, b: str) -> bool:
 
 def pair_flags(texts) -> list[list[bool]]:
     """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once."""
-    n = len(texts)
-    an = [_analyse(t) for t in texts]
+    return _flags_of([_analyse(t) for t in texts])
+
+
+def _flags_of(an: list) -> list[list[bool]]:
+    """The symmetric flags of analysed texts: each pair compared once, the diagonal False."""
+    n = len(an)
     out = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
@@ -163,10 +167,4 @@ def _recent_analysis(text: str):
 def pair_flags_recent(texts) -> list[list[bool]]:
     """``pair_flags``, the same flags, with the analyses of recently seen texts reused (see
     ``ANALYSES_KEPT``): for a few texts at a time, most of them seen before."""
-    n = len(texts)
-    an = [_recent_analysis(t) for t in texts]
-    out = [[False] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1, n):
-            out[i][j] = out[j][i] = _conflict(an[i], an[j])
-    return out
+    return _flags_of([_recent_analysis(t) for t in texts])
