@@ -69,6 +69,29 @@ def local_backend():
     return LocalBackend(batch_size=8, max_new_tokens=12)  # the real bundled SmolLM2, loaded once
 
 
+@pytest.fixture(scope="session")
+def model_server():
+    """Base URL (``http://127.0.0.1:PORT/v1``) of one ``python -m mdl_jax.serve`` with its default
+    arguments (the bundled SmolLM2), started once per session for the tests that only need a plain
+    server: each start costs ~8 s of CPU to import torch and load the model. Tests that need other
+    flags (failures, limits, a restart) start their own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("fastapi")
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0"],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    try:
+        line = proc.stdout.readline()  # printed once the model is loaded and the port bound
+        assert "serving" in line, line
+        yield line.split(" on ")[-1].strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """Run ``mdl-jax ARGV`` in this process: ``cli([...], ENV=...)`` → (exit status, stdout, stderr).

@@ -6,12 +6,8 @@ no label (failed, never guessed)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,28 +26,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def served():
-    """(base URL, served model id) of one real server process for the module."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", str(port)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 300
-        while True:  # ready when it answers /v1/models (whatever it prints)
-            try:
-                with urllib.request.urlopen(base + "/models", timeout=5) as r:
-                    model = json.load(r)["data"][0]["id"]
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-                time.sleep(0.5)
-        yield base, model
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+@pytest.fixture
+def served(model_server):
+    """(base URL, served model id) of the session's real server process."""
+    with urllib.request.urlopen(model_server + "/models", timeout=30) as r:
+        return model_server, json.load(r)["data"][0]["id"]
 
 
 def _gold_slice(path: Path, n: int) -> Path:

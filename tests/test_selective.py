@@ -180,25 +180,10 @@ def test_teacher_forced_logprobs_equal_a_one_sequence_forward_pass(local_backend
         local_backend.token_logprobs(prompts, answers[:1])
 
 
-@pytest.fixture(scope="module")
-def legacy_server():
+@pytest.fixture
+def legacy_server(model_server):
     """The project's own OpenAI-compatible server (``python -m mdl_jax.serve``) on 127.0.0.1."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("fastapi")
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0"],
-                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
-    try:
-        line = proc.stdout.readline()  # printed once the model is loaded and the port bound
-        assert "serving" in line, line
-        yield line.split(" on ")[-1].strip()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    return model_server
 
 
 @pytest.mark.slow
