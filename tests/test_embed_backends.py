@@ -44,6 +44,28 @@ def test_onnx_vectors_equal_torchs_to_float32_rounding(onnx_cache):
 
 
 @pytest.mark.slow
+def test_onnx_batches_cut_by_tokens_and_run_on_threads_give_each_text_its_own_vector(onnx_cache, monkeypatch):
+    """Texts of many lengths, cut into several token-bounded batches run on two threads at once: each
+    vector comes back at its text's place and equals that text encoded alone (padding only), and the
+    token ids are the tokenizer's own."""
+    from mdl_jax.signals import onnx_encoder
+
+    enc = Embedder(cache_dir=onnx_cache, backend="onnx").model
+    texts = [f"Fact {i}: " + "the river runs north past the old mill " * (i % 7) for i in range(40)]
+    texts += ["", "naïve café ü", TEXTS[-1]]  # empty, non-ASCII, longer than max_seq_length
+    ids, types = enc._token_ids(texts)
+    want = enc.tokenizer(texts, truncation=True, max_length=enc.max_seq_length)
+    assert ids == want["input_ids"] and types == want["token_type_ids"]
+    monkeypatch.setattr(onnx_encoder, "TOKENS_PER_BATCH", 64)  # many batches
+    assert enc.threads >= 1
+    monkeypatch.setattr(enc, "threads", 2)
+    together = enc.encode(texts, batch_size=8)
+    alone = np.concatenate([enc.encode([t]) for t in texts])
+    assert together.shape == (len(texts), 384)
+    assert ((together * alone).sum(1)).min() >= 0.99999
+
+
+@pytest.mark.slow
 def test_int8_is_within_its_stated_parity(onnx_cache):
     ref = Embedder(cache_dir=onnx_cache).embed(TEXTS)
     got = Embedder(cache_dir=onnx_cache, backend="onnx-int8").embed(TEXTS)
