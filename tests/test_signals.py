@@ -445,6 +445,37 @@ def test_small_path_matches_the_jax_aggregation(S, seed, threshold):
             assert type(got[k]) is np.float32 and abs(float(got[k]) - float(ref[k])) <= 1e-6, (k, got, ref)
 
 
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=12), st.integers(0, 2 ** 32 - 1),
+       st.sampled_from([16, 384]), st.booleans())
+def test_stacked_small_path_is_aggregate_small_bit_for_bit_and_batch_invariant(sizes, seed, d, custom):
+    """``small_signals`` (stores of one size stacked, whole-array NumPy) gives exactly
+    ``aggregate_small``'s M, R, φ and n_relevant for every row, and every row's bits alone equal its bits
+    in the call: whatever its neighbours, sizes mixed, the default and a custom detector."""
+    import functools
+
+    from mdl_jax.signals.aggregation import _relevant_flags, aggregate_small, small_signals
+
+    rng = np.random.default_rng(seed)
+    adj = ("safe", "not safe", "dangerous", "true", "false")
+    stores = [[f"item {rng.integers(4)} is {adj[rng.integers(5)]} for group {rng.integers(3)}"
+               for _ in range(n)] for n in sizes]
+    texts = list(dict.fromkeys(t for s in stores for t in s))
+    index = {t: i for i, t in enumerate(texts)}
+    base = rng.normal(size=d)
+    U = base + rng.normal(size=(max(1, len(texts)), d)) * rng.uniform(0.3, 2)
+    U = (U / np.linalg.norm(U, axis=1, keepdims=True)).astype(np.float32)
+    q = base + rng.normal(size=(len(stores), d)) * 0.8
+    q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+    conflict = (lambda t: np.asarray(pair_flags(t))) if custom else pair_flags
+    got = small_signals(q, stores, U, index, conflict=conflict)
+    for b, s in enumerate(stores):
+        alone = small_signals(q[b:b + 1], [s], U, index, conflict=conflict)
+        fl = (np.asarray(pair_flags(s)) if s else None) if custom else functools.partial(_relevant_flags, s)
+        ref = aggregate_small(q[b], U[[index[t] for t in s]], fl)
+        for k, r in zip(("M", "R", "phi", "n_relevant"), ref):
+            assert got[k][b] == alone[k][0] == r, (k, b, got[k][b], alone[k][0], r)
+
+
 def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(monkeypatch):
     """memory_signals on stores of ≤ SMALL_MEMORIES memories (the NumPy path, however many rows the
     call has) matches the JAX pass on the same stores to ≤ 1e-6, for the default detector (flags of

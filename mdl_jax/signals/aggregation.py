@@ -9,9 +9,10 @@ A comes from ``risk``. This is the one implementation behind both the benchmark 
 ``memory_signals``. Stores are padded to the largest store size S and masked; embeddings are gathered
 from one matrix of unique texts. The lexical flags are computed once per store (S(S-1)/2 pairs) in
 Python and enter the JAX pass as a (B, S, S) boolean array. A store of at most ``SMALL_MEMORIES``
-memories is aggregated in NumPy instead (``aggregate_small``, the same formulas to ≤ 1e-6; the path
-follows the row's own size, never the call's, so batching never changes a row's bits),
-with the default detector's flags computed among the relevant memories only. Deviation: the paper does not say what M is
+memories is aggregated in NumPy instead (``small_signals``: the stores of one size stacked, the
+formulas of ``aggregate_small``, the same bits in every tested row, and the JAX pass's to ≤ 1e-6; the path follows the row's
+own size, never the call's, so batching never changes a row's bits), with the default detector's flags
+computed among the relevant memories only. Deviation: the paper does not say what M is
 when every cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
 """
 
@@ -122,6 +123,111 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
     phi = np.float32(np.count_nonzero(fl[upper])) / np.float32(n_pairs)
     R = np.clip(s_bar * (np.float32(1.0) - phi) ** 2, np.float32(0.0), np.float32(1.0))
     return M, np.float32(R), np.float32(phi), n_rel
+
+
+# Rows of one NumPy step of ``small_signals``: its (rows, S, d) float64 memory vectors stay under ~16 MB
+# whatever S (≤ SMALL_MEMORIES) is.
+SMALL_STEP_ELEMENTS = 1 << 21
+RECENT_CALL = 64  # calls of at most this many queries keep analyses across calls (conflict.ANALYSES_KEPT)
+
+
+@functools.lru_cache(maxsize=SMALL_MEMORIES + 1)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (i, j) index arrays of the pairs i < j of n items, row-major (read-only: shared)."""
+    iu, ju = np.triu_indices(n, 1)
+    iu.flags.writeable = ju.flags.writeable = False
+    return iu, ju
+
+
+def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndarray,
+                  index: Mapping[str, int], conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
+                  threshold: float = RELEVANCE_THRESHOLD) -> dict[str, np.ndarray]:
+    """``aggregate_small`` for many stores at once: stores of one size S are stacked and their dot
+    products, relevance tests and pair sums done as whole-array NumPy operations; only the lexical
+    flags of each store's relevant memories stay per store, in Python.
+
+    Batch-invariant by construction: every dot product is one of ``np.einsum``'s own loops over d
+    (``optimize=False``: never BLAS, whose blocking may depend on the shapes), in float64, rounded to
+    float32 once as in ``aggregate_small``, and every other reduction runs along a row's own axis, so a
+    row's bits do not depend on which rows share its call or its step (tests/test_signals.py). The two
+    paths agree to one float32 ulp at most.
+
+    Args:
+      q_emb: (B, d) query embeddings.
+      stores: B lists of memory texts, each of at most ``SMALL_MEMORIES``.
+      U: (n, d) embeddings of the unique memory texts; ``index`` maps a text to its row of ``U``.
+      conflict: the lexical detector (``pair_flags``, the default, is called on the relevant memories
+        only, each text analysed once per call; any other is called on the whole store).
+      threshold: the relevance threshold on cos(e_q, e_m).
+
+    Returns:
+      {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
+    """
+    from mdl_jax.signals.conflict import _analyse, _conflict, _recent_analysis
+
+    B = len(stores)
+    out = {"M": np.zeros(B, np.float32), "R": np.full(B, 0.5, np.float32),
+           "phi": np.zeros(B, np.float32), "n_relevant": np.zeros(B, np.int32)}
+    if not B:
+        return out
+    sizes = [len(x) for x in stores]
+    d = U.shape[1]
+    thr = np.float32(threshold)
+    zero, one = np.float32(0.0), np.float32(1.0)
+    # A few queries (a framework component, the gateway: retrievers return the same documents again)
+    # reuse the analyses of recently seen texts; a bulk call keeps its own (most texts are new: an LRU
+    # costs more than it saves there, see conflict._analyse). The analyses are the same either way.
+    recent = B <= RECENT_CALL
+    analyses: dict[str, tuple] = {}  # this call's: a text in several stores is analysed once
+    distinct = set(sizes)
+    for S in sorted(distinct):
+        rows_S = np.arange(B) if len(distinct) == 1 else np.flatnonzero(np.asarray(sizes) == S)
+        if S == 0:
+            continue  # M = 0, R = 0.5, φ = 0, n = 0
+        iu, ju = _pairs(S)
+        step = max(1, SMALL_STEP_ELEMENTS // (S * max(S, d)))
+        for a in range(0, len(rows_S), step):
+            rows = rows_S[a:a + step]
+            rows_l = rows.tolist()
+            idx = np.array([[index[t] for t in stores[b]] for b in rows_l], np.intp)
+            mem = U[idx].astype(np.float64)  # (n, S, d)
+            cos32 = np.einsum("nsd,nd->ns", mem, q_emb[rows].astype(np.float64)).astype(np.float32)
+            out["M"][rows] = np.maximum(np.minimum(cos32.max(1), one), zero)  # = clip to [0, 1]
+            rel = cos32 > thr
+            n_rel = rel.sum(1)
+            out["n_relevant"][rows] = n_rel
+            many = np.flatnonzero(n_rel >= 2)
+            if not len(many):
+                continue
+            rel_m = rel[many]
+            pair = rel_m[:, iu] & rel_m[:, ju]  # (m, P): both memories relevant, i < j in row-major order
+            mem_m = mem[many]
+            sims = np.where(pair, np.einsum("nsd,ntd->nst", mem_m, mem_m)[:, iu, ju], 0.0)
+            n_pairs = n_rel[many] * (n_rel[many] - 1) // 2
+            s_bar = (sims.sum(1) / n_pairs).astype(np.float32)
+            flagged = []
+            for k, v in enumerate(rel_m.tolist()):
+                texts = stores[rows_l[many[k]]]
+                keep = [j for j in range(S) if v[j]]
+                if conflict is pair_flags:
+                    an = []
+                    for j in keep:
+                        t = texts[j]
+                        x = analyses.get(t)
+                        if x is None:
+                            x = analyses[t] = _recent_analysis(t) if recent else _analyse(t)
+                        an.append(x)
+                    flagged.append(sum(_conflict(an[i], an[j]) for i in range(len(an))
+                                       for j in range(i + 1, len(an))))
+                else:
+                    fl = np.asarray(conflict(list(texts)), bool).reshape(S, S)
+                    sub = fl[np.ix_(keep, keep)]
+                    flagged.append(int(np.count_nonzero(sub[np.triu_indices(len(keep), 1)])))
+            phi = np.asarray(flagged, np.float32) / n_pairs.astype(np.float32)
+            R = np.maximum(np.minimum(s_bar * (one - phi) ** 2, one), zero)  # = clip to [0, 1]
+            out["R"][rows[many]] = R
+            out["phi"][rows[many]] = phi
+    return out
 
 
 def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
@@ -252,7 +358,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     "n_relevant": (B,) int32}.
     ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
     padding) and "aggregation" (the JAX pass). A store of at most ``SMALL_MEMORIES`` memories takes
-    the NumPy path (``aggregate_small``) in a call of any size; there the default
+    the NumPy path (``small_signals``) in a call of any size; there the default
     detector's flags, computed among the relevant memories only, count under "aggregation".
     """
     if len(queries) != len(stores):
@@ -295,19 +401,10 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
                 out[k][idx] = part[k]
         return out
     if all(small):
-        U, index = t_emb
-        for b, s in enumerate(stores):
-            t0 = time.perf_counter()
-            fl: Callable | npt.ArrayLike | None
-            if conflict is pair_flags:  # pairwise: the relevant memories' flags alone, analyses reused
-                fl = functools.partial(_relevant_flags, s)
-            else:
-                fl = conflict(list(s)) if s else None
-            t1 = time.perf_counter()
-            (out["M"][b], out["R"][b], out["phi"][b],
-             out["n_relevant"][b]) = aggregate_small(q_emb[b], U[[index[x] for x in s]], fl, threshold)
-            t["conflict"] = t.get("conflict", 0.0) + t1 - t0
-            t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t1
+        t0 = time.perf_counter()
+        out = small_signals(q_emb, stores, *t_emb, conflict=conflict, threshold=threshold)
+        t["conflict"] = t.get("conflict", 0.0)  # the flags are inside the NumPy pass: counted below
+        t["aggregation"] = t.get("aggregation", 0.0) + time.perf_counter() - t0
         return out
     from tqdm.auto import tqdm
 
