@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -82,35 +83,38 @@ def main(argv=None) -> int:
     texts = list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
     speed_texts = texts[:448]
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
-    encoders = {b: Embedder(cache_dir=work / "warm", backend=b) for b in BACKENDS}
-    for e in encoders.values():  # load / export once, outside the timings
-        e.model.encode(speed_texts[:8])
+    try:
+        encoders = {b: Embedder(cache_dir=work / "warm", backend=b) for b in BACKENDS}
+        for e in encoders.values():  # load / export once, outside the timings
+            e.model.encode(speed_texts[:8])
 
-    speed = {b: {bs: [] for bs in (1, 7, 64)} for b in BACKENDS}
-    gate_rps = {b: [] for b in BACKENDS}
-    gate_rows = rows[: min(len(rows), 120)]
-    for r in range(rounds):
-        for b in BACKENDS:
-            enc = encoders[b].model
-            for bs in (1, 7, 64):
-                sub = speed_texts[:64] if bs == 1 else speed_texts
+        speed = {b: {bs: [] for bs in (1, 7, 64)} for b in BACKENDS}
+        gate_rps = {b: [] for b in BACKENDS}
+        gate_rows = rows[: min(len(rows), 120)]
+        for r in range(rounds):
+            for b in BACKENDS:
+                enc = encoders[b].model
+                for bs in (1, 7, 64):
+                    sub = speed_texts[:64] if bs == 1 else speed_texts
+                    t0 = time.perf_counter()
+                    enc.encode(sub, batch_size=bs)
+                    speed[b][bs].append(len(sub) / (time.perf_counter() - t0))
+                # uncached: a fresh cache folder per round and backend (the model stays loaded)
+                gate = MemoryGate(embedder=Embedder(cache_dir=work / f"cold-{b}-{r}", backend=b))
                 t0 = time.perf_counter()
-                enc.encode(sub, batch_size=bs)
-                speed[b][bs].append(len(sub) / (time.perf_counter() - t0))
-            # uncached: a fresh cache folder per round and backend (the model stays loaded)
-            gate = MemoryGate(embedder=Embedder(cache_dir=work / f"cold-{b}-{r}", backend=b))
-            t0 = time.perf_counter()
-            gate.columns([q for q, _ in gate_rows], [m for _, m in gate_rows])
-            gate_rps[b].append(len(gate_rows) / (time.perf_counter() - t0))
-        print(f"round {r + 1}/{rounds}: gate rows/s " +
-              ", ".join(f"{b} {gate_rps[b][-1]:.1f}" for b in BACKENDS), flush=True)
+                gate.columns([q for q, _ in gate_rows], [m for _, m in gate_rows])
+                gate_rps[b].append(len(gate_rows) / (time.perf_counter() - t0))
+            print(f"round {r + 1}/{rounds}: gate rows/s " +
+                  ", ".join(f"{b} {gate_rps[b][-1]:.1f}" for b in BACKENDS), flush=True)
 
-    # parity on every bundled text and every row
-    vecs = {b: encoders[b].model.encode(texts, batch_size=64) for b in BACKENDS}
-    actions = {}
-    for b in BACKENDS:
-        gate = MemoryGate(embedder=encoders[b])
-        actions[b] = gate.columns([q for q, _ in rows], [m for _, m in rows])["action"]
+        # parity on every bundled text and every row
+        vecs = {b: encoders[b].model.encode(texts, batch_size=64) for b in BACKENDS}
+        actions = {}
+        for b in BACKENDS:
+            gate = MemoryGate(embedder=encoders[b])
+            actions[b] = gate.columns([q for q, _ in rows], [m for _, m in rows])["action"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the exported graphs and the runs' embedding caches (~110 MB)
 
     med = statistics.median
     res: dict = {"cpu": cpu, "rounds": rounds, "n_texts": len(texts), "n_rows": len(rows), "backends": {}}

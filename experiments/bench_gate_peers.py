@@ -22,6 +22,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -139,8 +140,11 @@ def main(argv=None) -> int:
           f"load average {os.getloadavg()[0]:.1f}; {n} TruthfulQA queries x 6 documents", flush=True)
     rows = _data(n)
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    lc = langchain_pair(rows, work, passes)
-    li = llamaindex_pair(rows, work, passes)
+    try:
+        lc = langchain_pair(rows, work, passes)
+        li = llamaindex_pair(rows, work, passes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the runs' embedding caches
     print(f"\n{'component':48s} {'cold ms':>9s} {'warm ms':>9s}")
     print(f"{'LangChain EmbeddingsFilter':48s} {lc['cold']['peer_ms']:9.2f} {lc['warm']['peer_ms']:9.2f}")
     print(f"{'LangChain MDLDocumentCompressor':48s} {lc['cold']['mdl_ms']:9.2f} {lc['warm']['mdl_ms']:9.2f}")
