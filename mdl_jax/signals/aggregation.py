@@ -197,11 +197,12 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
     products, relevance tests and pair sums done as whole-array NumPy operations; only the lexical
     flags of each store's relevant memories stay per store, in Python.
 
-    Batch-invariant by construction: every dot product is one of ``np.einsum``'s own loops over d
-    (``optimize=False``: never BLAS, whose blocking may depend on the shapes), in float64, rounded to
+    Batch-invariant by construction: the dot products are float64 matmuls, which NumPy runs as one
+    BLAS call per row's own (S, d) slice (the same shape and strides whatever the stack), rounded to
     float32 once as in ``aggregate_small``, and every other reduction runs along a row's own axis, so a
-    row's bits do not depend on which rows share its call or its step (tests/test_signals.py). The two
-    paths agree to one float32 ulp at most.
+    row's bits do not depend on which rows share its call or its step; calls of at most ``ROW_BY_ROW``
+    stores run the same products on 2-D arrays (``_small_row``). tests/test_signals.py checks a row
+    alone against the row in a call, and both against ``aggregate_small``, bit for bit.
 
     Args:
       q_emb: (B, d) query embeddings.
