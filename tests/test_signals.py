@@ -472,8 +472,29 @@ def test_stacked_small_path_is_aggregate_small_bit_for_bit_and_batch_invariant(s
         alone = small_signals(q[b:b + 1], [s], U, index, conflict=conflict)
         fl = (np.asarray(pair_flags(s)) if s else None) if custom else functools.partial(_relevant_flags, s)
         ref = aggregate_small(q[b], U[[index[t] for t in s]], fl)
-        for k, r in zip(("M", "R", "phi", "n_relevant"), ref):
-            assert got[k][b] == alone[k][0] == r, (k, b, got[k][b], alone[k][0], r)
+        for k, r in zip(("M", "R", "phi", "n_relevant"), ref):  # bytes: -0.0 is not +0.0 here
+            want = np.asarray(r, got[k].dtype).tobytes()
+            assert got[k][b].tobytes() == alone[k][0].tobytes() == want, (k, b, got[k][b], alone[k][0], r)
+
+
+def test_a_clipped_zero_is_positive_zero_on_every_small_path():
+    """Two relevant memories that conflict (φ = 1) with a negative mutual cosine: s̄ · 0 is -0.0 before
+    the clip. Every path (one store alone, a few, a stacked call, the reference) gives +0.0, so the
+    row's bytes (not only its value) are the same whatever its call (found by an adversarial probe)."""
+    import functools
+
+    from mdl_jax.signals.aggregation import _relevant_flags, aggregate_small, small_signals
+
+    texts = ["item 1 is safe for group 0", "item 1 is not safe for group 0"]
+    U = np.array([[0.6, 0.8], [0.6, -0.8]], np.float32)
+    index = {t: i for i, t in enumerate(texts)}
+    q = np.array([[1.0, 0.0]], np.float32)
+    ref = aggregate_small(q[0], U, functools.partial(_relevant_flags, texts))
+    for B in (1, 3, 5, 40):
+        got = small_signals(np.repeat(q, B, 0), [texts] * B, U, index)
+        assert got["phi"].tolist() == [1.0] * B and got["R"].tolist() == [0.0] * B
+        assert not np.signbit(got["R"]).any() and not np.signbit(got["M"]).any()
+    assert ref[1] == 0 and not np.signbit(ref[1])
 
 
 def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(monkeypatch):

@@ -117,7 +117,7 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
         return np.float32(0.0), np.float32(0.5), np.float32(0.0), 0
     mem64 = np.asarray(mem, np.float64)
     cos32 = (mem64 @ np.asarray(q, np.float64)).astype(np.float32)  # the relevance test in float32
-    M = np.float32(min(max(float(cos32.max()), 0.0), 1.0))
+    M = np.float32(min(max(float(cos32.max()), 0.0), 1.0) + 0.0)  # + 0.0: never -0.0
     r = np.flatnonzero(cos32 > np.float32(threshold))
     n_rel = len(r)
     if n_rel < 2:
@@ -128,7 +128,7 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
     s_bar = np.float32((sub @ sub.T)[upper].sum() / n_pairs)
     fl = np.asarray(flags(r), bool) if callable(flags) else np.asarray(flags, bool)[r[:, None], r]
     phi = np.float32(np.count_nonzero(fl[upper])) / np.float32(n_pairs)
-    R = np.clip(s_bar * (np.float32(1.0) - phi) ** 2, np.float32(0.0), np.float32(1.0))
+    R = np.clip(s_bar * (np.float32(1.0) - phi) ** 2, np.float32(0.0), np.float32(1.0)) + np.float32(0.0)
     return M, np.float32(R), np.float32(phi), n_rel
 
 
@@ -155,7 +155,9 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
     S = len(texts)
     mem64 = mem.astype(np.float64)
     cos32 = np.matmul(mem64, q.astype(np.float64)[:, None])[:, 0].astype(np.float32)
-    M = min(max(float(cos32.max()), 0.0), 1.0)  # exact: a float32 clipped to [0, 1]
+    # exact: a float32 clipped to [0, 1]; + 0.0 turns a -0.0 into +0.0, as in the stacked path (and the
+    # reference), so a row's bytes never depend on which path its call took
+    M = min(max(float(cos32.max()), 0.0), 1.0) + 0.0
     rel = (cos32 > thr).tolist()
     n_rel = sum(rel)
     if n_rel < 2:
@@ -168,7 +170,7 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
     keep = [j for j in range(S) if rel[j]]
     phi = np.float32(_flagged(texts, keep, S, conflict, analyses, True)) / np.float32(n_pairs)
     w = np.float32(1.0) - phi
-    R = min(max(float(s_bar * (w * w)), 0.0), 1.0)  # float32 products, clipped exactly
+    R = min(max(float(s_bar * (w * w)), 0.0), 1.0) + 0.0  # float32 products, clipped exactly; no -0.0
     return M, R, float(phi), n_rel
 
 
@@ -260,7 +262,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
             idx = np.array([[index[t] for t in stores[b]] for b in rows_l], np.intp)
             mem = U[idx].astype(np.float64)  # (n, S, d)
             cos32 = np.matmul(mem, q_emb[rows].astype(np.float64)[:, :, None])[:, :, 0].astype(np.float32)
-            out["M"][rows] = np.maximum(np.minimum(cos32.max(1), one), zero)  # = clip to [0, 1]
+            out["M"][rows] = np.maximum(np.minimum(cos32.max(1), one), zero) + zero  # clip to [0, 1], no -0.0
             rel = cos32 > thr
             n_rel = rel.sum(1)
             out["n_relevant"][rows] = n_rel
@@ -282,7 +284,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
                        for k, v in zip(many_l, rel_m.tolist())]
             phi = np.asarray(flagged, np.float32) / n_pairs.astype(np.float32)
             w = one - phi
-            R = np.maximum(np.minimum(s_bar * (w * w), one), zero)  # = clip to [0, 1]
+            R = np.maximum(np.minimum(s_bar * (w * w), one), zero) + zero  # clip to [0, 1], no -0.0
             if isinstance(many, range):
                 out["R"][rows], out["phi"][rows] = R, phi
             else:
