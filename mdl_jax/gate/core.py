@@ -170,6 +170,19 @@ def _memory_texts(name: str, memories) -> list[str]:
     return texts
 
 
+def _signal_columns(M, R, A, phi, n_relevant, d: dict) -> dict[str, np.ndarray]:
+    """``decide_signals``' columns from the signals and a decision's fields (NumPy, one row each)."""
+    n = len(M)
+    e = d["energies"]
+    out = {"action": d["action"], "M": M, "R": R, "A": A,
+           "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
+           "C": d["C"], "alpha": d["alpha"], "C_final": d["C_final"],
+           "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
+    if n_relevant is not None:
+        out["n_relevant"] = np.asarray(n_relevant, np.int32)
+    return out
+
+
 def _jsonable(x):
     if isinstance(x, Mapping):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -445,49 +458,17 @@ class MemoryGate:
             for name, x in (("M", M), ("R", R), ("A", A)):  # decide's checks, under its names
                 check_unit_interval(name, x)
             small = native.decide_small(M, R, A, self.config)
-            if small is not None:
-                e = small["energies"]
-                out = {"action": small["action"], "M": M, "R": R, "A": A,
-                       "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
-                       "C": small["C"], "alpha": small["alpha"], "C_final": small["C_final"],
-                       "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
-                if n_relevant is not None:
-                    out["n_relevant"] = np.asarray(n_relevant, np.int32)
-                return out
-        if n == 1 and len(R) == len(A) == 1 and not x64 and api._native_plan(self.config) is not None:
-            # One record on the native kernel: ``decide``'s scalar path, ~45 µs less than padding to
-            # 16 rows (three concatenations, the array checks, a (16,) program). The same kernel computes
-            # each record alone, so the bits are the batch path's (checked in tests/test_gate.py); on
-            # pure JAX the scalar and vectorised programs round differently, so that keeps the padding.
-            m, r, a = float(M[0]), float(R[0]), float(A[0])
-            if not (0.0 <= m <= 1.0 and 0.0 <= r <= 1.0 and 0.0 <= a <= 1.0):
-                for name, x in (("M", M), ("R", R), ("A", A)):  # the batch path's message
-                    check_unit_interval(name, x)
-            d = api.decide(m, r, a, self.config)  # (its scalar path needs validate=True)
-            e = np.asarray(d.energies, np.float32).reshape(1, 3)
-            out = {"action": np.asarray(d.action, np.int32).reshape(1), "M": M, "R": R, "A": A,
-                   "phi": np.zeros(1, np.float32) if phi is None else np.asarray(phi, np.float32),
-                   "C": np.asarray(d.C, np.float32).reshape(1),
-                   "alpha": np.asarray(d.alpha, np.float32).reshape(1),
-                   "C_final": np.asarray(d.C_final, np.float32).reshape(1),
-                   "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
-            if n_relevant is not None:
-                out["n_relevant"] = np.asarray(n_relevant, np.int32)
-            return out
+            if small is not None:  # (None only where the kernel cannot run it: decide below)
+                return _signal_columns(M, R, A, phi, n_relevant, small)
         # Pad to a power-of-two length: a stream of chunks of varying length (skipped rows, the last
         # chunk) then compiles the controller for a handful of shapes, not one per length.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
         d = api.decide(sig[0], sig[1], sig[2], self.config)
-        e = np.asarray(d.energies, np.float32)[:n]
-        out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
-               "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
-               "C": np.asarray(d.C, np.float32)[:n], "alpha": np.asarray(d.alpha, np.float32)[:n],
-               "C_final": np.asarray(d.C_final, np.float32)[:n],
-               "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
-        if n_relevant is not None:
-            out["n_relevant"] = np.asarray(n_relevant, np.int32)
-        return out
+        return _signal_columns(M, R, A, phi, n_relevant, {
+            "action": np.asarray(d.action, np.int32)[:n], "C": np.asarray(d.C, np.float32)[:n],
+            "alpha": np.asarray(d.alpha, np.float32)[:n], "C_final": np.asarray(d.C_final, np.float32)[:n],
+            "energies": np.asarray(d.energies, np.float32)[:n]})
 
     # -- decisions ---------------------------------------------------------------------------------
     def decide_batch(self, queries: Sequence[str], memories_lists: Sequence[Sequence],

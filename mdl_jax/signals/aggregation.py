@@ -74,9 +74,9 @@ def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
 
 aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
 
-# A store of at most SMALL_MEMORIES memories is aggregated in NumPy by ``aggregate_small``, whatever the
-# call's size (a path chosen by the call's size would make a row's last bit depend on its batch
-# neighbours: tests/test_ray_data.py). For one query (a framework component, the gateway) JAX's dispatch, the
+# A store of at most SMALL_MEMORIES memories is aggregated in NumPy by ``small_signals``, whatever the
+# call's size (a path whose bits followed the call's size would make a row's last bit depend on its batch
+# neighbours: tests/test_ray_data.py; ``small_signals``' own two paths give the same bits). For one query (a framework component, the gateway) JAX's dispatch, the
 # padding to 16 rows and the transfers back cost ~100 µs against ~10 µs of arithmetic. The two paths
 # agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_signals.py); they can count a memory as
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
@@ -100,6 +100,9 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
                     flags: npt.ArrayLike | Callable[[np.ndarray], npt.ArrayLike] | None,
                     threshold: float = RELEVANCE_THRESHOLD) -> tuple[np.float32, np.float32, np.float32, int]:
     """``aggregate_one`` in NumPy, unpadded: M, R, φ, n_relevant for one store.
+
+    The reference ``small_signals`` (the path the package runs) is tested against, bit for bit; the
+    package itself no longer calls it.
 
     Args:
       q: (d,) query embedding.
@@ -242,11 +245,12 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
                                                     thr, analyses)
         return out
     distinct = set(sizes)
+    sizes_a = np.asarray(sizes) if len(distinct) > 1 else None
     for S in sorted(distinct):
         if S == 0:
             continue  # M = 0, R = 0.5, φ = 0, n = 0
-        # one size (the common case, and every one-query call): steps are slices, not index arrays
-        rows_S = None if len(distinct) == 1 else np.flatnonzero(np.asarray(sizes) == S)
+        # one size (the common case): steps are slices, not index arrays
+        rows_S = None if sizes_a is None else np.flatnonzero(sizes_a == S)
         n_S = B if rows_S is None else len(rows_S)
         iu, ju = _pairs(S)
         step = max(1, SMALL_STEP_ELEMENTS // (S * max(S, d)))

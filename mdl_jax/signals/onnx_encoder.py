@@ -216,7 +216,19 @@ class OnnxEncoder:
 
     def encode(self, texts: Sequence[str], batch_size: int = 64, convert_to_numpy: bool = True,
                normalize_embeddings: bool = True, show_progress_bar: bool = False) -> np.ndarray:
-        """(N, dim) float32 sentence vectors (unit norm when ``normalize_embeddings``)."""
+        """The texts' sentence vectors, in the texts' order.
+
+        Args:
+          texts: N strings (any, empty ones included; longer than ``max_seq_length`` tokens: truncated).
+          batch_size: at most this many texts per ONNX Runtime call (each call also holds at most
+            ``TOKENS_PER_BATCH`` padded tokens).
+          convert_to_numpy, show_progress_bar: accepted for sentence-transformers' signature; ignored
+            (the result is always NumPy, and no bar is shown).
+          normalize_embeddings: L2-normalise each vector.
+
+        Returns:
+          (N, dim) float32, unit norm when ``normalize_embeddings``; (0, 0) for no texts.
+        """
         texts = list(texts)
         if not texts:
             return np.zeros((0, 0), np.float32)
