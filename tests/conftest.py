@@ -4,6 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests import xla_cache
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # hypothesis is a test extra; the other tests run without it
@@ -13,45 +15,8 @@ except ImportError:  # hypothesis is a test extra; the other tests run without i
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
-def _xla_cache_dir():
-    """XLA's persistent compilation cache for the suite: ``<default cache>/xla-tests/<host key>``.
-
-    Compiling is most of the controller tests' CPU (test_decision + test_tuning: 90 of 125 s was
-    XLA's backend compile, 632 programs). The two pytest-xdist workers and the ``mdl-jax`` processes
-    the tests start compile many of the same programs; with this cache each is compiled once per
-    run, and a second run on the same machine compiles almost nothing (those two files: 125 s → 37 s).
-    Entries are keyed by XLA on the program, the jax/jaxlib version, the flags and the device; the
-    folder adds the host CPU's model and flags, since XLA CPU code is built for the host's ISA and a
-    home folder can be shared between machines. Bounded: at most 2 GiB, least recently used evicted
-    (eviction also makes XLA take a file lock around every read and write, so the concurrent
-    processes never read a half-written entry). ``MDL_JAX_TEST_XLA_CACHE=0`` turns it off, for a
-    run that compiles everything itself."""
-    import hashlib
-    import platform
-
-    from mdl_jax._paths import default_cache_dir
-
-    host = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            host += "".join(sorted({ln for ln in f if ln.startswith(("model name", "flags"))}))
-    except OSError:
-        host += platform.processor()
-    key = hashlib.sha256(f"{host}|{jax.__version__}".encode()).hexdigest()[:16]
-    return default_cache_dir() / "xla-tests" / key
-
-
-if os.environ.get("MDL_JAX_TEST_XLA_CACHE", "1") != "0":
-    _XLA_CACHE = _xla_cache_dir()
-    _XLA_CACHE.mkdir(parents=True, exist_ok=True)
-    # The environment variables reach the processes the tests start (they copy os.environ);
-    # the config updates apply to this one, whose jax is already imported.
-    for _name, _value in (("jax_compilation_cache_dir", str(_XLA_CACHE)),
-                          ("jax_persistent_cache_min_compile_time_secs", 0),
-                          ("jax_persistent_cache_min_entry_size_bytes", 0),
-                          ("jax_compilation_cache_max_size", 2 << 30)):
-        os.environ[_name.upper()] = str(_value)
-        jax.config.update(_name, _value)
+# XLA's persistent compilation cache, shared by this run's processes (tests/xla_cache.py says why).
+xla_cache.enable()
 
 if settings is not None:
     # Property-based tests (tests/test_properties.py). "ci", the default, is small and derandomized

@@ -21,6 +21,7 @@ import pytest
 from mdl_jax import MDLConfig, decide, decide_one, stack_configs, sweep
 from mdl_jax.controller import api, fused
 from mdl_jax.controller import decision as _d
+from tests.xla_cache import without_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +110,7 @@ def test_a_float64_threshold_is_compared_in_float32_on_every_path():
 def _peak_growth_mb(script: str, *args) -> float:
     """Run ``script`` in a fresh interpreter; it prints the growth of its peak RSS (MB) on the last
     line, measured around the call under test after a warm-up (compilation) call."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(without_cache(os.environ), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]

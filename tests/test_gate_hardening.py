@@ -23,6 +23,7 @@ from mdl_jax.gate import MemoryGate, files
 from mdl_jax.signals import aggregation
 from mdl_jax.signals.aggregation import MAX_MEMORIES, PAIR_BUDGET, memory_signals
 from tests.gate_embedders import hashed
+from tests.xla_cache import without_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBED = ["--embedder", "tests.gate_embedders:hashed", "--no-progress"]
@@ -208,7 +209,7 @@ def test_a_chunk_with_a_row_of_MAX_MEMORIES_stays_within_a_modest_peak():
     1,000 memories among 15 small ones added ~225 MB when its chunk was padded to (16, S, S), ~60 MB
     now (most of it the lexical flags' Python lists and the new shape's compilation)."""
     r = subprocess.run([sys.executable, "-c", _PEAK], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                       env={**without_cache(os.environ), "PYTHONPATH": str(ROOT)}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads(r.stdout.strip().splitlines()[-1])
     assert m["n"] == 16
