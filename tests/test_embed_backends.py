@@ -1,9 +1,10 @@
 """The embedding backends: ONNX Runtime's vectors match torch's (the bundled MiniLM, exported offline once
-and cached by content), int8 stays within its stated parity, each backend keeps its own cache key, and
-bad settings are one clear error."""
+and cached by content), int8 and OpenVINO bfloat16 stay within their stated parity, each backend keeps
+its own cache key, and bad settings are one clear error."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,75 @@ def test_int8_is_within_its_stated_parity(onnx_cache):
     assert (ref * got).sum(1).min() >= 0.95  # documented: per-channel dynamic int8, min cosine ≈ 0.97
 
 
+def _bf16_cpu() -> bool:
+    try:
+        import openvino as ov
+    except ImportError:
+        return False
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+needs_bf16 = pytest.mark.skipif(not _bf16_cpu(), reason="openvino not installed, or no bfloat16 on this CPU "
+                                                       "(the backend refuses there: see the next test)")
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_openvino_bf16_is_within_its_stated_parity_and_its_batches_and_threads_change_nothing(onnx_cache,
+                                                                                             monkeypatch):
+    """bfloat16 products: cosine to torch's ≥ 0.9999 (0.99995 on the bundled data); the texts cut into
+    many token-bounded batches run on two threads give each text the vector of the same batches run on
+    one thread, bit for bit, at its own place; its own cache key."""
+    from mdl_jax.signals import onnx_encoder
+
+    ref = Embedder(cache_dir=onnx_cache).embed(TEXTS)
+    e = Embedder(cache_dir=onnx_cache, backend="openvino-bf16")
+    assert e.model_id.endswith("#openvino-bf16")
+    got = e.embed(TEXTS)
+    assert (ref * got).sum(1).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+    enc = e.model
+    texts = [f"Fact {i}: " + "the river runs north past the old mill " * (i % 7) for i in range(30)] + [""]
+    monkeypatch.setattr(onnx_encoder, "TOKENS_PER_BATCH", 64)
+    monkeypatch.setattr(enc, "threads", 2)
+    two = enc.encode(texts, batch_size=8)
+    monkeypatch.setattr(enc, "threads", 1)
+    one = enc.encode(texts, batch_size=8)
+    np.testing.assert_array_equal(two, one)
+    alone = np.concatenate([enc.encode([t]) for t in texts])
+    assert ((two * alone).sum(1)).min() >= 0.9999  # padding only (and bfloat16 rounding)
+    # a forked child gets a clear error, not OpenVINO's hang (its threads do not survive a fork)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only Python, then _exit (no teardown of the parent's objects)
+        try:
+            enc.encode(["x"])
+            msg = b"no error"
+        except RuntimeError as err:
+            msg = str(err).encode()
+        os.write(w, msg[:500])
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        assert b"cannot run in its forked child" in f.read()
+
+
+def test_openvino_bf16_refuses_a_cpu_without_bfloat16_and_names_the_alternative(tmp_path, monkeypatch):
+    """Where OpenVINO reports no bfloat16 (an AVX2-only CPU), it would run float32, slower than ONNX
+    Runtime: the backend says so before exporting anything. (The CPU's answer is faked: this machine's
+    may have bfloat16.)"""
+    ov = pytest.importorskip("openvino")
+    from mdl_jax.signals import onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})  # not the encoder an earlier test loaded
+    monkeypatch.setattr(ov.Core, "get_property", lambda self, dev, name: ["FP32", "INT8", "EXPORT_IMPORT"])
+    e = Embedder(cache_dir=tmp_path, backend="openvino-bf16")
+    with pytest.raises(ModelLoadError, match="needs a CPU with bfloat16 support .* Use backend 'onnx'"):
+        e.embed(["x"])
+    assert not list(tmp_path.rglob("*.onnx"))  # refused before the export
+
+
 @pytest.mark.slow
 def test_the_graph_is_exported_once_and_never_through_a_planted_name(onnx_cache):
     from mdl_jax.signals import onnx_encoder
@@ -95,7 +165,7 @@ def test_each_backend_keeps_its_own_cache_key(onnx_cache, tmp_path):
 
 
 def test_bad_backend_settings_are_one_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"backend: expected one of \['torch', 'onnx', 'onnx-int8'\]"):
+    with pytest.raises(ValueError, match=r"backend: expected one of \['torch', 'onnx', 'onnx-int8', 'openvino-bf16'\]"):
         Embedder(cache_dir=tmp_path, backend="tensorrt")
     with pytest.raises(ValueError, match="runs on the CPU"):
         Embedder(cache_dir=tmp_path, backend="onnx", device="cuda")

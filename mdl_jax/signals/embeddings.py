@@ -137,7 +137,8 @@ class Embedder:
         self.load_path, self.model_id = resolve_model(model)
         if backend != "torch":
             # its own cache key: ONNX Runtime's vectors differ from torch's in the last float32 bits
-            # (int8's more), and a cache must never mix two backends' vectors for one model
+            # (int8's and OpenVINO bfloat16's more), and a cache must never mix two backends' vectors
+            # for one model
             self.model_id += f"#{backend}"
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache_dir = cache_dir
@@ -162,6 +163,10 @@ class Embedder:
 
                 try:
                     self._model = onnx_encoder.load(self.load_path, self.cache_dir, self.backend)
+                except ImportError as e:
+                    extra = "openvino" if self.backend.startswith("openvino") else "onnx"
+                    raise ModelLoadError(f"embedder: backend {self.backend!r} needs {e.name or 'a package'}, "
+                                         f"not installed: pip install 'mdl-jax[{extra}]'") from e
                 except (OSError, ValueError) as e:
                     raise ModelLoadError(f"embedder: cannot run {self.load_path!r} with backend "
                                          f"{self.backend!r} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e

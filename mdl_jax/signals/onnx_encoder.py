@@ -16,6 +16,13 @@ match torch's to float32 rounding (cosine ≥ 0.99999 on the bundled data; int8:
 
 int8: ``onnxruntime.quantization.quantize_dynamic`` (weights int8, activations quantised per batch at
 run time), applied once to the exported graph and cached too.
+
+``"openvino-bf16"``: the same exported graph, compiled by OpenVINO's CPU plugin with bfloat16 inference
+precision (its matrix products on AMX or AVX512-BF16, accumulated in float32; the vectors come back
+float32). Only on a CPU that OpenVINO reports bfloat16 support for: elsewhere OpenVINO would run it in
+float32, slower than ONNX Runtime, so the backend refuses and names ``"onnx"``. The vectors are not
+float32's (bfloat16 keeps 8 bits of mantissa): cosine ≥ 0.9999 to torch's on the bundled data (see the
+benchmark), below the ≥ 0.99999 of ``"onnx"``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
 OPSET = 17
 TOKENS_PER_BATCH = 512  # padded tokens per ONNX Runtime call (see ``OnnxEncoder.encode``)
 _SESSIONS: dict = {}
@@ -146,33 +153,49 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False)
 
 
 class OnnxEncoder:
-    """``encode(texts, ...)`` with sentence-transformers' signature, run by ONNX Runtime.
+    """``encode(texts, ...)`` with sentence-transformers' signature, run by ONNX Runtime or OpenVINO.
 
     Args:
         model_path: a local sentence-transformers folder.
         cache_dir: where the exported graphs are kept.
-        int8: run the int8-quantised graph.
+        int8: run the int8-quantised graph (ONNX Runtime only).
         threads: how many batches run at once, each on one core (None: the cores this process may
           use). One single-threaded session run from that many threads beat ONNX Runtime's own
           intra-op threads on the small batches below (1.1-1.4× here), and a text's vector then
           depends only on its batch, never on how many threads ran.
+        runtime: ``"onnxruntime"`` (float32 or int8) or ``"openvino-bf16"`` (OpenVINO's CPU plugin in
+          bfloat16; see the module docstring).
+
+    Raises:
+        ValueError: an unknown ``runtime``; ``int8`` with OpenVINO; ``"openvino-bf16"`` on a CPU that
+          OpenVINO reports no bfloat16 support for.
     """
 
     def __init__(self, model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
-                 threads: int | None = None):
-        import onnxruntime as ort
+                 threads: int | None = None, runtime: str = "onnxruntime"):
         from transformers import AutoTokenizer
 
+        if runtime not in ("onnxruntime", "openvino-bf16"):
+            raise ValueError(f"runtime: expected 'onnxruntime' or 'openvino-bf16', got {runtime!r}")
+        if runtime == "openvino-bf16" and int8:
+            raise ValueError("int8: the openvino-bf16 runtime runs the float32 graph in bfloat16, not int8")
         path = Path(model_path)
+        self.runtime = runtime
+        if runtime == "openvino-bf16":
+            import openvino as ov
+
+            self._ov_core = ov.Core()
+            caps = self._ov_core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+            if "BF16" not in caps:  # checked before the export: nothing is written for a CPU that cannot
+                raise ValueError(f"embedder: backend 'openvino-bf16' needs a CPU with bfloat16 support "
+                                 f"(AMX or AVX512-BF16); OpenVINO reports {list(caps)} for this one. Use "
+                                 f"backend 'onnx' (float32, ONNX Runtime)")
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = _pooling(path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         st_cfg = path / "sentence_bert_config.json"
         self.max_seq_length = int(json.loads(st_cfg.read_text()).get("max_seq_length", 512)) \
             if st_cfg.is_file() else int(getattr(self.tokenizer, "model_max_length", 512))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        opts.inter_op_num_threads = 1
         if threads is None:
             try:
                 threads = len(os.sched_getaffinity(0))
@@ -182,7 +205,17 @@ class OnnxEncoder:
         self._pool = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()
-        self.session = ort.InferenceSession(str(self.graph), opts, providers=["CPUExecutionProvider"])
+        if runtime == "onnxruntime":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            self.session = ort.InferenceSession(str(self.graph), opts, providers=["CPUExecutionProvider"])
+            self._inputs = {i.name for i in self.session.get_inputs()}
+        else:
+            self._ov_compile()
+            self._inputs = {i.get_any_name() for i in self.session.inputs}
         # The fast tokenizer's Rust core, truncating as the tokenizer call above would: it gives the
         # same ids (tests/test_embed_backends.py) without transformers' per-text conversion to Python
         # dicts, which took 0.35 s of the gate's 2.6 s on 526 texts.
@@ -194,7 +227,32 @@ class OnnxEncoder:
             self._fast = Tokenizer.from_str(core.to_str())
             self._fast.no_padding()
             self._fast.enable_truncation(self.max_seq_length)
-        self._inputs = {i.name for i in self.session.get_inputs()}
+
+    def _ov_compile(self) -> None:
+        # One single-threaded stream per pool thread, as ONNX Runtime's sessions above: each request
+        # runs on one core, so a text's vector depends on its batch only, never on the thread count.
+        self.session = self._ov_core.compile_model(str(self.graph), "CPU", {
+            "INFERENCE_PRECISION_HINT": "bf16", "NUM_STREAMS": self.threads,
+            "INFERENCE_NUM_THREADS": self.threads, "PERFORMANCE_HINT": "LATENCY"})
+        self._requests = threading.local()  # an infer request per thread (a request is not shared)
+        self._ov_pid = os.getpid()
+
+    def _infer(self, feed: dict) -> np.ndarray:
+        """The graph's last hidden state for one padded batch."""
+        feed = {k: v for k, v in feed.items() if k in self._inputs}
+        if self.runtime == "onnxruntime":
+            return self.session.run(None, feed)[0]
+        if self._ov_pid != os.getpid():
+            # OpenVINO does not survive a fork (tried here: the parent's compiled model hangs in the
+            # child, and a new one with two streams aborts it): a clear error, not a hang
+            raise RuntimeError(f"embedder: backend 'openvino-bf16' was loaded in process {self._ov_pid} and "
+                               f"cannot run in its forked child {os.getpid()}: start the child with "
+                               f"multiprocessing's 'spawn' (or 'forkserver') and load it there, or use "
+                               f"backend 'onnx'")
+        req = getattr(self._requests, "r", None)
+        if req is None:
+            req = self._requests.r = self.session.create_infer_request()
+        return np.array(req.infer(feed)[0])  # a copy: the request reuses its output buffer
 
     def _executor(self):
         # made on first use, and again in a forked child (a fork copies no threads)
@@ -261,14 +319,14 @@ class OnnxEncoder:
                 feed["attention_mask"][r, :len(x)] = 1
                 if types is not None:
                     feed["token_type_ids"][r, :len(x)] = types[k]
-            h = self.session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
+            h = self._infer(feed)
             if self.pooling == "cls":
                 return h[:, 0]
             m = feed["attention_mask"][..., None].astype(np.float32)  # mean over the real tokens,
             return (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)          # as sentence-transformers' Pooling
 
         if len(batches) > 1 and self.threads > 1:
-            results = list(self._executor().map(run, batches))  # ONNX Runtime releases the GIL
+            results = list(self._executor().map(run, batches))  # both runtimes release the GIL
         else:
             results = [run(b) for b in batches]
         vecs = np.zeros((len(texts), results[0].shape[1]), np.float32)
@@ -284,5 +342,6 @@ def load(model_path: str, cache_dir: str | Path, backend: str):
     key = (str(model_path), backend)
     with _LOCK:
         if key not in _SESSIONS:
-            _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8")
+            _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8",
+                                         runtime="openvino-bf16" if backend == "openvino-bf16" else "onnxruntime")
         return _SESSIONS[key]
