@@ -5,6 +5,8 @@ its own cache key, and bad settings are one clear error."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +124,14 @@ def test_openvino_bf16_is_within_its_stated_parity_and_its_batches_and_threads_c
         os.write(w, msg[:500])
         os._exit(0)
     os.close(w)
-    os.waitpid(pid, 0)
+    for _ in range(600):  # 60 s at most: a hang fails the test instead of stalling the suite
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in encode")
     with os.fdopen(r, "rb") as f:
         assert b"cannot run in its forked child" in f.read()
 

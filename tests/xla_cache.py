@@ -17,7 +17,8 @@ folder can be shared between machines.
 Bounded: at most ``MAX_BYTES``, least recently used evicted first. Eviction also makes XLA take a file
 lock around every read and write, so concurrent processes never read a half-written entry.
 
-``MDL_JAX_TEST_XLA_CACHE=0`` turns it off, for a run that compiles everything itself. The tests that
+``MDL_JAX_TEST_XLA_CACHE=0`` turns it off, for a run that compiles everything itself; a
+``JAX_COMPILATION_CACHE_DIR`` already set is left as it is (the caller's own cache). The tests that
 measure a process's memory start it with ``without_cache(os.environ)``: storing an executable costs
 memory that the product does not spend.
 """
@@ -52,8 +53,8 @@ def folder() -> Path:
 def enable() -> None:
     """Turn the cache on in this process (whose jax is imported, nothing compiled yet) and, through the
     environment, in the processes it starts (the tests copy ``os.environ``)."""
-    if os.environ.get("MDL_JAX_TEST_XLA_CACHE", "1") == "0":
-        return
+    if os.environ.get("MDL_JAX_TEST_XLA_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return  # off, or the caller's own cache (its settings reach jax and the processes as they are)
     path = folder()
     path.mkdir(parents=True, exist_ok=True)
     for name, value in zip(_OPTIONS, (str(path), MIN_COMPILE_S, 0, MAX_BYTES)):
