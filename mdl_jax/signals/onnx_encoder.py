@@ -23,6 +23,13 @@ float32). Only on a CPU that OpenVINO reports bfloat16 support for: elsewhere Op
 float32, slower than ONNX Runtime, so the backend refuses and names ``"onnx"``. The vectors are not
 float32's (bfloat16 keeps 8 bits of mantissa): cosine ≥ 0.9999 to torch's on the bundled data (see the
 benchmark), below the ≥ 0.99999 of ``"onnx"``.
+
+OpenVINO does not survive a fork (its issue #416, closed as won't fix). In a forked child the encoder
+raises a clear error rather than hang in OpenVINO. A forked child that then exits through the
+interpreter's normal teardown (``sys.exit``) hangs in OpenVINO's own teardown, whether or not it touched
+the encoder. ``multiprocessing``'s fork workers are not affected, since they leave through ``os._exit``;
+tried here with a fork pool after the encoder ran. Processes that should use the backend are started
+with ``spawn``.
 """
 
 from __future__ import annotations
