@@ -24,6 +24,14 @@ float32, slower than ONNX Runtime, so the backend refuses and names ``"onnx"``. 
 float32's (bfloat16 keeps 8 bits of mantissa): cosine ≥ 0.9999 to torch's on the bundled data (see the
 benchmark), below the ≥ 0.99999 of ``"onnx"``.
 
+Memory: OpenVINO keeps the kernels it prepared for each input shape (batch, tokens), about 0.9 MB a
+shape here. The batching above can make at most 2,082 shapes (tokens 2-256, batches up to 64 texts and
+512 tokens), so the bound is about 1.9 GB above the loaded model; a process that met all of them grew
+by 1,842 MB, one that met 1,124 by 843 MB. Limiting OpenVINO's per-shape cache
+(``CPU_RUNTIME_CACHE_CAPACITY=0``) cut that growth to about a third, but in the one run tried it changed
+one gate action in 120 against torch. So it is left at OpenVINO's default. Fewer shapes (lengths
+padded to buckets) would bound the memory without that cost; that is not done.
+
 OpenVINO does not survive a fork (its issue #416, closed as won't fix). In a forked child the encoder
 raises a clear error rather than hang in OpenVINO. A forked child that then exits through the
 interpreter's normal teardown (``sys.exit``) hangs in OpenVINO's own teardown, whether or not it touched
