@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
+from mdl_jax.signals.onnx_encoder import BACKENDS  # every backend the Embedder offers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

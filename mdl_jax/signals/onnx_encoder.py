@@ -88,6 +88,25 @@ def _pooling(path: Path) -> str:
     return "mean"
 
 
+def bf16_supported(core=None) -> bool:
+    """Whether OpenVINO reports bfloat16 support for this CPU (the ``"openvino-bf16"`` backend runs only there).
+
+    Args:
+        core: an ``openvino.Core`` to ask (None: a new one).
+
+    Returns:
+        True when the CPU plugin lists ``BF16`` among its optimisation capabilities.
+
+    Raises:
+        ImportError: openvino is not installed (the ``openvino`` extra).
+    """
+    if core is None:
+        import openvino as ov
+
+        core = ov.Core()
+    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 def _atomic_save(write, target: Path) -> None:
     """Write through a fresh temporary name in the target's folder, then rename: a reader never sees
     half a graph, and a name planted at the target is replaced, never followed."""
@@ -200,8 +219,8 @@ class OnnxEncoder:
             import openvino as ov
 
             self._ov_core = ov.Core()
-            caps = self._ov_core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-            if "BF16" not in caps:  # checked before the export: nothing is written for a CPU that cannot
+            if not bf16_supported(self._ov_core):  # before the export: nothing is written for a CPU that cannot
+                caps = self._ov_core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
                 raise ValueError(f"embedder: backend 'openvino-bf16' needs a CPU with bfloat16 support "
                                  f"(AMX or AVX512-BF16); OpenVINO reports {list(caps)} for this one. Use "
                                  f"backend 'onnx' (float32, ONNX Runtime)")
