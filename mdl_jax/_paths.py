@@ -44,6 +44,43 @@ def replace_with(path: Path, write, *, tmp_dir: Path | None = None) -> None:
     fsync_dir(path.parent)
 
 
+def own_folder(path: Path, *, what: str) -> Path:
+    """Create ``path`` (and its parents) if missing and check that it is a real folder of this user's,
+    not a symlink someone planted (writing into it would write wherever the link points). A folder of
+    ours that group or others may write (made by an older version under umask 002) is made ours alone
+    (chmod go-w): they could otherwise plant names in it between our checks and our writes.
+
+    Args:
+        path: the folder.
+        what: the argument or setting the folder comes from, for the error.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: ``path`` cannot be created, is a symlink or not a folder, or belongs to another user.
+    """
+    import stat
+
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:  # a file or a dangling link where the folder should be, a read-only mount
+        raise ValueError(f"{what}: cannot create the folder {path} ({e.strerror})") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what}: {path} is a symbolic link or not a folder; it must be a real folder "
+                         "(remove it and it is made again)")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise ValueError(f"{what}: {path} belongs to another user (uid {st.st_uid}); remove it")
+    if st.st_mode & 0o022:
+        try:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)  # lstat above: a real folder
+        except OSError as e:
+            raise ValueError(f"{what}: {path} is writable by other users (mode {stat.filemode(st.st_mode)}) "
+                             f"and cannot be made yours alone ({e.strerror}); chmod go-w it") from None
+    return path
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (``replace_with``), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)

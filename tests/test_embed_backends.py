@@ -164,6 +164,61 @@ def test_the_graph_is_exported_once_and_never_through_a_planted_name(onnx_cache)
     assert {p.name for p in g.parent.glob("*.tmp")} <= {"model.onnx.tmp", "model.int8.onnx.tmp"}  # only ours
 
 
+def test_an_export_folder_planted_as_a_symlink_is_refused_not_written_through(tmp_path, monkeypatch):
+    from mdl_jax.signals import onnx_encoder
+
+    path = Embedder(backend="onnx").load_path
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    onnx_dir = tmp_path / "cache" / "onnx"
+    onnx_dir.mkdir(parents=True)
+    (onnx_dir / f"{Path(path).name}-{onnx_encoder._folder_hash(Path(path))}").symlink_to(victim)
+    with pytest.raises(ValueError, match="cache_dir: .* is a symbolic link or not a folder"):
+        onnx_encoder.export(path, tmp_path / "cache")
+    onnx_dir.rename(tmp_path / "cache" / "old")
+    onnx_dir.symlink_to(victim)  # the folder above it, planted too
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})  # not an encoder an earlier test loaded
+    with pytest.raises(ModelLoadError, match="backend 'onnx' .*symbolic link"):
+        Embedder(cache_dir=tmp_path / "cache", backend="onnx").embed(["x"])
+    assert not list(victim.iterdir())  # nothing written where the links point
+
+
+def test_a_group_writable_export_folder_is_made_ours_alone(tmp_path):
+    from mdl_jax._paths import own_folder
+
+    d = tmp_path / "g"
+    d.mkdir()
+    d.chmod(0o775)  # as an older version made it under umask 002
+    assert own_folder(d, what="cache_dir") == d and (d.stat().st_mode & 0o777) == 0o755
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match="cache_dir: cannot create the folder"):
+        own_folder(tmp_path / "f" / "sub", what="cache_dir")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnx", "openvino-bf16"])
+def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, monkeypatch, backend):
+    """A truncated model.onnx (disk damage: ours are written whole) warns and is exported again, and
+    the vectors are the good graph's."""
+    import shutil
+
+    from mdl_jax.signals import onnx_encoder
+
+    if backend == "openvino-bf16" and not _bf16_cpu():
+        pytest.skip("OpenVINO reports no bfloat16 on this CPU")
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    good = Embedder(cache_dir=onnx_cache, backend=backend).embed(TEXTS[:3])
+    shutil.copytree(onnx_cache / "onnx", tmp_path / "onnx")
+    graph = next((tmp_path / "onnx").rglob("model.onnx"))
+    size = graph.stat().st_size
+    graph.write_bytes(graph.read_bytes()[: size // 3])
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    with pytest.warns(RuntimeWarning, match="does not load .* exporting it again"):
+        got = Embedder(cache_dir=tmp_path, backend=backend).embed(TEXTS[:3])  # a new embedding cache
+    assert graph.stat().st_size == size
+    np.testing.assert_array_equal(got, good)
+
+
 @pytest.mark.slow
 def test_each_backend_keeps_its_own_cache_key(onnx_cache, tmp_path):
     a = Embedder(cache_dir=tmp_path, backend="torch")

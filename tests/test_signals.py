@@ -563,6 +563,31 @@ def test_embedder_memory_serves_repeat_texts_without_sqlite_and_stays_bounded(tm
     assert fresh.n_embedded == 0
 
 
+def test_a_model_that_returns_nan_is_a_clear_error_and_nothing_of_it_is_cached(tmp_path):
+    """A NaN from the encoder (a broken custom model: a failure path, so a stand-in) never reaches the
+    controller nor the cache; a damaged cache row is embedded again rather than served."""
+    class Model:
+        def __init__(self, nan):
+            self.nan = nan
+
+        def encode(self, texts, **kw):
+            v = np.ones((len(texts), 8), np.float32)
+            v[[i for i, t in enumerate(texts) if t in self.nan]] = np.nan
+            return v
+
+    e = Embedder(cache_dir=tmp_path)
+    e._model = Model({"bad"})
+    with pytest.raises(ValueError, match=r"non-finite vectors for 1 of 2 texts \(first: 'bad'\); nothing"):
+        e.embed(["good", "bad"])
+    assert e.cache.get(e.model_id, ["good", "bad"]) == {} and not e._memory
+    nan_row = np.full((1, 8), np.nan, np.float32)
+    e.cache.put(e.model_id, ["planted"], nan_row)  # a cache row no embedder of ours wrote
+    e._model = Model(set())
+    got = e.embed(["planted"])
+    assert np.isfinite(got).all() and e.n_embedded == 1
+    assert np.isfinite(e.cache.get(e.model_id, ["planted"])[next(iter(e.cache.get(e.model_id, ["planted"])))]).all()
+
+
 def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():
     """store_arrays(threshold=...) analyses only memories that may be relevant: the aggregation's bits
     are those of the full flags, and the flags it kept are pair_flags' on those pairs."""

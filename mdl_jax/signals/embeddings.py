@@ -187,6 +187,8 @@ class Embedder:
         if len(vec) < len(unique):
             keys = {t: _key(t) for t in unique if t not in vec}
             found = self.cache.get_keys(self.model_id, keys.values())
+            # a damaged cache row (not ours: we cache finite vectors only) is embedded again
+            found = {k: v for k, v in found.items() if v.size and np.isfinite(v).all()}
             todo = [t for t, k in keys.items() if k not in found]
             raw = {t: found[k] for t, k in keys.items() if k in found}
             if todo:
@@ -201,6 +203,12 @@ class Embedder:
                     vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
                                              normalize_embeddings=True, show_progress_bar=False)
                     vecs = np.asarray(vecs, np.float32)
+                    bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1)) if vecs.ndim == 2 else [0]
+                    if len(bad):  # never cached, so a fixed model is not served the old vectors
+                        bar.close()
+                        raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite "
+                                         f"vectors for {len(bad)} of {len(chunk)} texts (first: "
+                                         f"{chunk[bad[0]][:80]!r}); nothing of this batch was cached")
                     self.cache.put(self.model_id, chunk, vecs)
                     raw.update(zip(chunk, vecs))
                     self.n_embedded += len(chunk)

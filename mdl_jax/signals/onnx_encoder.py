@@ -52,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._paths import own_folder
+
 BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
 OPSET = 17
 TOKENS_PER_BATCH = 512  # padded tokens per ONNX Runtime call (see ``OnnxEncoder.encode``)
@@ -133,14 +135,18 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False)
         The path of ``model.onnx`` (or ``model.int8.onnx``).
 
     Raises:
-        ValueError: ``model_path`` is not a local folder, or its pooling is neither mean nor CLS.
+        ValueError: ``model_path`` is not a local folder, or its pooling is neither mean nor CLS; a graph
+          folder under ``cache_dir`` is a symlink or not ours (``own_folder``).
     """
     path = Path(model_path)
     if not path.is_dir():
         raise ValueError(f"embedder: backend onnx needs a local model folder (the bundled MiniLM or a "
                          f"path), got {str(model_path)!r}")
     _pooling(path)  # refuse an unsupported pooling before exporting anything
-    out = Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}"
+    # Both folders we make are checked to be real folders of ours: a symlink planted at either would
+    # have the graphs written (and later loaded) wherever it points.
+    own_folder(Path(cache_dir) / "onnx", what="cache_dir")
+    out = own_folder(Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}", what="cache_dir")
     fp32 = out / "model.onnx"
     if not fp32.is_file():
         import torch
@@ -239,17 +245,24 @@ class OnnxEncoder:
         self._pool = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()
-        if runtime == "onnxruntime":
-            import onnxruntime as ort
+        try:
+            self._open()
+        except Exception as e:  # noqa: BLE001 - the runtimes raise their own types for a bad file
+            # A cached graph that does not load (truncated or damaged on disk: ours are written whole,
+            # see _atomic_save) is exported again once, rather than failing every later process.
+            import warnings
 
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            self.session = ort.InferenceSession(str(self.graph), opts, providers=["CPUExecutionProvider"])
-            self._inputs = {i.name for i in self.session.get_inputs()}
-        else:
-            self._ov_compile()
-            self._inputs = {i.get_any_name() for i in self.session.inputs}
+            warnings.warn(f"embedder: the cached graph {self.graph} does not load ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}); exporting it again", RuntimeWarning,
+                          stacklevel=2)
+            for name in ("model.onnx", "model.int8.onnx"):
+                (self.graph.parent / name).unlink(missing_ok=True)
+            self.graph = export(path, cache_dir, int8=int8)
+            try:
+                self._open()
+            except Exception as e2:  # noqa: BLE001
+                raise ValueError(f"embedder: the graph {self.graph}, exported again, still does not load "
+                                 f"({type(e2).__name__}: {' '.join(str(e2).split())[:300]})") from e2
         # The fast tokenizer's Rust core, truncating as the tokenizer call above would: it gives the
         # same ids (tests/test_embed_backends.py) without transformers' per-text conversion to Python
         # dicts, which took 0.35 s of the gate's 2.6 s on 526 texts.
@@ -261,6 +274,20 @@ class OnnxEncoder:
             self._fast = Tokenizer.from_str(core.to_str())
             self._fast.no_padding()
             self._fast.enable_truncation(self.max_seq_length)
+
+    def _open(self) -> None:
+        """Load ``self.graph`` into the runtime (ONNX Runtime session or OpenVINO compiled model)."""
+        if self.runtime == "onnxruntime":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            self.session = ort.InferenceSession(str(self.graph), opts, providers=["CPUExecutionProvider"])
+            self._inputs = {i.name for i in self.session.get_inputs()}
+        else:
+            self._ov_compile()
+            self._inputs = {i.get_any_name() for i in self.session.inputs}
 
     def _ov_compile(self) -> None:
         # One single-threaded stream per pool thread, as ONNX Runtime's sessions above: each request
