@@ -196,16 +196,15 @@ def test_a_group_writable_export_folder_is_made_ours_alone(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["onnx", "openvino-bf16"])
-def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, monkeypatch, backend):
+def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, monkeypatch):
     """A truncated model.onnx (disk damage: ours are written whole) warns and is exported again, and
-    the vectors are the good graph's."""
+    the vectors are the good graph's. (ONNX Runtime only: OpenVINO's failed compile takes the same
+    ``except`` in OnnxEncoder.__init__, and each export costs the suite ~9 s.)"""
     import shutil
 
     from mdl_jax.signals import onnx_encoder
 
-    if backend == "openvino-bf16" and not _bf16_cpu():
-        pytest.skip("OpenVINO reports no bfloat16 on this CPU")
+    backend = "onnx"
     monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
     good = Embedder(cache_dir=onnx_cache, backend=backend).embed(TEXTS[:3])
     shutil.copytree(onnx_cache / "onnx", tmp_path / "onnx")
