@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -253,6 +254,33 @@ def test_paired_t_across_seeds():
     r = paired_t(pd.DataFrame(rows), "B1", "B2", "d")
     assert r["n_seeds"] == 3 and r["t"] > 0 and 0 < r["p"] < 0.2
     assert paired_t(pd.DataFrame(rows[:20]), "B1", "B2", "d")["p"] is None
+
+
+def test_the_gguf_read_parses_a_file_once_and_leaves_the_gguf_module_as_it_was(tmp_path):
+    """_gguf_parsed_once memoises gguf's parser and name map for one conversion only (a tiny GGUF
+    written here: no model needed), and restores them even when the read fails."""
+    gguf = pytest.importorskip("gguf")
+    from mdl_jax.pipeline.generation.loading import _gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    before = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with _gguf_parsed_once():
+        r = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is r and r.tensors[0].data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        m = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is m
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+    assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))  # no memo outside
+    with pytest.raises(RuntimeError, match="boom"), _gguf_parsed_once():
+        raise RuntimeError("boom")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
 
 
 @pytest.mark.slow
