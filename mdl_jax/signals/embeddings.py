@@ -121,6 +121,12 @@ class Embedder:
     """Batched, cached sentence embedder. ``embed(texts)`` → (N, dim) float32, unit norm.
 
     Attributes ``n_embedded`` / ``n_cached`` count what the last calls computed versus reused.
+
+    A text's first vector depends on the texts it was batched with, at float32 rounding (padding to
+    the batch's longest text; cosine ≥ 0.99999 to its vector encoded alone, with every backend but
+    int8 and bfloat16, see ``onnx_encoder``), so two calls that encode it at once from different
+    threads can get vectors that differ in their last bits. Once cached, every call gets the cached
+    vector. A model's non-finite vector is an error (ValueError) and is never cached.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
