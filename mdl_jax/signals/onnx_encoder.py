@@ -247,6 +247,8 @@ class OnnxEncoder:
         self._pool_lock = threading.Lock()
         try:
             self._open()
+        except ImportError:  # the runtime is not installed: the graph is not at fault
+            raise
         except Exception as e:  # noqa: BLE001 - the runtimes raise their own types for a bad file
             # A cached graph that does not load (truncated or damaged on disk: ours are written whole,
             # see _atomic_save) is exported again once, rather than failing every later process.
