@@ -219,6 +219,21 @@ def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, mon
 
 
 @pytest.mark.slow
+def test_a_missing_runtime_names_its_extra_and_leaves_the_cached_graph_alone(onnx_cache, monkeypatch):
+    import sys
+
+    from mdl_jax.signals import onnx_encoder
+
+    graph = next((onnx_cache / "onnx").rglob("model.onnx"))
+    size = graph.stat().st_size
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    with pytest.raises(ModelLoadError, match=r"needs onnxruntime, not installed: pip install 'mdl-jax\[onnx\]'"):
+        Embedder(cache_dir=onnx_cache, backend="onnx").embed(["x"])
+    assert graph.stat().st_size == size  # not taken for a damaged graph
+
+
+@pytest.mark.slow
 def test_each_backend_keeps_its_own_cache_key(onnx_cache, tmp_path):
     a = Embedder(cache_dir=tmp_path, backend="torch")
     b = Embedder(cache_dir=tmp_path, backend="onnx")
