@@ -212,10 +212,31 @@ def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, mon
     size = graph.stat().st_size
     graph.write_bytes(graph.read_bytes()[: size // 3])
     monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
-    with pytest.warns(RuntimeWarning, match="does not load .* exporting it again"):
+    with pytest.warns(RuntimeWarning, match="is damaged .* exporting it again"):
         got = Embedder(cache_dir=tmp_path, backend=backend).embed(TEXTS[:3])  # a new embedding cache
     assert graph.stat().st_size == size
     np.testing.assert_array_equal(got, good)
+
+
+@pytest.mark.slow
+def test_a_runtime_failure_on_a_whole_graph_is_raised_and_the_graph_left_alone(onnx_cache, monkeypatch):
+    """Only a damaged file is exported again: a failure of the runtime itself (out of memory here,
+    faked: a failure path) is the error the user sees, and the cached graph is not rewritten."""
+    import onnxruntime
+
+    from mdl_jax.signals import onnx_encoder
+
+    graph = next((onnx_cache / "onnx").rglob("model.onnx"))
+    before = graph.stat().st_mtime_ns
+
+    def no_memory(*a, **kw):
+        raise MemoryError("faked: no memory for the session")
+
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    monkeypatch.setattr(onnxruntime, "InferenceSession", no_memory)
+    with pytest.raises(MemoryError, match="faked"):
+        Embedder(cache_dir=onnx_cache, backend="onnx").embed(["x"])
+    assert graph.stat().st_mtime_ns == before and not onnx_encoder.damaged(graph)
 
 
 @pytest.mark.slow

@@ -276,7 +276,16 @@ def test_the_gguf_read_parses_a_file_once_and_leaves_the_gguf_module_as_it_was(t
         assert gguf.GGUFReader(str(path)) is r and r.tensors[0].data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
         m = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is m
+        # other code meanwhile: isinstance and subclasses as ever; a name bound now memoises nothing later
+        assert isinstance(r, gguf.GGUFReader) and type(r) is before[0]
+
+        class Sub(gguf.GGUFReader):
+            pass
+
+        assert isinstance(Sub(str(path)), Sub) and Sub(str(path)) is not r
+        bound = gguf.GGUFReader
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+    assert bound(str(path)) is not bound(str(path)) and type(bound(str(path))) is before[0]
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))  # no memo outside
     with pytest.raises(RuntimeError, match="boom"), _gguf_parsed_once():
         raise RuntimeError("boom")

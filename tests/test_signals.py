@@ -580,12 +580,24 @@ def test_a_model_that_returns_nan_is_a_clear_error_and_nothing_of_it_is_cached(t
     with pytest.raises(ValueError, match=r"non-finite vectors for 1 of 2 texts \(first: 'bad'\); nothing"):
         e.embed(["good", "bad"])
     assert e.cache.get(e.model_id, ["good", "bad"]) == {} and not e._memory
-    nan_row = np.full((1, 8), np.nan, np.float32)
-    e.cache.put(e.model_id, ["planted"], nan_row)  # a cache row no embedder of ours wrote
+    # cache rows no embedder of ours wrote: NaN, truncated, of another size, zero, NULL
+    from mdl_jax.signals.embeddings import _key
+
+    planted = {"nan": np.full(8, np.nan, np.float32).tobytes(), "cut": np.ones(8, np.float32).tobytes()[:5],
+               "dim": np.ones(3, np.float32).tobytes(), "zero": np.zeros(8, np.float32).tobytes(), "null": None}
+    with e.cache._db:
+        e.cache._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
+                                [(e.model_id, _key(t), v) for t, v in planted.items()])
     e._model = Model(set())
-    got = e.embed(["planted"])
-    assert np.isfinite(got).all() and e.n_embedded == 1
-    assert np.isfinite(e.cache.get(e.model_id, ["planted"])[next(iter(e.cache.get(e.model_id, ["planted"])))]).all()
+    got = Embedder(cache_dir=tmp_path)
+    got._model = Model(set())
+    vecs = got.embed(["good", *planted])
+    assert vecs.shape == (6, 8) and np.allclose(np.linalg.norm(vecs, axis=1), 1) and got.n_embedded == 6
+    assert all(len(v) == 8 and np.isfinite(v).all() for v in got.cache.get(got.model_id, list(planted)).values())
+    got._model = Model(set())
+    with pytest.raises(ValueError, match=r"returned an array of shape \(8,\) for 1 texts; expected \(1, dim\)"):
+        got._model.encode = lambda texts, **kw: np.ones(8, np.float32)
+        got.embed(["one more"])
 
 
 def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():

@@ -104,7 +104,8 @@ class EmbeddingCache:
                 chunk = keys[i:i + 900]
                 q = f"SELECT key, vec FROM emb WHERE model=? AND key IN ({','.join('?' * len(chunk))})"
                 for k, v in self._db.execute(q, [model, *chunk]):
-                    out[k] = np.frombuffer(v, dtype=np.float32)
+                    if isinstance(v, bytes) and v and len(v) % 4 == 0:  # else damaged: not a vector
+                        out[k] = np.frombuffer(v, dtype=np.float32)
         return out
 
     def put(self, model: str, texts: Sequence[str], vecs: np.ndarray) -> None:
@@ -115,6 +116,17 @@ class EmbeddingCache:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _sound_rows(found: dict) -> dict:
+    """The cached rows fit to serve: finite, of nonzero norm and, where rows of several sizes were
+    read (a damaged cache), of the most common size. The others are embedded again."""
+    ok = {k: v for k, v in found.items() if np.isfinite(v).all() and np.any(v)}
+    sizes = collections.Counter(len(v) for v in ok.values())
+    if len(sizes) > 1:
+        size = sizes.most_common(1)[0][0]
+        ok = {k: v for k, v in ok.items() if len(v) == size}
+    return ok
 
 
 class Embedder:
@@ -192,9 +204,7 @@ class Embedder:
                     vec[t] = v
         if len(vec) < len(unique):
             keys = {t: _key(t) for t in unique if t not in vec}
-            found = self.cache.get_keys(self.model_id, keys.values())
-            # a damaged cache row (not ours: we cache finite vectors only) is embedded again
-            found = {k: v for k, v in found.items() if v.size and np.isfinite(v).all()}
+            found = _sound_rows(self.cache.get_keys(self.model_id, keys.values()))
             todo = [t for t, k in keys.items() if k not in found]
             raw = {t: found[k] for t, k in keys.items() if k in found}
             if todo:
@@ -209,7 +219,12 @@ class Embedder:
                     vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
                                              normalize_embeddings=True, show_progress_bar=False)
                     vecs = np.asarray(vecs, np.float32)
-                    bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1)) if vecs.ndim == 2 else [0]
+                    if vecs.ndim != 2 or len(vecs) != len(chunk):
+                        bar.close()
+                        raise ValueError(f"embedder: the model {self.model_name!r} returned an array of "
+                                         f"shape {vecs.shape} for {len(chunk)} texts; expected "
+                                         f"({len(chunk)}, dim)")
+                    bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
                     if len(bad):  # never cached, so a fixed model is not served the old vectors
                         bar.close()
                         raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite "
@@ -220,6 +235,19 @@ class Embedder:
                     self.n_embedded += len(chunk)
                     bar.update(len(chunk))
                 bar.close()
+                dim = len(next(iter(raw[t] for t in todo)))
+                stale = [t for t in raw if len(raw[t]) != dim]  # cached rows of another size: damaged
+                if stale:
+                    vecs = np.asarray(self.model.encode(stale, batch_size=self.batch_size, convert_to_numpy=True,
+                                                        normalize_embeddings=True, show_progress_bar=False),
+                                      np.float32)
+                    if vecs.shape != (len(stale), dim) or not np.isfinite(vecs).all():
+                        raise ValueError(f"embedder: the model {self.model_name!r} returned an array of "
+                                         f"shape {vecs.shape} (or non-finite values) for {len(stale)} texts")
+                    self.cache.put(self.model_id, stale, vecs)
+                    raw.update(zip(stale, vecs))
+                    self.n_embedded += len(stale)
+                    todo = todo + stale
                 new = set(todo)
                 self.n_cached += sum(1 for t in texts if t not in new)
             else:

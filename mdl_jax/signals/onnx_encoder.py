@@ -123,13 +123,16 @@ def _atomic_save(write, target: Path) -> None:
             os.unlink(tmp)
 
 
-def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False) -> Path:
+def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
+           force: bool = False) -> Path:
     """The ONNX graph of a local sentence-transformers folder, exported (and quantised) on first use.
 
     Args:
         model_path: a local model folder (``resolve_model`` gives the bundled MiniLM's).
         cache_dir: where the graphs are kept (``<cache_dir>/onnx/<name>-<content hash>/``).
         int8: also quantise the weights to int8 (dynamic quantisation) and return that graph.
+        force: write the graph asked for again even if it is cached (a damaged one: it is replaced
+          by an atomic rename, so a process reading it meanwhile sees the old file or the new one).
 
     Returns:
         The path of ``model.onnx`` (or ``model.int8.onnx``).
@@ -143,12 +146,18 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False)
         raise ValueError(f"embedder: backend onnx needs a local model folder (the bundled MiniLM or a "
                          f"path), got {str(model_path)!r}")
     _pooling(path)  # refuse an unsupported pooling before exporting anything
-    # Both folders we make are checked to be real folders of ours: a symlink planted at either would
-    # have the graphs written (and later loaded) wherever it points.
-    own_folder(Path(cache_dir) / "onnx", what="cache_dir")
-    out = own_folder(Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}", what="cache_dir")
+    out = Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}"
     fp32 = out / "model.onnx"
-    if not fp32.is_file():
+
+    def writable() -> None:
+        # Before anything is written, both folders we make are checked to be real folders of ours: a
+        # symlink planted at either would have the graphs written (and later loaded) wherever it
+        # points. A cache that only needs reading (another account's, a read-only mount) is not.
+        own_folder(Path(cache_dir) / "onnx", what="cache_dir")
+        own_folder(out, what="cache_dir")
+
+    if not fp32.is_file() or (force and not int8):
+        writable()
         import torch
         from transformers import AutoModel
 
@@ -183,13 +192,32 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False)
     if not int8:
         return fp32
     q8 = out / "model.int8.onnx"
-    if not q8.is_file():
+    if not q8.is_file() or force:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        writable()
+        if force and damaged(fp32):  # the float32 graph it is made from is damaged too
+            export(model_path, cache_dir, force=True)
         # per-channel weight scales: per-tensor int8 loses too much (min cosine 0.84 vs 0.97 to fp32)
         _atomic_save(lambda tmp: quantize_dynamic(str(fp32), tmp, weight_type=QuantType.QInt8,
                                                   per_channel=True), q8)
     return q8
+
+
+def damaged(graph: Path) -> bool:
+    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk), as ``onnx``
+    parses it. False when it parses, or when ``onnx`` is not installed (nothing can tell then)."""
+    try:
+        import onnx
+    except ImportError:
+        return False
+    try:
+        onnx.load(str(graph), load_external_data=False)
+    except MemoryError:
+        return False
+    except Exception:  # noqa: BLE001 - DecodeError, OSError, ...: the file is not a model
+        return True
+    return False
 
 
 class OnnxEncoder:
@@ -250,16 +278,18 @@ class OnnxEncoder:
         except ImportError:  # the runtime is not installed: the graph is not at fault
             raise
         except Exception as e:  # noqa: BLE001 - the runtimes raise their own types for a bad file
-            # A cached graph that does not load (truncated or damaged on disk: ours are written whole,
-            # see _atomic_save) is exported again once, rather than failing every later process.
+            # A cached graph that is damaged on disk (truncated or overwritten: ours are written whole,
+            # see _atomic_save) is written again once, rather than failing every later process. Any
+            # other failure (memory, file descriptors, a runtime too old for the graph, an option)
+            # is raised as it is, and the graph is left alone.
+            if not damaged(self.graph):
+                raise
             import warnings
 
-            warnings.warn(f"embedder: the cached graph {self.graph} does not load ({type(e).__name__}: "
+            warnings.warn(f"embedder: the cached graph {self.graph} is damaged ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:200]}); exporting it again", RuntimeWarning,
                           stacklevel=2)
-            for name in ("model.onnx", "model.int8.onnx"):
-                (self.graph.parent / name).unlink(missing_ok=True)
-            self.graph = export(path, cache_dir, int8=int8)
+            self.graph = export(path, cache_dir, int8=int8, force=True)
             try:
                 self._open()
             except Exception as e2:  # noqa: BLE001

@@ -57,7 +57,7 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-_GGUF_PATCH_LOCK = __import__("threading").Lock()
+_GGUF_PATCH_LOCK = __import__("threading").RLock()
 
 
 @contextlib.contextmanager
@@ -69,8 +69,12 @@ def _gguf_parsed_once():
     name maps ~9 s in all; the tokenizer and model read took 28.8 s wall (26.5 s CPU) without this
     and 14.9 s (12.7 s CPU) with it. The memoised objects are only read by transformers (a
     memory-mapped reader, a dict of names): the two reads gave equal state dicts, vocabularies,
-    chat templates and configs, and the checkpoint saved from them is the same byte for byte. Both
-    attributes are restored on exit."""
+    chat templates and configs, and the checkpoint saved from them is the same byte for byte.
+
+    transformers imports both names from ``gguf`` inside its functions, at call time, so they are
+    swapped on the module for the read and restored after, even on an error. The stand-in reader is
+    a subclass (``isinstance`` and subclassing keep working for other code meanwhile), and one bound
+    elsewhere during the read memoises nothing once the read is over (its memo is dropped)."""
     try:
         import gguf
     except ImportError:  # transformers raises its own error for a GGUF read without gguf
@@ -78,20 +82,28 @@ def _gguf_parsed_once():
         return
     with _GGUF_PATCH_LOCK:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        readers: dict = {}
+        memo: dict | None = {}
 
-        def cached_reader(path, *a, **kw):
-            key = (str(path), a, tuple(sorted(kw.items())))
-            if key not in readers:
-                readers[key] = reader(path, *a, **kw)
-            return readers[key]
+        class _Check(type(reader)):
+            def __instancecheck__(cls, obj):
+                return isinstance(obj, reader)
 
-        gguf.GGUFReader = cached_reader
+        class _ParsedOnce(reader, metaclass=_Check):
+            def __new__(cls, path, *a, **kw):
+                if cls is not _ParsedOnce or memo is None:  # a subclass, or after the read: plain
+                    return reader.__new__(cls) if cls is not _ParsedOnce else reader(path, *a, **kw)
+                key = (str(path), a, tuple(sorted(kw.items())))
+                if key not in memo:
+                    memo[key] = reader(path, *a, **kw)
+                return memo[key]  # a reader, not a _ParsedOnce: its __init__ does not run again
+
+        gguf.GGUFReader = _ParsedOnce
         gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
         try:
             yield
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+            memo = None
 
 
 def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
