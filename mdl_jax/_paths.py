@@ -45,7 +45,7 @@ def replace_with(path: Path, write, *, tmp_dir: Path | None = None) -> None:
 
 
 def own_folder(path: Path, *, what: str) -> Path:
-    """Create ``path`` if missing (its missing parents too) and check that it is a real folder of this
+    """Create ``path`` if missing (its missing parents too, mode 0700) and check that it is a real folder of this
     user's, not a symlink someone planted: writing into a planted link writes wherever it points. A
     folder of ours that group or others may write (made under umask 002) is made ours alone (chmod
     go-w), since they could plant names in it between our checks and our writes.
@@ -68,7 +68,11 @@ def own_folder(path: Path, *, what: str) -> Path:
     import stat
 
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # the missing parents too are made ours alone (mkdir(parents=True) would give them the umask's)
+        for p in [*reversed(path.parents), path]:
+            if not os.path.lexists(p):
+                p.mkdir(mode=0o700, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
     except OSError as e:  # a file or a dangling link where the folder should be, a read-only mount
         raise ValueError(f"{what}: cannot create the folder {path} ({e.strerror})") from None
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)

@@ -190,6 +190,12 @@ def test_a_group_writable_export_folder_is_made_ours_alone(tmp_path):
     d.mkdir()
     d.chmod(0o775)  # as an older version made it under umask 002
     assert own_folder(d, what="cache_dir") == d and (d.stat().st_mode & 0o777) == 0o755
+    old = os.umask(0o002)  # the folders it makes, parents included, are ours alone under any umask
+    try:
+        own_folder(tmp_path / "p" / "q", what="cache_dir")
+    finally:
+        os.umask(old)
+    assert [(tmp_path / x).stat().st_mode & 0o777 for x in ("p", "p/q")] == [0o700, 0o700]
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match="cache_dir: cannot create the folder"):
         own_folder(tmp_path / "f" / "sub", what="cache_dir")
@@ -237,6 +243,11 @@ def test_a_runtime_failure_on_a_whole_graph_is_raised_and_the_graph_left_alone(o
     with pytest.raises(MemoryError, match="faked"):
         Embedder(cache_dir=onnx_cache, backend="onnx").embed(["x"])
     assert graph.stat().st_mtime_ns == before and not onnx_encoder.damaged(graph)
+    # what protobuf parses without an error but is no model: an empty file, one cut between fields
+    cut = onnx_cache / "cut.onnx"
+    for n in (0, 19):
+        cut.write_bytes(graph.read_bytes()[:n])
+        assert onnx_encoder.damaged(cut), n
 
 
 @pytest.mark.slow

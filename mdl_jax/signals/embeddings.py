@@ -89,6 +89,9 @@ class EmbeddingCache:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, "
                          "PRIMARY KEY (model, key))")
+        # each model id's vector size, written with its vectors: a row of another size (damaged, or
+        # left by another model once at the same local path) is never served
+        self._db.execute("CREATE TABLE IF NOT EXISTS dims (model TEXT PRIMARY KEY, dim INTEGER)")
         self._lock = threading.Lock()
 
     def get(self, model: str, texts: Sequence[str]) -> dict[bytes, np.ndarray]:
@@ -100,28 +103,37 @@ class EmbeddingCache:
         keys = list(keys)
         out: dict[bytes, np.ndarray] = {}
         with self._lock:
+            dim = self.dim(model)
             for i in range(0, len(keys), 900):  # SQLite's bound-variable limit
                 chunk = keys[i:i + 900]
                 q = f"SELECT key, vec FROM emb WHERE model=? AND key IN ({','.join('?' * len(chunk))})"
                 for k, v in self._db.execute(q, [model, *chunk]):
-                    if isinstance(v, bytes) and v and len(v) % 4 == 0:  # else damaged: not a vector
+                    # else damaged (not a float32 vector, or not of the model's size): embedded again
+                    if isinstance(v, bytes) and v and len(v) % 4 == 0 and dim in (None, len(v) // 4):
                         out[k] = np.frombuffer(v, dtype=np.float32)
         return out
+
+    def dim(self, model: str) -> int | None:
+        """The vector size last cached under ``model`` (None: none recorded, e.g. an older cache)."""
+        row = self._db.execute("SELECT dim FROM dims WHERE model=?", (model,)).fetchone()
+        return None if row is None else int(row[0])
 
     def put(self, model: str, texts: Sequence[str], vecs: np.ndarray) -> None:
         rows = [(model, _key(t), np.ascontiguousarray(v, np.float32).tobytes())
                 for t, v in zip(texts, vecs)]
         with self._lock, self._db:
             self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)", rows)
+            if len(vecs):
+                self._db.execute("INSERT OR REPLACE INTO dims VALUES (?, ?)", (model, int(np.shape(vecs)[-1])))
 
     def close(self) -> None:
         self._db.close()
 
 
 def _sound_rows(found: dict) -> dict:
-    """The cached rows fit to serve: finite, of nonzero norm and, where rows of several sizes were
-    read (a damaged cache), of the most common size. The others are embedded again."""
-    ok = {k: v for k, v in found.items() if np.isfinite(v).all() and np.any(v)}
+    """The cached rows fit to serve: finite and, where rows of several sizes were read (a damaged
+    cache without a recorded size), of the most common size. The others are embedded again."""
+    ok = {k: v for k, v in found.items() if np.isfinite(v).all()}
     sizes = collections.Counter(len(v) for v in ok.values())
     if len(sizes) > 1:
         size = sizes.most_common(1)[0][0]
@@ -219,7 +231,7 @@ class Embedder:
                     vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
                                              normalize_embeddings=True, show_progress_bar=False)
                     vecs = np.asarray(vecs, np.float32)
-                    if vecs.ndim != 2 or len(vecs) != len(chunk):
+                    if vecs.ndim != 2 or len(vecs) != len(chunk) or not vecs.shape[1]:
                         bar.close()
                         raise ValueError(f"embedder: the model {self.model_name!r} returned an array of "
                                          f"shape {vecs.shape} for {len(chunk)} texts; expected "

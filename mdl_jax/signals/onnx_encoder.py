@@ -205,19 +205,21 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
 
 
 def damaged(graph: Path) -> bool:
-    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk), as ``onnx``
-    parses it. False when it parses, or when ``onnx`` is not installed (nothing can tell then)."""
+    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk): ``onnx``
+    cannot parse it, or it lacks a graph with nodes and outputs, or an opset. False when ``onnx`` is
+    not installed (nothing can tell then)."""
     try:
         import onnx
     except ImportError:
         return False
     try:
-        onnx.load(str(graph), load_external_data=False)
+        m = onnx.load(str(graph), load_external_data=False)
     except MemoryError:
         return False
     except Exception:  # noqa: BLE001 - DecodeError, OSError, ...: the file is not a model
         return True
-    return False
+    # protobuf parses an empty file, or one cut between two fields, as a model missing them
+    return not (m.HasField("graph") and len(m.graph.node) and len(m.graph.output) and len(m.opset_import))
 
 
 class OnnxEncoder:
