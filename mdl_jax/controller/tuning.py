@@ -275,8 +275,20 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     wv_sum = jnp.maximum(jnp.sum(w_val), 1e-12)
     has_val = jnp.sum(w_val) > 0  # without a validation part: no early stopping, keep the last step
 
+    # One flat parameter vector (ravel_pytree), not a dict of nine leaves: Adam, the masks and the
+    # best-step bookkeeping are then a few ops on one array instead of nine each. XLA's compile of
+    # tune's program fell by a quarter to a half on the dev VM (the "all" field set 4.0 s -> 2.3 s,
+    # "gates" 3.4 s -> 2.6 s at N = 300). The math is the same, but XLA fuses the smaller program
+    # differently, so results moved by float32 rounding (at most 1.3e-4 in a loss, 2e-6 in a field
+    # over 60 steps in one comparison; decide / calibrate untouched).
+    from jax.flatten_util import ravel_pytree
+
+    u0, unravel = ravel_pytree(u0)
+    mask = ravel_pytree(jax.tree.map(lambda m, x: jnp.broadcast_to(m, jnp.shape(x)), mask,
+                                     unravel(u0)))[0]
+
     def loss_fn(u, tau):
-        z, C_final = logits_of(M, R, A, from_unconstrained(u, base, trained), tau)
+        z, C_final = logits_of(M, R, A, from_unconstrained(unravel(u), base, trained), tau)
         # cross-entropy of sigmoid(z) against y, stable for large |z|
         per = jnp.where(y, jax.nn.softplus(-z), jax.nn.softplus(z))
         return jnp.sum(wt * per), z
@@ -284,27 +296,27 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     def step(carry: _Carry, k):
         tau = tau0 * (tau1 / tau0) ** (k / jnp.maximum(steps - 1, 1))
         (loss, z), grads = jax.value_and_grad(loss_fn, has_aux=True)(carry.params, tau)
-        grads = jax.tree.map(lambda g, m: g * m, grads, mask)
+        grads = grads * mask
         updates, opt_state = opt.update(grads, carry.opt_state, carry.params)
-        stepped = jax.tree.map(lambda p, d: p + d, carry.params, updates)
-        c = from_unconstrained(stepped, base, trained)
+        stepped = carry.params + updates
+        c = from_unconstrained(unravel(stepped), base, trained)
         # Divergence (a non-finite loss, gradient, parameter or config) stops the run where it is:
         # the update is not applied, so the run keeps finite parameters, and the step is reported.
         diverged = ~(jnp.isfinite(loss) & _finite(grads) & _finite(stepped) & _valid(c)) & ~carry.stopped
         moving = ~carry.stopped & ~diverged
-        params = jax.tree.map(lambda p, q: jnp.where(moving, q, p), carry.params, stepped)
+        params = jnp.where(moving, stepped, carry.params)
         hard_correct = ((z >= 0) == y).astype(jnp.float32)   # hard decision of the params scored
         train_acc = jnp.sum(wt * hard_correct)
         val_acc = jnp.sum(w_val * hard_correct) / wv_sum
         better = (val_acc > carry.best_val) & ~carry.stopped
-        best_params = jax.tree.map(lambda b, p: jnp.where(better, p, b), carry.best_params, carry.params)
+        best_params = jnp.where(better, carry.params, carry.best_params)
         since = jnp.where(better, 0, carry.since_best + 1)
         stop_now = ((since >= patience) & ~carry.stopped & has_val) | diverged
         new = _Carry(params, opt_state, best_params, jnp.where(better, val_acc, carry.best_val),
                      jnp.where(better, k, carry.best_step), since, carry.stopped | stop_now,
                      jnp.where(stop_now, k, carry.stopped_step),
                      jnp.where(diverged, k, carry.diverged_step))
-        c = from_unconstrained(params, base, trained)  # the invariants, step by step (tests check them)
+        c = from_unconstrained(unravel(params), base, trained)  # the invariants, step by step (tests check them)
         return new, {"loss": loss, "train_accuracy": train_acc, "val_accuracy": val_acc,
                      "temperature": tau, "sigma": c.sigma, "eps_c": c.eps_c, "min_gain": jnp.min(c.gains),
                      "thresholds": c.thresholds, "n_min": c.n_min, "n_max": c.n_max}
@@ -312,8 +324,7 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     init = _Carry(u0, opt.init(u0), u0, jnp.float32(-1.0), jnp.int32(0), jnp.int32(0),
                   jnp.bool_(False), jnp.int32(steps), jnp.int32(-1))
     final, hist = jax.lax.scan(step, init, jnp.arange(steps))
-    final = final._replace(best_params=jax.tree.map(lambda b, p: jnp.where(has_val, b, p),
-                                                    final.best_params, final.params),
+    final = final._replace(best_params=unravel(jnp.where(has_val, final.best_params, final.params)),
                            best_step=jnp.where(has_val, final.best_step, steps - 1))
     # soft vs hard on the training records at the final temperature, for the kept parameters (through
     # the same forward as training, so a "gates" group still never recomputes the fusion)
