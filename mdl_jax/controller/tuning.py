@@ -279,8 +279,8 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     # best-step bookkeeping are then a few ops on one array instead of nine each. XLA's compile of
     # tune's program fell by a quarter to a half on the dev VM (the "all" field set 4.0 s -> 2.3 s,
     # "gates" 3.4 s -> 2.6 s at N = 300). The math is the same, but XLA fuses the smaller program
-    # differently, so results moved by float32 rounding (at most 1.3e-4 in a loss, 2e-6 in a field
-    # over 60 steps in one comparison; decide / calibrate untouched).
+    # differently, so results moved by float32 rounding (at most 1.3e-4 in a loss, 2.4e-6 in a field
+    # over 40-60 steps in one comparison; decide / calibrate untouched).
     from jax.flatten_util import ravel_pytree
 
     u0, unravel = ravel_pytree(u0)
