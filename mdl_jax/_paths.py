@@ -72,7 +72,6 @@ def own_folder(path: Path, *, what: str) -> Path:
         for p in [*reversed(path.parents), path]:
             if not os.path.lexists(p):
                 p.mkdir(mode=0o700, exist_ok=True)
-        path.mkdir(mode=0o700, exist_ok=True)
     except OSError as e:  # a file or a dangling link where the folder should be, a read-only mount
         raise ValueError(f"{what}: cannot create the folder {path} ({e.strerror})") from None
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)

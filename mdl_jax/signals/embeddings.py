@@ -114,7 +114,15 @@ class EmbeddingCache:
         return out
 
     def dim(self, model: str) -> int | None:
-        """The vector size last cached under ``model`` (None: none recorded, e.g. an older cache)."""
+        """The vector size last cached under ``model``.
+
+        Args:
+            model: a model id (``Embedder.model_id``).
+
+        Returns:
+            The size, or None when none is recorded (nothing cached yet, or a cache from before the
+            sizes were recorded).
+        """
         row = self._db.execute("SELECT dim FROM dims WHERE model=?", (model,)).fetchone()
         return None if row is None else int(row[0])
 
@@ -202,6 +210,23 @@ class Embedder:
                                          f"{self.backend!r} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return self._model
 
+    def _encode_and_cache(self, texts: list[str], dim: int | None = None) -> np.ndarray:
+        """The model's vectors of ``texts``, checked ((len(texts), dim) and finite: else a ValueError
+        and nothing cached, so a fixed model is not served the old vectors) and cached."""
+        vecs = np.asarray(self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                            normalize_embeddings=True, show_progress_bar=False), np.float32)
+        if vecs.ndim != 2 or len(vecs) != len(texts) or not vecs.shape[1] or dim not in (None, vecs.shape[1]):
+            raise ValueError(f"embedder: the model {self.model_name!r} returned an array of shape "
+                             f"{vecs.shape} for {len(texts)} texts; expected ({len(texts)}, {dim or 'dim'})")
+        bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
+        if len(bad):
+            raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite vectors for "
+                             f"{len(bad)} of {len(texts)} texts (first: {texts[bad[0]][:80]!r}); nothing "
+                             "of this batch was cached")
+        self.cache.put(self.model_id, texts, vecs)
+        self.n_embedded += len(texts)
+        return vecs
+
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
         texts = [str(t) for t in texts]
         if not texts:
@@ -222,43 +247,19 @@ class Embedder:
             if todo:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=len(todo), desc=desc, unit="text", disable=not self.progress)
                 # Longest first: batches of similar length pad less; committed batch by batch.
                 todo.sort(key=len, reverse=True)
                 step = max(self.batch_size * 8, 256)
-                for i in range(0, len(todo), step):
-                    chunk = todo[i:i + step]
-                    vecs = self.model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
-                                             normalize_embeddings=True, show_progress_bar=False)
-                    vecs = np.asarray(vecs, np.float32)
-                    if vecs.ndim != 2 or len(vecs) != len(chunk) or not vecs.shape[1]:
-                        bar.close()
-                        raise ValueError(f"embedder: the model {self.model_name!r} returned an array of "
-                                         f"shape {vecs.shape} for {len(chunk)} texts; expected "
-                                         f"({len(chunk)}, dim)")
-                    bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
-                    if len(bad):  # never cached, so a fixed model is not served the old vectors
-                        bar.close()
-                        raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite "
-                                         f"vectors for {len(bad)} of {len(chunk)} texts (first: "
-                                         f"{chunk[bad[0]][:80]!r}); nothing of this batch was cached")
-                    self.cache.put(self.model_id, chunk, vecs)
-                    raw.update(zip(chunk, vecs))
-                    self.n_embedded += len(chunk)
-                    bar.update(len(chunk))
-                bar.close()
-                dim = len(next(iter(raw[t] for t in todo)))
+                with tqdm(total=len(todo), desc=desc, unit="text", disable=not self.progress) as bar:
+                    for i in range(0, len(todo), step):
+                        chunk = todo[i:i + step]
+                        raw.update(zip(chunk, self._encode_and_cache(chunk)))
+                        bar.update(len(chunk))
+                dim = len(raw[todo[0]])
                 stale = [t for t in raw if len(raw[t]) != dim]  # cached rows of another size: damaged
                 if stale:
-                    vecs = np.asarray(self.model.encode(stale, batch_size=self.batch_size, convert_to_numpy=True,
-                                                        normalize_embeddings=True, show_progress_bar=False),
-                                      np.float32)
-                    if vecs.shape != (len(stale), dim) or not np.isfinite(vecs).all():
-                        raise ValueError(f"embedder: the model {self.model_name!r} returned an array of "
-                                         f"shape {vecs.shape} (or non-finite values) for {len(stale)} texts")
-                    self.cache.put(self.model_id, stale, vecs)
+                    vecs = self._encode_and_cache(stale, dim=dim)
                     raw.update(zip(stale, vecs))
-                    self.n_embedded += len(stale)
                     todo = todo + stale
                 new = set(todo)
                 self.n_cached += sum(1 for t in texts if t not in new)

@@ -205,9 +205,16 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
 
 
 def damaged(graph: Path) -> bool:
-    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk): ``onnx``
-    cannot parse it, or it lacks a graph with nodes and outputs, or an opset. False when ``onnx`` is
-    not installed (nothing can tell then)."""
+    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk).
+
+    Args:
+        graph: the path of an ``.onnx`` file.
+
+    Returns:
+        True when ``onnx`` cannot parse it, or it lacks a graph with nodes and outputs, or an opset;
+        False otherwise, and when ``onnx`` is not installed (nothing can tell then) or runs out of
+        memory reading it. Never raises.
+    """
     try:
         import onnx
     except ImportError:

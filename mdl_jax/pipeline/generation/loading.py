@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import threading
 from pathlib import Path
 
 from mdl_jax._paths import default_cache_dir
@@ -57,7 +58,7 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-_GGUF_PATCH_LOCK = __import__("threading").RLock()
+_GGUF_PATCH_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -90,8 +91,10 @@ def _gguf_parsed_once():
 
         class _ParsedOnce(reader, metaclass=_Check):
             def __new__(cls, path, *a, **kw):
-                if cls is not _ParsedOnce or memo is None:  # a subclass, or after the read: plain
-                    return reader.__new__(cls) if cls is not _ParsedOnce else reader(path, *a, **kw)
+                if cls is not _ParsedOnce:  # a subclass made meanwhile: an ordinary reader of it
+                    return super().__new__(cls)
+                if memo is None:  # bound during the read, called after it: an ordinary reader
+                    return reader(path, *a, **kw)
                 key = (str(path), a, tuple(sorted(kw.items())))
                 if key not in memo:
                     memo[key] = reader(path, *a, **kw)
