@@ -213,7 +213,15 @@ def _elf_complete(data: bytes) -> bool:
 
 
 def build(out: Path, variant: str | None = None) -> Path:
-    """Compile the kernel to ``out``, atomically, with its size/sha256 record beside it.
+    """Compile the kernel to ``out``, atomically, with its size/sha256 record beside it (see
+    ``compile_library``)."""
+    return compile_library(_SOURCE, [*build_flags(variant), f"-I{jax.ffi.include_dir()}"], out)
+
+
+def compile_library(source: Path, flags: list[str], out: Path) -> Path:
+    """Compile the C++ ``source`` with ``flags`` into the shared library ``out``, atomically, with its
+    size/sha256 record beside it (the native conflict detector, ``mdl_jax.signals.conflict_native``,
+    builds through this too).
 
     Both files are written under temporary names and renamed into place, so ``out`` is only ever a
     complete library or absent. The record is renamed first: a library whose record is missing or
@@ -223,12 +231,11 @@ def build(out: Path, variant: str | None = None) -> Path:
     cxx = _compiler()
     if cxx is None:
         raise NativeBuildError("no C++ compiler found (tried $CXX, g++, c++, clang++)")
-    flags = build_flags(variant)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     tmp_record = tmp + ".sha256"
-    cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", "-o", tmp, str(_SOURCE)]
+    cmd = [cxx, *flags, "-o", tmp, str(source)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:

@@ -1,0 +1,166 @@
+"""The lexical conflict detector in C++ (``_native/conflict.cc``): ``conflict``'s flags for many stores
+per call.
+
+``conflict._analyse`` / ``_conflict`` stay the definition. This library computes the same flags, pair by
+pair (tests/test_conflict_native.py: generated texts, and every store of the bundled datasets), with the
+word lists handed over from ``conflict`` when the library is loaded, so they live in one place. The
+gate's cached path spent half its time per row in the Python detector; here a store of five memories
+costs ~1 µs instead of ~20 µs.
+
+It is built with the system C++ compiler on first use (≈1 s, portable flags: no ``-march``), cached under
+``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler and flags, and loaded only when its bytes match
+the record its build wrote (``mdl_jax.controller.native.verified``). No compiler, a failed build or
+``MDL_JAX_NATIVE=0`` (the switch of all native code) leave the Python detector in use: the same flags,
+slower. ``available()`` says which one runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+import platform
+import subprocess
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller import native as _native
+from mdl_jax.signals import conflict as _py
+
+_SOURCE = Path(__file__).with_name("_native") / "conflict.cc"
+FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-w"]
+_STATE: dict = {}
+_LOCK = threading.Lock()
+_P64 = ctypes.POINTER(ctypes.c_int64)
+
+
+def library_path(cache_dir: Path | None = None) -> Path:
+    """Where the built library lives: keyed by the source, the compiler, its flags and the machine."""
+    parts = [_SOURCE.read_bytes(), _native._compiler() or "", " ".join(FLAGS), platform.machine()]
+    key = hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
+    return (cache_dir or default_cache_dir()) / "native" / f"conflict-{key.hexdigest()[:16]}.so"
+
+
+def _lines(words) -> bytes:
+    return "\n".join(words).encode("ascii")
+
+
+def _load():
+    path = library_path()
+    if not _native.verified(path):
+        _native.compile_library(_SOURCE, FLAGS, path)
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    lib.MdlLexNew.restype = ctypes.c_void_p
+    lib.MdlLexNew.argtypes = [ctypes.c_char_p, ctypes.c_int64] * 4 + [ctypes.c_double]
+    lib.MdlLexFree.argtypes = [ctypes.c_void_p]
+    lib.MdlLexFlags.restype = ctypes.c_int64
+    lib.MdlLexFlags.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    lists = [_lines(sorted(_py.NEGATORS)), _lines(sorted(_py.STOPWORDS)),
+             _lines(f"{a} {b}" for a, b in _py.ANTONYMS), _lines(_py.IGNORED_PHRASES)]
+    args = [x for b in lists for x in (b, len(b))]
+    handle = lib.MdlLexNew(*args, ctypes.c_double(_py.MIN_SHARED))
+    if not handle:
+        raise _native.NativeBuildError("the conflict library refused conflict.py's word lists")
+    return lib, handle
+
+
+def available() -> bool:
+    """True when the native detector is loaded (built on the first call); False: the Python one runs."""
+    ok = _STATE.get("ok")
+    if ok is not None:
+        return ok
+    with _LOCK:
+        if "ok" in _STATE:
+            return _STATE["ok"]
+        if not _native.enabled():
+            _STATE.update(ok=False, error=f"{_native.ENV_SWITCH}=0")
+            return False
+        try:
+            lib, handle = _load()
+            _STATE.update(ok=True, lib=lib, handle=handle, fn=lib.MdlLexFlags)
+        except (_native.NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+            _STATE.update(ok=False, error=str(e))
+            warnings.warn(f"mdl_jax: native conflict detector unavailable, using the Python one ({e}). "
+                          f"Set {_native.ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
+        return _STATE["ok"]
+
+
+def _prepare(t: str) -> str:
+    # what conflict._analyse does before its ASCII-only steps, for a text that is not ASCII
+    return t.lower().replace("’", "'")
+
+
+def _encode(texts: Sequence[str]) -> tuple[bytes, np.ndarray]:
+    """(the texts' bytes back to back, their n + 1 offsets)."""
+    joined = "".join(texts)
+    off = np.zeros(len(texts) + 1, np.int64)
+    if joined.isascii():  # the common case: one encode, character offsets are byte offsets
+        np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=off[1:])
+        return joined.encode("ascii"), off
+    # lone surrogates become bytes >= 0x80 too: separators, as they are to the Python pattern
+    bs = [t.encode("ascii") if t.isascii() else _prepare(t).encode("utf-8", "surrogatepass") for t in texts]
+    np.cumsum(np.fromiter(map(len, bs), np.int64, len(bs)), out=off[1:])
+    return b"".join(bs), off
+
+
+def _call(texts: Sequence[str], sizes: np.ndarray, want_flags: bool):
+    data, off = _encode(texts)
+    start = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=start[1:])
+    if start[-1] != len(texts):
+        raise ValueError(f"sizes: expected group sizes summing to the {len(texts)} texts, got {int(start[-1])}")
+    counts = np.empty(len(sizes), np.int64)
+    flags = None
+    if want_flags:
+        flags = np.empty(int((sizes * (sizes - 1) // 2).sum()), np.uint8)
+    _STATE["fn"](_STATE["handle"], data, off.ctypes.data, len(texts), start.ctypes.data, len(sizes),
+                 None if flags is None else flags.ctypes.data, counts.ctypes.data)
+    return counts, flags
+
+
+def group_counts(texts: Sequence[str], sizes) -> np.ndarray:
+    """How many pairs conflict within each group: ``texts`` is the groups back to back, ``sizes`` (G,)
+    their lengths. Returns (G,) int64; the native detector when ``available()``, else the Python one."""
+    sizes = np.asarray(sizes, np.int64).reshape(-1)
+    if available():
+        return _call(texts, sizes, False)[0]
+    out = np.zeros(len(sizes), np.int64)
+    it = iter(texts)
+    for g, n in enumerate(sizes.tolist()):
+        an = [_py._analyse(t) for t in itertools.islice(it, n)]
+        out[g] = sum(_py._conflict(an[i], an[j]) for i in range(n) for j in range(i + 1, n))
+    return out
+
+
+def pair_flags(texts: Sequence[str]) -> list[list[bool]]:
+    """``conflict.pair_flags`` (the S×S symmetric flags of one store, diagonal False), natively when
+    ``available()``."""
+    n = len(texts)
+    if not available() or n < 2:
+        return _py.pair_flags(texts)
+    flags = _call(texts, np.array([n], np.int64), True)[1].astype(bool)
+    out = np.zeros((n, n), bool)
+    iu, ju = np.triu_indices(n, 1)
+    out[iu, ju] = out[ju, iu] = flags
+    return out.tolist()
+
+
+def status() -> dict:
+    """{"available": bool, "path" or "error"}: which detector runs, and why."""
+    ok = available()
+    return {"available": ok, **({"path": str(library_path())} if ok else {"error": _STATE.get("error", "")})}
+
+
+def _reset_for_tests() -> None:
+    with _LOCK:
+        lib, handle = _STATE.get("lib"), _STATE.get("handle")
+        if lib is not None and handle:
+            lib.MdlLexFree(handle)
+        _STATE.clear()
+
