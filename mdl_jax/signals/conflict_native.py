@@ -41,7 +41,7 @@ _P64 = ctypes.POINTER(ctypes.c_int64)
 
 def library_path(cache_dir: Path | None = None) -> Path:
     """Where the built library lives: keyed by the source, the compiler, its flags and the machine."""
-    parts = [_SOURCE.read_bytes(), _native._compiler() or "", " ".join(FLAGS), platform.machine()]
+    parts: list[bytes | str] = [_SOURCE.read_bytes(), _native._compiler() or "", " ".join(FLAGS), platform.machine()]
     key = hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
     return (cache_dir or default_cache_dir()) / "native" / f"conflict-{key.hexdigest()[:16]}.so"
 
