@@ -243,3 +243,28 @@ def test_one_row_decision_has_the_batch_bits(gate):
             assert one[k][0] == cols[k][i] or (np.isnan(one[k][0]) and np.isnan(cols[k][i])), (k, i)
     with pytest.raises(ValueError, match=r"^M: expected values in \[0, 1\]; M\[0\] = 1.5"):
         gate.decide_signals([1.5], [0.5], [0.5])
+
+
+def test_a_bulk_decide_batch_leaves_the_collector_as_it_found_it():
+    """``decide_batch`` pauses the garbage collector while it builds many decisions (core.
+    _collector_paused): afterwards it is on again if it was on, and still off if the caller had turned
+    it off; the decisions equal those of calls too small to pause it."""
+    import gc
+
+    from mdl_jax.gate import core
+
+    gate = MemoryGate(embedder=lambda ts: np.array([[len(t), t.count("s") + 1.0, 2.0] for t in ts]))
+    n = core.PAUSE_COLLECTOR_ROWS
+    qs = [f"Is item {i} safe?" for i in range(n)]
+    ms = [["Item is safe.", "Item is not safe.", "Water is wet."]] * n
+    assert gc.isenabled()
+    big = gate.decide_batch(qs, ms)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert gate.decide_batch(qs, ms) == big
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    small = [d for i in range(0, n, 64) for d in gate.decide_batch(qs[i:i + 64], ms[i:i + 64])]
+    assert small == big

@@ -82,43 +82,47 @@ std::vector<std::string_view> split(const char* joined, int64_t n, char sep) {
   return out;
 }
 
-// Sequential non-overlapping left-to-right replacement of each phrase by " " (Python's str.replace,
-// phrase after phrase: a replacement can join text into a later phrase, and does here too).
-void replace_phrases(std::string& t, const std::vector<std::string>& phrases, std::string& tmp) {
+// Sequential non-overlapping left-to-right replacement of each phrase by " " in t[from:] (Python's
+// str.replace, phrase after phrase: a replacement can join text into a later phrase, and does here
+// too). In place: a phrase is never shorter than its replacement, so the text only shrinks.
+void replace_phrases(std::string& t, size_t from, const std::vector<std::string>& phrases) {
   for (const std::string& p : phrases) {
-    size_t pos = t.find(p);
-    if (pos == std::string::npos) continue;
-    tmp.clear();
-    size_t from = 0;
+    const size_t k = p.size();
+    size_t pos = t.find(p, from);
+    if (pos == std::string::npos || k == 0) continue;
+    size_t w = pos;
     while (pos != std::string::npos) {
-      tmp.append(t, from, pos - from);
-      tmp.push_back(' ');
-      from = pos + p.size();
-      pos = t.find(p, from);
+      t[w++] = ' ';
+      const size_t next = t.find(p, pos + k);
+      const size_t stop = next == std::string::npos ? t.size() : next;
+      for (size_t r = pos + k; r < stop; ++r) t[w++] = t[r];
+      pos = next;
     }
-    tmp.append(t, from, std::string::npos);
-    t.swap(tmp);
+    t.resize(w);
   }
 }
 
+// Analyses texts into one buffer (the texts lowered, their phrases replaced) and one topic-word array.
+// Topic words view the buffer: the caller reserves the buffer for a group's bytes before its first
+// text, and every text takes at most its own length, so the views stay valid for the group.
 class Analyser {
  public:
   explicit Analyser(const Lexicon& lex) : lex_(lex) {}
 
-  // Analyse one text; its topic words are appended to topics (views into arena-owned storage).
-  Analysis run(std::string_view raw, std::vector<Word>& topics, std::vector<std::string>& arena) {
-    arena.emplace_back(raw);
-    std::string& t = arena.back();
-    for (char& c : t) {
+  Analysis run(std::string_view raw, std::string& buf, std::vector<Word>& topics) {
+    const size_t base = buf.size();
+    buf.append(raw);
+    for (size_t k = base; k < buf.size(); ++k) {
+      char& c = buf[k];
       if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
     }
-    replace_phrases(t, lex_.phrases, tmp_);
+    replace_phrases(buf, base, lex_.phrases);
     Analysis a;
     a.topic_begin = static_cast<uint32_t>(topics.size());
-    const size_t n = t.size();
-    const unsigned char* s = reinterpret_cast<const unsigned char*>(t.data());
+    const size_t n = buf.size();
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(buf.data());
     bool first_seen = false;
-    size_t i = 0;
+    size_t i = base;
     while (i < n) {
       if (!is_alnum(s[i])) {
         ++i;
@@ -130,7 +134,7 @@ class Analyser {
         j += 2;
         while (j < n && is_alpha(s[j])) ++j;
       }
-      std::string_view w(t.data() + i, j - i);
+      std::string_view w(buf.data() + i, j - i);
       i = j;
       if (!first_seen) {
         first_seen = true;
@@ -166,7 +170,6 @@ class Analyser {
 
  private:
   const Lexicon& lex_;
-  std::string tmp_;
 };
 
 bool conflict(const Lexicon& lex, const Analysis& x, const Analysis& y, const std::vector<Word>& topics) {
@@ -261,17 +264,17 @@ int64_t MdlLexFlags(const void* handle, const char* data, const int64_t* offsets
   Analyser analyser(lex);
   std::vector<Analysis> an;
   std::vector<Word> topics;
-  std::vector<std::string> arena;
+  std::string buf;
   int64_t written = 0;
   for (int64_t g = 0; g < n_groups; ++g) {
-    const int64_t lo = group_start[g], hi = group_start[g + 1];
+    const int64_t lo = std::min(group_start[g], n_texts), hi = std::min(group_start[g + 1], n_texts);
     an.clear();
     topics.clear();
-    arena.clear();
-    // views into arena strings must not move: reserve the group's strings before any is added
-    arena.reserve(static_cast<size_t>(hi - lo));
-    for (int64_t k = lo; k < hi && k < n_texts; ++k) {
-      an.push_back(analyser.run(std::string_view(data + offsets[k], offsets[k + 1] - offsets[k]), topics, arena));
+    buf.clear();
+    // the topic words view buf: it must not move while the group is analysed
+    if (hi > lo) buf.reserve(static_cast<size_t>(offsets[hi] - offsets[lo]));
+    for (int64_t k = lo; k < hi; ++k) {
+      an.push_back(analyser.run(std::string_view(data + offsets[k], offsets[k + 1] - offsets[k]), buf, topics));
     }
     int64_t c = 0;
     const int64_t n = static_cast<int64_t>(an.size());
