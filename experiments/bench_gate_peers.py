@@ -6,6 +6,7 @@
               nodes a retriever scored with the same MiniLM; the peer is timed alone (what it costs a
               pipeline whose retriever already scored the nodes) and with that scoring
 
+    pip install -e ".[peers]"                         # the two frameworks and langchain-community
     python -m experiments.bench_gate_peers            # 120 TruthfulQA queries x 6 documents, 3 passes
     python -m experiments.bench_gate_peers --quick    # 40 queries, 2 passes
 
@@ -55,7 +56,12 @@ def _cosine(x, y) -> np.ndarray:
 
 
 def langchain_pair(rows, work: Path, passes: int) -> dict:
+    import importlib.util
+
     from langchain_classic.retrievers.document_compressors import EmbeddingsFilter
+    if importlib.util.find_spec("langchain_community") is None:  # EmbeddingsFilter imports it per call
+        raise SystemExit('bench_gate_peers: LangChain\'s EmbeddingsFilter needs langchain-community: '
+                         'pip install -e ".[peers]"')
     from langchain_core.documents import Document
 
     from mdl_jax.integrations.langchain import MDLDocumentCompressor, MiniLMEmbeddings
