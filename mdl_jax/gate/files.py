@@ -12,7 +12,7 @@ into OUT (Parquet or JSONL by its suffix) and the folder is removed. Memory stay
 Output: the input's columns, then ``mdl_row`` (the 0-based input row), ``mdl_action`` (Active / Supp
 / Silent / Opt-Out) and ``mdl_M``, ``mdl_R``, ``mdl_A``, ``mdl_phi``, ``mdl_C``, ``mdl_alpha``,
 ``mdl_C_final``, ``mdl_E_wm``, ``mdl_E_r``, ``mdl_E_a``, ``mdl_n_relevant`` (prefixed so they never
-clash with the input's own).
+clash with the input's own). In Parquet, a field that no row of the first part holds comes after them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mdl_jax._paths import fsync_dir, replace_with
 from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _memory_texts, _unit
@@ -46,6 +48,7 @@ MANIFEST_VERSION = 2  # 2: a part's "bad" keeps at most MAX_BAD_MESSAGES in all,
 # The columns the gate adds to each row. An input row holding one of them is refused (exit 2): re-gating
 # a gated file would overwrite its first decisions.
 OUT_COLUMNS = ("mdl_row", "mdl_action", *(f"mdl_{k}" for k in SCALARS), "mdl_n_relevant")
+_NAMES = np.array([ACTION_NAMES[a] for a in Action], dtype=object)  # action code → its name
 
 # Bounds of ``mdl-jax gate`` (memories per row: MAX_MEMORIES in mdl_jax.signals.aggregation, a bad row):
 #   CSV_FIELD_LIMIT    characters in one CSV cell (Python's csv default is 131,072); a longer cell
@@ -325,14 +328,49 @@ def _write_atomic(path: Path, data: bytes) -> None:
     _replace_with(path, lambda f: f.write(data))
 
 
-def _write_part(path: Path, rows: list[dict], fmt: str) -> None:
+class _Decided:
+    """One chunk's decided rows: the input rows as read, their 0-based input row numbers and the gate's
+    columns (``MemoryGate.columns``). The output columns go to a Parquet part as arrays, never through
+    one dict per row (that and the per-value conversions were a fifth of a cached run's time)."""
+
+    def __init__(self, rows: list[dict], index: list[int], cols: dict):
+        self.rows, self.index, self.cols = rows, index, cols
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def names(self) -> list[str]:
+        """The action names, row by row."""
+        return _NAMES[self.cols["action"]].tolist()
+
+    def columns(self) -> dict[str, list]:
+        """The gate's output columns (OUT_COLUMNS) as Python values, row by row."""
+        out: dict[str, list] = {"mdl_row": list(self.index), "mdl_action": self.names()}
+        for k in SCALARS:
+            out[f"mdl_{k}"] = self.cols[k].astype(float).tolist()  # float32 → float: exact
+        out["mdl_n_relevant"] = self.cols["n_relevant"].astype(int).tolist()
+        return out
+
+    def records(self) -> list[dict]:
+        """Each input row followed by its OUT_COLUMNS (the JSONL output)."""
+        cols = self.columns()
+        recs = []
+        for j, row in enumerate(self.rows):
+            rec = dict(row)
+            for name, values in cols.items():
+                rec[name] = values[j]
+            recs.append(rec)
+        return recs
+
+
+def _write_part(path: Path, part: _Decided, fmt: str) -> None:
     if fmt == ".parquet":
         import pyarrow.parquet as pq
 
-        table = _table_from_rows(rows)
+        table = _table_from_rows(part.rows, part.columns())
         _replace_with(path, lambda f: pq.write_table(table, f))
     else:
-        data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+        data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in part.records())
         _replace_with(path, lambda f: f.write(data.encode("utf-8")))
 
 
@@ -357,9 +395,10 @@ def _writable(t) -> bool:
     return True
 
 
-def _table_from_rows(rows: list[dict]):
+def _table_from_rows(rows: list[dict], extra: dict[str, list] | None = None):
     """The rows as an Arrow table: every key of every row a column (``pa.Table.from_pylist`` takes the
-    first row's keys only and drops the rest), typed where Arrow can type it, else JSON text."""
+    first row's keys only and drops the rest), typed where Arrow can type it, else JSON text; then the
+    columns of ``extra`` (name: one value per row)."""
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for r in rows for k in r))
@@ -375,6 +414,8 @@ def _table_from_rows(rows: list[dict]):
         else:
             cols[name] = pa.array(_as_json(values), pa.string())
             as_json.append(name)
+    for name, values in (extra or {}).items():
+        cols[name] = pa.array(values)
     return pa.table(cols).replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
 
 
@@ -455,7 +496,7 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
             bad.append(msg[:MAX_MESSAGE_CHARS])
     counts = {name: 0 for name in ACTION_NAMES.values()}
     if not good:
-        return [], counts, bad
+        return _Decided([], [], {}), counts, bad
     qs, ms, cats, risks = (list(x) for x in zip(*parsed))
     try:
         cols = gate.columns(qs, ms, cats, risks)
@@ -463,18 +504,9 @@ def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
         raise GateInputError(f"--embedder: {e}") from None
     except ValueError as e:  # a category outside a risk table, a callable risk out of range, ...
         raise GateInputError(f"{args.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
-    out = []
-    for j, (i, row) in enumerate(good):
-        name = ACTION_NAMES[Action(int(cols["action"][j]))]
-        counts[name] += 1
-        rec = dict(row)
-        rec["mdl_row"] = i
-        rec["mdl_action"] = name
-        for k in SCALARS:
-            rec[f"mdl_{k}"] = float(cols[k][j])
-        rec["mdl_n_relevant"] = int(cols["n_relevant"][j])
-        out.append(rec)
-    return out, counts, bad
+    for a, n in enumerate(np.bincount(cols["action"], minlength=len(_NAMES)).tolist()):
+        counts[_NAMES[a]] += n
+    return _Decided([row for _, row in good], [i for i, _ in good], cols), counts, bad
 
 
 def _parts_folder(work: Path, out: Path) -> None:
