@@ -469,7 +469,7 @@ def _join_into(w, parts: list[Path], fmt: str, as_json: set) -> None:
                 shutil.copyfileobj(r, w)
 
 
-def _decide_chunk(gate, args, batch) -> tuple[list[dict], dict, list[str]]:
+def _decide_chunk(gate, args, batch) -> tuple[_Decided, dict, list[str]]:
     """Decide one chunk: (output rows, action counts, bad-row messages)."""
     good, parsed, bad = [], [], []
     for i, row, where in batch:
