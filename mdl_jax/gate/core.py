@@ -157,7 +157,7 @@ def _memory_texts(name: str, memories) -> list[str]:
     if type(memories) is list and len(memories) <= MAX_MEMORIES \
             and all(type(m) is str and m and not m.isspace() for m in memories):
         # the common case (a list of non-blank strings; JSON rows parse to it) without the ABC checks
-        # below, ~1 µs a memory in a bulk call (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
+        # below (a bulk call's checks: 2.9-3.5 → 2.3 µs a row of 5 memories, bench_gate) (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
         return list(memories)
     if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
         raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "

@@ -12,7 +12,8 @@ Python and enter the JAX pass as a (B, S, S) boolean array. A store of at most `
 memories is aggregated in NumPy instead (``small_signals``: the stores of one size stacked, the
 formulas of ``aggregate_small``, the same bits in every tested row, and the JAX pass's to ≤ 1e-6; the path follows the row's
 own size, never the call's, so batching never changes a row's bits), with the default detector's flags
-computed among the relevant memories only. Deviation: the paper does not say what M is
+computed among the relevant memories only (in C++ for calls of more than RECENT_CALL stores:
+``conflict_native``, the same flags). Deviation: the paper does not say what M is
 when every cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
 """
 
@@ -204,8 +205,10 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
                   index: Mapping[str, int], conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
                   threshold: float = RELEVANCE_THRESHOLD) -> dict[str, np.ndarray]:
     """``aggregate_small`` for many stores at once: stores of one size S are stacked and their dot
-    products, relevance tests and pair sums done as whole-array NumPy operations; only the lexical
-    flags of each store's relevant memories stay per store, in Python.
+    products, relevance tests and pair sums done as whole-array NumPy operations; the lexical flags of
+    each store's relevant memories are counted per store: for a call of more than RECENT_CALL stores with
+    the default detector, a step's stores in one call of the native detector (``conflict_native``, the
+    same flags; the Python one where it is unavailable), else in Python.
 
     Batch-invariant by construction: the dot products are float64 matmuls, which NumPy runs as one
     BLAS call per row's own (S, d) slice (the same shape and strides whatever the stack), rounded to
