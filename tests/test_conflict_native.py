@@ -128,3 +128,39 @@ def test_the_overlap_threshold_is_inclusive_as_in_python():
         an = py._analyse(a), py._analyse(b)
         assert len(an[0][1] | an[1][1]) == 50 and len(an[0][1] & an[1][1]) == shared
         assert _python_pairs([a, b]) == [want] == _native_pairs([a, b])
+
+
+def test_str_subclasses_get_the_python_detectors_answer():
+    """A subclass may override len() (the native path's offsets) or lower() (which the Python detector
+    calls): such texts are answered by the Python detector, never read out of bounds."""
+    class Long(str):
+        def __len__(self):
+            return 1 << 34
+
+    class Lower(str):
+        def lower(self):
+            return "cats not safe"
+
+    for texts in ([Long("cats safe"), "cats not safe"], [Lower("cats safe"), "cats safe"]):
+        assert cn.pair_flags(texts) == py.pair_flags(texts)
+        assert cn.group_counts(texts, [2]).tolist() == [sum(_python_pairs(texts))]
+
+
+def test_negative_group_sizes_are_refused_before_the_library_reads_them():
+    with pytest.raises(ValueError, match="sizes: expected group sizes ≥ 0, got -1"):
+        cn.group_counts(["a", "b", "c", "d"], [-1, 5])
+    with pytest.raises(ValueError, match="sizes: expected group sizes ≥ 0"):
+        cn._call(["a", "b"], np.array([-1, 3]), True)
+
+
+def test_the_library_checks_group_starts_itself():
+    """Group starts that run backwards or past the texts make MdlLexFlags return -2, read nothing."""
+    data, off = cn._encode(["a", "b"])
+    starts = np.array([0, 3], np.int64)  # past the 2 texts
+    counts = np.zeros(1, np.int64)
+    got = cn._STATE["fn"](cn._STATE["handle"], data, off.ctypes.data, 2, starts.ctypes.data, 1, None,
+                          counts.ctypes.data)
+    assert got == -2
+    starts = np.array([1, 0], np.int64)  # backwards
+    assert cn._STATE["fn"](cn._STATE["handle"], data, off.ctypes.data, 2, starts.ctypes.data, 1, None,
+                           counts.ctypes.data) == -2

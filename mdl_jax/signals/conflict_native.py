@@ -109,18 +109,33 @@ def _encode(texts: Sequence[str]) -> tuple[bytes, np.ndarray]:
     return b"".join(bs), off
 
 
+def _check_sizes(texts: Sequence[str], sizes: np.ndarray) -> None:
+    if len(sizes) and int(sizes.min()) < 0:
+        raise ValueError(f"sizes: expected group sizes ≥ 0, got {int(sizes.min())}")
+    if int(sizes.sum()) != len(texts):
+        raise ValueError(f"sizes: expected group sizes summing to the {len(texts)} texts, got {int(sizes.sum())}")
+
+
+def _plain(texts: Sequence[str]) -> bool:
+    # Only plain str goes native: a subclass may override len() or lower() (which _analyse calls), so
+    # the Python detector, the definition, answers for it.
+    return all(type(t) is str for t in texts)
+
+
 def _call(texts: Sequence[str], sizes: np.ndarray, want_flags: bool):
+    _check_sizes(texts, sizes)
     data, off = _encode(texts)
     start = np.zeros(len(sizes) + 1, np.int64)
     np.cumsum(sizes, out=start[1:])
-    if start[-1] != len(texts):
-        raise ValueError(f"sizes: expected group sizes summing to the {len(texts)} texts, got {int(start[-1])}")
     counts = np.empty(len(sizes), np.int64)
     flags = None
     if want_flags:
         flags = np.empty(int((sizes * (sizes - 1) // 2).sum()), np.uint8)
-    _STATE["fn"](_STATE["handle"], data, off.ctypes.data, len(texts), start.ctypes.data, len(sizes),
-                 None if flags is None else flags.ctypes.data, counts.ctypes.data)
+    done = _STATE["fn"](_STATE["handle"], data, off.ctypes.data, len(texts), start.ctypes.data, len(sizes),
+                        None if flags is None else flags.ctypes.data, counts.ctypes.data)
+    if done < 0:  # -2: group starts out of range (checked above); -1: an allocation failed in C++
+        raise (MemoryError("the native conflict detector could not allocate its buffers") if done == -1
+               else RuntimeError("the native conflict detector refused the group starts (a bug)"))
     return counts, flags
 
 
@@ -128,8 +143,9 @@ def group_counts(texts: Sequence[str], sizes) -> np.ndarray:
     """How many pairs conflict within each group: ``texts`` is the groups back to back, ``sizes`` (G,)
     their lengths. Returns (G,) int64; the native detector when ``available()``, else the Python one."""
     sizes = np.asarray(sizes, np.int64).reshape(-1)
-    if available():
+    if available() and _plain(texts):
         return _call(texts, sizes, False)[0]
+    _check_sizes(texts, sizes)
     out = np.zeros(len(sizes), np.int64)
     it = iter(texts)
     for g, n in enumerate(sizes.tolist()):
@@ -142,7 +158,7 @@ def pair_flags(texts: Sequence[str]) -> list[list[bool]]:
     """``conflict.pair_flags`` (the S×S symmetric flags of one store, diagonal False), natively when
     ``available()``."""
     n = len(texts)
-    if not available() or n < 2:
+    if not available() or n < 2 or not _plain(texts):
         return _py.pair_flags(texts)
     flags = _call(texts, np.array([n], np.int64), True)[1].astype(bool)
     out = np.zeros((n, n), bool)

@@ -202,12 +202,47 @@ bool conflict(const Lexicon& lex, const Analysis& x, const Analysis& y, const st
 
 }  // namespace
 
+// MdlLexFlags after its argument checks.
+static int64_t lex_flags(const Lexicon& lex, const char* data, const int64_t* offsets, int64_t n_texts,
+                         const int64_t* group_start, int64_t n_groups, uint8_t* pair_flags, int64_t* counts) {
+  Analyser analyser(lex);
+  std::vector<Analysis> an;
+  std::vector<Word> topics;
+  std::string buf;
+  int64_t written = 0;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    const int64_t lo = group_start[g], hi = group_start[g + 1];  // checked: 0 ≤ lo ≤ hi ≤ n_texts
+    an.clear();
+    topics.clear();
+    buf.clear();
+    // the topic words view buf: it must not move while the group is analysed
+    if (hi > lo) buf.reserve(static_cast<size_t>(offsets[hi] - offsets[lo]));
+    for (int64_t k = lo; k < hi; ++k) {
+      an.push_back(analyser.run(std::string_view(data + offsets[k], offsets[k + 1] - offsets[k]), buf, topics));
+    }
+    int64_t c = 0;
+    const int64_t n = static_cast<int64_t>(an.size());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = i + 1; j < n; ++j) {
+        const bool f = conflict(lex, an[i], an[j], topics);
+        c += f;
+        if (pair_flags) pair_flags[written] = f;
+        ++written;
+      }
+    }
+    if (counts) counts[g] = c;
+  }
+  return written;
+}
+
+
 extern "C" {
 
 // A lexicon from conflict.py's lists: each a string of words joined by '\n' (phrases too); antonym
-// pairs as "a b" lines. Returns nullptr when there are more than kMaxAnt antonym words.
-void* MdlLexNew(const char* negators, int64_t n_neg, const char* stopwords, int64_t n_stop,
-                const char* pairs, int64_t n_pairs, const char* phrases, int64_t n_phr, double min_shared) {
+// pairs as "a b" lines. Returns nullptr when there are more than kMaxAnt antonym words (or on an
+// exception: MdlLexNew lets none cross into Python).
+static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords, int64_t n_stop,
+                     const char* pairs, int64_t n_pairs, const char* phrases, int64_t n_phr, double min_shared) {
   auto* lex = new Lexicon();
   lex->min_shared = min_shared;
   auto own = [lex](std::string_view w) -> std::string_view {
@@ -252,43 +287,35 @@ void* MdlLexNew(const char* negators, int64_t n_neg, const char* stopwords, int6
   return lex;
 }
 
+void* MdlLexNew(const char* negators, int64_t n_neg, const char* stopwords, int64_t n_stop,
+                const char* pairs, int64_t n_pairs, const char* phrases, int64_t n_phr, double min_shared) {
+  try {
+    return lex_new(negators, n_neg, stopwords, n_stop, pairs, n_pairs, phrases, n_phr, min_shared);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 void MdlLexFree(void* lex) { delete static_cast<Lexicon*>(lex); }
 
 // Flags of the pairs within each group of texts. Texts: data[offsets[k]:offsets[k+1]], k < n_texts;
 // group g holds texts group_start[g] .. group_start[g+1]-1 (n_groups + 1 entries). For each group of
 // n texts its n(n-1)/2 pairs (i < j, row-major) are written to pair_flags (when not null, one byte
 // each, groups back to back) and their sum to counts[g] (when not null). Returns the pairs written.
+// Returns -2 when the group starts are not a non-decreasing sequence within [0, n_texts], -1 when an
+// exception (an allocation that failed) stopped the call: no C++ exception ever crosses into Python.
 int64_t MdlLexFlags(const void* handle, const char* data, const int64_t* offsets, int64_t n_texts,
                     const int64_t* group_start, int64_t n_groups, uint8_t* pair_flags, int64_t* counts) {
-  const Lexicon& lex = *static_cast<const Lexicon*>(handle);
-  Analyser analyser(lex);
-  std::vector<Analysis> an;
-  std::vector<Word> topics;
-  std::string buf;
-  int64_t written = 0;
   for (int64_t g = 0; g < n_groups; ++g) {
-    const int64_t lo = std::min(group_start[g], n_texts), hi = std::min(group_start[g + 1], n_texts);
-    an.clear();
-    topics.clear();
-    buf.clear();
-    // the topic words view buf: it must not move while the group is analysed
-    if (hi > lo) buf.reserve(static_cast<size_t>(offsets[hi] - offsets[lo]));
-    for (int64_t k = lo; k < hi; ++k) {
-      an.push_back(analyser.run(std::string_view(data + offsets[k], offsets[k + 1] - offsets[k]), buf, topics));
-    }
-    int64_t c = 0;
-    const int64_t n = static_cast<int64_t>(an.size());
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = i + 1; j < n; ++j) {
-        const bool f = conflict(lex, an[i], an[j], topics);
-        c += f;
-        if (pair_flags) pair_flags[written] = f;
-        ++written;
-      }
-    }
-    if (counts) counts[g] = c;
+    if (group_start[g] < 0 || group_start[g] > group_start[g + 1] || group_start[g + 1] > n_texts) return -2;
   }
-  return written;
+  try {
+    return lex_flags(*static_cast<const Lexicon*>(handle), data, offsets, n_texts, group_start, n_groups,
+                     pair_flags, counts);
+  } catch (...) {
+    return -1;
+  }
 }
 
 }  // extern "C"
+
