@@ -34,10 +34,23 @@ struct Entry {
   int ant = -1;  // index of an antonym-pair word
 };
 
+struct Slot {
+  uint64_t hash = 0;
+  std::string_view word;  // empty: a free slot
+  Entry entry;
+};
+
 struct Lexicon {
   std::vector<std::string> owned;  // the words the maps' keys view
-  std::unordered_map<std::string_view, Entry> words;
+  std::unordered_map<std::string_view, Entry> words;  // built first; looked up through `table`
+  // The same words in an open-addressing table keyed by the hash the analysis computes anyway
+  // (a topic word's hash is that one too): a look-up is one hash and, mostly, one slot, where the map
+  // hashed the word a second time and chased a bucket list. Power-of-two size, ≥ 4× the words.
+  std::vector<Slot> table;
+  uint64_t mask = 0;
+  size_t max_len = 0;  // a longer token is in no list: no look-up
   std::vector<std::string> phrases;  // replaced by one space, in order, as str.replace does
+  std::string phrase_hint;           // their common prefix ("no"): a text without it has none of them
   std::vector<AntSet> opposite;      // opposite[i]: the words paired with antonym word i
   double min_shared = 0.34;
   int n_ant = 0;
@@ -61,10 +74,37 @@ inline bool word_less(const Word& a, const Word& b) {
   return a.hash != b.hash ? a.hash < b.hash : a.text < b.text;
 }
 
-inline uint64_t fnv1a(std::string_view s) {
+// FNV-1a: only equality matters (equal words, equal hashes; ties fall back to the bytes). Tried: 8 bytes a
+// step with a multiply, slower here (the tail's variable-length copy).
+inline uint64_t word_hash(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+// The entry of a token whose word_hash is h, or nullptr.
+inline const Entry* lookup(const Lexicon& lex, std::string_view w, uint64_t h) {
+  if (w.size() > lex.max_len) return nullptr;
+  for (uint64_t i = h & lex.mask;; i = (i + 1) & lex.mask) {
+    const Slot& s = lex.table[i];
+    if (s.word.empty()) return nullptr;
+    if (s.hash == h && s.word == w) return &s.entry;
+  }
+}
+
+void build_table(Lexicon& lex) {
+  size_t size = 16;
+  while (size < 4 * lex.words.size()) size <<= 1;
+  lex.table.assign(size, Slot());
+  lex.mask = size - 1;
+  for (const auto& [w, e] : lex.words) {
+    if (w.empty()) continue;
+    const uint64_t h = word_hash(w);
+    uint64_t i = h & lex.mask;
+    while (!lex.table[i].word.empty()) i = (i + 1) & lex.mask;
+    lex.table[i] = Slot{h, w, e};
+    lex.max_len = std::max(lex.max_len, w.size());
+  }
 }
 
 inline bool is_alnum(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
@@ -85,7 +125,9 @@ std::vector<std::string_view> split(const char* joined, int64_t n, char sep) {
 // Sequential non-overlapping left-to-right replacement of each phrase by " " in t[from:] (Python's
 // str.replace, phrase after phrase: a replacement can join text into a later phrase, and does here
 // too). In place: a phrase is never shorter than its replacement, so the text only shrinks.
-void replace_phrases(std::string& t, size_t from, const std::vector<std::string>& phrases) {
+void replace_phrases(std::string& t, size_t from, const std::vector<std::string>& phrases,
+                     const std::string& hint) {
+  if (!hint.empty() && t.find(hint, from) == std::string::npos) return;  // one scan, not one per phrase
   for (const std::string& p : phrases) {
     const size_t k = p.size();
     size_t pos = t.find(p, from);
@@ -116,7 +158,7 @@ class Analyser {
       char& c = buf[k];
       if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
     }
-    replace_phrases(buf, base, lex_.phrases);
+    replace_phrases(buf, base, lex_.phrases, lex_.phrase_hint);
     Analysis a;
     a.topic_begin = static_cast<uint32_t>(topics.size());
     const size_t n = buf.size();
@@ -140,9 +182,10 @@ class Analyser {
         first_seen = true;
         a.first = w == "yes" ? 1 : w == "no" ? 2 : 0;
       }
-      auto it = lex_.words.find(w);
-      const uint8_t kind = it == lex_.words.end() ? 0 : it->second.kind;
-      if (kind & kAnt) a.ant_all.set(it->second.ant);
+      const uint64_t h = word_hash(w);
+      const Entry* e = lookup(lex_, w, h);
+      const uint8_t kind = e == nullptr ? 0 : e->kind;
+      if (kind & kAnt) a.ant_all.set(e->ant);
       if (kind & kNeg) {
         a.negated = true;
         continue;
@@ -154,10 +197,10 @@ class Analyser {
       }
       if (kind & kStop) continue;
       if (kind & kAnt) {
-        a.ant.set(it->second.ant);  // antonym words are left out of the topic overlap
+        a.ant.set(e->ant);  // antonym words are left out of the topic overlap
         continue;
       }
-      topics.push_back(Word{fnv1a(w), w});
+      topics.push_back(Word{h, w});
     }
     // a set: sorted, duplicates dropped
     auto b = topics.begin() + a.topic_begin;
@@ -284,6 +327,16 @@ static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords,
     lex->opposite[b].set(a);
   }
   for (std::string_view p : ph) lex->phrases.emplace_back(p);
+  if (!lex->phrases.empty()) {
+    std::string hint = lex->phrases[0];
+    for (const std::string& p : lex->phrases) {
+      size_t k = 0;
+      while (k < hint.size() && k < p.size() && hint[k] == p[k]) ++k;
+      hint.resize(k);
+    }
+    lex->phrase_hint = hint;
+  }
+  build_table(*lex);
   return lex;
 }
 
