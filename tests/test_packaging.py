@@ -24,7 +24,7 @@ from mdl_jax._version import __version__
 ROOT = Path(__file__).resolve().parents[1]
 
 # What the wheel must carry besides the Python modules (pyproject.toml's package-data).
-SHIPPED = ["mdl_jax/py.typed", "mdl_jax/controller/_native/decide_cpu.cc",
+SHIPPED = ["mdl_jax/py.typed", "mdl_jax/controller/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc",
            "mdl_jax/pipeline/resources/gold_labels.jsonl",
            "mdl_jax/pipeline/resources/calibrated/smollm2-truthfulqa.json",
            "mdl_jax/pipeline/resources/calibrated/smollm2-halueval.json"]
@@ -57,8 +57,11 @@ import jax, numpy as np
 import mdl_jax
 from mdl_jax import MDLConfig, decide, decide_one
 from mdl_jax.controller import native
+from mdl_jax.signals import conflict_native
 
 ok = native.load()
+lexical = conflict_native.status()
+texts = ["X is safe", "X is not safe", "Y is blue"]
 x = np.random.default_rng(0).uniform(size=(3, 4099)).astype(np.float32)
 cfg = MDLConfig()
 d = decide(*x, cfg)
@@ -72,6 +75,8 @@ print(json.dumps({
                  for f in ("C", "alpha", "C_final", "v_meta", "norm", "g_A")},
     "actions_equal": bool(np.array_equal(np.asarray(d.action)[~near], np.asarray(ref.action)[~near])),
     "actions": sorted({int(a) for a in np.asarray(d.action)}),
+    "lexical": lexical, "lexical_source": str(conflict_native._SOURCE),
+    "lexical_counts": conflict_native.group_counts(texts, [3]).tolist(),
 }))
 """
 
@@ -135,6 +140,12 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
         assert Path(got["status"]["path"]).is_relative_to(tmp_path / "cache"), got["status"]
         assert got["threads"] > 0
     assert all(v <= 2e-6 for v in got["max_diff"].values()), got["max_diff"]
+    # the conflict detector's source ships too, and builds into this test's cache where a compiler is
+    assert Path(got["lexical_source"]).is_relative_to(site) and Path(got["lexical_source"]).is_file()
+    if got["compiler"]:
+        assert got["lexical"]["available"], got["lexical"]
+        assert Path(got["lexical"]["path"]).is_relative_to(tmp_path / "cache"), got["lexical"]
+    assert got["lexical_counts"] == [1]
     assert got["actions_equal"] and len(got["actions"]) > 1
 
     rows = [{"query": "What is the boiling point of water at sea level?",
