@@ -164,3 +164,29 @@ def test_the_library_checks_group_starts_itself():
     starts = np.array([1, 0], np.int64)  # backwards
     assert cn._STATE["fn"](cn._STATE["handle"], data, off.ctypes.data, 2, starts.ctypes.data, 1, None,
                            counts.ctypes.data) == -2
+
+
+def test_a_failed_build_warns_once_and_leaves_the_python_detector(monkeypatch, tmp_path):
+    """A compiler that fails (here /bin/false) into an empty cache: available() is False with one
+    RuntimeWarning naming the fallback, and the functions answer with the Python detector's flags."""
+    import shutil
+    import warnings
+
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no false(1) to stand in for a broken compiler")
+    saved = dict(cn._STATE)
+    monkeypatch.setenv("CXX", false)
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
+    cn._STATE.clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="native conflict detector unavailable, using the Python one"):
+            assert not cn.available()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: the state remembers the failure
+            assert not cn.available()
+            assert cn.group_counts(["X is safe", "X is not safe"], [2]).tolist() == [1]
+        assert "failed" in cn.status()["error"]
+    finally:
+        cn._STATE.clear()
+        cn._STATE.update(saved)
