@@ -343,17 +343,18 @@ class _Decided:
         """The action names, row by row."""
         return _NAMES[self.cols["action"]].tolist()
 
-    def columns(self) -> dict[str, list]:
-        """The gate's output columns (OUT_COLUMNS) as Python values, row by row."""
-        out: dict[str, list] = {"mdl_row": list(self.index), "mdl_action": self.names()}
+    def columns(self) -> dict[str, Any]:
+        """The gate's output columns (OUT_COLUMNS): int64 / float64 arrays (float32 → float64 is exact,
+        the values JSON rows carry) and the action names."""
+        out: dict[str, Any] = {"mdl_row": np.asarray(self.index, np.int64), "mdl_action": self.names()}
         for k in SCALARS:
-            out[f"mdl_{k}"] = self.cols[k].astype(float).tolist()  # float32 → float: exact
-        out["mdl_n_relevant"] = self.cols["n_relevant"].astype(int).tolist()
+            out[f"mdl_{k}"] = self.cols[k].astype(np.float64)
+        out["mdl_n_relevant"] = self.cols["n_relevant"].astype(np.int64)
         return out
 
     def records(self) -> list[dict]:
-        """Each input row followed by its OUT_COLUMNS (the JSONL output)."""
-        cols = self.columns()
+        """Each input row followed by its OUT_COLUMNS as Python values (the JSONL output)."""
+        cols = {k: v if isinstance(v, list) else v.tolist() for k, v in self.columns().items()}
         recs = []
         for j, row in enumerate(self.rows):
             rec = dict(row)
@@ -395,10 +396,10 @@ def _writable(t) -> bool:
     return True
 
 
-def _table_from_rows(rows: list[dict], extra: dict[str, list] | None = None):
+def _table_from_rows(rows: list[dict], extra: dict[str, Any] | None = None):
     """The rows as an Arrow table: every key of every row a column (``pa.Table.from_pylist`` takes the
     first row's keys only and drops the rest), typed where Arrow can type it, else JSON text; then the
-    columns of ``extra`` (name: one value per row)."""
+    columns of ``extra`` (name: one value per row, a list or a NumPy array)."""
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for r in rows for k in r))
