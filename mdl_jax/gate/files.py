@@ -40,7 +40,7 @@ from mdl_jax.signals.embeddings import ModelLoadError
 
 # Measured here (README, Benchmarks): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
 # cores shared); with every text cached, bench_gate's 5×10^4 TruthfulQA rows streamed at 19-21,000
-# rows/s (start-up apart), the rows' reading, parts and join about 60% of it.
+# rows/s (start-up apart), the rows' reading, parts and join about half of it.
 COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
         "with the texts cached, about 20,000 rows/s")
 OUT_SUFFIXES = (".parquet", ".jsonl")
