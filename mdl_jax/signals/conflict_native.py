@@ -140,8 +140,21 @@ def _call(texts: Sequence[str], sizes: np.ndarray, want_flags: bool):
 
 
 def group_counts(texts: Sequence[str], sizes) -> np.ndarray:
-    """How many pairs conflict within each group: ``texts`` is the groups back to back, ``sizes`` (G,)
-    their lengths. Returns (G,) int64; the native detector when ``available()``, else the Python one."""
+    """How many pairs conflict within each group of texts.
+
+    The native detector answers when ``available()`` and every text is a plain ``str``; otherwise the
+    Python one (the same counts).
+
+    Args:
+      texts: the groups' texts back to back (N strings).
+      sizes: (G,) the groups' lengths, each ≥ 0, summing to N.
+
+    Returns:
+      (G,) int64: per group, the number of its pairs i < j that ``conflict`` flags.
+
+    Raises:
+      ValueError: ``sizes`` with a negative entry or not summing to ``len(texts)``.
+    """
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     if available() and _plain(texts):
         return _call(texts, sizes, False)[0]
@@ -150,13 +163,19 @@ def group_counts(texts: Sequence[str], sizes) -> np.ndarray:
     it = iter(texts)
     for g, n in enumerate(sizes.tolist()):
         an = [_py._analyse(t) for t in itertools.islice(it, n)]
-        out[g] = sum(_py._conflict(an[i], an[j]) for i in range(n) for j in range(i + 1, n))
+        out[g] = sum(_py._conflict(x, y) for x, y in itertools.combinations(an, 2))
     return out
 
 
 def pair_flags(texts: Sequence[str]) -> list[list[bool]]:
-    """``conflict.pair_flags`` (the S×S symmetric flags of one store, diagonal False), natively when
-    ``available()``."""
+    """``conflict.pair_flags``, natively when ``available()`` (and every text is a plain ``str``).
+
+    Args:
+      texts: the S memory texts of one store.
+
+    Returns:
+      S lists of S booleans: symmetric, the diagonal False, True where the two texts conflict.
+    """
     n = len(texts)
     if not available() or n < 2 or not _plain(texts):
         return _py.pair_flags(texts)
@@ -171,12 +190,4 @@ def status() -> dict:
     """{"available": bool, "path" or "error"}: which detector runs, and why."""
     ok = available()
     return {"available": ok, **({"path": str(library_path())} if ok else {"error": _STATE.get("error", "")})}
-
-
-def _reset_for_tests() -> None:
-    with _LOCK:
-        lib, handle = _STATE.get("lib"), _STATE.get("handle")
-        if lib is not None and handle:
-            lib.MdlLexFree(handle)
-        _STATE.clear()
 

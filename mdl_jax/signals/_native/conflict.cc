@@ -41,8 +41,7 @@ struct Slot {
 };
 
 struct Lexicon {
-  std::vector<std::string> owned;  // the words the maps' keys view
-  std::unordered_map<std::string_view, Entry> words;  // built first; looked up through `table`
+  std::vector<std::string> owned;  // the words the table's slots view
   // The same words in an open-addressing table keyed by the hash the analysis computes anyway
   // (a topic word's hash is that one too): a look-up is one hash and, mostly, one slot, where the map
   // hashed the word a second time and chased a bucket list. Power-of-two size, ≥ 4× the words.
@@ -92,12 +91,12 @@ inline const Entry* lookup(const Lexicon& lex, std::string_view w, uint64_t h) {
   }
 }
 
-void build_table(Lexicon& lex) {
+void build_table(Lexicon& lex, const std::unordered_map<std::string_view, Entry>& words) {
   size_t size = 16;
-  while (size < 4 * lex.words.size()) size <<= 1;
+  while (size < 4 * words.size()) size <<= 1;
   lex.table.assign(size, Slot());
   lex.mask = size - 1;
-  for (const auto& [w, e] : lex.words) {
+  for (const auto& [w, e] : words) {
     if (w.empty()) continue;
     const uint64_t h = word_hash(w);
     uint64_t i = h & lex.mask;
@@ -287,6 +286,7 @@ extern "C" {
 static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords, int64_t n_stop,
                      const char* pairs, int64_t n_pairs, const char* phrases, int64_t n_phr, double min_shared) {
   auto* lex = new Lexicon();
+  std::unordered_map<std::string_view, Entry> words;  // built here, then laid out in lex->table
   lex->min_shared = min_shared;
   auto own = [lex](std::string_view w) -> std::string_view {
     lex->owned.emplace_back(w);
@@ -297,8 +297,8 @@ static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords,
   lex->owned.reserve(neg.size() + stop.size() + 2 * pr.size() + 1);  // views stay valid: no reallocation
   std::vector<std::pair<int, int>> opp;
   auto ant_index = [&](std::string_view w) {
-    auto it = lex->words.find(w);
-    if (it == lex->words.end()) it = lex->words.emplace(own(w), Entry{}).first;
+    auto it = words.find(w);
+    if (it == words.end()) it = words.emplace(own(w), Entry{}).first;
     if (it->second.ant < 0) it->second.ant = lex->n_ant++;
     it->second.kind |= kAnt;
     return it->second.ant;
@@ -314,8 +314,8 @@ static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords,
   }
   auto mark = [&](const std::vector<std::string_view>& ws, uint8_t kind) {
     for (std::string_view w : ws) {
-      auto it = lex->words.find(w);
-      if (it == lex->words.end()) it = lex->words.emplace(own(w), Entry{}).first;
+      auto it = words.find(w);
+      if (it == words.end()) it = words.emplace(own(w), Entry{}).first;
       it->second.kind |= kind;
     }
   };
@@ -336,7 +336,7 @@ static void* lex_new(const char* negators, int64_t n_neg, const char* stopwords,
     }
     lex->phrase_hint = hint;
   }
-  build_table(*lex);
+  build_table(*lex, words);
   return lex;
 }
 
