@@ -38,7 +38,9 @@ def register(sub) -> None:
     p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "
                                                      "~/.cache/mdl_jax)")
     p.add_argument("--split", default="train", help="the split of a Hugging Face dataset")
-    p.add_argument("--chunk-size", type=int, default=1024, help="rows per part (decided in one batch)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help=f"rows per part (decided in one batch); default {files.CHUNK_SIZE:,}, or, resuming "
+                        "an unfinished run, the size its parts were cut at")
     p.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
                    help="a bad row stops the run (exit 2) or is skipped and counted")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,0 +1,136 @@
+"""``mdl-jax gate``'s JSONL reading: a line decodes to what ``json`` gives, orjson or not (the same
+value, the same types, the same message for a bad line); the part reader yields the row reader's rows,
+cut at the part boundaries, from any part; a run resumed without ``--chunk-size`` keeps the size its
+parts were cut at.
+
+Every run uses ``tests.gate_embedders:hashed`` (deterministic vectors, no model to load)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mdl_jax.cli import main
+from mdl_jax.gate import files
+
+EMBED = ["--embedder", "tests.gate_embedders:hashed", "--no-progress"]
+
+TRICKY = [
+    b'{"query": "q", "memories": ["a", "b"]}\n',
+    b'{"n": 12345678901234567890}\n',             # past 64 bits: json keeps the int, orjson a float
+    b'{"n": -9223372036854775809}\n',
+    b'{"n": 9223372036854775807, "m": 1e400}\n',  # int64's max; a float past double's range: inf
+    b'{"x": NaN, "y": -Infinity}\n',              # json reads them, orjson refuses
+    b'{"s": "\\ud800"}\n',                         # a lone surrogate: a bad row, named
+    b'{"s": "\\ud83d\\ude00 caf\\u00e9"}\n',       # a surrogate pair and an escape: text
+    b'{"a": 1, "a": 2}\n',                         # the last duplicate wins in both
+    b'\xef\xbb\xbf{"bom": 1}\n',                   # a byte-order mark
+    b'{"bad": \xff}\n',                            # not UTF-8
+    b'{torn\n',
+    b'[1, 2.5, "x", null, true]\n',                # not an object: parse_row says so later
+    b'"just a string"\n',
+    b'{"deep": ' + b'[' * 600 + b']' * 600 + b'}\n',
+    b'{"f": 0.1, "g": 1.0, "h": -0.0, "i": 5e-324}\n',
+]
+
+
+def _as_json_alone(raw, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(files, "_orjson", None)
+        return files._decode_line(raw)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, files._Bad) or isinstance(b, files._Bad):
+        return isinstance(a, files._Bad) and isinstance(b, files._Bad) and a.why == b.why
+    return repr(a) == repr(b)  # repr tells 1 from 1.0 and True from 1, and shows nan
+
+
+@pytest.mark.parametrize("raw", TRICKY, ids=range(len(TRICKY)))
+def test_a_line_decodes_to_what_json_alone_gives(raw, monkeypatch):
+    got, want = files._decode_line(raw), _as_json_alone(raw, monkeypatch)
+    assert _same(got, want), (raw[:80], got, want)
+
+
+def test_orjson_is_the_parser_in_use_where_installed():
+    pytest.importorskip("orjson")
+    assert files._orjson is not None  # else the test above compares json with itself
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12)
+
+
+@given(value=st.dictionaries(st.text(max_size=8), json_values, max_size=5), ascii_only=st.booleans())
+def test_any_json_object_decodes_to_what_json_alone_gives(value, ascii_only):
+    raw = (json.dumps(value, ensure_ascii=ascii_only) + "\n").encode("utf-8", "surrogatepass")
+    got = files._decode_line(raw)
+    orjson, files._orjson = files._orjson, None
+    try:
+        want = files._decode_line(raw)
+    finally:
+        files._orjson = orjson
+    assert _same(got, want)
+
+
+def _rows_of(reader):
+    return [(i, w, v.why if isinstance(v, files._Bad) else repr(v)) for i, v, w in reader]
+
+
+@pytest.mark.parametrize("C", [1, 2, 3, 7])
+def test_the_parts_hold_the_row_readers_rows_cut_at_part_boundaries_from_any_part(tmp_path, C):
+    lines = [b'{"i": %d}\n' % i if i % 4 else b'   \n' for i in range(11)]  # blank lines counted
+    lines[5] = b"{torn\n"
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(lines) + b'{"last": "no newline"}')
+    n_parts = -(-12 // C)
+    for k in range(n_parts + 1):
+        parts = list(files._jsonl_parts(path, k, C))
+        assert len(parts) == n_parts - k  # a part of blank lines only is still a part (it stays empty)
+        for j, part in enumerate(parts):
+            assert all((k + j) * C <= i < (k + j + 1) * C for i, _, _ in part)
+        flat = [r for part in parts for r in part]
+        assert _rows_of(flat) == _rows_of(files._read_jsonl(path, k * C))
+
+
+def _rows(n):
+    return [{"id": i, "query": f"is thing {i} safe?",
+             "memories": [f"thing {i} is safe", f"thing {i} is not safe", f"thing {i} is blue"]}
+            for i in range(n)]
+
+
+def test_a_run_resumed_without_chunk_size_keeps_the_size_its_parts_were_cut_at(tmp_path, monkeypatch):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _rows(9)))
+    ref, out = tmp_path / "ref.jsonl", tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(ref), "--chunk-size", "2", *EMBED]) == 0
+    decide, calls = files._decide_chunk, []
+
+    def dies_on_the_third_part(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a Ctrl-C mid-run: the two parts on disk stay for the rerun
+        return decide(*a)
+
+    monkeypatch.setattr(files, "_decide_chunk", dies_on_the_third_part)
+    with pytest.raises(KeyboardInterrupt):
+        main(["gate", str(src), "--out", str(out), "--chunk-size", "2", *EMBED])
+    manifest = json.loads(Path(f"{out}.parts/manifest.json").read_text())
+    assert len(manifest["parts"]) == 2 and manifest["args"]["chunk_size"] == 2
+    monkeypatch.setattr(files, "_decide_chunk", decide)
+    assert main(["gate", str(src), "--out", str(out), *EMBED]) == 0  # no --chunk-size: resumes at 2
+    assert out.read_text() == ref.read_text()
+
+
+def test_a_new_run_without_chunk_size_cuts_parts_of_CHUNK_SIZE(tmp_path, monkeypatch):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _rows(5)))
+    seen = []
+    parts = files._jsonl_parts
+    monkeypatch.setattr(files, "_jsonl_parts", lambda p, k, C: (seen.append(C), parts(p, k, C))[1])
+    assert main(["gate", str(src), "--out", str(tmp_path / "o.parquet"), *EMBED]) == 0
+    assert seen == [files.CHUNK_SIZE]
