@@ -134,3 +134,33 @@ def test_a_new_run_without_chunk_size_cuts_parts_of_CHUNK_SIZE(tmp_path, monkeyp
     monkeypatch.setattr(files, "_jsonl_parts", lambda p, k, C: (seen.append(C), parts(p, k, C))[1])
     assert main(["gate", str(src), "--out", str(tmp_path / "o.parquet"), *EMBED]) == 0
     assert seen == [files.CHUNK_SIZE]
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"query": "\u3000 ", "memories": ["a"]}, "field 'query'"),            # Unicode blank: not a query
+    ({"query": "q", "memories": ["a", "\u00a0"]}, "field 'memories'[1]"),   # a blank memory
+    ({"query": "q", "memories": ["a", 3]}, "field 'memories'[1]"),
+    ({"query": "q", "memories": "a"}, "field 'memories'"),
+    ({"query": "", "memories": []}, "field 'query'"),
+    ({"memories": ["a"]}, "field 'query': missing"),
+])
+def test_a_bad_row_is_refused_by_the_common_rows_fast_path_too(row, why):
+    import argparse
+
+    args = argparse.Namespace(query_field="query", memories_field="memories", category_field=None,
+                              risk_field=None, kind="jsonl")
+    with pytest.raises(files.GateInputError, match=why.replace("[", r"\[").replace("]", r"\]")):
+        files.parse_row(row, args)
+
+
+def test_the_common_rows_fast_path_returns_what_the_general_path_does():
+    import argparse
+
+    row = {"query": "is it safe?", "memories": ["it is safe", {"text": "it is not"}], "cat": "Health"}
+    plain = {"query": "is it safe?", "memories": ["it is safe", "it is not"]}
+    fast = argparse.Namespace(query_field="query", memories_field="memories", category_field=None,
+                              risk_field=None, kind="jsonl")
+    general = argparse.Namespace(**{**vars(fast), "category_field": "cat"})
+    assert files.parse_row(plain, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)
+    assert files.parse_row(row, general) == ("is it safe?", ["it is safe", "it is not"], "Health", None)
+    assert files.parse_row(row, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)

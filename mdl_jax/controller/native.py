@@ -259,6 +259,22 @@ def compile_library(source: Path, flags: list[str], out: Path) -> Path:
     return out
 
 
+def source_library_path(source: Path, flags: list[str], stem: str, cache_dir: Path | None = None) -> Path:
+    """Where a plain C++ library of the signal wing (``signals/_native``) lives: keyed by its source,
+    the compiler, its flags and the machine, so any change rebuilds it."""
+    parts: list[bytes | str] = [source.read_bytes(), _compiler() or "", " ".join(flags), platform.machine()]
+    key = hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
+    return (cache_dir or default_cache_dir()) / "native" / f"{stem}-{key.hexdigest()[:16]}.so"
+
+
+def load_source_library(source: Path, flags: list[str], path: Path) -> ctypes.CDLL:
+    """The library at ``path`` (``source_library_path``), built from ``source`` first unless its bytes
+    match the record its build wrote (``verified``): a missing, cut-short or foreign file is never loaded."""
+    if not verified(path):
+        compile_library(source, flags, path)
+    return ctypes.cdll.LoadLibrary(str(path))
+
+
 def load() -> bool:
     """Build (once per machine) and register the kernel; True when ``decide`` may use it."""
     if "ok" in _STATE:

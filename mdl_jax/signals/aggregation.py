@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from mdl_jax.signals import conflict_native
+from mdl_jax.signals import conflict_native, dots_native
 from mdl_jax.signals.conflict import (
     _analyse,
     _conflict,
@@ -121,17 +121,27 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
     """
     if not len(mem):
         return np.float32(0.0), np.float32(0.5), np.float32(0.0), 0
-    mem64 = np.asarray(mem, np.float64)
-    cos32 = (mem64 @ np.asarray(q, np.float64)).astype(np.float32)  # the relevance test in float32
+    native = _native_dots(q, mem)
+    if native:  # the products every path of this process takes (dots_native): the same bits
+        cos64, pairs64 = dots_native.step_dots(mem, np.arange(len(mem))[None], np.asarray(q)[None])
+        cos32 = cos64[0].astype(np.float32)
+    else:
+        mem64 = np.asarray(mem, np.float64)
+        cos32 = (mem64 @ np.asarray(q, np.float64)).astype(np.float32)  # the relevance test in float32
     M = np.float32(min(max(float(cos32.max()), 0.0), 1.0) + 0.0)  # + 0.0: never -0.0
     r = np.flatnonzero(cos32 > np.float32(threshold))
     n_rel = len(r)
     if n_rel < 2:
         return M, np.float32(0.5), np.float32(0.0), n_rel
-    sub = mem64[r]
     upper = _upper(n_rel)
     n_pairs = n_rel * (n_rel - 1) // 2
-    s_bar = np.float32((sub @ sub.T)[upper].sum() / n_pairs)
+    if native:  # the relevant pairs i < j, row-major: the upper triangle of the relevant submatrix
+        rel = cos32 > np.float32(threshold)
+        iu, ju = _pairs(len(mem))
+        s_bar = np.float32(pairs64[0][rel[iu] & rel[ju]].sum() / n_pairs)
+    else:
+        sub = mem64[r]
+        s_bar = np.float32((sub @ sub.T)[upper].sum() / n_pairs)
     fl = np.asarray(flags(r), bool) if callable(flags) else np.asarray(flags, bool)[r[:, None], r]
     phi = np.float32(np.count_nonzero(fl[upper])) / np.float32(n_pairs)
     R = np.clip(s_bar * (np.float32(1.0) - phi) ** 2, np.float32(0.0), np.float32(1.0)) + np.float32(0.0)
@@ -145,6 +155,18 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
 # the heap and in cache; 1 MB or 0.5 MB is no faster (the steps' fixed NumPy costs grow). Same bits.
 SMALL_STEP_ELEMENTS = 1 << 18
 RECENT_CALL = 64  # calls of at most this many queries keep analyses across calls (conflict.ANALYSES_KEPT)
+
+
+_ARANGE = np.arange(SMALL_MEMORIES, dtype=np.int64)
+
+
+def _native_dots(q: np.ndarray, mem: np.ndarray) -> bool:
+    """Do the native products (``dots_native``) run for these arrays? Where the library is loaded and
+    both are float32, the gate's and the pipeline's case: every path asks this, so a row's products are
+    the same whichever path its call took. Other dtypes (a float64 caller of ``aggregate_small``) keep
+    NumPy's, which read them unrounded."""
+    return (isinstance(q, np.ndarray) and isinstance(mem, np.ndarray) and q.dtype == np.float32
+            and mem.dtype == np.float32 and dots_native.available())
 
 
 @functools.lru_cache(maxsize=SMALL_MEMORIES + 1)
@@ -162,8 +184,13 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
     each row sum is a sum over the row's own P pairs), so the same bits; without the stacking and
     scattering, ~30 µs less per call of one query (a framework component's, the gateway's)."""
     S = len(texts)
-    mem64 = mem.astype(np.float64)
-    cos32 = np.matmul(mem64, q.astype(np.float64)[:, None])[:, 0].astype(np.float32)
+    native = _native_dots(q, mem)
+    if native:
+        cos64, pairs64 = dots_native.step_dots(mem, _ARANGE[:S][None], q[None])
+        cos32 = cos64[0].astype(np.float32)
+    else:
+        mem64 = mem.astype(np.float64)
+        cos32 = np.matmul(mem64, q.astype(np.float64)[:, None])[:, 0].astype(np.float32)
     # exact: a float32 clipped to [0, 1]; + 0.0 turns a -0.0 into +0.0, as in the stacked path (and the
     # reference), so a row's bytes never depend on which path its call took
     M = min(max(float(cos32.max()), 0.0), 1.0) + 0.0
@@ -173,7 +200,7 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
         return M, 0.5, 0.0, n_rel
     iu, ju = _pairs(S)
     rel_a = np.asarray(rel)
-    sims = np.where(rel_a[iu] & rel_a[ju], np.matmul(mem64, mem64.T)[iu, ju], 0.0)
+    sims = np.where(rel_a[iu] & rel_a[ju], pairs64[0] if native else np.matmul(mem64, mem64.T)[iu, ju], 0.0)
     n_pairs = n_rel * (n_rel - 1) // 2
     s_bar = np.float32(sims.sum() / n_pairs)
     keep = [j for j in range(S) if rel[j]]
@@ -252,6 +279,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
                  out["n_relevant"][b]) = _small_row(q_emb[b], U[[index[t] for t in texts]], texts, conflict,
                                                     thr, analyses)
         return out
+    native = _native_dots(q_emb, U)
     distinct = set(sizes)
     sizes_a = np.asarray(sizes) if len(distinct) > 1 else None
     for S in sorted(distinct):
@@ -273,8 +301,12 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
                 rows_l = rows.tolist()
             flat = list(itertools.chain.from_iterable(stores[b] for b in rows_l))  # the step's texts
             idx = np.fromiter(map(index.__getitem__, flat), np.intp, len(flat)).reshape(len(rows_l), S)
-            mem = U[idx].astype(np.float64)  # (n, S, d)
-            cos32 = np.matmul(mem, q_emb[rows].astype(np.float64)[:, :, None])[:, :, 0].astype(np.float32)
+            if native:  # the products read U by index: no (n, S, d) copies
+                cos64, pairs64 = dots_native.step_dots(U, idx, q_emb[rows])
+                cos32 = cos64.astype(np.float32)
+            else:
+                mem = U[idx].astype(np.float64)  # (n, S, d)
+                cos32 = np.matmul(mem, q_emb[rows].astype(np.float64)[:, :, None])[:, :, 0].astype(np.float32)
             out["M"][rows] = np.maximum(np.minimum(cos32.max(1), one), zero) + zero  # clip to [0, 1], no -0.0
             rel = cos32 > thr
             n_rel = rel.sum(1)
@@ -282,14 +314,16 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
             ok = n_rel >= 2
             many: range | np.ndarray
             if ok.all():  # every row has pairs: no gathers
-                many, rel_m, mem_m, nr = range(len(rows_l)), rel, mem, n_rel
+                many, rel_m, nr = range(len(rows_l)), rel, n_rel
+                pairs_m = pairs64 if native else np.matmul(mem, mem.transpose(0, 2, 1))[:, iu, ju]
             else:
                 many = np.flatnonzero(ok)
                 if not len(many):
                     continue
-                rel_m, mem_m, nr = rel[many], mem[many], n_rel[many]
+                rel_m, nr = rel[many], n_rel[many]
+                pairs_m = pairs64[many] if native else np.matmul(mem[many], mem[many].transpose(0, 2, 1))[:, iu, ju]
             pair = rel_m[:, iu] & rel_m[:, ju]  # (m, P): both memories relevant, i < j in row-major order
-            sims = np.where(pair, np.matmul(mem_m, mem_m.transpose(0, 2, 1))[:, iu, ju], 0.0)
+            sims = np.where(pair, pairs_m, 0.0)
             n_pairs = nr * (nr - 1) // 2
             s_bar = (sims.sum(1) / n_pairs).astype(np.float32)
             many_l: list[int] = list(many) if isinstance(many, range) else many.tolist()

@@ -18,9 +18,7 @@ slower. ``available()`` says which one runs.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import itertools
-import platform
 import subprocess
 import threading
 import warnings
@@ -29,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax._paths import default_cache_dir
 from mdl_jax.controller import native as _native
 from mdl_jax.signals import conflict as _py
 
@@ -41,9 +38,7 @@ _LOCK = threading.Lock()
 
 def library_path(cache_dir: Path | None = None) -> Path:
     """Where the built library lives: keyed by the source, the compiler, its flags and the machine."""
-    parts: list[bytes | str] = [_SOURCE.read_bytes(), _native._compiler() or "", " ".join(FLAGS), platform.machine()]
-    key = hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
-    return (cache_dir or default_cache_dir()) / "native" / f"conflict-{key.hexdigest()[:16]}.so"
+    return _native.source_library_path(_SOURCE, FLAGS, "conflict", cache_dir)
 
 
 def _lines(words) -> bytes:
@@ -51,10 +46,7 @@ def _lines(words) -> bytes:
 
 
 def _load():
-    path = library_path()
-    if not _native.verified(path):
-        _native.compile_library(_SOURCE, FLAGS, path)
-    lib = ctypes.cdll.LoadLibrary(str(path))
+    lib = _native.load_source_library(_SOURCE, FLAGS, library_path())
     lib.MdlLexNew.restype = ctypes.c_void_p
     lib.MdlLexNew.argtypes = [ctypes.c_char_p, ctypes.c_int64] * 4 + [ctypes.c_double]
     lib.MdlLexFree.argtypes = [ctypes.c_void_p]
