@@ -289,7 +289,12 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
         rows_S = None if sizes_a is None else np.flatnonzero(sizes_a == S)
         n_S = B if rows_S is None else len(rows_S)
         iu, ju = _pairs(S)
-        step = max(1, SMALL_STEP_ELEMENTS // (S * max(S, d)))
+        # A step's arrays: with NumPy's products, its (rows, S, d) float64 copies (see SMALL_STEP_ELEMENTS);
+        # with the native products and detector, only (rows, S) and (rows, S²) ones, so a step holds d
+        # times the rows and its fixed costs (~40 NumPy calls, one detector call: ~1.8 µs a row of six
+        # memories at 113 rows a step) are spread over them. A row's bits never depend on its step.
+        wide = native and not recent and conflict is pair_flags and conflict_native.available()
+        step = max(1, SMALL_STEP_ELEMENTS // (S * (S if wide else max(S, d))))
         for a in range(0, n_S, step):
             if not recent:
                 analyses.clear()
@@ -493,7 +498,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         return out
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
-    texts = list(dict.fromkeys(x for s in stores for x in s))
+    texts = list(dict.fromkeys(itertools.chain.from_iterable(stores)))  # unique, in order (C-level loop)
     # queries and memories in one call: one encoder pass and one cache round trip, not two (for a
     # single request, the gateway's case, that is most of the embedding's fixed cost)
     vecs = np.asarray(embedder.embed(list(queries) + texts, desc="embedding texts"), np.float32)

@@ -111,7 +111,7 @@ def _check_sizes(texts: Sequence[str], sizes: np.ndarray) -> None:
 def _plain(texts: Sequence[str]) -> bool:
     # Only plain str goes native: a subclass may override len() or lower() (which _analyse calls), so
     # the Python detector, the definition, answers for it.
-    return all(type(t) is str for t in texts)
+    return set(map(type, texts)) <= {str}  # the types in one C-level pass: a third of the generator's cost
 
 
 def _call(texts: Sequence[str], sizes: np.ndarray, want_flags: bool):
