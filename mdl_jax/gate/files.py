@@ -41,11 +41,11 @@ from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query,
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 from mdl_jax.signals.embeddings import ModelLoadError
 
-# Measured here (README, Benchmarks): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
-# cores shared); with every text cached, bench_gate's 5×10^4 TruthfulQA rows streamed at 19-21,000
-# rows/s (start-up apart), the rows' reading, parts and join about half of it.
+# Measured here (docs/benchmarks.md): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
+# cores shared); with every text cached, bench_gate's 5×10^4 TruthfulQA rows streamed at 55-57,000
+# rows/s after a first part (start-up, ~2 s), the rows' reading, parts and join about a third of it.
 COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
-        "with the texts cached, about 20,000 rows/s")
+        "with the texts cached, about 55,000 rows/s after ~2 s of start-up")
 OUT_SUFFIXES = (".parquet", ".jsonl")
 PART_SUFFIX = {".parquet": ".arrow", ".jsonl": ".jsonl"}  # a part's file: see _write_part
 # 2: a part's "bad" keeps at most MAX_BAD_MESSAGES in all, "n_bad" counts them all; 3: a Parquet OUT's
