@@ -105,6 +105,7 @@ def _source_kind(src: str) -> str:
 # give: it refuses (and ``json`` decides, with its own message or value) NaN / Infinity, lone
 # surrogates, invalid UTF-8 and deep nesting, and a line with 19 or more digits in a row goes to
 # ``json`` too, since orjson reads an integer past 64 bits as a float where ``json`` keeps the int.
+_orjson: Any
 try:
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
