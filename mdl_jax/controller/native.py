@@ -275,6 +275,28 @@ def load_source_library(source: Path, flags: list[str], path: Path) -> ctypes.CD
     return ctypes.cdll.LoadLibrary(str(path))
 
 
+def load_once(state: dict, lock: threading.Lock, load, what: str, fallback: str) -> bool:
+    """A signal-wing library's ``available()``: ``load()`` (→ the entries to keep in ``state``) runs once
+    per process, under ``lock``; ``state["ok"]`` remembers the answer. ``MDL_JAX_NATIVE=0`` skips it; a
+    failed build or load warns once, naming ``what`` and the ``fallback`` that runs instead."""
+    ok = state.get("ok")
+    if ok is not None:
+        return ok
+    with lock:
+        if "ok" in state:
+            return state["ok"]
+        if not enabled():
+            state.update(ok=False, error=f"{ENV_SWITCH}=0")
+            return False
+        try:
+            state.update(ok=True, **load())
+        except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+            state.update(ok=False, error=str(e))
+            warnings.warn(f"mdl_jax: {what} unavailable, using {fallback} ({e}). Set {ENV_SWITCH}=0 to "
+                          "silence this.", RuntimeWarning, stacklevel=4)
+        return state["ok"]
+
+
 def load() -> bool:
     """Build (once per machine) and register the kernel; True when ``decide`` may use it."""
     if "ok" in _STATE:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import subprocess
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,23 +62,11 @@ def _load():
 
 def available() -> bool:
     """True when the native detector is loaded (built on the first call); False: the Python one runs."""
-    ok = _STATE.get("ok")
-    if ok is not None:
-        return ok
-    with _LOCK:
-        if "ok" in _STATE:
-            return _STATE["ok"]
-        if not _native.enabled():
-            _STATE.update(ok=False, error=f"{_native.ENV_SWITCH}=0")
-            return False
-        try:
-            lib, handle = _load()
-            _STATE.update(ok=True, lib=lib, handle=handle, fn=lib.MdlLexFlags)
-        except (_native.NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-            _STATE.update(ok=False, error=str(e))
-            warnings.warn(f"mdl_jax: native conflict detector unavailable, using the Python one ({e}). "
-                          f"Set {_native.ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
-        return _STATE["ok"]
+    def load():
+        lib, handle = _load()
+        return {"lib": lib, "handle": handle, "fn": lib.MdlLexFlags}
+
+    return _native.load_once(_STATE, _LOCK, load, "native conflict detector", "the Python one")
 
 
 def _prepare(t: str) -> str:

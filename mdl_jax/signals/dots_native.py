@@ -20,9 +20,7 @@ build or ``MDL_JAX_NATIVE=0`` leave the NumPy products in use; ``available()`` s
 from __future__ import annotations
 
 import ctypes
-import subprocess
 import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -43,27 +41,14 @@ def library_path(cache_dir: Path | None = None) -> Path:
 
 def available() -> bool:
     """True when the native products are loaded (built on the first call); False: NumPy's run."""
-    ok = _STATE.get("ok")
-    if ok is not None:
-        return ok
-    with _LOCK:
-        if "ok" in _STATE:
-            return _STATE["ok"]
-        if not _native.enabled():
-            _STATE.update(ok=False, error=f"{_native.ENV_SWITCH}=0")
-            return False
-        try:
-            lib = _native.load_source_library(_SOURCE, FLAGS, library_path())
-            fn = lib.MdlSmallDots
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-            _STATE.update(ok=True, lib=lib, fn=fn)
-        except (_native.NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-            _STATE.update(ok=False, error=str(e))
-            warnings.warn(f"mdl_jax: native dot products unavailable, using NumPy's ({e}). "
-                          f"Set {_native.ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
-        return _STATE["ok"]
+    def load():
+        fn = _native.load_source_library(_SOURCE, FLAGS, library_path()).MdlSmallDots
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        return {"fn": fn}
+
+    return _native.load_once(_STATE, _LOCK, load, "native dot products", "NumPy's")
 
 
 def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
