@@ -16,6 +16,8 @@ of text is suppressed), for every engine:
                    prompt in one ``llama_batch``, the sampling in NumPy)
   backend-ct2      ``CT2Backend.generate``, the backend's engine="ctranslate2": the ct2 engine plus
                    its paired sampling (row-seeded, ``ct2.py``) and the rest of the interface
+  backend-llama.cpp ``LlamaCppBackend.generate``, engine="llama.cpp": llama.cpp's logits, the torch
+                   path's sampler in NumPy, continuous batching (``llamacpp.py``)
 
 Single-stream: ``--single`` prompts one at a time. Batched: all prompts, length-sorted batches of
 ``--batch``. Engines alternate inside each round, so they share the load of the moment; every figure
@@ -118,6 +120,20 @@ def _backend_ct2_engine():
     from mdl_jax.pipeline.generation.ct2 import CT2Backend
 
     be = CT2Backend(batch_size=32)
+
+    def run(ids, batch, new):
+        be.batch_size = batch
+        t0, n0 = be.seconds, be.tokens_generated
+        be.generate_ids(ids, seed=list(range(len(ids))), max_new_tokens=new, min_new_tokens=new)
+        return be.tokens_generated - n0, be.seconds - t0
+
+    return run
+
+
+def _backend_llama_engine():
+    from mdl_jax.pipeline.generation.llamacpp import LlamaCppBackend
+
+    be = LlamaCppBackend(batch_size=32)
 
     def run(ids, batch, new):
         be.batch_size = batch
@@ -254,8 +270,11 @@ ENGINES = {"torch-float32": lambda: _torch_engine("float32"),
            "torch-bfloat16": lambda: _torch_engine("bfloat16"),
            "ct2-int8": _ct2_engine,
            "llama.cpp-Q4_1": _llama_engine,
-           "backend-ct2": _backend_ct2_engine}
+           "backend-ct2": _backend_ct2_engine,
+           "backend-llama.cpp": _backend_llama_engine}
 PEERS = ("ct2-int8", "llama.cpp-Q4_1")
+# the backend's engines (LocalBackend's torch path is torch-float32 here: the same sampler and batching)
+BACKEND = ("torch-float32", "backend-ct2", "backend-llama.cpp")
 
 
 def main(argv=None):
@@ -320,26 +339,26 @@ def main(argv=None):
     for e, why in skipped.items():
         print(f"{e:16s} skipped: {why}")
     peers = [e for e in PEERS if e in summary]
-    if "backend-ct2" in summary and peers:
+    mine = [e for e in BACKEND if e in summary]
+    if mine and peers:
         targets = {}
-        for mode in ("single", "batched"):
-            # per round: the backend against the best peer of that round (same load)
-            x = [r["backend-ct2"][mode] / max(r[e][mode] for e in peers) for r in rounds]
-            targets[mode] = {"ratio_min": min(x), "ratio_max": max(x), "met": min(x) >= 0.95}
-            print(f"target (issue 25): backend ≥ the best peer ({'/'.join(peers)}), {mode}: "
-                  f"{min(x):.2f}-{max(x):.2f}× ({'met' if min(x) >= 1 else 'within 5%' if min(x) >= 0.95 else 'not met'})")
-        res["target"] = targets
-        if "torch-float32" in summary:
-            # the backend as a user runs it on a CPU without bf16: LocalBackend (torch float32) or
-            # --engine ctranslate2, whichever is faster for the mode (both behind the same interface)
-            best = {}
+        for e in mine:
             for mode in ("single", "batched"):
-                x = [max(r["backend-ct2"][mode], r["torch-float32"][mode]) / max(r[e][mode] for e in peers)
-                     for r in rounds]
-                best[mode] = {"ratio_min": min(x), "ratio_max": max(x), "met": min(x) >= 0.95}
-                print(f"  the backend's faster engine for the mode (torch float32 or ct2) against that peer, {mode}: "
-                      f"{min(x):.2f}-{max(x):.2f}× ({'met' if min(x) >= 1 else 'within 5%' if min(x) >= 0.95 else 'not met'})")
-            res["target_best_engine"] = best
+                # per round: this backend engine against the best peer of that round (same load)
+                x = [r[e][mode] / max(r[q][mode] for q in peers) for r in rounds]
+                targets[f"{e}:{mode}"] = {"ratio_min": min(x), "ratio_max": max(x), "met": min(x) >= 0.95}
+                print(f"{e} against the best peer ({'/'.join(peers)}), {mode}: {min(x):.2f}-{max(x):.2f}×")
+        res["target_per_engine"] = targets
+        best = {}
+        for mode in ("single", "batched"):
+            # the issue's target: the backend, on the engine a user picks for the mode (all behind the
+            # same interface, paired sampling and the generation cache working), ≥ the best peer
+            x = [max(r[e][mode] for e in mine) / max(r[q][mode] for q in peers) for r in rounds]
+            pick = max(mine, key=lambda e: statistics.median(r[e][mode] for r in rounds))
+            best[mode] = {"engine": pick, "ratio_min": min(x), "ratio_max": max(x), "met": min(x) >= 1}
+            print(f"target (issue 25): the backend ≥ the best peer, {mode} (its fastest engine here: {pick}): "
+                  f"{min(x):.2f}-{max(x):.2f}× ({'met' if min(x) >= 1 else 'within 5%' if min(x) >= 0.95 else 'not met'})")
+        res["target"] = best
     print(json.dumps(res))
     return res
 

@@ -137,10 +137,11 @@ def _register_reproduce(sub, common) -> None:
     p.add_argument("--device", default="cpu", help="local backend torch device (cuda on a GPU)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="local backend weights/activations: auto (bf16 where "
                                                    "the hardware has it, else float32), float32, bfloat16")
-    p.add_argument("--engine", default="torch", choices=["torch", "ctranslate2", "auto"],
+    p.add_argument("--engine", default="torch", choices=["torch", "ctranslate2", "llama.cpp", "auto"],
                    help="local backend generation engine: torch (transformers, the paper setup), "
                         "ctranslate2 (int8 weights, the ct2 extra; faster on CPUs without bf16; "
-                        "scoring stays in torch; see docs/deviations.md), auto (ctranslate2 on a CPU "
+                        "scoring stays in torch; see docs/deviations.md), llama.cpp (the GGUF itself, the "
+                        "llamacpp extra; the fastest single-stream on such CPUs), auto (ctranslate2 on a CPU "
                         "without AVX512-BF16 when it is installed, else torch)")
     p.add_argument("--max-new-tokens", type=positive_int, default=150, help="answer length cap (paper: 150)")
     p.add_argument("--call-timeout", type=positive_float, default=120.0,

@@ -21,6 +21,10 @@ removes where it matters: a prompt already answered for the same record is repla
     float32; scoring stays in torch. Its sampling is ctranslate2's, seeded per batch (a row's draws
     depend on its batch): pairing across systems is kept by the generation cache, whose key names
     the engine. ``engine="auto"`` picks it on such a CPU when ctranslate2 is installed.
+  - ``LlamaCppBackend`` (``engine="llama.cpp"``, the ``llamacpp`` extra): generation through llama.cpp
+    on the GGUF file itself (Q4_1 weights), for single-stream work on a CPU without bf16 (the fastest
+    engine there); paired sampling is the torch path's own sampler in NumPy, fed llama.cpp's logits;
+    scoring stays in torch.
   - ``OpenAIBackend``: any OpenAI-compatible HTTP server through the ``openai`` client. Base URL and
     key come from the environment (MDL_JAX_OPENAI_BASE_URL / OPENAI_BASE_URL, MDL_JAX_OPENAI_API_KEY /
     OPENAI_API_KEY) and are never written to records or logs. Timeouts, refused connections and 5xx
@@ -37,6 +41,7 @@ Where each piece lives (every name below is importable from ``mdl_jax.pipeline.g
   local.py          ``LocalBackend``: generate, score, token_logprobs, top_logprobs, prompt_logprobs
   ct2.py            ``CT2Backend`` (engine ctranslate2, int8), ``ct2_model`` (the converted-model cache),
                     ``resolve_engine``
+  llamacpp.py       ``LlamaCppBackend`` (engine llama.cpp, continuous batching in one llama.cpp context)
   openai_client.py  ``OpenAIBackend``: retries inside a time budget, errors that never show the key
   cache.py          ``GenerationCache`` (SQLite) and ``CachedBackend`` (replays an answered prompt)
 """
@@ -57,6 +62,8 @@ from mdl_jax.pipeline.generation.ct2 import CT2Backend as CT2Backend
 from mdl_jax.pipeline.generation.ct2 import ct2_available as ct2_available
 from mdl_jax.pipeline.generation.ct2 import ct2_model as ct2_model
 from mdl_jax.pipeline.generation.ct2 import resolve_engine as resolve_engine
+from mdl_jax.pipeline.generation.llamacpp import LlamaCppBackend as LlamaCppBackend
+from mdl_jax.pipeline.generation.llamacpp import llamacpp_available as llamacpp_available
 from mdl_jax.pipeline.generation.loading import _load_local as _load_local
 from mdl_jax.pipeline.generation.loading import _save_converted as _save_converted
 from mdl_jax.pipeline.generation.loading import auto_dtype as auto_dtype
@@ -71,17 +78,19 @@ from mdl_jax.pipeline.generation.sampling import row_seed as row_seed
 
 
 def make_backend(kind: str, model: str | None = None, *, engine: str = "torch",
-                 **kw) -> LocalBackend | CT2Backend | OpenAIBackend:
+                 **kw) -> LocalBackend | CT2Backend | LlamaCppBackend | OpenAIBackend:
     """The backend the command line's ``--backend`` names: ``local`` (``model`` defaults to the bundled
     SmolLM2) or ``openai`` (``model`` is the served model's name); ``kw`` go to its constructor.
     ``engine`` (local only, ``--engine``): ``torch`` (transformers, the paper setup), ``ctranslate2``
-    (``CT2Backend``, int8) or ``auto`` (ctranslate2 on a CPU without bf16 when it is installed)."""
+    (``CT2Backend``, int8), ``llama.cpp`` (``LlamaCppBackend``, the GGUF itself) or ``auto`` (ctranslate2 on a CPU without bf16 when it is installed)."""
     if kind == "local":
         eng = resolve_engine(engine, kw.get("device", "cpu"), kw.get("dtype", "auto"))
         if eng == "ctranslate2":
             if not ct2_available():
                 raise ValueError("engine: ctranslate2 is not installed (pip install 'mdl-jax[ct2]')")
             return CT2Backend(model or BUNDLED, **kw)
+        if eng == "llama.cpp":
+            return LlamaCppBackend(model or BUNDLED, **kw)
         return LocalBackend(model or BUNDLED, **kw)
     if engine != "torch":
         raise ValueError(f"engine: only the local backend has engines, got --engine {engine} with {kind!r}")

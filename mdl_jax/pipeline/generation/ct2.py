@@ -51,7 +51,7 @@ from mdl_jax.pipeline.generation.base import (
 )
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed
 
-ENGINES = ("torch", "ctranslate2", "auto")
+ENGINES = ("torch", "ctranslate2", "llama.cpp", "auto")
 _SEED_LOCK = threading.Lock()
 
 
@@ -63,8 +63,8 @@ def ct2_available() -> bool:
 
 
 def resolve_engine(engine: str, device: str = "cpu", dtype: str = "auto") -> str:
-    """The engine a local backend runs: ``torch`` (transformers, the paper setup), ``ctranslate2``, or
-    ``auto``: ctranslate2 where it pays, i.e. on a CPU without bf16 (``auto_dtype`` gives float32),
+    """The engine a local backend runs: ``torch`` (transformers, the paper setup), ``ctranslate2``,
+    ``llama.cpp`` (``LlamaCppBackend``: the fastest single-stream on a CPU without bf16), or ``auto``: ctranslate2 where it pays, i.e. on a CPU without bf16 (``auto_dtype`` gives float32),
     with no dtype asked for, and the ``ct2`` extra installed; else torch."""
     from mdl_jax.pipeline.generation.loading import auto_dtype
 

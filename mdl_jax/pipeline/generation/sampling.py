@@ -129,3 +129,68 @@ class _RowSampler:
             pick[rows] = idx_w.gather(1, race_w.argmax(-1, keepdim=True)).flatten()
         out[torch.arange(out.shape[0]), pick] = 0.0
         return out
+
+
+# -- the same sampler in NumPy, for engines whose logits arrive as arrays (llama.cpp) -----------------
+
+_U64 = ("0x9E3779B97F4A7C15", "0xD1B54A32D192ED03", "0x8CB92BA72F3D8DD7", "0xBF58476D1CE4E5B9",
+        "0x94D049BB133111EB")
+
+
+def _uniform_np(seeds, steps, tokens):
+    """``_uniform`` in NumPy: splitmix64 of (row seed, row step, token id) in uint64 arithmetic, which
+    wraps mod 2^64 as torch's int64 does, so the bits are the same. ``seeds`` and ``steps`` hold one
+    entry per row (rows of a continuously batched engine are at different steps), ``tokens`` (rows, k)."""
+    import numpy as np
+
+    c1, c2, c3, m1, m2 = (np.uint64(int(c, 16)) for c in _U64)
+    s = np.asarray(seeds, dtype=np.uint64)[:, None]
+    t = np.asarray(steps, dtype=np.uint64)[:, None]
+    with np.errstate(over="ignore"):
+        x = s * c1 + t * c2 + np.asarray(tokens).astype(np.uint64) * c3
+        x = (x ^ (x >> np.uint64(30))) * m1
+        x = (x ^ (x >> np.uint64(27))) * m2
+        x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def sample_rows(logits, seeds, steps, temperature: float, top_p: float, k: int = _RowSampler.K):
+    """One token per row of ``logits`` (rows, vocab), drawn as ``_RowSampler`` draws it: temperature,
+    the smallest top-p nucleus (searched in the top ``k``, a full sort only for a wider one), and the
+    exponential race on the counter-based noise of (row seed, row step, token id). Greedy
+    (argmax) when ``temperature`` is 0. Same algorithm and noise as the torch sampler, so equal
+    logits give the same token; logits equal up to float rounding flip a draw only at near-ties."""
+    import numpy as np
+
+    z = np.asarray(logits, dtype=np.float32)
+    if z.ndim != 2:
+        raise ValueError(f"logits: expected (rows, vocab), got shape {z.shape}")
+    if temperature <= 0:
+        return z.argmax(-1)
+    z = z / np.float32(temperature)
+    m = z.max(-1, keepdims=True)
+    w = z - m
+    np.exp(w, out=w)  # in place: at batch 32 × 49,152 tokens each full pass costs milliseconds
+    lse = m + np.log(w.sum(-1, keepdims=True, dtype=np.float32))
+    k = min(k, z.shape[-1])
+    part = np.argpartition(z, z.shape[-1] - k, axis=1)[:, -k:]
+    top = np.take_along_axis(z, part, 1)
+    order = np.argsort(-top, axis=1, kind="stable")  # sorted, descending (as torch.topk)
+    idx, top = np.take_along_axis(part, order, 1), np.take_along_axis(top, order, 1)
+    p = np.exp(top - lse)
+    before = np.cumsum(p, -1, dtype=np.float32) - p
+    keep = before < top_p  # mass before this token not yet ≥ top_p
+    wide = keep[:, -1] & (before[:, -1] + p[:, -1] < top_p)
+    seeds = np.asarray(seeds, dtype=np.uint64)
+    steps = np.asarray(steps, dtype=np.uint64)
+    e = -np.log(_uniform_np(seeds, steps, idx))
+    race = np.where(keep, p.astype(np.float64) / e, 0.0)
+    pick = idx[np.arange(len(z)), race.argmax(-1)]
+    for r in np.flatnonzero(wide):  # nucleus wider than k tokens: the full sort for that row
+        pf = np.exp(z[r] - lse[r])
+        si = np.argsort(-pf, kind="stable")
+        sp = pf[si]
+        n = int(((np.cumsum(sp, dtype=np.float32) - sp) < top_p).sum())
+        e_w = -np.log(_uniform_np(seeds[r:r + 1], steps[r:r + 1], si[None, :n]))[0]
+        pick[r] = si[int((sp[:n].astype(np.float64) / e_w).argmax())]
+    return pick

