@@ -148,3 +148,18 @@ def test_engine_choice_and_clear_errors(backend, tmp_path):
         LlamaCppBackend(device="cuda")
     with pytest.raises(ValueError, match=r"prompts\[0\]"):
         backend.generate_ids([[]], seed=0)
+
+
+def test_a_dropped_backend_frees_its_model(backend):
+    import gc
+    import weakref
+
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+
+    be = LlamaCppBackend(batch_size=1, max_new_tokens=2)
+    be.generate(PROMPTS[:1], seed=0)
+    fin = be._lm._finalizer
+    ref = weakref.ref(be._lm)
+    del be
+    gc.collect()
+    assert ref() is None and not fin.alive  # the llama.cpp model and context were freed

@@ -123,7 +123,9 @@ class _Model:
         self.threads = threads
         self.ctx = None
         self.rows = self.per_row = 0
-        self._finalizer = weakref.finalize(self, _free, llama_cpp, [self])
+        # the handles live in a box the finalizer holds (not self: that would keep self alive forever)
+        self._box = {"model": self.model, "ctx": None}
+        self._finalizer = weakref.finalize(self, _free, llama_cpp, self._box)
 
     def context(self, rows: int, per_row: int):
         """A context of at least ``rows`` sequences of ``per_row`` tokens each (kept if it suffices)."""
@@ -138,7 +140,7 @@ class _Model:
                              f"sequences at once, got {rows}")
         if self.ctx is not None:
             llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+            self.ctx = self._box["ctx"] = None
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = rows * per_row, N_BATCH, 512, rows
         cp.n_threads = cp.n_threads_batch = self.threads
@@ -147,15 +149,15 @@ class _Model:
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {rows} × {per_row} tokens")
         self.ctx, self.rows, self.per_row = ctx, rows, per_row
+        self._box["ctx"] = ctx
         return ctx
 
 
 def _free(llama_cpp, box):
-    m = box[0]
-    if m.ctx is not None:
-        llama_cpp.llama_free(m.ctx)
-    if m.model:
-        llama_cpp.llama_model_free(m.model)
+    if box["ctx"] is not None:
+        llama_cpp.llama_free(box["ctx"])
+    if box["model"]:
+        llama_cpp.llama_model_free(box["model"])
 
 
 class LlamaCppBackend:
