@@ -92,7 +92,10 @@ def test_greedy_text_does_not_depend_on_the_batch(backend):
 
     a = [g.text for g in backend.generate(PROMPTS, seed=0, temperature=0)]
     one = LlamaCppBackend(batch_size=1, max_new_tokens=12)
-    assert [g.text for g in one.generate(PROMPTS, seed=99, temperature=0)] == a
+    same = [g.text == t for g, t in zip(one.generate(PROMPTS, seed=99, temperature=0), a)]
+    # llama.cpp rounds another batch shape differently, so a greedy near-tie may flip on some CPU:
+    # all three were equal on the AVX2 build here (AMD EPYC); one flip is tolerated, not two
+    assert sum(same) >= 2, same
 
 
 def test_caps_stops_min_tokens_and_cancel(backend):
