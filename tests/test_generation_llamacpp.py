@@ -166,3 +166,16 @@ def test_a_dropped_backend_frees_its_model(backend):
     del be
     gc.collect()
     assert ref() is None and not fin.alive  # the llama.cpp model and context were freed
+
+
+def test_scoring_a_users_gguf_names_what_is_missing(backend, tmp_path):
+    import shutil
+
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+
+    own = tmp_path / "own.gguf"
+    shutil.copy(backend.path, own)
+    be = LlamaCppBackend(str(own), batch_size=1, max_new_tokens=2)
+    assert be.generate(PROMPTS[:1], seed=0, temperature=0)[0].text  # generation reads any GGUF
+    with pytest.raises(ValueError, match="scoring"):
+        be.score(PROMPTS[:1], ["yes", "no"])

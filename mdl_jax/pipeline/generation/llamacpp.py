@@ -209,8 +209,10 @@ class LlamaCppBackend:
         if self._scorer is None:
             from mdl_jax.pipeline.generation.local import LocalBackend
 
-            src = self.model if self.model == BUNDLED else str(self.path.parent)
-            self._scorer = LocalBackend(src, batch_size=self.batch_size, dtype=self.score_dtype,
+            if self.model != BUNDLED:  # a GGUF of the user's: transformers has no checkpoint of it here
+                raise ValueError(f"engine llama.cpp: scoring runs the torch model, which only the bundled "
+                                 f"GGUF has here; for {self.model!r} use --engine torch with its checkpoint")
+            self._scorer = LocalBackend(BUNDLED, batch_size=self.batch_size, dtype=self.score_dtype,
                                         max_new_tokens=self.max_new_tokens)
         return self._scorer
 
