@@ -5,9 +5,11 @@
     LlamaCppBackend(model="bundled:smollm2", batch_size=32).generate(prompts, seed=..., max_new_tokens=150)
 
 Why: on a CPU without AVX512-BF16 the torch path runs SmolLM2 in float32, and of the engines a user
-would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest in both modes
-(``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores: 75.6 tokens/s
-single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; 113 batched against 104 and 123).
+would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest peer in both modes
+(``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores, 2026-12-02: 75.6 tokens/s
+single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; batched 113 against ctranslate2's
+104, while torch float32 batched reached 123). This engine is the single-stream choice; ``auto`` does not
+pick it (docs/deviations.md).
 
 How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
 
