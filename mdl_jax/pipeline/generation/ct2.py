@@ -30,7 +30,6 @@ What changes against ``LocalBackend`` (docs/deviations.md, "Generation engine"):
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 import threading
@@ -49,6 +48,7 @@ from mdl_jax.pipeline.generation.base import (
     Generation,
     per_prompt_limits,
 )
+from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed
 
 ENGINES = ("torch", "ctranslate2", "llama.cpp", "auto")
@@ -64,7 +64,8 @@ def ct2_available() -> bool:
 
 def resolve_engine(engine: str, device: str = "cpu", dtype: str = "auto") -> str:
     """The engine a local backend runs: ``torch`` (transformers, the paper setup), ``ctranslate2``,
-    ``llama.cpp`` (``LlamaCppBackend``: the fastest single-stream on a CPU without bf16), or ``auto``: ctranslate2 where it pays, i.e. on a CPU without bf16 (``auto_dtype`` gives float32),
+    ``llama.cpp`` (``LlamaCppBackend``: the fastest single-stream on a CPU without bf16), or
+    ``auto``: ctranslate2 where it pays, i.e. on a CPU without bf16 (``auto_dtype`` gives float32),
     with no dtype asked for, and the ``ct2`` extra installed; else torch."""
     from mdl_jax.pipeline.generation.loading import auto_dtype
 
@@ -145,7 +146,7 @@ def _call_seed(row_seeds: Sequence[int]) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
-class CT2Backend:
+class CT2Backend(TorchScoring):
     """Sampled generation through CTranslate2 (int8 weights) on this CPU; scoring through torch.
 
     Same interface as ``LocalBackend``: ``generate``, ``score``, ``token_logprobs``, ``top_logprobs``,
@@ -168,8 +169,7 @@ class CT2Backend:
         self.device = device
         self.dtype = compute_type
         self.compute_type = compute_type
-        self.threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                   else (os.cpu_count() or 1))
+        self.threads = threads or cpu_threads()
         # scoring goes through torch: in the dtype asked for (``dtype``), else what the CPU computes natively
         self.score_dtype = score_dtype or dtype
         import ctranslate2
@@ -181,7 +181,6 @@ class CT2Backend:
         self.calls = self.failed_calls = 0
         self._files: dict[str, bytes] | None = None
         self._tok = None
-        self._scorer = None
 
     # -- the model ----------------------------------------------------------------------------------
 
@@ -203,17 +202,6 @@ class CT2Backend:
         return ctranslate2.Generator("mdl-ct2", files=self._files, device="cpu", compute_type=self.compute_type,
                                      inter_threads=1, intra_threads=self.threads)
 
-    def _local(self):
-        if self._scorer is None:
-            from mdl_jax.pipeline.generation.local import LocalBackend
-
-            self._scorer = LocalBackend(self.model, batch_size=self.batch_size, dtype=self.score_dtype,
-                                        max_new_tokens=self.max_new_tokens)
-        return self._scorer
-
-    @property
-    def score_seconds(self) -> float:
-        return self._scorer.score_seconds if self._scorer is not None else 0.0
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -224,9 +212,7 @@ class CT2Backend:
         ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt;
         ``on_token(i, token_id)`` a true return ends prompt i's text at that token)."""
         tok = self._load()
-        texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                 for p in prompts]
-        ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        ids = prompt_ids(tok, prompts)
         seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
         return self._generate_ids(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
 
@@ -291,20 +277,6 @@ class CT2Backend:
                     text = text[:hit]
                 out[i] = Generation(text.strip(), k, prompt_tokens=len(ids[i]), finish_reason=reason)
         return out
-
-    # -- scoring: the torch backend on the same model ------------------------------------------------
-
-    def score(self, prompts: Sequence[Chat], options) -> list[list[float]]:
-        return self._local().score(prompts, options)
-
-    def token_logprobs(self, prompts: Sequence[Chat], answers: Sequence[str]) -> list[dict]:
-        return self._local().token_logprobs(prompts, answers)
-
-    def top_logprobs(self, prompt: Chat, k: int = 20, reply: str | None = None):
-        return self._local().top_logprobs(prompt, k, reply)
-
-    def prompt_logprobs(self, text: str, k: int = 0):
-        return self._local().prompt_logprobs(text, k)
 
 
 STEP_OVERHEAD = 4.0  # one decoding step's cost at batch b ~ STEP_OVERHEAD + b (in one row's cost)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import threading
 import time
 import weakref
@@ -59,6 +58,7 @@ from mdl_jax.pipeline.generation.base import (
     Generation,
     per_prompt_limits,
 )
+from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed, sample_rows
 
 N_BATCH = 1024  # tokens per llama_decode call (prefill chunks; a decode step is batch_size tokens)
@@ -123,11 +123,14 @@ class _Model:
         self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         self.threads = threads
-        self.ctx = None
         self.rows = self.per_row = 0
         # the handles live in a box the finalizer holds (not self: that would keep self alive forever)
         self._box = {"model": self.model, "ctx": None}
         self._finalizer = weakref.finalize(self, _free, llama_cpp, self._box)
+
+    @property
+    def ctx(self):
+        return self._box["ctx"]
 
     def context(self, rows: int, per_row: int):
         """A context of at least ``rows`` sequences of ``per_row`` tokens each (kept if it suffices)."""
@@ -142,7 +145,7 @@ class _Model:
                              f"sequences at once, got {rows}")
         if self.ctx is not None:
             llama_cpp.llama_free(self.ctx)
-            self.ctx = self._box["ctx"] = None
+            self._box["ctx"] = None
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = rows * per_row, N_BATCH, 512, rows
         cp.n_threads = cp.n_threads_batch = self.threads
@@ -150,8 +153,7 @@ class _Model:
         ctx = llama_cpp.llama_init_from_model(self.model, cp)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {rows} × {per_row} tokens")
-        self.ctx, self.rows, self.per_row = ctx, rows, per_row
-        self._box["ctx"] = ctx
+        self._box["ctx"], self.rows, self.per_row = ctx, rows, per_row
         return ctx
 
 
@@ -162,7 +164,7 @@ def _free(llama_cpp, box):
         llama_cpp.llama_model_free(box["model"])
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(TorchScoring):
     """Sampled generation through llama.cpp on a GGUF file, paired sampling as ``LocalBackend``'s;
     scoring through torch. Same interface as ``LocalBackend`` (and ``CT2Backend``'s
     ``min_new_tokens``: the end of text is suppressed before it)."""
@@ -189,8 +191,7 @@ class LlamaCppBackend:
         self.device = device
         self.dtype = "gguf"
         self.score_dtype = score_dtype or dtype
-        self.threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                   else (os.cpu_count() or 1))
+        self.threads = threads or cpu_threads()
         self.model_id = (BUNDLED_ID if model == BUNDLED else str(path)) + f" [llama.cpp {llama_cpp.__version__}]"
         self.tokens_generated = 0
         self.seconds = 0.0
@@ -198,7 +199,6 @@ class LlamaCppBackend:
         self._lm: _Model | None = None
         self._tok = None
         self._eos: set[int] = set()
-        self._scorer = None
         self._lock = threading.Lock()
 
     def _load(self):
@@ -207,20 +207,11 @@ class LlamaCppBackend:
             self._lm = _Model(self.path, self.threads)
         return self._tok, self._lm
 
-    def _local(self):
-        if self._scorer is None:
-            from mdl_jax.pipeline.generation.local import LocalBackend
-
-            if self.model != BUNDLED:  # a GGUF of the user's: transformers has no checkpoint of it here
-                raise ValueError(f"engine llama.cpp: scoring runs the torch model, which only the bundled "
-                                 f"GGUF has here; for {self.model!r} use --engine torch with its checkpoint")
-            self._scorer = LocalBackend(BUNDLED, batch_size=self.batch_size, dtype=self.score_dtype,
-                                        max_new_tokens=self.max_new_tokens)
-        return self._scorer
-
-    @property
-    def score_seconds(self) -> float:
-        return self._scorer.score_seconds if self._scorer is not None else 0.0
+    def _scoring_model(self) -> str:
+        if self.model != BUNDLED:  # a GGUF of the user's: transformers has no checkpoint of it here
+            raise ValueError(f"engine llama.cpp: scoring runs the torch model, which only the bundled "
+                             f"GGUF has here; for {self.model!r} use --engine torch with its checkpoint")
+        return BUNDLED
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -231,9 +222,7 @@ class LlamaCppBackend:
         ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt, the
         text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
         tok, _ = self._load()
-        texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                 for p in prompts]
-        ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        ids = prompt_ids(tok, prompts)
         seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
         return self._generate(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
 
@@ -361,17 +350,3 @@ class LlamaCppBackend:
         finally:
             llama_cpp.llama_batch_free(batch)
         return out
-
-    # -- scoring: the torch backend on the same model ------------------------------------------------
-
-    def score(self, prompts: Sequence[Chat], options) -> list[list[float]]:
-        return self._local().score(prompts, options)
-
-    def token_logprobs(self, prompts: Sequence[Chat], answers: Sequence[str]) -> list[dict]:
-        return self._local().token_logprobs(prompts, answers)
-
-    def top_logprobs(self, prompt: Chat, k: int = 20, reply: str | None = None):
-        return self._local().top_logprobs(prompt, k, reply)
-
-    def prompt_logprobs(self, text: str, k: int = 0):
-        return self._local().prompt_logprobs(text, k)

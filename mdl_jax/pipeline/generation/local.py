@@ -436,3 +436,55 @@ def _plain_head(lm) -> bool:
     """Whether the model is a body (``.model``) plus a vocabulary projection (``.lm_head``), as causal
     LMs in transformers are (Llama, SmolLM2, Qwen, Gemma, ...); else ``top_logprobs`` uses its logits."""
     return hasattr(lm, "model") and hasattr(lm, "lm_head")
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def prompt_ids(tok, prompts: Sequence[Chat]) -> list[list[int]]:
+    """The torch path's token ids of each prompt: a chat rendered with the tokenizer's chat template
+    (generation prompt added), a raw string as it is; no special tokens added (the template has them)."""
+    texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    return [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+class TorchScoring:
+    """Scoring for the engines that only generate (``CT2Backend``, ``LlamaCppBackend``): label scores and
+    teacher-forced log-probabilities are not generation, so they go to a ``LocalBackend`` on the same
+    model (torch, in ``score_dtype``), made on first use. ``_scoring_model`` names that model."""
+
+    model: str
+    batch_size: int
+    score_dtype: str
+    max_new_tokens: int
+    _scorer: LocalBackend | None = None
+
+    def _scoring_model(self) -> str:
+        return self.model
+
+    def _local(self) -> LocalBackend:
+        if self._scorer is None:
+            self._scorer = LocalBackend(self._scoring_model(), batch_size=self.batch_size, dtype=self.score_dtype,
+                                        max_new_tokens=self.max_new_tokens)
+        return self._scorer
+
+    @property
+    def score_seconds(self) -> float:
+        return self._scorer.score_seconds if self._scorer is not None else 0.0
+
+    def score(self, prompts: Sequence[Chat], options) -> list[list[float]]:
+        return self._local().score(prompts, options)
+
+    def token_logprobs(self, prompts: Sequence[Chat], answers: Sequence[str]) -> list[dict]:
+        return self._local().token_logprobs(prompts, answers)
+
+    def top_logprobs(self, prompt: Chat, k: int = 20, reply: str | None = None):
+        return self._local().top_logprobs(prompt, k, reply)
+
+    def prompt_logprobs(self, text: str, k: int = 0):
+        return self._local().prompt_logprobs(text, k)
