@@ -44,11 +44,12 @@ from tests.reference import NumpyMDL
 
 # Floating-point operations per record of the kernel's arithmetic (decide_cpu.cc) with every switch on
 # (the default config), an FMA counted as 2, min/max/sub/div/sqrt as 1, integer bit tricks and
-# selects not at all: the value encoding 48 × (Gaussian 5 + exp 22 + add 1), g_A 19, the fusion
-# 256 × 6 (two products, an FMA chain and a sum) + 16 × 2, tanh 16 × (odd polynomial 12 + exp 24 and
-# 4 for 1 - 2/(e + 1)), norms and α 101, read-out 10, Lemma 1 energies 256 × 2 + 16 × 2.
-FLOP_PER_RECORD = {"value_encoding": 48 * 28, "g_A": 19, "fusion": 256 * 6 + 16 * 2, "tanh": 16 * 40,
-                   "norms_alpha": 101, "readout": 10, "energies": 256 * 2 + 16 * 2}
+# selects not at all: the value encoding 48 × (Gaussian exponent 4 + 2^t 16 + add 1), g_A 19, the
+# structured fusion (since issue 25: y = Q_kᵀ v_k 256 FMAs, its 16 + 5 scalings, the ε_c term 16 × 5,
+# u = Σ q_i y_i 256 FMAs), tanh 16 × (odd polynomial 12 + exponent 2 + 2^t 16 + 4 for 1 - 2/(e + 1)),
+# norms and α 101, read-out 10, Lemma 1 energies 256 × 2 + 16 × 2.
+FLOP_PER_RECORD = {"value_encoding": 48 * 21, "g_A": 19, "fusion": 256 * 2 + 21 + 16 * 5 + 256 * 2,
+                   "tanh": 16 * 34, "norms_alpha": 101, "readout": 10, "energies": 256 * 2 + 16 * 2}
 FMA_UNITS = 2  # FMA pipes per core on the CPUs discussed (Intel Xeon since Skylake-SP Gold, AMD Zen 3)
 FLAGS_SHOWN = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
                "avx512_fp16", "amx_tile")

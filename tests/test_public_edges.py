@@ -165,7 +165,7 @@ def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_boots
 
 
 def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(monkeypatch):
-    # A 10^5-config gate grid held (K, 1066) packed params and (K, 3, 16, 16) weight matrices at once
+    # A 10^5-config gate grid held (K, 1085) packed params and (K, 3, 16, 16) weight matrices at once
     # (750 MB for 10 records); now packed _PACK_CHUNK configs at a time. Chunks of 3 here, so fusion
     # groups (σ) span chunk ends and recur in later chunks: the sums must not change.
     from mdl_jax.controller import native

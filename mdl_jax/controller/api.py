@@ -164,7 +164,7 @@ _supported_plan_cached = functools.lru_cache(maxsize=64)(_supported_plan)
 
 @functools.cache
 def _native_scalar(flags: int, dims: tuple[int, int, int]):
-    # One program per static structure; the numbers arrive as the (1066,) params argument.
+    # One program per static structure; the numbers arrive as the (1085,) params argument.
     return jax.jit(lambda x, params: _native_shaped(x[0], x[1], x[2], params, flags, dims))
 
 

@@ -348,6 +348,7 @@ def _register(lib, decide_target: str, sweep_target: str) -> None:
     lib.MdlSetMaxThreads(usable_cpus())
 
 
+PARAMS = 1085  # floats in one packed config (decide_cpu.cc: Params)
 SMALL_CALL = 2048  # decide_cpu.cc: kChunk, the largest call the kernel runs inline on the caller's thread
 
 
@@ -540,11 +541,14 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     # see as a crash on valid input.
     with np.errstate(over="ignore", divide="ignore"):
         inv = f(1.0) / (f(2.0) * sigma * sigma)
+    # The kernel's structured fusion (decide_cpu.cc: fuse): W_k = ε_c I + (s_k - ε_c) Π_k, with s_k - ε_c
+    # per basis coordinate of subspace k, and the dims (exact small integers in float32).
+    coef = np.repeat(gains - f(cfg.eps_c), cfg.dims)
     parts = [centres, [inv], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
              np.asarray(cfg.gate_coeffs, f), np.asarray(cfg.thresholds, f), [f(cfg.n_min), f(cfg.n_max)],
-             np.asarray(cfg.basis, f).ravel()]
+             np.asarray(cfg.basis, f).ravel(), coef, [f(cfg.eps_c), f(cfg.dims[0]), f(cfg.dims[1])]]
     out = np.concatenate([np.asarray(p, f).ravel() for p in parts])
-    assert out.size == 1066, out.size
+    assert out.size == PARAMS, out.size
     out.setflags(write=False)
     return out
 
@@ -582,7 +586,7 @@ _FUSION_END = 16 + 1 + 3 * 16 * 16 + 16 + 2   # centres, 1/(2σ²), W, bias, g_A
 
 
 def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
-    """A batch of K configs (leaves with leading axis K) as (K, 1066) ``params`` rows: each row the
+    """A batch of K configs (leaves with leading axis K) as (K, PARAMS) ``params`` rows: each row the
     same float32 bits ``pack`` gives that config alone (the same element-wise float32 arithmetic)."""
     f = np.float32
     D = cfg.D
@@ -595,11 +599,13 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
     with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``_pack_uncached``
         inv = f(1.0) / (f(2.0) * sigma * sigma)
+    coef = np.repeat(col("gains", 3) - col("eps_c", 1), cfg.dims, axis=1)
     parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
              bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
-             col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D))]
+             col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D)), coef,
+             col("eps_c", 1), np.broadcast_to(np.asarray(cfg.dims[:2], f), (K, 2))]
     out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
-    assert out.shape == (K, 1066), out.shape
+    assert out.shape == (K, PARAMS), out.shape
     return out
 
 
@@ -674,7 +680,7 @@ def _split_weights(M, R, A, adopt, w, dedup: bool):
     return M, R, A, np.stack([np.where(lab, w, zero), np.where(lab, zero, w)])
 
 
-# Configs packed at a time by sweep_engine (memory: this many (1066,) float32 rows and weight matrices).
+# Configs packed at a time by sweep_engine (memory: this many (1085,) float32 rows and weight matrices).
 _PACK_CHUNK = 4096
 
 
@@ -691,7 +697,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, variant: str | None = None):
     if not (enabled() and load()):
         raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
     target = SWEEP_TARGET if variant is None else load_variant(variant)["sweep"]
-    # Packed a chunk of configs at a time: the full (K, 1066) params of a 10^6-config gate grid were
+    # Packed a chunk of configs at a time: the full (K, 1085) params of a 10^6-config gate grid were
     # 4 GB (and their (K, 3, 16, 16) weight matrices 3 GB more) where the kernel needs one fusion row
     # per group and an 8-float read-out row per config. Group by the fusion numbers' bytes (a dict:
     # np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441).

@@ -10,8 +10,10 @@
 // It computes exactly what mdl_jax/controller/decision.py:decide_one computes, for D = 16 and any numeric config
 // and ablation switches; the Python side (mdl_jax/controller/native.py) packs the config into `params` with the
 // same float32 arithmetic as weight_matrices(), and tests/test_native.py checks parity with the pure-JAX
-// path. exp and tanh are Cephes-style polynomials (≈1 ulp) so the loops vectorise without libmvec or
-// -ffast-math; they differ from XLA's own approximations by a few ulp.
+// path. 2^x and tanh are polynomials (≈1 ulp; see exp2_v) so the loops vectorise without libmvec or
+// -ffast-math; they differ from XLA's own approximations by a few ulp. With orthogonal subspaces the
+// fusion uses the projectors' structure (fuse), which rounds differently from the dense W_k of
+// decide_one: outputs agree to ~2e-7 of their scale (tests/test_native.py checks ≤ 2e-6).
 //
 // The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
 // weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
@@ -73,9 +75,12 @@ struct Params {
   float theta[3];
   float n_min, n_max;
   float Q[D][D];         // basis Q[j][i]: coordinate i of v is Σ_j Q[j][i] v[j]
+  float coef[D];         // s_k - ε_c for the subspace k that basis vector i spans (see fuse)
+  float eps_c;           // ε_c
+  float d_wm, d_r;       // the subspace dims as floats (exact), for the sweep (decide has them as attrs)
 };
 constexpr int64_t kParams = sizeof(Params) / sizeof(float);
-static_assert(sizeof(Params) == 1066 * sizeof(float), "Params must be packed floats");
+static_assert(sizeof(Params) == 1085 * sizeof(float), "Params must be packed floats");
 
 // Ablation switches (bit flags; mdl_jax/controller/native.py:_flags).
 constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
@@ -119,35 +124,40 @@ inline vf gate_v(vf C, float g_a, float g_b, vf alpha) {
   return C * (g_a + p);
 }
 
-// exp for float32 (Cephes expf): n = round(x / ln2) by the 1.5·2^23 trick, r = x - n ln2 in two parts,
-// degree-6 polynomial, scale by 2^n through the exponent bits; ≈1 ulp. Input clamped to
-// [-87.34, 88] so that -126 ≤ n ≤ 127 and the exponent bits stay finite (no inf/NaN). The kernel only
-// needs x ≤ 0 (Gaussians) and e^{2|z|} inside tanh, where anything above e^88 already gives ±1.
-inline vf exp_v(vf x) {
-  x = vmax(vmin(x, splat(88.0f)), splat(-87.33654f));
-  const vf magic = splat(12582912.0f);
-  vf n = (x * 1.44269504088896341f + magic) - magic;
-  vf r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * (vf)e;  // a cast between same-size vector types reinterprets the bits
+// 2^t for float32, t in [-126, 126] (callers clamp): t = n + f with n = round(t) and |f| ≤ 1/2 by the
+// 1.5·2^23 trick, a degree-6 polynomial for 2^f (a relative fit, 3e-9 in exact arithmetic; ≈1 ulp in
+// float32), scaled by 2^n through the exponent bits. Why 2^t and not Cephes' e^x (which this kernel
+// used until issue 25): the callers fold log2(e) into a constant they multiply by anyway, and with the
+// bias 127 inside the magic number the exponent bits are one shift of the rounded sum, so 11 vector
+// operations instead of 17 (64 of them per record: the largest block of work after the fusion).
+// Folding log2(e) moves t by an ulp of |t|, a relative error ≤ 2^-24·|t|·ln 2 of 2^t, i.e. an
+// absolute error below 3e-8 for the Gaussians (2^t·|t| ≤ 0.54) and the tanh (see tanh_v).
+inline vf exp2_v(vf t) {
+  const float kMagic = 12583039.0f;  // 1.5·2^23 + 127: tm's low mantissa bits are round(t) + 127
+  const vf tm = t + kMagic;
+  const vf f = t - (tm - kMagic);    // exact: tm - kMagic is round(t)
+  vf p = splat(1.5345812e-4f);
+  p = p * f + 1.3399931e-3f;
+  p = p * f + 9.6184891e-3f;
+  p = p * f + 5.5503286e-2f;
+  p = p * f + 2.4022646e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.0f;
+  const vi e = (vi)tm << 23;         // (round(t) + 127) << 23: the bits of 2^round(t)
+  return p * (vf)e;                  // a cast between same-size vector types reinterprets the bits
 }
 
 // tanh for float32 (Cephes tanhf): odd polynomial below |x| = 0.625 (no cancellation near 0),
-// 1 - 2/(e^{2|x|} + 1) above, sign restored; both computed, then selected.
+// 1 - 2/(e^{2|x|} + 1) above, sign restored; both computed, then selected. e^{2|x|} = 2^{2|x|·log2 e},
+// clamped to 2^126, where 1 - 2/(e + 1) is already 1. The polynomial is 5% of the kernel's time, and
+// needed: without it tanh is accurate to an ulp of 1, not of tanh x, and α (a cosine, so blind to
+// scale) moved by 3e-6 for configs whose v_meta is small (small gains, narrow σ).
 inline vf tanh_v(vf x) {
   vf ax = x < 0.0f ? -x : x;
   vf z = x * x;
   vf small = ((((z * -5.70498872745e-3f + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
                1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-  vf big = 1.0f - 2.0f / (exp_v(ax + ax) + 1.0f);
+  vf big = 1.0f - 2.0f / (exp2_v(vmin(ax * 2.88539008178f, splat(126.0f))) + 1.0f);
   big = x < 0.0f ? -big : big;
   return ax < 0.625f ? small : big;
 }
@@ -203,6 +213,25 @@ struct Outputs {
   float *C, *alpha, *C_final, *v_meta, *energies, *norm, *g_A;
 };
 
+// What a call derives from its Params once, before any record: the basis in every lane, and the
+// Gaussians' constant. Why a splatted copy: AVX2 has no broadcast memory operand (AVX-512 has), so
+// every Q[j][i]·v took a vbroadcastss and an FMA, 1,195 broadcasts of the 5,783 instructions a block
+// of 8 records ran (callgrind, issue 25); from a splatted copy each is one FMA with a memory operand.
+// 8 KiB (AVX2) or 16 KiB (AVX-512), in L1 while the call's records stream past.
+struct Prep {
+  vf Q[D][D];  // Q[j][i] in every lane
+  float k2;    // -log2(e) / (2σ²): the Gaussians are 2^(k2·d²)
+  int d_wm, d_r;  // coordinates [0, d_wm): memory subspace (g_A scales it), [d_wm, d_wm + d_r): reliability
+};
+
+inline void prepare(const Params& P, Prep& q) {
+  for (int j = 0; j < D; ++j)
+    for (int i = 0; i < D; ++i) q.Q[j][i] = splat(P.Q[j][i]);
+  q.k2 = -P.inv_two_sigma2 * 1.44269504088896341f;
+  q.d_wm = static_cast<int>(P.d_wm);
+  q.d_r = static_cast<int>(P.d_r);
+}
+
 // Stages 1-4 up to the read-out for L records in lanes (`s`: M, R, A; the risk is inverted here when
 // the switch is on): v_meta, ‖v_meta‖² and ‖v_meta‖, α and g_A. Shared by decide and the sweep, so both
 // compute the same bits.
@@ -211,20 +240,27 @@ struct Fused {
   vf sq, n, alpha, gA;
 };
 
-__attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, vf s[3], Fused& f) {
+__attribute__((always_inline)) inline void fuse(const Params& P, const Prep& q, int64_t flags, vf s[3],
+                                                Fused& f) {
   if (flags & kRiskInversion) s[2] = 1.0f - s[2];
 
-  // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²).
+  // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²), as 2^(k2·d²) (see exp2_v). The
+  // clamp at 2^-126 keeps the exponent bits finite (σ small, or an unvalidated s far outside [0, 1])
+  // and turns a NaN signal into a finite number (such lanes are Opt-Out, see decide_block).
   vf v[3][D];
-  for (int k = 0; k < 3; ++k)
-    for (int j = 0; j < D; ++j) {
-      if (flags & kValueEncoding) {
-        vf d = s[k] - P.centres[j];
-        v[k][j] = s[k] + exp_v(-(d * d) * P.inv_two_sigma2);
-      } else {
-        v[k][j] = s[k];
+  if (flags & kValueEncoding) {
+    const vf k2 = splat(q.k2), lo = splat(-126.0f);
+    for (int k = 0; k < 3; ++k) {
+#pragma GCC unroll 16
+      for (int j = 0; j < D; ++j) {
+        const vf d = s[k] - P.centres[j];
+        v[k][j] = s[k] + exp2_v(vmax((d * d) * k2, lo));
       }
     }
+  } else {
+    for (int k = 0; k < 3; ++k)
+      for (int j = 0; j < D; ++j) v[k][j] = s[k];
+  }
   // Risk gain from the (inverted) risk encoding.
   vf gA = splat(1.0f);
   if (flags & kRiskModulation) {
@@ -233,26 +269,63 @@ __attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, 
     gA = P.gA_a + P.gA_b * (acc / float(D));
   }
   // Stages 2-3, fusion: v_meta = tanh(g_A W_wm v_wm + W_r v_r + W_a v_a + b).
-  // kIB outputs at a time: each output's two sums are serial chains of 16 FMA/adds (4-cycle
-  // latency each), and one output at a time left the core waiting on them (on AVX2, with 8 lanes,
-  // the whole kernel was latency-bound). kIB independent pairs of chains keep the FMA units busy and
-  // load each v[k][j] once per kIB outputs. Every output's arithmetic, and its order, is unchanged.
   vf* vm = f.vm;
-  for (int i0 = 0; i0 < D; i0 += kIB) {
-    vf t0[kIB], t12[kIB];
-    for (int b = 0; b < kIB; ++b) {
-      t0[b] = splat(0.0f);
-      t12[b] = splat(P.bias[i0 + b]);
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < D; ++j) {
-      const vf a = v[0][j], r = v[1][j], q = v[2][j];
+  if (flags & kQR) {
+    // With orthogonal subspaces Σ_k Π_k = I, so eq. (1) is W_k = ε_c I + (s_k - ε_c) Π_k, and with
+    // Π_k = Σ_{i in k} q_i q_iᵀ (q_i: basis column i)
+    //   u = ε_c (g_A v_wm + v_r + v_a) + Σ_i q_i y_i,  y_i = c_k (s_k - ε_c) (q_iᵀ v_k), k the subspace of i,
+    // (c = g_A for the memory pathway, 1 for the others): 2·16² FMAs where the dense W_k took 3·16²,
+    // the same map up to float32 rounding (the dense product rounds ΣΠ; parity with decide_one is
+    // tested). kIB outputs at a time: independent FMA chains (4-cycle latency each) keep both FMA
+    // units busy, and each operand is loaded once per kIB outputs.
+    const int e1 = q.d_wm, e2 = q.d_wm + q.d_r;
+    vf y[D];
+    for (int i0 = 0; i0 < D; i0 += kIB) {
+      vf t[kIB];
+      const vf* src[kIB];
       for (int b = 0; b < kIB; ++b) {
-        t0[b] += P.W[0][i0 + b][j] * a;
-        t12[b] += P.W[1][i0 + b][j] * r + P.W[2][i0 + b][j] * q;
+        const int i = i0 + b;
+        t[b] = splat(0.0f);
+        src[b] = v[i < e1 ? 0 : i < e2 ? 1 : 2];
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < D; ++j)
+        for (int b = 0; b < kIB; ++b) t[b] += q.Q[j][i0 + b] * src[b][j];
+      for (int b = 0; b < kIB; ++b) {
+        const int i = i0 + b;
+        y[i] = i < e1 ? (gA * P.coef[i]) * t[b] : P.coef[i] * t[b];
       }
     }
-    for (int b = 0; b < kIB; ++b) vm[i0 + b] = gA * t0[b] + t12[b];
+    for (int m0 = 0; m0 < D; m0 += kIB) {
+      vf t[kIB];
+      for (int b = 0; b < kIB; ++b) {
+        const int m = m0 + b;
+        t[b] = P.eps_c * (gA * v[0][m] + (v[1][m] + v[2][m])) + P.bias[m];
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < D; ++i)
+        for (int b = 0; b < kIB; ++b) t[b] += q.Q[m0 + b][i] * y[i];
+      for (int b = 0; b < kIB; ++b) vm[m0 + b] = t[b];
+    }
+  } else {
+    // Identity "subspaces" (ablation): the dense W_k (here (s_k + 2ε_c) I), one output column at a
+    // time as before.
+    for (int i0 = 0; i0 < D; i0 += kIB) {
+      vf t0[kIB], t12[kIB];
+      for (int b = 0; b < kIB; ++b) {
+        t0[b] = splat(0.0f);
+        t12[b] = splat(P.bias[i0 + b]);
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < D; ++j) {
+        const vf a = v[0][j], r = v[1][j], w = v[2][j];
+        for (int b = 0; b < kIB; ++b) {
+          t0[b] += P.W[0][i0 + b][j] * a;
+          t12[b] += P.W[1][i0 + b][j] * r + P.W[2][i0 + b][j] * w;
+        }
+      }
+      for (int b = 0; b < kIB; ++b) vm[i0 + b] = gA * t0[b] + t12[b];
+    }
   }
   for (int i = 0; i < D; ++i) vm[i] = tanh_v(vm[i]);  // independent: they overlap
   // Stage 4, read-out (eq. 2): the norms and α.
@@ -275,7 +348,7 @@ __attribute__((always_inline)) inline void fuse(const Params& P, int64_t flags, 
 
 // One block of up to L records starting at `base`: records across the lanes, so every arithmetic
 // line below is one SIMD instruction for L records.
-void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
+void decide_block(const Params& P, const Prep& q, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
                   const float* Ap, int64_t base, int cnt, const Outputs& o) {
   vf s[3];
   if (cnt == L) {
@@ -292,7 +365,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
     }
   }
   Fused f;
-  fuse(P, flags, s, f);
+  fuse(P, q, flags, s, f);
   const vf* vm = f.vm;
   const vf sq = f.sq, n = f.n, gA = f.gA;
   const vf zero = splat(0.0f), one = splat(1.0f);
@@ -303,7 +376,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
   // A NaN signal is Opt-Out, as on the pure-JAX path (where NaN reaches C_final and fails every
-  // threshold). Here exp_v's clamp and tanh_v's select turn NaN into finite numbers before C_final,
+  // threshold). Here the clamps before exp2_v and tanh_v's select turn NaN into finite numbers before C_final,
   // so the lanes are caught at the input (decide(..., validate=False) documents this promise).
   act = (s[0] != s[0]) | (s[1] != s[1]) | (s[2] != s[2]) ? vi{} + 3 : act;
 
@@ -318,7 +391,7 @@ void decide_block(const Params& P, int64_t flags, int d_wm, int d_r, const float
       for (int b = 0; b < kIB; ++b) t[b] = zero;
 #pragma GCC unroll 16
       for (int j = 0; j < D; ++j)
-        for (int b = 0; b < kIB; ++b) t[b] += P.Q[j][i0 + b] * vm[j];
+        for (int b = 0; b < kIB; ++b) t[b] += q.Q[j][i0 + b] * vm[j];
       for (int b = 0; b < kIB; ++b) c[i0 + b] = t[b];
     }
     const int edges[4] = {0, d_wm, d_wm + d_r, D};
@@ -527,6 +600,10 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
     return ffi::Error::InvalidArgument("mdl_decide_f32: bad subspace dims");
 
   const Params& P = *reinterpret_cast<const Params*>(params.typed_data());
+  if (P.d_wm != float(d_wm) || P.d_r != float(d_r))
+    return ffi::Error::InvalidArgument("mdl_decide_f32: params were packed for other subspace dims");
+  Prep q;
+  prepare(P, q);
   const Outputs o{action->typed_data(), C->typed_data(),        alpha->typed_data(),
                   C_final->typed_data(), v_meta->typed_data(), energies->typed_data(),
                   norm->typed_data(),    g_A->typed_data()};
@@ -534,7 +611,7 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
   const int dwm = static_cast<int>(d_wm), dr = static_cast<int>(d_r);
   auto records = [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; b += L)
-      decide_block(P, flags, dwm, dr, Mp, Rp, Ap, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
+      decide_block(P, q, flags, dwm, dr, Mp, Rp, Ap, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
   };
   if (n <= kChunk) {
     // Small calls (one record up to one chunk) run inline: no shared state, no pool, no locks.
@@ -639,6 +716,8 @@ struct SweepArgs {
 void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64_t lo, int64_t hi,
                 double* out) {
   const Params& P = a.groups[g];
+  Prep q;  // per item: ~0.1 µs against the item's thousands of records
+  prepare(P, q);
   const int64_t W = a.W;
   const bool gating = a.flags & kAlphaGating;
   constexpr int kB = kSweepSub / L;
@@ -666,7 +745,7 @@ void sweep_item(const SweepArgs& a, int64_t g, int64_t k_lo, int64_t k_hi, int64
         }
       }
       Fused f;
-      fuse(P, a.flags, s, f);
+      fuse(P, q, a.flags, s, f);
       nb[b] = f.n;
       ab[b] = f.alpha;
     }
@@ -790,6 +869,12 @@ ffi::Error SweepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer<
               dt == ffi::DataType::F32 ? reinterpret_cast<const float*>(weights.untyped_data()) : nullptr,
               dt == ffi::DataType::S32 ? reinterpret_cast<const int32_t*>(weights.untyped_data()) : nullptr};
 
+  for (int64_t g = 0; g < G; ++g) {
+    const float dw = a.groups[g].d_wm, dr = a.groups[g].d_r;
+    if (!(dw >= 1 && dr >= 1 && dw + dr <= D - 1 && dw == float(int(dw)) && dr == float(int(dr))))
+      return ffi::Error::InvalidArgument("mdl_sweep_f32: bad subspace dims in a group's params");
+  }
+
   // Tasks: blocks of at most kSweepCfgBlock configs inside each group (recomputing a group's fusion
   // per block costs about what a few configs' read-outs do, and lets one big group use every thread).
   std::vector<std::array<int64_t, 3>> tasks;  // (group, first config, end)
@@ -858,7 +943,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MdlSweepF32, SweepImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // R
                                   .Arg<ffi::Buffer<ffi::F32>>()   // A
                                   .Arg<ffi::AnyBuffer>()          // weights (2, W, n): adopt / other records
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // groups (G, 1066): one packed config per group
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // groups (G, 1085): one packed config per group
                                   .Arg<ffi::Buffer<ffi::F32>>()   // readout (K, 8), configs sorted by group
                                   .Arg<ffi::Buffer<ffi::S32>>()   // start (G + 1,)
                                   .Ret<ffi::Buffer<ffi::S32>>()   // (K, W, 6) float64 sums, as (K, W, 12) int32
@@ -881,10 +966,13 @@ int64_t MdlDecideSmallF32(const float* M, const float* R, const float* A, const 
                           float* C_final, float* v_meta, float* energies, float* norm, float* g_A) {
   if (n < 0 || n > kChunk || d_wm <= 0 || d_r <= 0 || d_wm + d_r >= D) return 1;
   const Params& P = *reinterpret_cast<const Params*>(params);
+  if (P.d_wm != float(d_wm) || P.d_r != float(d_r)) return 1;
+  Prep q;
+  prepare(P, q);
   const Outputs o{action, C, alpha, C_final, v_meta, energies, norm, g_A};
   const int dwm = static_cast<int>(d_wm), dr = static_cast<int>(d_r);
   for (int64_t b = 0; b < n; b += L)
-    decide_block(P, flags, dwm, dr, M, R, A, b, n - b < L ? static_cast<int>(n - b) : L, o);
+    decide_block(P, q, flags, dwm, dr, M, R, A, b, n - b < L ? static_cast<int>(n - b) : L, o);
   return 0;
 }
 
