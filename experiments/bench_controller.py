@@ -137,9 +137,14 @@ def _throughputs(fns: dict, n: int, rounds: int, min_time: float) -> dict:
     keys = list(fns)
     for r in range(rounds):
         # the order rotates from round to round: at N = 10^7 whichever path ran right after the
-        # pure-JAX one (which frees GBs of intermediates) ran up to 2.7× slower than in other places
+        # pure-JAX one (which frees GBs of intermediates) ran up to 2.7× slower than in other places.
+        # Rotation alone did not even that out (with 4 paths and 5 rounds the kernel variant followed
+        # the pure-JAX path in 3 of them and measured 2.5-3.0× it where decide, the same kernel plus
+        # validation, measured 3.3-3.7×), so each path's slot also starts with one untimed call that
+        # absorbs what the previous path left behind.
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
             fn = fns[k]
+            jax.block_until_ready(fn())
             reps, t0, c0 = 0, time.perf_counter(), time.process_time()
             while True:
                 jax.block_until_ready(fn())
