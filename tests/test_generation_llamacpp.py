@@ -39,6 +39,10 @@ def test_numpy_sampler_draws_what_the_torch_sampler_draws(temperature, top_p):
         z = (rng.normal(size=(6, 3000)) * rng.uniform(0.5, 8)).astype(np.float32)
         z[0] *= 0.01  # a nucleus wider than the top 256: the full-sort path
         z[1, 5] = -np.inf  # a suppressed token (end of text before min_new_tokens)
+        # one likely token and a long tail just below the fast path's e^-9 cut: its candidates hold
+        # about 77% of the mass, so for top_p 0.9 and 0.99 the row takes the top-k path (no exact ties:
+        # which of equal logits the top k holds is up to torch.topk)
+        z[2, 0], z[2, 1:] = 0.0, (-9.2 + rng.normal(0, 0.05, 2999)) * temperature
         seeds = [int(s) for s in rng.integers(0, 2**62, 6)]
         s = _RowSampler(seeds, temperature, top_p)
         s.step = step

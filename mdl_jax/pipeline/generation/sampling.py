@@ -154,12 +154,24 @@ def _uniform_np(seeds, steps, tokens):
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
+# Candidates of the fast path in sample_rows: tokens within a factor e^-9 (1.2e-4) of the most likely
+# one. A bound on what is sorted, not on what can be drawn: a row whose candidates hold less than
+# top_p of the mass takes the exact top-k path below.
+_CAND_LOG = 9.0
+
+
 def sample_rows(logits, seeds, steps, temperature: float, top_p: float, k: int = _RowSampler.K):
     """One token per row of ``logits`` (rows, vocab), drawn as ``_RowSampler`` draws it: temperature,
     the smallest top-p nucleus (searched in the top ``k``, a full sort only for a wider one), and the
     exponential race on the counter-based noise of (row seed, row step, token id). Greedy
     (argmax) when ``temperature`` is 0. Same algorithm and noise as the torch sampler, so equal
-    logits give the same token; logits equal up to float rounding flip a draw only at near-ties."""
+    logits give the same token; logits equal up to float rounding flip a draw only at near-ties.
+
+    How it finds the nucleus fast: the nucleus is a prefix of the tokens sorted by probability, so any
+    set of the most likely tokens whose mass reaches top_p contains it, and the same prefix sums over
+    that set decide it. Each row first sorts only the tokens within e^-9 of its most likely one (tens
+    at T = 0.7, where ``argpartition`` over 49,152 was 0.5 ms of a 10 ms token, and 15 ms of a batch
+    of 32); a row whose candidates hold less than top_p takes the top-``k`` path, as before."""
     import numpy as np
 
     z = np.asarray(logits, dtype=np.float32)
@@ -172,6 +184,35 @@ def sample_rows(logits, seeds, steps, temperature: float, top_p: float, k: int =
     w = z - m
     np.exp(w, out=w)  # in place: at batch 32 × 49,152 tokens each full pass costs milliseconds
     lse = m + np.log(w.sum(-1, keepdims=True, dtype=np.float32))
+    seeds = np.asarray(seeds, dtype=np.uint64)
+    steps = np.asarray(steps, dtype=np.uint64)
+    pick = np.empty(len(z), dtype=np.int64)
+    rest = []
+    tau = np.float32(np.exp(-_CAND_LOG))
+    for r in range(len(z)):
+        c = np.flatnonzero(w[r] >= tau)
+        zc = z[r, c]
+        order = np.argsort(-zc, kind="stable")  # descending; ties by token id
+        c, zc = c[order], zc[order]
+        p = np.exp(zc - lse[r])
+        cs = np.cumsum(p, dtype=np.float32)
+        if not len(c) or not cs[-1] >= top_p:
+            rest.append(r)
+            continue
+        n = int(((cs - p) < top_p).sum())  # prefix sums are nondecreasing: the nucleus is a prefix
+        e = -np.log(_uniform_np(seeds[r:r + 1], steps[r:r + 1], c[None, :n]))[0]
+        pick[r] = c[int((p[:n].astype(np.float64) / e).argmax())]
+    if rest:
+        rows = np.asarray(rest)
+        pick[rows] = _sample_top_k(z[rows], lse[rows], seeds[rows], steps[rows], top_p, k)
+    return pick
+
+
+def _sample_top_k(z, lse, seeds, steps, top_p: float, k: int):
+    """``sample_rows`` for rows whose fast-path candidates fall short of top_p: the nucleus searched
+    in the top ``k`` (``_RowSampler``'s algorithm step for step), a full sort for a wider one."""
+    import numpy as np
+
     k = min(k, z.shape[-1])
     part = np.argpartition(z, z.shape[-1] - k, axis=1)[:, -k:]
     top = np.take_along_axis(z, part, 1)
@@ -181,8 +222,6 @@ def sample_rows(logits, seeds, steps, temperature: float, top_p: float, k: int =
     before = np.cumsum(p, -1, dtype=np.float32) - p
     keep = before < top_p  # mass before this token not yet ≥ top_p
     wide = keep[:, -1] & (before[:, -1] + p[:, -1] < top_p)
-    seeds = np.asarray(seeds, dtype=np.uint64)
-    steps = np.asarray(steps, dtype=np.uint64)
     e = -np.log(_uniform_np(seeds, steps, idx))
     race = np.where(keep, p.astype(np.float64) / e, 0.0)
     pick = idx[np.arange(len(z)), race.argmax(-1)]
