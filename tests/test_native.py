@@ -193,6 +193,13 @@ def test_kernel_rejects_a_malformed_params_buffer():
     x = jnp.full(4, 0.5, jnp.float32)
     with pytest.raises(Exception, match="params has the wrong size"):
         api._native_jit(x, x, x, jnp.zeros(10, jnp.float32), flags=31, dims=(5, 5, 6))
+    # the structured fusion reads the subspace dims from the packed params too: they must agree
+    with pytest.raises(Exception, match="packed for other subspace dims"):
+        api._native_jit(x, x, x, native.params(MDLConfig()), flags=31, dims=(4, 6, 6))
+    assert native.load()
+    p, _ = native._small_plan(MDLConfig())
+    assert native._STATE["lib"].MdlDecideSmallF32(*(x.ctypes.data for x in [np.zeros(1, np.float32)] * 3),
+                                                  p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
 
 
 def test_zero_norm_v_meta_gives_no_nan_in_the_kernel():
