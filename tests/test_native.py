@@ -197,7 +197,7 @@ def test_kernel_rejects_a_malformed_params_buffer():
     with pytest.raises(Exception, match="packed for other subspace dims"):
         api._native_jit(x, x, x, native.params(MDLConfig()), flags=31, dims=(4, 6, 6))
     assert native.load()
-    p, _ = native._small_plan(MDLConfig())
+    p, _, _ = native._small_plan(MDLConfig())
     assert native._STATE["lib"].MdlDecideSmallF32(*(x.ctypes.data for x in [np.zeros(1, np.float32)] * 3),
                                                   p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
 

@@ -76,8 +76,8 @@ def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray
     m, S = idx.shape
     cos = np.empty((m, S), np.float64)
     upper = np.empty((m, S * (S - 1) // 2), np.float64)
-    if m and S and _STATE["fn"](U.ctypes.data, U.shape[0], U.shape[1], idx.ctypes.data, Q.ctypes.data, m, S,
-                                cos.ctypes.data, upper.ctypes.data) != 0:
+    a = _native._address  # (0.5 µs an address where .ctypes.data takes 1.5: five per gate query)
+    if m and S and _STATE["fn"](a(U), U.shape[0], U.shape[1], a(idx), a(Q), m, S, a(cos), a(upper)) != 0:
         raise ValueError(f"step_dots: an index outside U's {U.shape[0]} rows")
     return cos, upper
 
