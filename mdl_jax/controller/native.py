@@ -420,7 +420,7 @@ def _address(a: np.ndarray) -> int:
     # 1.5 (five per gate query: issue 25 §2, the warm per-query cost). Read-only or empty arrays,
     # which the protocol refuses, take ``.ctypes.data``.
     try:
-        return ctypes.addressof(_CHAR.from_buffer(a))
+        return ctypes.addressof(_CHAR.from_buffer(a))  # type: ignore[arg-type]  # ndarray exports a buffer
     except (TypeError, ValueError, BufferError):
         return a.ctypes.data
 
