@@ -198,8 +198,8 @@ def test_kernel_rejects_a_malformed_params_buffer():
         api._native_jit(x, x, x, native.params(MDLConfig()), flags=31, dims=(4, 6, 6))
     assert native.load()
     p, _, _ = native._small_plan(MDLConfig())
-    assert native._STATE["lib"].MdlDecideSmallF32(*(x.ctypes.data for x in [np.zeros(1, np.float32)] * 3),
-                                                  p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
+    one = np.zeros(1, np.float32).ctypes.data
+    assert native._STATE["lib"].MdlDecideSmallF32(one, one, one, p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
 
 
 def test_zero_norm_v_meta_gives_no_nan_in_the_kernel():

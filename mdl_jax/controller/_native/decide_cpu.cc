@@ -348,7 +348,7 @@ __attribute__((always_inline)) inline void fuse(const Params& P, const Prep& q, 
 
 // One block of up to L records starting at `base`: records across the lanes, so every arithmetic
 // line below is one SIMD instruction for L records.
-void decide_block(const Params& P, const Prep& q, int64_t flags, int d_wm, int d_r, const float* Mp, const float* Rp,
+void decide_block(const Params& P, const Prep& q, int64_t flags, const float* Mp, const float* Rp,
                   const float* Ap, int64_t base, int cnt, const Outputs& o) {
   vf s[3];
   if (cnt == L) {
@@ -394,7 +394,7 @@ void decide_block(const Params& P, const Prep& q, int64_t flags, int d_wm, int d
         for (int b = 0; b < kIB; ++b) t[b] += q.Q[j][i0 + b] * vm[j];
       for (int b = 0; b < kIB; ++b) c[i0 + b] = t[b];
     }
-    const int edges[4] = {0, d_wm, d_wm + d_r, D};
+    const int edges[4] = {0, q.d_wm, q.d_wm + q.d_r, D};
     for (int k = 0; k < 3; ++k) {
       e[k] = zero;
       for (int i = edges[k]; i < edges[k + 1]; ++i) e[k] += c[i] * c[i];
@@ -608,10 +608,9 @@ ffi::Error DecideImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> M, ffi::Buffer
                   C_final->typed_data(), v_meta->typed_data(), energies->typed_data(),
                   norm->typed_data(),    g_A->typed_data()};
   const float *Mp = M.typed_data(), *Rp = R.typed_data(), *Ap = A.typed_data();
-  const int dwm = static_cast<int>(d_wm), dr = static_cast<int>(d_r);
   auto records = [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; b += L)
-      decide_block(P, q, flags, dwm, dr, Mp, Rp, Ap, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
+      decide_block(P, q, flags, Mp, Rp, Ap, b, hi - b < L ? static_cast<int>(hi - b) : L, o);
   };
   if (n <= kChunk) {
     // Small calls (one record up to one chunk) run inline: no shared state, no pool, no locks.
@@ -970,9 +969,8 @@ int64_t MdlDecideSmallF32(const float* M, const float* R, const float* A, const 
   Prep q;
   prepare(P, q);
   const Outputs o{action, C, alpha, C_final, v_meta, energies, norm, g_A};
-  const int dwm = static_cast<int>(d_wm), dr = static_cast<int>(d_r);
   for (int64_t b = 0; b < n; b += L)
-    decide_block(P, q, flags, dwm, dr, M, R, A, b, n - b < L ? static_cast<int>(n - b) : L, o);
+    decide_block(P, q, flags, M, R, A, b, n - b < L ? static_cast<int>(n - b) : L, o);
   return 0;
 }
 
