@@ -14,6 +14,9 @@ of text is suppressed), for every engine:
   llama.cpp-Q4_1   llama-cpp-python on the bundled GGUF file itself (Q4_1 weights); single-stream
                    through ``Llama.generate``, batched through the low-level API (one sequence per
                    prompt in one ``llama_batch``, the sampling in NumPy)
+  llama.cpp-Q8_0   the same peer on the Q8_0 copy of the GGUF that ``LlamaCppBackend`` runs
+                   (``weights="auto"``): not counted as a peer (the file a user has is Q4_1), it shows
+                   how much of the backend's lead is the weights and how much its own loop
   backend-ct2      ``CT2Backend.generate``, the backend's engine="ctranslate2": the ct2 engine plus
                    its paired sampling (row-seeded, ``ct2.py``) and the rest of the interface
   backend-llama.cpp ``LlamaCppBackend.generate``, engine="llama.cpp": llama.cpp's logits, the torch
@@ -144,17 +147,19 @@ def _backend_llama_engine():
     return run
 
 
-def _llama_engine():
+def _llama_engine(weights: str = "file"):
     import ctypes
 
     import llama_cpp
     import numpy as np
 
     from mdl_jax.pipeline.generation import bundled_gguf
+    from mdl_jax.pipeline.generation.llamacpp import q8_0_copy
 
     folder, gguf = bundled_gguf()
+    path = folder / gguf if weights == "file" else q8_0_copy(folder / gguf)
     threads = os.cpu_count() or 1
-    llm = llama_cpp.Llama(model_path=str(folder / gguf), n_ctx=1024, n_threads=threads,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=threads,
                           n_threads_batch=threads, n_batch=1024, verbose=False, seed=0)
     eos = llm.token_eos()
     ctxs: dict[int, object] = {}
@@ -270,6 +275,7 @@ ENGINES = {"torch-float32": lambda: _torch_engine("float32"),
            "torch-bfloat16": lambda: _torch_engine("bfloat16"),
            "ct2-int8": _ct2_engine,
            "llama.cpp-Q4_1": _llama_engine,
+           "llama.cpp-Q8_0": lambda: _llama_engine("q8_0"),
            "backend-ct2": _backend_ct2_engine,
            "backend-llama.cpp": _backend_llama_engine}
 PEERS = ("ct2-int8", "llama.cpp-Q4_1")
@@ -285,7 +291,8 @@ def main(argv=None):
     p.add_argument("--single", type=int, default=8, help="prompts for the single-stream figure")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--engines", nargs="+", default=[e for e in ENGINES if e != "llama.cpp-Q8_0"],
+                   choices=list(ENGINES), help="default: all but llama.cpp-Q8_0 (informational, not a peer)")
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.new, args.single = 16, 32, 4

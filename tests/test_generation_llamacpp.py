@@ -183,3 +183,49 @@ def test_scoring_a_users_gguf_names_what_is_missing(backend, tmp_path):
     assert be.generate(PROMPTS[:1], seed=0, temperature=0)[0].text  # generation reads any GGUF
     with pytest.raises(ValueError, match="scoring"):
         be.score(PROMPTS[:1], ["yes", "no"])
+
+
+def test_auto_weights_run_a_cached_q8_0_copy_and_name_it(backend):
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_jax.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
+
+    assert backend.weights == "q8_0" and backend.dtype == "q8_0" and "Q8_0 from Q4_1" in backend.model_id
+    assert file_type(backend.path) == 3  # the bundled file: Q4_1
+    copy = q8_0_copy(backend.path)
+    assert copy == q8_0_target(backend.path) and file_type(copy) == 7  # Q8_0
+    stamp = copy.stat().st_mtime_ns
+    assert q8_0_copy(backend.path) == copy and copy.stat().st_mtime_ns == stamp  # made once, then reused
+    plain = LlamaCppBackend(batch_size=2, max_new_tokens=12, weights="file")
+    assert plain.weights == "file" and plain.dtype == "q4_1" and "Q8_0" not in plain.model_id
+    assert plain.model_id != backend.model_id  # the cache keys of the two never collide
+    for g in plain.generate(PROMPTS, seed=[1, 2, 3]):
+        assert g.text and 0 < g.n_tokens <= 12
+    with pytest.raises(ValueError, match="weights: expected one of auto, file, q8_0"):
+        LlamaCppBackend(weights="q4")
+
+
+def test_a_q8_0_file_is_run_as_it_is(backend):
+    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_jax.pipeline.generation.llamacpp import q8_0_copy
+
+    be = LlamaCppBackend(str(q8_0_copy(backend.path)), batch_size=1, max_new_tokens=2, weights="auto")
+    assert be.weights == "file" and be.dtype == "q8_0"
+
+
+def test_the_q8_0_copy_never_writes_through_a_planted_link(backend, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from mdl_jax.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
+
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "own.gguf"
+    shutil.copy(backend.path, src)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    target = q8_0_target(src)
+    os.symlink(victim, target)  # planted where the copy will go
+    assert q8_0_copy(src) == target
+    assert victim.read_bytes() == b"keep me"  # the link itself was replaced, its target untouched
+    assert not target.is_symlink() and file_type(target) == 7
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp folder left behind
