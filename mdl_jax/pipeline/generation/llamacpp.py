@@ -8,8 +8,10 @@ Why: on a CPU without AVX512-BF16 the torch path runs SmolLM2 in float32, and of
 would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest peer in both modes
 (``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores, 2026-12-02: 75.6 tokens/s
 single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; batched 113 against ctranslate2's
-104, while torch float32 batched reached 123). This engine is the single-stream choice; ``auto`` does not
-pick it (docs/deviations.md).
+104, while torch float32 batched reached 123). Since its Q8_0 copy (session 20, below) it is also the
+fastest batched at 32 (1.31-1.43× the llama.cpp peer on the Q4_1 file); on the pipeline's natural answers,
+where prefill weighs most, it only draws level with ctranslate2, so ``auto`` does not pick it
+(docs/deviations.md).
 
 How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
 
