@@ -1,6 +1,6 @@
 """``LlamaCppBackend``: the local model's sampled generation through llama.cpp on the GGUF file (the
-bundled SmolLM2's Q4_1 weights, run as a cached Q8_0 copy: see "Weights" below), behind ``LocalBackend``'s interface: ``engine="llama.cpp"``, the
-``llamacpp`` extra.
+bundled SmolLM2's Q4_1 weights, run as a cached Q8_0 copy: see "Weights" below), behind
+``LocalBackend``'s interface: ``engine="llama.cpp"``, the ``llamacpp`` extra.
 
     LlamaCppBackend(model="bundled:smollm2", batch_size=32).generate(prompts, seed=..., max_new_tokens=150)
 
