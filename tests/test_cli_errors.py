@@ -90,7 +90,7 @@ CASES = [
      "--dtype", ["run"]),
     ("reproduce-gguf-weights-without-llama-cpp",
      lambda t: ["reproduce", "--gguf-weights", "file", "--out", f"{t}/run"],
-     "--gguf-weights: only --engine llama.cpp runs a GGUF", ["run"]),
+     "--gguf-weights: only the local backend's --engine llama.cpp runs a GGUF", ["run"]),
     ("reproduce-gguf-weights-unknown",
      lambda t: ["reproduce", "--engine", "llama.cpp", "--gguf-weights", "q2", "--out", f"{t}/run"],
      "--gguf-weights", ["run"]),

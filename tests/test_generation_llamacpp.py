@@ -229,3 +229,8 @@ def test_the_q8_0_copy_never_writes_through_a_planted_link(backend, tmp_path, mo
     assert victim.read_bytes() == b"keep me"  # the link itself was replaced, its target untouched
     assert not target.is_symlink() and file_type(target) == 7
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp folder left behind
+    target.write_bytes(target.read_bytes()[:1000])  # the cached copy damaged since: made again, not trusted
+    assert q8_0_copy(src) == target and file_type(target) == 7
+    link = tmp_path / "link.gguf"
+    link.symlink_to(src)
+    assert q8_0_target(link) == target  # a link to the same file shares its copy

@@ -179,8 +179,8 @@ def reproduce_cmd(args) -> int:
     local = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     if args.gguf_weights is not None:
         if args.engine != "llama.cpp" or args.backend != "local":
-            raise CommandError(f"reproduce: --gguf-weights: only --engine llama.cpp runs a GGUF, got "
-                               f"--engine {args.engine} with --backend {args.backend}")
+            raise CommandError(f"reproduce: --gguf-weights: only the local backend's --engine llama.cpp runs "
+                               f"a GGUF, got --engine {args.engine} with --backend {args.backend}")
         local["weights"] = args.gguf_weights
     remote = dict(call_timeout=args.call_timeout)
     try:

@@ -136,17 +136,19 @@ def q8_0_target(path: Path) -> Path:
 
     from mdl_jax._paths import default_cache_dir, own_folder
 
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|q8_0|"
+    real = path.resolve()  # every link to one file shares one copy
+    st = real.stat()
+    # ctime and inode too: an in-place edit that keeps size and mtime (cp -p, rsync) still changes the key
+    key = hashlib.sha256(f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}|q8_0|"
                          f"{llama_cpp.__version__}".encode()).hexdigest()[:16]
     folder = own_folder(default_cache_dir() / "models", what="MDL_JAX_CACHE_DIR")
-    return folder / f"{path.stem}-q8_0-{key}.gguf"
+    return folder / f"{real.stem}-q8_0-{key}.gguf"
 
 
 def q8_0_copy(path: Path) -> Path:
     """The Q8_0 requantisation of the GGUF ``path``, made once and cached in
-    ``$MDL_JAX_CACHE_DIR/models`` (keyed by the file's name, size and modification time and the
-    llama.cpp version). Written by llama.cpp into a fresh private temp folder, fsynced and renamed
+    ``$MDL_JAX_CACHE_DIR/models`` (keyed by the file's resolved path, size, modification and change
+    times and inode, and the llama.cpp version); a cached copy that no longer reads as Q8_0 is made again. Written by llama.cpp into a fresh private temp folder, fsynced and renamed
     into place, so a reader never sees half a file and a name planted in the cache is never followed."""
     import os
     import shutil
@@ -159,7 +161,11 @@ def q8_0_copy(path: Path) -> Path:
     target = q8_0_target(path)
     folder = target.parent
     if target.is_file() and not target.is_symlink():
-        return target
+        try:  # a copy damaged since (truncated, overwritten) is made again, not trusted forever
+            if file_type(target) == 7:
+                return target
+        except ValueError:
+            pass
     _init_llama_cpp()
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-q8_0-", dir=folder))
     try:
@@ -167,7 +173,11 @@ def q8_0_copy(path: Path) -> Path:
         qp = llama_cpp.llama_model_quantize_default_params()
         qp.ftype, qp.allow_requantize, qp.nthread = 7, True, cpu_threads()  # 7: LLAMA_FTYPE_MOSTLY_Q8_0
         if llama_cpp.llama_model_quantize(str(path).encode(), str(out).encode(), qp) != 0 or not out.is_file():
-            raise RuntimeError(f"llama.cpp could not requantise {path} to Q8_0 (weights='file' runs it as it is)")
+            free = shutil.disk_usage(folder).free / 2**20
+            raise RuntimeError(f"llama.cpp could not requantise {path} to Q8_0 in {folder} ({free:.0f} MiB free "
+                               f"there; the copy is about 1.5× a 4-bit file): free space or set "
+                               f"MDL_JAX_CACHE_DIR elsewhere, or weights='file' (--gguf-weights file) runs "
+                               f"the file as it is")
         with open(out, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(out, target)  # replaces a planted link itself, never its target
