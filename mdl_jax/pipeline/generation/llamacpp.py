@@ -112,8 +112,12 @@ def _init_llama_cpp():
 
 
 def file_type(path: Path) -> int:
-    """The GGUF's ``general.file_type`` (llama.cpp's ``llama_ftype``), read with the vocabulary only
-    (no weights are loaded); -1 where the file does not say."""
+    """The GGUF's ``general.file_type`` (llama.cpp's ``llama_ftype``: 3 is Q4_1, 7 is Q8_0), read with
+    the vocabulary only (no weights are loaded); -1 where the file does not say.
+
+    Raises:
+        ValueError: llama.cpp cannot read ``path`` as a GGUF (missing, truncated, not a GGUF).
+    """
     llama_cpp = _init_llama_cpp()
     mp = llama_cpp.llama_model_default_params()
     mp.vocab_only = True
@@ -129,7 +133,12 @@ def file_type(path: Path) -> int:
 
 
 def q8_0_target(path: Path) -> Path:
-    """Where ``q8_0_copy`` keeps the Q8_0 copy of ``path`` (its folder made, and checked ours)."""
+    """Where ``q8_0_copy`` keeps the Q8_0 copy of the GGUF ``path`` (its folder made, and checked ours).
+
+    Raises:
+        OSError: ``path`` does not exist.
+        ValueError: the cache folder cannot be made or is a symlink or not ours (``own_folder``).
+    """
     import hashlib
 
     import llama_cpp
@@ -149,7 +158,15 @@ def q8_0_copy(path: Path) -> Path:
     """The Q8_0 requantisation of the GGUF ``path``, made once and cached in
     ``$MDL_JAX_CACHE_DIR/models`` (keyed by the file's resolved path, size, modification and change
     times and inode, and the llama.cpp version); a cached copy that no longer reads as Q8_0 is made again. Written by llama.cpp into a fresh private temp folder, fsynced and renamed
-    into place, so a reader never sees half a file and a name planted in the cache is never followed."""
+    into place, so a reader never sees half a file and a name planted in the cache is never followed.
+
+    Returns:
+        the copy's path.
+
+    Raises:
+        RuntimeError: llama.cpp could not write the copy (the message names the folder and its free space).
+        ValueError: as ``q8_0_target``.
+    """
     import os
     import shutil
     import tempfile
@@ -295,9 +312,9 @@ class LlamaCppBackend(TorchScoring):
         self.device = device
         ft = file_type(path)
         have = FTYPE_NAMES.get(ft, f"type {ft}")
-        self.weights = "file" if weights == "file" or (weights == "auto" and (ft in WIDE or ft < 0)) else "q8_0"
-        if ft == 7:  # already Q8_0: nothing to convert
-            self.weights = "file"
+        # a Q8_0 file (ft 7) has nothing to convert; "auto" keeps files of 8 bits or wider, or of no stated type
+        convert = ft != 7 and (weights == "q8_0" or (weights == "auto" and ft >= 0 and ft not in WIDE))
+        self.weights = "q8_0" if convert else "file"
         self.dtype = have.lower() if self.weights == "file" else "q8_0"  # the weights llama.cpp runs
         self.score_dtype = score_dtype or dtype
         self.threads = threads or cpu_threads()
