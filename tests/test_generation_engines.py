@@ -141,6 +141,9 @@ def test_engine_choice(tiny, monkeypatch):
     assert isinstance(make_backend("local", tiny, engine="torch"), LocalBackend)
     with pytest.raises(ValueError, match="engine"):
         make_backend("openai", "m", engine="ctranslate2")
+    for eng in ("torch", "ctranslate2"):  # weights= is llama.cpp's alone: named, before any model loads
+        with pytest.raises(ValueError, match=rf"weights: only the llama.cpp engine .* the {eng} engine"):
+            make_backend("local", tiny, engine=eng, weights="q8_0")
 
 
 def test_conversion_is_cached(tiny):

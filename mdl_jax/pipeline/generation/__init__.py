@@ -85,6 +85,11 @@ def make_backend(kind: str, model: str | None = None, *, engine: str = "torch",
     (``CT2Backend``, int8), ``llama.cpp`` (``LlamaCppBackend``, the GGUF itself) or ``auto`` (ctranslate2 on a CPU without bf16 when it is installed)."""
     if kind == "local":
         eng = resolve_engine(engine, kw.get("device", "cpu"), kw.get("dtype", "auto"))
+        if "weights" in kw and eng != "llama.cpp":
+            # only LlamaCppBackend chooses its weights (a GGUF's own or a Q8_0 copy); any other engine
+            # would raise Python's bare "unexpected keyword" TypeError, naming neither the engine nor why
+            raise ValueError(f"weights: only the llama.cpp engine takes weights= (a GGUF's own or a Q8_0 "
+                             f"copy); the {eng} engine runs its own format, got weights={kw['weights']!r}")
         if eng == "ctranslate2":
             if not ct2_available():
                 raise ValueError("engine: ctranslate2 is not installed (pip install 'mdl-jax[ct2]')")
