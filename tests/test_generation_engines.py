@@ -144,6 +144,8 @@ def test_engine_choice(tiny, monkeypatch):
     for eng in ("torch", "ctranslate2"):  # weights= is llama.cpp's alone: named, before any model loads
         with pytest.raises(ValueError, match=rf"weights: only the llama.cpp engine .* the {eng} engine"):
             make_backend("local", tiny, engine=eng, weights="q8_0")
+    with pytest.raises(ValueError, match=r"weights: only the local backend's llama.cpp engine .* 'openai'"):
+        make_backend("openai", "m", weights="q8_0")
 
 
 def test_conversion_is_cached(tiny):

@@ -99,6 +99,9 @@ def make_backend(kind: str, model: str | None = None, *, engine: str = "torch",
         return LocalBackend(model or BUNDLED, **kw)
     if engine != "torch":
         raise ValueError(f"engine: only the local backend has engines, got --engine {engine} with {kind!r}")
+    if "weights" in kw:  # as above: a served model's weights are the server's
+        raise ValueError(f"weights: only the local backend's llama.cpp engine takes weights=, got it with "
+                         f"{kind!r}")
     if kind == "openai":
         if not model:
             raise ValueError("model: the openai backend needs a served model name (CLI: --llm)")
