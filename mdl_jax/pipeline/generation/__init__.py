@@ -82,7 +82,13 @@ def make_backend(kind: str, model: str | None = None, *, engine: str = "torch",
     """The backend the command line's ``--backend`` names: ``local`` (``model`` defaults to the bundled
     SmolLM2) or ``openai`` (``model`` is the served model's name); ``kw`` go to its constructor.
     ``engine`` (local only, ``--engine``): ``torch`` (transformers, the paper setup), ``ctranslate2``
-    (``CT2Backend``, int8), ``llama.cpp`` (``LlamaCppBackend``, the GGUF itself) or ``auto`` (ctranslate2 on a CPU without bf16 when it is installed)."""
+    (``CT2Backend``, int8), ``llama.cpp`` (``LlamaCppBackend``, the GGUF itself) or ``auto`` (ctranslate2 on a CPU without bf16 when it is installed).
+
+    Raises:
+        ValueError: an unknown ``kind`` or ``engine``, an engine with the openai backend, ctranslate2 not
+            installed, the openai backend without ``model``, or ``weights=`` (``LlamaCppBackend``'s) for
+            any other engine or backend; all before a model loads.
+    """
     if kind == "local":
         eng = resolve_engine(engine, kw.get("device", "cpu"), kw.get("dtype", "auto"))
         if "weights" in kw and eng != "llama.cpp":

@@ -77,9 +77,10 @@ from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_
 from mdl_jax.pipeline.generation.sampling import _seeds, row_seed, sample_rows
 
 WEIGHTS = ("auto", "file", "q8_0")
+Q8_0 = 7  # LLAMA_FTYPE_MOSTLY_Q8_0: the type the copy is made in, and the one a file needs no copy from
 # llama.cpp's llama_ftype values (``general.file_type`` in the GGUF) that "auto" runs as they are: 8 bits or
 # wider, where a Q8_0 copy would gain little speed and would round weights the file keeps finer
-WIDE = {0: "F32", 1: "F16", 7: "Q8_0", 32: "BF16"}
+WIDE = {0: "F32", 1: "F16", Q8_0: "Q8_0", 32: "BF16"}
 FTYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M",
                13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", **WIDE}
 N_BATCH = 1024  # tokens per llama_decode call (prefill chunks; a decode step is batch_size tokens)
@@ -157,8 +158,9 @@ def q8_0_target(path: Path) -> Path:
 def q8_0_copy(path: Path) -> Path:
     """The Q8_0 requantisation of the GGUF ``path``, made once and cached in
     ``$MDL_JAX_CACHE_DIR/models`` (keyed by the file's resolved path, size, modification and change
-    times and inode, and the llama.cpp version); a cached copy that no longer reads as Q8_0 is made again. Written by llama.cpp into a fresh private temp folder, fsynced and renamed
-    into place, so a reader never sees half a file and a name planted in the cache is never followed.
+    times and inode, and the llama.cpp version); a cached copy that no longer reads as Q8_0 is made
+    again. Written by llama.cpp into a fresh private temp folder, fsynced and renamed into place, so a
+    reader never sees half a file and a name planted in the cache is never followed.
 
     Returns:
         the copy's path.
@@ -179,7 +181,7 @@ def q8_0_copy(path: Path) -> Path:
     folder = target.parent
     if target.is_file() and not target.is_symlink():
         try:  # a copy damaged since (truncated, overwritten) is made again, not trusted forever
-            if file_type(target) == 7:
+            if file_type(target) == Q8_0:
                 return target
         except ValueError:
             pass
@@ -188,7 +190,7 @@ def q8_0_copy(path: Path) -> Path:
     try:
         out = tmp / "m.gguf"
         qp = llama_cpp.llama_model_quantize_default_params()
-        qp.ftype, qp.allow_requantize, qp.nthread = 7, True, cpu_threads()  # 7: LLAMA_FTYPE_MOSTLY_Q8_0
+        qp.ftype, qp.allow_requantize, qp.nthread = Q8_0, True, cpu_threads()
         if llama_cpp.llama_model_quantize(str(path).encode(), str(out).encode(), qp) != 0 or not out.is_file():
             free = shutil.disk_usage(folder).free / 2**20
             raise RuntimeError(f"llama.cpp could not requantise {path} to Q8_0 in {folder} ({free:.0f} MiB free "
@@ -312,8 +314,8 @@ class LlamaCppBackend(TorchScoring):
         self.device = device
         ft = file_type(path)
         have = FTYPE_NAMES.get(ft, f"type {ft}")
-        # a Q8_0 file (ft 7) has nothing to convert; "auto" keeps files of 8 bits or wider, or of no stated type
-        convert = ft != 7 and (weights == "q8_0" or (weights == "auto" and ft >= 0 and ft not in WIDE))
+        # a Q8_0 file has nothing to convert; "auto" keeps files of 8 bits or wider, or of no stated type
+        convert = ft != Q8_0 and (weights == "q8_0" or (weights == "auto" and ft >= 0 and ft not in WIDE))
         self.weights = "q8_0" if convert else "file"
         self.dtype = have.lower() if self.weights == "file" else "q8_0"  # the weights llama.cpp runs
         self.score_dtype = score_dtype or dtype
