@@ -21,7 +21,15 @@ cores, caches and clock):
 
 makes ``decide`` use the AVX2 build and XLA (the pure-JAX paths) emit AVX2 code only.
 ``--compare-lib old.so`` also measures another build of the kernel (e.g. an earlier commit's) in
-the same rounds.
+the same rounds; it must read this tree's packed params (1,085 floats since issue 25's structured
+fusion). ``--compare-rev REV ...`` measures earlier commits whose layout differs: each commit's
+``mdl_jax`` is extracted (``git archive``) to a temporary folder and its own ``decide(...,
+validate=False)`` (its kernel, built from its own source with its own flags, fed its own params) runs
+in fresh processes, interleaved round by round with the same child on this tree, on all cores and
+pinned to one. That is the check for "no slower than before" across a change of the params layout
+(issue 25 §1: on AVX-512 no slower than at 83c229c, the commit the issue measured):
+
+    python -m experiments.bench_controller --no-plain-vmap --sizes 1000000 10000000 --compare-rev 83c229c
 """
 
 from __future__ import annotations
@@ -32,7 +40,12 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -50,9 +63,27 @@ from tests.reference import NumpyMDL
 # norms and α 101, read-out 10, Lemma 1 energies 256 × 2 + 16 × 2.
 FLOP_PER_RECORD = {"value_encoding": 48 * 21, "g_A": 19, "fusion": 256 * 2 + 21 + 16 * 5 + 256 * 2,
                    "tanh": 16 * 34, "norms_alpha": 101, "readout": 10, "energies": 256 * 2 + 16 * 2}
-FMA_UNITS = 2  # FMA pipes per core on the CPUs discussed (Intel Xeon since Skylake-SP Gold, AMD Zen 3)
+FMA_UNITS = 2  # FMA pipes per core on the CPUs discussed (Intel Xeon since Skylake-SP Gold, AMD Zen 3 and 4)
 FLAGS_SHOWN = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
                "avx512_fp16", "amx_tile")
+
+
+def _fma_width_lanes() -> int:
+    """float32 lanes one FMA pipe completes per cycle. AMD's Zen 4 (family 0x19 with AVX-512) runs a
+    512-bit FMA as two 256-bit halves on its 256-bit pipes, so there the AVX-512 build's bound is the
+    AVX2 build's (8 lanes), not half of it; elsewhere a pipe is as wide as the ISA's register."""
+    vendor = family = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+            elif line.startswith("cpu family"):
+                family = int(line.split(":", 1)[1])
+            if vendor and family is not None:
+                break
+    except (OSError, ValueError):
+        pass
+    return 8 if (vendor == "AuthenticAMD" and family == 0x19) else 16
 
 
 def _cpu_model() -> str:
@@ -103,17 +134,124 @@ def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict
             lib.MdlSetMaxThreads(native.usable_cpus())
     clock = statistics.median(hz)
     flop = sum(FLOP_PER_RECORD.values())
+    width = _fma_width_lanes()
     out = {"n": n, "clock_ghz": clock / 1e9, "clock_ghz_range": [min(hz) / 1e9, max(hz) / 1e9],
-           "flop_per_record": flop}
+           "flop_per_record": flop, "fma_pipe_lanes": width}
     for v in variants:
         lanes = native._VARIANTS[v]["lanes"]
-        bound = flop / (FMA_UNITS * 2 * lanes)
+        bound = flop / (FMA_UNITS * 2 * min(lanes, width))
         cyc = [t * clock for t in per[v]]
         out[v] = {"lanes": lanes, "cpu_ns_per_record": statistics.median(per[v]) * 1e9,
                   "cpu_ns_range": [min(per[v]) * 1e9, max(per[v]) * 1e9],
                   "cycles_per_record": statistics.median(cyc), "cycles_range": [min(cyc), max(cyc)],
                   "fma_bound_cycles": bound, "times_fma_bound": statistics.median(cyc) / bound,
                   "times_fma_bound_range": [min(cyc) / bound, max(cyc) / bound]}
+    return out
+
+
+# One child process for --compare-rev: only the public API and names every checkout since the native
+# kernel has had (`native.load`, `decide(..., validate=False)`), so the same text measures this tree and
+# an earlier commit alike; which ISA build it ran is reported where the checkout knows (`native.isa`).
+REV_CHILD = r"""
+import json, os, statistics, sys, time
+# pinned here, before JAX starts (XLA sizes its thread pool from the mask), not by a preexec_fn: the
+# parent runs JAX's threads, and fork() from it may deadlock
+os.sched_setaffinity(0, [int(c) for c in sys.argv[3].split(",")])
+import numpy as np, jax, jax.numpy as jnp
+import mdl_jax
+from mdl_jax import MDLConfig, decide
+from mdl_jax.controller import native
+sizes, min_time = [int(s) for s in sys.argv[1].split(",")], float(sys.argv[2])
+cfg = MDLConfig()
+out = {"file": mdl_jax.__file__, "native": native.load(), "cpus": len(os.sched_getaffinity(0)),
+       "isa": getattr(native, "isa", lambda: "native (one build)")(), "sizes": {}}
+rng = np.random.default_rng(0)
+for n in sizes:
+    xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
+    fn = lambda: decide(*xs, cfg, validate=False)
+    jax.block_until_ready(fn()); jax.block_until_ready(fn())
+    ts, c0 = [], time.process_time()
+    while sum(ts) < min_time or len(ts) < 3:
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        ts.append(time.perf_counter() - t)
+    cpu = time.process_time() - c0
+    out["sizes"][str(n)] = {"per_s": n / statistics.median(ts), "best": n / min(ts),
+                            "cpu_ns": cpu / (n * len(ts)) * 1e9}
+print(json.dumps(out))
+"""
+
+
+def _export_rev(rev: str, dest: Path) -> str:
+    """Extract ``mdl_jax`` as committed at ``rev`` into ``dest``; returns the full commit id."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--verify", rev + "^{commit}"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        data = subprocess.run(["git", "archive", "--format=tar", sha, "mdl_jax"], cwd=root, check=True,
+                              capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        raise SystemExit(f"bench_controller: error: --compare-rev {rev!r}: not a commit of this repository "
+                         f"({(err.decode() if isinstance(err, bytes) else err).strip() or e})") from None
+    dest.mkdir(parents=True)
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(dest, filter="data")  # 'data': no links or paths out of dest
+    return sha
+
+
+def _rev_child(root: Path, sizes: list[int], min_time: float, cpus: list[int]) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # the checkout first on the path, so its mdl_jax shadows the installed one (checked below)
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", REV_CHILD, ",".join(map(str, sizes)), str(min_time),
+                           ",".join(map(str, cpus))], capture_output=True, text=True, env=env, cwd=root, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"--compare-rev child in {root} failed:\n{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(out["file"]).resolve().is_relative_to(root.resolve()):
+        raise RuntimeError(f"the child meant for {root} imported {out['file']}")
+    if not out["native"]:
+        raise RuntimeError(f"the native kernel did not load in the child for {root}: nothing to compare")
+    return out
+
+
+def _against_revs(revs: list[str], sizes: list[int], rounds: int, min_time: float) -> dict:
+    """This tree's kernel against each rev's, fresh processes interleaved round by round (the order
+    rotates), on all of this process's CPUs at ``sizes`` and pinned to one CPU at N = 10^6. Ratios are
+    this tree's speed over the rev's within each round: > 1 is faster."""
+    here = Path(__file__).resolve().parents[1]
+    allowed = sorted(os.sched_getaffinity(0))
+    n1 = min(sizes + [1_000_000])
+    out: dict = {"revs": {}, "sizes": sizes, "one_core_n": n1, "rounds": rounds}
+    with tempfile.TemporaryDirectory(prefix="mdl-bench-rev-") as tmp:
+        trees = {"this tree": here}
+        for rev in revs:
+            dest = Path(tmp) / f"rev{len(trees)}"
+            out["revs"][rev] = {"commit": _export_rev(rev, dest)}
+            trees[rev] = dest
+        runs: dict = {k: {"all": [], "one": []} for k in trees}
+        keys = list(trees)
+        for r in range(rounds):
+            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+                runs[k]["all"].append(_rev_child(trees[k], sizes, min_time, allowed))
+                runs[k]["one"].append(_rev_child(trees[k], [n1], min_time, allowed[:1]))
+    out["isa"] = {k: runs[k]["all"][0]["isa"] for k in keys}
+    for k in keys:
+        row = out["revs"].setdefault(k, {})
+        for n in map(str, sizes):
+            row[n] = [x["sizes"][n]["per_s"] for x in runs[k]["all"]]
+        row["one_core_cpu_ns"] = [x["sizes"][str(n1)]["cpu_ns"] for x in runs[k]["one"]]
+    mine = out["revs"]["this tree"]
+    for rev in revs:
+        theirs = out["revs"][rev]
+        ratios = {n: [a / b for a, b in zip(mine[n], theirs[n])] for n in map(str, sizes)}
+        ratios["one_core"] = [b / a for a, b in zip(mine["one_core_cpu_ns"], theirs["one_core_cpu_ns"])]
+        theirs["ratio_rounds"] = ratios
+        theirs["ratio_median"] = {k: statistics.median(v) for k, v in ratios.items()}
     return out
 
 
@@ -164,6 +302,9 @@ def main(argv=None) -> dict:
                    help="skip plain jit(vmap(decide_one)) (slowest path: ~30 s a call at N = 10^7 here)")
     p.add_argument("--compare-lib", nargs="*", default=[],
                    help="other builds of the kernel (.so) to measure in the same rounds, e.g. an earlier commit's")
+    p.add_argument("--compare-rev", nargs="*", default=[],
+                   help="earlier commits of this repository whose own decide(validate=False) is measured against "
+                        "this tree's in fresh processes, interleaved (works across params layouts)")
     args = p.parse_args(argv)
     sizes = args.sizes or ([3600, 1_000_000] if args.quick else [3600, 1_000_000, 10_000_000])
     min_time, rounds = (0.3, 3) if args.quick else (1.0, 5)
@@ -288,6 +429,11 @@ def main(argv=None) -> dict:
     n1 = 1_000_000 if not args.quick else 200_000
     res["one_core"] = _one_core(variants, n1, 3 if args.quick else 5, 0.3 if args.quick else 0.8) if variants else {}
 
+    # (e) this tree's kernel against earlier commits' (their own source, flags and params)
+    if args.compare_rev:
+        res["against_revs"] = _against_revs(args.compare_rev, [n for n in sizes if n >= 10**6] or [1_000_000],
+                                            3 if args.quick else 5, 0.5 if args.quick else 1.5)
+
     res["ratio_single_vs_numpy"] = res["numpy_per_decision_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_pure_jax"] = res["pure_jax_single_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_plain_jit"] = res["plain_jit_single_us_median"] / res["single_call_us_median"]
@@ -330,7 +476,9 @@ def main(argv=None) -> dict:
     if oc:
         print(f"one core, kernel alone, N={oc['n']}: clock {oc['clock_ghz']:.2f} GHz "
               f"({oc['clock_ghz_range'][0]:.2f}-{oc['clock_ghz_range'][1]:.2f}); {oc['flop_per_record']} FLOP "
-              f"per record, FMA bound = FLOP / ({FMA_UNITS} FMA units × 2 × lanes)")
+              f"per record, FMA bound = FLOP / ({FMA_UNITS} FMA units × 2 × lanes)"
+              + ("; this CPU's FMA pipes are 8 lanes wide (AMD Zen 4 runs a 512-bit FMA as two halves), so the"
+                 " 16-lane build's bound is taken at 8 lanes" if oc["fma_pipe_lanes"] == 8 else ""))
         for v in variants:
             o = oc[v]
             tgt = ("  [target ≤ 3× the bound: " + ("met" if o["times_fma_bound_range"][1] <= 3 else
@@ -368,6 +516,20 @@ def main(argv=None) -> dict:
                 ratio = row["kernel_" + v] / row["kernel_" + name]
                 print(f"  kernel {v} against {name} ({path}) at N={n}: {ratio:.2f}× (rounds {min(r):.2f}-"
                       f"{max(r):.2f}×)")
+    ar = res.get("against_revs")
+    if ar:
+        isa = ar["isa"]["this tree"]
+        print(f"this tree's kernel ({isa}) against earlier commits' (each its own decide(validate=False), fresh "
+              f"processes, {ar['rounds']} interleaved rounds; > 1× is faster here):")
+        for rev in args.compare_rev:
+            row = ar["revs"][rev]
+            for k, rs in row["ratio_rounds"].items():
+                label = f"N={k}, all cores" if k != "one_core" else f"one core, CPU time, N={ar['one_core_n']}"
+                tgt = (f"  [target on AVX-512 no slower than {rev}: "
+                       + ("met in every round" if min(rs) >= 1 else "met at the median" if row["ratio_median"][k] >= 1
+                          else "NOT met") + "]") if isa == "avx512" else ""
+                print(f"  against {rev} ({row['commit'][:10]}, {ar['isa'][rev]}), {label}: "
+                      f"{row['ratio_median'][k]:.2f}× (rounds {min(rs):.2f}-{max(rs):.2f}×){tgt}")
     print("(on an AVX-512 CPU the AVX2 figures are the AVX2 build on these cores: a proxy, not a Zen 3)"
           if "avx512" in variants else "")
     print(json.dumps(res))

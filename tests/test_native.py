@@ -3,6 +3,7 @@ batch-size invariance, every ablation, the ISA variants (AVX-512 / AVX2) and the
 built."""
 
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from mdl_jax.controller.decision import Decision
 from tests.reference import NumpyMDL
 
 FIELDS = Decision._fields
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -326,3 +328,31 @@ def test_small_numpy_call_gives_decides_bits_without_dispatch(n, rng):
             assert got[f].dtype == w.dtype and got[f].shape == w.shape and np.array_equal(got[f], w), f
     big = np.full(native.SMALL_CALL + 1, 0.5, np.float32)
     assert native.decide_small(big, big, big, MDLConfig()) is None
+
+
+def test_bench_controller_compare_rev_exports_a_commit_and_names_a_bad_one(tmp_path):
+    # bench_controller --compare-rev measures an earlier commit's own kernel: its mdl_jax is taken
+    # from git, and a name that is no commit is a one-line error naming the flag
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    from experiments import bench_controller
+
+    sha = bench_controller._export_rev("HEAD", tmp_path / "head")
+    assert len(sha) == 40
+    assert (tmp_path / "head" / "mdl_jax" / "controller" / "_native" / "decide_cpu.cc").is_file()
+    with pytest.raises(SystemExit, match="--compare-rev 'no-such-rev'"):
+        bench_controller._export_rev("no-such-rev", tmp_path / "bad")
+
+
+@pytest.mark.slow
+def test_bench_controller_compare_rev_measures_the_named_tree_in_its_own_process():
+    # the child must import the checkout it was sent to (not the installed mdl_jax) and run its kernel
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    from experiments import bench_controller
+
+    out = bench_controller._against_revs(["HEAD"], [4096], rounds=1, min_time=0.01)
+    row = out["revs"]["HEAD"]
+    assert set(row["ratio_rounds"]) == {"4096", "one_core"}
+    assert all(np.isfinite(r) and r > 0 for rs in row["ratio_rounds"].values() for r in rs)
+    assert out["isa"]["HEAD"] == out["isa"]["this tree"] == native.isa()
