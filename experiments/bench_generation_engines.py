@@ -279,8 +279,15 @@ ENGINES = {"torch-float32": lambda: _torch_engine("float32"),
            "backend-ct2": _backend_ct2_engine,
            "backend-llama.cpp": _backend_llama_engine}
 PEERS = ("ct2-int8", "llama.cpp-Q4_1")
-# the backend's engines (LocalBackend's torch path is torch-float32 here: the same sampler and batching)
-BACKEND = ("torch-float32", "backend-ct2", "backend-llama.cpp")
+
+
+def backend_engines() -> tuple[str, ...]:
+    """The backend's engines on this CPU: LocalBackend's torch path runs at ``auto_dtype``'s choice (the
+    same sampler and batching as torch-<dtype> here), so torch-float32 on a CPU without AVX512-BF16 or AMX
+    and torch-bfloat16 on one with them; then the ctranslate2 and llama.cpp engines behind the interface."""
+    from mdl_jax.pipeline.generation import auto_dtype
+
+    return (f"torch-{auto_dtype('cpu')}", "backend-ct2", "backend-llama.cpp")
 
 
 def main(argv=None):
@@ -346,7 +353,7 @@ def main(argv=None):
     for e, why in skipped.items():
         print(f"{e:16s} skipped: {why}")
     peers = [e for e in PEERS if e in summary]
-    mine = [e for e in BACKEND if e in summary]
+    mine = [e for e in backend_engines() if e in summary]
     if mine and peers:
         targets = {}
         for e in mine:
@@ -366,6 +373,9 @@ def main(argv=None):
             print(f"target (issue 25): the backend ≥ the best peer, {mode} (its fastest engine here: {pick}): "
                   f"{min(x):.2f}-{max(x):.2f}× ({'met' if min(x) >= 1 else 'within 5%' if min(x) >= 0.95 else 'not met'})")
         res["target"] = best
+        if backend_engines()[0] != "torch-float32":
+            print("(this CPU has bfloat16, so the backend's torch path runs torch-bfloat16; issue 25's target "
+                  "is set for a CPU without it)")
     print(json.dumps(res))
     return res
 
