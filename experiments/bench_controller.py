@@ -190,10 +190,13 @@ def _export_rev(rev: str, dest: Path) -> str:
                              capture_output=True, text=True).stdout.strip()
         data = subprocess.run(["git", "archive", "--format=tar", sha, "mdl_jax"], cwd=root, check=True,
                               capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        err = getattr(e, "stderr", b"") or b""
+    except OSError as e:  # no git, or no checkout here
+        raise SystemExit(f"bench_controller: error: --compare-rev needs git and this repository's history "
+                         f"({e})") from None
+    except subprocess.CalledProcessError as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise SystemExit(f"bench_controller: error: --compare-rev {rev!r}: not a commit of this repository "
-                         f"({(err.decode() if isinstance(err, bytes) else err).strip() or e})") from None
+                         f"({' '.join(err.split())[:200] or e})") from None
     dest.mkdir(parents=True)
     with tempfile.TemporaryFile() as f:
         f.write(data)
