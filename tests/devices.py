@@ -16,7 +16,7 @@ def run_on_forced_devices(code: str, n_dev: int, tmp_path) -> np.ndarray:
     """Run ``code`` (which saves an array to ``sys.argv[1]`` and prints ``jax.device_count()`` last)
     with ``--xla_force_host_platform_device_count=n_dev``; return the saved array."""
     # Without the suite's persistent XLA cache (tests/xla_cache.py): the product never loads a multi-device
-    # executable from one, and once (1 of 3 full runs on a Zen 4 VM, 2026-12-03) this child died of a
+    # executable from one, and once (in 1 of 2 full runs on a Zen 4 VM, 2026-12-03) this child died of a
     # SIGABRT with the cache warm, never reproduced in 17 reruns with it warm; compiling costs ~8 s more here.
     env = {**xla_cache.without_cache(os.environ), "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
            "JAX_PLATFORMS": "cpu"}
