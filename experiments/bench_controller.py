@@ -83,7 +83,8 @@ def _fma_width_lanes() -> int:
                 break
     except (OSError, ValueError):
         pass
-    return 8 if (vendor == "AuthenticAMD" and family == 0x19) else 16
+    # family 0x19 is Zen 3 too (no AVX-512: its builds are 8 lanes anyway, and the note is not printed)
+    return 8 if (vendor == "AuthenticAMD" and family == 0x19 and "avx512f" in native.cpu_flags()) else 16
 
 
 def _cpu_model() -> str:
@@ -227,6 +228,7 @@ def _against_revs(revs: list[str], sizes: list[int], rounds: int, min_time: floa
     rotates), on all of this process's CPUs at ``sizes`` and pinned to one CPU at N = 10^6. Ratios are
     this tree's speed over the rev's within each round: > 1 is faster."""
     here = Path(__file__).resolve().parents[1]
+    revs = list(dict.fromkeys(revs))  # a rev named twice is measured once
     allowed = sorted(os.sched_getaffinity(0))
     n1 = min(sizes + [1_000_000])
     out: dict = {"revs": {}, "sizes": sizes, "one_core_n": n1, "rounds": rounds}
@@ -524,7 +526,7 @@ def main(argv=None) -> dict:
         isa = ar["isa"]["this tree"]
         print(f"this tree's kernel ({isa}) against earlier commits' (each its own decide(validate=False), fresh "
               f"processes, {ar['rounds']} interleaved rounds; > 1× is faster here):")
-        for rev in args.compare_rev:
+        for rev in dict.fromkeys(args.compare_rev):
             row = ar["revs"][rev]
             for k, rs in row["ratio_rounds"].items():
                 label = f"N={k}, all cores" if k != "one_core" else f"one core, CPU time, N={ar['one_core_n']}"
