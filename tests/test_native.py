@@ -2,6 +2,10 @@
 batch-size invariance, every ablation, the ISA variants (AVX-512 / AVX2) and the fallback when it cannot be
 built."""
 
+import os
+import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -332,16 +336,40 @@ def test_small_numpy_call_gives_decides_bits_without_dispatch(n, rng):
 
 def test_bench_controller_compare_rev_exports_a_commit_and_names_a_bad_one(tmp_path):
     # bench_controller --compare-rev measures an earlier commit's own kernel: its mdl_jax is taken
-    # from git, and a name that is no commit is a one-line error naming the flag
+    # from git; a name that is no commit, an option-like name, a tree, or a commit from before the
+    # controller's native.py (which the measuring child imports) is an error naming it, before any work
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    from experiments import bench_controller
+    from experiments import bench_controller as b
 
-    sha = bench_controller._export_rev("HEAD", tmp_path / "head")
+    sha = b._export_rev("HEAD", tmp_path / "head")
     assert len(sha) == 40
     assert (tmp_path / "head" / "mdl_jax" / "controller" / "_native" / "decide_cpu.cc").is_file()
-    with pytest.raises(SystemExit, match="--compare-rev 'no-such-rev'"):
-        bench_controller._export_rev("no-such-rev", tmp_path / "bad")
+    for rev, says in (("no-such-rev", "not a commit"), ("--all", "expected a commit"), ("", "expected a commit"),
+                      ("HEAD^{tree}", "not a commit")):
+        with pytest.raises(b.CompareRevError, match=f"--compare-rev {re.escape(repr(rev))}.*{says}"):
+            b._resolve_rev(rev)
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    with pytest.raises(b.CompareRevError, match="predates mdl_jax/controller/native.py"):
+        b._export_rev(first, tmp_path / "first")
+    assert not (tmp_path / "first").exists()  # refused before anything is written
+    # the CLI says it in one line, before measuring anything
+    r = subprocess.run([sys.executable, "-m", "experiments.bench_controller", "--compare-rev", "no-such-rev"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--compare-rev 'no-such-rev': not a commit" in r.stderr, r.stderr[-500:]
+    r = subprocess.run([sys.executable, "-m", "experiments.bench_controller", "--compare-rev", "HEAD"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "MDL_JAX_NATIVE": "0"})
+    assert r.returncode == 2 and "MDL_JAX_NATIVE=0" in r.stderr, r.stderr[-500:]
+
+
+def test_bench_controller_no_slower_verdict_allows_for_noise():
+    from experiments import bench_controller as b
+
+    assert b._verdict([1.01, 1.2], 1.1) == "met in every round"
+    assert b._verdict([0.9, 1.2], 1.02) == "met at the median"
+    assert b._verdict([0.9, 1.0], 0.97).startswith("level")
+    assert b._verdict([0.8, 0.9], 0.9) == "NOT met"
 
 
 @pytest.mark.slow
