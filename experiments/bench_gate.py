@@ -158,7 +158,7 @@ def child_uncached(n: int) -> dict:
         wall = time.perf_counter() - t0
         n_texts = gate.embedder.n_embedded
     return {"n": n, "wall_s": wall, "records_per_s": n / wall, "stages_s": t, "model_load_s": load_s,
-            "texts_embedded": n_texts, "signals_s": t["checks"] + t["conflict"] + t["aggregation"],
+            "texts_embedded": n_texts, "embed_backend": gate.embedder.backend, "signals_s": t["checks"] + t["conflict"] + t["aggregation"],
             "peak_rss_mb": _rss_mb()}
 
 
@@ -295,7 +295,8 @@ def main(argv=None) -> int:
     print(f"uncached {n_unc:>7,d}: {unc['records_per_s']:>9,.1f} rec/s  wall {unc['wall_s']:7.2f} s  "
           f"embedding {s['embedding']:6.2f} ({unc['texts_embedded']} texts)  signals "
           f"{unc['signals_s']:.2f}  decision {s['decision']:.3f} s  (model load {unc['model_load_s']:.1f} s "
-          f"apart)  peak RSS {unc['peak_rss_mb']:.0f} MB", flush=True)
+          f"apart)  peak RSS {unc['peak_rss_mb']:.0f} MB  embedder backend {unc['embed_backend']} (the "
+          f"gate's default 'auto')", flush=True)
     alone = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
     print(f"decision stage alone (10^6): {alone['per_s_total']:,.0f}/s over the total, "
           f"{alone['per_s_median_chunk']:,.0f}/s median chunk, {alone['per_s_best_chunk']:,.0f}/s best chunk",

@@ -144,6 +144,12 @@ def main(argv=None) -> int:
     cpu = cpu_flags()
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
           f"load average {os.getloadavg()[0]:.1f}; {n} TruthfulQA queries x 6 documents", flush=True)
+    from mdl_jax.signals.embeddings import DEFAULT_MODEL, auto_backend, resolve_model
+
+    # both sides of each pair embed with the same model on the same backend: the components' default
+    # "auto" (the peers' embeddings are MiniLMEmbeddings / MiniLMEmbedding, whose default it is too)
+    print(f"embedder: {DEFAULT_MODEL}, backend {auto_backend(resolve_model(DEFAULT_MODEL)[0])} ('auto') "
+          "for MDL and the peers alike", flush=True)
     rows = _data(n)
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     try:

@@ -276,7 +276,7 @@ def test_each_backend_keeps_its_own_cache_key(onnx_cache, tmp_path):
 
 
 def test_bad_backend_settings_are_one_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"backend: expected one of \['torch', 'onnx', 'onnx-int8', 'openvino-bf16'\]"):
+    with pytest.raises(ValueError, match=r"backend: expected one of \['torch', 'onnx', 'onnx-int8', 'openvino-bf16', 'auto'\]"):
         Embedder(cache_dir=tmp_path, backend="tensorrt")
     with pytest.raises(ValueError, match="runs on the CPU"):
         Embedder(cache_dir=tmp_path, backend="onnx", device="cuda")
@@ -290,3 +290,82 @@ def test_bad_backend_settings_are_one_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="backend 'onnx'"):
         e.embed(["x"])
     assert not list(tmp_path.rglob("*.onnx")) and not list(tmp_path.rglob("*.tmp"))  # nothing half-written
+
+
+# -- "auto": the gate's default backend ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_auto_runs_onnx_where_installed_and_the_gates_actions_and_signals_equal_torchs(onnx_cache, embedder):
+    """The gate's default: ONNX Runtime where the extra is installed, deciding as torch's vectors do on
+    bundled TruthfulQA + HaluEval rows (the torch side: the session's embedder)."""
+    pytest.importorskip("onnxruntime")
+    from mdl_jax.gate import MemoryGate
+    from mdl_jax.pipeline import data
+    from mdl_jax.pipeline.stores import StoreConfig, build_stores
+
+    gate = MemoryGate(cache_dir=onnx_cache)  # embedder and embed_backend left at their defaults
+    assert gate.embedder.requested_backend == "auto" and gate.embedder.backend == "onnx"
+    assert gate.embedder.model_id.endswith("#onnx")
+    rows = [(s.item.question, s.texts) for ds in ("truthfulqa", "halueval")
+            for s in build_stores(data.load(ds, limit=40), StoreConfig(seed=0))]
+    got = gate.columns([q for q, _ in rows], [m for _, m in rows])
+    want = MemoryGate(embedder=embedder).columns([q for q, _ in rows], [m for _, m in rows])
+    assert (got["action"] == want["action"]).all()
+    for k in ("M", "R", "phi", "C_final"):
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
+
+
+def test_auto_runs_torch_without_the_runtime_on_a_gpu_or_for_a_model_it_cannot_export(tmp_path, monkeypatch):
+    import importlib.util
+
+    from mdl_jax.signals import embeddings
+
+    assert Embedder(cache_dir=tmp_path, backend="auto", device="cuda").backend == "torch"
+    assert Embedder("org/a-hub-name", cache_dir=tmp_path, backend="auto").backend == "torch"  # not a folder
+    lasttoken = tmp_path / "lasttoken-model"
+    (lasttoken / "1_Pooling").mkdir(parents=True)
+    (lasttoken / "modules.json").write_text('[{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]')
+    (lasttoken / "1_Pooling" / "config.json").write_text('{"pooling_mode_lasttoken": true}')
+    assert embeddings.auto_backend(str(lasttoken)) == "torch"  # a pooling the exporter does not reproduce
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    assert (e.requested_backend, e.backend, e.model_id) == ("auto", "torch", "sentence-transformers/all-MiniLM-L6-v2")
+
+
+@pytest.mark.slow
+def test_auto_falls_back_to_torch_with_a_warning_when_the_onnx_load_fails(tmp_path, monkeypatch, embedder):
+    """A failure to export or load (faked here: the failure path) costs a warning, not the gate: the
+    vectors are torch's, cached under torch's key, and the next Embedder does not try again."""
+    pytest.importorskip("onnxruntime")
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter: an operator it cannot convert")
+
+    monkeypatch.setattr(onnx_encoder, "load", broken)
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    assert e.backend == "onnx"
+    with pytest.warns(RuntimeWarning, match="backend 'auto' runs it with torch instead"):
+        got = e.embed(TEXTS[:3])
+    assert e.backend == "torch" and e.model_id == embedder.model_id
+    np.testing.assert_allclose(got, embedder.embed(TEXTS[:3]), atol=1e-6)
+    again = Embedder(cache_dir=tmp_path)  # torch's key: what the fallback wrote is served from the cache
+    again.embed(TEXTS[:3])
+    assert (again.n_embedded, again.n_cached) == (0, 3)
+    assert Embedder(cache_dir=tmp_path, backend="auto").backend == "torch"
+
+
+def test_a_bad_embed_backend_is_one_error_naming_it(tmp_path):
+    from mdl_jax.gate import MemoryGate
+
+    with pytest.raises(ValueError, match=r"embed_backend: expected one of \['torch', 'onnx'"):
+        MemoryGate(cache_dir=tmp_path, embed_backend="tensorrt")
+    with pytest.raises(ValueError, match="embed_backend: applies to a named embedder"):
+        MemoryGate(embedder=lambda t: np.ones((len(t), 4)), embed_backend="torch")
+    pytest.importorskip("ray")
+    from mdl_jax.integrations.ray_data import MemoryGateBatch
+
+    with pytest.raises(ValueError, match="embed_backend: 'onnx' runs on the CPU; device='cuda'"):
+        MemoryGateBatch(device="cuda", embed_backend="onnx")

@@ -232,3 +232,37 @@ def test_every_input_column_reaches_parquet_whatever_its_values(tmp_path, capsys
         if key in as_json:
             vals = [None if v is None else json.loads(v) for v in vals]
         assert vals == want, key
+
+
+def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_path):
+    """A resumed run must not mix two backends' vectors; a manifest written before the setting existed
+    ran torch."""
+    import argparse
+
+    from mdl_jax.gate import files
+
+    src = _jsonl(tmp_path / "in.jsonl", [{"question": "q", "mems": ["m"]}])
+    args = argparse.Namespace(input=str(src), query_field="question", memories_field="mems", risk_field=None,
+                              category_field=None, risk="0.5", config=None, embedder="all-MiniLM-L6-v2",
+                              split="train", chunk_size=3, on_bad_row="error")
+    work = tmp_path / "out.jsonl.parts"
+    work.mkdir()
+    old = {k: v for k, v in files._fingerprint(args, "torch").items() if k != "embed_backend"}
+    (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": old,
+                                                    "parts": [], "done": False}))
+    assert files._read_manifest(work, files._fingerprint(args, "torch"))["args"] == old
+    with pytest.raises(files.GateInputError, match="embed_backend: 'torch' then, 'onnx' now"):
+        files._read_manifest(work, files._fingerprint(args, "onnx"))
+
+
+@pytest.mark.slow
+def test_the_embed_backend_flag_reaches_the_gate_and_the_summary(rows, tmp_path, embedder, cache_dir, capsys):
+    """``--embed-backend torch`` pins sentence-transformers: the session embedder's decisions, to the bit."""
+    want = MemoryGate(embedder=embedder).decide_batch([r["question"] for r in rows], [r["mems"] for r in rows])
+    out = tmp_path / "out.parquet"
+    assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows)), "--out", str(out), *FIELDS,
+                 "--cache-dir", str(cache_dir), "--embed-backend", "torch", "--no-progress"]) == 0
+    got = pd.read_parquet(out)
+    assert got["mdl_action"].tolist() == [d.action_name for d in want]
+    np.testing.assert_array_equal(got["mdl_C_final"], np.float32([d.scalars["C_final"] for d in want]))
+    assert "embedder backend torch" in capsys.readouterr().err

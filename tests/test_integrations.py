@@ -163,9 +163,10 @@ def test_haystack_component_in_a_pipeline_and_serialised(tmp_path):
     pipe.connect("retriever.documents", "gate.documents")
     out = pipe.run({"retriever": {"query": "fact"}, "gate": {"query": "q", "risk": 0.85}})
     assert out["gate"]["decision"]["action"] == "Opt-Out" and out["gate"]["documents"] == []
-    g = MDLGate(risk="truthfulqa", category="Health")
+    g = MDLGate(risk="truthfulqa", category="Health", embed_backend="torch")
     again = MDLGate.from_dict(g.to_dict())
     assert (again.risk, again.category, again.embedder) == ("truthfulqa", "Health", g.embedder)
+    assert again.embed_backend == "torch" and again.gate.embedder.backend == "torch"
 
 
 def _readme_examples():
@@ -188,3 +189,16 @@ def test_readme_examples_are_the_example_files_and_run_as_written(cache_dir, mon
         # the four questions of the examples reach all four actions with the bundled MiniLM
         for line, name in zip(lines, ("Active", "Supp", "Silent", "Opt-Out")):
             assert f": {name}, C_final" in line, (path, line)
+
+
+def test_each_frameworks_embeddings_share_the_gates_backend_and_cache_key(tmp_path):
+    """A vector store embedding with the framework embeddings and the gate read one cache: same key."""
+    from mdl_jax.integrations.llamaindex import MDLNodePostprocessor, MiniLMEmbedding
+
+    lc = MiniLMEmbeddings(cache_dir=str(tmp_path)).embedder
+    assert lc.model_id == MDLDocumentCompressor(cache_dir=str(tmp_path)).gate.embedder.model_id
+    li = MiniLMEmbedding(cache_dir=str(tmp_path))._emb
+    assert li.model_id == MDLNodePostprocessor(cache_dir=str(tmp_path)).gate.embedder.model_id
+    assert MDLGate(cache_dir=str(tmp_path)).gate.embedder.model_id == lc.model_id
+    pinned = MiniLMEmbeddings(cache_dir=str(tmp_path), backend="torch").embedder
+    assert pinned.model_id == MDLDocumentCompressor(cache_dir=str(tmp_path), embed_backend="torch").gate.embedder.model_id

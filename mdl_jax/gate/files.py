@@ -367,13 +367,16 @@ def _risk_spec(s: str):
                              f"JSON {{category: risk}} file, got {s!r}") from None
 
 
-def _fingerprint(args) -> dict:
+def _fingerprint(args, embed_backend: str | None = None) -> dict:
+    """What a resumed run must share with the run that wrote the parts. ``embed_backend``: what runs
+    the embedder (``"auto"`` resolved: a run resumed where it resolves otherwise is refused, since
+    its parts would mix two backends' vectors); None for a callable embedder."""
     p = Path(args.input)
     stat = {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} if p.is_file() else {}
     keys = ("query_field", "memories_field", "risk_field", "category_field", "risk", "config",
             "embedder", "split", "chunk_size", "on_bad_row")
     return {"input": str(p.resolve()) if p.exists() else args.input, **stat,
-            **{k: getattr(args, k) for k in keys}}
+            **{k: getattr(args, k) for k in keys}, "embed_backend": embed_backend}
 
 
 # Every file is written under a fresh name (mkstemp: O_CREAT | O_EXCL, so a name planted beforehand,
@@ -645,9 +648,14 @@ def _read_manifest(work: Path, fp: dict) -> dict:
     if not ok:
         raise GateInputError(f"--out: {path} is not a manifest of this version of mdl-jax gate; remove "
                              f"{work} to start over")
-    if man.get("args") != fp:
+    old = dict(man.get("args") or {})
+    # a run written before the embedder had a backend setting ran torch (None: a callable embedder)
+    old.setdefault("embed_backend", "torch" if fp.get("embed_backend") is not None else None)
+    if old != fp:
+        diff = "; ".join(f"{k}: {old.get(k)!r} then, {fp.get(k)!r} now" for k in sorted(set(old) | set(fp))
+                         if old.get(k) != fp.get(k))
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
-                             "another input; remove it to start over")
+                             f"another input ({diff[:400]}); remove it to start over")
     return man
 
 
@@ -658,6 +666,7 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from mdl_jax.gate.core import MemoryGate
+    from mdl_jax.signals.embeddings import Embedder
 
     out = Path(args.out)
     fmt = out.suffix.lower()
@@ -678,8 +687,8 @@ def run(args) -> int:
         warnings.warn("--risk truthfulqa reads each row's category, but no --category-field is given: "
                       "every row gets the preset's default A = 0.5", stacklevel=2)
     try:
-        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=risk,
-                          config=args.config, cache_dir=args.cache_dir)
+        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=risk, config=args.config,
+                          cache_dir=args.cache_dir, embed_backend=getattr(args, "embed_backend", "auto"))
     except ValueError as e:
         raise GateInputError(str(e)) from None
     _parts_folder(work, out)
@@ -691,7 +700,7 @@ def run(args) -> int:
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
     if args.chunk_size is None:  # the run being resumed keeps its parts' size; a new one the default
         args.chunk_size = _resumed_chunk_size(work) or CHUNK_SIZE
-    fp = _fingerprint(args)
+    fp = _fingerprint(args, gate.embedder.backend if isinstance(gate.embedder, Embedder) else None)
     fresh = not os.path.lexists(work / "manifest.json")
     man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
     try:
@@ -812,7 +821,9 @@ def _summary(man: dict, out: Path) -> None:
         n_bad += p["n_bad"]
     n = sum(counts.values())
     line = ", ".join(f"{k} {v}" for k, v in counts.items())
-    print(f"mdl-jax gate: {n} rows decided → {out} ({line}); {n_bad} bad rows skipped",
+    backend = (man.get("args") or {}).get("embed_backend")
+    via = f"; embedder backend {backend}" if backend else ""
+    print(f"mdl-jax gate: {n} rows decided → {out} ({line}); {n_bad} bad rows skipped{via}",
           file=sys.stderr)
     for msg in bad[:5]:
         print(f"  skipped: {msg}", file=sys.stderr)

@@ -27,9 +27,10 @@ def decision_metadata(d: GateDecision) -> dict:
     return meta
 
 
-def build_gate(embedder, risk, conflict, config, cache_dir) -> MemoryGate:
+def build_gate(embedder, risk, conflict, config, cache_dir, embed_backend="auto") -> MemoryGate:
     """The gate behind a component's fields (built once, on first use)."""
-    return MemoryGate(embedder=embedder, risk=risk, conflict=conflict, config=config, cache_dir=cache_dir)
+    return MemoryGate(embedder=embedder, risk=risk, conflict=conflict, config=config, cache_dir=cache_dir,
+                      embed_backend=embed_backend)
 
 
 METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

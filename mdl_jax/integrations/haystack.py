@@ -40,6 +40,8 @@ class MDLGate:
         detector.
       config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
       cache_dir: the named embedder's vector cache folder (None: its default).
+      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime where the
+        ``onnx`` extra is installed, else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
       category: a fixed category for a category-table or preset risk, used for every query.
 
     Raises:
@@ -47,10 +49,12 @@ class MDLGate:
     """
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5, conflict: Any = None,
-                 config: Any = None, cache_dir: str | None = None, category: str | None = None):
+                 config: Any = None, cache_dir: str | None = None, category: str | None = None,
+                 embed_backend: str = "auto"):
         self.embedder, self.risk, self.conflict = embedder, risk, conflict
         self.config, self.cache_dir, self.category = config, cache_dir, category
-        self.gate = build_gate(embedder, risk, conflict, config, cache_dir)
+        self.embed_backend = embed_backend
+        self.gate = build_gate(embedder, risk, conflict, config, cache_dir, embed_backend)
         self.last_decision: GateDecision | None = None
 
     @component.output_types(documents=list[Document], decision=dict)
@@ -89,7 +93,8 @@ class MDLGate:
     def to_dict(self) -> dict:
         """Serialisable when the settings are (a model name or path, a number / preset / table)."""
         return default_to_dict(self, embedder=self.embedder, risk=self.risk, config=self.config,
-                               cache_dir=self.cache_dir, category=self.category)
+                               cache_dir=self.cache_dir, category=self.category,
+                               embed_backend=self.embed_backend)
 
     @classmethod
     def from_dict(cls, data: dict) -> MDLGate:

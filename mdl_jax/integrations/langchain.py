@@ -48,6 +48,8 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
         detector.
       config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
       cache_dir: the named embedder's vector cache folder (None: its default).
+      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime where the
+        ``onnx`` extra is installed, else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
       category: a fixed category for a category-table or preset risk, used for every query.
       on_decision: called with each ``GateDecision`` (also the Silent / Opt-Out ones, which keep
         no documents), or None.
@@ -60,6 +62,7 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
     conflict: Callable | None = None
     config: Any = None
     cache_dir: str | None = None
+    embed_backend: str = "auto"
     category: str | None = None
     on_decision: Callable[[GateDecision], Any] | None = None
 
@@ -69,7 +72,8 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
     def model_post_init(self, __context: Any) -> None:
         """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
         # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
-        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
+        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir,
+                                 self.embed_backend)
 
     @property
     def gate(self) -> MemoryGate:
@@ -112,8 +116,9 @@ class MiniLMEmbeddings(Embeddings):
     """LangChain ``Embeddings`` over mdl-jax's embedder (the bundled MiniLM, cached on disk), so a
     vector store and the gate share one model and one cache."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, cache_dir: str | None = None):
-        self.embedder = Embedder(model, cache_dir=cache_dir)
+    def __init__(self, model: str = DEFAULT_MODEL, cache_dir: str | None = None, backend: str = "auto"):
+        # "auto", as the gate's: the two then share one cache key, so a text is embedded once
+        self.embedder = Embedder(model, cache_dir=cache_dir, backend=backend)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return self.embedder.embed(texts).tolist() if texts else []

@@ -47,6 +47,8 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
         detector.
       config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
       cache_dir: the named embedder's vector cache folder (None: its default).
+      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime where the
+        ``onnx`` extra is installed, else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
       category: a fixed category for a category-table or preset risk, used for every query.
       on_decision: called with each ``GateDecision``, or None.
     """
@@ -56,6 +58,7 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
     conflict: Callable | None = None
     config: Any = None
     cache_dir: str | None = None
+    embed_backend: str = "auto"
     category: str | None = None
     on_decision: Callable[[GateDecision], Any] | None = None
 
@@ -64,7 +67,8 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
 
     def model_post_init(self, __context: Any) -> None:
         """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
-        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir)
+        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir,
+                                 self.embed_backend)
 
     @classmethod
     def class_name(cls) -> str:
@@ -109,10 +113,11 @@ class MiniLMEmbedding(BaseEmbedding):
 
     model: str = DEFAULT_MODEL
     cache_dir: str | None = None
+    backend: str = "auto"  # as the gate's: the two then share one cache key, so a text is embedded once
     _emb: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self._emb = Embedder(self.model, cache_dir=self.cache_dir)
+        self._emb = Embedder(self.model, cache_dir=self.cache_dir, backend=self.backend)
 
     @classmethod
     def class_name(cls) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from mdl_jax.controller.decision import Action
-from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
+from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate, check_embed_backend
 from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
 
 ON_BAD_ROW = ("error", "mark")
@@ -64,6 +64,8 @@ class MemoryGateBatch:
         cache_dir: the embedding cache folder on each node (default ``$MDL_JAX_CACHE_DIR`` or
             ``~/.cache/mdl_jax``).
         device: the torch device of a named embedder ("cpu", "cuda"); None for the CPU.
+        embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime on the
+            CPU where the ``onnx`` extra is installed on the node; torch on a GPU), "torch", ...
         batch_size: the embedder's encoding batch size.
         on_bad_row: "error" (a bad row fails the batch) or "mark" (the row gets ``mdl_action`` None
             and ``mdl_error``).
@@ -77,15 +79,20 @@ class MemoryGateBatch:
                  query_field: str = "query", memories_field: str = "memories",
                  category_field: str | None = None, risk_field: str | None = None,
                  cache_dir: str | None = None, device: str | None = None, batch_size: int = 64,
+                 embed_backend: str = "auto",
                  on_bad_row: str = "error"):
         if on_bad_row not in ON_BAD_ROW:
             raise ValueError(f"on_bad_row: expected one of {list(ON_BAD_ROW)}, got {on_bad_row!r}")
         for name, v in (("query_field", query_field), ("memories_field", memories_field)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}: expected a column name, got {v!r}")
+        check_embed_backend(embed_backend, device)
         if isinstance(embedder, str) and device is not None:
-            embedder = Embedder(embedder, cache_dir=cache_dir, batch_size=batch_size, device=device)
+            embedder = Embedder(embedder, cache_dir=cache_dir, batch_size=batch_size, device=device,
+                                backend=embed_backend)
+            embed_backend = "auto"  # the Embedder above carries it
         self.gate = MemoryGate(embedder=embedder, risk=risk, config=config, cache_dir=cache_dir,
+                               embed_backend=embed_backend,
                                batch_size=batch_size)
         self.query_field, self.memories_field = query_field, memories_field
         self.category_field, self.risk_field = category_field, risk_field

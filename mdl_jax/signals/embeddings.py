@@ -47,6 +47,39 @@ def resolve_model(name: str) -> tuple[str, str]:
     return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
 
 
+AUTO = "auto"
+_AUTO_FAILED: set[str] = set()  # model folders whose "onnx" failed to load in this process
+
+
+def auto_backend(load_path: str, device: str | None = None) -> str:
+    """What ``backend="auto"`` runs: ``"onnx"`` where it can, else ``"torch"``.
+
+    ``"onnx"`` gives torch's vectors to float32 rounding (cosine ≥ 0.99999, every gate action equal on
+    the bundled rows) and runs the uncached gate 1.7-2.2× as fast on the CPUs measured (docs:
+    Benchmarks, embedding backends). It is picked when the model runs on the CPU (``device`` None or
+    "cpu"), is a local folder with mean or CLS pooling (the bundled MiniLM is), and onnxruntime and
+    onnx are installed (the ``onnx`` extra); the graph is exported on first use (≈ 6 s, once per
+    cache folder and model) and loads in ≈ 0.2 s after. Otherwise, and when the export fails
+    (``Embedder.model`` warns and falls back), torch.
+
+    Not picked by "auto": ``"onnx-int8"`` and ``"openvino-bf16"``, faster but not torch's vectors
+    (int8 fails the parity; bfloat16 vectors depend on the CPU), and OpenVINO does not survive a fork.
+    """
+    import importlib.util
+
+    if device not in (None, "cpu") or not Path(load_path).is_dir() or load_path in _AUTO_FAILED:
+        return "torch"
+    if any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnx")):
+        return "torch"
+    from mdl_jax.signals.onnx_encoder import _pooling
+
+    try:
+        _pooling(Path(load_path))
+    except (ValueError, OSError):  # a pooling the exporter does not reproduce, or an unreadable config
+        return "torch"
+    return "onnx"
+
+
 def _key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
@@ -159,6 +192,13 @@ class Embedder:
     int8 and bfloat16, see ``onnx_encoder``), so two calls that encode it at once from different
     threads can get vectors that differ in their last bits. Once cached, every call gets the cached
     vector. A model's non-finite vector is an error (ValueError) and is never cached.
+
+    ``backend`` picks what runs the model: ``"torch"`` (sentence-transformers; the default here, and
+    what the experiment pipeline's committed runs were embedded with), ``"onnx"`` (ONNX Runtime,
+    float32: torch's vectors to float32 rounding, 1.7-2.2× as fast uncached), ``"onnx-int8"``,
+    ``"openvino-bf16"`` (faster, not torch's vectors; see ``onnx_encoder``), or ``"auto"``: ``"onnx"``
+    where it can run, else ``"torch"`` (``auto_backend``). The gate and the framework components
+    default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
@@ -166,18 +206,15 @@ class Embedder:
                  backend: str = "torch"):
         from mdl_jax.signals.onnx_encoder import BACKENDS
 
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
-        if backend != "torch" and device not in (None, "cpu"):
+        if backend not in BACKENDS + (AUTO,):
+            raise ValueError(f"backend: expected one of {list(BACKENDS + (AUTO,))}, got {backend!r}")
+        if backend not in ("torch", AUTO) and device not in (None, "cpu"):
             raise ValueError(f"backend: {backend!r} runs on the CPU; device={device!r} needs backend 'torch'")
         self.model_name = model
-        self.backend = backend
-        self.load_path, self.model_id = resolve_model(model)
-        if backend != "torch":
-            # its own cache key: ONNX Runtime's vectors differ from torch's in the last float32 bits
-            # (int8's and OpenVINO bfloat16's more), and a cache must never mix two backends' vectors
-            # for one model
-            self.model_id += f"#{backend}"
+        self.requested_backend = backend
+        self.load_path, self._base_id = resolve_model(model)
+        self.backend = auto_backend(self.load_path, device) if backend == AUTO else backend
+        self.model_id = self._id(self.backend)
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache_dir = cache_dir
         self.cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
@@ -191,8 +228,31 @@ class Embedder:
         self._memory: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._memory_lock = threading.Lock()
 
+    def _id(self, backend: str) -> str:
+        # Each backend its own cache key: ONNX Runtime's vectors differ from torch's in the last
+        # float32 bits (int8's and OpenVINO bfloat16's more), and a cache must never mix two backends'
+        # vectors for one model.
+        return self._base_id if backend == "torch" else f"{self._base_id}#{backend}"
+
     @property
     def model(self):
+        if self._model is None and self.requested_backend == AUTO and self.backend != "torch":
+            try:
+                return self._load()
+            except (ModelLoadError, RuntimeError) as e:  # RuntimeError: the exporter's and the runtime's
+                # "auto" promised the fastest backend that gives torch's vectors, not a new way to
+                # fail: a model the exporter cannot handle runs on torch, said once. Vectors found in
+                # the cache under the failed backend's key (a run where it worked) are not mixed in
+                # after this: every later lookup and write uses torch's key.
+                import warnings
+
+                warnings.warn(f"{e}; backend 'auto' runs it with torch instead", RuntimeWarning, stacklevel=2)
+                _AUTO_FAILED.add(self.load_path)  # the next Embedder of this process skips the retry
+                self.backend = "torch"
+                self.model_id = self._id("torch")
+        return self._load()
+
+    def _load(self):
         if self._model is None:
             if self.backend == "torch":
                 self._model = _load_model(self.load_path, self.device or "cpu")
