@@ -6,7 +6,7 @@
 
 The gate holds four replaceable parts and runs the same code as the benchmark pipeline:
   embedder   ``mdl_jax.signals.embeddings.Embedder`` (a sentence-transformers name or path; cached on
-             disk; run by ONNX Runtime where the ``onnx`` extra is installed, ``embed_backend``),
+             disk; run by ONNX Runtime where onnxruntime is installed, ``embed_backend``),
              an object with ``embed(texts)``, or any callable texts → (N, d) array
   risk       A: a constant, the presets ``"truthfulqa"`` (category table) / ``"halueval"`` (whole-word
              keywords on the query), a {category: risk} table, or a callable (query, category) → A
@@ -375,8 +375,8 @@ class MemoryGate:
       cache_dir: for a named embedder: its vector cache folder (default: the embedder's own).
       batch_size: for a named embedder: its encoding batch size.
       embed_backend: for a named embedder: what runs it (``Embedder``'s ``backend``). The default
-        ``"auto"`` is ONNX Runtime in float32 where the ``onnx`` extra is installed and the model can
-        be exported (torch's vectors to float32 rounding, the uncached gate 1.7-2.2× as fast), else
+        ``"auto"`` is ONNX Runtime in float32 where onnxruntime and onnx are installed (the ``signals``
+        extra) and the model can be exported (torch's vectors to float32 rounding, the uncached gate 1.7-2.2× as fast), else
         torch; ``"torch"`` pins sentence-transformers.
       relevance_threshold: the cosine above which a memory counts as relevant to the query (for R
         and φ; the paper's 0.3), in [0, 1].

@@ -65,7 +65,7 @@ class MemoryGateBatch:
             ``~/.cache/mdl_jax``).
         device: the torch device of a named embedder ("cpu", "cuda"); None for the CPU.
         embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime on the
-            CPU where the ``onnx`` extra is installed on the node; torch on a GPU), "torch", ...
+            CPU where onnxruntime is installed on the node; torch on a GPU), "torch", ...
         batch_size: the embedder's encoding batch size.
         on_bad_row: "error" (a bad row fails the batch) or "mark" (the row gets ``mdl_action`` None
             and ``mdl_error``).

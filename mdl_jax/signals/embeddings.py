@@ -58,12 +58,13 @@ def auto_backend(load_path: str, device: str | None = None) -> str:
     the bundled rows) and runs the uncached gate 1.7-2.2× as fast on the CPUs measured (docs:
     Benchmarks, embedding backends). It is picked when the model runs on the CPU (``device`` None or
     "cpu"), is a local folder with mean or CLS pooling (the bundled MiniLM is), and onnxruntime and
-    onnx are installed (the ``onnx`` extra); the graph is exported on first use (≈ 6 s, once per
+    onnx are installed (the ``signals`` extra brings them); the graph is exported on first use (≈ 6 s, once per
     cache folder and model) and loads in ≈ 0.2 s after. Otherwise, and when the export fails
     (``Embedder.model`` warns and falls back), torch.
 
     Not picked by "auto": ``"onnx-int8"`` and ``"openvino-bf16"``, faster but not torch's vectors
-    (int8 fails the parity; bfloat16 vectors depend on the CPU), and OpenVINO does not survive a fork.
+    (int8 fails the parity; bfloat16 vectors depend on the CPU, and OpenVINO's compiled model cannot
+    run in a forked child). A process that forks after ONNX Runtime is loaded: see docs/deviations.md.
     """
     import importlib.util
 
