@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--embed-backend", default="auto",
                    choices=("auto", "torch", "onnx", "onnx-int8", "openvino-bf16"),
                    help="what runs a named embedder: auto = ONNX Runtime (float32, torch's vectors to "
-                        "float32 rounding, ~2x as fast) where the onnx extra is installed, else torch")
+                        "float32 rounding, ~2x as fast) where onnxruntime is installed (the signals extra), else torch")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "
                                                      "~/.cache/mdl_jax)")
     p.add_argument("--split", default="train", help="the split of a Hugging Face dataset")
