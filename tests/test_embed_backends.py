@@ -347,13 +347,19 @@ def test_auto_falls_back_to_torch_with_a_warning_when_the_onnx_load_fails(tmp_pa
     monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
     e = Embedder(cache_dir=tmp_path, backend="auto")
     assert e.backend == "onnx"
+    # a vector under the onnx key from an earlier process (a stand-in, far from torch's): served while
+    # "auto" is onnx, never beside torch's once it fell back
+    planted = np.eye(384, dtype=np.float32)[:1]
+    e.cache.put(e.model_id, TEXTS[3:4], planted)
+    np.testing.assert_array_equal(e.embed(TEXTS[3:4]), planted)  # no load needed: the cache served it
     with pytest.warns(RuntimeWarning, match="backend 'auto' runs it with torch instead"):
-        got = e.embed(TEXTS[:3])
+        got = e.embed(TEXTS[:4])
     assert e.backend == "torch" and e.model_id == embedder.model_id
-    np.testing.assert_allclose(got, embedder.embed(TEXTS[:3]), atol=1e-6)
+    np.testing.assert_allclose(got, embedder.embed(TEXTS[:4]), atol=1e-6)  # the planted row too
+    np.testing.assert_allclose(e.embed(TEXTS[3:4]), embedder.embed(TEXTS[3:4]), atol=1e-6)  # and remembered
     again = Embedder(cache_dir=tmp_path)  # torch's key: what the fallback wrote is served from the cache
-    again.embed(TEXTS[:3])
-    assert (again.n_embedded, again.n_cached) == (0, 3)
+    again.embed(TEXTS[:4])
+    assert (again.n_embedded, again.n_cached) == (0, 4)
     assert Embedder(cache_dir=tmp_path, backend="auto").backend == "torch"
 
 
@@ -369,3 +375,62 @@ def test_a_bad_embed_backend_is_one_error_naming_it(tmp_path):
 
     with pytest.raises(ValueError, match="embed_backend: 'onnx' runs on the CPU; device='cuda'"):
         MemoryGateBatch(device="cuda", embed_backend="onnx")
+
+
+def _pipeline(folder, modules=("Transformer", "Pooling"), pooling=None, st=None, bert=None):
+    """A model folder's sentence-transformers configs alone (what the ONNX path checks), no weights."""
+    import json
+
+    folder.mkdir()
+    mods = [{"idx": i, "name": str(i), "path": "" if m == "Transformer" else f"{i}_{m}",
+             "type": f"sentence_transformers.models.{m}"} for i, m in enumerate(modules)]
+    (folder / "modules.json").write_text(json.dumps(mods))
+    for m in mods[1:]:
+        (folder / m["path"]).mkdir()
+        (folder / m["path"] / "config.json").write_text(json.dumps(pooling if m["path"].endswith("Pooling") else {}))
+    for name, cfg in (("config_sentence_transformers.json", st), ("sentence_bert_config.json", bert)):
+        if cfg is not None:
+            (folder / name).write_text(json.dumps(cfg))
+    return folder
+
+
+def test_onnx_refuses_a_pipeline_it_would_not_reproduce_and_auto_runs_torch_for_it(tmp_path):
+    """The ONNX path does a Transformer, one mean / CLS pooling and Normalize: anything else would give
+    vectors unlike torch's (a Dense layer's output dimension, a second pooling, a prompt), so
+    backend "onnx" refuses it by name and "auto" leaves it to torch."""
+    from mdl_jax.signals import onnx_encoder
+    from mdl_jax.signals.embeddings import auto_backend
+
+    pytest.importorskip("onnxruntime")
+    mean = {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}
+    ok = {"old flags, + Normalize": _pipeline(tmp_path / "a", ("Transformer", "Pooling", "Normalize"), mean),
+          "sentence-transformers 6 format": _pipeline(tmp_path / "b", pooling={"pooling_mode": "cls",
+                                                                                "include_prompt": True})}
+    assert [onnx_encoder._pooling(f) for f in ok.values()] == ["mean", "cls"]
+    assert all(auto_backend(str(f)) == "onnx" for f in ok.values())
+    refused = {"has a Dense module": _pipeline(tmp_path / "c", ("Transformer", "Pooling", "Dense"), mean),
+               r"pools by \['mean', 'max_tokens'\]": _pipeline(
+                   tmp_path / "d", pooling={**mean, "pooling_mode_max_tokens": True}),
+               "pools by \\['lasttoken'\\]": _pipeline(tmp_path / "e", pooling={"pooling_mode": "lasttoken"}),
+               "sets a default prompt": _pipeline(tmp_path / "f", pooling=mean, st={"default_prompt_name": "query"}),
+               r"lower-cases its texts": _pipeline(tmp_path / "g", pooling=mean, bert={"do_lower_case": True})}
+    for why, folder in refused.items():
+        with pytest.raises(ValueError, match=why):
+            onnx_encoder._pooling(folder)
+        assert auto_backend(str(folder)) == "torch", why
+
+
+def test_the_onnx_path_truncates_where_sentence_transformers_does(tmp_path):
+    """Its config's max_seq_length; else the smaller of the tokenizer's model_max_length (1e30 when none
+    is stated) and the model's position embeddings."""
+    import json
+    from types import SimpleNamespace
+
+    from mdl_jax.signals.onnx_encoder import _max_seq_length
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 512
+    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=2048)) == 512
+    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=128)) == 128
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 256

@@ -137,6 +137,8 @@ def test_a_bad_row_is_one_line_naming_file_row_and_field_or_is_skipped(rows, tmp
     (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk-field", "r"], r"line 1: field 'r': missing"),
     (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--risk", "{tmp}/table.json", "--category-field", "cat"],
      r"in\.jsonl, line 1: field 'cat': category: 'Misconceptions' is not in the risk table"),
+    (["gate", "{src}", "--out", "{tmp}/o.jsonl", "--embed-backend", "torch"],
+     r"--embed-backend: applies to a model name or path, not to a module:function embedder"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(rows, tmp_path, capsys, argv, match):
     src = _jsonl(tmp_path / "in.jsonl", rows[:2])
@@ -250,9 +252,30 @@ def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_pat
     old = {k: v for k, v in files._fingerprint(args, "torch").items() if k != "embed_backend"}
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": old,
                                                     "parts": [], "done": False}))
-    assert files._read_manifest(work, files._fingerprint(args, "torch"))["args"] == old
-    with pytest.raises(files.GateInputError, match="embed_backend: 'torch' then, 'onnx' now"):
+    resumed = files._read_manifest(work, files._fingerprint(args, "torch"))  # read as torch, and recorded
+    assert resumed["args"] == {**old, "embed_backend": "torch"}
+    with pytest.raises(files.GateInputError, match="embed_backend: 'torch' then, 'onnx' now.*"
+                                                   "to resume it, run with --embed-backend torch"):
         files._read_manifest(work, files._fingerprint(args, "onnx"))
+
+
+@pytest.mark.slow
+def test_the_manifest_records_the_backend_that_runs_after_an_auto_fallback(rows, tmp_path, cache_dir, capsys,
+                                                                         monkeypatch):
+    """An ONNX load that fails (faked: the failure path) falls back to torch before the run is fingerprinted:
+    its parts and its record say torch, so a resume cannot mix the two."""
+    pytest.importorskip("onnxruntime")
+    from mdl_jax.signals import onnx_encoder
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter: an operator it cannot convert")
+
+    monkeypatch.setattr(onnx_encoder, "load", broken)
+    out = tmp_path / "out.parquet"
+    with pytest.warns(RuntimeWarning, match="backend 'auto' runs it with torch instead"):
+        assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:4])), "--out", str(out), *FIELDS,
+                     "--cache-dir", str(cache_dir), "--no-progress"]) == 0
+    assert "embedder backend torch" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -64,6 +64,10 @@ def register(sub) -> None:
     p.add_argument("--risk", type=_risk, default=0.5,
                    help="A when a request gives none: a number in [0, 1] or a preset (truthfulqa, halueval)")
     p.add_argument("--embedder", default=None, help="sentence-transformers name or path (default: bundled MiniLM)")
+    p.add_argument("--embed-backend", default="auto",
+                   choices=("auto", "torch", "onnx", "onnx-int8", "openvino-bf16"),
+                   help="what runs the embedder: auto = ONNX Runtime (float32) where onnxruntime is installed, "
+                        "else torch")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the upstream")
     p.set_defaults(func=run)
 
@@ -74,7 +78,7 @@ def run(args) -> int:
     from mdl_jax.gate import MemoryGate
     from mdl_jax.serving.protocol import LIMITS, bind, run_app
 
-    kw = {"risk": args.risk, "config": args.config}
+    kw = {"risk": args.risk, "config": args.config, "embed_backend": args.embed_backend}
     if args.embedder:
         kw["embedder"] = args.embedder
     try:

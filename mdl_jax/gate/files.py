@@ -654,8 +654,12 @@ def _read_manifest(work: Path, fp: dict) -> dict:
     if old != fp:
         diff = "; ".join(f"{k}: {old.get(k)!r} then, {fp.get(k)!r} now" for k in sorted(set(old) | set(fp))
                          if old.get(k) != fp.get(k))
+        hint = (f"; to resume it, run with --embed-backend {old['embed_backend']}"
+                if old.get("embed_backend") not in (None, fp.get("embed_backend"))
+                and all(old.get(k) == fp.get(k) for k in set(old) | set(fp) if k != "embed_backend") else "")
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
-                             f"another input ({diff[:400]}); remove it to start over")
+                             f"another input ({diff[:400]}){hint}, or remove it to start over")
+    man["args"] = fp  # a manifest from before the backend was recorded now records it
     return man
 
 
@@ -690,7 +694,19 @@ def run(args) -> int:
         gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=risk, config=args.config,
                           cache_dir=args.cache_dir, embed_backend=getattr(args, "embed_backend", "auto"))
     except ValueError as e:
-        raise GateInputError(str(e)) from None
+        msg = str(e)
+        if msg.startswith("embed_backend:"):  # the flag's name, not MemoryGate's argument's
+            msg = ("--embed-backend: applies to a model name or path, not to a module:function embedder"
+                   if "named embedder" in msg else "--embed-backend:" + msg.split(":", 1)[1])
+        raise GateInputError(msg) from None
+    emb = gate.embedder
+    if isinstance(emb, Embedder) and emb.requested_backend == "auto" and emb.backend != "torch":
+        # "auto" settles on load (an export that fails falls back to torch): load now, so the manifest
+        # records the backend that will run, never one that a fallback replaced mid-run
+        try:
+            _ = emb.model
+        except ValueError as err:
+            raise GateInputError(str(err)) from None
     _parts_folder(work, out)
     lock = _open_nofollow(work / "lock", os.O_RDWR | os.O_CREAT)
     try:

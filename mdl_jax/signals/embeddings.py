@@ -48,18 +48,20 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 
 AUTO = "auto"
-_AUTO_FAILED: set[str] = set()  # model folders whose "onnx" failed to load in this process
+_AUTO_FAILED: set[tuple[str, str]] = set()  # (model folder, cache folder) whose "onnx" failed to load here
 
 
-def auto_backend(load_path: str, device: str | None = None) -> str:
+def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Path | None = None) -> str:
     """What ``backend="auto"`` runs: ``"onnx"`` where it can, else ``"torch"``.
 
     ``"onnx"`` gives torch's vectors to float32 rounding (cosine ≥ 0.99999, every gate action equal on
     the bundled rows) and runs the uncached gate 1.7-2.2× as fast on the CPUs measured (docs:
     Benchmarks, embedding backends). It is picked when the model runs on the CPU (``device`` None or
-    "cpu"), is a local folder with mean or CLS pooling (the bundled MiniLM is), and onnxruntime and
+    "cpu"), is a local folder whose whole pipeline the ONNX path reproduces (a Transformer, mean or CLS
+    pooling, Normalize: ``onnx_encoder._pooling``; the bundled MiniLM's), and onnxruntime and
     onnx are installed (the ``signals`` extra brings them); the graph is exported on first use (≈ 6 s, once per
-    cache folder and model) and loads in ≈ 0.2 s after. Otherwise, and when the export fails
+    cache folder and model); after that, loading it takes 3.4-3.5 s in a fresh process (mostly imports;
+    torch's path 6.5-6.7 s), 0.2 s where transformers is already imported (torch's weights 1.5 s). Otherwise, and when the export fails
     (``Embedder.model`` warns and falls back), torch.
 
     Not picked by "auto": ``"onnx-int8"`` and ``"openvino-bf16"``, faster but not torch's vectors
@@ -68,7 +70,7 @@ def auto_backend(load_path: str, device: str | None = None) -> str:
     """
     import importlib.util
 
-    if device not in (None, "cpu") or not Path(load_path).is_dir() or load_path in _AUTO_FAILED:
+    if device not in (None, "cpu") or not Path(load_path).is_dir() or (load_path, str(cache_dir)) in _AUTO_FAILED:
         return "torch"
     if any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnx")):
         return "torch"
@@ -214,10 +216,10 @@ class Embedder:
         self.model_name = model
         self.requested_backend = backend
         self.load_path, self._base_id = resolve_model(model)
-        self.backend = auto_backend(self.load_path, device) if backend == AUTO else backend
-        self.model_id = self._id(self.backend)
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache_dir = cache_dir
+        self.backend = auto_backend(self.load_path, device, cache_dir) if backend == AUTO else backend
+        self.model_id = self._id(self.backend)
         self.cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
         self.batch_size = batch_size
         self.device = device
@@ -228,6 +230,7 @@ class Embedder:
         # text → unit-norm float32 vector, as ``embed`` returned it: see MEMORY_TEXTS
         self._memory: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._memory_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # one load (and at most one fallback warning) per Embedder
 
     def _id(self, backend: str) -> str:
         # Each backend its own cache key: ONNX Runtime's vectors differ from torch's in the last
@@ -237,21 +240,25 @@ class Embedder:
 
     @property
     def model(self):
-        if self._model is None and self.requested_backend == AUTO and self.backend != "torch":
-            try:
-                return self._load()
-            except (ModelLoadError, RuntimeError) as e:  # RuntimeError: the exporter's and the runtime's
-                # "auto" promised the fastest backend that gives torch's vectors, not a new way to
-                # fail: a model the exporter cannot handle runs on torch, said once. Vectors found in
-                # the cache under the failed backend's key (a run where it worked) are not mixed in
-                # after this: every later lookup and write uses torch's key.
-                import warnings
+        if self._model is not None:
+            return self._model
+        with self._load_lock:
+            if self._model is None and self.requested_backend == AUTO and self.backend != "torch":
+                try:
+                    return self._load()
+                except Exception as e:  # noqa: BLE001 - the exporter and the runtimes raise their own types
+                    # "auto" promised the fastest backend that gives torch's vectors, not a new way to
+                    # fail: a model the export or the runtime cannot handle runs on torch, said once.
+                    # The key changes with it; ``embed`` notices and starts its call again, so no
+                    # vector found under the failed backend's key is returned beside torch's.
+                    import warnings
 
-                warnings.warn(f"{e}; backend 'auto' runs it with torch instead", RuntimeWarning, stacklevel=2)
-                _AUTO_FAILED.add(self.load_path)  # the next Embedder of this process skips the retry
-                self.backend = "torch"
-                self.model_id = self._id("torch")
-        return self._load()
+                    warnings.warn(f"{' '.join(str(e).split())[:400]}; backend 'auto' runs it with torch "
+                                  "instead", RuntimeWarning, stacklevel=3)
+                    _AUTO_FAILED.add((self.load_path, str(self.cache_dir)))  # no retry in this process
+                    self.backend = "torch"
+                    self.model_id = self._id("torch")
+            return self._load()
 
     def _load(self):
         if self._model is None:
@@ -264,8 +271,16 @@ class Embedder:
                     self._model = onnx_encoder.load(self.load_path, self.cache_dir, self.backend)
                 except ImportError as e:
                     extra = "openvino" if self.backend.startswith("openvino") else "onnx"
-                    raise ModelLoadError(f"embedder: backend {self.backend!r} needs {e.name or 'a package'}, "
-                                         f"not installed: pip install 'mdl-jax[{extra}]'") from e
+                    import importlib.util
+
+                    try:  # not installed, or installed and broken (its import raised)?
+                        missing = bool(e.name) and importlib.util.find_spec(e.name) is None
+                    except (ImportError, ValueError):
+                        missing = True
+                    why = ("not installed" if missing
+                           else f"which fails to import ({' '.join(str(e).split())[:200]})")
+                    raise ModelLoadError(f"embedder: backend {self.backend!r} needs {e.name or 'its runtime'}, "
+                                         f"{why}: pip install 'mdl-jax[{extra}]'") from e
                 except (OSError, ValueError) as e:
                     raise ModelLoadError(f"embedder: cannot run {self.load_path!r} with backend "
                                          f"{self.backend!r} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
@@ -292,6 +307,18 @@ class Embedder:
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
+        key = self.model_id
+        out = self._embed(texts, desc)
+        if self.model_id != key:
+            # "auto" fell back to torch while this call ran: the vectors it found in the cache came
+            # under the failed backend's key, and it remembered them. Forget them, and run the call
+            # again, all under torch's key (what it just encoded with torch is in the cache).
+            with self._memory_lock:
+                self._memory.clear()
+            out = self._embed(texts, desc)
+        return out
+
+    def _embed(self, texts: list[str], desc: str) -> np.ndarray:
         unique = list(dict.fromkeys(texts))
         vec: dict[str, np.ndarray] = {}
         with self._memory_lock:

@@ -73,21 +73,68 @@ def _folder_hash(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+_MODULES_REPRODUCED = ("Transformer", "Pooling", "Normalize")  # what ``encode`` below does in NumPy
+_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+
+
 def _pooling(path: Path) -> str:
-    """The model's pooling mode from its sentence-transformers config ("mean" or "cls")."""
+    """The model's pooling mode ("mean" or "cls"), after checking that this module reproduces the model's
+    whole sentence-transformers pipeline; else a ValueError that says what it does not reproduce.
+
+    Reproduced: a Transformer, one Pooling of mean or CLS (the flags of sentence-transformers < 6 or
+    its ``pooling_mode`` of 6+), an optional Normalize (``encode`` normalises anyway). Not: any other
+    module (Dense, a second pooling, ...), more than one pooling mode at once, a default prompt, or a
+    lower-casing the tokenizer does not do itself. Without this check such a model's vectors would come
+    out silently different from torch's (a probe found a Dense 384→128 model embedded at 384 dims).
+    """
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"embedder: backend onnx reproduces a Transformer with mean or CLS pooling "
+                          f"(and Normalize); {path} {what}")
+
+    st_cfg = path / "config_sentence_transformers.json"
+    if st_cfg.is_file() and json.loads(st_cfg.read_text()).get("default_prompt_name"):
+        raise refuse("sets a default prompt")
+    bert_cfg = path / "sentence_bert_config.json"
+    if bert_cfg.is_file() and json.loads(bert_cfg.read_text()).get("do_lower_case"):
+        raise refuse("lower-cases its texts (do_lower_case)")
     mods = path / "modules.json"
     if not mods.is_file():
         return "mean"  # a plain transformers folder: sentence-transformers adds mean pooling
+    pooling = "mean"
     for m in json.loads(mods.read_text()):
-        if m.get("type", "").endswith("Pooling"):
-            cfg = json.loads((path / m["path"] / "config.json").read_text())
-            if cfg.get("pooling_mode_mean_tokens"):
-                return "mean"
-            if cfg.get("pooling_mode_cls_token"):
-                return "cls"
-            raise ValueError(f"embedder: backend onnx supports mean or CLS pooling; {path} uses "
-                             f"{ {k: v for k, v in cfg.items() if v is True} }")
-    return "mean"
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _MODULES_REPRODUCED:
+            raise refuse(f"has a {kind or 'nameless'} module")
+        if kind != "Pooling":
+            continue
+        cfg = json.loads((path / m["path"] / "config.json").read_text())
+        mode = cfg.get("pooling_mode")  # sentence-transformers 6+
+        if isinstance(mode, str):
+            modes = [mode]
+        else:
+            modes = [k.removeprefix("pooling_mode_") for k, v in cfg.items()
+                     if k.startswith("pooling_mode_") and v is True]
+            modes = [_POOLING_FLAGS.get(f"pooling_mode_{m_}", m_) for m_ in modes]
+        if len(modes) != 1 or modes[0] not in ("mean", "cls"):
+            raise refuse(f"pools by {modes or 'no mode'}")
+        pooling = modes[0]
+    return pooling
+
+
+def _max_seq_length(path: Path, tokenizer) -> int:
+    """Where sentence-transformers truncates: its config's ``max_seq_length``, else the smaller of the
+    tokenizer's ``model_max_length`` (1e30 when a tokenizer states none) and the model's position
+    embeddings, as its ``Transformer`` module takes them."""
+    st_cfg = path / "sentence_bert_config.json"
+    if st_cfg.is_file():
+        n = json.loads(st_cfg.read_text()).get("max_seq_length")
+        if n:
+            return int(n)
+    cfg = path / "config.json"
+    pos = json.loads(cfg.read_text()).get("max_position_embeddings") if cfg.is_file() else None
+    limits = [int(x) for x in (getattr(tokenizer, "model_max_length", None), pos)
+              if isinstance(x, (int, float)) and 0 < x < 1 << 31]
+    return min(limits) if limits else 512
 
 
 def bf16_supported(core=None) -> bool:
@@ -267,12 +314,13 @@ class OnnxEncoder:
                 raise ValueError(f"embedder: backend 'openvino-bf16' needs a CPU with bfloat16 support "
                                  f"(AMX or AVX512-BF16); OpenVINO reports {list(caps)} for this one. Use "
                                  f"backend 'onnx' (float32, ONNX Runtime)")
+        if runtime == "onnxruntime":
+            import onnxruntime  # noqa: F401 - a missing or broken runtime fails here, before a 6 s export
+
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = _pooling(path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        st_cfg = path / "sentence_bert_config.json"
-        self.max_seq_length = int(json.loads(st_cfg.read_text()).get("max_seq_length", 512)) \
-            if st_cfg.is_file() else int(getattr(self.tokenizer, "model_max_length", 512))
+        self.max_seq_length = _max_seq_length(path, self.tokenizer)
         if threads is None:
             try:
                 threads = len(os.sched_getaffinity(0))
