@@ -78,7 +78,8 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
 
     try:
         _pooling(Path(load_path))
-    except (ValueError, OSError):  # a pooling the exporter does not reproduce, or an unreadable config
+    except (ValueError, OSError, KeyError, TypeError, AttributeError):
+        # a pipeline the ONNX path does not reproduce, or configs it cannot read: torch reads them itself
         return "torch"
     return "onnx"
 
