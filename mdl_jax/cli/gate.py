@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from mdl_jax.gate import files
+from mdl_jax.signals.embeddings import EMBED_BACKENDS
 
 
 def gate_cmd(args) -> int:
@@ -36,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--embedder", default="all-MiniLM-L6-v2",
                    help="a sentence-transformers name or path, or module:function (texts -> (N, d))")
     p.add_argument("--embed-backend", default="auto",
-                   choices=("auto", "torch", "onnx", "onnx-int8", "openvino-bf16"),
+                   choices=EMBED_BACKENDS,
                    help="what runs a named embedder: auto = ONNX Runtime (float32, torch's vectors to "
                         "float32 rounding, ~2x as fast) where onnxruntime is installed (the signals extra), else torch")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "

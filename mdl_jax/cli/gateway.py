@@ -49,6 +49,8 @@ def _seconds(s: str) -> float:
 
 
 def register(sub) -> None:
+    from mdl_jax.signals.embeddings import EMBED_BACKENDS  # here: the module stays light to import
+
     p = sub.add_parser(
         "gateway", help="an OpenAI-compatible MDL gateway in front of any OpenAI-compatible server",
         description="Serve /v1/chat/completions and /v1/models: MDL decides per request from the "
@@ -65,7 +67,7 @@ def register(sub) -> None:
                    help="A when a request gives none: a number in [0, 1] or a preset (truthfulqa, halueval)")
     p.add_argument("--embedder", default=None, help="sentence-transformers name or path (default: bundled MiniLM)")
     p.add_argument("--embed-backend", default="auto",
-                   choices=("auto", "torch", "onnx", "onnx-int8", "openvino-bf16"),
+                   choices=EMBED_BACKENDS,
                    help="what runs the embedder: auto = ONNX Runtime (float32) where onnxruntime is installed, "
                         "else torch")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the upstream")

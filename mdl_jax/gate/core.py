@@ -40,7 +40,7 @@ from mdl_jax.controller.validation import ArrayLike, check_unit_interval
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
-from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
+from mdl_jax.signals.embeddings import AUTO, DEFAULT_MODEL, Embedder, check_backend
 from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
 
 ACTION_NAMES = ACTION_LABELS  # the gate's name for the paper's spelling (controller.decision)
@@ -71,23 +71,8 @@ class _CallableEmbedder:
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
-def check_embed_backend(backend: Any, device: str | None = None) -> str:
-    """``backend`` if it names an embedding backend that can run on ``device``, else a ValueError
-    naming ``embed_backend``."""
-    from mdl_jax.signals.embeddings import AUTO
-    from mdl_jax.signals.onnx_encoder import BACKENDS
-
-    if backend not in BACKENDS + (AUTO,):
-        raise ValueError(f"embed_backend: expected one of {list(BACKENDS + (AUTO,))}, got {backend!r}")
-    if backend not in ("torch", AUTO) and device not in (None, "cpu"):
-        raise ValueError(f"embed_backend: {backend!r} runs on the CPU; device={device!r} needs 'torch' or 'auto'")
-    return backend
-
-
 def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
-    from mdl_jax.signals.embeddings import AUTO
-
-    check_embed_backend(backend)
+    check_backend(backend, name="embed_backend")
     if isinstance(embedder, (str, PathLike)):
         return Embedder(str(embedder), cache_dir=cache_dir, batch_size=batch_size, backend=backend)
     if backend != AUTO:  # an object runs its own model: a backend asked for here would be ignored

@@ -690,15 +690,14 @@ def run(args) -> int:
         # the preset reads categories; without them every row silently got its default
         warnings.warn("--risk truthfulqa reads each row's category, but no --category-field is given: "
                       "every row gets the preset's default A = 0.5", stacklevel=2)
+    embedder, backend = _load_embedder(args.embedder), getattr(args, "embed_backend", "auto")
+    if backend != "auto" and not isinstance(embedder, str):  # argparse checked the value itself
+        raise GateInputError("--embed-backend: applies to a model name or path, not to a module:function embedder")
     try:
-        gate = MemoryGate(embedder=_load_embedder(args.embedder), risk=risk, config=args.config,
-                          cache_dir=args.cache_dir, embed_backend=getattr(args, "embed_backend", "auto"))
+        gate = MemoryGate(embedder=embedder, risk=risk, config=args.config, cache_dir=args.cache_dir,
+                          embed_backend=backend)
     except ValueError as e:
-        msg = str(e)
-        if msg.startswith("embed_backend:"):  # the flag's name, not MemoryGate's argument's
-            msg = ("--embed-backend: applies to a model name or path, not to a module:function embedder"
-                   if "named embedder" in msg else "--embed-backend:" + msg.split(":", 1)[1])
-        raise GateInputError(msg) from None
+        raise GateInputError(str(e)) from None
     emb = gate.embedder
     if isinstance(emb, Embedder) and emb.requested_backend == "auto" and emb.backend != "torch":
         # "auto" settles on load (an export that fails falls back to torch): load now, so the manifest
@@ -716,7 +715,7 @@ def run(args) -> int:
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
     if args.chunk_size is None:  # the run being resumed keeps its parts' size; a new one the default
         args.chunk_size = _resumed_chunk_size(work) or CHUNK_SIZE
-    fp = _fingerprint(args, gate.embedder.backend if isinstance(gate.embedder, Embedder) else None)
+    fp = _fingerprint(args, emb.backend if isinstance(emb, Embedder) else None)
     fresh = not os.path.lexists(work / "manifest.json")
     man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
     try:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from mdl_jax.controller.decision import Action
-from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate, check_embed_backend
-from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder
+from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
+from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder, check_backend
 
 ON_BAD_ROW = ("error", "mark")
 
@@ -86,7 +86,7 @@ class MemoryGateBatch:
         for name, v in (("query_field", query_field), ("memories_field", memories_field)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}: expected a column name, got {v!r}")
-        check_embed_backend(embed_backend, device)
+        check_backend(embed_backend, device, name="embed_backend")
         if isinstance(embedder, str) and device is not None:
             embedder = Embedder(embedder, cache_dir=cache_dir, batch_size=batch_size, device=device,
                                 backend=embed_backend)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax._paths import ENV_CACHE, default_cache_dir  # noqa: F401  (re-exported)
+from mdl_jax.signals.onnx_encoder import BACKENDS
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # In front of the SQLite cache, each ``Embedder`` keeps the vectors of the texts it served last in
@@ -48,11 +49,43 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 
 AUTO = "auto"
+EMBED_BACKENDS = BACKENDS + (AUTO,)  # every value ``backend`` (``embed_backend``, ``--embed-backend``) takes
 _AUTO_FAILED: set[tuple[str, str]] = set()  # (model folder, cache folder) whose "onnx" failed to load here
+
+
+def check_backend(backend: str, device: str | None = None, name: str = "backend") -> str:
+    """``backend`` if it is one of ``EMBED_BACKENDS`` and can run on ``device``.
+
+    Args:
+        backend: the setting to check.
+        device: the torch device asked for (None or "cpu": the CPU).
+        name: the argument's name, which the error begins with (the gate's ``embed_backend``, ...).
+
+    Returns:
+        ``backend``, unchanged.
+
+    Raises:
+        ValueError: ``backend`` is not one of ``EMBED_BACKENDS``, or it runs on the CPU only (all but
+          "torch" and "auto") and ``device`` is another one.
+    """
+    if backend not in EMBED_BACKENDS:
+        raise ValueError(f"{name}: expected one of {list(EMBED_BACKENDS)}, got {backend!r}")
+    if backend not in ("torch", AUTO) and device not in (None, "cpu"):
+        raise ValueError(f"{name}: {backend!r} runs on the CPU; device={device!r} needs 'torch' or 'auto'")
+    return backend
 
 
 def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Path | None = None) -> str:
     """What ``backend="auto"`` runs: ``"onnx"`` where it can, else ``"torch"``.
+
+    Args:
+        load_path: the model to run, as ``resolve_model`` gives it (a local folder, or a hub name).
+        device: the torch device asked for (None or "cpu": the CPU).
+        cache_dir: the cache folder the graph would be exported to (a folder where the export failed
+          in this process gets torch without a retry).
+
+    Returns:
+        ``"onnx"`` or ``"torch"``; it imports nothing and exports nothing (only configs are read).
 
     ``"onnx"`` gives torch's vectors to float32 rounding (cosine ≥ 0.99999, every gate action equal on
     the bundled rows) and runs the uncached gate 1.7-2.2× as fast on the CPUs measured (docs:
@@ -208,12 +241,7 @@ class Embedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
                  batch_size: int = 64, device: str | None = None, progress: bool = False,
                  backend: str = "torch"):
-        from mdl_jax.signals.onnx_encoder import BACKENDS
-
-        if backend not in BACKENDS + (AUTO,):
-            raise ValueError(f"backend: expected one of {list(BACKENDS + (AUTO,))}, got {backend!r}")
-        if backend not in ("torch", AUTO) and device not in (None, "cpu"):
-            raise ValueError(f"backend: {backend!r} runs on the CPU; device={device!r} needs backend 'torch'")
+        check_backend(backend, device)
         self.model_name = model
         self.requested_backend = backend
         self.load_path, self._base_id = resolve_model(model)
@@ -305,6 +333,19 @@ class Embedder:
         return vecs
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
+        """The texts' vectors, each embedded once and cached (on disk, and the last ones in memory).
+
+        Args:
+          texts: N ≥ 1 texts (each taken as ``str``); repeats are embedded once.
+          desc: the progress bar's label (shown with ``progress=True``).
+
+        Returns:
+          (N, dim) float32, unit norm, in the texts' order.
+
+        Raises:
+          ValueError: no texts; the model returned a wrong shape or non-finite vectors (nothing of that
+            batch is cached). ``ModelLoadError`` (a ValueError): the model cannot be loaded.
+        """
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")

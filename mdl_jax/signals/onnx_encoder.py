@@ -74,7 +74,7 @@ def _folder_hash(path: Path) -> str:
 
 
 _MODULES_REPRODUCED = ("Transformer", "Pooling", "Normalize")  # what ``encode`` below does in NumPy
-_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # < 6's names
 
 
 def _pooling(path: Path) -> str:
@@ -109,12 +109,9 @@ def _pooling(path: Path) -> str:
             continue
         cfg = json.loads((path / m["path"] / "config.json").read_text())
         mode = cfg.get("pooling_mode")  # sentence-transformers 6+
-        if isinstance(mode, str):
-            modes = [mode]
-        else:
-            modes = [k.removeprefix("pooling_mode_") for k, v in cfg.items()
-                     if k.startswith("pooling_mode_") and v is True]
-            modes = [_POOLING_FLAGS.get(f"pooling_mode_{m_}", m_) for m_ in modes]
+        modes = [mode] if isinstance(mode, str) else [
+            _POOLING_FLAGS.get(k, k.removeprefix("pooling_mode_")) for k, v in cfg.items()
+            if k.startswith("pooling_mode_") and v is True]
         if len(modes) != 1 or modes[0] not in ("mean", "cls"):
             raise refuse(f"pools by {modes or 'no mode'}")
         pooling = modes[0]
