@@ -29,6 +29,9 @@ other texts.
     python -m experiments.int8_mixed_probe            # 3 interleaved rounds, 300 questions per dataset (~6 min)
     python -m experiments.int8_mixed_probe --quick    # 2 rounds, 60 questions
 
+Variants: torch, ``onnx``, and the rewrite with k = 0 and k = 32 outlier channels, each for every text and
+with float32 for the short ones (the last is the candidate).
+
 Measured per variant, in rounds that run every variant once (ratios to torch within a round, medians):
 texts/s at batch 64, the gate's uncached rows/s (120 rows, a fresh cache each time), min and mean cosine
 to torch's vectors, and the share of gate actions equal to torch's on every row. The CPU's flags are
