@@ -66,6 +66,11 @@ def _rows(n_questions: int):
     return rows
 
 
+def _texts(rows) -> list[str]:
+    """The rows' distinct texts (questions first, then the memories), in first-seen order."""
+    return list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 rounds, 60 questions per dataset")
@@ -82,7 +87,7 @@ def main(argv=None) -> int:
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
           f"load average {os.getloadavg()[0]:.1f}")
     rows = _rows(nq)
-    texts = list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
+    texts = _texts(rows)
     speed_texts = texts[:448]
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     try:

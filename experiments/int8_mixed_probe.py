@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     rounds = args.rounds or (2 if args.quick else 3)
     nq = args.questions or (60 if args.quick else 300)
 
-    from experiments.bench_embed import _rows, cpu_flags
+    from experiments.bench_embed import _rows, _texts, cpu_flags
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, resolve_model
     from mdl_jax.signals.onnx_encoder import OnnxEncoder, export
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     cpu = cpu_flags()
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}", flush=True)
     rows = _rows(nq)
-    texts = list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
+    texts = _texts(rows)
     speed_texts = texts[:448]
     gate_rows = rows[: min(len(rows), 120)]
     mp = resolve_model("all-MiniLM-L6-v2")[0]
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
         n = np.array([len(x) for x in enc32._token_ids(tx)[0]])
         return float(n[n >= MIN_TOKENS].sum() / n.sum())
 
-    gate_texts = list(dict.fromkeys([q for q, _ in gate_rows] + [t for _, ts in gate_rows for t in ts]))
+    gate_texts = _texts(gate_rows)
     res: dict = {"cpu": cpu, "rounds": rounds, "n_texts": len(texts), "n_rows": len(rows),
                  "share_of_tokens_in_long_texts": long_share(texts),
                  "gate_rows_share_of_tokens_in_long_texts": long_share(gate_texts), "variants": {}}
