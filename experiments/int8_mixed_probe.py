@@ -33,7 +33,8 @@ Variants: torch, ``onnx``, and the rewrite with k = 0 and k = 32 outlier channel
 with float32 for the short ones (the last is the candidate).
 
 Measured per variant, in rounds that run every variant once (ratios to torch within a round, medians):
-texts/s at batch 64, the gate's uncached rows/s (120 rows, a fresh cache each time), min and mean cosine
+texts/s at batch 64, the gate's uncached rows/s (``bench_embed``'s timed rows: 60 of each dataset, timed
+per dataset and over both, a fresh cache each time), min and mean cosine
 to torch's vectors, and the share of gate actions equal to torch's on every row. The CPU's flags are
 printed first: on a CPU without AVX512-VNNI, ONNX Runtime's uint8 x int8 kernels are slower, so the
 speed measured here is an upper bound for an AVX2-only CPU. Last line: JSON.
@@ -189,17 +190,19 @@ def main(argv=None) -> int:
     rounds = args.rounds or (2 if args.quick else 3)
     nq = args.questions or (60 if args.quick else 300)
 
-    from experiments.bench_embed import _rows, _texts, cpu_flags
+    from experiments.bench_embed import _rows_by_dataset, _texts, cpu_flags, gate_rows, time_gate
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, resolve_model
     from mdl_jax.signals.onnx_encoder import OnnxEncoder, export
 
     cpu = cpu_flags()
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}", flush=True)
-    rows = _rows(nq)
+    by_ds = _rows_by_dataset(nq)
+    rows = [r for rs in by_ds.values() for r in rs]
     texts = _texts(rows)
-    speed_texts = texts[:448]
-    gate_rows = rows[: min(len(rows), 120)]
+    timed = gate_rows(by_ds)  # bench_embed's timed rows: the first 60 of each dataset
+    timed_all = [r for rs in timed.values() for r in rs]
+    speed_texts = _texts(timed_all)[:448]
     mp = resolve_model("all-MiniLM-L6-v2")[0]
     work = Path(tempfile.mkdtemp(prefix="int8-mixed-"))
     try:
@@ -239,11 +242,9 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 warm[n].model.encode(speed_texts, batch_size=64)
                 speed[n].append(len(speed_texts) / (time.perf_counter() - t0))
-                gate = MemoryGate(embedder=embedder(n, work / f"cold-{i}-{r}"))
-                t0 = time.perf_counter()
-                gate.columns([q for q, _ in gate_rows], [m for _, m in gate_rows])
-                gate_rps[n].append(len(gate_rows) / (time.perf_counter() - t0))
-            print(f"round {r + 1}/{rounds}: gate rows/s " + ", ".join(f"{n} {gate_rps[n][-1]:.1f}" for n in names),
+                gate_rps[n].append(time_gate(lambda ds, n=n, i=i, r=r: MemoryGate(
+                    embedder=embedder(n, work / f"cold-{i}-{r}-{ds}")), timed))
+            print(f"round {r + 1}/{rounds}: gate rows/s " + ", ".join(f"{n} {gate_rps[n][-1]['all']:.1f}" for n in names),
                   flush=True)
 
         vecs = {n: warm[n].model.encode(texts, batch_size=64) for n in names}
@@ -256,26 +257,33 @@ def main(argv=None) -> int:
         n = np.array([len(x) for x in enc32._token_ids(tx)[0]])
         return float(n[n >= MIN_TOKENS].sum() / n.sum())
 
-    gate_texts = _texts(gate_rows)
     res: dict = {"cpu": cpu, "rounds": rounds, "n_texts": len(texts), "n_rows": len(rows),
                  "share_of_tokens_in_long_texts": long_share(texts),
-                 "gate_rows_share_of_tokens_in_long_texts": long_share(gate_texts), "variants": {}}
+                 "timed_rows_share_of_tokens_in_long_texts": {ds: long_share(_texts(v)) for ds, v in timed.items()},
+                 "variants": {}}
+    keys = [*timed, "all"]
+
+    def g(n, k):  # the rounds' gate rows/s of variant n on set k
+        return np.array([x[k] for x in gate_rps[n]])
+
     med = statistics.median
     print(f"\n{len(texts)} texts, {len(rows)} gate rows; texts of ≥ {MIN_TOKENS} tokens hold "
-          f"{100 * res['share_of_tokens_in_long_texts']:.1f}% of their tokens, and "
-          f"{100 * res['gate_rows_share_of_tokens_in_long_texts']:.1f}% of the timed gate rows' "
-          f"({len(gate_rows)} rows, {len(gate_texts)} texts)")
+          f"{100 * res['share_of_tokens_in_long_texts']:.1f}% of their tokens; of the timed rows' tokens: " +
+          ", ".join(f"{ds} {100 * v:.1f}%" for ds, v in res["timed_rows_share_of_tokens_in_long_texts"].items()))
     print(f"{'variant':26s} {'texts/s b64':>16s} {'gate rows/s':>16s} {'min cos':>8s} {'mean cos':>9s} {'actions =':>9s}")
     for n in names:
         sr = med(np.array(speed[n]) / np.array(speed["torch"]))
-        gr = med(np.array(gate_rps[n]) / np.array(gate_rps["torch"]))
+        grk = {k: float(med(g(n, k) / g("torch", k))) for k in keys}
+        gr = grk["all"]
         cos = (vecs[n] * vecs["torch"]).sum(1)
         same = float(np.mean(actions[n] == actions["torch"]))
-        res["variants"][n] = {"texts_per_s": med(speed[n]), "texts_ratio": sr, "gate_rows_per_s": med(gate_rps[n]),
-                              "gate_ratio": gr, "min_cos": float(cos.min()), "mean_cos": float(cos.mean()),
+        res["variants"][n] = {"texts_per_s": med(speed[n]), "texts_ratio": sr,
+                              "gate_rows_per_s": float(med(g(n, "all"))), "gate_ratio": gr,
+                              "gate_ratio_by_dataset": {k: grk[k] for k in timed}, "min_cos": float(cos.min()), "mean_cos": float(cos.mean()),
                               "actions_equal": same}
-        print(f"{n:26s} {med(speed[n]):7.0f} ({sr:4.2f}x) {med(gate_rps[n]):7.1f} ({gr:4.2f}x) "
-              f"{cos.min():8.5f} {cos.mean():9.6f} {100 * same:8.2f}%")
+        print(f"{n:26s} {med(speed[n]):7.0f} ({sr:4.2f}x) {med(g(n, 'all')):7.1f} ({gr:4.2f}x) "
+              f"{cos.min():8.5f} {cos.mean():9.6f} {100 * same:8.2f}%   " +
+              ", ".join(f"{k} {grk[k]:4.2f}x" for k in timed))
     print("\nIssue 25 §3's targets: gate rows/s ≥ 2.5x torch's, min cosine ≥ 0.999, actions equal ≥ 99.5%:")
     for n in names[1:]:
         v = res["variants"][n]
