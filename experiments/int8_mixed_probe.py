@@ -22,9 +22,10 @@ Short texts: a padded batch (cut longest first at 512 tokens, as the ``onnx`` ba
 every text has ``MIN_TOKENS`` or more runs the int8 graph, any other the float32 one; only the batch at the
 boundary mixes the two kinds, and it runs in float32.
 
-Calibration: every fifth bundled text (as ``int8_parity_probe``), real tokens only. The parity is
-measured on all the bundled texts, the calibration ones included: a margin seen here is not a margin on
-other texts.
+Calibration (real tokens only): by default on held-out texts, those of the next ``--questions`` questions of
+each dataset that the parity is not measured on, so the parity is measured on texts the outlier channels
+were not chosen on; ``--calibration same`` takes every fifth parity text instead, as ``int8_parity_probe``
+did.
 
     python -m experiments.int8_mixed_probe            # 3 interleaved rounds, 300 questions per dataset (~6 min)
     python -m experiments.int8_mixed_probe --quick    # 2 rounds, 60 questions
@@ -186,6 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 rounds, 60 questions per dataset")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--questions", type=int, default=None, help="questions per dataset (parity, gate rows)")
+    ap.add_argument("--calibration", choices=("held-out", "same"), default="held-out",
+                    help="outlier channels from texts the parity is not measured on (the next questions of "
+                         "each dataset), or from every fifth parity text (int8_parity_probe's choice)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
     nq = args.questions or (60 if args.quick else 300)
@@ -208,10 +212,17 @@ def main(argv=None) -> int:
     try:
         fp32 = export(mp, work / "graphs")
         enc32 = OnnxEncoder(mp, work / "graphs")
-        ids, _ = enc32._token_ids(texts)
+        if args.calibration == "held-out":
+            # questions nq..2nq of each dataset (their stores are drawn from the larger load), less any
+            # text the parity is measured on
+            seen = set(texts)
+            more = _rows_by_dataset(2 * nq)
+            cal = [t for t in _texts([r for rs in more.values() for r in rs[nq:]]) if t not in seen]
+        else:
+            cal = texts[::5]
         t0 = time.perf_counter()
-        amax = calibrate(fp32, ids[::5])
-        print(f"calibrated on {len(ids[::5])} texts in {time.perf_counter() - t0:.1f} s", flush=True)
+        amax = calibrate(fp32, enc32._token_ids(cal)[0])
+        print(f"calibrated on {len(cal)} texts ({args.calibration}) in {time.perf_counter() - t0:.1f} s", flush=True)
 
         def i8_encoder(k: int):
             enc = OnnxEncoder(mp, work / "graphs")
@@ -258,6 +269,7 @@ def main(argv=None) -> int:
         return float(n[n >= MIN_TOKENS].sum() / n.sum())
 
     res: dict = {"cpu": cpu, "rounds": rounds, "n_texts": len(texts), "n_rows": len(rows),
+                 "calibration": args.calibration, "n_calibration_texts": len(cal),
                  "share_of_tokens_in_long_texts": long_share(texts),
                  "timed_rows_share_of_tokens_in_long_texts": {ds: long_share(_texts(v)) for ds, v in timed.items()},
                  "variants": {}}
