@@ -27,7 +27,7 @@ each dataset that the parity is not measured on, so the parity is measured on te
 were not chosen on; ``--calibration same`` takes every fifth parity text instead, as ``int8_parity_probe``
 did.
 
-    python -m experiments.int8_mixed_probe            # 3 interleaved rounds, 300 questions per dataset (~6 min)
+    python -m experiments.int8_mixed_probe            # 3 interleaved rounds, 300 questions per dataset (~5 min)
     python -m experiments.int8_mixed_probe --quick    # 2 rounds, 60 questions
 
 Variants: torch, ``onnx``, and the rewrite with k = 0 and k = 32 outlier channels, each for every text and
@@ -35,8 +35,7 @@ with float32 for the short ones (the last is the candidate).
 
 Measured per variant, in rounds that run every variant once (ratios to torch within a round, medians):
 texts/s at batch 64, the gate's uncached rows/s (``bench_embed``'s timed rows: 60 of each dataset, timed
-per dataset and over both, a fresh cache each time), min and mean cosine
-to torch's vectors, and the share of gate actions equal to torch's on every row. The CPU's flags are
+per dataset and over both, a fresh cache each time), min and mean cosine to torch's vectors, and the share of gate actions equal to torch's on every row. The CPU's flags are
 printed first: on a CPU without AVX512-VNNI, ONNX Runtime's uint8 x int8 kernels are slower, so the
 speed measured here is an upper bound for an AVX2-only CPU. Last line: JSON.
 """
