@@ -111,6 +111,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     nq = args.questions or (60 if args.quick else 300)
+    for name, v in (("--rounds", rounds), ("--questions", nq)):
+        if v < 1:
+            ap.error(f"{name}: expected a whole number ≥ 1, got {v}")
 
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, ModelLoadError

@@ -192,6 +192,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
     nq = args.questions or (60 if args.quick else 300)
+    for name, v in (("--rounds", rounds), ("--questions", nq)):
+        if v < 1:
+            ap.error(f"{name}: expected a whole number ≥ 1, got {v}")
 
     from experiments.bench_embed import _rows_by_dataset, _texts, cpu_flags, gate_rows, time_gate
     from mdl_jax.gate.core import MemoryGate
