@@ -361,7 +361,7 @@ class MemoryGate:
       batch_size: for a named embedder: its encoding batch size.
       embed_backend: for a named embedder: what runs it (``Embedder``'s ``backend``). The default
         ``"auto"`` is ONNX Runtime in float32 where onnxruntime and onnx are installed (the ``signals``
-        extra) and the model can be exported (torch's vectors to float32 rounding, the uncached gate 1.5-2.4× as fast), else
+        extra) and the model can be exported (torch's vectors to float32 rounding, the uncached gate 1.5-2.7× as fast), else
         torch; ``"torch"`` pins sentence-transformers.
       relevance_threshold: the cosine above which a memory counts as relevant to the query (for R
         and φ; the paper's 0.3), in [0, 1].

@@ -88,7 +88,7 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
         ``"onnx"`` or ``"torch"``; it imports nothing and exports nothing (only configs are read).
 
     ``"onnx"`` gives torch's vectors to float32 rounding (cosine ≥ 0.99999, every gate action equal on
-    the bundled rows) and runs the uncached gate 1.5-2.4× as fast on the CPUs measured, more on longer texts (docs:
+    the bundled rows) and runs the uncached gate 1.5-2.7× as fast on the CPUs measured, more on longer texts (docs:
     Benchmarks, embedding backends). It is picked when the model runs on the CPU (``device`` None or
     "cpu"), is a local folder whose whole pipeline the ONNX path reproduces (a Transformer, mean or CLS
     pooling, Normalize: ``onnx_encoder._pooling``; the bundled MiniLM's), and onnxruntime and
@@ -232,7 +232,7 @@ class Embedder:
 
     ``backend`` picks what runs the model: ``"torch"`` (sentence-transformers; the default here, and
     what the experiment pipeline's committed runs were embedded with), ``"onnx"`` (ONNX Runtime,
-    float32: torch's vectors to float32 rounding, 1.5-2.4× as fast uncached), ``"onnx-int8"``,
+    float32: torch's vectors to float32 rounding, 1.5-2.7× as fast uncached), ``"onnx-int8"``,
     ``"openvino-bf16"`` (faster, not torch's vectors; see ``onnx_encoder``), or ``"auto"``: ``"onnx"``
     where it can run, else ``"torch"`` (``auto_backend``). The gate and the framework components
     default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
