@@ -105,17 +105,35 @@ def _texts(rows) -> list[str]:
     return list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_args(ap: argparse.ArgumentParser, argv, full_rounds: int) -> tuple[argparse.Namespace, int, int]:
+    """Adds ``--quick``, ``--rounds`` and ``--questions`` to ``ap`` and parses ``argv``.
+
+    Returns:
+        (args, rounds, questions per dataset): ``--quick`` 2 rounds and 60 questions, else ``full_rounds``
+        and 300, each unless given. A value below 1 is ``ap.error`` (one line naming the flag, exit 2).
+    """
     ap.add_argument("--quick", action="store_true", help="2 rounds, 60 questions per dataset")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--questions", type=int, default=None, help="questions per dataset (parity, gate rows)")
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 5)
+    rounds = args.rounds or (2 if args.quick else full_rounds)
     nq = args.questions or (60 if args.quick else 300)
     for name, v in (("--rounds", rounds), ("--questions", nq)):
         if v < 1:
             ap.error(f"{name}: expected a whole number ≥ 1, got {v}")
+    return args, rounds, nq
+
+
+def run_data(n_questions: int) -> tuple[list, list[str], dict[str, list], list[str]]:
+    """(parity rows, their distinct texts, the timed gate rows by dataset, the 448 speed texts: the timed
+    rows' first texts) for a run on ``n_questions`` per dataset."""
+    rows = _rows(n_questions)
+    timed = gate_rows()
+    return rows, _texts(rows), timed, _texts([r for rs in timed.values() for r in rs])[:448]
+
+
+def main(argv=None) -> int:
+    _, rounds, nq = run_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), argv, full_rounds=5)
 
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, ModelLoadError
@@ -123,11 +141,7 @@ def main(argv=None) -> int:
     cpu = cpu_flags()
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    by_ds = _rows_by_dataset(nq)
-    rows = [r for rs in by_ds.values() for r in rs]
-    texts = _texts(rows)
-    timed = gate_rows()
-    speed_texts = _texts([r for rs in timed.values() for r in rs])[:448]  # the timed rows' first texts
+    rows, texts, timed, speed_texts = run_data(nq)
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     try:
         encoders = {}
@@ -141,8 +155,8 @@ def main(argv=None) -> int:
             encoders[b] = e
         backends = list(encoders)
 
-        speed = {b: {bs: [] for bs in (1, 7, 64)} for b in backends}
-        gate_rps = {b: [] for b in backends}  # per round: {dataset: rows/s, "all": rows/s}
+        speed: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in (1, 7, 64)} for b in backends}
+        gate_rps: dict[str, list[dict[str, float]]] = {b: [] for b in backends}  # per round: {dataset: rows/s, "all": rows/s}
         for r in range(rounds):
             for b in backends:
                 enc = encoders[b].model

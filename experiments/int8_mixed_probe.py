@@ -182,33 +182,21 @@ def hybrid(fp32_enc, i8_enc, min_tokens: int):
 
 
 def main(argv=None) -> int:
+    from experiments.bench_embed import _rows_by_dataset, _texts, cpu_flags, run_args, run_data, time_gate
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 rounds, 60 questions per dataset")
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--questions", type=int, default=None, help="questions per dataset (parity, gate rows)")
     ap.add_argument("--calibration", choices=("held-out", "same"), default="held-out",
                     help="outlier channels from texts the parity is not measured on (the next questions of "
                          "each dataset), or from every fifth parity text (int8_parity_probe's choice)")
-    args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 3)
-    nq = args.questions or (60 if args.quick else 300)
-    for name, v in (("--rounds", rounds), ("--questions", nq)):
-        if v < 1:
-            ap.error(f"{name}: expected a whole number ≥ 1, got {v}")
+    args, rounds, nq = run_args(ap, argv, full_rounds=3)
 
-    from experiments.bench_embed import _rows_by_dataset, _texts, cpu_flags, gate_rows, time_gate
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, resolve_model
     from mdl_jax.signals.onnx_encoder import OnnxEncoder, export
 
     cpu = cpu_flags()
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}", flush=True)
-    by_ds = _rows_by_dataset(nq)
-    rows = [r for rs in by_ds.values() for r in rs]
-    texts = _texts(rows)
-    timed = gate_rows()  # bench_embed's timed rows: 60 questions of each dataset, their stores built alone
-    timed_all = [r for rs in timed.values() for r in rs]
-    speed_texts = _texts(timed_all)[:448]
+    rows, texts, timed, speed_texts = run_data(nq)  # bench_embed's rows, timed rows and speed texts
     mp = resolve_model("all-MiniLM-L6-v2")[0]
     work = Path(tempfile.mkdtemp(prefix="int8-mixed-"))
     try:
@@ -232,7 +220,7 @@ def main(argv=None) -> int:
             enc._open()
             return enc
 
-        models = {"torch": None, "onnx": enc32}
+        models: dict[str, OnnxEncoder | None] = {"torch": None, "onnx": enc32}  # None: torch's own model
         for k in (0, 32):
             e = i8_encoder(k)
             models[f"int8-tok-k{k}"] = e
@@ -241,15 +229,16 @@ def main(argv=None) -> int:
         def embedder(name: str, cache: Path) -> Embedder:
             e = Embedder(cache_dir=cache, backend="torch" if name == "torch" else "onnx")
             if models[name] is not None:
-                e._model = models[name]  # the variant's encoder behind the Embedder's cache and checks
+                # the variant's encoder behind the Embedder's cache and checks (its _model: set on load)
+                e._model = models[name]  # type: ignore[assignment]
             return e
 
         names = list(models)
         warm = {n: embedder(n, work / f"warm-{i}") for i, n in enumerate(names)}
         for n in names:
             warm[n].model.encode(speed_texts[:8])
-        speed = {n: [] for n in names}
-        gate_rps = {n: [] for n in names}
+        speed: dict[str, list[float]] = {n: [] for n in names}
+        gate_rps: dict[str, list[dict[str, float]]] = {n: [] for n in names}
         for r in range(rounds):
             for i, n in enumerate(names):
                 t0 = time.perf_counter()
