@@ -116,8 +116,9 @@ def run_args(ap: argparse.ArgumentParser, argv, full_rounds: int) -> tuple[argpa
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--questions", type=int, default=None, help="questions per dataset (parity, gate rows)")
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else full_rounds)
-    nq = args.questions or (60 if args.quick else 300)
+    # "is None", not "or": a 0 given is an error below, not the default
+    rounds = args.rounds if args.rounds is not None else (2 if args.quick else full_rounds)
+    nq = args.questions if args.questions is not None else (60 if args.quick else 300)
     for name, v in (("--rounds", rounds), ("--questions", nq)):
         if v < 1:
             ap.error(f"{name}: expected a whole number ≥ 1, got {v}")
