@@ -217,6 +217,17 @@ def main(argv=None) -> int:
               f"{r['min_cos']:.5f} ({'met' if r['min_cos'] >= 0.999 else 'NOT met'}); actions equal ≥ 99.5%: "
               f"{100 * r['actions_equal']:.2f}% ({'met' if r['actions_equal'] >= 0.995 else 'NOT met'})")
     print(f"  (torch here: {med(g('torch', 'all')):.1f} gate rows/s uncached, {base[64]:.0f} texts/s at batch 64)")
+    from mdl_jax.signals.embeddings import auto_backend
+
+    pick = auto_backend(Embedder(cache_dir=work).load_path, None, work)  # what the gate's default runs here
+    res["auto"] = pick
+    if pick in res["backends"] and pick != "torch":
+        r = res["backends"][pick]
+        ok = r["gate_ratio_to_torch"] >= 2.5 and r["min_cos"] >= 0.999 and r["actions_equal"] >= 0.995
+        print(f"  the gate's default (backend 'auto') here is {pick}: {r['gate_ratio_to_torch']:.2f}x, min cosine "
+              f"{r['min_cos']:.5f}, {100 * r['actions_equal']:.2f}% of actions equal: target {'met' if ok else 'NOT met'}")
+    else:
+        print(f"  the gate's default (backend 'auto') here is {pick}")
     print(json.dumps(res))
     return 0
 

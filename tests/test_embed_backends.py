@@ -99,7 +99,7 @@ def test_openvino_bf16_is_within_its_stated_parity_and_its_batches_and_threads_c
 
     ref = Embedder(cache_dir=onnx_cache).embed(TEXTS)
     e = Embedder(cache_dir=onnx_cache, backend="openvino-bf16")
-    assert e.model_id.endswith("#openvino-bf16")
+    assert e.model_id.endswith(f"#openvino-bf16@{onnx_encoder.cpu_bf16_kind()}")  # keyed per CPU kind
     got = e.embed(TEXTS)
     assert (ref * got).sum(1).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
@@ -294,31 +294,39 @@ def test_bad_backend_settings_are_one_clear_error(tmp_path):
 
 # -- "auto": the gate's default backend ---------------------------------------------------------------
 
+def _auto_pick() -> str:
+    """What "auto" should run on this machine: OpenVINO bfloat16 where the CPU has it, else ONNX Runtime."""
+    return "openvino-bf16" if _bf16_cpu() else "onnx"
+
+
 @pytest.mark.slow
-def test_auto_runs_onnx_where_installed_and_the_gates_actions_and_signals_equal_torchs(onnx_cache, embedder):
-    """The gate's default: ONNX Runtime where the extra is installed, deciding as torch's vectors do on
-    bundled TruthfulQA + HaluEval rows (the torch side: the session's embedder)."""
+def test_auto_runs_the_fastest_backend_within_the_parity_and_the_gates_actions_equal_torchs(onnx_cache, embedder):
+    """The gate's default: OpenVINO bfloat16 on a CPU with bfloat16, else ONNX Runtime, deciding as torch's
+    vectors do on bundled TruthfulQA + HaluEval rows (the torch side: the session's embedder), its
+    signals within float32 rounding of torch's (ONNX Runtime) or bfloat16's (OpenVINO)."""
     pytest.importorskip("onnxruntime")
     from mdl_jax.gate import MemoryGate
     from mdl_jax.pipeline import data
     from mdl_jax.pipeline.stores import StoreConfig, build_stores
 
     gate = MemoryGate(cache_dir=onnx_cache)  # embedder and embed_backend left at their defaults
-    assert gate.embedder.requested_backend == "auto" and gate.embedder.backend == "onnx"
-    assert gate.embedder.model_id.endswith("#onnx")
     rows = [(s.item.question, s.texts) for ds in ("truthfulqa", "halueval")
             for s in build_stores(data.load(ds, limit=40), StoreConfig(seed=0))]
     got = gate.columns([q for q, _ in rows], [m for _, m in rows])
+    assert gate.embedder.requested_backend == "auto" and gate.embedder.backend == _auto_pick()  # after loading
+    assert f"#{_auto_pick()}" in gate.embedder.model_id
     want = MemoryGate(embedder=embedder).columns([q for q, _ in rows], [m for _, m in rows])
     assert (got["action"] == want["action"]).all()
+    atol = 1e-5 if _auto_pick() == "onnx" else 2e-3  # bfloat16 keeps 8 bits of mantissa
     for k in ("M", "R", "phi", "C_final"):
-        np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], atol=atol, err_msg=k)
 
 
-def test_auto_runs_torch_without_the_runtime_on_a_gpu_or_for_a_model_it_cannot_export(tmp_path, monkeypatch):
+def test_auto_runs_openvino_on_bfloat16_cpus_onnx_elsewhere_and_torch_without_them(tmp_path, monkeypatch):
+    """And torch on a GPU, for a model it cannot export, and where neither runtime is installed."""
     import importlib.util
 
-    from mdl_jax.signals import embeddings
+    from mdl_jax.signals import embeddings, onnx_encoder
 
     assert Embedder(cache_dir=tmp_path, backend="auto", device="cuda").backend == "torch"
     assert Embedder("org/a-hub-name", cache_dir=tmp_path, backend="auto").backend == "torch"  # not a folder
@@ -328,7 +336,19 @@ def test_auto_runs_torch_without_the_runtime_on_a_gpu_or_for_a_model_it_cannot_e
     (lasttoken / "1_Pooling" / "config.json").write_text('{"pooling_mode_lasttoken": true}')
     assert embeddings.auto_backend(str(lasttoken)) == "torch"  # a pooling the exporter does not reproduce
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    missing: set[str] = set()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")  # a CPU with bfloat16
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    path = Embedder(cache_dir=tmp_path).load_path
+    if real("openvino") is not None:
+        assert embeddings.auto_backend(path) == "openvino-bf16"
+    missing.add("openvino")
+    assert embeddings.auto_backend(path) == "onnx"  # bfloat16 here, but no OpenVINO
+    missing.discard("openvino")
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: None)  # a CPU without bfloat16
+    assert embeddings.auto_backend(path) == "onnx"
+    missing.add("onnxruntime")
     e = Embedder(cache_dir=tmp_path, backend="auto")
     assert (e.requested_backend, e.backend, e.model_id) == ("auto", "torch", "sentence-transformers/all-MiniLM-L6-v2")
 
@@ -344,6 +364,7 @@ def test_auto_falls_back_to_torch_with_a_warning_when_the_onnx_load_fails(tmp_pa
         raise RuntimeError("exporter: an operator it cannot convert")
 
     monkeypatch.setattr(onnx_encoder, "load", broken)
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: None)  # the chain here: onnx, then torch
     monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
     e = Embedder(cache_dir=tmp_path, backend="auto")
     assert e.backend == "onnx"
@@ -361,6 +382,147 @@ def test_auto_falls_back_to_torch_with_a_warning_when_the_onnx_load_fails(tmp_pa
     again.embed(TEXTS[:4])
     assert (again.n_embedded, again.n_cached) == (0, 4)
     assert Embedder(cache_dir=tmp_path, backend="auto").backend == "torch"
+
+
+@pytest.mark.slow
+def test_auto_falls_back_from_openvino_to_onnx_with_a_warning_when_openvino_fails(onnx_cache, tmp_path,
+                                                                                  monkeypatch):
+    """On a CPU with bfloat16 (declared here, so the test runs on any CPU), an OpenVINO that fails to
+    load (faked: the failure path) leaves "auto" on ONNX Runtime, not torch: ONNX Runtime's vectors,
+    under its key."""
+    import importlib.util
+
+    pytest.importorskip("onnxruntime")
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    real = onnx_encoder.load
+
+    def no_openvino(path, cache, backend):
+        if backend == "openvino-bf16":
+            raise RuntimeError("openvino: the CPU plugin failed to compile")
+        return real(path, onnx_cache, backend)
+
+    monkeypatch.setattr(onnx_encoder, "load", no_openvino)
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real_spec = importlib.util.find_spec  # openvino "installed", so this runs where it is not
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    assert e.backend == "openvino-bf16"
+    with pytest.warns(RuntimeWarning, match="backend 'auto' runs it with onnx instead"):
+        got = e.embed(TEXTS[:3])
+    assert e.backend == "onnx" and e.model_id.endswith("#onnx")
+    np.testing.assert_array_equal(got, Embedder(cache_dir=tmp_path, backend="onnx").embed(TEXTS[:3]))
+    assert Embedder(cache_dir=tmp_path, backend="auto").backend == "onnx"  # not tried again in this process
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_cache, tmp_path):
+    """OpenVINO cannot run in a forked child; "auto" there warns once and embeds with ONNX Runtime (its
+    vectors, its key) instead of raising or hanging."""
+    import json
+    import warnings
+
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    e.embed(TEXTS[:2])
+    assert e.backend == "openvino-bf16"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports through the pipe, leaves through _exit (no teardown of the parent's runtimes)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                v = e.embed(TEXTS[2:4])
+            msg = json.dumps({"backend": e.backend, "key": e.model_id, "vec": v.tolist(),
+                              "warned": [str(c.message) for c in caught]})
+        except BaseException as err:  # noqa: BLE001 - anything the child meets goes back to the test
+            msg = json.dumps({"error": repr(err)})
+        with os.fdopen(w, "w") as f:
+            f.write(msg)
+        os._exit(0)
+    os.close(w)
+    for _ in range(1200):  # 120 s at most: a hang fails the test instead of stalling the suite
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    with os.fdopen(r) as f:
+        got = json.loads(f.read())
+    assert "error" not in got, got
+    assert got["backend"] == "onnx" and got["key"].endswith("#onnx")
+    assert any("cannot run in this forked child" in m for m in got["warned"])
+    want = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[2:4])
+    np.testing.assert_allclose(np.array(got["vec"], np.float32), want, atol=1e-6)
+
+
+def test_openvinos_batches_are_bucketed_to_a_bounded_set_of_shapes_and_onnx_runtimes_are_exact():
+    """OpenVINO keeps kernels per input shape: every (rows, tokens) shape its batching makes for texts
+    of 1..256 tokens, in runs of any length, is one of at most ``shape_bound()`` (148), each batch
+    holds its texts and at most TOKENS_PER_BATCH padded tokens, and a text gets at most 25% more
+    tokens. ONNX Runtime's batches stay at their texts' exact shapes."""
+    from types import SimpleNamespace
+
+    from mdl_jax.signals.onnx_encoder import TOKENS_PER_BATCH, OnnxEncoder, bucket_tokens, shape_bound
+
+    assert [bucket_tokens(n) for n in (1, 2, 8, 9, 16, 17, 20, 21, 33, 200, 256)] == [1, 2, 8, 10, 16, 20, 20, 24, 40, 224, 256]
+    assert all(n <= bucket_tokens(n) <= 1.25 * n for n in range(1, 1025))
+    ov = SimpleNamespace(runtime="openvino-bf16", max_seq_length=256)
+    ort = SimpleNamespace(runtime="onnxruntime", max_seq_length=256)
+    rng = np.random.default_rng(0)
+    shapes = set()
+    for n in list(range(1, 257)):
+        for count in (1, 2, 3, 5, 7, 31, 64, 65, 200):
+            lengths = [n] * count
+            for rows, L, R in OnnxEncoder.plan(ov, lengths):
+                shapes.add((R, L))
+                assert L >= max(lengths[k] for k in rows) and R >= len(rows) and R * L <= max(TOKENS_PER_BATCH, L)
+    for _ in range(50):  # mixed lengths, as real texts come
+        lengths = list(rng.integers(2, 257, size=int(rng.integers(1, 300))))
+        plan = OnnxEncoder.plan(ov, lengths)
+        assert sorted(k for rows, _, _ in plan for k in rows) == list(range(len(lengths)))
+        shapes.update((R, L) for _, L, R in plan)
+        for rows, L, R in OnnxEncoder.plan(ort, lengths):
+            assert (L, R) == (max(lengths[k] for k in rows), len(rows))
+    assert len(shapes) <= shape_bound() == 148
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_openvinos_bucketed_batches_give_the_vectors_of_exact_ones_to_bfloat16_rounding(onnx_cache, monkeypatch):
+    from mdl_jax.signals import onnx_encoder
+
+    enc = Embedder(cache_dir=onnx_cache, backend="openvino-bf16").model
+    texts = [f"Fact {i}: " + "the river runs north past the old mill " * (i % 9) for i in range(45)] + TEXTS
+    bucketed = enc.encode(texts)
+    exact_plan = onnx_encoder.OnnxEncoder.plan
+    monkeypatch.setattr(enc, "plan", lambda lengths, bs=64: exact_plan(enc, lengths, bs, bucketed=False))
+    exact = enc.encode(texts)
+    assert (bucketed * exact).sum(1).min() >= 0.9999
+
+
+@pytest.mark.slow
+def test_importing_openvino_through_mdl_jax_sends_no_telemetry(tmp_path):
+    """``import openvino`` writes ~/intel/openvino_ga_cid and sends a usage event unless its user opted
+    out; the gate loads it by default, so it is imported with its telemetry package unimportable."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("openvino")
+    code = ("import sys; from mdl_jax.signals.onnx_encoder import import_openvino; ov = import_openvino(); "
+            "ov.Core(); print('openvino_telemetry' in sys.modules, sys.modules.get('openvino_telemetry', 0) is None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]  # not imported, and nothing left blocking it
+    assert not (tmp_path / "intel").exists()
+    # the control: a plain import does write it (else this test could not fail)
+    subprocess.run([sys.executable, "-c", "import openvino"], timeout=120, env={**os.environ, "HOME": str(tmp_path),
+                   "CI": "", "no_proxy": "*", "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"})
+    assert (tmp_path / "intel").exists()
 
 
 def test_a_bad_embed_backend_is_one_error_naming_it(tmp_path):
@@ -407,7 +569,7 @@ def test_onnx_refuses_a_pipeline_it_would_not_reproduce_and_auto_runs_torch_for_
           "sentence-transformers 6 format": _pipeline(tmp_path / "b", pooling={"pooling_mode": "cls",
                                                                                 "include_prompt": True})}
     assert [onnx_encoder._pooling(f) for f in ok.values()] == ["mean", "cls"]
-    assert all(auto_backend(str(f)) == "onnx" for f in ok.values())
+    assert all(auto_backend(str(f)) == _auto_pick() for f in ok.values())
     refused = {"has a Dense module": _pipeline(tmp_path / "c", ("Transformer", "Pooling", "Dense"), mean),
                r"pools by \['mean', 'max_tokens'\]": _pipeline(
                    tmp_path / "d", pooling={**mean, "pooling_mode_max_tokens": True}),

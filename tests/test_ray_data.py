@@ -118,7 +118,7 @@ ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_
          configure_logging=False)
 try:
     ds = ray.data.from_items(rows, override_num_blocks=4)
-    out = ds.map_batches(MemoryGateBatch, fn_constructor_kwargs={"cache_dir": sys.argv[3]},
+    out = ds.map_batches(MemoryGateBatch, fn_constructor_kwargs={"cache_dir": sys.argv[3], "embed_backend": "onnx"},
                          concurrency=2, batch_size=8, num_cpus=1).take_all()
 finally:
     ray.shutdown()
@@ -143,7 +143,10 @@ def test_ray_data_on_a_local_two_worker_instance_equals_the_single_process_gate(
     assert p.returncode == 0, p.stderr[-3000:]
     got = sorted(json.loads((tmp_path / "out.json").read_text()), key=lambda r: r["id"])
     assert [r["id"] for r in got] == [r["id"] for r in rows]
-    ref = _single_process(MemoryGate(cache_dir=cache_dir), rows)  # the real bundled MiniLM, here
+    # the real bundled MiniLM, here and on the workers, in float32 (ONNX Runtime) on both sides: "auto"
+    # would run bfloat16 on a CPU with it, whose vectors move by ~1e-4 with the batch a text is encoded
+    # in (its parity, not Ray's; docs/guides/gate.md), which would hide a float32-sized difference here
+    ref = _single_process(MemoryGate(cache_dir=cache_dir, embed_backend="onnx"), rows)
     out = {k: np.array([r[k] for r in got], dtype=object if k == "mdl_action" else None) for k in got[0]}
     # actions and counts exactly; the scalars to float32 rounding: MiniLM's vectors move by an ulp or
     # two with the batch a text is encoded in (padding), and the workers' batches are not the driver's

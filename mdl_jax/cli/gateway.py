@@ -68,8 +68,8 @@ def register(sub) -> None:
     p.add_argument("--embedder", default=None, help="sentence-transformers name or path (default: bundled MiniLM)")
     p.add_argument("--embed-backend", default="auto",
                    choices=EMBED_BACKENDS,
-                   help="what runs the embedder: auto = ONNX Runtime (float32) where onnxruntime is installed, "
-                        "else torch")
+                   help="what runs the embedder: auto = OpenVINO bfloat16 on a CPU with it, else ONNX "
+                        "Runtime float32, where installed (the signals extra), else torch")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the upstream")
     p.set_defaults(func=run)
 

@@ -48,8 +48,8 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
         detector.
       config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
       cache_dir: the named embedder's vector cache folder (None: its default).
-      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime where
-        onnxruntime is installed, else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
+      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (OpenVINO bfloat16 on a
+        CPU with it, else ONNX Runtime, where installed; else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
       category: a fixed category for a category-table or preset risk, used for every query.
       on_decision: called with each ``GateDecision`` (also the Silent / Opt-Out ones, which keep
         no documents), or None.

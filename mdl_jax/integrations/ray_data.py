@@ -64,8 +64,9 @@ class MemoryGateBatch:
         cache_dir: the embedding cache folder on each node (default ``$MDL_JAX_CACHE_DIR`` or
             ``~/.cache/mdl_jax``).
         device: the torch device of a named embedder ("cpu", "cuda"); None for the CPU.
-        embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (ONNX Runtime on the
-            CPU where onnxruntime is installed on the node; torch on a GPU), "torch", ...
+        embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (on the CPU:
+            OpenVINO bfloat16 where the node's CPU has it, else ONNX Runtime, where installed on the
+            node; torch on a GPU), "torch", ...
         batch_size: the embedder's encoding batch size.
         on_bad_row: "error" (a bad row fails the batch) or "mark" (the row gets ``mdl_action`` None
             and ``mdl_error``).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -50,7 +51,8 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 AUTO = "auto"
 EMBED_BACKENDS = BACKENDS + (AUTO,)  # every value ``backend`` (``embed_backend``, ``--embed-backend``) takes
-_AUTO_FAILED: set[tuple[str, str]] = set()  # (model folder, cache folder) whose "onnx" failed to load here
+# (model folder, cache folder, backend) that "auto" picked and that failed to load in this process
+_AUTO_FAILED: set[tuple[str, str, str]] = set()
 
 
 def check_backend(backend: str, device: str | None = None, name: str = "backend") -> str:
@@ -76,45 +78,58 @@ def check_backend(backend: str, device: str | None = None, name: str = "backend"
 
 
 def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Path | None = None) -> str:
-    """What ``backend="auto"`` runs: ``"onnx"`` where it can, else ``"torch"``.
+    """What ``backend="auto"`` runs: ``"openvino-bf16"`` on a CPU with bfloat16, else ``"onnx"``, where
+    they can run; else ``"torch"``.
 
     Args:
         load_path: the model to run, as ``resolve_model`` gives it (a local folder, or a hub name).
         device: the torch device asked for (None or "cpu": the CPU).
-        cache_dir: the cache folder the graph would be exported to (a folder where the export failed
-          in this process gets torch without a retry).
+        cache_dir: the cache folder the graph would be exported to (a backend that failed to load
+          for this folder and model in this process is not picked again).
 
     Returns:
-        ``"onnx"`` or ``"torch"``; it imports nothing and exports nothing (only configs are read).
+        ``"openvino-bf16"``, ``"onnx"`` or ``"torch"``; it imports nothing and exports nothing (only
+        configs and ``/proc/cpuinfo`` are read).
 
-    ``"onnx"`` gives torch's vectors to float32 rounding (cosine ≥ 0.99999, every gate action equal on
-    the bundled rows) and runs the uncached gate 1.5-2.7× as fast on the CPUs measured, more on longer texts (docs:
-    Benchmarks, embedding backends). It is picked when the model runs on the CPU (``device`` None or
-    "cpu"), is a local folder whose whole pipeline the ONNX path reproduces (a Transformer, mean or CLS
-    pooling, Normalize: ``onnx_encoder._pooling``; the bundled MiniLM's), and onnxruntime and
-    onnx are installed (the ``signals`` extra brings them); the graph is exported on first use (≈ 6 s, once per
-    cache folder and model); after that, loading it takes 3.4-3.5 s in a fresh process (mostly imports;
-    torch's path 6.5-6.7 s), 0.2 s where transformers is already imported (torch's weights 1.5 s). Otherwise, and when the export fails
-    (``Embedder.model`` warns and falls back), torch.
+    Both run the model on the CPU (``device`` None or "cpu"), from a local folder whose whole pipeline
+    the exported graph reproduces (a Transformer, mean or CLS pooling, Normalize:
+    ``onnx_encoder._pooling``; the bundled MiniLM's). The graph is exported on first use (≈ 6 s, once
+    per cache folder and model).
 
-    Not picked by "auto": ``"onnx-int8"`` and ``"openvino-bf16"``, faster but not torch's vectors
-    (int8 fails the parity; bfloat16 vectors depend on the CPU, and OpenVINO's compiled model cannot
-    run in a forked child). A process that forks after ONNX Runtime is loaded: see docs/deviations.md.
+    - ``"openvino-bf16"`` where the CPU has AMX or AVX512-BF16 (``onnx_encoder.cpu_bf16_kind``) and
+      openvino and onnx are installed (the ``signals`` extra brings them). Its vectors are within issue
+      25's parity of torch's (cosine ≥ 0.9999 on the bundled texts, every gate action of the bundled rows
+      equal) and it ran the uncached gate 3.7-3.9× as fast as torch on the Zen 4 VM (docs: Benchmarks,
+      embedding backends). What that costs, and why each cost is bounded, is in the module docstring of
+      ``onnx_encoder`` and docs/deviations.md: the vectors are bfloat16's, keyed apart per CPU kind; at
+      most ``onnx_encoder.shape_bound()`` compiled shapes (+70 MB measured); in a forked child, where
+      OpenVINO cannot run, ``Embedder`` goes on with ``"onnx"``.
+    - ``"onnx"`` elsewhere where onnxruntime and onnx are installed: torch's vectors to float32
+      rounding (cosine ≥ 0.99999), the uncached gate 1.5-2.7× as fast, more on longer texts.
+    - otherwise, and where both failed to load (``Embedder.model`` warns and falls back), torch.
+
+    Not picked by "auto": ``"onnx-int8"`` (it fails the parity). A process that forks after ONNX
+    Runtime or OpenVINO is loaded: see docs/deviations.md.
     """
     import importlib.util
 
-    if device not in (None, "cpu") or not Path(load_path).is_dir() or (load_path, str(cache_dir)) in _AUTO_FAILED:
+    if device not in (None, "cpu") or not Path(load_path).is_dir():
         return "torch"
-    if any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnx")):
-        return "torch"
-    from mdl_jax.signals.onnx_encoder import _pooling
+    from mdl_jax.signals.onnx_encoder import _pooling, cpu_bf16_kind
 
     try:
         _pooling(Path(load_path))
     except (ValueError, OSError, KeyError, TypeError, AttributeError):
-        # a pipeline the ONNX path does not reproduce, or configs it cannot read: torch reads them itself
+        # a pipeline the exported graph does not reproduce, or configs it cannot read: torch reads them itself
         return "torch"
-    return "onnx"
+    picks = [("openvino-bf16", ("openvino", "onnx"))] if cpu_bf16_kind() else []
+    picks.append(("onnx", ("onnxruntime", "onnx")))
+    for backend, needs in picks:
+        if (load_path, str(cache_dir), backend) in _AUTO_FAILED:
+            continue
+        if all(importlib.util.find_spec(m) is not None for m in needs):
+            return backend
+    return "torch"
 
 
 def _key(text: str) -> bytes:
@@ -233,9 +248,9 @@ class Embedder:
     ``backend`` picks what runs the model: ``"torch"`` (sentence-transformers; the default here, and
     what the experiment pipeline's committed runs were embedded with), ``"onnx"`` (ONNX Runtime,
     float32: torch's vectors to float32 rounding, 1.5-2.7× as fast uncached), ``"onnx-int8"``,
-    ``"openvino-bf16"`` (faster, not torch's vectors; see ``onnx_encoder``), or ``"auto"``: ``"onnx"``
-    where it can run, else ``"torch"`` (``auto_backend``). The gate and the framework components
-    default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
+    ``"openvino-bf16"`` (bfloat16: within the parity, not torch's bits; see ``onnx_encoder``), or
+    ``"auto"``: ``"openvino-bf16"`` on a CPU with bfloat16, else ``"onnx"``, where they can run, else
+    ``"torch"`` (``auto_backend``). The gate and the framework components default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,
@@ -264,30 +279,57 @@ class Embedder:
     def _id(self, backend: str) -> str:
         # Each backend its own cache key: ONNX Runtime's vectors differ from torch's in the last
         # float32 bits (int8's and OpenVINO bfloat16's more), and a cache must never mix two backends'
-        # vectors for one model.
-        return self._base_id if backend == "torch" else f"{self._base_id}#{backend}"
+        # vectors for one model. bfloat16's differ between AMX and AVX512-BF16 CPUs too (the order
+        # they accumulate in), so that key names the CPU's kind: a cache shared by two machines keeps them apart.
+        if backend == "torch":
+            return self._base_id
+        if backend == "openvino-bf16":
+            from mdl_jax.signals.onnx_encoder import cpu_bf16_kind
+
+            return f"{self._base_id}#{backend}@{cpu_bf16_kind() or 'cpu'}"
+        return f"{self._base_id}#{backend}"
+
+    def _switch(self, backend: str) -> None:
+        """Run with ``backend`` from now on (under its own cache key); ``embed`` notices the key change
+        and starts its call again, so no vector of the old backend is returned beside the new one's."""
+        self._model = None
+        self.backend = backend
+        self.model_id = self._id(backend)
 
     @property
     def model(self):
-        if self._model is not None:
+        if self._model is not None and not self._forked():
             return self._model
         with self._load_lock:
-            if self._model is None and self.requested_backend == AUTO and self.backend != "torch":
+            if self._model is not None and self._forked():
+                # OpenVINO cannot run in a forked child (its compiled model hangs there, and a new one
+                # aborts the child): "auto" goes on with ONNX Runtime's float32 vectors, said once.
+                import warnings
+
+                warnings.warn("embedder: backend 'auto' runs OpenVINO, which cannot run in this forked "
+                              "child; it embeds with 'onnx' here (start children with 'spawn' to keep "
+                              "OpenVINO)", RuntimeWarning, stacklevel=3)
+                self._switch("onnx")
+            while self._model is None and self.requested_backend == AUTO and self.backend != "torch":
                 try:
                     return self._load()
                 except Exception as e:  # noqa: BLE001 - the exporter and the runtimes raise their own types
-                    # "auto" promised the fastest backend that gives torch's vectors, not a new way to
-                    # fail: a model the export or the runtime cannot handle runs on torch, said once.
-                    # The key changes with it; ``embed`` notices and starts its call again, so no
-                    # vector found under the failed backend's key is returned beside torch's.
+                    # "auto" promised the fastest backend within the parity, not a new way to fail: a
+                    # model the export or the runtime cannot handle runs on the next backend (OpenVINO,
+                    # then ONNX Runtime, then torch), said once.
                     import warnings
 
-                    warnings.warn(f"{' '.join(str(e).split())[:400]}; backend 'auto' runs it with torch "
-                                  "instead", RuntimeWarning, stacklevel=3)
-                    _AUTO_FAILED.add((self.load_path, str(self.cache_dir)))  # no retry in this process
-                    self.backend = "torch"
-                    self.model_id = self._id("torch")
+                    _AUTO_FAILED.add((self.load_path, str(self.cache_dir), self.backend))  # no retry here
+                    nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+                    warnings.warn(f"{' '.join(str(e).split())[:400]}; backend 'auto' runs it with "
+                                  f"{nxt} instead", RuntimeWarning, stacklevel=3)
+                    self._switch(nxt)
             return self._load()
+
+    def _forked(self) -> bool:
+        """Whether ``auto`` loaded OpenVINO in a parent of this process (a fork copied it here)."""
+        return (self.requested_backend == AUTO and self.backend == "openvino-bf16"
+                and getattr(self._model, "_ov_pid", None) not in (None, os.getpid()))
 
     def _load(self):
         if self._model is None:
@@ -352,9 +394,10 @@ class Embedder:
         key = self.model_id
         out = self._embed(texts, desc)
         if self.model_id != key:
-            # "auto" fell back to torch while this call ran: the vectors it found in the cache came
-            # under the failed backend's key, and it remembered them. Forget them, and run the call
-            # again, all under torch's key (what it just encoded with torch is in the cache).
+            # "auto" fell back to another backend while this call ran (a load failed, or a forked
+            # child cannot run OpenVINO): the vectors it found in the cache came under the old
+            # backend's key, and it remembered them. Forget them, and run the call again, all under
+            # the new key (what it just encoded with the new backend is in the cache).
             with self._memory_lock:
                 self._memory.clear()
             out = self._embed(texts, desc)

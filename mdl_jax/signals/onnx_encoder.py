@@ -22,22 +22,28 @@ precision (its matrix products on AMX or AVX512-BF16, accumulated in float32; th
 float32). Only on a CPU that OpenVINO reports bfloat16 support for: elsewhere OpenVINO would run it in
 float32, slower than ONNX Runtime, so the backend refuses and names ``"onnx"``. The vectors are not
 float32's (bfloat16 keeps 8 bits of mantissa): cosine ≥ 0.9999 to torch's on the bundled data (see the
-benchmark), below the ≥ 0.99999 of ``"onnx"``.
+benchmark), below the ≥ 0.99999 of ``"onnx"``, and every gate action of the bundled rows unchanged:
+within issue 25's parity, so ``"auto"`` picks it on such a CPU. They differ between AMX and
+AVX512-BF16 CPUs in the last bits, so its cache key names the CPU's kind (``cpu_bf16_kind``).
 
 Memory: OpenVINO keeps the kernels it prepared for each input shape (batch, tokens), about 0.9 MB a
-shape here. The batching above can make at most 2,082 shapes (tokens 2-256, batches up to 64 texts and
-512 tokens), so the bound is about 1.9 GB above the loaded model; a process that met all of them grew
-by 1,842 MB, one that met 1,124 by 843 MB. Limiting OpenVINO's per-shape cache
-(``CPU_RUNTIME_CACHE_CAPACITY=0``) cut that growth to about a third, but in the one run tried it changed
-one gate action in 120 against torch. So it is left at OpenVINO's default. Fewer shapes (lengths
-padded to buckets) would bound the memory without that cost; that is not done.
+shape here. Batching at exact shapes can make 2,082 of them (tokens 2-256, batches up to 64 texts and
+512 tokens), and a process that met all of them grew by 1,842 MB. So for OpenVINO the batches are
+bucketed (``bucket_tokens``, ``OnnxEncoder.plan``): at most ``shape_bound()`` = 148 shapes, which grew
+a process by 70 MB (``experiments/bench_embed_memory.py``), for 7% more padded tokens and the same
+speed and parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
+``CPU_RUNTIME_CACHE_CAPACITY=0``, had cut the growth to a third but changed one gate action in 120.)
 
-OpenVINO does not survive a fork (its issue #416, closed as won't fix). In a forked child the encoder
-raises a clear error rather than hang in OpenVINO. A forked child that then exits through the
-interpreter's normal teardown (``sys.exit``) hangs in OpenVINO's own teardown, whether or not it touched
-the encoder. ``multiprocessing``'s fork workers are not affected, since they leave through ``os._exit``;
-tried here with a fork pool after the encoder ran. Processes that should use the backend are started
-with ``spawn``.
+Fork: neither runtime survives a fork whole. OpenVINO's compiled model hangs in a forked child, and a
+new one aborts it (its issue #416, closed as won't fix): there the encoder raises a clear error, and
+``Embedder(backend="auto")`` goes on with ONNX Runtime instead. A forked child that then exits through
+the interpreter's normal teardown (``sys.exit``) hangs in the runtime's exit handlers, whether or not it
+touched the encoder: OpenVINO's, and ONNX Runtime's too (1.32: a bare ``import onnxruntime``, fork
+and ``sys.exit`` hangs in ``pthread_cond_destroy``). ``multiprocessing``'s fork workers are not
+affected, since they leave through ``os._exit``. Processes that should embed are started with ``spawn``.
+
+Telemetry: ``import openvino`` sends a usage event unless its user opted out; ``import_openvino``
+imports it without (the gate loads it by default on CPUs with bfloat16).
 """
 
 from __future__ import annotations
@@ -59,6 +65,29 @@ OPSET = 17
 TOKENS_PER_BATCH = 512  # padded tokens per ONNX Runtime call (see ``OnnxEncoder.encode``)
 _SESSIONS: dict = {}
 _LOCK = threading.Lock()
+
+
+def bucket_tokens(n: int) -> int:
+    """``n`` tokens rounded up to one of four steps per doubling (…, 8, 10, 12, 14, 16, 20, 24, …, 256,
+    320, …): at most 25% more tokens (17 → 20); up to 8 tokens, exact. Over the gate's 2,578 bundled
+    texts the bucketed batches hold 7% more padded tokens than exact ones (61,388 against 57,362)."""
+    if n <= 8:
+        return max(1, n)
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def shape_bound(max_tokens: int = 256, batch_size: int = 64) -> int:
+    """How many distinct (rows, tokens) shapes OpenVINO's bucketed batching (``OnnxEncoder.plan``) can
+    run for texts of at most ``max_tokens`` tokens: every bucket's full batch and each power of two
+    below it. For the bundled MiniLM (256 tokens, batches of 64): 148."""
+    shapes: set[tuple[int, int]] = set()
+    for n in range(1, max_tokens + 1):
+        L = min(bucket_tokens(n), max_tokens)
+        full = max(1, min(batch_size, TOKENS_PER_BATCH // L))
+        shapes.update((min(full, 1 << k), L) for k in range(full.bit_length()))
+        shapes.add((full, L))
+    return len(shapes)
 
 
 def _folder_hash(path: Path) -> str:
@@ -147,10 +176,60 @@ def bf16_supported(core=None) -> bool:
         ImportError: openvino is not installed (the ``openvino`` extra).
     """
     if core is None:
-        import openvino as ov
-
-        core = ov.Core()
+        core = import_openvino().Core()
     return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def cpu_bf16_kind() -> str | None:
+    """The CPU's bfloat16 matrix instructions as ``/proc/cpuinfo`` names them: ``"amx_bf16"``,
+    ``"avx512_bf16"``, or None (none, or not Linux). Read without importing OpenVINO, so "auto" can
+    decide cheaply; OpenVINO's own check (``bf16_supported``) still decides when the backend loads.
+
+    Also part of the backend's cache key (``Embedder``): AMX and AVX512-BF16 accumulate in different
+    orders, so their bfloat16 vectors differ in the last bits, and one cache must not mix them.
+    """
+    global _BF16_KIND
+    if _BF16_KIND is None:
+        flags: set[str] = set()
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _BF16_KIND = next((k for k in ("amx_bf16", "avx512_bf16") if k in flags), "")
+    return _BF16_KIND or None
+
+
+_BF16_KIND: str | None = None
+
+
+def import_openvino():
+    """``import openvino``, without the usage event its import sends.
+
+    ``import openvino`` runs OpenVINO's model-conversion telemetry (``openvino.tools.ovc``): unless the
+    user ran ``opt_in_out --opt_out``, it writes ``~/intel/openvino_ga_cid`` and sends a Google
+    Analytics event (seen here as a DNS query from the import). A library the gate loads by default
+    must not phone home for its user, so the first import made here runs with ``openvino_telemetry``
+    unimportable, and OpenVINO takes its own no-op stub, as it does when that package is not
+    installed. A process that imported openvino before keeps what it had; one that imports
+    ``openvino_telemetry`` itself later gets the real package.
+    """
+    import sys
+
+    if "openvino" in sys.modules:
+        return sys.modules["openvino"]
+    blocked = "openvino_telemetry" not in sys.modules
+    if blocked:
+        sys.modules["openvino_telemetry"] = None  # its import raises ImportError
+    try:
+        import openvino
+    finally:
+        if blocked and sys.modules.get("openvino_telemetry", 0) is None:
+            del sys.modules["openvino_telemetry"]
+    return openvino
 
 
 def _atomic_save(write, target: Path) -> None:
@@ -303,9 +382,7 @@ class OnnxEncoder:
         path = Path(model_path)
         self.runtime = runtime
         if runtime == "openvino-bf16":
-            import openvino as ov
-
-            self._ov_core = ov.Core()
+            self._ov_core = import_openvino().Core()
             if not bf16_supported(self._ov_core):  # before the export: nothing is written for a CPU that cannot
                 caps = self._ov_core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
                 raise ValueError(f"embedder: backend 'openvino-bf16' needs a CPU with bfloat16 support "
@@ -419,6 +496,41 @@ class OnnxEncoder:
         enc = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         return enc["input_ids"], enc.get("token_type_ids")
 
+    def plan(self, lengths: Sequence[int], batch_size: int = 64, *,
+             bucketed: bool | None = None) -> list[tuple[list[int], int, int]]:
+        """How ``encode`` batches texts of these token counts: (the texts' indices, padded tokens, padded rows)
+        per batch.
+
+        Longest first, as sentence-transformers orders them, so a batch pads little; at most
+        ``TOKENS_PER_BATCH`` padded tokens per batch (and at most ``batch_size`` texts), so the
+        activations of a small batch stay in the CPU's caches. Measured here (2-core Xeon, flags avx2
+        avx512f avx512_vnni amx_int8) on the gate's 526 bundled texts: 512 tokens per batch ran 374
+        texts/s, 4,096 tokens 237/s, batches of 64 texts padded to their longest 187/s.
+
+        ONNX Runtime runs each batch at its own shape (its longest text, its number of texts). OpenVINO
+        keeps kernels for every shape it has run, about 0.9 MB each, which over the up to 2,082 shapes
+        of exact batching grew a process by 1,842 MB; so for OpenVINO the shapes are bucketed
+        (``bucket_tokens``; a batch's rows padded to a power of two, or to the bucket's full batch),
+        which bounds them to ``shape_bound`` at a few per cent more padded tokens. ``bucketed``: None
+        (the default) buckets for OpenVINO only.
+        """
+        if bucketed is None:
+            bucketed = self.runtime == "openvino-bf16"
+        cap = max(self.max_seq_length, max(lengths, default=0))  # never pad past what the model was given
+        order = sorted(range(len(lengths)), key=lambda k: -lengths[k])  # stable: ties keep their order
+        out = []
+        i = 0
+        while i < len(order):
+            L = max(1, int(lengths[order[i]]))
+            if bucketed:
+                L = min(bucket_tokens(L), cap)
+            full = max(1, min(max(1, batch_size), TOKENS_PER_BATCH // L))
+            rows = order[i:i + full]
+            R = min(full, 1 << (len(rows) - 1).bit_length()) if bucketed else len(rows)
+            out.append((rows, L, R))
+            i += full
+        return out
+
     def encode(self, texts: Sequence[str], batch_size: int = 64, convert_to_numpy: bool = True,
                normalize_embeddings: bool = True, show_progress_bar: bool = False) -> np.ndarray:
         """The texts' sentence vectors, in the texts' order.
@@ -437,47 +549,37 @@ class OnnxEncoder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, 0), np.float32)
-        # One tokenizer call for all texts (unpadded), then batches cut by tokens, longest first:
-        #  - longest first, as sentence-transformers orders them, so a batch pads little;
-        #  - at most TOKENS_PER_BATCH padded tokens per batch (and at most ``batch_size`` texts): the
-        #    activations of a small batch stay in the CPU's caches. Measured here (2-core Xeon, flags
-        #    avx2 avx512f avx512_vnni amx_int8) on the gate's 526 bundled texts: 512 tokens per batch
-        #    ran 374 texts/s, 4,096 tokens 237/s, batches of 64 texts padded to their longest 187/s.
+        # One tokenizer call for all texts (unpadded), then batches cut by tokens, longest first (``plan``).
         # A text's vector depends on its batch only through padding, which its attention mask hides
         # (float32 rounding: cosine to the one-text vector ≥ 0.99999).
         ids, types = self._token_ids(texts)
         pad = self.tokenizer.pad_token_id or 0
-        order = sorted(range(len(texts)), key=lambda k: -len(ids[k]))  # stable: ties keep their order
-        batches = []
-        i = 0
-        while i < len(order):
-            n = max(1, min(max(1, batch_size), TOKENS_PER_BATCH // max(1, len(ids[order[i]]))))
-            batches.append(order[i:i + n])
-            i += n
+        batches = self.plan([len(x) for x in ids], batch_size)
 
-        def run(rows: list[int]) -> np.ndarray:
-            L = len(ids[rows[0]])
-            feed = {"input_ids": np.full((len(rows), L), pad, np.int64),
-                    "attention_mask": np.zeros((len(rows), L), np.int64),
-                    "token_type_ids": np.zeros((len(rows), L), np.int64)}
+        def run(batch: tuple[list[int], int, int]) -> np.ndarray:
+            rows, L, R = batch
+            feed = {"input_ids": np.full((R, L), pad, np.int64),
+                    "attention_mask": np.zeros((R, L), np.int64),
+                    "token_type_ids": np.zeros((R, L), np.int64)}
+            feed["attention_mask"][len(rows):, 0] = 1  # filler rows (bucketed shapes): one token each, no empty softmax
             for r, k in enumerate(rows):
                 x = ids[k]
                 feed["input_ids"][r, :len(x)] = x
                 feed["attention_mask"][r, :len(x)] = 1
                 if types is not None:
                     feed["token_type_ids"][r, :len(x)] = types[k]
-            h = self._infer(feed)
+            h = self._infer(feed)[:len(rows)]
             if self.pooling == "cls":
                 return h[:, 0]
-            m = feed["attention_mask"][..., None].astype(np.float32)  # mean over the real tokens,
-            return (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)          # as sentence-transformers' Pooling
+            m = feed["attention_mask"][:len(rows), :, None].astype(np.float32)  # mean over the real tokens,
+            return (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)                    # as sentence-transformers' Pooling
 
         if len(batches) > 1 and self.threads > 1:
             results = list(self._executor().map(run, batches))  # both runtimes release the GIL
         else:
             results = [run(b) for b in batches]
         vecs = np.zeros((len(texts), results[0].shape[1]), np.float32)
-        for rows, v in zip(batches, results):
+        for (rows, _, _), v in zip(batches, results):
             vecs[rows] = v
         if normalize_embeddings:
             vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
