@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--embed-backend", default="auto",
                    choices=EMBED_BACKENDS,
                    help="what runs a named embedder: auto = OpenVINO bfloat16 on a CPU with AMX or "
-                        "AVX512-BF16 (~3.8x torch's speed, within the parity), else ONNX Runtime float32 "
+                        "AVX512-BF16 (~3.5x torch's speed, within the parity), else ONNX Runtime float32 "
                         "(torch's vectors to float32 rounding, 1.5-2.7x), where installed (the signals extra); "
                         "else torch")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "

@@ -363,7 +363,7 @@ class MemoryGate:
         ``"auto"`` (``Embedder``'s ``auto_backend``), where the model can be exported and the
         ``signals`` extra's runtimes are installed: OpenVINO in bfloat16 on a CPU with AMX or
         AVX512-BF16 (within issue 25's parity: cosine ≥ 0.9999 to torch's, every bundled gate action
-        equal; the uncached gate 3.7-3.9× as fast on Zen 4), else ONNX Runtime in float32 (torch's
+        equal; the uncached gate 3.5-3.6× as fast on Zen 4), else ONNX Runtime in float32 (torch's
         vectors to float32 rounding, 1.5-2.7× as fast); else torch. ``"torch"`` pins
         sentence-transformers, ``"onnx"`` float32.
       relevance_threshold: the cosine above which a memory counts as relevant to the query (for R

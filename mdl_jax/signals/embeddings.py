@@ -99,7 +99,7 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
     - ``"openvino-bf16"`` where the CPU has AMX or AVX512-BF16 (``onnx_encoder.cpu_bf16_kind``) and
       openvino and onnx are installed (the ``signals`` extra brings them). Its vectors are within issue
       25's parity of torch's (cosine ≥ 0.9999 on the bundled texts, every gate action of the bundled rows
-      equal) and it ran the uncached gate 3.7-3.9× as fast as torch on the Zen 4 VM (docs: Benchmarks,
+      equal) and it ran the uncached gate 3.5-3.6× as fast as torch on the Zen 4 VM (docs: Benchmarks,
       embedding backends). What that costs, and why each cost is bounded, is in the module docstring of
       ``onnx_encoder`` and docs/deviations.md: the vectors are bfloat16's, keyed apart per CPU kind; at
       most ``onnx_encoder.shape_bound()`` compiled shapes (+70 MB measured); in a forked child, where

@@ -28,10 +28,10 @@ AVX512-BF16 CPUs in the last bits, so its cache key names the CPU's kind (``cpu_
 
 Memory: OpenVINO keeps the kernels it prepared for each input shape (batch, tokens), about 0.9 MB a
 shape here. Batching at exact shapes can make 2,082 of them (tokens 2-256, batches up to 64 texts and
-512 tokens), and a process that met all of them grew by 1,842 MB. So for OpenVINO the batches are
+512 tokens), and a process that met all of them grew by 1,414-1,842 MB. So for OpenVINO the batches are
 bucketed (``bucket_tokens``, ``OnnxEncoder.plan``): at most ``shape_bound()`` = 148 shapes, which grew
-a process by 70 MB (``experiments/bench_embed_memory.py``), for 7% more padded tokens and the same
-speed and parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
+a process by 70-74 MB (``experiments/bench_embed_memory.py``), for 7% more padded tokens (the warm
+encoder at 0.92-0.97× exact batching's texts/s) and the same parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
 ``CPU_RUNTIME_CACHE_CAPACITY=0``, had cut the growth to a third but changed one gate action in 120.)
 
 Fork: neither runtime survives a fork whole. OpenVINO's compiled model hangs in a forked child, and a
@@ -509,7 +509,7 @@ class OnnxEncoder:
 
         ONNX Runtime runs each batch at its own shape (its longest text, its number of texts). OpenVINO
         keeps kernels for every shape it has run, about 0.9 MB each, which over the up to 2,082 shapes
-        of exact batching grew a process by 1,842 MB; so for OpenVINO the shapes are bucketed
+        of exact batching grew a process by 1,414-1,842 MB; so for OpenVINO the shapes are bucketed
         (``bucket_tokens``; a batch's rows padded to a power of two, or to the bucket's full batch),
         which bounds them to ``shape_bound`` at a few per cent more padded tokens. ``bucketed``: None
         (the default) buckets for OpenVINO only.
