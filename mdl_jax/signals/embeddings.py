@@ -291,28 +291,42 @@ class Embedder:
 
     def _switch(self, backend: str) -> None:
         """Run with ``backend`` from now on (under its own cache key); ``embed`` notices the key change
-        and starts its call again, so no vector of the old backend is returned beside the new one's."""
+        and starts its call again, and the remembered vectors are forgotten here, so no vector of the
+        old backend is returned beside the new one's (also to a call that began after the switch)."""
+        with self._memory_lock:
+            self._memory.clear()
         self._model = None
         self.backend = backend
         self.model_id = self._id(backend)
 
     @property
     def model(self):
-        if self._model is not None and not self._forked():
-            return self._model
+        m = self._model  # read once: another thread may switch it meanwhile
+        if m is not None and not self._forked(m):
+            return m
         with self._load_lock:
-            if self._model is not None and self._forked():
-                # OpenVINO cannot run in a forked child (its compiled model hangs there, and a new one
-                # aborts the child): "auto" goes on with ONNX Runtime's float32 vectors, said once.
-                import warnings
+            while True:
+                m = self._model
+                if m is not None and self._forked(m):
+                    # OpenVINO cannot run in a forked child (its compiled model hangs there, and a new
+                    # one aborts the child): "auto" goes on with the next backend (ONNX Runtime, else
+                    # torch), said once. Also when the encoder came from the process-wide cache a
+                    # parent filled (``onnx_encoder.load``).
+                    import warnings
 
-                warnings.warn("embedder: backend 'auto' runs OpenVINO, which cannot run in this forked "
-                              "child; it embeds with 'onnx' here (start children with 'spawn' to keep "
-                              "OpenVINO)", RuntimeWarning, stacklevel=3)
-                self._switch("onnx")
-            while self._model is None and self.requested_backend == AUTO and self.backend != "torch":
-                try:
+                    _AUTO_FAILED.add((self.load_path, str(self.cache_dir), "openvino-bf16"))
+                    nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+                    warnings.warn(f"embedder: backend 'auto' runs OpenVINO, which cannot run in this forked "
+                                  f"child; it embeds with {nxt!r} here (start children with 'spawn' to keep "
+                                  "OpenVINO)", RuntimeWarning, stacklevel=3)
+                    self._switch(nxt)
+                    continue
+                if m is not None:
+                    return m
+                if self.requested_backend != AUTO or self.backend == "torch":
                     return self._load()
+                try:
+                    self._load()
                 except Exception as e:  # noqa: BLE001 - the exporter and the runtimes raise their own types
                     # "auto" promised the fastest backend within the parity, not a new way to fail: a
                     # model the export or the runtime cannot handle runs on the next backend (OpenVINO,
@@ -324,12 +338,11 @@ class Embedder:
                     warnings.warn(f"{' '.join(str(e).split())[:400]}; backend 'auto' runs it with "
                                   f"{nxt} instead", RuntimeWarning, stacklevel=3)
                     self._switch(nxt)
-            return self._load()
 
-    def _forked(self) -> bool:
-        """Whether ``auto`` loaded OpenVINO in a parent of this process (a fork copied it here)."""
-        return (self.requested_backend == AUTO and self.backend == "openvino-bf16"
-                and getattr(self._model, "_ov_pid", None) not in (None, os.getpid()))
+    def _forked(self, model) -> bool:
+        """Whether ``model`` is an OpenVINO encoder "auto" got from a parent of this process (a fork copied it)."""
+        return (self.requested_backend == AUTO
+                and getattr(model, "_ov_pid", None) not in (None, os.getpid()))
 
     def _load(self):
         if self._model is None:

@@ -516,6 +516,7 @@ class OnnxEncoder:
         """
         if bucketed is None:
             bucketed = self.runtime == "openvino-bf16"
+        lengths = [int(n) for n in lengths]  # NumPy's unsigned ints would wrap when negated below
         cap = max(self.max_seq_length, max(lengths, default=0))  # never pad past what the model was given
         order = sorted(range(len(lengths)), key=lambda k: -lengths[k])  # stable: ties keep their order
         out = []
