@@ -434,8 +434,12 @@ def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_ca
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 v = e.embed(TEXTS[2:4])
+                # a new auto Embedder made in the child gets the parent's encoder from the process-wide
+                # cache: it too goes on with ONNX Runtime, from its first call
+                fresh = Embedder(cache_dir=tmp_path / "fresh", backend="auto")
+                fresh.embed(["a text only the child embeds"])
             msg = json.dumps({"backend": e.backend, "key": e.model_id, "vec": v.tolist(),
-                              "warned": [str(c.message) for c in caught]})
+                              "fresh": fresh.backend, "warned": [str(c.message) for c in caught]})
         except BaseException as err:  # noqa: BLE001 - anything the child meets goes back to the test
             msg = json.dumps({"error": repr(err)})
         with os.fdopen(w, "w") as f:
@@ -454,6 +458,7 @@ def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_ca
         got = json.loads(f.read())
     assert "error" not in got, got
     assert got["backend"] == "onnx" and got["key"].endswith("#onnx")
+    assert got["fresh"] == "onnx"
     assert any("cannot run in this forked child" in m for m in got["warned"])
     want = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[2:4])
     np.testing.assert_allclose(np.array(got["vec"], np.float32), want, atol=1e-6)
