@@ -75,6 +75,18 @@ def test_int8_is_within_its_stated_parity(onnx_cache):
     assert (ref * got).sum(1).min() >= 0.95  # documented: per-channel dynamic int8, min cosine ≈ 0.97
 
 
+def _wait_or_fail(pid: int, seconds: float, why: str) -> None:
+    """Reap a forked child; one that runs past ``seconds`` is killed and fails the test (instead of
+    stalling the suite on a hang)."""
+    for _ in range(int(seconds * 10)):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(why)
+
+
 def _bf16_cpu() -> bool:
     from mdl_jax.signals.onnx_encoder import bf16_supported
 
@@ -125,14 +137,7 @@ def test_openvino_bf16_is_within_its_stated_parity_and_its_batches_and_threads_c
         os.write(w, msg[:500])
         os._exit(0)
     os.close(w)
-    for _ in range(600):  # 60 s at most: a hang fails the test instead of stalling the suite
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung in encode")
+    _wait_or_fail(pid, 60, "the forked child hung in encode")
     with os.fdopen(r, "rb") as f:
         assert b"cannot run in its forked child" in f.read()
 
@@ -446,14 +451,7 @@ def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_ca
             f.write(msg)
         os._exit(0)
     os.close(w)
-    for _ in range(1200):  # 120 s at most: a hang fails the test instead of stalling the suite
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
+    _wait_or_fail(pid, 120, "the forked child hung")
     with os.fdopen(r) as f:
         got = json.loads(f.read())
     assert "error" not in got, got
