@@ -421,6 +421,99 @@ def test_auto_falls_back_from_openvino_to_onnx_with_a_warning_when_openvino_fail
     assert Embedder(cache_dir=tmp_path, backend="auto").backend == "onnx"  # not tried again in this process
 
 
+class _FailsAtInference:
+    """An encoder that loaded and then fails at inference (the failure path: an OpenVINO that compiled
+    but cannot run a shape); ``good`` calls succeed first, returning a stand-in vector far from any
+    real one."""
+
+    def __init__(self, good: int = 0):
+        self.good = good
+
+    def encode(self, texts, **kw):
+        if self.good > 0:
+            self.good -= 1
+            return np.tile(np.eye(384, dtype=np.float32)[:1], (len(texts), 1))
+        raise RuntimeError("openvino: Exception from src/inference: cannot infer this shape")
+
+
+def _openvino_fails_at_inference(monkeypatch, onnx_cache, good: int = 0, on_onnx_load=None):
+    """"auto" on a CPU declared to have bfloat16, whose OpenVINO encoder is ``_FailsAtInference(good)``
+    and whose ONNX Runtime encoder is the real one (``on_onnx_load`` is called as it loads)."""
+    import importlib.util
+
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    real = onnx_encoder.load
+
+    def load(path, cache, backend):
+        if backend == "openvino-bf16":
+            return _FailsAtInference(good)
+        if on_onnx_load is not None:
+            on_onnx_load()
+        return real(path, onnx_cache, backend)
+
+    monkeypatch.setattr(onnx_encoder, "load", load)
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+
+
+@pytest.mark.slow
+def test_auto_goes_on_with_onnx_when_openvino_fails_at_inference_and_counts_each_text_once(onnx_cache, tmp_path,
+                                                                                            monkeypatch):
+    """A runtime that loads and then fails to infer costs "auto" a warning, not the call: the call's
+    vectors are all ONNX Runtime's (a vector cached under OpenVINO's key before is not served beside
+    them), and ``n_embedded`` / ``n_cached`` count each text once although the call ran twice."""
+    pytest.importorskip("onnxruntime")
+    _openvino_fails_at_inference(monkeypatch, onnx_cache)
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    assert e.backend == "openvino-bf16"
+    e.cache.put(e.model_id, TEXTS[:1], np.eye(384, dtype=np.float32)[1:2])  # from an earlier process
+    with pytest.warns(RuntimeWarning, match="cannot infer this shape; backend 'auto' runs it with onnx instead"):
+        got = e.embed(TEXTS[:3])
+    assert e.backend == "onnx" and e.backend_id == "onnx"
+    np.testing.assert_array_equal(got, Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[:3]))
+    assert (e.n_embedded, e.n_cached) == (3, 0)  # before: (3, 3), the second run counting the first's texts
+    e.embed(TEXTS[:3])
+    assert (e.n_embedded, e.n_cached) == (3, 3)
+    pinned = Embedder(cache_dir=tmp_path, backend="openvino-bf16")  # not "auto": its failure is the caller's
+    pinned._model = _FailsAtInference()
+    with pytest.raises(RuntimeError, match="cannot infer this shape"):
+        pinned.embed(["a text nobody embedded"])
+
+
+@pytest.mark.slow
+def test_a_call_that_begins_after_a_switch_gets_no_remembered_vector_of_the_old_backend(onnx_cache, tmp_path,
+                                                                                         monkeypatch):
+    """Thread B's call begins after thread A's call switched "auto" from OpenVINO to ONNX Runtime, and
+    before A's call is over: B must not get the vector A's Embedder remembered from OpenVINO (the
+    switch forgets them; before, only A's rerun did, after B could have read one)."""
+    import threading
+
+    pytest.importorskip("onnxruntime")
+    got: dict = {}
+    e = None
+
+    def during_the_switch():  # runs in A, after the switch, while the ONNX Runtime encoder loads
+        b = threading.Thread(target=lambda: got.setdefault("b", e.embed(TEXTS[:1])))
+        b.start()
+        b.join(1.0)  # a remembered vector comes back in microseconds; one to encode waits for this load
+        got["b_done_during_load"] = not b.is_alive()
+        got["thread"] = b
+
+    _openvino_fails_at_inference(monkeypatch, onnx_cache, good=1, on_onnx_load=during_the_switch)
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    e.embed(TEXTS[:1])  # OpenVINO (the stand-in) embeds and remembers it
+    with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
+        e.embed(TEXTS[1:2])  # OpenVINO fails: the switch, and B's call in the middle of it
+    got["thread"].join(60)
+    want = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[:1])
+    assert not got["b_done_during_load"]
+    np.testing.assert_array_equal(got["b"], want)
+    np.testing.assert_array_equal(e.embed(TEXTS[:1]), want)
+
+
 @pytest.mark.slow
 @needs_bf16
 def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_cache, tmp_path):
@@ -460,6 +553,43 @@ def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_ca
     assert any("cannot run in this forked child" in m for m in got["warned"])
     want = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[2:4])
     np.testing.assert_allclose(np.array(got["vec"], np.float32), want, atol=1e-6)
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_a_forked_child_of_an_openvino_process_without_onnx_runtime_gets_a_clear_error_not_a_crash(onnx_cache,
+                                                                                                  tmp_path):
+    """In a forked child of an OpenVINO process with no usable ONNX Runtime, "auto" has no backend that
+    can run: torch segfaults there (or hangs), as OpenVINO itself does. The call raises ModelLoadError
+    naming the ways out; before, it went back to OpenVINO (and earlier still, to torch)."""
+    import importlib.util
+    import json
+
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    e.embed(TEXTS[:2])
+    assert e.backend == "openvino-bf16"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            real = importlib.util.find_spec  # ONNX Runtime not installed, in this child alone
+            importlib.util.find_spec = lambda name, *a: None if name == "onnxruntime" else real(name, *a)
+            try:
+                e.embed(TEXTS[2:4])
+                msg = json.dumps({"error": None, "backend": e.backend})
+            except ModelLoadError as err:
+                msg = json.dumps({"error": str(err), "backend": e.backend})
+        except BaseException as err:  # noqa: BLE001 - anything else the child meets goes back to the test
+            msg = json.dumps({"error": "unexpected " + repr(err)})
+        with os.fdopen(w, "w") as f:
+            f.write(msg)
+        os._exit(0)
+    os.close(w)
+    _wait_or_fail(pid, 120, "the forked child hung")
+    with os.fdopen(r) as f:
+        got = json.loads(f.read())
+    assert got["error"] and "cannot run in this forked child" in got["error"] and "'spawn'" in got["error"], got
+    assert got["backend"] == "openvino-bf16"  # no switch to a backend that cannot run either
 
 
 def test_openvinos_batches_are_bucketed_to_a_bounded_set_of_shapes_and_onnx_runtimes_are_exact():

@@ -259,6 +259,93 @@ def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_pat
         files._read_manifest(work, files._fingerprint(args, "onnx"))
 
 
+def test_a_bfloat16_run_is_resumed_only_on_a_cpu_of_its_bfloat16_kind(tmp_path):
+    """OpenVINO's bfloat16 vectors differ between AMX and AVX512-BF16 CPUs: the manifest records the kind
+    (``Embedder.backend_id``), and a resume on the other kind is refused, naming it. A manifest from
+    before the kind was recorded is taken as this CPU's, and records it from then on."""
+    import argparse
+
+    from mdl_jax.gate import files
+
+    src = _jsonl(tmp_path / "in.jsonl", [{"question": "q", "mems": ["m"]}])
+    args = argparse.Namespace(input=str(src), query_field="question", memories_field="mems", risk_field=None,
+                              category_field=None, risk="0.5", config=None, embedder="all-MiniLM-L6-v2",
+                              split="train", chunk_size=3, on_bad_row="error")
+    work = tmp_path / "out.jsonl.parts"
+    work.mkdir()
+    amx, avx = files._fingerprint(args, "openvino-bf16@amx_bf16"), files._fingerprint(args, "openvino-bf16@avx512_bf16")
+    (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": amx,
+                                                    "parts": [], "done": False}))
+    assert files._read_manifest(work, amx)["args"] == amx
+    with pytest.raises(files.GateInputError, match="embed_backend: 'openvino-bf16@amx_bf16' then, "
+                                                   "'openvino-bf16@avx512_bf16' now.*resume it on a CPU with amx_bf16"):
+        files._read_manifest(work, avx)
+    with pytest.raises(files.GateInputError, match="to resume it, run with --embed-backend openvino-bf16"):
+        files._read_manifest(work, files._fingerprint(args, "onnx"))
+    (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "parts": [], "done": False,
+                                                    "args": {**amx, "embed_backend": "openvino-bf16"}}))
+    assert files._read_manifest(work, avx)["args"] == avx
+
+
+def test_the_manifest_names_the_cpus_bfloat16_kind_of_an_openvino_embedder(tmp_path, monkeypatch):
+    """What the gate records: the backend, and for bfloat16 the CPU's kind (the cache key's suffix)."""
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "amx_bf16")
+    assert embeddings.Embedder(cache_dir=tmp_path, backend="openvino-bf16").backend_id == "openvino-bf16@amx_bf16"
+    assert embeddings.Embedder(cache_dir=tmp_path, backend="onnx").backend_id == "onnx"
+    assert embeddings.Embedder(cache_dir=tmp_path, backend="torch").backend_id == "torch"
+
+
+class _StandIn:
+    """An encoder that loaded (the failure path: OpenVINO, failing at inference after ``good`` calls;
+    or its fallback): unit stand-in vectors, so the test needs no export."""
+
+    def __init__(self, good: int | None = None):
+        self.good = good
+
+    def encode(self, texts, **kw):
+        if self.good is not None:
+            if self.good <= 0:
+                raise RuntimeError("openvino: Exception from src/inference: cannot infer this shape")
+            self.good -= 1
+        return np.tile(np.eye(384, dtype=np.float32)[:1], (len(texts), 1))
+
+
+def test_a_backend_that_fails_mid_run_stops_the_run_before_a_part_mixes_two_backends(rows, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """OpenVINO that fails at inference in the second part: "auto" goes on with ONNX Runtime, and the run
+    stops with one error naming both instead of writing a part (or a run) of two backends' vectors; the
+    first part stays on disk for the rerun."""
+    import importlib.util
+
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn(
+        1 if backend == "openvino-bf16" else None))
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real_spec = importlib.util.find_spec  # openvino "installed", so this runs where it is not
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+    out = tmp_path / "out.jsonl"
+    with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
+        assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:6])), "--out", str(out), *FIELDS,
+                     "--cache-dir", str(tmp_path / "cache"), "--chunk-size", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert ("failed with openvino-bf16@avx512_bf16 during this run and 'auto' went on with onnx" in err
+            and "The parts written so far (1)" in err and "--embed-backend onnx" in err), err
+    man = json.loads((tmp_path / "out.jsonl.parts" / "manifest.json").read_text())
+    assert len(man["parts"]) == 1 and man["args"]["embed_backend"] == "openvino-bf16@avx512_bf16"
+    assert not out.exists()
+    # the same command again (a new process: nothing marked failed), OpenVINO well this time: it resumes
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn())
+    assert main(["gate", str(tmp_path / "in.jsonl"), "--out", str(out), *FIELDS,
+                 "--cache-dir", str(tmp_path / "cache"), "--chunk-size", "3", "--no-progress"]) == 0
+    assert len(out.read_text().splitlines()) == 6
+    assert "embedder backend openvino-bf16@avx512_bf16" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_manifest_records_the_backend_that_runs_after_an_auto_fallback(rows, tmp_path, cache_dir, capsys,
                                                                          monkeypatch):

@@ -651,12 +651,22 @@ def _read_manifest(work: Path, fp: dict) -> dict:
     old = dict(man.get("args") or {})
     # a run written before the embedder had a backend setting ran torch (None: a callable embedder)
     old.setdefault("embed_backend", "torch" if fp.get("embed_backend") is not None else None)
+    now_b, then_b = fp.get("embed_backend"), old.get("embed_backend")
+    if then_b == "openvino-bf16" and str(now_b).startswith("openvino-bf16@"):
+        # a manifest written before it named the CPU's bfloat16 kind: taken as this CPU's (the run
+        # cannot tell, and the likely resume is on the machine that began it); it records the kind now
+        old["embed_backend"] = then_b = now_b
     if old != fp:
         diff = "; ".join(f"{k}: {old.get(k)!r} then, {fp.get(k)!r} now" for k in sorted(set(old) | set(fp))
                          if old.get(k) != fp.get(k))
-        hint = (f"; to resume it, run with --embed-backend {old['embed_backend']}"
-                if old.get("embed_backend") not in (None, fp.get("embed_backend"))
-                and all(old.get(k) == fp.get(k) for k in set(old) | set(fp) if k != "embed_backend") else "")
+        hint = ""
+        if then_b not in (None, now_b) and all(old.get(k) == fp.get(k) for k in set(old) | set(fp)
+                                               if k != "embed_backend"):
+            name, _, kind = str(then_b).partition("@")
+            hint = (f"; its vectors came from OpenVINO's bfloat16 on a CPU with {kind}, whose vectors "
+                    f"differ from this CPU's ({now_b}): resume it on a CPU with {kind}"
+                    if kind and str(now_b).partition("@")[0] == name
+                    else f"; to resume it, run with --embed-backend {name}")
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
                              f"another input ({diff[:400]}){hint}, or remove it to start over")
     man["args"] = fp  # a manifest from before the backend was recorded now records it
@@ -715,7 +725,7 @@ def run(args) -> int:
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
     if args.chunk_size is None:  # the run being resumed keeps its parts' size; a new one the default
         args.chunk_size = _resumed_chunk_size(work) or CHUNK_SIZE
-    fp = _fingerprint(args, emb.backend if isinstance(emb, Embedder) else None)
+    fp = _fingerprint(args, emb.backend_id if isinstance(emb, Embedder) else None)
     fresh = not os.path.lexists(work / "manifest.json")
     man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
     try:
@@ -743,7 +753,7 @@ def run(args) -> int:
         # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
         # nothing behind; otherwise the parts stay for the rerun that resumes
         os.close(lock)
-        if not man["parts"] or fresh and isinstance(e, GateInputError):
+        if not man["parts"] or fresh and isinstance(e, GateInputError) and not isinstance(e, _BackendChanged):
             shutil.rmtree(work, ignore_errors=True)
         raise
     _summary(man, out)
@@ -778,6 +788,7 @@ def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
                 if not batch and _exhausted(rows):
                     break
             recs, counts, bad = _decide_chunk(gate, args, batch)
+        _same_backend(gate, man, work)
         name = f"part-{k:06d}{PART_SUFFIX[fmt]}"
         if recs:
             _write_part(work / name, recs, fmt)  # on disk (fsynced, folder too) before the manifest names it
@@ -791,6 +802,27 @@ def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
         bar.update(len(batch))
         k += 1
     bar.close()
+
+
+class _BackendChanged(GateInputError):
+    """The embedder's backend changed mid-run: the parts written stay, also in a fresh run."""
+
+
+def _same_backend(gate, man: dict, work: Path) -> None:
+    """Refuse to write a part embedded by another backend than the run's: under "auto" a runtime that
+    fails at inference hands over to the next one (``Embedder._fall_back``), and the run's parts must
+    not mix two backends' vectors. The parts on disk stay, for a rerun to resume."""
+    from mdl_jax.signals.embeddings import Embedder
+
+    emb = getattr(gate, "embedder", None)
+    then = man["args"].get("embed_backend")
+    if isinstance(emb, Embedder) and then is not None and emb.backend_id != then:
+        now = emb.backend_id.partition("@")[0]
+        raise _BackendChanged(
+            f"--embed-backend: the embedder failed with {then} during this run and 'auto' went on with "
+            f"{emb.backend_id} (the warning above says why). The parts written so far ({len(man['parts'])}) were "
+            f"embedded with {then}; the next one is not written, so no output mixes the two. Run the same "
+            f"command again to resume with {then}, or remove {work} and run with --embed-backend {now}")
 
 
 class _Peek:

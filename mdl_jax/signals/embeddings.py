@@ -16,6 +16,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -268,7 +269,7 @@ class Embedder:
         self.batch_size = batch_size
         self.device = device
         self.progress = progress
-        self._model = None
+        self._model: Any = None  # a SentenceTransformer, or an onnx_encoder encoder
         self.n_embedded = 0
         self.n_cached = 0
         # text → unit-norm float32 vector, as ``embed`` returned it: see MEMORY_TEXTS
@@ -288,6 +289,14 @@ class Embedder:
 
             return f"{self._base_id}#{backend}@{cpu_bf16_kind() or 'cpu'}"
         return f"{self._base_id}#{backend}"
+
+    @property
+    def backend_id(self) -> str:
+        """The backend as this Embedder's cache key names it: ``backend``, and for "openvino-bf16" the
+        CPU's bfloat16 kind too (``"openvino-bf16@avx512_bf16"``): two runs whose vectors can differ
+        never share it (what ``mdl-jax gate`` records in its manifest, to refuse a resume that would
+        mix them)."""
+        return "torch" if self.backend == "torch" else self.model_id.rpartition("#")[2]
 
     def _switch(self, backend: str) -> None:
         """Run with ``backend`` from now on (under its own cache key); ``embed`` notices the key change
@@ -316,6 +325,16 @@ class Embedder:
 
                     _AUTO_FAILED.add((self.load_path, str(self.cache_dir), "openvino-bf16"))
                     nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+                    if nxt == "torch":
+                        # torch cannot either: in a forked child of a process that loaded OpenVINO, its
+                        # first layer norm segfaults (or hangs, where the parent ran torch too; torch
+                        # 2.13 with openvino 2025, measured): a clear error instead of a dead child
+                        raise ModelLoadError(
+                            "embedder: backend 'auto' runs OpenVINO, which cannot run in this forked child, "
+                            "and ONNX Runtime, its fallback here, cannot run either (not installed, or "
+                            "failed); torch crashes in a forked child of an OpenVINO process. Start "
+                            "children with 'spawn', install onnxruntime (pip install 'mdl-jax[signals]'), "
+                            "or pass backend='onnx' or 'torch' in the parent")
                     warnings.warn(f"embedder: backend 'auto' runs OpenVINO, which cannot run in this forked "
                                   f"child; it embeds with {nxt!r} here (start children with 'spawn' to keep "
                                   "OpenVINO)", RuntimeWarning, stacklevel=3)
@@ -331,13 +350,18 @@ class Embedder:
                     # "auto" promised the fastest backend within the parity, not a new way to fail: a
                     # model the export or the runtime cannot handle runs on the next backend (OpenVINO,
                     # then ONNX Runtime, then torch), said once.
-                    import warnings
+                    self._fall_back(self.backend, e)
 
-                    _AUTO_FAILED.add((self.load_path, str(self.cache_dir), self.backend))  # no retry here
-                    nxt = auto_backend(self.load_path, self.device, self.cache_dir)
-                    warnings.warn(f"{' '.join(str(e).split())[:400]}; backend 'auto' runs it with "
-                                  f"{nxt} instead", RuntimeWarning, stacklevel=3)
-                    self._switch(nxt)
+    def _fall_back(self, backend: str, err: BaseException) -> None:
+        """Under "auto": ``backend`` failed (to load, or to encode): mark it failed for this model and
+        cache folder, say so once, and go on with the next backend. The caller holds ``_load_lock``."""
+        import warnings
+
+        _AUTO_FAILED.add((self.load_path, str(self.cache_dir), backend))  # no retry in this process
+        nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+        warnings.warn(f"{' '.join(str(err).split())[:400]}; backend 'auto' runs it with {nxt} instead",
+                      RuntimeWarning, stacklevel=4)
+        self._switch(nxt)
 
     def _forked(self, model) -> bool:
         """Whether ``model`` is an OpenVINO encoder "auto" got from a parent of this process (a fork copied it)."""
@@ -373,8 +397,25 @@ class Embedder:
     def _encode_and_cache(self, texts: list[str], dim: int | None = None) -> np.ndarray:
         """The model's vectors of ``texts``, checked ((len(texts), dim) and finite: else a ValueError
         and nothing cached, so a fixed model is not served the old vectors) and cached."""
-        vecs = np.asarray(self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                            normalize_embeddings=True, show_progress_bar=False), np.float32)
+        while True:
+            model = self.model
+            with self._load_lock:  # (the model and its cache key as one: a switch sets both under this lock)
+                if self._model is not model:
+                    continue  # another thread switched the backend meantime
+                backend, model_id = self.backend, self.model_id
+            try:
+                vecs = np.asarray(model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                               normalize_embeddings=True, show_progress_bar=False), np.float32)
+                break
+            except Exception as e:
+                # A runtime that loaded can still fail at inference (OpenVINO on a shape or a CPU it
+                # mishandles, ONNX Runtime out of an allocator): under "auto" the call goes on with the
+                # next backend, as a failed load does. A text torch cannot encode either raises from torch.
+                if self.requested_backend != AUTO or backend == "torch":
+                    raise
+                with self._load_lock:
+                    if self.backend == backend:  # not already switched by another thread
+                        self._fall_back(backend, e)
         if vecs.ndim != 2 or len(vecs) != len(texts) or not vecs.shape[1] or dim not in (None, vecs.shape[1]):
             raise ValueError(f"embedder: the model {self.model_name!r} returned an array of shape "
                              f"{vecs.shape} for {len(texts)} texts; expected ({len(texts)}, {dim or 'dim'})")
@@ -383,7 +424,7 @@ class Embedder:
             raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite vectors for "
                              f"{len(bad)} of {len(texts)} texts (first: {texts[bad[0]][:80]!r}); nothing "
                              "of this batch was cached")
-        self.cache.put(self.model_id, texts, vecs)
+        self.cache.put(model_id, texts, vecs)  # under the key of the backend that encoded them
         self.n_embedded += len(texts)
         return vecs
 
@@ -405,7 +446,7 @@ class Embedder:
         if not texts:
             raise ValueError("texts: expected at least one text")
         key = self.model_id
-        out = self._embed(texts, desc)
+        out, new = self._embed(texts, desc)
         if self.model_id != key:
             # "auto" fell back to another backend while this call ran (a load failed, or a forked
             # child cannot run OpenVINO): the vectors it found in the cache came under the old
@@ -413,11 +454,17 @@ class Embedder:
             # the new key (what it just encoded with the new backend is in the cache).
             with self._memory_lock:
                 self._memory.clear()
-            out = self._embed(texts, desc)
+            out, again = self._embed(texts, desc)
+            new |= again
+        # counted once per call, also when it ran twice: a text encoded by the first run is found
+        # cached by the second, and it was embedded, not reused
+        self.n_cached += sum(1 for t in texts if t not in new)
         return out
 
-    def _embed(self, texts: list[str], desc: str) -> np.ndarray:
+    def _embed(self, texts: list[str], desc: str) -> tuple[np.ndarray, set[str]]:
+        """(the texts' vectors, the texts encoded by the model in this call)."""
         unique = list(dict.fromkeys(texts))
+        new: set[str] = set()
         vec: dict[str, np.ndarray] = {}
         with self._memory_lock:
             for t in unique:
@@ -448,9 +495,6 @@ class Embedder:
                     raw.update(zip(stale, vecs))
                     todo = todo + stale
                 new = set(todo)
-                self.n_cached += sum(1 for t in texts if t not in new)
-            else:
-                self.n_cached += len(texts)
             # Renormalise cached vectors too, so the contract holds whatever wrote the cache (row by
             # row: a row's bits do not depend on the others, so remembered rows are returned as they are)
             names = list(raw)
@@ -465,6 +509,4 @@ class Embedder:
                         self._memory[t] = vec[t].copy()  # its own row: no batch kept alive by one
                 while len(self._memory) > MEMORY_TEXTS:
                     self._memory.popitem(last=False)
-        else:
-            self.n_cached += len(texts)
-        return np.array([vec[t] for t in texts], np.float32)
+        return np.array([vec[t] for t in texts], np.float32), new

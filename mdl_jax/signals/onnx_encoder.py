@@ -29,14 +29,16 @@ AVX512-BF16 CPUs in the last bits, so its cache key names the CPU's kind (``cpu_
 Memory: OpenVINO keeps the kernels it prepared for each input shape (batch, tokens), about 0.9 MB a
 shape here. Batching at exact shapes can make 2,082 of them (tokens 2-256, batches up to 64 texts and
 512 tokens), and a process that met all of them grew by 1,414-1,842 MB. So for OpenVINO the batches are
-bucketed (``bucket_tokens``, ``OnnxEncoder.plan``): at most ``shape_bound()`` = 148 shapes, which grew
+bucketed (``bucket_tokens``, ``OnnxEncoder.plan``): at most ``shape_bound()`` = 148 shapes at the default
+batch size of 64 (159 at any batch size, for 256-token texts), which grew
 a process by 70-74 MB (``experiments/bench_embed_memory.py``), for 7% more padded tokens (the warm
 encoder at 0.92-0.97× exact batching's texts/s) and the same parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
 ``CPU_RUNTIME_CACHE_CAPACITY=0``, had cut the growth to a third but changed one gate action in 120.)
 
 Fork: neither runtime survives a fork whole. OpenVINO's compiled model hangs in a forked child, and a
 new one aborts it (its issue #416, closed as won't fix): there the encoder raises a clear error, and
-``Embedder(backend="auto")`` goes on with ONNX Runtime instead. A forked child that then exits through
+``Embedder(backend="auto")`` goes on with ONNX Runtime instead (where ONNX Runtime cannot run, it raises
+``ModelLoadError``: torch segfaults in a forked child of an OpenVINO process, measured). A forked child that then exits through
 the interpreter's normal teardown (``sys.exit``) hangs in the runtime's exit handlers, whether or not it
 touched the encoder: OpenVINO's, and ONNX Runtime's too (1.32: a bare ``import onnxruntime``, fork
 and ``sys.exit`` hangs in ``pthread_cond_destroy``). ``multiprocessing``'s fork workers are not
