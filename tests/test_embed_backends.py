@@ -588,7 +588,7 @@ def test_a_forked_child_of_an_openvino_process_without_onnx_runtime_gets_a_clear
     _wait_or_fail(pid, 120, "the forked child hung")
     with os.fdopen(r) as f:
         got = json.loads(f.read())
-    assert got["error"] and "cannot run in this forked child" in got["error"] and "'spawn'" in got["error"], got
+    assert got["error"] and "a forked child of a process that ran OpenVINO" in got["error"] and "'spawn'" in got["error"], got
     assert got["backend"] == "openvino-bf16"  # no switch to a backend that cannot run either
 
 
@@ -765,3 +765,116 @@ def test_int8_mixed_probe_rewrite_keeps_the_graph_and_rounds_only_the_int8_chann
     np.testing.assert_allclose(h.encode(TEXTS), ref, atol=1e-6)
     h = hybrid(onnx_encoder.OnnxEncoder(path, onnx_cache), e0, min_tokens=1)  # everything is
     np.testing.assert_allclose(h.encode(TEXTS), int8, atol=1e-6)
+
+
+# -- "auto" when a backend fails: every backend faked (the failure paths), one distinct vector each -------
+
+_WHICH = {"openvino-bf16": 0, "onnx": 1, "torch": 2}
+
+
+class _Fake:
+    """A backend's encoder: unit vector e_i of its backend i; ``fail(texts)`` True raises ``exc``."""
+
+    def __init__(self, backend, fail=lambda texts: False, exc=RuntimeError):
+        self.backend, self.fail, self.exc = backend, fail, exc
+
+    def encode(self, texts, **kw):
+        if self.fail(texts):
+            raise self.exc(f"{self.backend}: cannot infer this batch")
+        return np.tile(np.eye(384, dtype=np.float32)[_WHICH[self.backend]], (len(texts), 1))
+
+
+def _fake_backends(monkeypatch, **fail):
+    """"auto" on a CPU declared to have bfloat16, openvino declared installed; each backend a ``_Fake``
+    failing where ``fail[backend](texts)`` says."""
+    import importlib.util
+
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    fakes = {b: _Fake(b, fail.get(b.replace("-", "_"), lambda texts: False)) for b in _WHICH}
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: fakes[backend])
+    monkeypatch.setattr(embeddings, "_load_model", lambda path, device: fakes["torch"])
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real(name, *a))
+    return fakes
+
+
+def _which(vecs) -> set[str]:
+    return {list(_WHICH)[int(np.argmax(v))] for v in vecs}
+
+
+def test_a_call_whose_rerun_switches_again_returns_and_remembers_the_last_backends_vectors_alone(tmp_path,
+                                                                                                  monkeypatch):
+    """OpenVINO fails on one text, ONNX Runtime (the rerun) on the other: the call ends on torch, and every
+    vector it returns or remembers is torch's (before: one rerun only, so ONNX Runtime's and torch's mixed)."""
+    _fake_backends(monkeypatch, openvino_bf16=lambda t: "new" in " ".join(t), onnx=lambda t: "old" in " ".join(t))
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    e.embed(["old"])  # OpenVINO's, cached under its key
+    e._memory.clear()  # (as in a new process)
+    with pytest.warns(RuntimeWarning):
+        out = e.embed(["old", "new"])
+    assert e.backend == "torch" and _which(out) == {"torch"}
+    assert _which(e._memory.values()) == {"torch"} and _which(e.embed(["new"])) == {"torch"}
+
+
+def test_counts_stay_one_per_text_when_a_switch_comes_in_a_later_batch_of_the_call(tmp_path, monkeypatch):
+    """600 new texts go to the model in steps of 512: OpenVINO encodes the first, fails on the second; the
+    call's vectors are all ONNX Runtime's, and ``n_embedded`` counts 600, not 1,112."""
+    _fake_backends(monkeypatch, openvino_bf16=lambda t: any(x.startswith("short") for x in t))
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    texts = [f"a longer text number {i:04d}" for i in range(512)] + [f"short {i}" for i in range(88)]
+    with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
+        out = e.embed(texts)
+    assert _which(out) == {"onnx"} and (e.n_embedded, e.n_cached) == (600, 0)
+
+
+def test_a_memory_error_is_the_callers_and_switches_no_backend(tmp_path, monkeypatch):
+    """Out of memory in OpenVINO's inference is raised as is: the next backend would need the memory too,
+    and a transient shortage must not demote the process's backend for good."""
+    _fake_backends(monkeypatch)
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    e._model = _Fake("openvino-bf16", lambda t: True, MemoryError)
+    with pytest.raises(MemoryError):
+        e.embed(["x"])
+    assert e.backend == "openvino-bf16" and Embedder(cache_dir=tmp_path, backend="auto").backend == "openvino-bf16"
+
+
+def test_the_gateways_bounded_embedder_hands_over_at_inference_and_forgets_the_old_backends_vectors(tmp_path,
+                                                                                                     monkeypatch):
+    """The gateway keeps vectors in memory (``BoundedEmbedder``): it encodes through its source Embedder,
+    so a backend failing at inference hands over there too, and a call after the switch gets none of the
+    old backend's kept vectors."""
+    from mdl_jax.serving.gateway import BoundedEmbedder
+
+    _fake_backends(monkeypatch, openvino_bf16=lambda t: "b" in t)
+    src = Embedder(cache_dir=tmp_path, backend="auto")
+    b = BoundedEmbedder.like(src)
+    assert _which(b.embed(["a"])) == {"openvino-bf16"}
+    with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
+        assert _which(b.embed(["a", "b"])) == {"onnx"}
+    assert _which(b.embed(["a"])) == {"onnx"} and _which(b.cache.values()) == {"onnx"}
+
+
+def test_auto_never_picks_torch_in_a_forked_child_of_an_openvino_process(tmp_path, monkeypatch):
+    """Where an ancestor compiled an OpenVINO model (here: declared, as a fork leaves it), torch crashes and
+    OpenVINO hangs: "auto" picks ONNX Runtime, and where that cannot run (not installed, or failing to
+    load) raises ModelLoadError naming the ways out, for a new Embedder and for a fallback alike."""
+    import importlib.util
+
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    _fake_backends(monkeypatch, onnx=lambda t: True)
+    monkeypatch.setattr(onnx_encoder, "_OV_COMPILED_PID", os.getpid() + 1)  # an ancestor's
+    assert onnx_encoder.forked_after_openvino()
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    assert e.backend == "onnx"  # never OpenVINO here
+    with pytest.raises(ModelLoadError, match="no backend that can run in this process.*'spawn'"):
+        e.embed(["x"])  # ONNX Runtime fails at inference: no torch after it
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="no backend that can run in this process"):
+        Embedder(cache_dir=tmp_path, backend="auto")
+    assert Embedder(cache_dir=tmp_path, backend="torch").backend == "torch"  # asked for by name: the caller's call

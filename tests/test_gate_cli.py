@@ -280,7 +280,7 @@ def test_a_bfloat16_run_is_resumed_only_on_a_cpu_of_its_bfloat16_kind(tmp_path):
     with pytest.raises(files.GateInputError, match="embed_backend: 'openvino-bf16@amx_bf16' then, "
                                                    "'openvino-bf16@avx512_bf16' now.*resume it on a CPU with amx_bf16"):
         files._read_manifest(work, avx)
-    with pytest.raises(files.GateInputError, match="to resume it, run with --embed-backend openvino-bf16"):
+    with pytest.raises(files.GateInputError, match="resume it on a CPU with amx_bf16, with --embed-backend openvino-bf16"):
         files._read_manifest(work, files._fingerprint(args, "onnx"))
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "parts": [], "done": False,
                                                     "args": {**amx, "embed_backend": "openvino-bf16"}}))
@@ -344,6 +344,28 @@ def test_a_backend_that_fails_mid_run_stops_the_run_before_a_part_mixes_two_back
                  "--cache-dir", str(tmp_path / "cache"), "--chunk-size", "3", "--no-progress"]) == 0
     assert len(out.read_text().splitlines()) == 6
     assert "embedder backend openvino-bf16@avx512_bf16" in capsys.readouterr().err
+
+
+def test_a_backend_that_fails_in_the_first_part_leaves_the_run_on_the_next_backend(rows, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """Before any part is written nothing can mix: the run takes the backend "auto" went on with, decides
+    the part again under it, records it, and finishes."""
+    import importlib.util
+
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn(
+        0 if backend == "openvino-bf16" else None))
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+    out = tmp_path / "out.jsonl"
+    with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
+        assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:6])), "--out", str(out), *FIELDS,
+                     "--cache-dir", str(tmp_path / "cache"), "--chunk-size", "3", "--no-progress"]) == 0
+    assert len(out.read_text().splitlines()) == 6
+    assert "embedder backend onnx" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -663,10 +663,11 @@ def _read_manifest(work: Path, fp: dict) -> dict:
         if then_b not in (None, now_b) and all(old.get(k) == fp.get(k) for k in set(old) | set(fp)
                                                if k != "embed_backend"):
             name, _, kind = str(then_b).partition("@")
+            same = str(now_b).partition("@")[0] == name
             hint = (f"; its vectors came from OpenVINO's bfloat16 on a CPU with {kind}, whose vectors "
                     f"differ from this CPU's ({now_b}): resume it on a CPU with {kind}"
-                    if kind and str(now_b).partition("@")[0] == name
-                    else f"; to resume it, run with --embed-backend {name}")
+                    + ("" if same else f", with --embed-backend {name}")
+                    if kind else f"; to resume it, run with --embed-backend {name}")
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
                              f"another input ({diff[:400]}){hint}, or remove it to start over")
     man["args"] = fp  # a manifest from before the backend was recorded now records it
@@ -788,7 +789,8 @@ def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
                 if not batch and _exhausted(rows):
                     break
             recs, counts, bad = _decide_chunk(gate, args, batch)
-        _same_backend(gate, man, work)
+            while _backend_changed(gate, man, work):  # nothing written yet: the run takes the new backend
+                recs, counts, bad = _decide_chunk(gate, args, batch)
         name = f"part-{k:06d}{PART_SUFFIX[fmt]}"
         if recs:
             _write_part(work / name, recs, fmt)  # on disk (fsynced, folder too) before the manifest names it
@@ -808,21 +810,27 @@ class _BackendChanged(GateInputError):
     """The embedder's backend changed mid-run: the parts written stay, also in a fresh run."""
 
 
-def _same_backend(gate, man: dict, work: Path) -> None:
-    """Refuse to write a part embedded by another backend than the run's: under "auto" a runtime that
+def _backend_changed(gate, man: dict, work: Path) -> bool:
+    """Whether the embedder's backend changed while a part was decided: under "auto" a runtime that
     fails at inference hands over to the next one (``Embedder._fall_back``), and the run's parts must
-    not mix two backends' vectors. The parts on disk stay, for a rerun to resume."""
+    not mix two backends' vectors. Before the first part is written the run takes the new backend
+    (recorded in the manifest; True: decide the part again, under it alone); after, it stops with
+    ``_BackendChanged``, and the parts on disk stay for a rerun to resume."""
     from mdl_jax.signals.embeddings import Embedder
 
     emb = getattr(gate, "embedder", None)
     then = man["args"].get("embed_backend")
-    if isinstance(emb, Embedder) and then is not None and emb.backend_id != then:
-        now = emb.backend_id.partition("@")[0]
-        raise _BackendChanged(
-            f"--embed-backend: the embedder failed with {then} during this run and 'auto' went on with "
-            f"{emb.backend_id} (the warning above says why). The parts written so far ({len(man['parts'])}) were "
-            f"embedded with {then}; the next one is not written, so no output mixes the two. Run the same "
-            f"command again to resume with {then}, or remove {work} and run with --embed-backend {now}")
+    if not isinstance(emb, Embedder) or then is None or emb.backend_id == then:
+        return False
+    if not man["parts"]:
+        man["args"]["embed_backend"] = emb.backend_id
+        return True
+    now = emb.backend_id.partition("@")[0]
+    raise _BackendChanged(
+        f"--embed-backend: the embedder failed with {then} during this run and 'auto' went on with "
+        f"{emb.backend_id} (the warning above says why). The parts written so far ({len(man['parts'])}) were "
+        f"embedded with {then}; the next one is not written, so no output mixes the two. Run the same "
+        f"command again to resume with {then}, or remove {work} and run with --embed-backend {now}")
 
 
 class _Peek:

@@ -161,6 +161,7 @@ class BoundedEmbedder:
         self._lock = threading.Lock()
         self.n_embedded = self.n_cached = 0
         self._source: Embedder | None = None
+        self._key: str | None = None  # the source's model_id that the kept vectors came under
 
     @classmethod
     def like(cls, e: Embedder, max_texts: int = LIMITS.embed_cache_texts) -> BoundedEmbedder:
@@ -181,22 +182,44 @@ class BoundedEmbedder:
         if not texts:
             raise ValueError("texts: expected at least one text")
         with self._lock:
+            if self._source is not None and self._key not in (None, self._source.model_id):
+                # the source switched backend ("auto" after a failure): its old vectors are not served
+                self.cache.clear()
+                self._key = self._source.model_id
             found = {t: self.cache[t] for t in dict.fromkeys(texts) if t in self.cache}
             for t in found:
                 self.cache.move_to_end(t)
         todo = [t for t in dict.fromkeys(texts) if t not in found]
-        self.n_cached += len(texts) - sum(1 for t in texts if t not in found)
         if todo:
-            vecs = np.asarray(self.model.encode(todo, batch_size=self.batch_size, convert_to_numpy=True,
-                                                normalize_embeddings=True, show_progress_bar=False),
-                              np.float32)
+            key = None
+            if self._source is None:
+                vecs = np.asarray(self.model.encode(todo, batch_size=self.batch_size, convert_to_numpy=True,
+                                                    normalize_embeddings=True, show_progress_bar=False),
+                                  np.float32)
+            else:
+                # through the source Embedder, so that a backend failing at inference under "auto"
+                # hands over to the next one as it does for the gate elsewhere
+                while True:
+                    vecs, key = self._source.encode_uncached(todo)
+                    with self._lock:
+                        switched = self._key not in (None, key)
+                        if switched:  # the kept vectors are the old backend's: forget them
+                            self.cache.clear()
+                        self._key = key
+                    if not (switched and found):
+                        break
+                    # and the call's own kept ones: every text again, in one encode (a switch marks a
+                    # backend failed, so this ends)
+                    todo, found = list(dict.fromkeys(texts)), {}
             self.n_embedded += len(todo)
             found.update(zip(todo, vecs))
             with self._lock:
-                for t, v in zip(todo, vecs):
+                for t, v in zip(todo, vecs if self._key == key or self._source is None else ()):
                     self.cache[t] = v
                 while len(self.cache) > self.max_texts:
                     self.cache.popitem(last=False)
+        fresh = set(todo)
+        self.n_cached += sum(1 for t in texts if t not in fresh)
         out = np.stack([found[t] for t in texts]).astype(np.float32)
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 

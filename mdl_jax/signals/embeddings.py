@@ -109,12 +109,35 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
       rounding (cosine ≥ 0.99999), the uncached gate 1.5-2.7× as fast, more on longer texts.
     - otherwise, and where both failed to load (``Embedder.model`` warns and falls back), torch.
 
+    Raises:
+        ModelLoadError: in a forked child of a process that ran OpenVINO, where only ONNX Runtime can
+          run (``onnx_encoder.forked_after_openvino``), when it cannot (``FORKED_NO_BACKEND``).
+
     Not picked by "auto": ``"onnx-int8"`` (it fails the parity). A process that forks after ONNX
     Runtime or OpenVINO is loaded: see docs/deviations.md.
     """
+    if device not in (None, "cpu"):
+        return "torch"
+    from mdl_jax.signals.onnx_encoder import forked_after_openvino
+
+    pick = _auto_pick(load_path, cache_dir, openvino=not forked_after_openvino())
+    if pick == "torch" and forked_after_openvino():
+        raise ModelLoadError(FORKED_NO_BACKEND)
+    return pick
+
+
+FORKED_NO_BACKEND = (
+    "embedder: backend 'auto' has no backend that can run in this process: a forked child of a process that "
+    "ran OpenVINO, where OpenVINO hangs and torch crashes (segfaults, or hangs where the parent ran torch "
+    "too), and ONNX Runtime, the backend that runs here, is not installed, failed, or cannot run this model. "
+    "Start children with multiprocessing's 'spawn' (or 'forkserver'), install onnxruntime "
+    "(pip install 'mdl-jax[signals]'), or give the gate embed_backend='onnx' or 'torch' in the parent")
+
+
+def _auto_pick(load_path: str, cache_dir, openvino: bool) -> str:
     import importlib.util
 
-    if device not in (None, "cpu") or not Path(load_path).is_dir():
+    if not Path(load_path).is_dir():
         return "torch"
     from mdl_jax.signals.onnx_encoder import _pooling, cpu_bf16_kind
 
@@ -123,7 +146,7 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
     except (ValueError, OSError, KeyError, TypeError, AttributeError):
         # a pipeline the exported graph does not reproduce, or configs it cannot read: torch reads them itself
         return "torch"
-    picks = [("openvino-bf16", ("openvino", "onnx"))] if cpu_bf16_kind() else []
+    picks = [("openvino-bf16", ("openvino", "onnx"))] if openvino and cpu_bf16_kind() else []
     picks.append(("onnx", ("onnxruntime", "onnx")))
     for backend, needs in picks:
         if (load_path, str(cache_dir), backend) in _AUTO_FAILED:
@@ -302,11 +325,12 @@ class Embedder:
         """Run with ``backend`` from now on (under its own cache key); ``embed`` notices the key change
         and starts its call again, and the remembered vectors are forgotten here, so no vector of the
         old backend is returned beside the new one's (also to a call that began after the switch)."""
-        with self._memory_lock:
+        model_id = self._id(backend)
+        with self._memory_lock:  # (``_embed`` remembers a vector only under the key it was read with)
             self._memory.clear()
-        self._model = None
-        self.backend = backend
-        self.model_id = self._id(backend)
+            self._model = None
+            self.backend = backend
+            self.model_id = model_id
 
     @property
     def model(self):
@@ -324,17 +348,8 @@ class Embedder:
                     import warnings
 
                     _AUTO_FAILED.add((self.load_path, str(self.cache_dir), "openvino-bf16"))
+                    # never torch here: it crashes in such a child (auto_backend raises instead)
                     nxt = auto_backend(self.load_path, self.device, self.cache_dir)
-                    if nxt == "torch":
-                        # torch cannot either: in a forked child of a process that loaded OpenVINO, its
-                        # first layer norm segfaults (or hangs, where the parent ran torch too; torch
-                        # 2.13 with openvino 2025, measured): a clear error instead of a dead child
-                        raise ModelLoadError(
-                            "embedder: backend 'auto' runs OpenVINO, which cannot run in this forked child, "
-                            "and ONNX Runtime, its fallback here, cannot run either (not installed, or "
-                            "failed); torch crashes in a forked child of an OpenVINO process. Start "
-                            "children with 'spawn', install onnxruntime (pip install 'mdl-jax[signals]'), "
-                            "or pass backend='onnx' or 'torch' in the parent")
                     warnings.warn(f"embedder: backend 'auto' runs OpenVINO, which cannot run in this forked "
                                   f"child; it embeds with {nxt!r} here (start children with 'spawn' to keep "
                                   "OpenVINO)", RuntimeWarning, stacklevel=3)
@@ -358,7 +373,10 @@ class Embedder:
         import warnings
 
         _AUTO_FAILED.add((self.load_path, str(self.cache_dir), backend))  # no retry in this process
-        nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+        try:
+            nxt = auto_backend(self.load_path, self.device, self.cache_dir)
+        except ModelLoadError as none_left:  # a forked child of an OpenVINO process: nothing else runs
+            raise none_left from err
         warnings.warn(f"{' '.join(str(err).split())[:400]}; backend 'auto' runs it with {nxt} instead",
                       RuntimeWarning, stacklevel=4)
         self._switch(nxt)
@@ -395,8 +413,29 @@ class Embedder:
         return self._model
 
     def _encode_and_cache(self, texts: list[str], dim: int | None = None) -> np.ndarray:
-        """The model's vectors of ``texts``, checked ((len(texts), dim) and finite: else a ValueError
-        and nothing cached, so a fixed model is not served the old vectors) and cached."""
+        """The model's vectors of ``texts`` (``encode_uncached``), cached under the key of the backend
+        that computed them."""
+        vecs, model_id = self.encode_uncached(texts, dim)
+        self.cache.put(model_id, texts, vecs)
+        return vecs
+
+    def encode_uncached(self, texts: list[str], dim: int | None = None) -> tuple[np.ndarray, str]:
+        """The model's vectors of ``texts``, computed now (no cache read or written).
+
+        Args:
+          texts: the texts, as given (no dedup, no order change).
+          dim: the vector size expected, or None.
+
+        Returns:
+          ((len(texts), dim) float32 unit vectors, the cache key (``model_id``) of the backend that
+          computed them). Under "auto" a backend that fails at inference hands over to the next one
+          (``_fall_back``), so the key can be another than ``model_id`` was when the call began: a
+          caller that keeps vectors (the gateway's ``BoundedEmbedder``) compares it.
+
+        Raises:
+          ValueError: the model returned a wrong shape or non-finite vectors (nothing is cached, so a
+            fixed model is not served the old vectors).
+        """
         while True:
             model = self.model
             with self._load_lock:  # (the model and its cache key as one: a switch sets both under this lock)
@@ -407,6 +446,8 @@ class Embedder:
                 vecs = np.asarray(model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                                normalize_embeddings=True, show_progress_bar=False), np.float32)
                 break
+            except MemoryError:  # the next backend would need the memory too: the caller's to handle
+                raise
             except Exception as e:
                 # A runtime that loaded can still fail at inference (OpenVINO on a shape or a CPU it
                 # mishandles, ONNX Runtime out of an allocator): under "auto" the call goes on with the
@@ -424,9 +465,7 @@ class Embedder:
             raise ValueError(f"embedder: the model {self.model_name!r} returned non-finite vectors for "
                              f"{len(bad)} of {len(texts)} texts (first: {texts[bad[0]][:80]!r}); nothing "
                              "of this batch was cached")
-        self.cache.put(model_id, texts, vecs)  # under the key of the backend that encoded them
-        self.n_embedded += len(texts)
-        return vecs
+        return vecs, model_id
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
         """The texts' vectors, each embedded once and cached (on disk, and the last ones in memory).
@@ -445,24 +484,30 @@ class Embedder:
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
-        key = self.model_id
-        out, new = self._embed(texts, desc)
-        if self.model_id != key:
-            # "auto" fell back to another backend while this call ran (a load failed, or a forked
-            # child cannot run OpenVINO): the vectors it found in the cache came under the old
-            # backend's key, and it remembered them. Forget them, and run the call again, all under
-            # the new key (what it just encoded with the new backend is in the cache).
-            with self._memory_lock:
-                self._memory.clear()
-            out, again = self._embed(texts, desc)
-            new |= again
-        # counted once per call, also when it ran twice: a text encoded by the first run is found
-        # cached by the second, and it was embedded, not reused
+        new: set[str] = set()
+        for _ in range(len(EMBED_BACKENDS)):
+            key = self.model_id
+            out, encoded = self._embed(texts, desc, key)
+            new |= encoded
+            if self.model_id == key:
+                break
+            # "auto" fell back to another backend while this pass ran (a load or an inference failed,
+            # or a forked child cannot run OpenVINO): the vectors it found in the cache came under the
+            # old backend's key. Run the call again, all under the new key (what the new backend
+            # encoded is in the cache), until a pass ends under the key it began with: each switch
+            # marks a backend failed, so there are at most two.
+        else:
+            raise RuntimeError(f"embedder: the backend changed in every one of {len(EMBED_BACKENDS)} passes "
+                               f"of one call (now {self.backend!r}); nothing was returned")
+        # counted once per call, also when it ran again: a text encoded by the first pass is found
+        # cached by the next, and it was embedded, not reused
+        self.n_embedded += len(new)
         self.n_cached += sum(1 for t in texts if t not in new)
         return out
 
-    def _embed(self, texts: list[str], desc: str) -> tuple[np.ndarray, set[str]]:
-        """(the texts' vectors, the texts encoded by the model in this call)."""
+    def _embed(self, texts: list[str], desc: str, key: str) -> tuple[np.ndarray, set[str]]:
+        """(the texts' vectors, the texts encoded by the model in this pass), read from the cache under
+        ``key`` (the ``model_id`` the pass began with)."""
         unique = list(dict.fromkeys(texts))
         new: set[str] = set()
         vec: dict[str, np.ndarray] = {}
@@ -474,7 +519,7 @@ class Embedder:
                     vec[t] = v
         if len(vec) < len(unique):
             keys = {t: _key(t) for t in unique if t not in vec}
-            found = _sound_rows(self.cache.get_keys(self.model_id, keys.values()))
+            found = _sound_rows(self.cache.get_keys(key, keys.values()))
             todo = [t for t, k in keys.items() if k not in found]
             raw = {t: found[k] for t, k in keys.items() if k in found}
             if todo:
@@ -504,7 +549,9 @@ class Embedder:
             rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
             vec.update(zip(names, rows))
             with self._memory_lock:  # (of a call larger than the bound, only its last texts)
-                for t in names[-MEMORY_TEXTS:]:
+                # only while the key is the one this pass read with: after a switch (which cleared the
+                # memory under this lock) a vector of the old backend is never remembered
+                for t in (names[-MEMORY_TEXTS:] if self.model_id == key else ()):
                     if len(t) <= MEMORY_TEXT_CHARS:
                         self._memory[t] = vec[t].copy()  # its own row: no batch kept alive by one
                 while len(self._memory) > MEMORY_TEXTS:

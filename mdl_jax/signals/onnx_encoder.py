@@ -38,7 +38,8 @@ encoder at 0.92-0.97× exact batching's texts/s) and the same parity in the benc
 Fork: neither runtime survives a fork whole. OpenVINO's compiled model hangs in a forked child, and a
 new one aborts it (its issue #416, closed as won't fix): there the encoder raises a clear error, and
 ``Embedder(backend="auto")`` goes on with ONNX Runtime instead (where ONNX Runtime cannot run, it raises
-``ModelLoadError``: torch segfaults in a forked child of an OpenVINO process, measured). A forked child that then exits through
+``ModelLoadError``: torch segfaults in a forked child of an OpenVINO process, measured;
+``forked_after_openvino``). A forked child that then exits through
 the interpreter's normal teardown (``sys.exit``) hangs in the runtime's exit handlers, whether or not it
 touched the encoder: OpenVINO's, and ONNX Runtime's too (1.32: a bare ``import onnxruntime``, fork
 and ``sys.exit`` hangs in ``pthread_cond_destroy``). ``multiprocessing``'s fork workers are not
@@ -77,6 +78,19 @@ def bucket_tokens(n: int) -> int:
         return max(1, n)
     step = 1 << ((n - 1).bit_length() - 3)
     return -(-n // step) * step
+
+
+# The process that last compiled an OpenVINO model, if any: a fork copies it, so a child can tell that an
+# ancestor ran OpenVINO (``forked_after_openvino``), where neither OpenVINO nor torch can run.
+_OV_COMPILED_PID: int | None = None
+
+
+def forked_after_openvino() -> bool:
+    """Whether this process is a forked child (or later descendant) of a process that compiled an
+    OpenVINO model. There OpenVINO's compiled model hangs, a new one aborts the process, and torch's
+    first layer norm segfaults (or hangs, where the parent ran torch too: torch 2.13, openvino 2025,
+    measured on the Zen 4 VM); ONNX Runtime runs."""
+    return _OV_COMPILED_PID is not None and _OV_COMPILED_PID != os.getpid()
 
 
 def shape_bound(max_tokens: int = 256, batch_size: int = 64) -> int:
@@ -462,6 +476,8 @@ class OnnxEncoder:
             "INFERENCE_NUM_THREADS": self.threads, "PERFORMANCE_HINT": "LATENCY"})
         self._requests = threading.local()  # an infer request per thread (a request is not shared)
         self._ov_pid = os.getpid()
+        global _OV_COMPILED_PID
+        _OV_COMPILED_PID = os.getpid()
 
     def _infer(self, feed: dict) -> np.ndarray:
         """The graph's last hidden state for one padded batch."""
