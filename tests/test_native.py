@@ -317,6 +317,32 @@ def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
     assert len(paths) == 3 and native.library_path().name.startswith("decide_cpu-avx2-")
 
 
+def test_a_flag_cpuinfo_lists_but_the_process_cannot_run_is_not_built_for(monkeypatch):
+    """Where /proc/cpuinfo says more than CPUID does (QEMU's user mode passes the host's file through:
+    an AVX2-only guest on an AVX-512 host), NumPy's runtime check decides: no AVX-512 variant (its first
+    call would die of SIGILL), and a cache key apart from the host's build."""
+    monkeypatch.delenv(native.ENV_ISA, raising=False)
+    listed = native.cpu_flags()
+    monkeypatch.setattr(native, "_numpy_features", lambda: {"AVX2": True, "FMA3": True, "AVX512F": False,
+                                                            "AVX512BW": False, "AVX512DQ": False, "AVX512VL": False})
+    native.cpu_flags.cache_clear()
+    try:
+        assert not {"avx512f", "avx512bw", "avx512dq", "avx512vl"} & native.cpu_flags()
+        assert {"avx2", "fma"} & listed <= native.cpu_flags()
+        if native._x86() and {"avx2", "fma"} <= listed:
+            assert native.isa() == "avx2"
+        if "avx512f" in listed:  # an AVX-512 host: the key says what was left out
+            assert "|not avx512bw avx512dq avx512f avx512vl" in native._cpu_signature()
+    finally:
+        native.cpu_flags.cache_clear()
+    monkeypatch.setattr(native, "_numpy_features", lambda: {})  # a NumPy that does not say: cpuinfo alone
+    native.cpu_flags.cache_clear()
+    try:
+        assert native.cpu_flags() == listed
+    finally:
+        native.cpu_flags.cache_clear()
+
+
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 100, native.SMALL_CALL])
 def test_small_numpy_call_gives_decides_bits_without_dispatch(n, rng):
     # decide_small (ctypes, NumPy in and out: the memory gate's per-query path) runs the blocks a

@@ -85,16 +85,38 @@ def _x86() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
+# /proc/cpuinfo names → NumPy's runtime CPU dispatch names (CPUID and the OS's saved-state support)
+_NUMPY_NAMES = {"avx2": "AVX2", "fma": "FMA3", "avx512f": "AVX512F", "avx512bw": "AVX512BW",
+                "avx512dq": "AVX512DQ", "avx512vl": "AVX512VL"}
+
+
+def _numpy_features() -> dict:
+    """NumPy's runtime CPU features ({} where this NumPy does not expose them)."""
+    for mod in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):
+        try:
+            return dict(getattr(__import__(mod, fromlist=["__cpu_features__"]), "__cpu_features__", {}))
+        except ImportError:
+            continue
+    return {}
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none), less those of
+    ``_NUMPY_NAMES`` that NumPy's own runtime check (CPUID, and whether the OS saves the registers)
+    finds missing: where /proc/cpuinfo says more than the process can run (an emulator passes the
+    host's file through; tried with QEMU's user mode as an AVX2-only EPYC), the AVX-512 kernel would
+    die of SIGILL on its first call instead of the AVX2 one running."""
+    flags: frozenset[str] = frozenset()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
+                flags = frozenset(line.split(":", 1)[1].split())
+                break
     except (OSError, IndexError):
         pass
-    return frozenset()
+    seen = _numpy_features()
+    return flags - {f for f, n in _NUMPY_NAMES.items() if seen.get(n) is False}
 
 
 def available_isas() -> tuple[str, ...]:
@@ -146,7 +168,9 @@ def _cpu_signature() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.machine()}|{platform.processor()}|{flags}"
+    # (flags the process cannot run, though /proc/cpuinfo lists them: a build for what it can run)
+    hidden = sorted(set(flags.split(":", 1)[-1].split()) & set(_NUMPY_NAMES) - cpu_flags())
+    return f"{platform.machine()}|{platform.processor()}|{flags}" + (f"|not {' '.join(hidden)}" if hidden else "")
 
 
 def _compiler() -> str | None:
