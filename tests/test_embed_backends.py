@@ -878,3 +878,25 @@ def test_auto_never_picks_torch_in_a_forked_child_of_an_openvino_process(tmp_pat
     with pytest.raises(ModelLoadError, match="no backend that can run in this process"):
         Embedder(cache_dir=tmp_path, backend="auto")
     assert Embedder(cache_dir=tmp_path, backend="torch").backend == "torch"  # asked for by name: the caller's call
+
+
+def test_the_emulated_parity_comparison_reports_what_the_two_dumps_differ_by(tmp_path, capsys):
+    """``experiments.emulated_parity compare``: the cosines of matching rows, the vectors equal to the bit,
+    the share of equal actions, and "met" only within issue 25's parity."""
+    import json
+
+    from experiments import emulated_parity
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(4, 384)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    w = v.copy()
+    w[0] = (v[0] + 0.05 * v[1]) / np.linalg.norm(v[0] + 0.05 * v[1])  # one vector moved: cos ≈ 0.9988
+    np.savez(tmp_path / "a.npz", **{"onnx/vecs": w, "onnx/actions": np.array([0, 1, 2, 3])})
+    np.savez(tmp_path / "b.npz", **{"torch/vecs": v, "torch/actions": np.array([0, 1, 2, 2])})
+    res = emulated_parity.compare(f"{tmp_path / 'a.npz'}:onnx", f"{tmp_path / 'b.npz'}:torch")
+    assert res["n_texts"] == 4 and res["bit_equal_vectors"] == 3 and res["actions_equal"] == 0.75
+    assert res["min_cos"] == pytest.approx(float(w[0] @ v[0]), abs=1e-6) and res["min_cos"] < 0.999
+    out = capsys.readouterr().out
+    assert "parity NOT met" in out and json.loads(out.splitlines()[-1]) == res
+    assert emulated_parity.main(["compare", "no-colon.npz", "x"]) == 2  # bad arguments: the usage, exit 2
