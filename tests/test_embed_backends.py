@@ -87,6 +87,28 @@ def _wait_or_fail(pid: int, seconds: float, why: str) -> None:
     pytest.fail(why)
 
 
+def _in_forked_child(fn, seconds: float = 120) -> dict:
+    """``fn()``'s dict, computed in a forked child and sent back through a pipe as JSON (an exception
+    there: ``{"error": "unexpected ..."}``); the child leaves through ``os._exit`` (no teardown of the
+    parent's runtimes), and one that runs past ``seconds`` is killed and fails the test."""
+    import json
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            msg = json.dumps(fn())
+        except BaseException as err:  # noqa: BLE001 - anything the child meets goes back to the test
+            msg = json.dumps({"error": "unexpected " + repr(err)})
+        with os.fdopen(w, "w") as f:
+            f.write(msg)
+        os._exit(0)
+    os.close(w)
+    _wait_or_fail(pid, seconds, "the forked child hung")
+    with os.fdopen(r) as f:
+        return json.loads(f.read())
+
+
 def _bf16_cpu() -> bool:
     from mdl_jax.signals.onnx_encoder import bf16_supported
 
@@ -436,12 +458,24 @@ class _FailsAtInference:
         raise RuntimeError("openvino: Exception from src/inference: cannot infer this shape")
 
 
-def _openvino_fails_at_inference(monkeypatch, onnx_cache, good: int = 0, on_onnx_load=None):
-    """"auto" on a CPU declared to have bfloat16, whose OpenVINO encoder is ``_FailsAtInference(good)``
-    and whose ONNX Runtime encoder is the real one (``on_onnx_load`` is called as it loads)."""
+def _a_bf16_cpu_with_openvino(monkeypatch) -> None:
+    """A CPU declared to have bfloat16 and openvino declared installed (so this runs where neither is),
+    with no backend marked failed in this process yet."""
     import importlib.util
 
     from mdl_jax.signals import embeddings, onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real(name, *a))
+
+
+def _openvino_fails_at_inference(monkeypatch, onnx_cache, good: int = 0, on_onnx_load=None):
+    """"auto" on a CPU declared to have bfloat16, whose OpenVINO encoder is ``_FailsAtInference(good)``
+    and whose ONNX Runtime encoder is the real one (``on_onnx_load`` is called as it loads)."""
+
+    from mdl_jax.signals import onnx_encoder
 
     real = onnx_encoder.load
 
@@ -453,10 +487,7 @@ def _openvino_fails_at_inference(monkeypatch, onnx_cache, good: int = 0, on_onnx
         return real(path, onnx_cache, backend)
 
     monkeypatch.setattr(onnx_encoder, "load", load)
-    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
-    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
-    real_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+    _a_bf16_cpu_with_openvino(monkeypatch)
 
 
 @pytest.mark.slow
@@ -519,34 +550,24 @@ def test_a_call_that_begins_after_a_switch_gets_no_remembered_vector_of_the_old_
 def test_auto_goes_on_with_onnx_in_a_forked_child_of_an_openvino_process(onnx_cache, tmp_path):
     """OpenVINO cannot run in a forked child; "auto" there warns once and embeds with ONNX Runtime (its
     vectors, its key) instead of raising or hanging."""
-    import json
     import warnings
 
     e = Embedder(cache_dir=tmp_path, backend="auto")
     e.embed(TEXTS[:2])
     assert e.backend == "openvino-bf16"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: reports through the pipe, leaves through _exit (no teardown of the parent's runtimes)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                v = e.embed(TEXTS[2:4])
-                # a new auto Embedder made in the child gets the parent's encoder from the process-wide
-                # cache: it too goes on with ONNX Runtime, from its first call
-                fresh = Embedder(cache_dir=tmp_path / "fresh", backend="auto")
-                fresh.embed(["a text only the child embeds"])
-            msg = json.dumps({"backend": e.backend, "key": e.model_id, "vec": v.tolist(),
-                              "fresh": fresh.backend, "warned": [str(c.message) for c in caught]})
-        except BaseException as err:  # noqa: BLE001 - anything the child meets goes back to the test
-            msg = json.dumps({"error": repr(err)})
-        with os.fdopen(w, "w") as f:
-            f.write(msg)
-        os._exit(0)
-    os.close(w)
-    _wait_or_fail(pid, 120, "the forked child hung")
-    with os.fdopen(r) as f:
-        got = json.loads(f.read())
+
+    def child():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            v = e.embed(TEXTS[2:4])
+            # a new auto Embedder made in the child gets the parent's encoder from the process-wide
+            # cache: it too goes on with ONNX Runtime, from its first call
+            fresh = Embedder(cache_dir=tmp_path / "fresh", backend="auto")
+            fresh.embed(["a text only the child embeds"])
+        return {"backend": e.backend, "key": e.model_id, "vec": v.tolist(), "fresh": fresh.backend,
+                "warned": [str(c.message) for c in caught]}
+
+    got = _in_forked_child(child)
     assert "error" not in got, got
     assert got["backend"] == "onnx" and got["key"].endswith("#onnx")
     assert got["fresh"] == "onnx"
@@ -563,31 +584,21 @@ def test_a_forked_child_of_an_openvino_process_without_onnx_runtime_gets_a_clear
     can run: torch segfaults there (or hangs), as OpenVINO itself does. The call raises ModelLoadError
     naming the ways out; before, it went back to OpenVINO (and earlier still, to torch)."""
     import importlib.util
-    import json
 
     e = Embedder(cache_dir=tmp_path, backend="auto")
     e.embed(TEXTS[:2])
     assert e.backend == "openvino-bf16"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+
+    def child():
+        real = importlib.util.find_spec  # ONNX Runtime not installed, in this child alone
+        importlib.util.find_spec = lambda name, *a: None if name == "onnxruntime" else real(name, *a)
         try:
-            real = importlib.util.find_spec  # ONNX Runtime not installed, in this child alone
-            importlib.util.find_spec = lambda name, *a: None if name == "onnxruntime" else real(name, *a)
-            try:
-                e.embed(TEXTS[2:4])
-                msg = json.dumps({"error": None, "backend": e.backend})
-            except ModelLoadError as err:
-                msg = json.dumps({"error": str(err), "backend": e.backend})
-        except BaseException as err:  # noqa: BLE001 - anything else the child meets goes back to the test
-            msg = json.dumps({"error": "unexpected " + repr(err)})
-        with os.fdopen(w, "w") as f:
-            f.write(msg)
-        os._exit(0)
-    os.close(w)
-    _wait_or_fail(pid, 120, "the forked child hung")
-    with os.fdopen(r) as f:
-        got = json.loads(f.read())
+            e.embed(TEXTS[2:4])
+            return {"error": None, "backend": e.backend}
+        except ModelLoadError as err:
+            return {"error": str(err), "backend": e.backend}
+
+    got = _in_forked_child(child)
     assert got["error"] and "a forked child of a process that ran OpenVINO" in got["error"] and "'spawn'" in got["error"], got
     assert got["backend"] == "openvino-bf16"  # no switch to a backend that cannot run either
 
@@ -787,17 +798,13 @@ class _Fake:
 def _fake_backends(monkeypatch, **fail):
     """"auto" on a CPU declared to have bfloat16, openvino declared installed; each backend a ``_Fake``
     failing where ``fail[backend](texts)`` says."""
-    import importlib.util
 
     from mdl_jax.signals import embeddings, onnx_encoder
 
     fakes = {b: _Fake(b, fail.get(b.replace("-", "_"), lambda texts: False)) for b in _WHICH}
     monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: fakes[backend])
     monkeypatch.setattr(embeddings, "_load_model", lambda path, device: fakes["torch"])
-    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
-    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real(name, *a))
+    _a_bf16_cpu_with_openvino(monkeypatch)
     return fakes
 
 

@@ -236,12 +236,9 @@ def test_every_input_column_reaches_parquet_whatever_its_values(tmp_path, capsys
         assert vals == want, key
 
 
-def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_path):
-    """A resumed run must not mix two backends' vectors; a manifest written before the setting existed
-    ran torch."""
+def _resume_setup(tmp_path):
+    """(the arguments of a one-row gate run, its empty parts folder) for the manifest tests."""
     import argparse
-
-    from mdl_jax.gate import files
 
     src = _jsonl(tmp_path / "in.jsonl", [{"question": "q", "mems": ["m"]}])
     args = argparse.Namespace(input=str(src), query_field="question", memories_field="mems", risk_field=None,
@@ -249,6 +246,15 @@ def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_pat
                               split="train", chunk_size=3, on_bad_row="error")
     work = tmp_path / "out.jsonl.parts"
     work.mkdir()
+    return args, work
+
+
+def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_path):
+    """A resumed run must not mix two backends' vectors; a manifest written before the setting existed
+    ran torch."""
+    from mdl_jax.gate import files
+
+    args, work = _resume_setup(tmp_path)
     old = {k: v for k, v in files._fingerprint(args, "torch").items() if k != "embed_backend"}
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": old,
                                                     "parts": [], "done": False}))
@@ -263,16 +269,9 @@ def test_a_bfloat16_run_is_resumed_only_on_a_cpu_of_its_bfloat16_kind(tmp_path):
     """OpenVINO's bfloat16 vectors differ between AMX and AVX512-BF16 CPUs: the manifest records the kind
     (``Embedder.backend_id``), and a resume on the other kind is refused, naming it. A manifest from
     before the kind was recorded is taken as this CPU's, and records it from then on."""
-    import argparse
-
     from mdl_jax.gate import files
 
-    src = _jsonl(tmp_path / "in.jsonl", [{"question": "q", "mems": ["m"]}])
-    args = argparse.Namespace(input=str(src), query_field="question", memories_field="mems", risk_field=None,
-                              category_field=None, risk="0.5", config=None, embedder="all-MiniLM-L6-v2",
-                              split="train", chunk_size=3, on_bad_row="error")
-    work = tmp_path / "out.jsonl.parts"
-    work.mkdir()
+    args, work = _resume_setup(tmp_path)
     amx, avx = files._fingerprint(args, "openvino-bf16@amx_bf16"), files._fingerprint(args, "openvino-bf16@avx512_bf16")
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": amx,
                                                     "parts": [], "done": False}))
@@ -312,21 +311,29 @@ class _StandIn:
         return np.tile(np.eye(384, dtype=np.float32)[:1], (len(texts), 1))
 
 
-def test_a_backend_that_fails_mid_run_stops_the_run_before_a_part_mixes_two_backends(rows, tmp_path,
-                                                                                      monkeypatch, capsys):
-    """OpenVINO that fails at inference in the second part: "auto" goes on with ONNX Runtime, and the run
-    stops with one error naming both instead of writing a part (or a run) of two backends' vectors; the
-    first part stays on disk for the rerun."""
+def _auto_on_a_bf16_cpu(monkeypatch, openvino_good: int) -> None:
+    """"auto" on a CPU declared to have bfloat16, openvino declared installed (so this runs where it is
+    not): OpenVINO a ``_StandIn`` failing after ``openvino_good`` calls, ONNX Runtime one that never fails."""
     import importlib.util
 
     from mdl_jax.signals import embeddings, onnx_encoder
 
     monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn(
-        1 if backend == "openvino-bf16" else None))
+        openvino_good if backend == "openvino-bf16" else None))
     monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
     monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
-    real_spec = importlib.util.find_spec  # openvino "installed", so this runs where it is not
+    real_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+
+
+def test_a_backend_that_fails_mid_run_stops_the_run_before_a_part_mixes_two_backends(rows, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """OpenVINO that fails at inference in the second part: "auto" goes on with ONNX Runtime, and the run
+    stops with one error naming both instead of writing a part (or a run) of two backends' vectors; the
+    first part stays on disk for the rerun."""
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    _auto_on_a_bf16_cpu(monkeypatch, openvino_good=1)
     out = tmp_path / "out.jsonl"
     with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
         assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:6])), "--out", str(out), *FIELDS,
@@ -350,16 +357,7 @@ def test_a_backend_that_fails_in_the_first_part_leaves_the_run_on_the_next_backe
                                                                                    capsys):
     """Before any part is written nothing can mix: the run takes the backend "auto" went on with, decides
     the part again under it, records it, and finishes."""
-    import importlib.util
-
-    from mdl_jax.signals import embeddings, onnx_encoder
-
-    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn(
-        0 if backend == "openvino-bf16" else None))
-    monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
-    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
-    real_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "openvino" else real_spec(name, *a))
+    _auto_on_a_bf16_cpu(monkeypatch, openvino_good=0)
     out = tmp_path / "out.jsonl"
     with pytest.warns(RuntimeWarning, match="runs it with onnx instead"):
         assert main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows[:6])), "--out", str(out), *FIELDS,

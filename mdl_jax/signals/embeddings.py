@@ -120,8 +120,9 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
         return "torch"
     from mdl_jax.signals.onnx_encoder import forked_after_openvino
 
-    pick = _auto_pick(load_path, cache_dir, openvino=not forked_after_openvino())
-    if pick == "torch" and forked_after_openvino():
+    forked = forked_after_openvino()
+    pick = _auto_pick(load_path, cache_dir, openvino=not forked)
+    if pick == "torch" and forked:
         raise ModelLoadError(FORKED_NO_BACKEND)
     return pick
 
