@@ -603,6 +603,29 @@ def test_a_forked_child_of_an_openvino_process_without_onnx_runtime_gets_a_clear
     assert got["backend"] == "openvino-bf16"  # no switch to a backend that cannot run either
 
 
+@pytest.mark.slow
+@needs_bf16
+def test_a_processs_first_openvino_infer_runs_alone_and_later_ones_in_parallel(onnx_cache, monkeypatch):
+    """OpenVINO's binding deadlocks when threads make a process's first infer at once (its statics'
+    init guards against the GIL: a fresh process with 8 threads on its first infers hung in 2 of 24
+    runs before, 0 of 48 after): the first request and infer run under ``_OV_FIRST_INFER``, the rest not."""
+    from mdl_jax.signals import onnx_encoder
+
+    enc = Embedder(cache_dir=onnx_cache, backend="openvino-bf16").model
+    monkeypatch.setattr(onnx_encoder, "_OV_INFERRED", False)  # as in a fresh process
+    held, run = [], enc._ov_run
+
+    def spy(feed):
+        held.append(onnx_encoder._OV_FIRST_INFER.locked())
+        return run(feed)
+
+    monkeypatch.setattr(enc, "_ov_run", spy)
+    feed = {k: np.ones((1, 8), np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    first, second = enc._infer(dict(feed)), enc._infer(dict(feed))
+    assert held == [True, False] and onnx_encoder._OV_INFERRED
+    np.testing.assert_array_equal(first, second)
+
+
 def test_openvinos_batches_are_bucketed_to_a_bounded_set_of_shapes_and_onnx_runtimes_are_exact():
     """OpenVINO keeps kernels per input shape: every (rows, tokens) shape its batching makes for texts
     of 1..256 tokens, in runs of any length, is one of at most ``shape_bound()`` (148), each batch

@@ -85,6 +85,17 @@ def bucket_tokens(n: int) -> int:
 _OV_COMPILED_PID: int | None = None
 
 
+# OpenVINO's Python binding fills function-local statics (pybind11's table of NumPy's C API, and others
+# on the way to an infer request) on a process's first use, and threads making that first use at once
+# deadlock: one holds a static's init guard and waits for the GIL, another holds the GIL and waits on
+# the guard (openvino 2026.4.1: the test suite hung once in an xdist worker; a script starting 2 or 8
+# threads on a fresh process's first infers hung in about 1 run in 12, in `infer` and in
+# `create_infer_request`). So a process's first request and infer run under this lock; later ones run
+# in parallel as before (a fork copies the filled statics and the flag).
+_OV_FIRST_INFER = threading.Lock()
+_OV_INFERRED = False
+
+
 def forked_after_openvino() -> bool:
     """Whether this process is a forked child (or later descendant) of a process that compiled an
     OpenVINO model. There OpenVINO's compiled model hangs, a new one aborts the process, and torch's
@@ -491,6 +502,15 @@ class OnnxEncoder:
                                f"cannot run in its forked child {os.getpid()}: start the child with "
                                f"multiprocessing's 'spawn' (or 'forkserver') and load it there, or use "
                                f"backend 'onnx'")
+        global _OV_INFERRED
+        if not _OV_INFERRED:
+            with _OV_FIRST_INFER:  # the process's first request and infer run alone: see _OV_FIRST_INFER
+                out = self._ov_run(feed)
+                _OV_INFERRED = True
+                return out
+        return self._ov_run(feed)
+
+    def _ov_run(self, feed: dict) -> np.ndarray:
         req = getattr(self._requests, "r", None)
         if req is None:
             req = self._requests.r = self.session.create_infer_request()
