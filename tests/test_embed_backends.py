@@ -871,6 +871,57 @@ def test_a_memory_error_is_the_callers_and_switches_no_backend(tmp_path, monkeyp
     assert e.backend == "openvino-bf16" and Embedder(cache_dir=tmp_path, backend="auto").backend == "openvino-bf16"
 
 
+def test_a_pass_whose_rows_were_read_before_another_threads_switch_remembers_none_of_them(tmp_path, monkeypatch):
+    """Thread A's pass has its OpenVINO rows when thread B switches the Embedder to ONNX Runtime (B's
+    switch clears the remembered vectors). A must not write its rows into the memory after that, or a
+    later call (A's own rerun first) would get OpenVINO's vectors under ONNX Runtime's key. The switch
+    is made from inside A's encode: the interleaving the probe of session 26 could reach only with a
+    tracer, forced."""
+    fakes = _fake_backends(monkeypatch)
+    e = Embedder(cache_dir=tmp_path, backend="auto")
+    ov = fakes["openvino-bf16"]
+
+    class SwitchedMeanwhile:
+        def encode(self, texts, **kw):
+            out = ov.encode(texts, **kw)
+            e._switch("onnx")  # B's switch, after A's rows were computed and before A remembers them
+            return out
+
+    e._model = SwitchedMeanwhile()
+    out = e.embed(["a", "b"])
+    assert e.backend == "onnx" and _which(out) == {"onnx"}  # the call ran again under the new key
+    assert set(e._memory) == {"a", "b"} and _which(e._memory.values()) == {"onnx"}
+    assert (e.n_embedded, e.n_cached) == (2, 0)
+
+
+def test_the_model_property_returns_the_encoder_it_read_when_a_switch_lands_between_reads(tmp_path, monkeypatch):
+    """``Embedder.model`` reads ``_model`` once: a switch by another thread right after the read (which
+    sets ``_model`` to None) cannot make it return None (before, it tested one read and returned a
+    second). Forced: the attribute's first read after arming switches it away."""
+    fakes = _fake_backends(monkeypatch)
+
+    class RacyReads(Embedder):
+        armed = False
+
+        @property
+        def _model(self):
+            m = self.__dict__.get("_m")
+            if self.armed and m is not None:
+                self.armed = False
+                self.__dict__["_m"] = None  # what another thread's ``_switch`` does, just after this read
+            return m
+
+        @_model.setter
+        def _model(self, m):
+            self.__dict__["_m"] = m
+
+    e = RacyReads(cache_dir=tmp_path, backend="auto")
+    e._model = fakes["openvino-bf16"]
+    e.armed = True
+    assert e.model is fakes["openvino-bf16"] and e.__dict__["_m"] is None
+    assert e.model is fakes["openvino-bf16"]  # the next read loads again (the fake's process cache)
+
+
 def test_the_gateways_bounded_embedder_hands_over_at_inference_and_forgets_the_old_backends_vectors(tmp_path,
                                                                                                      monkeypatch):
     """The gateway keeps vectors in memory (``BoundedEmbedder``): it encodes through its source Embedder,
