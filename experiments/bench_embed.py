@@ -6,6 +6,7 @@ round.
 
     python -m experiments.bench_embed             # 5 rounds, 300 questions per dataset for parity
     python -m experiments.bench_embed --quick     # 2 rounds, 60 questions
+    scripts/hold_avx2.sh python -m experiments.bench_embed --backends onnx onnx-int8   # AVX2 code paths
 
 Measured per backend:
   texts/s at batch 1, 7 and 64   the encoder alone (``Embedder.model.encode``) on the first 448 texts of
@@ -41,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_flags() -> dict:
-    """The CPU's model name and the ISA flags that decide these timings (Linux /proc/cpuinfo)."""
+    """The CPU's model name and the ISA flags that decide these timings (Linux /proc/cpuinfo); under
+    ``scripts/hold_avx2.sh`` the name says the figures are the AVX2 proxy's."""
     name, flags = "unknown", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -53,6 +55,8 @@ def cpu_flags() -> dict:
     except OSError:
         pass
     keep = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+    if os.environ.get("MDL_JAX_AVX2_PROXY"):  # scripts/hold_avx2.sh: the flags above are its cpuinfo copy's
+        name += " held to AVX2 (scripts/hold_avx2.sh: an AVX-512 host's cores, caches and clock)"
     return {"model": name, "cores": os.cpu_count(), "flags": [f for f in keep if f in flags]}
 
 
@@ -134,7 +138,11 @@ def run_data(n_questions: int) -> tuple[list, list[str], dict[str, list], list[s
 
 
 def main(argv=None) -> int:
-    _, rounds, nq = run_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), argv, full_rounds=5)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), metavar="BACKEND",
+                    help=f"the backends to time (torch always; default: all of {', '.join(BACKENDS)})")
+    args, rounds, nq = run_args(ap, argv, full_rounds=5)
+    wanted = ["torch", *(b for b in BACKENDS if b in args.backends and b != "torch")]  # torch: the reference
 
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder, ModelLoadError
@@ -146,7 +154,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     try:
         encoders = {}
-        for b in BACKENDS:  # load / export once, outside the timings
+        for b in wanted:  # load / export once, outside the timings
             e = Embedder(cache_dir=work / "warm", backend=b)
             try:
                 e.model.encode(speed_texts[:8])

@@ -981,3 +981,29 @@ def test_the_emulated_parity_comparison_reports_what_the_two_dumps_differ_by(tmp
     out = capsys.readouterr().out
     assert "parity NOT met" in out and json.loads(out.splitlines()[-1]) == res
     assert emulated_parity.main(["compare", "no-colon.npz", "x"]) == 2  # bad arguments: the usage, exit 2
+
+
+def test_the_avx2_proxy_makes_each_xgetbv_report_no_avx512_state_and_patches_once(tmp_path):
+    """``experiments.avx2_proxy`` holds ONNX Runtime to its AVX2 kernels by making every ``xgetbv`` report
+    XCR0 = x87 | SSE | AVX: checked on a library of our own, whose function returns XCR0's low half (7
+    after the patch, whatever the CPU), with a second patch finding nothing left to change."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from experiments import avx2_proxy
+
+    if not all(shutil.which(t) for t in ("gcc", "objdump", "readelf")):
+        pytest.skip("needs gcc, objdump and readelf")
+    src = tmp_path / "x.c"
+    src.write_text("unsigned xcr0_low(void) { unsigned a, d; __asm__ volatile(\"xgetbv\" : \"=a\"(a), \"=d\"(d) : \"c\"(0));"
+                   " return a; }\n")
+    so = tmp_path / "libx.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    assert ctypes.CDLL(str(so)).xcr0_low() & 0b11 == 0b11  # x87 and SSE state: every x86-64 OS saves them
+    assert avx2_proxy.patch_library(so) == 1
+    patched = tmp_path / "libx2.so"  # (a new name: the loader would return the library already loaded)
+    shutil.copy(so, patched)
+    assert ctypes.CDLL(str(patched)).xcr0_low() == 7
+    assert avx2_proxy.patch_library(so) == 0  # idempotent: nothing left to patch
+    assert avx2_proxy.main(["nonsense"]) == 2
