@@ -89,14 +89,18 @@ def patch(dest: Path) -> Path:
     target = dest / "onnxruntime"
     if src.resolve() == target.resolve():
         raise SystemExit(f"avx2_proxy: {target} is the installed package itself; give another DEST")
-    if not (target / ".avx2-proxy").exists():
+    # the copy is made again when the installed package changed (another version, or reinstalled)
+    stamp = f"{src}\n" + "\n".join(f"{so.name} {so.stat().st_size} {so.stat().st_mtime_ns}"
+                                    for so in sorted((src / "capi").glob("*.so*"))) + "\n"
+    marker = target / ".avx2-proxy"
+    if not (marker.exists() and marker.read_text().startswith(stamp)):
         dest.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest, prefix=".onnxruntime-"))
         shutil.copytree(src, tmp / "onnxruntime", ignore=shutil.ignore_patterns("__pycache__"))
         counts = {so.name: patch_library(so) for so in sorted((tmp / "onnxruntime" / "capi").glob("*.so*"))}
         if not any(counts.values()):
             raise SystemExit(f"avx2_proxy: no xgetbv found in {src}/capi: this onnxruntime is not one the proxy knows")
-        (tmp / "onnxruntime" / ".avx2-proxy").write_text(f"{src}\n{counts}\n")
+        (tmp / "onnxruntime" / ".avx2-proxy").write_text(f"{stamp}patched: {counts}\n")
         shutil.rmtree(target, ignore_errors=True)
         (tmp / "onnxruntime").rename(target)
         shutil.rmtree(tmp, ignore_errors=True)
