@@ -983,28 +983,106 @@ def test_the_emulated_parity_comparison_reports_what_the_two_dumps_differ_by(tmp
     assert emulated_parity.main(["compare", "no-colon.npz", "x"]) == 2  # bad arguments: the usage, exit 2
 
 
-def test_the_avx2_proxy_makes_each_xgetbv_report_no_avx512_state_and_patches_once(tmp_path):
-    """``experiments.avx2_proxy`` holds ONNX Runtime to its AVX2 kernels by making every ``xgetbv`` report
-    XCR0 = x87 | SSE | AVX: checked on a library of our own, whose function returns XCR0's low half (7
-    after the patch, whatever the CPU), with a second patch finding nothing left to change."""
-    import ctypes
+def _xgetbv_library(tmp_path, name: str, ecx: str = "0"):
+    """A shared library of our own whose ``xcr0_low()`` returns XCR0's low half via ``xgetbv`` with ECX =
+    ``ecx`` (a C expression); skips where that cannot be built and run (not x86-64, no OSXSAVE, no tools)."""
+    import platform
     import shutil
     import subprocess
-
-    from experiments import avx2_proxy
 
     cc = shutil.which("gcc") or shutil.which("cc") or shutil.which("g++")  # (CI may have g++ alone)
     if not (cc and shutil.which("objdump") and shutil.which("readelf")):
         pytest.skip("needs a C compiler, objdump and readelf")
-    src = tmp_path / "x.c"
-    src.write_text("unsigned xcr0_low(void) { unsigned a, d; __asm__ volatile(\"xgetbv\" : \"=a\"(a), \"=d\"(d) : \"c\"(0));"
-                   " return a; }\n")
-    so = tmp_path / "libx.so"
+    from mdl_jax.controller import native
+
+    if platform.machine() != "x86_64" or not native._numpy_features().get("AVX"):  # (AVX: OSXSAVE and the OS's
+        pytest.skip("xgetbv needs an x86-64 CPU with OSXSAVE")                      # YMM state, by CPUID)
+    src = tmp_path / f"{name}.c"
+    src.write_text("unsigned ecx_arg = 0;\nunsigned xcr0_low(void) { unsigned a, d; "
+                   f"__asm__ volatile(\"xgetbv\" : \"=a\"(a), \"=d\"(d) : \"c\"({ecx})); return a; }}\n")
+    so = tmp_path / f"lib{name}.so"
     subprocess.run([cc, "-x", "c", "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return so
+
+
+def test_the_avx2_proxy_makes_each_xgetbv_report_no_avx512_state_and_patches_once(tmp_path):
+    """``experiments.avx2_proxy`` holds ONNX Runtime to its AVX2 kernels by making every ``xgetbv`` report
+    XCR0 = x87 | SSE | AVX: checked on a library of our own, whose function returns XCR0's low half (7
+    after the patch, whatever the CPU), with a second patch finding nothing left to change; an
+    ``xgetbv`` whose ECX is not shown to be 0 just before it is refused, the library left as it was."""
+    import ctypes
+    import shutil
+
+    from experiments import avx2_proxy
+
+    so = _xgetbv_library(tmp_path, "x")
     assert ctypes.CDLL(str(so)).xcr0_low() & 0b11 == 0b11  # x87 and SSE state: every x86-64 OS saves them
     assert avx2_proxy.patch_library(so) == 1
     patched = tmp_path / "libx2.so"  # (a new name: the loader would return the library already loaded)
     shutil.copy(so, patched)
     assert ctypes.CDLL(str(patched)).xcr0_low() == 7
     assert avx2_proxy.patch_library(so) == 0  # idempotent: nothing left to patch
+    other = _xgetbv_library(tmp_path, "y", ecx="ecx_arg")  # ECX from memory: not a read of XCR0 we can show
+    before = other.read_bytes()
+    with pytest.raises(ValueError, match="not shown to read XCR0"):
+        avx2_proxy.patch_library(other)
+    assert other.read_bytes() == before
     assert avx2_proxy.main(["nonsense"]) == 2
+
+
+def test_the_avx2_proxy_copies_once_per_installed_package_and_refuses_planted_or_patched_names(tmp_path,
+                                                                                              monkeypatch):
+    """``avx2_proxy.patch``: the copy is made once and made again when the installed package changes; a
+    symlink planted at its name is refused, never followed; a source that is itself a patched copy is
+    named as such; a failed patch leaves no temporary copy behind. (The package here is a stand-in
+    holding one library of our own.)"""
+    import importlib.util
+    import os
+
+    from experiments import avx2_proxy
+
+    pkg = tmp_path / "site" / "onnxruntime"
+    (pkg / "capi").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    _xgetbv_library(tmp_path, "x").rename(pkg / "capi" / "libx.so")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        type("S", (), {"origin": str(pkg / "__init__.py")})() if name == "onnxruntime" else real(name, *a)))
+    dest = tmp_path / "dest"
+    target = avx2_proxy.patch(dest)
+    marker = (target / ".avx2-proxy").read_text()
+    assert "'libx.so': 1" in marker and avx2_proxy.patch_library(target / "capi" / "libx.so") == 0
+    os.utime(target / "capi" / "libx.so", ns=(1, 1))  # (a change to the copy alone: not the stamp)
+    assert avx2_proxy.patch(dest) == target and (target / ".avx2-proxy").read_text() == marker  # kept
+    (pkg / "__init__.py").write_text("# another version\n")
+    avx2_proxy.patch(dest)
+    assert (target / "__init__.py").read_text() == "# another version\n"  # made again
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "onnxruntime").symlink_to(pkg)
+    with pytest.raises(SystemExit, match="symlink or not this user's"):
+        avx2_proxy.patch(planted)
+    (pkg / "capi" / "libbad.so").write_bytes(b"not a library")
+    (pkg / "__init__.py").write_text("# a third version\n")
+    with pytest.raises(ValueError, match="libbad.so: objdump cannot read it"):
+        avx2_proxy.patch(dest)
+    assert [p.name for p in dest.iterdir() if p.name.startswith(".onnxruntime-")] == []  # nothing left behind
+    (pkg / "capi" / "libbad.so").unlink()
+    (pkg / ".avx2-proxy").write_text("a patched copy")
+    with pytest.raises(SystemExit, match="already a patched copy"):
+        avx2_proxy.patch(tmp_path / "dest2")
+
+
+def test_the_avx2_proxy_refuses_a_host_it_cannot_hold_to_avx2(tmp_path):
+    """A host with AVX-VNNI (ONNX Runtime picks those kernels from CPUID alone, which the patch cannot
+    answer) or without AVX2 and FMA is refused with the reason; an AVX-512 host without them is fine."""
+    from experiments import avx2_proxy
+
+    def why(flags):
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        return avx2_proxy.host_refusal(str(tmp_path / "cpuinfo"))
+
+    assert why("fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16") is None
+    assert "avx_vnni" in why("avx avx2 fma avx_vnni avx512f")
+    assert "no AVX2 and FMA" in why("sse2 avx")
+    assert "cannot read" in avx2_proxy.host_refusal(str(tmp_path / "missing"))
