@@ -16,7 +16,7 @@ What each runtime runs under the proxy, and how it is held there:
   OpenVINO bf16  refuses the CPU (its /proc/cpuinfo copy, mounted by the shell script, has no bfloat16),
                  as on a real AVX2 CPU; "auto" picks ``onnx``.
 
-    python -m experiments.avx2_proxy patch DEST         # DEST/onnxruntime, patched (idempotent)
+    python -m experiments.avx2_proxy patch DEST         # DEST/onnxruntime, patched (again only when the package changes)
     python -m experiments.avx2_proxy verify [DEST]      # perf: share of ORT's samples at zmm / ymm code
 
 The proxy's limits: the host's cores, caches and clock, not a Zen 3's. On Zen 4 (256-bit FMA pipes,
