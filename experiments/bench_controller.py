@@ -88,13 +88,9 @@ def _fma_width_lanes() -> int:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from experiments._machine import cpu_model
+
+    return cpu_model()
 
 
 def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict:

@@ -42,22 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_flags() -> dict:
-    """The CPU's model name and the ISA flags that decide these timings (Linux /proc/cpuinfo); under
-    ``scripts/hold_avx2.sh`` the name says the figures are the AVX2 proxy's."""
-    name, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == "unknown":
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    """The CPU's model name and the ISA flags that decide these timings (``experiments._machine``: under
+    ``scripts/hold_avx2.sh`` the name says the figures are the AVX2 proxy's)."""
+    from experiments._machine import cpu_flags as flags
+    from experiments._machine import cpu_model
+
     keep = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    if os.environ.get("MDL_JAX_AVX2_PROXY"):  # scripts/hold_avx2.sh: the flags above are its cpuinfo copy's
-        name += " held to AVX2 (scripts/hold_avx2.sh: an AVX-512 host's cores, caches and clock)"
-    return {"model": name, "cores": os.cpu_count(), "flags": [f for f in keep if f in flags]}
+    return {"model": cpu_model(), "cores": os.cpu_count(), "flags": flags(keep)}
 
 
 DATASETS = ("truthfulqa", "halueval")

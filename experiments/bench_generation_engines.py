@@ -35,20 +35,16 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni")
 
 
 def cpu_flags() -> tuple[str, list[str]]:
-    """(model name, the flags among ``FLAGS`` this CPU has), from /proc/cpuinfo."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown", []
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    have = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    return name, [f for f in FLAGS if f in have]
+    """(model name, the flags among ``FLAGS`` this CPU has), from /proc/cpuinfo (``experiments._machine``)."""
+    from experiments._machine import cpu_flags as flags
+    from experiments._machine import cpu_model
+
+    return cpu_model(), flags(FLAGS)
 
 
 def _prompts(n: int):

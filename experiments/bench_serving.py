@@ -38,14 +38,10 @@ def _chat(text: str) -> list[dict]:
 
 
 def _cpu_flags() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    wanted = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{name}, {os.cpu_count()} cores, {' '.join(wanted) or 'no AVX2'}"
+    from experiments._machine import cpu_flags, cpu_model
+
+    wanted = cpu_flags(("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
+    return f"{cpu_model()}, {os.cpu_count()} cores, {' '.join(wanted) or 'no AVX2'}"
 
 
 class Server:
