@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a command with every runtime held to its AVX2 code paths, at full speed, on an AVX-512 x86-64 host:
-# a proxy for timings on an AVX2-only CPU (AMD Zen 3 and earlier, Intel before Ice Lake servers) that
+# a proxy for timings on an AVX2-only CPU (AMD Zen 2 and 3; Intel desktop and laptop CPUs from Haswell to Comet Lake) that
 # this machine is not. See experiments/avx2_proxy.py for how each runtime is held and the proxy's limits.
 #   scripts/hold_avx2.sh python -m experiments.bench_embed --backends onnx onnx-int8
 # torch, MKL, oneDNN, NumPy, OpenBLAS, XLA and the native kernel by their own switches; ONNX Runtime from
