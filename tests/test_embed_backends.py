@@ -1086,3 +1086,59 @@ def test_the_avx2_proxy_refuses_a_host_it_cannot_hold_to_avx2(tmp_path):
     assert "avx_vnni" in why("avx avx2 fma avx_vnni avx512f")
     assert "no AVX2 and FMA" in why("sse2 avx")
     assert "cannot read" in avx2_proxy.host_refusal(str(tmp_path / "missing"))
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_eight_threads_on_real_runtimes_get_one_backends_vectors_per_call_across_a_switch(onnx_cache, monkeypatch):
+    """The switch under load, on the real runtimes (the tests above force each interleaving with fakes):
+    8 threads call one "auto" Embedder on OpenVINO bfloat16 while one OpenVINO inference fails, so it
+    hands over to ONNX Runtime mid-run. Every call's vectors come from one backend, and afterwards the
+    Embedder remembers none of OpenVINO's."""
+    import random
+    import threading
+
+    from mdl_jax.signals import embeddings
+
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())  # (another test may have failed OpenVINO here)
+    words = "the a memory gate relevance risk query store answer model vector policy agent tool".split()
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 30))) + f" {i}" for i in range(1500)]
+    e = Embedder(cache_dir=onnx_cache, backend="auto")
+    assert e.backend == "openvino-bf16"
+    ov = e.model
+    seen, lock = [0], threading.Lock()
+
+    class FailsOnce:  # OpenVINO's own encoder, whose sixth inference fails
+        _ov_pid = getattr(ov, "_ov_pid", None)
+
+        def encode(self, t, **kw):
+            with lock:
+                seen[0] += 1
+                fail = seen[0] == 6
+            if fail:
+                raise RuntimeError("openvino: an inference failure, induced")
+            return ov.encode(t, **kw)
+
+    e._model = FailsOnce()
+    results: list = []
+
+    def worker(k):
+        r = random.Random(k)
+        for _ in range(10):
+            batch = r.sample(texts, r.randint(1, 40))
+            results.append((batch, e.embed(batch)))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    with pytest.warns(RuntimeWarning, match="induced; backend 'auto' runs it with onnx instead"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    assert e.backend == "onnx" and len(results) == 80
+    every = sorted({t for b, _ in results for t in b})
+    ort = dict(zip(every, Embedder(cache_dir=onnx_cache, backend="onnx").embed(every)))
+    for batch, out in results:  # ONNX Runtime's vectors to the float32 rounding, or none of them
+        is_ort = [float(np.abs(out[i] - ort[t]).max()) < 1e-5 for i, t in enumerate(batch)]
+        assert all(is_ort) or not any(is_ort), "a call mixed the two backends' vectors"
+    assert all(float(np.abs(v - ort[t]).max()) < 1e-5 for t, v in e._memory.items())
