@@ -167,7 +167,7 @@ def patch(dest: Path) -> Path:
         raise SystemExit("avx2_proxy: onnxruntime is not installed (pip install 'mdl-jax[onnx]')")
     src = Path(spec.origin).parent
     if (src / ".avx2-proxy").exists():
-        raise SystemExit(f"avx2_proxy: the onnxruntime Python imports ({src}) is already a patched copy: "
+        raise SystemExit(f"avx2_proxy: the onnxruntime this Python imports ({src}) is already a patched copy: "
                          "take it off PYTHONPATH, or use its folder as DEST")
     dest.mkdir(parents=True, exist_ok=True)
     for p in (dest, dest / "onnxruntime"):
