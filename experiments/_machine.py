@@ -12,22 +12,22 @@ from pathlib import Path
 PROXY_NOTE = " held to AVX2 (scripts/hold_avx2.sh: an AVX-512 host's cores, caches and clock)"
 
 
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-
-
 def cpu_model() -> str:
     """The CPU's model name (the platform's processor where /proc/cpuinfo has none), with the proxy's
     note under ``scripts/hold_avx2.sh``."""
-    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), "")
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
     name = name or platform.processor() or platform.machine() or "unknown"
     return name + (PROXY_NOTE if os.environ.get("MDL_JAX_AVX2_PROXY") else "")
 
 
 def cpu_flags(wanted: tuple[str, ...]) -> list[str]:
-    """Those of ``wanted`` the CPU lists (its first ``flags`` line), in ``wanted``'s order."""
-    have = set(next((ln.split(":", 1)[1].split() for ln in _cpuinfo() if ln.startswith("flags")), []))
+    """Those of ``wanted`` the CPU has, in ``wanted``'s order: the native kernel's own reading
+    (``native.cpu_flags``: /proc/cpuinfo, less what NumPy's runtime check finds the process cannot run)."""
+    from mdl_jax.controller import native
+
+    have = native.cpu_flags()
     return [f for f in wanted if f in have]

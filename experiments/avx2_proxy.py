@@ -18,6 +18,7 @@ What each runtime runs under the proxy, and how it is held there:
 
     python -m experiments.avx2_proxy patch DEST         # DEST/onnxruntime, patched (again only when the package changes)
     python -m experiments.avx2_proxy verify [DEST]      # perf: share of ORT's samples at zmm / ymm code
+    python -m experiments.avx2_proxy cpuinfo OUT        # /proc/cpuinfo as an AVX2-only CPU's (the scripts')
 
 The proxy's limits: the host's cores, caches and clock, not a Zen 3's. On Zen 4 (256-bit FMA pipes,
 AVX-512 run as two halves) the AVX2 code path has the same FMA peak as AVX-512's, and Zen 3's is the
@@ -140,6 +141,27 @@ def patch_library(so: Path) -> int:
     return n
 
 
+def _package(dest: Path | None) -> Path:
+    """The onnxruntime package folder: ``dest``'s patched copy, or the one this Python imports."""
+    if dest is not None:
+        return dest / "onnxruntime"
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or spec.origin is None:
+        raise SystemExit("avx2_proxy: onnxruntime is not installed (pip install 'mdl-jax[onnx]')")
+    return Path(spec.origin).parent
+
+
+# What an AVX2-only CPU lacks of this host's /proc/cpuinfo flags (its copy for the proxy and the emulator)
+_NOT_ON_AVX2 = re.compile(r" (avx512[a-z0-9_]*|amx_[a-z0-9]*|gfni|avx_vnni[a-z0-9_]*|vaes|vpclmulqdq)(?=\s)")
+
+
+def avx2_cpuinfo(text: str) -> str:
+    """``text`` (a /proc/cpuinfo) as an AVX2-only CPU's: its flags lines without ``_NOT_ON_AVX2``."""
+    return "".join(_NOT_ON_AVX2.sub("", ln) if ln.startswith("flags") else ln for ln in text.splitlines(True))
+
+
 def _stamp(src: Path) -> str:
     """What the patched copy was made from: the package's folder, version, and every file's size and
     modification time (a reinstall or another version makes the copy again)."""
@@ -160,12 +182,10 @@ def patch(dest: Path) -> Path:
     ``dest`` take turns (a lock file), and nothing is left behind on failure. ``dest`` must be a folder
     of this user's, not a symlink (a name planted in a shared folder is refused, never followed)."""
     import fcntl
-    import importlib.util
 
-    spec = importlib.util.find_spec("onnxruntime")
-    if spec is None or spec.origin is None:
-        raise SystemExit("avx2_proxy: onnxruntime is not installed (pip install 'mdl-jax[onnx]')")
-    src = Path(spec.origin).parent
+    src = _package(None)
+    if dest.exists() and not dest.is_dir():
+        raise SystemExit(f"avx2_proxy: DEST {dest} is not a folder")
     if (src / ".avx2-proxy").exists():
         raise SystemExit(f"avx2_proxy: the onnxruntime this Python imports ({src}) is already a patched copy: "
                          "take it off PYTHONPATH, or use its folder as DEST")
@@ -229,7 +249,10 @@ for _ in range(3):
 def verify(dest: Path | None) -> dict[str, float]:
     """Run ONNX Runtime's encoder under ``perf record`` (natively, or from ``dest``'s patched copy) and
     return the shares of its library's samples at instructions on zmm and on ymm registers (the hottest
-    addresses, about half the samples)."""
+    addresses, about half the samples). Raises ValueError where ``dest`` holds no patched copy."""
+    so = next(_package(dest).glob("capi/onnxruntime_pybind11_state*.so"), None)  # the library the run loads
+    if so is None or (dest is not None and not (dest / "onnxruntime" / ".avx2-proxy").exists()):
+        raise ValueError(f"{dest}: holds no patched onnxruntime (run: python -m experiments.avx2_proxy patch {dest})")
     env = dict(os.environ)
     if dest is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(dest), env.get("PYTHONPATH", "")])
@@ -240,9 +263,6 @@ def verify(dest: Path | None) -> dict[str, float]:
         lib = "onnxruntime_pybind11_state"
         rep = subprocess.run(["perf", "report", "-i", str(data), "--sort", "dso,sym", "--stdio"],
                              capture_output=True, text=True, check=True).stdout
-        so = subprocess.run([sys.executable, "-c", "import onnxruntime, pathlib; print(next(pathlib.Path("
-                             "onnxruntime.__file__).parent.glob('capi/onnxruntime_pybind11_state*.so')))"],
-                            env=env, capture_output=True, text=True, check=True).stdout.strip()
         shares = {"zmm": 0.0, "ymm": 0.0, "top": 0.0}
         hot = [(float(m.group(1)), int(m.group(2), 16)) for m in
                re.finditer(r"^\s*([\d.]+)%\s+" + lib + r"\S*\s+\[\.\]\s+0x([0-9a-f]+)", rep, re.M)][:60]
@@ -259,7 +279,20 @@ def verify(dest: Path | None) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The command line; a bad argument or a refusal is one line on stderr and exit 2."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # patch's refusals
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 2
+        raise
+    except (OSError, ValueError, subprocess.CalledProcessError) as e:
+        print(f"avx2_proxy: {' '.join(str(e).split())[:300] or type(e).__name__}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["patch"] and len(argv) == 2:
         why = host_refusal()
         if why:
@@ -267,13 +300,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(patch(Path(argv[1])).parent)
         return 0
+    if argv[:1] == ["cpuinfo"] and len(argv) == 2:
+        Path(argv[1]).write_text(avx2_cpuinfo(Path("/proc/cpuinfo").read_text()))
+        return 0
     if argv[:1] == ["verify"] and len(argv) in (1, 2):
         s = verify(Path(argv[1]) if len(argv) == 2 else None)
         print(f"ONNX Runtime ({'patched' if len(argv) == 2 else 'as installed'}): the hottest addresses hold "
               f"{s['top']:.1f}% of all samples; {s['zmm']:.1f}% at zmm (AVX-512) instructions, "
               f"{s['ymm']:.1f}% at ymm (AVX/AVX2)")
         return 0
-    print("usage: python -m experiments.avx2_proxy patch DEST | verify [DEST]", file=sys.stderr)
+    print("usage: python -m experiments.avx2_proxy patch DEST | verify [DEST] | cpuinfo OUT", file=sys.stderr)
     return 2
 
 

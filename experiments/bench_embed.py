@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import _machine
 from mdl_jax.signals.onnx_encoder import BACKENDS  # every backend the Embedder offers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def cpu_flags() -> dict:
     """The CPU's model name and the ISA flags that decide these timings (``experiments._machine``: under
     ``scripts/hold_avx2.sh`` the name says the figures are the AVX2 proxy's)."""
-    from experiments._machine import cpu_flags as flags
-    from experiments._machine import cpu_model
-
     keep = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    return {"model": cpu_model(), "cores": os.cpu_count(), "flags": flags(keep)}
+    return {"model": _machine.cpu_model(), "cores": os.cpu_count(), "flags": _machine.cpu_flags(keep)}
 
 
 DATASETS = ("truthfulqa", "halueval")

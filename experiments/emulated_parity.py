@@ -69,8 +69,6 @@ def compare(a: str, b: str) -> dict:
     va, vb = A[f"{ba}/vecs"], B[f"{bb}/vecs"]
     if va.shape != vb.shape:
         raise ValueError(f"vectors of shape {va.shape} in {a} against {vb.shape} in {b}: not the same texts")
-    if va.shape != vb.shape:
-        raise ValueError(f"vectors of shape {va.shape} in {a} against {vb.shape} in {b}: not the same texts")
     cos = (va * vb).sum(1) / (np.linalg.norm(va, axis=1) * np.linalg.norm(vb, axis=1))
     same = A[f"{ba}/actions"] == B[f"{bb}/actions"]
     res = {"n_texts": len(cos), "min_cos": float(cos.min()), "mean_cos": float(cos.mean()),

@@ -16,9 +16,9 @@ CPU=${EMULATED_CPU:-EPYC-Milan}
 PY=$(python3 -c 'import sys; print(sys.executable)')   # the interpreter itself, not a pyenv shim script
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-sed -E '/^flags/ s/ (avx512[a-z0-9_]*|amx_[a-z0-9]*|gfni|avx_vnni|vaes|vpclmulqdq)//g' /proc/cpuinfo > "$WORK/cpuinfo"
 printf '#!/bin/bash\nexec qemu-x86_64 -cpu %s /usr/bin/g++ "$@" 2> >(grep -v "TCG doesn.t support" >&2)\n' "$CPU" > "$WORK/g++"
 chmod +x "$WORK/g++"
 export MDL_JAX_CACHE_DIR=${MDL_JAX_CACHE_DIR:-$PWD/.emulated-avx2-cache} CXX="$WORK/g++" PYTHONPATH=${PYTHONPATH:-$PWD}
+"$PY" -m experiments.avx2_proxy cpuinfo "$WORK/cpuinfo"   # (natively: the flags an AVX2-only CPU lacks removed)
 unshare -m --propagation private bash -c 'mount --bind "$0" /proc/cpuinfo && exec qemu-x86_64 -cpu "$1" "$2" "${@:3}"' \
   "$WORK/cpuinfo" "$CPU" "$PY" "$@" 2> >(grep -v "TCG doesn't support requested feature" >&2)

@@ -18,7 +18,7 @@ case "$(basename "$1")" in python*) PY=$1 ;; *) PY=python3 ;; esac   # the inter
 "$PY" -m experiments.avx2_proxy patch "$DEST" >/dev/null
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-sed -E '/^flags/ s/ (avx512[a-z0-9_]*|amx_[a-z0-9]*|gfni|avx_vnni[a-z0-9_]*|vaes|vpclmulqdq)//g' /proc/cpuinfo > "$WORK/cpuinfo"
+"$PY" -m experiments.avx2_proxy cpuinfo "$WORK/cpuinfo"
 export MDL_JAX_AVX2_PROXY=1 PYTHONPATH="$DEST:$PYTHONPATH" ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
   ONEDNN_MAX_CPU_ISA=AVX2 MDL_JAX_NATIVE_ISA=avx2 XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_max_isa=AVX2" \
   OPENBLAS_CORETYPE=Haswell \

@@ -663,11 +663,13 @@ def _read_manifest(work: Path, fp: dict) -> dict:
         if then_b not in (None, now_b) and all(old.get(k) == fp.get(k) for k in set(old) | set(fp)
                                                if k != "embed_backend"):
             name, _, kind = str(then_b).partition("@")
-            same = str(now_b).partition("@")[0] == name
-            hint = (f"; its vectors came from OpenVINO's bfloat16 on a CPU with {kind}, whose vectors "
-                    f"differ from this CPU's ({now_b}): resume it on a CPU with {kind}"
-                    + ("" if same else f", with --embed-backend {name}")
-                    if kind else f"; to resume it, run with --embed-backend {name}")
+            if not kind:
+                hint = f"; to resume it, run with --embed-backend {name}"
+            else:  # OpenVINO bfloat16 on a CPU of another bfloat16 kind
+                hint = (f"; its vectors came from OpenVINO's bfloat16 on a CPU with {kind}, whose vectors "
+                        f"differ from this CPU's ({now_b}): resume it on a CPU with {kind}")
+                if str(now_b).partition("@")[0] != name:
+                    hint += f", with --embed-backend {name}"
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
                              f"another input ({diff[:400]}){hint}, or remove it to start over")
     man["args"] = fp  # a manifest from before the backend was recorded now records it
