@@ -257,6 +257,18 @@ def test_readme_is_a_landing_page():
     assert 'pip install -e ".[docs]" && mkdocs serve' in text
 
 
+def test_ci_runs_both_quick_start_commands_verbatim_inside_a_fresh_venv():
+    quick = README.read_text(encoding="utf-8").split("Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [ln.strip() for ln in quick.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(commands) == 2, commands
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    for cmd in commands:
+        assert cmd in ci.splitlines(), f".ci/run does not run the README's command verbatim: {cmd}"
+    venv_at = next(i for i, ln in enumerate(ci.splitlines()) if "-m venv" in ln)
+    first = min(ci.splitlines().index(c) for c in commands)
+    assert venv_at < first and "activate" in ci, ".ci/run must make and enter a fresh venv first"
+
+
 PROSE_SPELLING = re.compile(r"\b(Opt-out|opt-out|OptOut|Optout|Opt out|SUPPRESS|Suppress)\b")
 
 

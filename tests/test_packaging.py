@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import site as pysite
 import subprocess
 import sys
 import tarfile
@@ -117,8 +118,16 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     # the checkout is not on sys.path; the editable install of the checkout this environment may hold
     # is a finder that comes after the venv's site-packages.
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)])
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     py, cli = venv / "bin" / "python", venv / "bin" / "mdl-jax"
+    # Not --system-site-packages: run from inside a virtual environment, that exposes the BASE
+    # interpreter's packages (no jax there), not this environment's. A .pth line that adds this
+    # environment's site folders (after the venv's own, so the wheel wins) works from both.
+    venv_site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          cwd=tmp_path).stdout.strip())
+    parents = [p for p in pysite.getsitepackages() if Path(p).is_dir()]
+    (venv_site / "_outer_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in parents), encoding="utf-8")
     _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--force-reinstall",
           "--no-index", "--no-compile", "--quiet", str(whl)])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
