@@ -7,11 +7,16 @@ rates are computed in has read answers behind it. B3's Opt-Out answers are the f
 model call) and are not drawn.
 
     python -m experiments.gold_sample RUN_DIR OUT_DIR [--per-cell 15] [--seed 0]
+    python -m experiments.gold_sample RUN_DIR OUT_DIR --finalize LABELS_A LABELS_B [LABELS_C]
 
 writes OUT_DIR/blind_sample.jsonl (bid, dataset, question, answer, the dataset's references, HaluEval's
 knowledge: nothing that names the system or the action, in a shuffled order) and, with ``--key``,
 OUT_DIR/key.jsonl (bid → dataset, qid, seed, system, B3 action). The draw is a pure function of the
 records and the seed, so the key is written only after labelling and can be checked by anyone.
+
+``--finalize`` joins the two readers' labels (and the adjudicator's, for their disagreements) with the
+key into OUT_DIR/gold_labels.jsonl (the shipped gold set's fields, plus ``b3_action``) and prints each
+judge's sensitivity and specificity on it, per dataset.
 """
 
 from __future__ import annotations
@@ -46,6 +51,51 @@ def draw(records: pd.DataFrame, per_cell: int, seed: int) -> pd.DataFrame:
     return out
 
 
+def _labels(path: Path) -> dict[str, dict]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {r["bid"]: r for r in rows}
+
+
+def finalize(sample: pd.DataFrame, blind: list[dict], paths: list[Path], out: Path, run: str) -> None:
+    """Write gold_labels.jsonl (A and B agreed, or C's reading of their disagreement) and print the
+    agreement and each judge's sensitivity / specificity against the final labels."""
+    if len(paths) not in (2, 3):
+        raise SystemExit("--finalize: expected LABELS_A LABELS_B [LABELS_C]")
+    la, lb = _labels(paths[0]), _labels(paths[1])
+    lc = _labels(paths[2]) if len(paths) == 3 else {}
+    gold = []
+    for r, b in zip(sample.itertuples(), blind):
+        x, y = la[r.bid], lb[r.bid]
+        if x["label"] == y["label"]:
+            final, agreement = x, "agreed"
+        elif r.bid in lc:
+            final, agreement = lc[r.bid], "adjudicated"
+        else:
+            raise SystemExit(f"--finalize: {r.bid}: the readers disagree and there is no adjudication")
+        gold.append({"gid": r.bid, "split": "evaluated-run", "run": run, "dataset": r.dataset,
+                     "qid": int(r.qid), "seed": int(r.seed), "system": r.system, "b3_action": r.b3_action,
+                     "question": b["question"], "answer": b["answer"], "label": final["label"],
+                     "kind": final["kind"], "reason": final["reason"], "agreement": agreement,
+                     "labeller_a": x["label"], "labeller_b": y["label"],
+                     "judge_paper": bool(r.hallucinated), "judge_ref": bool(r.hallucinated_ref)})
+    (out / "gold_labels.jsonl").write_text("".join(json.dumps(g, ensure_ascii=False) + "\n" for g in gold),
+                                           encoding="utf-8")
+    g = pd.DataFrame(gold)
+    agree = (g["labeller_a"] == g["labeller_b"]).mean()
+    pa, pb = (g["labeller_a"] == "hallucinated").mean(), (g["labeller_b"] == "hallucinated").mean()
+    pe = pa * pb + (1 - pa) * (1 - pb)
+    print(f"{len(g)} answers; readers agree {agree:.3f} (Cohen's kappa {(agree - pe) / (1 - pe):.3f}); "
+          f"{(g['agreement'] == 'adjudicated').sum()} adjudicated")
+    g["gold"] = g["label"] == "hallucinated"
+    for ds, part in g.groupby("dataset"):
+        for judge in ("paper", "ref"):
+            j = part[f"judge_{judge}"]
+            pos, neg = part["gold"], ~part["gold"]
+            print(f"{ds:10s} {judge:5s} Se {j[pos].mean():.3f} ({int(j[pos].sum())}/{int(pos.sum())})  "
+                  f"Sp {(~j[neg]).mean():.3f} ({int((~j[neg]).sum())}/{int(neg.sum())})  "
+                  f"J {j[pos].mean() + (~j[neg]).mean() - 1:+.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.gold_sample", description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
@@ -53,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-cell", type=int, default=15)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--key", action="store_true", help="also write key.jsonl (after labelling)")
+    ap.add_argument("--finalize", nargs="+", type=Path, metavar="LABELS",
+                    help="labels of reader A, reader B and (for their disagreements) the adjudicator")
     a = ap.parse_args(argv)
     if a.per_cell < 1:
         ap.error(f"--per-cell: expected a positive count, got {a.per_cell}")
@@ -75,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.key:
         keys = sample[["bid", "dataset", "qid", "seed", "system", "b3_action"]].to_dict("records")
         (a.out_dir / "key.jsonl").write_text("".join(json.dumps(k) + "\n" for k in keys), encoding="utf-8")
+    if a.finalize:
+        finalize(sample, blind, a.finalize, a.out_dir, a.run_dir.name)
+        return 0
     cells = sample.groupby(["dataset", "system", "b3_action"]).size()
     print(f"{len(sample)} answers in {len(cells)} cells", file=sys.stderr)
     print(cells.to_string(), file=sys.stderr)
