@@ -58,7 +58,7 @@ J_QUANTILE = 0.05
 J_FLOOR = 0.05  # a condition is identified when J's 5% posterior quantile exceeds this
 CONDITIONS = ("memory", "no memory")
 METHOD = ("matrix method (Rogan–Gladen) per cell, one Se/Sp draw per condition, question bootstrap; "
-          "not identified where J = Se + Sp − 1 has its 5% posterior quantile ≤ 0.05")
+          f"not identified where J = Se + Sp − 1 has its {J_QUANTILE:.0%} posterior quantile ≤ {J_FLOOR:.2f}")
 MIN_AGREEMENT = 0.80
 MIN_READER = 0.20
 MAX_COUPLING = 0.15
@@ -411,7 +411,7 @@ def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, s
                 s.update(corrected=float("nan"), ci=[float("nan")] * 2, clipped=False,
                          not_identified=" and ".join(
                              f"Se + Sp − 1 {'with' if cond == 'memory' else 'without'} memory "
-                             f"(5% quantile {ident[cond]['j_q05']:+.2f} ≤ {J_FLOOR:.2f})" for cond in bad))
+                             f"({J_QUANTILE:.0%} quantile {ident[cond]['j_q05']:+.2f} ≤ {J_FLOOR:.2f})" for cond in bad))
                 if k in COMPARED:
                     s["sign_holds"] = float("nan")
             else:
@@ -615,7 +615,7 @@ JUDGE_ERROR_INTRO = (
     f"{N_DRAWS:,} draws, each one Se/Sp pair per condition from the Beta posteriors (B2's and B3's "
     "with-memory answers share one, B1's and B3's without-memory answers the other) and one question-"
     "bootstrap resample; 'sign holds' = share of those draws (gold uncertainty and sampling together) "
-    "whose difference has the raw sign. Where Se + Sp − 1 of a condition has its 5% posterior quantile "
+    f"whose difference has the raw sign. Where Se + Sp − 1 of a condition has its {J_QUANTILE:.0%} posterior quantile "
     f"≤ {J_FLOOR:.2f} the judge carries too little information there to invert: every quantity that "
     "uses those answers reads **not identified** (no corrected value, no sign share).")
 
@@ -629,7 +629,7 @@ def _youden_md(cf: dict, idf: dict, cond: str) -> str:
     i = idf.get(cond)
     if i is None:
         return f"{j:.2f}"
-    return (f"{j:.2f} (5% quantile {i['j_q05']:+.2f}"
+    return (f"{j:.2f} ({J_QUANTILE:.0%} quantile {i['j_q05']:+.2f}"
             + ("" if i["identified"] else f", **not identified** {_cond(cond)}") + ")")
 
 
