@@ -94,6 +94,7 @@ def test_judge_error_correction_comes_back_to_the_truth():
     ev, gv = _paired_world()
     je = rigour.judge_error(ev, gv, "paper", "hallucinated", n_draws=300)["d"]
     st = je["stats"]
+    assert all(s["identified"] for s in st.values())
     # raw rates are biased towards 0.5 by the judge (0.3 → 0.31, 0.6 → 0.52); corrected ones come back
     for k, truth in (("rate_B1", 0.6), ("rate_B2", 0.3)):
         lo, hi = st[k]["ci"]
@@ -101,6 +102,136 @@ def test_judge_error_correction_comes_back_to_the_truth():
         assert abs(st[k]["corrected"] - truth) < abs(st[k]["raw"] - truth) + 0.01
     assert st["B2-B1"]["sign_holds"] > 0.95  # a −0.3 difference survives the judge's error
     assert je["rogan_gladen"]["B1"] == pytest.approx(0.6, abs=0.05)
+
+
+def _halves_world(n_q=1000, seeds=2, p_lo=0.30, p_hi=0.70, p1=0.5, se=0.80, sp=0.85, n_gold=4000, seed=1):
+    """Two halves of the with-memory answers with true rates ``p_lo`` / ``p_hi`` (the high-risk half,
+    A = 0.9, is ``p_hi``), judged by a judge of known Se / Sp in both conditions; B3 is Active with
+    B2's answer on the high-risk half and Opt-Out on the other, so B3 is a mixture and its selective
+    risk a subset. The gold set holds ``n_gold`` answers per condition judged by the same judge."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n_q):
+        hi = q % 2 == 1
+        for s in range(seeds):
+            t1, t2 = rng.random() < p1, rng.random() < (p_hi if hi else p_lo)
+            j1 = rng.random() < (se if t1 else 1 - sp)
+            j2 = rng.random() < (se if t2 else 1 - sp)
+            base = dict(dataset="d", qid=q, seed=s, ok=True, A=0.9 if hi else 0.3, M=rng.random(), R=0.5,
+                        C_final=0.5)
+            rows.append(dict(base, system="B1", hallucinated=j1, answer=f"a1-{q}-{s}", action=None))
+            rows.append(dict(base, system="B2", hallucinated=j2, answer=f"a2-{q}-{s}", action=None))
+            rows.append(dict(base, system="B3", hallucinated=j2 if hi else False,
+                             answer=f"a2-{q}-{s}" if hi else "", action="ACTIVE" if hi else "OPT_OUT"))
+    gold = []
+    for cond, p in (("memory", 0.5), ("no memory", p1)):
+        t = rng.random(n_gold) < p
+        j = np.where(t, rng.random(n_gold) < se, rng.random(n_gold) < 1 - sp)
+        gold.append(pd.DataFrame({"dataset": "d", "condition": cond, "gold": t, "judge_paper": j,
+                                  "kind": np.where(t, "wrong", "correct")}))
+    return pd.DataFrame(rows), pd.concat(gold, ignore_index=True)
+
+
+def _pulled_to_the_mean(q_sub, q_all, se, sp):
+    """What re-drawing every answer's label from PPV / FOR at the whole condition's prevalence gives
+    for a subset of judged rate ``q_sub``: the subset pulled towards the condition's mean."""
+    pi = (q_all + sp - 1) / (se + sp - 1)
+    ppv = se * pi / (se * pi + (1 - sp) * (1 - pi))
+    fomr = (1 - se) * pi / ((1 - se) * pi + sp * (1 - pi))
+    return ppv * q_sub + fomr * (1 - q_sub)
+
+
+def test_matrix_method_recovers_a_difference_between_halves_of_one_condition():
+    # true 0.30 vs 0.70 (difference +0.400); the judge (Se 0.80, Sp 0.85) shows 0.345 vs 0.605 (+0.260);
+    # fixing the condition's prevalence and re-drawing labels gives J·π(1−π)/(q(1−q)) × 0.260 ≈ +0.170
+    ev, gv = _halves_world()
+    P = rigour.paired_frame(ev, "hallucinated")
+    c = rigour.confusion(gv, "paper")["d"]
+    H1, H2, H3, W = rigour.relabel(P, c, n_draws=1000, seed=3, bootstrap=True)
+    hi = P["A"].to_numpy() >= 0.7
+    diff = (W * H2 * hi).sum(1) / (W * hi).sum(1) - (W * H2 * ~hi).sum(1) / (W * ~hi).sum(1)
+    lo, up = np.percentile(diff, [2.5, 97.5])
+    h2 = P["h2"].to_numpy()
+    judged = h2[hi].mean() - h2[~hi].mean()
+    se, sp = c["memory"]["se"], c["memory"]["sp"]
+    old = _pulled_to_the_mean(h2[hi].mean(), h2.mean(), se, sp) - _pulled_to_the_mean(h2[~hi].mean(), h2.mean(), se, sp)
+    assert lo <= 0.400 <= up, (lo, up)
+    assert not lo <= old <= up and not lo <= 0.170 <= up and not lo <= judged <= up, (old, judged, lo, up)
+
+    st = rigour.judge_error(ev, gv, "paper", "hallucinated", n_draws=1000)["d"]["stats"]
+    # the high-risk half alone (a subset) and B3's selective risk (B3 = that half, B2 = both halves)
+    for k, truth in (("high_risk_B2", 0.70), ("selective risk B3-B2", 0.20), ("rate_B3", 0.35), ("B3-B2", -0.15)):
+        assert st[k]["identified"] and st[k]["ci"][0] <= truth <= st[k]["ci"][1], (k, st[k])
+    pulled = _pulled_to_the_mean(h2[hi].mean(), h2.mean(), se, sp)
+    assert not st["high_risk_B2"]["ci"][0] <= pulled <= st["high_risk_B2"]["ci"][1]
+    assert not st["selective risk B3-B2"]["ci"][0] <= pulled - 0.5 <= st["selective risk B3-B2"]["ci"][1]
+
+
+def test_a_placebo_judge_is_not_identified():
+    ev, gv = _halves_world(se=0.5, sp=0.5)
+    c = rigour.confusion(gv, "paper")["d"]
+    assert not rigour.identification(c["memory"])["identified"]
+    assert not rigour.identification(c["no memory"])["identified"]
+    je = rigour.judge_error(ev, gv, "paper", "hallucinated", n_draws=200)
+    d = je["d"]
+    for k, s in d["stats"].items():
+        if s["uses"]:  # every statistic whose value moves with the judge's error
+            assert not s["identified"] and np.isnan(s["corrected"]) and all(np.isnan(s["ci"])), (k, s)
+            assert k not in rigour.COMPARED or np.isnan(s["sign_holds"])
+    assert not d["stats"]["MDL-constant"]["identified"]
+    assert np.isnan(d["rogan_gladen"]["B1"]) and np.isnan(d["rogan_gladen"]["B2"])
+    md = "\n".join(rigour.judge_error_md("paper", je))
+    row = next(r for r in md.split("\n") if r.startswith("| MDL-constant |"))
+    assert row.endswith("| not identified (with memory and without memory) | not identified |"), row
+    assert "Rogan–Gladen B1 not identified, B2 not identified" in md
+
+
+def test_identification_needs_j_clearly_above_zero():
+    good = {"tp": 400, "fn": 100, "tn": 425, "fp": 75}   # Se 0.80, Sp 0.85: J 0.65
+    weak = {"tp": 18, "fn": 12, "tn": 17, "fp": 12}      # J ≈ 0.19 on 59 answers: its 5% quantile is below 0.05
+    assert rigour.identification(good)["identified"]
+    w = rigour.identification(weak)
+    assert w["j"] > 0.05 and w["j_q05"] <= rigour.J_FLOOR and not w["identified"]
+
+
+def test_with_memory_answers_of_b2_and_b3_share_one_draw():
+    ev, gv = _paired_world(n_q=40)
+    P = rigour.paired_frame(ev, "hallucinated")
+    # B3's own answers (not B2's verbatim): Supp answers are with memory, Silent ones without
+    P = P.assign(same1=False, same2=False, action=np.where(P["action"] == "ACTIVE", "SUPP", "SILENT"))
+    H1, H2, H3, _ = rigour.relabel(P, rigour.confusion(gv, "paper")["d"], n_draws=50)
+    mem = (P["action"] == "SUPP").to_numpy()
+    h = P["h3"].to_numpy()
+    for H, hx, m in ((H2, P["h2"].to_numpy(), mem), (H1, P["h1"].to_numpy(), ~mem)):
+        for v in (0.0, 1.0):  # one verdict, one condition, one draw: one corrected label per draw
+            a, b = H3[:, m & (h == v)], H[:, m & (hx == v)]
+            assert a.size and b.size and np.allclose(a, a[:, :1]) and np.allclose(a[:, 0], b[:, 0])
+
+
+def test_corrected_interval_carries_the_sampling_variance():
+    # gold set so large that Se / Sp are known: the interval is the sampling one, sd(q) / J
+    ev, gv = _paired_world(n_q=300, seeds=1, p1=0.5, p2=0.5, seed=3)
+    gv = pd.concat([gv] * 25, ignore_index=True)
+    st = rigour.judge_error(ev, gv, "paper", "hallucinated", n_draws=1000)["d"]["stats"]
+    conf = rigour.confusion(gv, "paper")["d"]
+    for k, cond in (("rate_B2", "memory"), ("rate_B1", "no memory")):
+        q, c = st[k]["raw"], conf[cond]
+        expected = 2 * 1.96 * np.sqrt(q * (1 - q) / 300) / (c["se"] + c["sp"] - 1)
+        # a prevalence held fixed across resamples would give an interval ~15% too narrow
+        assert st[k]["ci"][1] - st[k]["ci"][0] == pytest.approx(expected, rel=0.10), k
+    # no true difference: the sign share sees the sampling noise, and agrees with the interval
+    b = st["B2-B1"]
+    assert b["raw"] != 0 and b["ci"][0] < 0 < b["ci"][1] and 0.5 <= b["sign_holds"] < 0.975, b
+
+
+def test_relabel_names_a_missing_condition():
+    ev, gv = _paired_world(n_q=10)
+    P = rigour.paired_frame(ev, "hallucinated")
+    c = rigour.confusion(gv, "paper")["d"]
+    with pytest.raises(ValueError, match="conf"):
+        rigour.relabel(P, {"memory": c["memory"]})
+    with pytest.raises(ValueError, match="n_draws"):
+        rigour.relabel(P, c, n_draws=0)
 
 
 def test_confusion_and_validity_by_condition():

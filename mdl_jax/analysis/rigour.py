@@ -14,15 +14,26 @@
   judge error       the judged gold set (``judges.load_gold_verdicts``) gives, per judge × dataset ×
                     condition (the answer written with / without the memories in its prompt),
                     sensitivity Se = P(judge says hallucinated | gold hallucinated) and specificity Sp.
-                    Rogan–Gladen: p = (q + Sp − 1) / (Se + Sp − 1), clipped to [0, 1]. The Bayesian
-                    equivalent (``relabel``): each of ``N_DRAWS`` draws takes Se ~ Beta(tp + 1, fn + 1),
-                    Sp ~ Beta(tn + 1, fp + 1), the cell's prevalence π from Rogan–Gladen, and re-draws
-                    every answer's true label from P(hallucinated | verdict) (PPV / 1 − NPV); paired
-                    answers (B3 Active = B2's answer, B3 Silent = B1's) share one draw, an Opt-Out
-                    abstention is safe. Corrected rate: the mean over draws; its interval: the draws
-                    with a question bootstrap on top (gold uncertainty and sampling together); the
-                    sign-hold share of a comparison: the share of draws (no bootstrap) whose difference
-                    has the raw difference's sign.
+                    The matrix method (Rogan–Gladen) corrects a cell's judged rate q to
+                    p = (q + Sp − 1) / (Se + Sp − 1), per cell (system × B3 action × condition), with
+                    the Se, Sp of the cell's condition (B1 answers and B3's Silent ones: without
+                    memory; B2 answers and B3's Active / Supp ones: with memory; an Opt-Out
+                    abstention is safe and not corrected). p is linear in the verdicts, so any rate
+                    of any subset or mixture (B3, the high-risk tier, the oracle's accuracy) is the
+                    same weighted mean of per-answer corrected labels (h + Sp − 1) / (Se + Sp − 1):
+                    each subset is corrected with its own judged rate, never pulled to the
+                    condition's mean. Corrected value: that estimate at the gold set's Se, Sp (a rate
+                    clipped to [0, 1] and a difference to [−1, 1] only when reported). Interval:
+                    ``N_DRAWS`` draws, each with one (Se, Sp) per condition from Beta(tp + 1, fn + 1),
+                    Beta(tn + 1, fp + 1) (Se + Sp > 1), shared by all of that condition's answers,
+                    and one question-bootstrap resample that re-estimates every cell's q; the
+                    percentiles 2.5 / 97.5 of the draws. Sign holds: the share of those draws (gold
+                    uncertainty and sampling together) whose difference has the raw difference's
+                    sign. Not identified: a condition whose Youden J = Se + Sp − 1 has its
+                    ``J_QUANTILE`` posterior quantile ≤ ``J_FLOOR`` carries too little information
+                    to invert; a statistic that uses answers of such a condition (its value moves
+                    with that condition's Se or Sp) gets no corrected value, no interval and no
+                    sign share.
   validity          an RQ2–RQ3 claim is testable with a reader and judge when (i) the judge agrees
                     with the gold set ≥ ``MIN_AGREEMENT`` on answers with and without memory, (ii) the
                     reader answers correctly without memory on ≥ ``MIN_READER`` of the gold set's
@@ -42,6 +53,12 @@ import numpy as np
 from mdl_jax.analysis.stats import Z_A, Z_B, cluster_se, mde, power, verdict  # noqa: F401  (re-exported)
 
 N_DRAWS = 1000
+N_J_DRAWS = 20_000  # posterior draws behind J's quantile: enough for its second decimal
+J_QUANTILE = 0.05
+J_FLOOR = 0.05  # a condition is identified when J's 5% posterior quantile exceeds this
+CONDITIONS = ("memory", "no memory")
+METHOD = ("matrix method (Rogan–Gladen) per cell, one Se/Sp draw per condition, question bootstrap; "
+          f"not identified where J = Se + Sp − 1 has its {J_QUANTILE:.0%} posterior quantile ≤ {J_FLOOR:.2f}")
 MIN_AGREEMENT = 0.80
 MIN_READER = 0.20
 MAX_COUPLING = 0.15
@@ -143,6 +160,31 @@ def rogan_gladen(q: float, se: float, sp: float) -> float:
     return float(min(max((q + sp - 1) / j, 0.0), 1.0))
 
 
+def youden_draws(c: dict, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(n,) draws of Se ~ Beta(tp + 1, fn + 1) and Sp ~ Beta(tn + 1, fp + 1) for one condition's gold
+    counts ``c`` (``confusion``): the posterior under uniform priors."""
+    return rng.beta(c["tp"] + 1, c["fn"] + 1, size=n), rng.beta(c["tn"] + 1, c["fp"] + 1, size=n)
+
+
+def identification(c: dict, *, n: int = N_J_DRAWS, seed: int = 0) -> dict:
+    """Whether a judge's error is correctable in one condition (module docstring): Youden's
+    J = Se + Sp − 1 at the gold counts ``c``, its lower ``J_QUANTILE`` posterior quantile, and
+    ``identified`` = that quantile > ``J_FLOOR``.
+
+    Args:
+      c: one condition's gold counts ({tp, fp, fn, tn}, ``confusion``).
+      n: posterior draws for the quantile.
+      seed: their seed (fixed, so a report is reproducible).
+
+    Returns:
+      {"j", "j_q05", "identified"}.
+    """
+    se, sp = youden_draws(c, n, np.random.default_rng(seed))
+    j = (c["tp"] / max(c["tp"] + c["fn"], 1)) + (c["tn"] / max(c["tn"] + c["fp"], 1)) - 1
+    q = float(np.quantile(se + sp - 1, J_QUANTILE))
+    return {"j": float(j), "j_q05": q, "identified": bool(q > J_FLOOR)}
+
+
 def paired_frame(ev, judge_col: str):
     """One row per (dataset, qid, seed) with B1, B2 and B3 all answered: h1, h2, h3 (the judge's 0/1),
     action, A, M, C_final, and whether B3's answer is B2's (Active) / B1's (Silent) answer verbatim."""
@@ -171,49 +213,80 @@ def paired_frame(ev, judge_col: str):
     return P.reset_index(drop=True)
 
 
-def _beta(rng, a, b, T):
-    return rng.beta(a + 1, b + 1, size=T)
+def _labels(P, se_sp: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T, N) corrected labels (h + Sp − 1) / (Se + Sp − 1) of B1, B2 and B3 under ``se_sp``
+    ({condition: (Se (T, 1), Sp (T, 1))}): B1 answers are 'no memory', B2 answers 'memory', a B3
+    answer takes the condition of its action (Active / Supp: memory; Opt-Out: an abstention, safe
+    and uncorrected; else no memory), and a B3 answer that is B1's or B2's verbatim takes its label."""
+    def fix(h, cond):
+        se, sp = se_sp[cond]
+        return (h[None, :] + sp - 1) / (se + sp - 1)
+
+    h1, h2, h3 = (P[c].to_numpy(np.float64) for c in ("h1", "h2", "h3"))
+    act = P["action"].to_numpy()
+    H1, H2 = fix(h1, "no memory"), fix(h2, "memory")
+    H3 = np.where(np.isin(act, ("ACTIVE", "SUPP"))[None, :], fix(h3, "memory"), fix(h3, "no memory"))
+    same2, same1 = P["same2"].to_numpy(bool), P["same1"].to_numpy(bool)
+    H3 = np.where(same2[None, :], H2, np.where(same1[None, :], H1, H3))
+    H3 = np.where((act == "OPT_OUT")[None, :], 0.0, H3)
+    return H1, H2, H3
 
 
 def relabel(P, conf: dict, *, n_draws: int = N_DRAWS, seed: int = 0,
             bootstrap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(T, N) true-label draws H1, H2, H3 for one dataset's paired frame ``P`` given the judge's
-    confusion ``conf`` ({condition: counts}, ``confusion``) (module docstring). With ``bootstrap`` also
-    (T, N) question-bootstrap multiplicities (else ones)."""
+    """Draws of every answer's corrected label for one dataset's paired frame (module docstring).
+
+    Each draw takes one (Se, Sp) per condition from its Beta posterior, conditioned on Se + Sp > 1
+    (a judge worse than chance is not a judge), and shares it among all of that condition's answers
+    (B2's and B3's with-memory answers one draw, B1's and B3's without-memory answers the other). A
+    weighted mean of the labels is the matrix-method (Rogan–Gladen) rate of that subset at that draw,
+    so under the bootstrap multiplicities every rate is re-estimated in every resample.
+
+    Args:
+      P: ``paired_frame`` rows of one dataset, N of them.
+      conf: {condition: counts} of the judge on that dataset (``confusion``).
+      n_draws: T.
+      seed: the draws' seed (the bootstrap uses seed + 1).
+      bootstrap: also resample questions.
+
+    Returns:
+      H1, H2, H3: (T, N) corrected labels (real-valued; a mean over records is a corrected rate);
+      W: (T, N) question-bootstrap multiplicities (ones without ``bootstrap``).
+
+    Raises:
+      ValueError: ``conf`` lacks a condition, or ``n_draws`` < 1.
+    """
     from mdl_jax.analysis.stats import question_bootstrap_weights
 
+    missing = [k for k in CONDITIONS if k not in conf]
+    if missing:
+        raise ValueError(f"conf: expected gold counts for conditions {CONDITIONS}, missing {missing}")
+    if n_draws < 1:
+        raise ValueError(f"n_draws: expected ≥ 1, got {n_draws}")
     rng = np.random.default_rng(seed)
-    N, T = len(P), n_draws
-    h1, h2, h3 = (P[c].to_numpy(np.float64) for c in ("h1", "h2", "h3"))
-    act = P["action"].to_numpy()
-
-    def draw(h, cond, base_rate):
-        c = conf[cond]
-        se = _beta(rng, c["tp"], c["fn"], T)[:, None]
-        sp = _beta(rng, c["tn"], c["fp"], T)[:, None]
-        j = np.maximum(se + sp - 1, 1e-3)
-        pi = np.clip((base_rate + sp - 1) / j, 0.005, 0.995)
-        ppv = se * pi / (se * pi + (1 - sp) * (1 - pi))
-        fomr = (1 - se) * pi / ((1 - se) * pi + sp * (1 - pi))
-        prob = np.where(h[None, :] > 0.5, ppv, fomr)
-        return (rng.random((T, len(h))) < prob).astype(np.float64)
-
-    H1 = draw(h1, "no memory", h1.mean())
-    H2 = draw(h2, "memory", h2.mean())
-    own_mem = draw(h3, "memory", h2.mean())
-    own_no = draw(h3, "no memory", h1.mean())
-    same2, same1 = P["same2"].to_numpy(bool), P["same1"].to_numpy(bool)
-    injected = np.isin(act, ("ACTIVE", "SUPP"))
-    H3 = np.where(injected, own_mem, own_no)
-    H3 = np.where(same2[None, :], H2, np.where(same1[None, :], H1, H3))
-    H3 = np.where((act == "OPT_OUT")[None, :], 0.0, H3)
+    T = n_draws
+    se_sp = {}
+    for cond in CONDITIONS:
+        se, sp = np.empty(0), np.empty(0)
+        for _ in range(100):  # rejection: keep draws with Se + Sp > 1
+            a, b = youden_draws(conf[cond], 2 * T, rng)
+            keep = a + b > 1
+            se, sp = np.r_[se, a[keep]], np.r_[sp, b[keep]]
+            if len(se) >= T:
+                break
+        if len(se) < T:  # a judge the gold set places below chance throughout: no draw is a judge
+            se, sp = np.full(T, np.nan), np.full(T, np.nan)
+        se_sp[cond] = (se[:T, None], sp[:T, None])
+    H1, H2, H3 = _labels(P, se_sp)
     W = (question_bootstrap_weights(P["qid"].to_numpy(), T, seed + 1).astype(np.float64) if bootstrap
-         else np.ones((T, N)))
+         else np.ones((T, len(P))))
     return H1, H2, H3, W
 
 
 def _stats(H1, H2, H3, W, P) -> dict:
-    """Every judged statistic of a dataset's paired records, per draw: (T,) arrays."""
+    """Every judged statistic of a dataset's paired records, per draw: (T,) arrays. The labels may be
+    0/1 verdicts or real-valued corrected labels: every statistic is linear in them but the constant's
+    max(adopt rate, reject rate)."""
     from mdl_jax.signals.risk import HIGH_RISK
 
     act = P["action"].to_numpy()
@@ -228,6 +301,9 @@ def _stats(H1, H2, H3, W, P) -> dict:
         w = W if m is None else W * m
         return np.sum(w * H, 1) / np.maximum(np.sum(w, 1), 1e-12)
 
+    def correct(y):  # P(decision == label), exact for 0/1 labels, the expectation for corrected ones
+        return adopt * y + (1 - adopt) * (1 - y)
+
     out = {}
     for s, H in (("B1", H1), ("B2", H2), ("B3", H3)):
         out[f"rate_{s}"] = rate(H)
@@ -241,8 +317,8 @@ def _stats(H1, H2, H3, W, P) -> dict:
     # Section 5.3 oracle on the three records of each (question, seed); MDL adopts iff Active
     y1, y2 = H1, 1 - H2
     y3 = np.where(np.isin(act, ("ACTIVE", "SUPP"))[None, :], 1 - H3, H3)
-    c12 = (adopt == y1).astype(float) + (adopt == y2).astype(float)
-    c3 = (adopt == y3).astype(float)
+    c12 = correct(y1) + correct(y2)
+    c3 = correct(y3)
     n = np.sum(W, 1)
     acc = (np.sum(W * (c12 + c3), 1)) / (3 * n)
     yr = np.sum(W * (y1 + y2 + y3), 1) / (3 * n)
@@ -258,9 +334,48 @@ COMPARED = ("B3-B2", "B3-B2 high-risk", "B3-B1", "B2-B1", "B3-random abstention"
             "MDL-constant", "MDL-constant (B1+B2 records)")
 
 
+def _is_rate(k: str) -> bool:
+    return k.startswith(("rate_", "high_risk_")) or k == "MDL accuracy"
+
+
+def _uses(P) -> dict:
+    """{statistic: the conditions whose Se / Sp it depends on}: a condition counts where moving its
+    Se or Sp moves the statistic (a difference of two answers that are one answer uses neither)."""
+    base = {k: (np.full((1, 1), 0.8), np.full((1, 1), 0.8)) for k in CONDITIONS}
+    one = np.ones((1, len(P)))
+    ref = _stats(*_labels(P, base), one, P)
+    out = {k: [] for k in ref}
+    for cond in CONDITIONS:
+        for shift in ((0.05, 0.0), (0.0, 0.05)):
+            moved = dict(base, **{cond: (base[cond][0] + shift[0], base[cond][1] + shift[1])})
+            s = _stats(*_labels(P, moved), one, P)
+            for k in ref:
+                if abs(float(s[k][0]) - float(ref[k][0])) > 1e-9 and cond not in out[k]:
+                    out[k].append(cond)
+    return out
+
+
 def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
-    """Per dataset: raw and corrected rates and every compared difference, with intervals and the share
-    of re-drawn label sets in which the raw sign holds (module docstring)."""
+    """Per dataset: raw and judge-error-corrected rates and every compared difference (module docstring).
+
+    Args:
+      ev: the run's records with the judge's verdicts in ``judge_col``.
+      gv: the judged gold set (``judges.load_gold_verdicts``).
+      judge: the judge's name in ``gv`` (column ``judge_<name>``).
+      judge_col: the verdict column of ``ev``.
+      n_draws: draws (each one Se / Sp per condition and one question-bootstrap resample).
+      seed: their seed.
+
+    Returns:
+      {dataset: {"confusion", "identification" ({condition: ``identification``}), "n", "n_questions",
+      "rogan_gladen" ({B1, B2}: the clipped Rogan–Gladen rate, nan where not identified), "method",
+      "stats": {statistic: {"raw", "corrected", "ci", "identified", "uses", "clipped", ["sign_holds"],
+      ["not_identified"]}}}}; "corrected" is the matrix-method estimate at the gold set's Se / Sp (rates
+      clipped to [0, 1], differences to [−1, 1]), "ci" the 2.5 / 97.5 percentiles of the draws, and
+      "sign_holds" (compared differences) the share of draws with the raw difference's sign; all three
+      nan where a condition the statistic uses is not identified. A dataset without gold answers in both
+      conditions gets {"note"} only.
+    """
     conf = confusion(gv, judge)
     out: dict = {}
     if judge_col not in ev or ev[judge_col].isna().all():
@@ -268,25 +383,46 @@ def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, s
     P_all = paired_frame(ev, judge_col)
     for ds in sorted(P_all["dataset"].unique()):
         c = conf.get(ds, {})
-        if not all(k in c for k in ("memory", "no memory")):
+        if not all(k in c for k in CONDITIONS):
             out[ds] = {"note": "no gold answers of this dataset in both conditions"}
             continue
         P = P_all[P_all["dataset"] == ds].reset_index(drop=True)
         one = np.ones((1, len(P)))
         r1, r2, r3 = (P[x].to_numpy(np.float64)[None, :] for x in ("h1", "h2", "h3"))
         raw = _stats(r1, r2, r3, one, P)
-        lab = _stats(*relabel(P, c, n_draws=n_draws, seed=seed), P)
+        ident = {k: identification(c[k], seed=seed) for k in CONDITIONS}
+        point_se_sp = {k: (np.full((1, 1), c[k]["se"]), np.full((1, 1), c[k]["sp"])) for k in CONDITIONS}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            point = _stats(*_labels(P, point_se_sp), one, P)
         boot = _stats(*relabel(P, c, n_draws=n_draws, seed=seed + 7, bootstrap=True), P)
-        d: dict = {"confusion": c, "n": int(len(P)), "n_questions": int(P["qid"].nunique()),
-                   "rogan_gladen": {s: rogan_gladen(float(P[f"h{s[1]}"].mean()), c[cond]["se"], c[cond]["sp"])
-                                    for s, cond in (("B1", "no memory"), ("B2", "memory"))}}
+        uses = _uses(P)
+        rg = {}
+        for s, cond in (("B1", "no memory"), ("B2", "memory")):
+            q = float(P[f"h{s[1]}"].mean())
+            rg[s] = rogan_gladen(q, c[cond]["se"], c[cond]["sp"]) if ident[cond]["identified"] else float("nan")
+        d: dict = {"confusion": c, "identification": ident, "n": int(len(P)),
+                   "n_questions": int(P["qid"].nunique()), "rogan_gladen": rg, "method": METHOD}
         for k in raw:
             r = float(raw[k][0])
-            d.setdefault("stats", {})[k] = {
-                "raw": r, "corrected": float(np.mean(lab[k])),
-                "ci": [float(np.percentile(boot[k], 2.5)), float(np.percentile(boot[k], 97.5))],
-                **({"sign_holds": float(np.mean(np.sign(lab[k]) == np.sign(r))) if r != 0 else float("nan")}
-                   if k in COMPARED else {})}
+            lo_, hi_ = (0.0, 1.0) if _is_rate(k) else (-1.0, 1.0)
+            bad = [cond for cond in uses[k] if not ident[cond]["identified"]]
+            s: dict = {"raw": r, "identified": not bad, "uses": uses[k]}
+            if bad:
+                s.update(corrected=float("nan"), ci=[float("nan")] * 2, clipped=False,
+                         not_identified=" and ".join(
+                             f"Se + Sp − 1 {'with' if cond == 'memory' else 'without'} memory "
+                             f"({J_QUANTILE:.0%} quantile {ident[cond]['j_q05']:+.2f} ≤ {J_FLOOR:.2f})" for cond in bad))
+                if k in COMPARED:
+                    s["sign_holds"] = float("nan")
+            else:
+                p = float(point[k][0])
+                b = boot[k][np.isfinite(boot[k])]
+                ci = np.percentile(b, [2.5, 97.5]) if len(b) else np.full(2, np.nan)
+                s.update(corrected=float(np.clip(p, lo_, hi_)), ci=[float(x) for x in np.clip(ci, lo_, hi_)],
+                         clipped=bool(p < lo_ or p > hi_))
+                if k in COMPARED:
+                    s["sign_holds"] = float(np.mean(np.sign(b) == np.sign(r))) if r != 0 and len(b) else float("nan")
+            d.setdefault("stats", {})[k] = s
         out[ds] = d
     return out
 
@@ -423,7 +559,7 @@ def headline(res: dict) -> dict:
         for ds, e in r.get("judge_error", {}).items():
             if "stats" in e:
                 s = e["stats"]
-                hj.setdefault("corrected", {})[ds] = {k: {kk: s[k][kk] for kk in ("raw", "corrected", "ci", "sign_holds")
+                hj.setdefault("corrected", {})[ds] = {k: {kk: s[k][kk] for kk in ("raw", "corrected", "ci", "sign_holds", "identified")
                                                          if kk in s[k]} for k in COMPARED}
         h["by_judge"][j] = hj
     for c in rg.get("comparisons", []):
@@ -468,6 +604,80 @@ def power_md(comparisons: list[dict]) -> str:
     return "\n".join(lines)
 
 
+JUDGE_ERROR_INTRO = (
+    "Sensitivity (Se) and specificity (Sp) of each judge per dataset and condition come from the shipped "
+    "gold set (`mdl_jax/analysis/resources/gold_verdicts.jsonl`: the 482 gold answers judged by the "
+    "current judges; all splits; the `ref` judge's rules were written reading the dev half, so its "
+    "error is if anything understated). Corrected = the matrix method (Rogan–Gladen) per cell (system × "
+    "B3 action × condition): a judged rate q becomes (q + Sp − 1) / (Se + Sp − 1) with the Se, Sp of the "
+    "answers' condition, so every subset and mixture (B3, the high-risk tier, the oracle's accuracy) is "
+    "corrected from its own judged rates; rates are clipped to [0, 1] when printed. The interval: "
+    f"{N_DRAWS:,} draws, each one Se/Sp pair per condition from the Beta posteriors (B2's and B3's "
+    "with-memory answers share one, B1's and B3's without-memory answers the other) and one question-"
+    "bootstrap resample; 'sign holds' = share of those draws (gold uncertainty and sampling together) "
+    f"whose difference has the raw sign. Where Se + Sp − 1 of a condition has its {J_QUANTILE:.0%} posterior quantile "
+    f"≤ {J_FLOOR:.2f} the judge carries too little information there to invert: every quantity that "
+    "uses those answers reads **not identified** (no corrected value, no sign share).")
+
+
+def _cond(cond: str) -> str:
+    return "with memory" if cond == "memory" else "without memory"
+
+
+def _youden_md(cf: dict, idf: dict, cond: str) -> str:
+    j = cf[cond]["se"] + cf[cond]["sp"] - 1
+    i = idf.get(cond)
+    if i is None:
+        return f"{j:.2f}"
+    return (f"{j:.2f} ({J_QUANTILE:.0%} quantile {i['j_q05']:+.2f}"
+            + ("" if i["identified"] else f", **not identified** {_cond(cond)}") + ")")
+
+
+def _rg_md(x) -> str:
+    return "not identified" if x is None or not np.isfinite(x) else f"{x:.3f}"
+
+
+def judge_error_md(judge: str, je: dict | None) -> list[str]:
+    """The Markdown lines of one judge's judge-error correction (``judge_error``'s output), a table per
+    dataset; a quantity that is not identified reads so instead of a number.
+
+    Args:
+      judge: the judge's name.
+      je: ``judge_error(...)`` for that judge, or None / {} where no gold set was available.
+
+    Returns:
+      The lines, each table followed by an empty line.
+    """
+    if not je:
+        return [f"`{judge}` judge: no judged gold set available, no correction.", ""]
+    L: list[str] = []
+    for ds, d in je.items():
+        if "stats" not in d:
+            L += [f"`{judge}` judge, {ds}: {d.get('note')}", ""]
+            continue
+        cf, idf = d["confusion"], d.get("identification", {})
+        rg = d["rogan_gladen"]
+        L += [f"**`{judge}` judge, {ds}** (gold: with memory n = {cf['memory']['n']}, Se {cf['memory']['se']:.2f}, "
+              f"Sp {cf['memory']['sp']:.2f}, agreement {cf['memory']['agreement']:.2f}; without memory n = "
+              f"{cf['no memory']['n']}, Se {cf['no memory']['se']:.2f}, Sp {cf['no memory']['sp']:.2f}, "
+              f"agreement {cf['no memory']['agreement']:.2f}; Se + Sp − 1 = {_youden_md(cf, idf, 'memory')} / "
+              f"{_youden_md(cf, idf, 'no memory')}, 0 = no information; Rogan–Gladen B1 {_rg_md(rg['B1'])}, "
+              f"B2 {_rg_md(rg['B2'])})", "",
+              "| quantity | raw | corrected [95%: gold + questions] | sign holds in |", "|---|---|---|---|"]
+        for k, s in d["stats"].items():
+            if not s.get("identified", True):
+                why = " and ".join(_cond(c) for c in s.get("uses", [])
+                                   if not idf.get(c, {}).get("identified", True))
+                L.append(f"| {k} | {s['raw']:+.3f} | not identified ({why}) | "
+                         f"{'not identified' if k in COMPARED else '–'} |")
+                continue
+            clip = " (clipped)" if s.get("clipped") else ""
+            L.append(f"| {k} | {s['raw']:+.3f} | {s['corrected']:+.3f}{clip} {_ci(s['ci'])} | "
+                     f"{_pct(s.get('sign_holds'))} |")
+        L.append("")
+    return L
+
+
 def rigour_md(rg: dict, by_judge_head: dict) -> str:
     """The 'What this design can detect' section (ANALYSIS.md, and REPORT.md after Table 4)."""
     L = ["The minimum detectable difference (MDE) is the smallest true difference this run's design "
@@ -502,36 +712,9 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
                   "B2's answer × (1 − abstained questions / questions)): " + "; ".join(
                       f"{ds} {d['diff']:+.3f} {_ci(d['ci'])}, MDE {_mde(d['mde'])}: **{d['verdict']}**"
                       for ds, d in r["b3_vs_random"].items()) + ".", ""]
-    L += ["### Judge error: corrected rates and how often each sign survives", "",
-          "Sensitivity (Se) and specificity (Sp) of each judge per dataset and condition come from the shipped "
-          "gold set (`mdl_jax/analysis/resources/gold_verdicts.jsonl`: the 482 gold answers judged by the "
-          "current judges; all splits; the `ref` judge's rules were written reading the dev half, so its "
-          "error is if anything understated). Corrected = the mean over "
-          f"{N_DRAWS:,} re-drawn label sets (Se, Sp from their Beta posteriors, each answer's true label "
-          "from P(hallucinated | verdict), paired answers sharing one draw); the interval adds a question "
-          "bootstrap; 'sign holds' = share of re-drawn label sets whose difference has the raw sign.", ""]
+    L += ["### Judge error: corrected rates and how often each sign survives", "", JUDGE_ERROR_INTRO, ""]
     for j, r in rg["by_judge"].items():
-        je = r.get("judge_error")
-        if not je:
-            L += [f"`{j}` judge: no judged gold set available, no correction.", ""]
-            continue
-        for ds, d in je.items():
-            if "stats" not in d:
-                L += [f"`{j}` judge, {ds}: {d.get('note')}", ""]
-                continue
-            cf = d["confusion"]
-            L += [f"**`{j}` judge, {ds}** (gold: with memory n = {cf['memory']['n']}, Se {cf['memory']['se']:.2f}, "
-                  f"Sp {cf['memory']['sp']:.2f}, agreement {cf['memory']['agreement']:.2f}; without memory n = "
-                  f"{cf['no memory']['n']}, Se {cf['no memory']['se']:.2f}, Sp {cf['no memory']['sp']:.2f}, "
-                  f"agreement {cf['no memory']['agreement']:.2f}; Se + Sp − 1 = {cf['memory']['se'] + cf['memory']['sp'] - 1:.2f} / "
-                  f"{cf['no memory']['se'] + cf['no memory']['sp'] - 1:.2f}, 0 = no information; Rogan–Gladen B1 "
-                  f"{d['rogan_gladen']['B1']:.3f}, B2 {d['rogan_gladen']['B2']:.3f})", "",
-                  "| quantity | raw | corrected [95%: gold + questions] | sign holds in |", "|---|---|---|---|"]
-            for k, s in d["stats"].items():
-                sh = s.get("sign_holds")
-                L.append(f"| {k} | {s['raw']:+.3f} | {s['corrected']:+.3f} {_ci(s['ci'])} | "
-                         f"{_pct(sh)} |")
-            L.append("")
+        L += judge_error_md(j, r.get("judge_error"))
     L += ["### Can the design test RQ2–RQ3 with this reader and judge?", "",
           f"Testable needs (i) judge–gold agreement ≥ {MIN_AGREEMENT:.2f} with and without memory, (ii) the "
           f"reader correct without memory on ≥ {MIN_READER:.0%} of the gold set's no-memory answers (correct, not "
