@@ -170,3 +170,21 @@ def hub_records(repo: str, config: str | None, split: str | None, *,
     loaded = datasets.load_dataset(repo, config, split=split, **kwargs)
     parts = [(split, loaded)] if split is not None else list(loaded.items())
     return [(name, f"{repo}:{name}, record {i}", dict(r)) for name, ds in parts for i, r in enumerate(ds)]
+
+
+def hub_files(repo: str, filenames: list[str]) -> Path:
+    """Download files of a hub data-set repository (``huggingface_hub.hf_hub_download``, into its cache;
+    needs a network the first time) and return the folder holding them, laid out as upstream, so the local
+    reader reads them unchanged.
+
+    Args:
+        repo: the hub id, e.g. ``"HanNight/RAMDocs"``.
+        filenames: paths inside the repository.
+
+    Returns:
+        The snapshot folder the files are in.
+    """
+    from huggingface_hub import hf_hub_download  # a dependency of ``datasets``; imported on use
+
+    paths = [Path(hf_hub_download(repo, f, repo_type="dataset")) for f in filenames]
+    return paths[0].parent

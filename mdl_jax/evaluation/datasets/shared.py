@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, iter_jsonl, read_json
+from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, read_json
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -537,18 +537,31 @@ def read_poisonedrag(path: Path, split: str | None = None, limit: int | None = N
     return out
 
 
+def hub_ramdocs(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
+    """RAMDocs from the hub (``HanNight/RAMDocs``, the same ``RAMDocs_test.jsonl``; needs a network). Same
+    label rule as ``read_ramdocs``."""
+    return read_ramdocs(hub_files("HanNight/RAMDocs", ["RAMDocs_test.jsonl"]), split, limit)
+
+
+def hub_conflictqa(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
+    """ConflictQA's StrategyQA files from the hub (``osunlp/ConflictQA``, the same files; needs a network).
+    Same label rule as ``read_conflictqa``."""
+    names = [f"conflictQA-strategyQA-{m}.json" for m in _splits(split, CONFLICTQA_MODELS)]
+    return read_conflictqa(hub_files("osunlp/ConflictQA", names), split, limit)
+
+
 SPECS = (
     BenchmarkSpec("rgb_en_fact", read_rgb, "rgb_en_fact", "CC BY-NC-SA 4.0 (non-commercial, share-alike)",
                   "github.com/chen700564/RGB data/en_fact.json", (), RGB_MAX),
     BenchmarkSpec("ramdocs", read_ramdocs, "ramdocs", "MIT (Wikipedia text)",
-                  "github.com/HanNight/RAMDocs RAMDocs_test.jsonl", (), RAMDOCS_MAX),
+                  "github.com/HanNight/RAMDocs RAMDocs_test.jsonl (hub: HanNight/RAMDocs)", (), RAMDOCS_MAX, hub_ramdocs),
     BenchmarkSpec("nomiracl_en", read_nomiracl, "nomiracl_en", "Apache-2.0 (passages Wikipedia, CC BY-SA)",
                   "github.com/project-miracl/nomiracl results/baselines/{relevant,non_relevant}/en.test.vanilla_prompt.jsonl",
                   NOMIRACL_SPLITS, NOMIRACL_MAX),
     BenchmarkSpec("conflictqa_strategyqa", read_conflictqa, "conflictqa_strategyqa",
                   "Apache-2.0 (StrategyQA questions MIT)",
-                  "github.com/OSU-NLP-Group/LLM-Knowledge-Conflict conflictQA/conflictQA-strategyQA-*.json",
-                  CONFLICTQA_MODELS, CONFLICTQA_MAX),
+                  "github.com/OSU-NLP-Group/LLM-Knowledge-Conflict conflictQA/conflictQA-strategyQA-*.json "
+                  "(hub: osunlp/ConflictQA)", CONFLICTQA_MODELS, CONFLICTQA_MAX, hub_conflictqa),
     BenchmarkSpec("conflictnq", read_conflictnq, "conflictnq", "Apache-2.0 (NQ text CC BY-SA 3.0)",
                   "github.com/4-en/ConflictNQ dataset/conflict_nq_{test,val}.jsonl", CONFLICTNQ_SPLITS, CONFLICTNQ_MAX),
     BenchmarkSpec("selfaware", read_selfaware, "selfaware", "CC BY-SA 4.0 (share-alike)",
