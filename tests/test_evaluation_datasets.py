@@ -404,3 +404,33 @@ def test_hub_only_benchmarks_have_a_hub_reader_and_no_local_folder():
     assert set(HUB_BENCHMARKS) == {"clasheval", "faitheval", "conflictbank", "abstentionbench"}
     assert all(BENCHMARKS[n].hub is not None and not BENCHMARKS[n].folder for n in HUB_BENCHMARKS)
     assert all(BENCHMARKS[n].folder == n for n in SHARED_BENCHMARKS)
+
+
+def test_a_file_where_a_folder_is_expected_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"path: .*RAMDocs_test\.jsonl is a file; expected the folder"):
+        load_benchmark("ramdocs", path=ROOT / "ramdocs" / "RAMDocs_test.jsonl")
+
+
+def test_registering_refuses_a_taken_name_and_a_non_spec():
+    from mdl_jax.evaluation.datasets import BenchmarkSpec, register_benchmark, unregister_benchmark
+
+    with pytest.raises(ValueError, match="spec.name: 'ramdocs' is already registered"):
+        register_benchmark(dataclasses.replace(BENCHMARKS["ramdocs"]))
+    with pytest.raises(TypeError, match="spec: expected a BenchmarkSpec"):
+        register_benchmark({"name": "x"})
+    spec = register_benchmark(BenchmarkSpec("ramdocs_copy", BENCHMARKS["ramdocs"].read, "ramdocs", "MIT", "test"))
+    try:
+        assert load_benchmark("ramdocs_copy", limit=2) == _load("ramdocs", limit=2)
+        assert spec.label_rule == BENCHMARKS["ramdocs"].label_rule
+    finally:
+        unregister_benchmark("ramdocs_copy")
+    assert "ramdocs_copy" not in BENCHMARKS
+    with pytest.raises(ValueError, match="name: expected one of"):
+        unregister_benchmark("ramdocs_copy")
+
+
+def test_meta_is_read_only_all_the_way_down():
+    it = _load("nomiracl_en", limit=1)[0]
+    with pytest.raises(TypeError):
+        it.meta["baselines"]["gpt-4-azure"] = "x"
+    assert isinstance(it.meta["docids"], tuple)

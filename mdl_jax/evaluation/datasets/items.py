@@ -15,9 +15,18 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+def _freeze(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return types.MappingProxyType({k: _freeze(x) for k, x in v.items()})
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
 def frozen_mapping(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-    """A read-only view of a copy of ``d`` (items are frozen, so their ``meta`` is too)."""
-    return types.MappingProxyType(dict(d or {}))
+    """A read-only copy of ``d``, nested objects included (mappings become read-only views, lists tuples):
+    items are frozen, so their ``meta`` is too."""
+    return _freeze(dict(d or {}))
 
 
 @dataclasses.dataclass(frozen=True)
