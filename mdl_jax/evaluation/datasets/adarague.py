@@ -122,6 +122,14 @@ def _str_field(row: dict, field: str, where: str) -> str:
     return v
 
 
+def _probas(p: Any, where: str) -> tuple[float, float, float] | None:
+    if p is None:
+        return None
+    if not isinstance(p, list) or len(p) != 3:
+        raise DataError(f"{where}: extra.adaptive_rag_classifier.probas_ABC: expected three probabilities")
+    return float(p[0]), float(p[1]), float(p[2])
+
+
 def _item(row: dict, where: str) -> AdaRAGUEItem:
     source, split, qid = _str_field(row, "dataset", where), _str_field(row, "split", where), clean(row.get("qid"))
     golds = row.get("gold_answers")
@@ -145,7 +153,7 @@ def _item(row: dict, where: str) -> AdaRAGUEItem:
         not (a_no or a_one or a_multi), None, frozen_mapping(extra),
         source=source, split=split, answer_no_retrieval=no, answer_one_retrieval=one, answer_multi_retrieval=multi,
         passages=passages, classifier_option=clf.get("option"),
-        classifier_probas=tuple(float(p) for p in clf["probas_ABC"]) if clf.get("probas_ABC") else None,
+        classifier_probas=_probas(clf.get("probas_ABC"), where),
         wtr_giveup=wtr.get("giveup_uncertain"), seakr=frozen_mapping(extra["seakr"]) if "seakr" in extra else None,
         ircot_steps=extra.get("ircot_steps"))
 

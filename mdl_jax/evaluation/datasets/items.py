@@ -66,8 +66,8 @@ class BenchmarkItem:
     meta: Mapping[str, Any] = dataclasses.field(default_factory=frozen_mapping)
 
 
-Reader = Callable[[Path, "str | None", "int | None"], list[BenchmarkItem]]
-HubReader = Callable[["str | None", "int | None"], list[BenchmarkItem]]
+Reader = Callable[[Path, "str | None", "int | None"], Sequence[BenchmarkItem]]
+HubReader = Callable[["str | None", "int | None"], Sequence[BenchmarkItem]]
 
 _RULE_END = re.compile(r"^\s*(Args|Returns|Raises|Memory sets|Licence|Example|Examples|Note):\s*$")
 
