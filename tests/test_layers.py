@@ -22,6 +22,7 @@ LAYERS = [
     ("controller", ("mdl_jax", "mdl_jax.controller")),
     ("signals", ("mdl_jax.signals",)),
     ("gate", ("mdl_jax.gate",)),
+    ("evaluation", ("mdl_jax.evaluation",)),
     ("pipeline, serving, integrations", ("mdl_jax.pipeline", "mdl_jax.serving", "mdl_jax.integrations")),
     ("analysis", ("mdl_jax.analysis",)),
     ("command line", ("mdl_jax.cli", "mdl_jax.__main__", "mdl_jax.serve")),
@@ -172,3 +173,10 @@ def test_the_library_never_imports_the_command_line():
     users = [_rel(m) for m, deps in GRAPH.items() if layer_of(m) < layer_of("mdl_jax.cli")
              and any(t == "mdl_jax.cli" or t.startswith("mdl_jax.cli.") for t in deps)]
     assert not users, f"the command line is imported from below by {users}"
+
+
+def test_evaluation_sits_between_the_gate_and_the_pipeline():
+    # The harness may use the gate and the signals; the pipeline (and the reproduction) may use the harness.
+    ev = layer_of("mdl_jax.evaluation.datasets.registry")
+    assert layer_of("mdl_jax.gate.core") < ev < layer_of("mdl_jax.pipeline.data")
+    assert "mdl_jax.evaluation.datasets.files" in GRAPH["mdl_jax.pipeline.data"]

@@ -19,11 +19,13 @@ import dataclasses
 import functools
 import io
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-ENV_DATA_DIR = "MDL_JAX_DATA_DIR"
+# The data folder, its error type and the UTF-8 reader are shared with the benchmark loaders, one floor down.
+from mdl_jax.evaluation.datasets.files import ENV_DATA_DIR, DataError, default_data_dir
+from mdl_jax.evaluation.datasets.files import read_text as _read_text
+
 HUB = {
     "truthfulqa": ("truthfulqa/truthful_qa", "generation", "validation"),
     "halueval": ("pminervini/HaluEval", "qa", "data"),
@@ -44,10 +46,6 @@ REQUIRED = {
 DATASETS = tuple(HUB)
 
 
-class DataError(ValueError):
-    """A data file is missing or malformed; the message names the file and line."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Item:
     """One question with its reference answers, dataset-independent.
@@ -65,14 +63,6 @@ class Item:
     context: str = ""
 
 
-def default_data_dir() -> Path | None:
-    env = os.environ.get(ENV_DATA_DIR)
-    if env:
-        return Path(env)
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared beside the repo
-    return shared if shared.is_dir() else None
-
-
 def find_local(dataset: str, data_dir: str | Path | None) -> Path | None:
     """The local file for ``dataset`` in ``data_dir`` (or the default dir), else None (→ hub)."""
     d = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -85,16 +75,6 @@ def find_local(dataset: str, data_dir: str | Path | None) -> Path | None:
         if (d / (stem + ext)).is_file():
             return d / (stem + ext)
     raise DataError(f"{d}: no {stem}.csv / .jsonl / .parquet for dataset '{dataset}'")
-
-
-def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not a column name
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}, line {line}: bytes that are not UTF-8 ({e.reason} at byte {e.start}); "
-                        "expected a UTF-8 text file") from None
 
 
 def _read_csv(path: Path, dataset: str) -> list[tuple[int, dict]]:

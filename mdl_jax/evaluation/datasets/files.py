@@ -1,0 +1,190 @@
+"""Where benchmark and question files are found, and the readers that turn them into rows.
+
+The one place that knows the data folder: the explicit argument first, then ``MDL_JAX_DATA_DIR`` (and, for
+the benchmarks, ``MDL_JAX_BENCHMARK_DIR``), then the project's offline copy ``../shared/data`` beside the
+repository. Every defect in a file (not UTF-8, malformed JSON, a row that is not an object, a missing
+field) is a ``DataError`` that names the file, the line and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ENV_DATA_DIR = "MDL_JAX_DATA_DIR"
+ENV_BENCHMARK_DIR = "MDL_JAX_BENCHMARK_DIR"
+
+
+class DataError(ValueError):
+    """A data file is missing or malformed; the message names the file and line."""
+
+
+def default_data_dir() -> Path | None:
+    """``$MDL_JAX_DATA_DIR``, else ``../shared/data`` beside the repository when it exists, else None.
+
+    Returns:
+        The folder, or None when neither is set or present (callers then fall back to the hub).
+    """
+    env = os.environ.get(ENV_DATA_DIR)
+    if env:
+        return Path(env)
+    shared = Path(__file__).resolve().parents[4] / "shared" / "data"  # ../shared beside the repo
+    return shared if shared.is_dir() else None
+
+
+def benchmark_dir() -> Path | None:
+    """The folder holding one sub-folder per benchmark (``rgb_en_fact/``, ``ramdocs/``, ...).
+
+    ``$MDL_JAX_BENCHMARK_DIR`` when set; else ``benchmarks/`` inside ``default_data_dir()`` when it exists.
+
+    Returns:
+        The folder, or None when no local copy is configured or present.
+    """
+    env = os.environ.get(ENV_BENCHMARK_DIR)
+    if env:
+        return Path(env)
+    base = default_data_dir()
+    if base is None:
+        return None
+    folder = base / "benchmarks"
+    return folder if folder.is_dir() else None
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents (a byte-order mark is dropped).
+
+    Raises:
+        DataError: the file is missing or holds bytes that are not UTF-8 (the line is named).
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not a column name
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}, line {line}: bytes that are not UTF-8 ({e.reason} at byte {e.start}); "
+                        "expected a UTF-8 text file") from None
+
+
+def _kind(obj: Any) -> str:
+    return {type(None): "null", list: "an array", str: "a string", bool: "a boolean",
+            dict: "an object"}.get(type(obj), "a number")
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSON-lines file, in file order.
+
+    Raises:
+        DataError: malformed JSON, or a line that is not a JSON object (file and line named).
+    """
+    # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold raw
+    for n, line in enumerate(read_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object per line") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}, line {n}: expected a JSON object, got {_kind(obj)}")
+        yield n, obj
+
+
+def read_json(path: Path) -> Any:
+    """One JSON document.
+
+    Raises:
+        DataError: malformed JSON (the line is named).
+    """
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}, line {e.lineno}: malformed JSON ({e.msg}); expected one JSON document") from None
+
+
+def read_records(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) for every record of a local export of a hub split: ``.jsonl``, ``.json`` (an array of
+    objects, or one object per line) or ``.parquet``.
+
+    Args:
+        path: the file.
+
+    Returns:
+        One (``"<file>, line N"`` or ``"<file>, record N"``, row) pair per record, in file order.
+
+    Raises:
+        DataError: an unknown suffix, a malformed file, or a record that is not an object.
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq  # a dependency of ``datasets``; imported on use
+
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+        rows = pq.read_table(path).to_pylist()
+        return [(f"{path}, record {i}", r) for i, r in enumerate(rows)]
+    if suffix == ".jsonl":
+        return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
+    if suffix == ".json":
+        text = read_text(path)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
+        if isinstance(doc, dict):
+            doc = [doc]
+        if not isinstance(doc, list):
+            raise DataError(f"{path}: expected an array of objects, got {_kind(doc)}")
+        out = []
+        for i, r in enumerate(doc):
+            if not isinstance(r, dict):
+                raise DataError(f"{path}, record {i}: expected a JSON object, got {_kind(r)}")
+            out.append((f"{path}, record {i}", r))
+        return out
+    raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
+
+
+def hub_records(repo: str, config: str | None, split: str | None, *,
+                trust_remote_code: bool = False) -> list[tuple[str, str, dict]]:
+    """(split, where, row) for every record of a hub data set, through ``datasets.load_dataset`` (needs a
+    network the first time; the ``datasets`` library caches it after).
+
+    Args:
+        repo: the hub id, e.g. ``"Salesforce/FaithEval-unanswerable-v1.0"``.
+        config: the configuration name, or None for the default.
+        split: the split name, or None for every split in the order the hub lists them.
+        trust_remote_code: True for hub sets that are a loading script (those need a ``datasets`` release
+            that still runs scripts).
+
+    Returns:
+        One (split, ``"<repo>:<split>, record N"``, row) triple per record, in the hub's order.
+    """
+    import datasets  # heavy; imported on use
+
+    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
+    loaded = datasets.load_dataset(repo, config, split=split, **kwargs)
+    parts = [(split, loaded)] if split is not None else list(loaded.items())
+    return [(name, f"{repo}:{name}, record {i}", dict(r)) for name, ds in parts for i, r in enumerate(ds)]
+
+
+def hub_files(repo: str, filenames: list[str]) -> Path:
+    """Download files of a hub data-set repository (``huggingface_hub.hf_hub_download``, into its cache;
+    needs a network the first time) and return the folder holding them, laid out as upstream, so the local
+    reader reads them unchanged.
+
+    Args:
+        repo: the hub id, e.g. ``"HanNight/RAMDocs"``.
+        filenames: paths inside the repository.
+
+    Returns:
+        The snapshot folder the files are in.
+    """
+    from huggingface_hub import hf_hub_download  # a dependency of ``datasets``; imported on use
+
+    paths = [Path(hf_hub_download(repo, f, repo_type="dataset")) for f in filenames]
+    return paths[0].parent
