@@ -22,6 +22,7 @@ LAYERS = [
     ("controller", ("mdl_jax", "mdl_jax.controller")),
     ("signals", ("mdl_jax.signals",)),
     ("gate", ("mdl_jax.gate",)),
+    ("evaluation", ("mdl_jax.evaluation",)),
     ("pipeline, serving, integrations", ("mdl_jax.pipeline", "mdl_jax.serving", "mdl_jax.integrations")),
     ("analysis", ("mdl_jax.analysis",)),
     ("command line", ("mdl_jax.cli", "mdl_jax.__main__", "mdl_jax.serve")),
