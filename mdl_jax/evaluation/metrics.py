@@ -206,7 +206,15 @@ def auroc_weighted(score, pos, weights) -> np.ndarray:
 
 
 def _auroc(s: np.ndarray, y: np.ndarray) -> float:
-    return float(auroc_weighted(s, y, np.ones((1, len(s))))[0])
+    n = len(s)
+    n_pos = int(np.count_nonzero(y))
+    if n_pos == 0 or n_pos == n:
+        return NAN
+    ss = np.sort(s)
+    sp = s[y]
+    # a positive's 1-based rank, ties at their average: (#below + #at-or-below + 1) / 2
+    r = np.searchsorted(ss, sp, "left") + np.searchsorted(ss, sp, "right")
+    return float(((r.sum() + n_pos) / 2 - n_pos * (n_pos + 1) / 2) / (n_pos * (n - n_pos)))
 
 
 def _auprc(s: np.ndarray, y: np.ndarray) -> float:
@@ -627,6 +635,59 @@ def crag_score(correct, abstained) -> float:
     return _crag(c, _binary(abstained, "abstained", len(c)))
 
 
+# The library's own metrics, validated once and then recomputed on every resample through their kernel
+# (bootstrap and paired_difference look them up here; any other callable runs as given).
+def _prep_score_label(score, label):
+    s = _score(score, "score")
+    return s, _binary(label, "label", len(s))
+
+
+def _prep_correct_score(correct, score):
+    c = _binary(correct, "correct")
+    return c, _score(score, "score", len(c))
+
+
+def _prep_correct_abstained(correct, abstained):
+    c = _binary(correct, "correct")
+    return c, _binary(abstained, "abstained", len(c))
+
+
+def _prep_in_accuracy(retrieve, correct_with, correct_without):
+    r = _binary(retrieve, "retrieve")
+    return r, _binary(correct_with, "correct_with", len(r)), _binary(correct_without, "correct_without", len(r))
+
+
+def _prep_retrieval(score, correct_without, correct_with=None):
+    s = _score(score, "score")
+    return s, ~_binary(correct_without, "correct_without", len(s))  # the default rule, "adarague"
+
+
+_KERNELS: dict[Callable[..., Any], tuple[Callable[..., float], Callable[..., tuple]]] = {
+    auroc: (_auroc, _prep_score_label),
+    auprc: (_auprc, _prep_score_label),
+    abstention_precision: (_precision, _pair),
+    abstention_recall: (_recall, _pair),
+    abstention_f1: (_f1, _pair),
+    over_refusal_rate: (_over_refusal, _pair),
+    coverage: (_coverage, lambda abstained: (_binary(abstained, "abstained"),)),
+    selective_accuracy: (_selective_accuracy, _prep_correct_abstained),
+    selective_risk: (_selective_risk, _prep_correct_abstained),
+    aurc: (_aurc, _prep_correct_score),
+    crag_score: (_crag, _prep_correct_abstained),
+    in_accuracy: (_in_accuracy, _prep_in_accuracy),
+    retrieval_calls: (_mean, lambda calls: (_counts(calls, "calls"),)),
+    retrieval_auroc: (_auroc, _prep_retrieval),
+}
+
+
+def _kernel(metric: Callable[..., float], cols: list[np.ndarray]) -> tuple[Callable[..., float], list]:
+    fast = _KERNELS.get(metric)
+    if fast is None:
+        return metric, cols
+    kernel, prep = fast
+    return kernel, list(prep(*cols))
+
+
 # -------------------------------------------------------------------------- question-level intervals
 
 class Estimate(NamedTuple):
@@ -666,6 +727,9 @@ class Difference(NamedTuple):
     mde: float
 
 
+_CHUNK = 256  # resamples drawn per call of the generator
+
+
 class _Layout(NamedTuple):
     order: np.ndarray   # records sorted by question
     starts: np.ndarray  # (G,) first position of each question in ``order``
@@ -689,11 +753,13 @@ def _resamples(lay: _Layout, n_boot: int, seed: int) -> Iterator[np.ndarray]:
     """Record indices of ``n_boot`` resamples, each G questions drawn with replacement (all their records)."""
     G = len(lay.sizes)
     rng = np.random.default_rng(seed)
-    for _ in range(n_boot):
-        d = rng.integers(0, G, size=G)
-        lens = lay.sizes[d]
-        pos = np.repeat(lay.starts[d] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
-        yield lay.order[pos]
+    for b0 in range(0, n_boot, _CHUNK):
+        d = rng.integers(0, G, size=(min(_CHUNK, n_boot - b0), G))
+        lens = lay.sizes[d].ravel()
+        end = np.cumsum(lens)
+        # each drawn question's records, at their places in the concatenation of the chunk's resamples
+        pos = np.repeat(lay.starts[d].ravel() - (end - lens), lens) + np.arange(end[-1])
+        yield from np.split(lay.order[pos], end[G - 1::G][:-1])
 
 
 def _interval(est: np.ndarray, level: float) -> tuple[float, float]:
@@ -773,10 +839,11 @@ def bootstrap(metric: Callable[..., float], *columns, groups=None, n_boot: int =
     n = len(cols[0])
     lay = _layout(groups, n)
     G = len(lay.sizes)
-    value = float(metric(*cols))
+    fn, cols = _kernel(metric, cols)
+    value = float(fn(*cols))
     if G < 2:
         return Estimate(value, NAN, NAN, n, G)
-    est = np.array([metric(*(c[i] for c in cols)) for i in _resamples(lay, n_boot, seed)], np.float64)
+    est = np.array([fn(*(c[i] for c in cols)) for i in _resamples(lay, n_boot, seed)], np.float64)
     return Estimate(value, *_interval(est, level), n, G)
 
 
@@ -807,10 +874,12 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
     b = _columns(cols_b, "cols_b", n)
     lay = _layout(groups, n)
     G = len(lay.sizes)
-    value = float(metric(*a)) - float(metric(*b))
+    fn, a = _kernel(metric, a)
+    _, b = _kernel(metric, b)
+    value = float(fn(*a)) - float(fn(*b))
     if G < 2:
         return Difference(value, NAN, NAN, n, G, NAN, NAN)
-    d = np.array([float(metric(*(c[i] for c in a))) - float(metric(*(c[i] for c in b)))
+    d = np.array([float(fn(*(c[i] for c in a))) - float(fn(*(c[i] for c in b)))
                   for i in _resamples(lay, n_boot, seed)], np.float64)
     d = d[np.isfinite(d)]
     se = float(d.std(ddof=1)) if len(d) > 1 else NAN
