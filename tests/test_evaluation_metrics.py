@@ -271,6 +271,8 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="nope"), "label"),
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", groups=[1, 2, 3]), "groups"),
     (lambda: m.evaluate({"s": [0.1, 0.2]}, gates=["s"]), "label"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"t": 0.5}), "thresholds"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", higher_is="up"), "higher_is"),
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], correct_with="y"), "correct_without"),
 ])
 def test_bad_input_is_a_value_error_naming_the_argument(call, arg):

@@ -888,14 +888,16 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
 
 # --------------------------------------------------------------------------------------- evaluate
 
-def _take(table, key, what: str, n: int | None) -> np.ndarray | None:
-    if key is None:
-        return None
+def _get(table, key, what: str, n: int | None) -> np.ndarray:
     if isinstance(key, str):
         if key not in table:
             raise ValueError(f"{what}: no column {key!r} in the table (columns: {sorted(map(str, table))})")
         key = table[key]
     return _column(key, what, n)
+
+
+def _take(table, key, what: str, n: int) -> np.ndarray | None:
+    return None if key is None else _get(table, key, what, n)
 
 
 def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, groups=None, correct=None,
@@ -956,20 +958,23 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
         gates = {str(g): g for g in gates}
     if not gates:
         raise ValueError("gates: expected at least one gate column")
+    for what, per_gate in (("thresholds", thresholds), ("higher_is", higher_is)):
+        if isinstance(per_gate, Mapping) and set(per_gate) - set(gates):
+            raise ValueError(f"{what}: names no gate in gates: {sorted(set(per_gate) - set(gates))}")
     if (correct_with is None) != (correct_without is None):
         raise ValueError("correct_with, correct_without: give both (the answers with and without retrieval) "
                          "or neither")
     if label is None and correct is None and correct_with is None:
         raise ValueError("label, correct, correct_with/correct_without: give at least one to score the gates "
                          "against")
-    raw = {name: _take(table, col, f"gates[{name!r}]", None) for name, col in gates.items()}
+    raw = {name: _get(table, col, f"gates[{name!r}]", None) for name, col in gates.items()}
     n = len(next(iter(raw.values())))
     y = None if label is None else _binary(_take(table, label, "label", n), "label")
     c = None if correct is None else _binary(_take(table, correct, "correct", n), "correct")
     cw = None if correct_with is None else _binary(_take(table, correct_with, "correct_with", n), "correct_with")
     cwo = (None if correct_without is None else
            _binary(_take(table, correct_without, "correct_without", n), "correct_without"))
-    oracle = None if cwo is None else _oracle(cwo, cw, rule)
+    retrieval = None if cw is None or cwo is None else (cw, cwo, _oracle(cwo, cw, rule))
     g = _take(table, groups, "groups", n)
 
     jobs: list[tuple[str, str, Callable[..., float], tuple[np.ndarray, ...]]] = []
@@ -981,7 +986,7 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
         thr = thresholds.get(name) if isinstance(thresholds, Mapping) else thresholds
         if thr is not None:
             dec = s >= sign * float(thr)
-        elif col.dtype == bool or np.isin(s * sign, (0.0, 1.0)).all():
+        elif np.isin(s * sign, (0.0, 1.0)).all():  # a binary column: its own decision (1 = positive)
             dec = (s * sign == 1.0) if sign > 0 else (s * sign == 0.0)
         else:
             dec = None
@@ -1000,10 +1005,11 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
                 jobs += [(name, "selective_accuracy", _selective_accuracy, (c, dec)),
                          (name, "selective_risk", _selective_risk, (c, dec)),
                          (name, "crag_score", _crag, (c, dec))]
-        if oracle is not None:
+        if retrieval is not None:
+            with_, without, oracle = retrieval
             jobs.append((name, "retrieval_auroc", _auroc, (-s, oracle)))
             if dec is not None:
-                jobs += [(name, "in_accuracy", _in_accuracy, (~dec, cw, cwo)),
+                jobs += [(name, "in_accuracy", _in_accuracy, (~dec, with_, without)),
                          (name, "retrieval_calls", _mean, ((~dec).astype(np.float64),))]
 
     lay = _layout(g, n)
