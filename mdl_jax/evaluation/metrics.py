@@ -695,7 +695,8 @@ class Estimate(NamedTuple):
 
     Attributes:
       value: the metric on all records.
-      lo, hi: the interval's ends; NaN with fewer than 2 questions or no finite resample.
+      lo: the interval's lower end; NaN with fewer than 2 questions or no finite resample.
+      hi: its upper end.
       n: records.
       n_groups: questions (the resampled units).
     """
@@ -712,8 +713,10 @@ class Difference(NamedTuple):
 
     Attributes:
       value: metric(gate a) − metric(gate b) on all records.
-      lo, hi: its question-bootstrap percentile interval.
-      n, n_groups: records, questions.
+      lo: the lower end of its question-bootstrap percentile interval.
+      hi: the upper end.
+      n: records.
+      n_groups: questions.
       se: the bootstrap standard error of the difference (the resamples' standard deviation).
       mde: the minimum detectable difference at 80% power, two-sided α = 0.05 (``mde_for``).
     """
@@ -858,7 +861,9 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
       cols_a: gate a's columns for ``metric`` (a sequence of (N,) arrays, or one array).
       cols_b: gate b's columns, the same records in the same order.
       groups: (N,) question ids; None: every record its own question.
-      n_boot, seed, level: as ``bootstrap``.
+      n_boot: resamples.
+      seed: the resampling seed.
+      level: the interval's confidence level.
 
     Returns:
       ``Difference(value, lo, hi, n, n_groups, se, mde)``: se is the standard deviation of the
@@ -931,12 +936,15 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
       label: column name or (N,) binary array: 1 = should not adopt / should abstain.
       groups: column name or (N,) question ids; None: every record its own question.
       correct: column name or (N,) binary: the answer given when answering is right.
-      correct_with, correct_without: column names or (N,) binary: the answer with / without retrieval
-        (the memories) is right; both or neither.
+      correct_with: column name or (N,) binary: the answer with retrieval (the memories) is right;
+        give it with ``correct_without`` or not at all.
+      correct_without: column name or (N,) binary: the answer without retrieval is right.
       thresholds: one threshold for every gate, or {gate name: threshold}; None: binary gates only.
       higher_is: "positive" or "negative", for every gate or as {gate name: ...} (default "positive").
       rule: the retrieval oracle's rule ("adarague" or "helps"; ``retrieval_oracle``).
-      n_boot, seed, level: as ``bootstrap``.
+      n_boot: resamples.
+      seed: the resampling seed (shared by every gate and metric).
+      level: the intervals' confidence level.
       as_frame: return a pandas DataFrame (True), or a dict of lists (False); None: a DataFrame when
         ``table`` is one.
 
@@ -1060,9 +1068,11 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     """95% percentile CI of mean(a) − mean(b) over paired records, resampling whole questions.
 
     Args:
-      a, b: (N,) per-record values of two systems on the same records.
+      a: (N,) per-record values of one system.
+      b: (N,) the other system's on the same records.
       groups: (N,) question ids.
-      n_boot, seed: resamples and their seed.
+      n_boot: resamples.
+      seed: their seed.
 
     Returns:
       (lo, hi); NaN for fewer than 2 questions.
@@ -1112,7 +1122,8 @@ def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tu
 
     Args:
       x: (N,) per-record values.
-      n_boot, seed: resamples and their seed.
+      n_boot: resamples.
+      seed: their seed.
       groups: (N,) question ids: whole questions are resampled (use it whenever records share a
         question); None: records are resampled with replacement.
 
