@@ -124,6 +124,19 @@ def test_bootstrap_moves_whole_questions():
     assert one.value == 2.0 and math.isnan(one.lo) and math.isnan(one.hi) and one.n_groups == 1
 
 
+def test_bootstrap_of_a_library_metric_equals_the_same_metric_called_as_any_function(rng):
+    # the library's metrics are validated once and recomputed through their kernels: the same numbers
+    n = 60
+    s, y, c, a, g = rng.normal(size=n), rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 2, n), \
+        np.repeat(np.arange(20), 3)
+    for metric, cols in ((m.auroc, (s, y)), (m.auprc, (s, y)), (m.aurc, (c, s)), (m.crag_score, (c, a)),
+                         (m.abstention_f1, (a, y)), (m.coverage, (a,)), (m.in_accuracy, (a, c, y)),
+                         (m.retrieval_calls, (a,)), (m.retrieval_auroc, (s, c)), (m.selective_risk, (c, a))):
+        fast = m.bootstrap(metric, *cols, groups=g, n_boot=50)
+        plain = m.bootstrap(lambda *x, f=metric: f(*x), *cols, groups=g, n_boot=50)
+        assert fast == plain, metric.__name__
+
+
 def _clustered(rng, T, G, k, mu, su, se):
     """T data sets of G questions × k records: label per question, score = mu·label + u_question + e."""
     y = np.repeat(rng.integers(0, 2, (T, G)), k, axis=1)
@@ -248,6 +261,11 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     out = m.evaluate(t, gates=["mdl"], label="label", correct="correct", n_boot=20)
     assert isinstance(out, pd.DataFrame)
     assert sorted(out["metric"]) == ["auprc", "aurc", "auroc"]
+    # a user's scores as an array beside a column of the table
+    mine = rng.normal(size=len(t))
+    both = m.evaluate(t, gates={"MDL": "mdl", "mine": mine}, label="label", n_boot=20, as_frame=False)
+    assert both["gate"] == ["MDL", "MDL", "mine", "mine"]
+    assert both["value"][2] == m.auroc(mine, t["label"])
     assert out["n_groups"].iloc[0] == len(t)  # no groups: every record its own question
 
 

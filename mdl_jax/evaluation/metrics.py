@@ -168,6 +168,33 @@ def _mean(x: np.ndarray) -> float:
     return float(x.mean()) if len(x) else NAN
 
 
+def _prep_score_label(score, label):
+    s = _score(score, "score")
+    return s, _binary(label, "label", len(s))
+
+
+def _prep_correct_score(correct, score):
+    c = _binary(correct, "correct")
+    return c, _score(score, "score", len(c))
+
+
+def _prep_correct_abstained(correct, abstained):
+    c = _binary(correct, "correct")
+    return c, _binary(abstained, "abstained", len(c))
+
+
+def _prep_in_accuracy(retrieve, correct_with, correct_without):
+    r = _binary(retrieve, "retrieve")
+    return r, _binary(correct_with, "correct_with", len(r)), _binary(correct_without, "correct_without", len(r))
+
+
+def _prep_retrieval(score, correct_without, correct_with=None):
+    s = _score(score, "score")
+    if correct_with is not None:  # checked, though the default rule, "adarague", does not read it
+        _binary(correct_with, "correct_with", len(s))
+    return s, ~_binary(correct_without, "correct_without", len(s))
+
+
 # ------------------------------------------------------------------------------ ranking: AUROC, AUPRC
 
 def auroc_weighted(score, pos, weights) -> np.ndarray:
@@ -477,8 +504,7 @@ def selective_accuracy(correct, abstained) -> float:
     Raises:
       ValueError: a column not binary or not 1-D, or lengths that differ, naming the argument.
     """
-    c = _binary(correct, "correct")
-    return _selective_accuracy(c, _binary(abstained, "abstained", len(c)))
+    return _selective_accuracy(*_prep_correct_abstained(correct, abstained))
 
 
 def selective_risk(correct, abstained) -> float:
@@ -494,8 +520,7 @@ def selective_risk(correct, abstained) -> float:
     Raises:
       ValueError: as ``selective_accuracy``.
     """
-    c = _binary(correct, "correct")
-    return _selective_risk(c, _binary(abstained, "abstained", len(c)))
+    return _selective_risk(*_prep_correct_abstained(correct, abstained))
 
 
 def aurc(correct, score, *, higher_is: str = "positive") -> float:
@@ -552,9 +577,7 @@ def in_accuracy(retrieve, correct_with, correct_without) -> float:
     Raises:
       ValueError: a column not binary or not 1-D, or lengths that differ, naming the argument.
     """
-    r = _binary(retrieve, "retrieve")
-    return _in_accuracy(r, _binary(correct_with, "correct_with", len(r)),
-                        _binary(correct_without, "correct_without", len(r)))
+    return _in_accuracy(*_prep_in_accuracy(retrieve, correct_with, correct_without))
 
 
 def retrieval_calls(calls) -> float:
@@ -631,37 +654,11 @@ def crag_score(correct, abstained) -> float:
     Raises:
       ValueError: a column not binary or not 1-D, or lengths that differ, naming the argument.
     """
-    c = _binary(correct, "correct")
-    return _crag(c, _binary(abstained, "abstained", len(c)))
+    return _crag(*_prep_correct_abstained(correct, abstained))
 
 
 # The library's own metrics, validated once and then recomputed on every resample through their kernel
 # (bootstrap and paired_difference look them up here; any other callable runs as given).
-def _prep_score_label(score, label):
-    s = _score(score, "score")
-    return s, _binary(label, "label", len(s))
-
-
-def _prep_correct_score(correct, score):
-    c = _binary(correct, "correct")
-    return c, _score(score, "score", len(c))
-
-
-def _prep_correct_abstained(correct, abstained):
-    c = _binary(correct, "correct")
-    return c, _binary(abstained, "abstained", len(c))
-
-
-def _prep_in_accuracy(retrieve, correct_with, correct_without):
-    r = _binary(retrieve, "retrieve")
-    return r, _binary(correct_with, "correct_with", len(r)), _binary(correct_without, "correct_without", len(r))
-
-
-def _prep_retrieval(score, correct_without, correct_with=None):
-    s = _score(score, "score")
-    return s, ~_binary(correct_without, "correct_without", len(s))  # the default rule, "adarague"
-
-
 _KERNELS: dict[Callable[..., Any], tuple[Callable[..., float], Callable[..., tuple]]] = {
     auroc: (_auroc, _prep_score_label),
     auprc: (_auprc, _prep_score_label),
