@@ -28,7 +28,8 @@ import numpy as np
 
 from mdl_jax.analysis.oracle import degenerate, question_folds, recalibrate, score, stratified_folds
 from mdl_jax.analysis.stats import ci_md as _ci
-from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import paired_t, question_ids
+from mdl_jax.evaluation.metrics import cluster_bootstrap_diff
 
 ABLATIONS = (
     ("w/o α gating", {"alpha_gating": False}),

@@ -38,7 +38,8 @@ import numpy as np
 
 from mdl_jax.analysis.oracle import recalibrate, score
 from mdl_jax.analysis.stats import ci_md as _ci
-from mdl_jax.analysis.stats import cluster_bootstrap_diff, paired_t, question_ids
+from mdl_jax.analysis.stats import paired_t, question_ids
+from mdl_jax.evaluation.metrics import cluster_bootstrap_diff
 
 SIGNALS = ("M", "R", "A")
 SUBSETS = (("M",), ("R",), ("A",), ("M", "R"), ("M", "A"), ("R", "A"), ("M", "R", "A"))

@@ -195,7 +195,7 @@ def _features(P, cal, scores: dict, judge: str):
 def _decision_accuracy(adopt_q, P, pooled, y, qids, corr_out: list | None = None) -> tuple[float, tuple[float, float]]:
     """Accuracy of a per-(question, seed) adopt over the pooled records of those (question, seed).
     ``corr_out``: a list that receives (correct (n,), mask (N pooled,)) for further comparison."""
-    from mdl_jax.analysis.stats import cluster_bootstrap_diff
+    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff
 
     idx = {k: i for i, k in enumerate(zip(P["dataset"], P["qid"], P["seed"]))}
     pos = np.array([idx.get(k, -1) for k in zip(pooled["dataset"], pooled["qid"], pooled["seed"])])
@@ -437,7 +437,7 @@ def _accuracy_row(adopt_q, pos, y, qids, seeds, with_constant: bool = True) -> d
     """Decision accuracy of a per-(question, seed) ``adopt_q`` (len(P),) over the pooled records ``pos``
     (index into ``adopt_q`` per pooled record, −1 = not paired) with labels ``y``, question bootstrap CI,
     and its paired difference from the records' majority label (``rigour.design``)."""
-    from mdl_jax.analysis.stats import cluster_bootstrap_diff
+    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff
 
     m = pos >= 0
     corr = (np.asarray(adopt_q)[pos[m]] == y[m]).astype(float)

@@ -50,7 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from mdl_jax.analysis.stats import Z_A, Z_B, cluster_se, mde, power, verdict  # noqa: F401  (re-exported)
+from mdl_jax.analysis.stats import power, verdict
+from mdl_jax.evaluation.metrics import (  # noqa: F401  (re-exported)
+    Z_A,
+    Z_B,
+    auroc_weighted,
+    cluster_se,
+    mde,
+)
 
 N_DRAWS = 1000
 N_J_DRAWS = 20_000  # posterior draws behind J's quantile: enough for its second decimal
@@ -70,7 +77,7 @@ NEAR_DEGENERATE = 0.05  # an adopt share ≤ 5% or ≥ 95% is always-reject / al
 def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
     """Paired difference mean(a − b) with its cluster bootstrap CI, cluster SE, MDE, the power for the
     paper's effect and the verdict. a, b: (N,) per-record values; groups: (N,) question ids."""
-    from mdl_jax.analysis.stats import cluster_bootstrap_diff
+    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff
 
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d = a - b
@@ -95,32 +102,9 @@ def auroc(score, pos) -> float:
     return float(auroc_weighted(score, pos, np.ones((1, len(np.asarray(score))))).item())
 
 
-def auroc_weighted(score, pos, weights) -> np.ndarray:
-    """(T,) AUROCs under (T, N) record multiplicities ``weights`` (a question bootstrap)."""
-    s = np.asarray(score, np.float64)
-    p = np.asarray(pos, bool)
-    ok = np.isfinite(s)
-    s, p = s[ok], p[ok]
-    w = np.atleast_2d(np.asarray(weights, np.float64))[:, ok]
-    u, inv = np.unique(s, return_inverse=True)
-    K = len(u)
-    T = w.shape[0]
-    wp = np.zeros((T, K))
-    wn = np.zeros((T, K))
-    for t in range(T):
-        wp[t] = np.bincount(inv, weights=w[t] * p, minlength=K)
-        wn[t] = np.bincount(inv, weights=w[t] * ~p, minlength=K)
-    below = np.cumsum(wn, 1) - wn  # negatives strictly below each score value
-    num = np.sum(wp * (below + 0.5 * wn), 1)
-    den = wp.sum(1) * wn.sum(1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = np.where(den > 0, num / den, np.nan)
-    return r
-
-
 def auroc_ci(score, pos, groups, n_boot: int = 400, seed: int = 0) -> dict:
     """AUROC with a 95% question-bootstrap interval and its n."""
-    from mdl_jax.analysis.stats import question_bootstrap_weights
+    from mdl_jax.evaluation.metrics import question_bootstrap_weights
 
     a = auroc(score, pos)
     w = question_bootstrap_weights(groups, n_boot, seed)
@@ -256,7 +240,7 @@ def relabel(P, conf: dict, *, n_draws: int = N_DRAWS, seed: int = 0,
     Raises:
       ValueError: ``conf`` lacks a condition, or ``n_draws`` < 1.
     """
-    from mdl_jax.analysis.stats import question_bootstrap_weights
+    from mdl_jax.evaluation.metrics import question_bootstrap_weights
 
     missing = [k for k in CONDITIONS if k not in conf]
     if missing:

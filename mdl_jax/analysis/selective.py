@@ -26,59 +26,14 @@ Records are paired: every (dataset, question, seed) has one B1, one B2 and one B
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
+
+from mdl_jax.evaluation.metrics import Curve, rates, risk_coverage  # noqa: F401  (moved to the library; re-exported)
 
 JUDGES = {"paper": "hallucinated", "ref": "hallucinated_ref"}
 ACTIONS = ("ACTIVE", "SUPP", "SILENT", "OPT_OUT")
 RISK_ONLY_TAU = 0.75  # the audit's rule (issue 16): A ∈ {0.75, 0.85} on TruthfulQA are its high tiers
 N_DRAWS = 2000
-
-
-# ------------------------------------------------------------------------------ one-array primitives
-
-def rates(h, answered) -> dict:
-    """Coverage, selective risk and overall rate of one system on N records.
-
-    h: (N,) 0/1 hallucination of the answer given (any value where not answered); answered: (N,) bool.
-    """
-    h = np.asarray(h, np.float64)
-    a = np.asarray(answered, bool)
-    n = len(h)
-    hits = float(np.sum(np.where(a, h, 0.0)))
-    return {"n": int(n), "answered": int(a.sum()), "coverage": float(a.mean()) if n else float("nan"),
-            "selective_risk": hits / a.sum() if a.any() else float("nan"),
-            "overall": hits / n if n else float("nan")}
-
-
-class Curve(NamedTuple):
-    coverage: np.ndarray  # (N,) k/N for k = 1..N
-    risk: np.ndarray      # (N,) selective risk of the k most confident records
-    aurc: float
-
-
-def risk_coverage(h, score) -> Curve:
-    """Risk-coverage curve of answers ``h`` (N,) 0/1 ranked by ``score`` (N,), higher = more confident.
-
-    Records with equal scores form one block whose hallucinations are spread evenly over its positions
-    (the expectation over every order of the tie), so a constant score gives a flat curve at the rate.
-    """
-    h = np.asarray(h, np.float64)
-    s = np.asarray(score, np.float64)
-    n = len(h)
-    if n == 0:
-        return Curve(np.zeros(0), np.zeros(0), float("nan"))
-    order = np.argsort(-s, kind="stable")
-    hs, ss = h[order], s[order]
-    # blocks of equal score: each position in a block gets the block's mean hallucination
-    starts = np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]])
-    sums = np.add.reduceat(hs, starts)
-    sizes = np.diff(np.r_[starts, n])
-    per = np.repeat(sums / sizes, sizes)
-    k = np.arange(1, n + 1)
-    risk = np.cumsum(per) / k
-    return Curve(k / n, risk, float(risk.mean()))
 
 
 def decompose(h_b2, h_b3, action) -> dict:
@@ -199,7 +154,8 @@ def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, se
     ra["per_question"] = per_q
     # the paired test against random abstention (its expected rate per record), clustered by question:
     # the draws' range above carries the random choice only, not the sampling of the questions
-    from mdl_jax.analysis.stats import cluster_bootstrap_diff, cluster_se, mde, verdict
+    from mdl_jax.analysis.stats import verdict
+    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff, cluster_se, mde
 
     base = h2 * (1 - q_opt / max(ra["n_questions"], 1))
     se = cluster_se(h3 - base, qid)

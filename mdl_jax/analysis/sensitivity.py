@@ -70,7 +70,8 @@ def _pooled_sweep(df, y, configs, make_batch, n_boot: int = N_BOOT, seed: int = 
     """Sweep ``make_batch(cfg)`` (a batch of K configs built on one dataset's config) over every
     dataset; returns pooled accuracy (K, W), counts (K, W, 4) and the unweighted accuracy (K,)."""
     from mdl_jax import sweep
-    from mdl_jax.analysis.stats import question_bootstrap_weights, question_ids
+    from mdl_jax.analysis.stats import question_ids
+    from mdl_jax.evaluation.metrics import question_bootstrap_weights
 
     N = len(df)
     Wt = question_bootstrap_weights(question_ids(df), n_boot, seed=seed)

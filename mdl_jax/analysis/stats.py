@@ -9,7 +9,9 @@ says little. Beside it, for every system-vs-system comparison on the same questi
     seeds of one question are not counted as independent);
   - a 95% bootstrap CI of the rate difference, resampling *questions* (all seeds of a drawn question
     travel together: the cluster bootstrap), 2000 resamples, seed 0, percentile interval.
-Warnings are attached where n is too small for a claim (see ``warnings_for``).
+Warnings are attached where n is too small for a claim (see ``warnings_for``). The record-level
+helpers (``cluster_se``, ``mde``, ``cluster_bootstrap_diff``, ``question_bootstrap_weights``,
+``bootstrap_mean_ci``) are the library's (``mdl_jax.evaluation.metrics``), imported here under their names.
 """
 
 from __future__ import annotations
@@ -18,36 +20,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mdl_jax.evaluation.metrics import (  # noqa: F401  (moved to the library; re-exported)
+    N_BOOT,
+    Z_A,
+    Z_B,
+    bootstrap_mean_ci,
+    cluster_bootstrap_diff,
+    cluster_se,
+    mde,
+    question_bootstrap_weights,
+)
 from mdl_jax.signals.risk import HIGH_RISK
 
 if TYPE_CHECKING:
     import pandas as pd
 
-N_BOOT = 2000
-Z_A, Z_B = 1.959964, 0.841621  # two-sided α = 0.05, power 0.80 (minimum detectable differences)
 MIN_QUESTIONS = 30   # below this a rate difference is anecdotal
 MIN_DISCORDANT = 10  # McNemar on fewer discordant pairs has almost no power
 
 
 # -------------------------------------------------- power (see analysis.rigour's docstring)
-
-def cluster_se(d, groups) -> float:
-    """SE of mean(d) over records ``d`` (N,) clustered by ``groups`` (N,) (module docstring)."""
-    d = np.asarray(d, np.float64)
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
-    if G < 2:
-        return float("nan")
-    s = np.bincount(g, weights=d, minlength=G)
-    n = np.bincount(g, minlength=G).astype(np.float64)
-    m = s.sum() / N
-    return float(np.sqrt(np.sum((s - m * n) ** 2) / N ** 2 * G / (G - 1)))
-
-
-def mde(se: float) -> float:
-    """Minimum detectable difference at 80% power, two-sided α = 0.05."""
-    return float((Z_A + Z_B) * se)
-
 
 def power(delta: float, se: float) -> float:
     """Power of the two-sided 5% test to resolve a true difference ``delta`` with standard error ``se``."""
@@ -109,58 +101,11 @@ def mcnemar(a, b) -> dict:
     return {"n_pairs": int(len(a)), "a_only": table[1][0], "b_only": table[0][1], "p": p}
 
 
-def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
-    """95% percentile CI of mean(a) - mean(b) over paired records, resampling whole groups (questions)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
-    G = len(g_ids)
-    if G < 2:
-        return float("nan"), float("nan")
-    sum_d = np.bincount(g, weights=a - b, minlength=G)
-    cnt = np.bincount(g, minlength=G).astype(float)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, G, size=(n_boot, G))
-    # multiplicity of each group per resample, then ratio of sums: one matmul, no Python loop
-    # (bincount over resample × group cells: the same counts as np.add.at, ~10× faster; the gates'
-    # tables call this hundreds of times a run)
-    cell = (np.arange(n_boot)[:, None] * G + draws).ravel()
-    mult = np.bincount(cell, minlength=n_boot * G).reshape(n_boot, G).astype(float)
-    est = (mult @ sum_d) / (mult @ cnt)
-    lo, hi = np.percentile(est, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.ndarray:
-    """(n_resamples, N) float32 multiplicities of a bootstrap over *questions*: each resample draws G
-    questions with replacement from the G in ``groups`` (N,), and every record of a drawn question gets
-    that question's multiplicity, so a question's records always travel together (the sweeps' resamples;
-    ``sweep(..., weights=...)`` scores them exactly)."""
-    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
-    G = len(g_ids)
-    rng = np.random.default_rng(seed)
-    mult = rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples)
-    return mult[:, g].astype(np.float32)
-
-
 def question_ids(df) -> np.ndarray:
     """One id per (dataset, qid): the cluster of records that share a question's signals."""
     if "qid" not in df:
         return np.arange(len(df))
     return (df["dataset"].astype(str) + ":" + df["qid"].astype(str)).to_numpy()
-
-
-def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tuple[float, float]:
-    """95% percentile CI of mean(x). With ``groups`` (e.g. ``question_ids``) whole groups are resampled
-    (use it whenever records share a question); without, records are resampled with replacement."""
-    x = np.asarray(x, float)
-    if groups is not None:
-        return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
-    if len(x) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    est = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1)
-    lo, hi = np.percentile(est, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def warnings_for(n_questions: int, n_seeds: int, n_discordant: int | None = None) -> list[str]:

@@ -1,0 +1,309 @@
+"""mdl_jax.evaluation.metrics: every metric on a case worked by hand, AUROC / AUPRC against scikit-learn,
+the intervals against simulations with a known truth, evaluate() over a table's gate columns, and the
+errors bad input gets."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mdl_jax.evaluation import metrics as m
+
+# ----------------------------------------------------------------------------------- hand-worked cases
+
+def test_auroc_counts_pairs_and_ties_score_half():
+    # positives 0.35, 0.8 against negatives 0.1, 0.4: (0.35 > 0.1) + (0.8 > 0.1) + (0.8 > 0.4) = 3 of 4
+    assert m.auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(3 / 4)
+    # ranks 1, 2.5, 2.5, 4 (the two 2s share 2.5): R+ = 2.5 + 4 = 6.5; (6.5 − 2·3/2) / (2·2) = 3.5 / 4
+    assert m.auroc([1, 2, 2, 3], [0, 1, 0, 1]) == pytest.approx(0.875)
+    # a confidence (higher = the negative class) read with higher_is="negative": 1 − 0.875
+    assert m.auroc([1, 2, 2, 3], [0, 1, 0, 1], higher_is="negative") == pytest.approx(0.125)
+    assert m.auroc([1, 2, 2, 3], np.array([False, True, False, True])) == pytest.approx(3.5 / 4)
+
+
+def test_auroc_and_auprc_are_nan_where_undefined():
+    assert math.isnan(m.auroc([0.1, 0.2, 0.3], [1, 1, 1]))  # no negative
+    assert math.isnan(m.auroc([0.1, 0.2, 0.3], [0, 0, 0]))  # no positive
+    assert math.isnan(m.auroc([], []))
+    assert math.isnan(m.auprc([0.1, 0.2, 0.3], [0, 0, 0]))  # recall undefined
+    assert m.auprc([0.1, 0.2, 0.3], [1, 1, 1]) == 1.0       # precision 1 at every threshold
+
+
+def test_auprc_is_average_precision_with_ties_at_one_threshold():
+    # sorted by score: 0.8 (+), 0.4 (−), 0.35 (+), 0.1 (−): (P, R) = (1, ½), (½, ½), (⅔, 1), (½, 1)
+    # AP = ½·1 + 0·½ + ½·⅔ + 0·½ = 5/6
+    assert m.auprc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(5 / 6)
+    # 3 (+), then the tie at 2 {−, +} enters at once, then 1 (−): (1, ½), (⅔, 1), (½, 1): AP = ½ + ½·⅔
+    assert m.auprc([1, 2, 2, 3], [0, 0, 1, 1]) == pytest.approx(5 / 6)
+
+
+def test_abstention_scores_follow_abstentionbench():
+    # abstained 1 1 0 0 1 0, should 1 0 1 0 1 0: TP = 2 (0, 4), FP = 1 (1), FN = 1 (2), TN = 2 (3, 5)
+    a, y = [1, 1, 0, 0, 1, 0], [1, 0, 1, 0, 1, 0]
+    assert m.abstention_precision(a, y) == pytest.approx(2 / 3)   # 2 / (2 + 1)
+    assert m.abstention_recall(a, y) == pytest.approx(2 / 3)      # 2 / (2 + 1)
+    assert m.abstention_f1(a, y) == pytest.approx(2 / 3)          # 4 / (4 + 1 + 1)
+    assert m.over_refusal_rate(a, y) == pytest.approx(1 / 3)      # FP / answerable = 1 / 3
+    # never abstaining: precision undefined, recall 0, F1 2·0 / (0 + 0 + 1) = 0, no over-refusal
+    never = [0, 0]
+    assert math.isnan(m.abstention_precision(never, [1, 0]))
+    assert m.abstention_recall(never, [1, 0]) == 0 and m.abstention_f1(never, [1, 0]) == 0
+    assert m.over_refusal_rate(never, [1, 0]) == 0
+    assert math.isnan(m.abstention_recall([1, 0], [0, 0])) and math.isnan(m.over_refusal_rate([1, 0], [1, 1]))
+    assert math.isnan(m.abstention_f1([0, 0], [0, 0]))
+
+
+def test_coverage_selective_accuracy_and_crag_score_by_hand():
+    # correct 1 0 1 1 0, abstained 0 0 1 0 1: answered 0, 1, 3 with correct 1, 0, 1
+    c, a = [1, 0, 1, 1, 0], [0, 0, 1, 0, 1]
+    assert m.coverage(a) == pytest.approx(3 / 5)
+    assert m.selective_accuracy(c, a) == pytest.approx(2 / 3)
+    assert m.selective_risk(c, a) == pytest.approx(1 / 3)
+    # CRAG: +1, −1, 0, +1, 0 → 1/5
+    assert m.crag_score(c, a) == pytest.approx(1 / 5)
+    assert math.isnan(m.selective_accuracy([1, 0], [1, 1]))  # nothing answered
+
+
+def test_aurc_answers_the_least_abstaining_first():
+    # abstain scores 0.1 (right), 0.2 (right), 0.5 (wrong), 0.9 (wrong): answered in that order, the
+    # errors 0, 0, 1, 1 give risks 0, 0, 1/3, 2/4 and AURC (1/3 + 1/2) / 4 = 5/24
+    c, s = [1, 0, 1, 0], [0.1, 0.9, 0.2, 0.5]
+    assert m.aurc(c, s) == pytest.approx(5 / 24)
+    # the same ranking as a confidence (higher = answer) with higher_is="negative"
+    assert m.aurc(c, [-x for x in s], higher_is="negative") == pytest.approx(5 / 24)
+    # a constant score ranks nothing: the curve is flat at the error rate, 2 of 4
+    assert m.aurc([1, 0, 0, 1], [0.3] * 4) == pytest.approx(0.5)
+    # the library's risk_coverage (h = 1 − correct, confidence = −score) is the same curve
+    assert m.risk_coverage([0, 1, 0, 1], [-x for x in s]).aurc == pytest.approx(5 / 24)
+
+
+def test_adaptive_retrieval_metrics_by_hand():
+    # retrieve 1 0 1 0 picks correct_with[0] = 1, correct_without[1] = 1, correct_with[2] = 0,
+    # correct_without[3] = 1: In-Accuracy 3/4
+    assert m.in_accuracy([1, 0, 1, 0], [1, 1, 0, 0], [0, 1, 1, 1]) == pytest.approx(3 / 4)
+    assert m.retrieval_calls([1, 0, 1, 0]) == pytest.approx(0.5)
+    assert m.retrieval_calls([2, 0, 1, 1]) == pytest.approx(1.0)  # multi-round: calls per question
+    # correct_without 0 0 1 1, correct_with 1 0 1 0: AdaRAGUE's oracle "wrong without retrieval" is
+    # 1 1 0 0; "helps" (wrong without, right with) is 1 0 0 0
+    cwo, cw = [0, 0, 1, 1], [1, 0, 1, 0]
+    assert m.retrieval_oracle(cwo).tolist() == [True, True, False, False]
+    assert m.retrieval_oracle(cwo, cw, rule="helps").tolist() == [True, False, False, False]
+    # retrieve scores 0.9, 0.2 (needed) vs 0.5, 0.1: 0.9 > both, 0.2 > 0.1 only → 3/4; under "helps"
+    # 0.9 alone is needed and beats all three → 1
+    s = [0.9, 0.2, 0.5, 0.1]
+    assert m.retrieval_auroc(s, cwo) == pytest.approx(3 / 4)
+    assert m.retrieval_auroc(s, cwo, cw, rule="helps") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="correct_with"):
+        m.retrieval_oracle(cwo, rule="helps")
+
+
+# ------------------------------------------------------------------------------ against scikit-learn
+
+def test_auroc_and_auprc_equal_scikit_learn_on_random_data_with_ties(rng):
+    sk = pytest.importorskip("sklearn.metrics")
+    for _ in range(30):
+        n = int(rng.integers(2, 300))
+        y = rng.integers(0, 2, n)
+        if y.min() == y.max():
+            continue
+        for s in (rng.normal(size=n) + y, rng.integers(0, 6, n) / 5.0):  # continuous, and heavily tied
+            assert m.auroc(s, y) == pytest.approx(sk.roc_auc_score(y, s), abs=1e-12)
+            assert m.auprc(s, y) == pytest.approx(sk.average_precision_score(y, s), abs=1e-12)
+
+
+# ------------------------------------------------------------------------------------ the intervals
+
+def test_bootstrap_moves_whole_questions():
+    g = np.repeat(np.arange(10), 3)
+    # a resample holds each drawn question's 3 records together, so every count is a multiple of 3
+    whole = m.bootstrap(lambda q: float(np.all(np.bincount(q)[np.unique(q)] % 3 == 0)), g, groups=g, n_boot=200)
+    assert whole.value == whole.lo == whole.hi == 1.0
+    assert (whole.n, whole.n_groups) == (30, 10)
+    one = m.bootstrap(np.mean, np.arange(5.0), groups=np.zeros(5))
+    assert one.value == 2.0 and math.isnan(one.lo) and math.isnan(one.hi) and one.n_groups == 1
+
+
+def test_bootstrap_of_a_library_metric_equals_the_same_metric_called_as_any_function(rng):
+    # the library's metrics are validated once and recomputed through their kernels: the same numbers
+    n = 60
+    s, y, c, a, g = rng.normal(size=n), rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 2, n), \
+        np.repeat(np.arange(20), 3)
+    for metric, cols in ((m.auroc, (s, y)), (m.auprc, (s, y)), (m.aurc, (c, s)), (m.crag_score, (c, a)),
+                         (m.abstention_f1, (a, y)), (m.coverage, (a,)), (m.in_accuracy, (a, c, y)),
+                         (m.retrieval_calls, (a,)), (m.retrieval_auroc, (s, c)), (m.selective_risk, (c, a))):
+        fast = m.bootstrap(metric, *cols, groups=g, n_boot=50)
+        plain = m.bootstrap(lambda *x, f=metric: f(*x), *cols, groups=g, n_boot=50)
+        assert fast == plain, metric.__name__
+
+
+def _clustered(rng, T, G, k, mu, su, se):
+    """T data sets of G questions × k records: label per question, score = mu·label + u_question + e."""
+    y = np.repeat(rng.integers(0, 2, (T, G)), k, axis=1)
+    u = np.repeat(rng.normal(0, su, (T, G)), k, axis=1)
+    return y, u + rng.normal(0, se, (T, G * k)) + mu * y
+
+
+def test_bootstrap_interval_covers_a_known_auroc_in_about_95_percent():
+    # Pairs of records from different questions differ by mu + N(0, 2(su² + se²)) in score, so the true
+    # AUROC is Φ(mu / √(2(su² + se²))) = Φ(2 / √10). 200 data sets: a 95% interval's coverage has a
+    # binomial SD of 1.5 points there, and a percentile interval on 50 questions runs a little short
+    # (0.905-0.945 over three seeds of this design): accepted in [0.88, 0.99]. Resampling records instead
+    # of questions ignores that a question's 3 records share u (intraclass correlation 0.8) and covers
+    # far less (0.67-0.78).
+    rng = np.random.default_rng(7)
+    T, G, k = 200, 50, 3
+    truth = 0.5 * math.erfc(-(2 / math.sqrt(10)) / math.sqrt(2))
+    y, s = _clustered(rng, T, G, k, mu=2.0, su=2.0, se=1.0)
+    g = np.repeat(np.arange(G), k)
+    by_q = [m.bootstrap(m.auroc, s[t], y[t], groups=g, n_boot=200, seed=t) for t in range(T)]
+    by_r = [m.bootstrap(m.auroc, s[t], y[t], n_boot=200, seed=t) for t in range(T)]
+    cover_q = np.mean([e.lo <= truth <= e.hi for e in by_q])
+    cover_r = np.mean([e.lo <= truth <= e.hi for e in by_r])
+    assert 0.88 <= cover_q <= 0.99, cover_q
+    assert cover_r < cover_q - 0.1, (cover_r, cover_q)
+    assert abs(np.mean([e.value for e in by_q]) - truth) < 0.01  # the estimate itself is unbiased
+
+
+def test_paired_difference_interval_covers_a_known_auroc_difference():
+    # Two gates on the same records and questions: gate a's score mu_a·label + u + e_a, gate b's
+    # mu_b·label + u + e_b; truth Φ(mu_a / 2) − Φ(mu_b / 2) (su = se = 1). 200 data sets, accepted in
+    # [0.88, 0.99] as above.
+    rng = np.random.default_rng(11)
+    T, G, k = 200, 40, 2
+    phi = lambda x: 0.5 * math.erfc(-x / math.sqrt(2))  # noqa: E731
+    truth = phi(1.6 / 2) - phi(0.8 / 2)
+    y = np.repeat(rng.integers(0, 2, (T, G)), k, axis=1)
+    u = np.repeat(rng.normal(0, 1, (T, G)), k, axis=1)
+    sa = 1.6 * y + u + rng.normal(0, 1, (T, G * k))
+    sb = 0.8 * y + u + rng.normal(0, 1, (T, G * k))
+    g = np.repeat(np.arange(G), k)
+    d = [m.paired_difference(m.auroc, (sa[t], y[t]), (sb[t], y[t]), g, n_boot=200, seed=t) for t in range(T)]
+    cover = np.mean([e.lo <= truth <= e.hi for e in d])
+    assert 0.88 <= cover <= 0.99, cover
+
+
+def test_paired_difference_of_a_gate_with_itself_is_exactly_zero(rng):
+    n = 90
+    y, s, g = rng.integers(0, 2, n), rng.normal(size=n), np.repeat(np.arange(30), 3)
+    for metric, cols in ((m.auroc, (s, y)), (m.auprc, (s, y)), (m.crag_score, (y, s > 0))):
+        d = m.paired_difference(metric, cols, cols, g, n_boot=300)
+        assert (d.value, d.lo, d.hi, d.se, d.mde) == (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_mde_has_80_percent_power_at_its_size():
+    # Per-record differences with question effects: d = δ + v_question + e, 60 questions × 2 records.
+    # The true SE of mean(d) is √((1 + ½·1) / 60); at δ = (z_0.975 + z_0.80)·SE a two-sided 5% test
+    # resolves the difference 80% of the time: the share of 200 intervals that exclude 0 is accepted
+    # in [0.70, 0.90] (binomial SD 2.8 points at 0.8), and the bootstrap MDE averages within 10% of
+    # the true one.
+    rng = np.random.default_rng(3)
+    T, G, k = 200, 60, 2
+    se_true = math.sqrt((1 + 0.5) / G)
+    delta = (m.Z_A + m.Z_B) * se_true
+    d = delta + np.repeat(rng.normal(0, 1, (T, G)), k, axis=1) + rng.normal(0, 1, (T, G * k))
+    g = np.repeat(np.arange(G), k)
+    zeros = np.zeros(G * k)
+    res = [m.paired_difference(np.mean, d[t], zeros, g, n_boot=300, seed=t) for t in range(T)]
+    power = np.mean([e.lo > 0 or e.hi < 0 for e in res])
+    assert 0.70 <= power <= 0.90, power
+    assert np.mean([e.mde for e in res]) == pytest.approx(delta, rel=0.1)
+
+
+def test_mde_uses_t_below_30_questions_and_z_from_30():
+    stats = pytest.importorskip("scipy.stats")
+    for G in range(2, 30):
+        want = stats.t.ppf(0.975, G - 1) + stats.t.ppf(0.80, G - 1)
+        assert m.mde_for(1.0, G) == pytest.approx(want, abs=2e-6)
+    assert m.mde_for(1.0, 30) == m.mde(1.0) == pytest.approx(stats.norm.ppf(0.975) + stats.norm.ppf(0.8), abs=2e-6)
+    assert math.isnan(m.mde_for(1.0, 1))
+
+
+# --------------------------------------------------------------------------------------- evaluate
+
+def _table(rng, G=60, k=2):
+    n = G * k
+    y = rng.integers(0, 2, n)
+    return {"qid": np.repeat(np.arange(G), k), "label": y, "mdl": y + rng.normal(0, 1, n),
+            "correct": rng.integers(0, 2, n), "with": rng.integers(0, 2, n), "without": rng.integers(0, 2, n),
+            "mine_conf": -(0.5 * y + rng.normal(0, 1, n)), "refuses": rng.integers(0, 2, n)}
+
+
+def test_evaluate_puts_a_users_column_beside_mdls(rng):
+    t = _table(rng)
+    out = pd.DataFrame(m.evaluate(t, gates={"MDL": "mdl", "mine": "mine_conf", "refuses": "refuses"},
+                                  label="label", groups="qid", correct="correct", correct_with="with",
+                                  correct_without="without", thresholds={"MDL": 0.5, "mine": -0.2},
+                                  higher_is={"mine": "negative"}, n_boot=100))
+    assert set(out["gate"]) == {"MDL", "mine", "refuses"}
+    assert list(out.columns) == ["gate", "metric", "value", "lo", "hi", "n", "n_groups"]
+    row = out.set_index(["gate", "metric"])
+    # the user's confidence, read with higher_is="negative", scored exactly as the functions score it
+    assert row.loc[("mine", "auroc"), "value"] == m.auroc(t["mine_conf"], t["label"], higher_is="negative")
+    abst = t["mine_conf"] <= -0.2
+    assert row.loc[("mine", "abstention_recall"), "value"] == m.abstention_recall(abst, t["label"])
+    assert row.loc[("mine", "crag_score"), "value"] == m.crag_score(t["correct"], abst)
+    assert row.loc[("mine", "in_accuracy"), "value"] == m.in_accuracy(~abst, t["with"], t["without"])
+    assert row.loc[("MDL", "retrieval_auroc"), "value"] == pytest.approx(
+        m.retrieval_auroc(t["mdl"], t["without"], higher_is="negative"))
+    # a binary column is its own decision without a threshold
+    assert row.loc[("refuses", "coverage"), "value"] == m.coverage(t["refuses"])
+    assert (out["n"] == 120).all() and (out["n_groups"] == 60).all()
+    assert (out["lo"] <= out["value"] + 1e-12).all() and (out["value"] <= out["hi"] + 1e-12).all()
+    # every gate's rows come from the same resampled questions as bootstrap() with the same seed
+    e = m.bootstrap(m.auroc, t["mdl"], t["label"], groups=t["qid"], n_boot=100)
+    assert row.loc[("MDL", "auroc"), "lo"] == e.lo
+    assert row.loc[("MDL", "auroc"), "hi"] == e.hi
+
+
+def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng):
+    t = pd.DataFrame(_table(rng))
+    out = m.evaluate(t, gates=["mdl"], label="label", correct="correct", n_boot=20)
+    assert isinstance(out, pd.DataFrame)
+    assert sorted(out["metric"]) == ["auprc", "aurc", "auroc"]
+    # a user's scores as an array beside a column of the table
+    mine = rng.normal(size=len(t))
+    both = m.evaluate(t, gates={"MDL": "mdl", "mine": mine}, label="label", n_boot=20, as_frame=False)
+    assert both["gate"] == ["MDL", "MDL", "mine", "mine"]
+    assert both["value"][2] == m.auroc(mine, t["label"])
+    assert out["n_groups"].iloc[0] == len(t)  # no groups: every record its own question
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda: m.auroc([0.1, 0.2, 0.3], [0, 1, 0, 1]), "label"),
+    (lambda: m.auroc([0.1, 0.2, 0.3], [0, 2, 1]), "label"),
+    (lambda: m.auroc([0.1, np.nan, 0.3], [0, 1, 1]), "score"),
+    (lambda: m.auprc([0.1, 0.2], [0.5, 1]), "label"),
+    (lambda: m.auroc([0.1, 0.2], [0, 1], higher_is="up"), "higher_is"),
+    (lambda: m.abstention_f1([1, 0, 1], [1, 0]), "should_abstain"),
+    (lambda: m.selective_risk([1, 0], ["a", "b"]), "abstained"),
+    (lambda: m.in_accuracy([1, 0], [1, 1], [1, 0, 1]), "correct_without"),
+    (lambda: m.retrieval_calls([1, -1]), "calls"),
+    (lambda: m.aurc([1, 0], [[0.1], [0.2]]), "score"),
+    (lambda: m.bootstrap(m.auroc, [0.1, 0.2], [0, 1, 1]), "columns"),
+    (lambda: m.bootstrap(m.auroc, [0.1, 0.2], [0, 1], n_boot=0), "n_boot"),
+    (lambda: m.paired_difference(m.auroc, ([0.1, 0.2], [0, 1]), ([0.1], [0]), None), "cols_b"),
+    (lambda: m.evaluate({"s": [0.1, np.nan], "y": [0, 1]}, gates=["s"], label="y"), "gates\\['s'\\]"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="nope"), "label"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", groups=[1, 2, 3]), "groups"),
+    (lambda: m.evaluate({"s": [0.1, 0.2]}, gates=["s"]), "label"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"t": 0.5}), "thresholds"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", higher_is="up"), "higher_is"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], correct_with="y"), "correct_without"),
+])
+def test_bad_input_is_a_value_error_naming_the_argument(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()
+
+
+def test_analysis_keeps_the_moved_names():
+    from mdl_jax.analysis import rigour, selective, stats
+
+    assert stats.cluster_se is m.cluster_se and stats.mde is m.mde and stats.N_BOOT == m.N_BOOT
+    assert stats.cluster_bootstrap_diff is m.cluster_bootstrap_diff
+    assert stats.question_bootstrap_weights is m.question_bootstrap_weights
+    assert stats.bootstrap_mean_ci is m.bootstrap_mean_ci
+    assert selective.rates is m.rates and selective.risk_coverage is m.risk_coverage and selective.Curve is m.Curve
+    assert rigour.auroc_weighted is m.auroc_weighted and rigour.cluster_se is m.cluster_se
