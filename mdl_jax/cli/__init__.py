@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 def _add_later_commands(sub) -> None:
     """Every subcommand but ``demo``, one module of this package per command group. Each module
     imports its heavy dependencies inside the command, so building the parser stays light."""
-    from mdl_jax.cli import analyze, experiment, gate, gateway, judge, score_gates, sweep, tune
+    from mdl_jax.cli import analyze, benchmarks, experiment, gate, gateway, judge, score_gates, sweep, tune
 
     experiment.register(sub)
     judge.register(sub)
@@ -67,3 +67,4 @@ def _add_later_commands(sub) -> None:
     score_gates.register(sub)
     gateway.register(sub)
     sweep.register(sub)
+    benchmarks.register(sub)

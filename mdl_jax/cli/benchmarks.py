@@ -1,0 +1,72 @@
+"""``mdl-jax benchmarks``: MDL and the gates it is compared with on the field's benchmarks.
+
+    mdl-jax benchmarks --out runs/bench                     # every data set (../shared/data/benchmarks)
+    mdl-jax benchmarks rgb_en_fact ramdocs --limit 50 --out runs/smoke
+    mdl-jax benchmarks rgb_en_fact --gate-scores mine.csv --out runs/mine   # a user's own gate beside MDL
+
+Writes REPORT.md, metrics.csv, conditions.csv, risk–coverage figures and the signals of each data set
+(``mdl_jax.evaluation.run``); a rerun into the same folder reuses the signals whose inputs are unchanged,
+so an interrupted run resumes. ``--gate-scores`` takes a CSV with a ``qid`` column (the items' ids, as
+metrics.csv and the loaders name them) and one column of scores per gate (higher = do not adopt).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+
+from mdl_jax.cli.args import CommandError, config_file, existing_dir, existing_file, out_dir, positive_int
+
+
+def _scores(path: str) -> dict[str, dict[str, float]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "qid" not in rows[0]:
+        raise CommandError(f"--gate-scores {path}: expected a CSV with a 'qid' column and one column per gate")
+    gates = [c for c in rows[0] if c != "qid"]
+    if not gates:
+        raise CommandError(f"--gate-scores {path}: no score column beside 'qid'")
+    out: dict[str, dict[str, float]] = {g: {} for g in gates}
+    for i, r in enumerate(rows, start=2):
+        for g in gates:
+            try:
+                v = float(r[g])
+            except (TypeError, ValueError):
+                raise CommandError(f"--gate-scores {path}, line {i}: column {g!r}: expected a number, "
+                                   f"got {r[g]!r}") from None
+            if not math.isfinite(v):
+                raise CommandError(f"--gate-scores {path}, line {i}: column {g!r}: expected a finite number")
+            out[g][r["qid"]] = v
+    return out
+
+
+def register(sub) -> None:
+    from mdl_jax.evaluation.run import ALL
+
+    p = sub.add_parser("benchmarks", help="MDL and the compared gates on the field's conflict, abstention and "
+                                          "adaptive-retrieval benchmarks: tables, plots, REPORT.md")
+    p.add_argument("names", nargs="*", metavar="NAME", choices=list(ALL) + [[]],
+                   help=f"data sets (default: all): {', '.join(ALL)}")
+    p.add_argument("--out", type=out_dir, required=True, help="the run folder (a rerun resumes)")
+    p.add_argument("--limit", type=positive_int, help="questions per data set (a smoke test)")
+    p.add_argument("--data-dir", type=existing_dir, help="the benchmarks folder (default: the shared copy)")
+    p.add_argument("--gate-scores", type=existing_file, help="a CSV of your own gates' scores (qid + columns)")
+    p.add_argument("--config", type=config_file, help="an MDL config file (default: the paper's Table 2)")
+    p.add_argument("--no-fit", action="store_true", help="skip the calibrated, tuned and learned MDL rows")
+    p.add_argument("--n-boot", type=positive_int, default=1000, help="bootstrap resamples per interval")
+    p.add_argument("--embed-backend", default="auto", help="what runs the embedder (Embedder's backend)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from mdl_jax.evaluation.run import ALL, run_benchmarks
+    from mdl_jax.gate.core import MemoryGate
+
+    extra = _scores(args.gate_scores) if args.gate_scores else None
+    gate = MemoryGate(risk=0.5, config=args.config, embed_backend=args.embed_backend)
+    report = run_benchmarks(args.out, tuple(args.names) or ALL, gate=gate, limit=args.limit,
+                            data_dir=args.data_dir, extra=extra, fit_mdl=not args.no_fit, n_boot=args.n_boot,
+                            progress=sys.stderr.isatty(), log=lambda s: print(s, file=sys.stderr))
+    print(report)
+    return 0

@@ -1,0 +1,234 @@
+"""AdaRAGUE's adaptive-retrieval protocol with a field-sized reader's answers, replayed offline.
+
+AdaRAGUE (Moskvoretskii et al., ACL 2025) scores retrieval gates by the answers a reader gives with and
+without retrieval. Its files hold Llama-3.1-8B-Instruct's answers to the same questions with no
+retrieval, one retrieval and IRCoT, and for HotpotQA and 2Wiki test the passages retrieved for them; a
+gate that decides from (question, passages) can therefore be scored without running the reader.
+
+MDL's actions become answers: Active and Supp take the with-retrieval answer, Silent the no-retrieval
+answer, Opt-Out abstains (no answer: wrong for In-Accuracy, outside the coverage). "MDL, never abstain"
+answers Opt-Out's questions without retrieval, for a comparison on AdaRAGUE's own terms (every question
+answered).
+
+Which answers go with the passages. The retrieved passages were recovered from the authors' static-RAG
+prompts, and they go with the data set's CSV ``rag_one_retrieve`` answers, not with the ``oner`` run's
+(whose own passages are lost): the with-retrieval answer here is ``meta["csv_rag_one_retrieve"]``
+(``WITH_PASSAGES``), and the ``oner`` answers are reported as their own row. Correctness is the report's
+Acc (``datasets.acc``: a normalised gold answer occurs in the answer).
+
+The gates, on the same questions and the same answers (paired):
+
+  never / always retrieve     the no-retrieval / with-retrieval answer, 0 / 1 retrieval calls
+  IRCoT                       its own answer, its number of steps as calls
+  one retrieval (oner)        the oner run's answer, 1 call (its passages are not these)
+  oracle                      retrieve iff the no-retrieval answer is wrong and the with-retrieval right
+  Adaptive-RAG classifier     its choice: A no retrieval, B one (the with-retrieval answer), C IRCoT
+  When-to-Retrieve            retrieve iff its verbalised flag says "uncertain"
+  SeaKR                       its own final answer and retrieval calls (multi-hop run)
+  similarity (top-1)          retrieve iff the best passage's cosine M ≥ τ
+  MDL (paper defaults), MDL + answer detector, MDL calibrated, and each never abstaining
+
+τ and the calibrated config are fitted by two-fold cross-fitting over questions (each half's fit is
+applied to the other half), so no question is decided by a fit that saw it. The fitting label is
+"retrieval does not hurt": the with-retrieval answer is right or the no-retrieval answer is wrong.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mdl_jax.controller.api import decide
+from mdl_jax.controller.calibration import calibrate
+from mdl_jax.controller.config import MDLConfig
+from mdl_jax.evaluation import metrics
+from mdl_jax.evaluation.datasets.adarague import AdaRAGUEItem, acc
+from mdl_jax.evaluation.scoring import ACTIVE, MIN_CALIBRATION, OPT_OUT, calibration_split, fit_threshold
+
+WITH_PASSAGES = "csv_rag_one_retrieve"
+SUPP = 1  # Action.SUPP
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One gate's answers: ``correct`` (N,) 0/1 of the answer it gives (0 where it abstains),
+    ``answered`` (N,) bool, ``calls`` (N,) retrieval calls, ``retrieve_score`` (N,) higher = retrieve
+    (None where the gate has no score)."""
+
+    name: str
+    correct: np.ndarray
+    answered: np.ndarray
+    calls: np.ndarray
+    retrieve_score: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One data set's questions: the answers' correctness, the oracle label, every gate."""
+
+    dataset: str
+    group: np.ndarray
+    correct_without: np.ndarray
+    correct_with: np.ndarray
+    policies: tuple[Policy, ...]
+
+
+def _policy_from_actions(name: str, action: np.ndarray, c_final: np.ndarray, cw: np.ndarray,
+                         cwo: np.ndarray, abstain: bool = True) -> Policy:
+    retrieve = (action == ACTIVE) | (action == SUPP)
+    out = action == OPT_OUT
+    answered = ~out if abstain else np.ones_like(out)
+    correct = np.where(retrieve, cw, cwo) * answered
+    return Policy(name, correct.astype(float), answered, retrieve.astype(float), np.asarray(c_final, float))
+
+
+def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.ndarray] | None, *,
+           config: MDLConfig | None = None) -> Replay:
+    """Every gate of the module docstring on one AdaRAGUE data set.
+
+    Where the questions carry no passages (NQ, SQuAD, TriviaQA, MuSiQue), MDL and the similarity rule
+    have nothing to decide from: only the reader-side gates are replayed, and "always retrieve" is the
+    ``oner`` run.
+
+    Args:
+      dataset: the data set's name (``"hotpotqa_test"``, ...).
+      items: its questions (``load_benchmark("adarague_llama8b", split=dataset)``).
+      cols: ``scoring.signal_columns`` of the same items (MDL's signals from question and passages), or
+        None where they carry no passages.
+      config: the MDL config the signals were decided with (paper defaults when None).
+
+    Raises:
+      ValueError: ``cols`` given for items without passages or without the with-passages answer (naming
+        the first), or missing for items with them.
+    """
+    cfg = config or MDLConfig()
+    with_passages = cols is not None
+    for it in items:
+        if with_passages and (not it.memories or WITH_PASSAGES not in it.meta):
+            raise ValueError(f"items: {it.qid} has no passages or no {WITH_PASSAGES!r} answer; MDL's replay "
+                             "needs both (HotpotQA and 2Wiki test)")
+        if not with_passages and it.memories:
+            raise ValueError(f"cols: expected the signal columns of {dataset}'s passages, got None")
+    n = len(items)
+    golds = [it.answers for it in items]
+    cwo = np.array([acc(it.answer_no_retrieval, g) for it, g in zip(items, golds)], float)
+    with_key = (lambda it: str(it.meta[WITH_PASSAGES])) if with_passages else (lambda it: it.answer_one_retrieval)
+    cw = np.array([acc(with_key(it), g) for it, g in zip(items, golds)], float)
+    cmulti = np.array([acc(it.answer_multi_retrieval, g) for it, g in zip(items, golds)], float)
+    cone = np.array([acc(it.answer_one_retrieval, g) for it, g in zip(items, golds)], float)
+    steps = np.array([float(it.ircot_steps or 0) for it in items])
+    ones, zeros, yes = np.ones(n), np.zeros(n), np.ones(n, bool)
+    pol = [
+        Policy("never retrieve", cwo, yes, zeros, None),
+        Policy("always retrieve", cw, yes, ones, None),
+        Policy("IRCoT", cmulti, yes, steps, None),
+    ]
+    if with_passages:
+        pol.insert(2, Policy("one retrieval (oner run)", cone, yes, ones, None))
+    helps = (cwo == 0) & (cw == 1)
+    pol.append(Policy("oracle", np.maximum(cw, cwo), yes, helps.astype(float), helps.astype(float)))
+    opt = [it.classifier_option for it in items]
+    if all(o in ("A", "B", "C") for o in opt):
+        o = np.array(opt)
+        p_a = np.array([it.classifier_probas[0] if it.classifier_probas else np.nan for it in items])
+        pol.append(Policy("Adaptive-RAG classifier", np.select([o == "A", o == "B"], [cwo, cw], cmulti), yes,
+                          np.select([o == "A", o == "B"], [zeros, ones], steps),
+                          None if np.isnan(p_a).any() else 1.0 - p_a))
+    giveup = [it.wtr_giveup for it in items]
+    if all(isinstance(g, bool) for g in giveup):
+        r = np.array(giveup, bool)
+        pol.append(Policy("When-to-Retrieve flag", np.where(r, cw, cwo), yes, r.astype(float), r.astype(float)))
+    seakr = [it.seakr for it in items]
+    if all(s is not None and "final_answer" in s for s in seakr):
+        pol.append(Policy("SeaKR (own answers)",
+                          np.array([acc(str(s["final_answer"]), g) for s, g in zip(seakr, golds)], float), yes,
+                          np.array([float(s.get("retrieval_times", 0)) for s in seakr]), None))
+
+    groups = np.array([it.group for it in items])
+    if not with_passages:
+        return Replay(dataset, groups, cwo, cw, tuple(pol))
+    fold = calibration_split(groups, share=0.5, salt=dataset)
+    fit_label = (cw == 1) | (cwo == 0)  # retrieval does not hurt
+    M = np.asarray(cols["M"], np.float32)
+    R = np.asarray(cols["R"], np.float32)
+    A = np.full(n, 0.5, np.float32)
+
+    def cross_fit_threshold(score: np.ndarray) -> np.ndarray:
+        retrieve = np.zeros(n, bool)
+        for train in (fold, ~fold):
+            tau = fit_threshold(score[train], fit_label[train])  # None: too few rows, one label
+            retrieve[~train] = True if tau is None else score[~train] >= tau
+        return retrieve
+
+    r_sim = cross_fit_threshold(M.astype(float))
+    pol.append(Policy("similarity (top-1)", np.where(r_sim, cw, cwo), yes, r_sim.astype(float), M.astype(float)))
+    act, act_e = np.asarray(cols["action"]), np.asarray(cols["action_either"])
+    cal_action = np.empty(n, np.int32)
+    cal_c = np.empty(n, np.float32)
+    for train in (fold, ~fold):
+        y = fit_label[train]
+        if not (~train).any():
+            continue
+        fitted = cfg  # a half too small or with one label: nothing to fit, the defaults decide
+        if len(y) >= MIN_CALIBRATION and y.any() and not y.all():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fitted = calibrate(M[train], R[train], A[train], y, cfg).config
+        d = decide(M[~train], R[~train], A[~train], fitted)
+        cal_action[~train] = np.asarray(d.action)
+        cal_c[~train] = np.asarray(d.C_final)
+    for name, a, c in (("MDL (paper defaults)", act, cols["C_final"]),
+                       ("MDL + answer detector", act_e, cols["C_final_either"]),
+                       ("MDL calibrated", cal_action, cal_c)):
+        pol.append(_policy_from_actions(name, a, c, cw, cwo))
+        pol.append(_policy_from_actions(f"{name}, never abstain", a, c, cw, cwo, abstain=False))
+    return Replay(dataset, groups, cwo, cw, tuple(pol))
+
+
+REFERENCES = ("always retrieve", "MDL (paper defaults)")
+
+
+def replay_table(r: Replay, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """AdaRAGUE's metrics for every gate with question-bootstrap 95% intervals, and each gate's paired
+    In-Accuracy difference from always retrieving and from MDL with the paper's defaults.
+
+    Returns:
+      A list of {"dataset", "gate", "metric", "value", "lo", "hi", "n", "n_groups"[, "mde"]} rows.
+    """
+    rows: list[dict] = []
+    g = r.group
+    n, ng = len(g), len(set(g))
+
+    def put(gate: str, metric: str, est, mde: float | None = None) -> None:
+        row = {"dataset": r.dataset, "gate": gate, "metric": metric, "value": est.value, "lo": est.lo,
+               "hi": est.hi, "n": n, "n_groups": ng}
+        if mde is not None:
+            row["mde"] = mde
+        rows.append(row)
+
+    def in_acc(correct) -> float:
+        return float(np.mean(correct))
+
+    by_name = {p.name: p for p in r.policies}
+    for p in r.policies:
+        put(p.name, "In-Accuracy", metrics.bootstrap(in_acc, p.correct, groups=g, n_boot=n_boot, seed=seed))
+        put(p.name, "coverage", metrics.bootstrap(lambda a: float(np.mean(a)), p.answered.astype(float),
+                                                   groups=g, n_boot=n_boot, seed=seed))
+        put(p.name, "selective accuracy",
+            metrics.bootstrap(metrics.selective_accuracy, p.correct, ~p.answered, groups=g, n_boot=n_boot,
+                              seed=seed))
+        put(p.name, "retrieval calls", metrics.bootstrap(metrics.retrieval_calls, p.calls, groups=g,
+                                                          n_boot=n_boot, seed=seed))
+        if p.retrieve_score is not None:
+            put(p.name, "ROC-AUC (oracle: no-retrieval answer wrong)",
+                metrics.bootstrap(lambda s, c: metrics.retrieval_auroc(s, c), p.retrieve_score, r.correct_without,
+                                  groups=g, n_boot=n_boot, seed=seed))
+        for ref in REFERENCES:
+            if p.name != ref and ref in by_name:
+                d = metrics.paired_difference(in_acc, (p.correct,), (by_name[ref].correct,), g,
+                                              n_boot=n_boot, seed=seed)
+                put(p.name, f"In-Accuracy − {ref}", d, d.mde)
+    return rows

@@ -1,0 +1,142 @@
+"""Reader-free scoring of gates on benchmark memory sets, AdaRAGUE's replay, and the benchmark run:
+hand-computed cases on synthetic items, a user's own column in the tables, and one small real run."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdl_jax.controller.decision import Action
+from mdl_jax.evaluation.datasets.adarague import AdaRAGUEItem
+from mdl_jax.evaluation.datasets.items import BenchmarkItem
+from mdl_jax.evaluation.replay import replay, replay_table
+from mdl_jax.evaluation.scoring import calibration_split, fit_threshold, metric_table, score_gates
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
+
+
+def _items(n: int, adopt) -> list[BenchmarkItem]:
+    return [BenchmarkItem("toy", f"q{i}:c", f"q{i}", f"question {i}?", (f"memory {i}",), "c",
+                          should_adopt=bool(adopt[i])) for i in range(n)]
+
+
+def _cols(M, R, action, c_final) -> dict[str, np.ndarray]:
+    n = len(M)
+    return {"M": np.asarray(M, np.float32), "R": np.asarray(R, np.float32), "phi": np.zeros(n, np.float32),
+            "C_final": np.asarray(c_final, np.float32), "action": np.asarray(action, np.int32),
+            "M_either": np.asarray(M, np.float32), "R_either": np.asarray(R, np.float32),
+            "phi_either": np.zeros(n, np.float32), "C_final_either": np.asarray(c_final, np.float32),
+            "action_either": np.asarray(action, np.int32)}
+
+
+def test_fit_threshold_maximises_agreement_by_hand():
+    # scores 0.1 .. 0.6, adopt where score ≥ 0.35 except one: the cut at 0.4 gets 5 of 6 right, as does
+    # the cut at 0.3 (the 0.3 reject is then wrong); ties go to the median candidate (0.3: lower median).
+    s = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    y = np.array([0, 0, 0, 1, 1, 0])
+    assert fit_threshold(s, y) == 0.4
+    assert fit_threshold(s, np.ones(6)) is None  # one label only: nothing to fit
+    assert fit_threshold(s[:3], y[:3]) is None  # too few rows
+
+
+def test_the_calibration_split_is_by_question_deterministic_and_near_its_share():
+    groups = [f"g{i // 3}" for i in range(3000)]  # three rows per question
+    a = calibration_split(groups, salt="x")
+    assert (a == calibration_split(groups, salt="x")).all()
+    per_q = a.reshape(-1, 3)
+    assert (per_q.all(axis=1) | ~per_q.any(axis=1)).all(), "a question's rows must fall on one side"
+    assert 0.25 < a.mean() < 0.35
+    assert (a != calibration_split(groups, salt="y")).any()
+    with pytest.raises(ValueError, match="share"):
+        calibration_split(groups, share=1.0)
+
+
+def test_score_gates_on_known_labels_and_a_users_own_column_in_the_same_table():
+    rng = np.random.default_rng(0)
+    n = 400
+    adopt = rng.uniform(size=n) < 0.5
+    M = np.where(adopt, rng.uniform(0.5, 1, n), rng.uniform(0, 0.6, n))
+    c_final = M.copy()
+    action = np.where(c_final >= 0.6, int(Action.ACTIVE), int(Action.SILENT))
+    items = _items(n, adopt)
+    mine = np.where(adopt, 0.0, 1.0) + rng.normal(0, 0.1, n)  # a user's "do not adopt" score
+    s = score_gates("toy", items, _cols(M, np.full(n, 0.5), action, c_final), extra={"my gate": mine},
+                    fit_mdl=False)
+    rows = metric_table(s, n_boot=100)
+    by = {(r["gate"], r["metric"]): r for r in rows}
+    ev = ~s.calibration
+    assert by[("oracle", "decision accuracy")]["value"] == 1.0
+    assert by[("always adopt", "decision accuracy")]["value"] == pytest.approx(adopt[ev].mean())
+    assert by[("never adopt", "withheld")]["value"] == 1.0
+    want = np.mean((action[ev] != int(Action.ACTIVE)) == ~adopt[ev])
+    assert by[("MDL (paper defaults)", "decision accuracy")]["value"] == pytest.approx(want)
+    assert by[("my gate", "AUROC")]["value"] > 0.95  # the user's column, scored beside MDL's
+    assert ("my gate", "accuracy − MDL (paper defaults)") in by
+    r = by[("similarity (top-1)", "AUROC")]
+    assert r["lo"] <= r["value"] <= r["hi"] and r["n"] == ev.sum()
+    with pytest.raises(ValueError, match="my gate"):
+        score_gates("toy", items, _cols(M, np.full(n, 0.5), action, c_final), extra={"my gate": mine[:3]})
+
+
+def _ada(i: int, no: str, with_: str, gold: str = "paris") -> AdaRAGUEItem:
+    return AdaRAGUEItem("adarague_llama8b", f"a{i}:passages", f"a{i}", f"q{i}", ("passage",), "passages",
+                        (gold,), meta={"csv_rag_one_retrieve": with_}, answer_no_retrieval=no,
+                        answer_one_retrieval=with_, answer_multi_retrieval=with_, ircot_steps=3)
+
+
+def test_replay_maps_mdls_actions_to_the_recorded_answers_by_hand():
+    # q0: Active → with-retrieval (right); q1: Silent → no-retrieval (right); q2: Opt-Out → abstains;
+    # q3: Supp → with-retrieval (wrong).
+    items = [_ada(0, "rome", "paris"), _ada(1, "paris", "rome"), _ada(2, "paris", "paris"),
+             _ada(3, "paris", "rome")]
+    acts = [Action.ACTIVE, Action.SILENT, Action.OPT_OUT, Action.SUPP]
+    cols = _cols([0.9, 0.5, 0.1, 0.7], [0.5] * 4, [int(a) for a in acts], [0.9, 0.5, 0.1, 0.7])
+    r = replay("toy_test", items, cols)
+    p = {x.name: x for x in r.policies}
+    mdl = p["MDL (paper defaults)"]
+    assert mdl.correct.tolist() == [1, 1, 0, 0] and mdl.answered.tolist() == [True, True, False, True]
+    assert mdl.calls.tolist() == [1, 0, 0, 1]
+    assert p["MDL (paper defaults), never abstain"].correct.tolist() == [1, 1, 1, 0]
+    assert p["never retrieve"].correct.tolist() == [0, 1, 1, 1]
+    assert p["oracle"].correct.tolist() == [1, 1, 1, 1]
+    rows = {(x["gate"], x["metric"]): x for x in replay_table(r, n_boot=50)}
+    assert rows[("MDL (paper defaults)", "In-Accuracy")]["value"] == 0.5
+    assert rows[("MDL (paper defaults)", "coverage")]["value"] == 0.75
+    assert rows[("MDL (paper defaults)", "selective accuracy")]["value"] == pytest.approx(2 / 3)
+    assert rows[("IRCoT", "retrieval calls")]["value"] == 3.0
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_the_benchmark_command_scores_a_users_column_resumes_and_refuses_nothing_silently(
+        cli, tmp_path, embedder, monkeypatch):
+    from mdl_jax.evaluation.datasets import load_benchmark
+    from mdl_jax.gate import core
+
+    # the session's MiniLM (loaded once), not a second copy of the model
+    monkeypatch.setattr(core, "_make_embedder", lambda *a, **k: embedder)
+    items = load_benchmark("rgb_en_fact", limit=4)
+    scores = tmp_path / "mine.csv"
+    with open(scores, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["qid", "length"])
+        w.writerows([it.qid, len(" ".join(it.memories))] for it in items)
+    out = tmp_path / "run"
+    argv = ["benchmarks", "rgb_en_fact", "adarague:hotpotqa_test", "--limit", "4", "--out", str(out),
+            "--gate-scores", str(scores), "--no-fit", "--n-boot", "50"]
+    code, stdout, stderr = cli(argv)
+    assert code == 0, stderr
+    report = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert "| length |" in report and "MDL (paper defaults)" in report and "In-Accuracy" in report
+    assert (out / "figures" / "rgb_en_fact.png").stat().st_size > 0
+    sig = out / "signals" / "rgb_en_fact.npz"
+    before = sig.stat().st_mtime_ns
+    assert cli(argv)[0] == 0
+    assert sig.stat().st_mtime_ns == before, "a rerun on the same inputs must reuse the signals"
+    argv[argv.index("4")] = "3"
+    assert cli(argv + ["--gate-scores", str(scores)])[0] == 0
+    assert sig.stat().st_mtime_ns != before, "changed inputs must be recomputed, never mixed in"
+    code, _, err = cli(["benchmarks", "no_such_set", "--out", str(out)])
+    assert code == 2 and "no_such_set" in err
