@@ -136,7 +136,7 @@ def _fmt(v) -> str:
 
 
 def _ci(r: Mapping) -> str:
-    if math.isnan(r["lo"]):
+    if r["lo"] is None or math.isnan(r["lo"]):
         return _fmt(r["value"])
     return f"{r['value']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
 
@@ -169,7 +169,63 @@ def _table(rows: Sequence[Mapping], metric_names: Sequence[str]) -> list[str]:
     return out
 
 
-def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapping) -> str:
+SUMMARY_FREE = ("always adopt", "similarity (top-1)", "R alone", "MDL (paper defaults)", "MDL + answer detector",
+                "MDL calibrated", "MDL tuned", "oracle")
+SUMMARY_REPLAY = ("never retrieve", "always retrieve", "IRCoT", "Adaptive-RAG classifier", "When-to-Retrieve flag",
+                  "similarity (top-1)", "MDL (paper defaults)", "MDL (paper defaults), never abstain",
+                  "MDL calibrated, never abstain", "oracle")
+
+
+def summary_markdown(rows: Sequence[Mapping]) -> str:
+    """The run's summary tables, from its metrics rows (``metrics.csv``): per reader-free data set the
+    decision accuracy and AUROC of the main gates, per AdaRAGUE data set the In-Accuracy of each gate.
+    The docs page embeds this text; a test rebuilds it from the committed run's metrics.csv."""
+    by = {(r["dataset"], r["gate"], r["metric"]): r for r in rows}
+    sets = list(dict.fromkeys(r["dataset"] for r in rows))
+    free = [d for d in sets if (d, "MDL (paper defaults)", "decision accuracy") in by]
+    rep = [d for d in sets if (d, "never retrieve", "In-Accuracy") in by]
+
+    def cell(key) -> str:
+        r = by.get(key)
+        return "—" if r is None or _num(r["value"]) is None else _ci({k: _num(r[k]) for k in ("value", "lo", "hi")})
+
+    L: list[str] = []
+    for metric in ("decision accuracy", "AUROC"):
+        L += [f"**{metric}** (evaluated memory sets; 95% question-bootstrap intervals)", "",
+              "| data set | n | " + " | ".join(SUMMARY_FREE) + " |", "|---|---|" + "---|" * len(SUMMARY_FREE)]
+        for d in free:
+            n = by[(d, "MDL (paper defaults)", "decision accuracy")]["n"]
+            L.append(f"| {d} | {n} | " + " | ".join(cell((d, g, metric)) for g in SUMMARY_FREE) + " |")
+        L.append("")
+    ab = [d for d in sets if (d, "MDL (paper defaults)", "abstention F1") in by]
+    if ab:
+        gates = ("MDL (paper defaults)", "MDL calibrated", "MDL tuned")
+        L += ["**Abstention** (MDL's Opt-Out against \"should abstain\": F1 / over-refusal)", "",
+              "| data set | n | " + " | ".join(gates) + " |", "|---|---|" + "---|" * len(gates)]
+        for d in ab:
+            n = by[(d, "MDL (paper defaults)", "abstention F1")]["n"]
+            L.append(f"| {d} | {n} | " + " | ".join(
+                f"{cell((d, g, 'abstention F1'))} / {cell((d, g, 'over-refusal'))}" for g in gates) + " |")
+        L.append("")
+    if rep:
+        L += ["**In-Accuracy** (AdaRAGUE's protocol, Llama-3.1-8B-Instruct's answers; MDL only where passages exist)",
+              "", "| data set | n | " + " | ".join(SUMMARY_REPLAY) + " |", "|---|---|" + "---|" * len(SUMMARY_REPLAY)]
+        for d in rep:
+            n = by[(d, "never retrieve", "In-Accuracy")]["n"]
+            L.append(f"| {d} | {n} | " + " | ".join(cell((d, g, "In-Accuracy")) for g in SUMMARY_REPLAY) + " |")
+        L.append("")
+    return "\n".join(L)
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapping, rows: Sequence[Mapping]) -> str:
     L = ["# MDL on the field's benchmarks", ""]
     L += [
         f"MDL (mdl-jax {meta['version']}, the paper's zero-parameter defaults unless a row says otherwise) and the "
@@ -181,6 +237,9 @@ def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapp
         "",
         f"Embedder: {meta['embedder']}. Task risk A = 0.5 everywhere. Data: {meta['data']}.",
         "",
+        "## Summary",
+        "",
+        summary_markdown(rows),
     ]
     if free:
         L += ["## Reader-free: should the memories be adopted?", "",
@@ -192,8 +251,11 @@ def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapp
             n = rows[0]["n"] if rows else 0
             ng = rows[0]["n_groups"] if rows else 0
             L += [f"### {name} (evaluated: {n} memory sets, {ng} questions)", ""]
-            L += _table(rows, ["decision accuracy", "withheld", "AUROC", "AUPRC",
-                               "accuracy − MDL (paper defaults)"])
+            if any(r["metric"] == "decision accuracy" for r in rows):
+                L += _table([r for r in rows if not r["metric"].startswith(("abstention", "over-refusal"))],
+                            ["decision accuracy", "withheld", "AUROC", "AUPRC", "accuracy − MDL (paper defaults)"])
+            else:
+                L.append("No memory set here holds memories to adopt: only abstention is scored.")
             ab = [r for r in rows if r["metric"].startswith(("abstention", "over-refusal"))]
             if ab:
                 L += ["", "Abstention (MDL's Opt-Out against the data set's \"should abstain\"):", ""]
@@ -304,5 +366,5 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
             "data": "the shared copy (../shared/data/benchmarks)" if path is None else str(path)}
     _write(out / "run.json", (json.dumps(meta, indent=1) + "\n").encode())
     report = out / "REPORT.md"
-    _write(report, _report(free, rep, meta).encode())
+    _write(report, _report(free, rep, meta, all_rows).encode())
     return report

@@ -30,8 +30,8 @@ gate's adopt-score ≥ τ" with the labels (``fit_threshold``). The task risk A 
 for every benchmark: none of them carries a domain risk, and a constant keeps A out of the comparison.
 
 Labels. A memory set's "do not adopt" label is ``not should_adopt`` where the data set's rule defines
-``should_adopt``, else ``should_abstain`` (no memory worth adopting); rows with neither are left out of
-the adoption metrics. The abstention metrics (AbstentionBench's, ``metrics``) are computed for the gates
+``should_adopt``, else ``should_abstain`` (no memory worth adopting) where the set holds memories; rows
+with neither, and empty memory sets (nothing to adopt), are left out of the adoption metrics. The abstention metrics (AbstentionBench's, ``metrics``) are computed for the gates
 that can abstain (MDL's Opt-Out) where the rule defines ``should_abstain``.
 """
 
@@ -211,7 +211,9 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
     n = len(items)
     adopt_lab = _label([it.should_adopt for it in items])
     abstain_lab = _label([it.should_abstain for it in items])
-    dont = np.where(np.isnan(adopt_lab), abstain_lab, 1.0 - adopt_lab)
+    has_memories = np.array([bool(it.memories) for it in items])
+    # an empty memory set has nothing to adopt: only the abstention metrics read it
+    dont = np.where(~np.isnan(adopt_lab), 1.0 - adopt_lab, np.where(has_memories, abstain_lab, np.nan))
     groups = np.array([it.group for it in items])
     cal = calibration_split(groups, salt=dataset)
     adopt = dont == 0.0
@@ -293,9 +295,19 @@ def metric_table(s: Scored, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
 
     def put(gate: str, metric: str, est) -> None:
         rows.append({"dataset": s.dataset, "gate": gate, "metric": metric, "value": est.value,
-                     "lo": est.lo, "hi": est.hi, "n": int(ev.sum()), "n_groups": int(len(set(groups)))})
+                     "lo": est.lo, "hi": est.hi, "n": int(est.n), "n_groups": int(est.n_groups)})
 
+    ab_rows = ~s.calibration & ~np.isnan(s.should_abstain)
     for g in s.gates:
+        if g.abstain is not None and ab_rows.any():
+            a, y = g.abstain[ab_rows], s.should_abstain[ab_rows].astype(bool)
+            for metric, fn in (("abstention precision", metrics.abstention_precision),
+                               ("abstention recall", metrics.abstention_recall),
+                               ("abstention F1", metrics.abstention_f1),
+                               ("over-refusal", metrics.over_refusal_rate)):
+                put(g.name, metric, metrics.bootstrap(fn, a, y, groups=s.group[ab_rows], n_boot=n_boot, seed=seed))
+        if not ev.any():
+            continue
         w = g.withhold[ev]
         for metric, (kind, fn) in METRICS.items():
             if kind == "score" and not both:
@@ -308,16 +320,6 @@ def metric_table(s: Scored, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
             rows.append({"dataset": s.dataset, "gate": g.name, "metric": "accuracy − MDL (paper defaults)",
                          "value": d.value, "lo": d.lo, "hi": d.hi, "n": int(ev.sum()),
                          "n_groups": int(len(set(groups))), "mde": d.mde})
-        ab = s.should_abstain[ev]
-        if g.abstain is not None and (~np.isnan(ab)).any():
-            keep = ~np.isnan(ab)
-            a, y = g.abstain[ev][keep], ab[keep].astype(bool)
-            for metric, fn in (("abstention precision", metrics.abstention_precision),
-                               ("abstention recall", metrics.abstention_recall),
-                               ("abstention F1", metrics.abstention_f1),
-                               ("over-refusal", metrics.over_refusal_rate)):
-                est = metrics.bootstrap(fn, a, y, groups=groups[keep], n_boot=n_boot, seed=seed)
-                put(g.name, metric, est)
     return rows
 
 
