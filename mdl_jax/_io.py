@@ -114,13 +114,19 @@ def _fresh_file(folder: Path, name: str) -> tuple[int, Path]:
     ``O_NOFOLLOW`` refuses a link besides; a taken name is retried under another. The mode is
     0666 less the umask, what ``open(path, "w")`` would give."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-    for _ in range(100):
-        tmp = folder / f".{name}.{_token()}.tmp"
+    for _, candidate in zip(range(100), _names(name)):
+        tmp = folder / candidate
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no fresh temporary name is free", str(folder))
+
+
+def _names(name: str) -> Iterator[str]:
+    """Temporary names for a file called ``name``: hidden, random, never reused."""
+    while True:
+        yield f".{name}.{_token()}.tmp"
 
 
 def _token() -> str:
@@ -528,6 +534,8 @@ def open_append(path: str | os.PathLike, mode: str = "ab", *, encoding: str = "u
         if e.errno == errno.ELOOP:
             raise OutputError(path, e, f"cannot write {path}: it is a symbolic link; refusing to write "
                                        "through it (remove it)") from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader (O_NONBLOCK), a socket
+            raise OutputError(path, e, f"cannot write {path}: not a regular file (remove it)") from None
         raise OutputError(path, e) from None
     try:
         st = os.fstat(fd)
