@@ -334,7 +334,8 @@ def _gate(d: Path) -> list[Path]:
     return [d / "o.parquet"]
 
 
-# (writer, its final files before it runs, relative to the folder it writes into)
+# (writer, its final files before it runs, relative to the folder it writes into); the gate refuses an
+# OUT that exists (a link there is refused with the rest), so only its temporary names are planted
 WRITERS = {
     "save_config": (_save_config, ["cfg.json"]),
     "save_table (signals.parquet)": (_save_table, ["signals.parquet"]),
@@ -342,7 +343,7 @@ WRITERS = {
     "sweep --out": (_sweep_out, ["o.csv"]),
     "tune": (_tune, ["tuned/tuned-gates.json", "tuned/tuned.json", "tuned/TUNED.md"]),
     "reproduce's report": (_report, ["REPORT.md", "table4.md", "table5.md", "metrics.json", "figure3.png"]),
-    "gate --out": (_gate, ["o.parquet"]),
+    "gate --out": (_gate, [".o.parquet"]),
 }
 
 
@@ -360,10 +361,12 @@ def test_a_symlink_planted_at_any_name_a_writer_uses_leaves_its_target_untouched
     monkeypatch.setattr(_io, "_names", lambda name: chain([f".{name}.planted.tmp"], names(name)))
     planted = []
     for rel in finals:
-        p = d / rel
+        temp_only = Path(rel).name.startswith(".")
+        p = d / rel.replace("/.", "/").lstrip(".")
         p.parent.mkdir(parents=True, exist_ok=True)
         for link in (p, p.with_name(p.name + ".tmp"), p.with_name(f".{p.name}.planted.tmp")):
-            link.symlink_to(victim)
+            if not (temp_only and link == p):
+                link.symlink_to(victim)
             planted.append(link)
     fn(d)
     assert victim.read_text() == VICTIM and victim.stat().st_nlink == 1
