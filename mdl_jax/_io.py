@@ -388,8 +388,9 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
                 keep_existing: bool = False) -> Iterator[Path]:
     """A folder of several files published whole or not at all.
 
-    The block writes into a fresh private sibling folder (``mkdtemp`` in ``final_dir``'s parent).
-    When it ends without an exception, every file in it is fsynced and the folder is published:
+    The block writes into a fresh private sibling folder (``mkdtemp`` in ``final_dir``'s parent;
+    inside ``final_dir`` when it is a mount point or its parent is not ours to write). When the
+    block ends without an exception, every file in it is fsynced and the folder is published:
 
     - ``final_dir`` missing: the folder is renamed to ``final_dir``.
     - ``final_dir`` holds only names this output owns (``owns``): it is swapped whole: the old folder
@@ -403,8 +404,8 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
     is untouched.
 
     Args:
-        final_dir: the output folder. A symbolic link there is followed: the folder it names is the
-          one published (the user chose that path).
+        final_dir: the output folder. A symbolic link there is followed only to an existing folder
+          of this user's (an output folder kept elsewhere); any other link is refused.
         owns: ``owns(name)`` is True for a name in ``final_dir`` that this output writes (a stale
           one is removed). None: only the names the new output contains.
         keep_existing: an existing ``final_dir`` is kept and the new folder dropped (a cache that
@@ -418,24 +419,16 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
         OutputError: the folder cannot be made or published (a full disk, a read-only mount, a file
           where the folder should be); ``final_dir`` is untouched.
     """
-    import tempfile
 
     final = Path(final_dir)
     if final.is_symlink():
-        final = final.resolve()
+        final = _linked_folder(final)
     parent = final.parent
     try:
         if os.path.lexists(final) and not final.is_dir():
             raise OutputError(final, message=f"cannot write the folder {final}: a file is there, not a folder")
         parent.mkdir(parents=True, exist_ok=True)
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=parent))
-        except PermissionError:
-            if not final.is_dir():
-                raise
-            # a folder of ours in a parent we may not write: the new files are made inside it and
-            # renamed into place one by one (the folder itself cannot be swapped)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final))
+        tmp = _work_folder(final)
     except OSError as e:
         raise _as_output_error(final, e) from None
     try:
@@ -452,6 +445,38 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
         if isinstance(e, OSError) and not isinstance(e, OutputError) and _ours(e):
             raise OutputError(final, e) from None
         raise
+
+
+def _work_folder(final: Path) -> Path:
+    """A fresh private folder to write ``final``'s files into: beside it, or inside it when ``final``
+    is a mount point (a rename cannot cross file systems) or sits in a parent we may not write; then
+    the files are renamed in one by one, since the folder itself cannot be swapped."""
+    import tempfile
+
+    prefix = f".{final.name}."
+    if final.is_dir() and os.path.ismount(final):
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=final))
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=final.parent))
+    except PermissionError:
+        if not final.is_dir():
+            raise
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=final))
+
+
+def _linked_folder(link: Path) -> Path:
+    """The folder a symbolic link at an output folder's name points to, if it is an existing folder of
+    this user's (an output folder kept elsewhere); a link to anything else is refused, since writing
+    through it would put our files where someone else chose."""
+    real = link.resolve()
+    try:
+        st = os.stat(real)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+        raise OutputError(link, message=f"cannot write the folder {link}: it is a symbolic link to {real}, which "
+                                        "is not an existing folder of yours; remove the link or choose another folder")
+    return real
 
 
 def _publish(tmp: Path, final: Path, owns, keep_existing: bool) -> None:
@@ -475,9 +500,16 @@ def _publish(tmp: Path, final: Path, owns, keep_existing: bool) -> None:
     inside = tmp.parent == final
     old = [n for n in os.listdir(final) if not (inside and n == tmp.name)]
     mine = owns if owns is not None else new.__contains__
+    swapped = False
     if not inside and all(mine(n) or n in new for n in old):
         aside = final.parent / f".{final.name}.old-{_token()}"
-        os.rename(final, aside)
+        try:
+            os.rename(final, aside)
+            swapped = True
+        except OSError as e:  # a mount point, a folder in use: its files are replaced one by one below
+            if e.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV, errno.EINVAL):
+                raise
+    if swapped:
         try:
             os.rename(tmp, final)
         except BaseException:

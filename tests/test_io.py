@@ -567,3 +567,26 @@ def test_analyze_stopped_after_its_first_figure_leaves_the_previous_analysis(tmp
         analyze(_records(tmp_path / "records.jsonl"), out, data_dir=tmp_path, config=cfg)
     assert _tree(out) == before
     assert sorted(os.listdir(tmp_path)) == ["analysis", "cfg.json", "records.jsonl", "run.json"]
+
+
+def test_publish_dir_follows_a_link_only_to_a_folder_of_ours(tmp_path):
+    elsewhere = tmp_path / "big-disk" / "analysis"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "analysis").symlink_to(elsewhere)
+    with publish_dir(tmp_path / "analysis") as w:
+        write_text(w / "ANALYSIS.md", "new\n")
+    assert (tmp_path / "analysis").is_symlink() and _tree(elsewhere) == {"ANALYSIS.md": b"new\n"}
+    (tmp_path / "tuned").symlink_to(tmp_path / "nowhere")  # dangling: we would create the folder it names
+    with pytest.raises(OutputError, match="tuned: it is a symbolic link to .*nowhere, which is not an existing "
+                                          "folder of yours"), publish_dir(tmp_path / "tuned"):
+        pass
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_publish_dir_into_a_mount_point_renames_its_files_in(disk):
+    if disk.kind != "tmpfs":
+        pytest.skip("needs a mounted file system")
+    before = _old_folder(disk.folder, ("TUNED.md", "tuned.json"))
+    with publish_dir(disk.folder, owns=lambda n: n.lower().startswith("tuned")) as w:
+        write_text(w / "TUNED.md", "new\n")
+    assert _tree(disk.folder) == {"TUNED.md": b"new\n"} and before and disk.listing() == ["TUNED.md"]

@@ -159,7 +159,7 @@ def _register_reproduce(sub, common) -> None:
 
 
 def reproduce_cmd(args) -> int:
-    from mdl_jax._io import write_text
+    from mdl_jax._io import OutputError, write_text
     from mdl_jax.analysis.report import write_report
     from mdl_jax.pipeline.experiment import Experiment, OutDirInUse, RunConfig, read_json
     from mdl_jax.pipeline.generation import make_backend
@@ -208,6 +208,8 @@ def reproduce_cmd(args) -> int:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:
         raise CommandError(str(e)) from None
+    except OutputError:  # a link planted at the lock, a full disk: the message names the file
+        raise
     except OSError as e:  # a folder the OS refuses (read-only, /proc, ...)
         raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
                            f"{e.strerror or e}") from None
