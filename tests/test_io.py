@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import signal
 import stat
 import subprocess
@@ -515,15 +516,27 @@ def test_sweep_out_on_a_full_disk_is_one_line_and_exit_2(disk, tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_tune_on_a_full_disk_leaves_the_previous_tuned_set(disk, tmp_path):
-    from mdl_jax.analysis.learned import learned_table
-
+def test_tune_on_a_full_disk_is_one_line_and_leaves_the_previous_tuned_set(disk, tmp_path, cli):
     out = disk.folder / "tuned"
     before = _old_folder(out)
     disk.fill()
-    with pytest.raises(OutputError, match=r"cannot write .*tuned/.*: No space left on device"):
-        learned_table(_records(tmp_path / "records.jsonl"), out, steps=5, seeds=(0,), field_sets=("gates",))
+    rc, _, err = cli(["tune", _records(tmp_path / "records.jsonl"), "--out", out, "--steps", "5", "--seeds", "0",
+                      "--field-sets", "gates"])
+    assert rc == 2 and err.count("mdl-jax: error:") == 1 and "Traceback" not in err, err
+    assert re.search(rf"mdl-jax: error: cannot write {re.escape(str(out))}/[\w.-]+: No space left on device", err)
     assert _tree(out) == before and disk.listing() == ["tuned"]
+
+
+@pytest.mark.slow
+def test_analyze_on_a_full_disk_leaves_the_previous_analysis(disk, tmp_path):
+    from mdl_jax.analysis.analyze import analyze
+
+    out = disk.folder / "analysis"
+    before = _old_folder(out, ("ANALYSIS.md", "analysis.json", "figure4_action_regions.png", "table6.md"))
+    disk.fill()
+    with pytest.raises(OutputError, match=r"cannot write .*analysis/.*: No space left on device"):
+        analyze(_records(tmp_path / "records.jsonl"), out, data_dir=tmp_path)
+    assert _tree(out) == before and disk.listing() == ["analysis"]
 
 
 # ------------------------------------------------------- a run stopped midway publishes nothing
