@@ -603,3 +603,21 @@ def test_publish_dir_into_a_mount_point_renames_its_files_in(disk):
     with publish_dir(disk.folder, owns=lambda n: n.lower().startswith("tuned")) as w:
         write_text(w / "TUNED.md", "new\n")
     assert _tree(disk.folder) == {"TUNED.md": b"new\n"} and before and disk.listing() == ["TUNED.md"]
+
+
+@pytest.mark.slow
+def test_analyze_replaces_its_previous_folder_whole_and_owns_every_name_it_writes(tmp_path):
+    """A rerun of ``analyze`` into its previous folder: the stale file of the earlier run (a ``ref``
+    table this run has no judge for) is gone, every name written is one ``analysis_file`` owns (so
+    the next rerun swaps the folder whole), and no temporary folder remains."""
+    from mdl_jax.analysis.analyze import analysis_file, analyze
+
+    out = tmp_path / "analysis"
+    _old_folder(out, ("ANALYSIS.md", "table6_ref.md", "figure5a_confusion_ref.png"))
+    analyze(_records(tmp_path / "records.jsonl"), out, data_dir=tmp_path)
+    names = sorted(os.listdir(out))
+    assert "table6_ref.md" not in names and "figure5a_confusion_ref.png" not in names
+    assert {"ANALYSIS.md", "analysis.json", "table6.md", "figure6_cases.png"} <= set(names)
+    assert [n for n in names if not analysis_file(n)] == []
+    assert (out / "ANALYSIS.md").read_text() != "old ANALYSIS.md\n"
+    assert sorted(os.listdir(tmp_path)) == ["analysis", "records.jsonl", "run.json"]

@@ -223,7 +223,7 @@ def _significance(ci) -> str:
 # of an earlier analysis that this one does not write again is removed when the new one is published.
 _ANALYSIS_FILES = re.compile(
     r"(table6|table10|table7|sensitivity|figure5b_gate_grid|figure_sigma_sweep|figure_threshold_grid"
-    r"|figure5a_confusion|figure4_action_regions|figure_section6)(_[a-z]+)?\.(md|png)"
+    r"|figure5a_confusion|figure4_action_regions|figure_section6)(_ref)?\.(md|png)"
     r"|(low_relevance|qr_bases|cases|selective|gates|comparisons|table4_seeds|table5_seeds|design|table8"
     r"|ANALYSIS)\.md|analysis\.json|(figure5c_abstention_bins|figure6_cases|figure_risk_coverage)\.png")
 
