@@ -53,7 +53,9 @@ class OutputError(OSError):
         if message is None:
             hint = {errno.ENOSPC: "the disk is full", errno.EROFS: "a read-only file system",
                     getattr(errno, "EDQUOT", -1): "the disk quota is used up"}.get(code)
-            message = f"cannot write {path}: {reason}" + (f" ({hint})" if hint and hint.lower() != str(reason).lower() else "")
+            message = f"cannot write {path}: {reason}"
+            if hint and hint.lower() != str(reason).lower():
+                message += f" ({hint})"
             message += "; nothing was replaced" if code in _REFUSALS else ""
         self.message = message
 
