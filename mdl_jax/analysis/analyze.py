@@ -25,10 +25,13 @@ nothing is copied from a previous run.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import numpy as np
+
+from mdl_jax._io import publish_dir, write_text
 
 
 def _jsonable(x):
@@ -216,10 +219,35 @@ def _significance(ci) -> str:
     return "not significant, the interval spans 0" if lo <= 0 <= hi else "significant, the interval excludes 0"
 
 
+# The names `analyze` writes into its folder (tables, figures under either judge, the report): a file
+# of an earlier analysis that this one does not write again is removed when the new one is published.
+_ANALYSIS_FILES = re.compile(
+    r"(table6|table10|table7|sensitivity|figure5b_gate_grid|figure_sigma_sweep|figure_threshold_grid"
+    r"|figure5a_confusion|figure4_action_regions|figure_section6)(_ref)?\.(md|png)"
+    r"|(low_relevance|qr_bases|cases|selective|gates|comparisons|table4_seeds|table5_seeds|design|table8"
+    r"|ANALYSIS)\.md|analysis\.json|(figure5c_abstention_bins|figure6_cases|figure_risk_coverage)\.png")
+
+
+def analysis_file(name: str) -> bool:
+    """Whether ``name`` is one of the files ``analyze`` writes into its folder.
+
+    Args:
+        name: a file name (no folder).
+
+    Returns:
+        True for a table, figure or report name of ``analyze``'s.
+    """
+    return _ANALYSIS_FILES.fullmatch(name) is not None
+
+
 def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
             progress=None, config=None) -> dict:
     """Run every analysis on ``records`` and write the outputs into ``out``. Returns a summary dict
     (the content of analysis.json) with ``wall_s`` per part.
+
+    The outputs are published whole (``mdl_jax._io.publish_dir``): written into a fresh sibling
+    folder and swapped in when every analysis has run, so a failure, a kill or a full disk leaves
+    the previous ``out`` as it was. Files in ``out`` that ``analyze`` does not write stay.
 
     ``latency``: None, or a callable ``(records_path, records_frame) -> dict`` that times the pipeline's
     stages for Table 8 (``mdl_jax.pipeline.stage_latency.pipeline_stages``, which loads MiniLM and
@@ -228,7 +256,8 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
     ``config``: an MDLConfig or a config file (``mdl_jax.save_config``, e.g. from ``mdl-jax tune``)
     that scores every record instead of the run's calibrated per-dataset configs.
 
-    Raises ``oracle.RecordsError`` (naming the file and what is missing) for unusable records.
+    Raises ``oracle.RecordsError`` (naming the file and what is missing) for unusable records, and
+    ``mdl_jax._io.OutputError`` (naming the path) when ``out`` cannot be written (a full disk).
     """
     from mdl_jax.analysis import ablation, cases, complementarity, figures, oracle, sensitivity, stats
     from mdl_jax.analysis import latency as lat
@@ -250,147 +279,149 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
     df = oracle.pooled(ev)
     if not len(df[df["system"] == "B3"]):
         raise oracle.RecordsError(f"{records}: no successful B3 (MDL) records")
-    out.mkdir(parents=True, exist_ok=True)
-    rc = oracle.run_configs(records, df, cal)
-    if config is not None:
-        from mdl_jax import MDLConfig, load_config
+    # everything is written into a fresh sibling folder and published whole when the analyses end:
+    # a kill or a full disk midway leaves the previous analysis as it was, never a mix of two runs
+    with publish_dir(out, owns=analysis_file) as work:
+        rc = oracle.run_configs(records, df, cal)
+        if config is not None:
+            from mdl_jax import MDLConfig, load_config
 
-        cfg = config if isinstance(config, MDLConfig) else load_config(config)
-        src = "the given config" if isinstance(config, MDLConfig) else f"config file {config}"
-        rc = {ds: oracle.RunConfig(cfg, src) for ds in rc}
-    cfgs = {k: v.config for k, v in rc.items()}
-    sc = oracle.score(df, cfgs)
-    qid = stats.question_ids(df)
-    # the oracle under each judge whose verdicts every record carries (Section 5.3 under `ref` too)
-    judges = {"paper": df}
-    if "hallucinated_ref" in df and not df["hallucinated_ref"].isna().any():
-        judges["ref"] = df.assign(h=df["hallucinated_ref"].astype(float))
-    labels = {j: oracle.oracle_labels(d) for j, d in judges.items()}
-    res: dict = {"records": str(records), "n_pooled": int(len(df)),
-                 "n_by_system": df["system"].value_counts().to_dict(),
-                 "n_questions": int(len(np.unique(qid))), "repeats": _repeats(df),
-                 "judges": list(judges),
-                 "configs": {k: {"source": v.source, "thresholds": [float(t) for t in v.config.thresholds],
-                                 "n_min": float(v.config.n_min), "n_max": float(v.config.n_max)}
-                             for k, v in rc.items()}}
-    for j, yj in labels.items():
-        res.setdefault("by_judge", {})[j] = _headline_numbers(df, yj, sc, qid)
-    res.update(res["by_judge"]["paper"])  # the paper judge's numbers stay at the top level
-    b3 = df["system"].to_numpy() == "B3"
-    res["b3_recorded_action_agreement"] = float(np.mean(
-        df.loc[b3, "action_name"].to_numpy() == np.array([figures.ACTION_NAMES[a] for a in sc.action[b3]])))
-    from mdl_jax.analysis import selective as _sel
+            cfg = config if isinstance(config, MDLConfig) else load_config(config)
+            src = "the given config" if isinstance(config, MDLConfig) else f"config file {config}"
+            rc = {ds: oracle.RunConfig(cfg, src) for ds in rc}
+        cfgs = {k: v.config for k, v in rc.items()}
+        sc = oracle.score(df, cfgs)
+        qid = stats.question_ids(df)
+        # the oracle under each judge whose verdicts every record carries (Section 5.3 under `ref` too)
+        judges = {"paper": df}
+        if "hallucinated_ref" in df and not df["hallucinated_ref"].isna().any():
+            judges["ref"] = df.assign(h=df["hallucinated_ref"].astype(float))
+        labels = {j: oracle.oracle_labels(d) for j, d in judges.items()}
+        res: dict = {"records": str(records), "n_pooled": int(len(df)),
+                     "n_by_system": df["system"].value_counts().to_dict(),
+                     "n_questions": int(len(np.unique(qid))), "repeats": _repeats(df),
+                     "judges": list(judges),
+                     "configs": {k: {"source": v.source, "thresholds": [float(t) for t in v.config.thresholds],
+                                     "n_min": float(v.config.n_min), "n_max": float(v.config.n_max)}
+                                 for k, v in rc.items()}}
+        for j, yj in labels.items():
+            res.setdefault("by_judge", {})[j] = _headline_numbers(df, yj, sc, qid)
+        res.update(res["by_judge"]["paper"])  # the paper judge's numbers stay at the top level
+        b3 = df["system"].to_numpy() == "B3"
+        res["b3_recorded_action_agreement"] = float(np.mean(
+            df.loc[b3, "action_name"].to_numpy() == np.array([figures.ACTION_NAMES[a] for a in sc.action[b3]])))
+        from mdl_jax.analysis import selective as _sel
 
-    pairs = {j: _sel.paired(ev, j)[0] for j, col in _sel.JUDGES.items() if col in ev and not ev[col].isna().all()}
-    res["calibration"] = timed("calibration", _calibration_report, df, cal, cfgs, rc, pairs)
-    res["signals"] = timed("signal_notes", _signal_notes, ev, data_dir)
-    md: dict[str, str] = {}
-    figs = {}
+        pairs = {j: _sel.paired(ev, j)[0] for j, col in _sel.JUDGES.items() if col in ev and not ev[col].isna().all()}
+        res["calibration"] = timed("calibration", _calibration_report, df, cal, cfgs, rc, pairs)
+        res["signals"] = timed("signal_notes", _signal_notes, ev, data_dir)
+        md: dict[str, str] = {}
+        figs = {}
 
-    for j, yj in labels.items():
-        sfx = "" if j == "paper" else f"_{j}"
-        jd = judges[j]
-        t6 = timed(f"table6{sfx}", complementarity.table6, df, yj, cfgs, cal if j == "paper" else None)
-        t10 = timed(f"table10{sfx}", complementarity.table10, df, yj)
-        t7a = timed(f"table7a{sfx}", ablation.table7a, df, yj, cfgs, cal if j == "paper" else None)
-        t7b = timed(f"table7b{sfx}", ablation.table7b, df, yj, cfgs)
-        md[f"table6{sfx}"] = complementarity.table6_md(t6)
-        md[f"table10{sfx}"] = complementarity.table10_md(t10)
-        md[f"table7{sfx}"] = ablation.table7_md(t7a, t7b)
-        part = {"table6": {k: v for k, v in t6.items() if k != "correct"}, "table10": t10, "table7a": t7a,
-                "table7b": t7b}
-        if sensitivity.engine_available():
-            gate = timed(f"sweep_gate{sfx}", sensitivity.gate_grid, df, yj, cfgs)
-            sig = timed(f"sweep_sigma{sfx}", sensitivity.sigma_sweep, df, yj, cfgs)
-            th = timed(f"sweep_thresholds{sfx}", sensitivity.threshold_grid, df, yj, cfgs)
-            md[f"sensitivity{sfx}"] = sensitivity.sensitivity_md(gate, sig, th)
-            figs[f"figure5b{sfx}"] = figures.figure5b(gate, out / f"figure5b_gate_grid{sfx}.png", judge=j)
-            figs[f"sigma{sfx}"] = figures.figure_sigma(sig, out / f"figure_sigma_sweep{sfx}.png", judge=j)
-            figs[f"thresholds{sfx}"] = figures.figure_thresholds(th, out / f"figure_threshold_grid{sfx}.png",
-                                                                 judge=j)
-            part["sensitivity"] = {"gate": {k: gate[k] for k in ("best", "default", "paper_region_max",
-                                                                  "best_degenerate", "degenerate_cells")},
-                                   "gate_mean": gate["mean"], "sigma": sig, "thresholds": {
-                                       k: th[k] for k in ("theta0", "offsets", "mean", "std", "abstain",
-                                                          "best_degenerate")}}
+        for j, yj in labels.items():
+            sfx = "" if j == "paper" else f"_{j}"
+            jd = judges[j]
+            t6 = timed(f"table6{sfx}", complementarity.table6, df, yj, cfgs, cal if j == "paper" else None)
+            t10 = timed(f"table10{sfx}", complementarity.table10, df, yj)
+            t7a = timed(f"table7a{sfx}", ablation.table7a, df, yj, cfgs, cal if j == "paper" else None)
+            t7b = timed(f"table7b{sfx}", ablation.table7b, df, yj, cfgs)
+            md[f"table6{sfx}"] = complementarity.table6_md(t6)
+            md[f"table10{sfx}"] = complementarity.table10_md(t10)
+            md[f"table7{sfx}"] = ablation.table7_md(t7a, t7b)
+            part = {"table6": {k: v for k, v in t6.items() if k != "correct"}, "table10": t10, "table7a": t7a,
+                    "table7b": t7b}
+            if sensitivity.engine_available():
+                gate = timed(f"sweep_gate{sfx}", sensitivity.gate_grid, df, yj, cfgs)
+                sig = timed(f"sweep_sigma{sfx}", sensitivity.sigma_sweep, df, yj, cfgs)
+                th = timed(f"sweep_thresholds{sfx}", sensitivity.threshold_grid, df, yj, cfgs)
+                md[f"sensitivity{sfx}"] = sensitivity.sensitivity_md(gate, sig, th)
+                figs[f"figure5b{sfx}"] = figures.figure5b(gate, work / f"figure5b_gate_grid{sfx}.png", judge=j)
+                figs[f"sigma{sfx}"] = figures.figure_sigma(sig, work / f"figure_sigma_sweep{sfx}.png", judge=j)
+                figs[f"thresholds{sfx}"] = figures.figure_thresholds(th, work / f"figure_threshold_grid{sfx}.png",
+                                                                     judge=j)
+                part["sensitivity"] = {"gate": {k: gate[k] for k in ("best", "default", "paper_region_max",
+                                                                      "best_degenerate", "degenerate_cells")},
+                                       "gate_mean": gate["mean"], "sigma": sig, "thresholds": {
+                                           k: th[k] for k in ("theta0", "offsets", "mean", "std", "abstain",
+                                                              "best_degenerate")}}
+            else:
+                md[f"sensitivity{sfx}"] = ("**Not run:** the sweep engine (`from mdl_jax import sweep, config_grid, "
+                                           "bootstrap_weights`) is not in this install; Figure 5(b), the σ sweep and "
+                                           "the threshold grid need it.")
+            cm = figures.confusion(df[b3], yj[b3])
+            figs[f"figure5a{sfx}"] = figures.figure5a(cm, work / f"figure5a_confusion{sfx}.png", judge=j)
+            figs[f"figure4{sfx}"] = figures.figure4(jd, cfgs, work / f"figure4_action_regions{sfx}.png", judge=j)
+            s6 = figures.section6(jd, sc, yj)
+            figs[f"section6{sfx}"] = figures.figure_section6(s6, work / f"figure_section6{sfx}.png", judge=j)
+            part.update(confusion_b3=cm, c_alpha=figures.c_alpha(df, sc, yj), section6=s6)
+            res.setdefault("by_judge", {}).setdefault(j, {}).update(part)
+        res.update({k: v for k, v in res["by_judge"]["paper"].items() if k in (
+            "table6", "table10", "table7a", "table7b", "sensitivity", "confusion_b3", "c_alpha", "section6")})
+        res["low_relevance"] = lr = timed("low_relevance", complementarity.low_relevance, df, cfgs)
+        md["low_relevance"] = complementarity.low_relevance_md(lr)
+        res["qr_bases"] = timed("qr_bases", sensitivity.qr_bases, df, labels, cal, cfgs)
+        md["qr_bases"] = sensitivity.qr_bases_md(res["qr_bases"])
+
+        t0 = time.perf_counter()
+        ab = figures.abstention_bins(df, sc)
+        figs["figure5c"] = figures.figure5c(ab, work / "figure5c_abstention_bins.png")
+        picked = cases.attach_questions(cases.pick(ev, cases.current_risk_agrees(ev, data_dir)), data_dir)
+        md["cases"] = cases.cases_md(picked)
+        figs["figure6"] = cases.figure6(picked, work / "figure6_cases.png")
+        timings["figures"] = time.perf_counter() - t0
+        log(f"figures: {timings['figures']:.1f} s")
+        res["abstention_high_risk"] = ab
+
+        from mdl_jax.analysis import gates as gates_mod
+        from mdl_jax.analysis import selective
+
+        sel = timed("selective", selective.selective, ev)
+        md["selective"] = selective.selective_md(sel)
+        res["selective"] = sel
+        gt = timed("gates", gates_mod.run_all, ev, cal, records.parent, rc if config is None else None)
+        md["gates"] = gates_mod.gates_md(gt)
+        f = gates_mod.figure(gt, work / "figure_risk_coverage.png")
+        if f is not None:
+            figs["risk_coverage"] = f
+        res["gates"] = gates_mod.jsonable(gt)
+
+        comps = timed("statistics", stats.all_comparisons, ev)
+        res["crag_equals_b2"] = stats.crag_equals_b2(ev)
+        md["comparisons"] = stats.comparisons_table(comps, res["crag_equals_b2"])
+        md["table4_seeds"] = stats.table4_seeds(ev)
+        md["table5_seeds"] = stats.table5_seeds(ev)
+        res["comparisons"] = comps
+
+        from mdl_jax.analysis import rigour
+        from mdl_jax.analysis.judges import load_gold_verdicts
+
+        gv = load_gold_verdicts()
+        res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps)
+        md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])
+        res["headline"] = rigour.headline(res)
+
+        timings["analyses"] = time.perf_counter() - t_all
+        if latency:
+            first = sorted(cfgs)[0]
+            ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"], cfgs[first])
+            pipe = timed("latency_pipeline", latency, records, df)
+            note = f"Controller config: the calibrated config of {first}."
         else:
-            md[f"sensitivity{sfx}"] = ("**Not run:** the sweep engine (`from mdl_jax import sweep, config_grid, "
-                                       "bootstrap_weights`) is not in this install; Figure 5(b), the σ sweep and "
-                                       "the threshold grid need it.")
-        cm = figures.confusion(df[b3], yj[b3])
-        figs[f"figure5a{sfx}"] = figures.figure5a(cm, out / f"figure5a_confusion{sfx}.png", judge=j)
-        figs[f"figure4{sfx}"] = figures.figure4(jd, cfgs, out / f"figure4_action_regions{sfx}.png", judge=j)
-        s6 = figures.section6(jd, sc, yj)
-        figs[f"section6{sfx}"] = figures.figure_section6(s6, out / f"figure_section6{sfx}.png", judge=j)
-        part.update(confusion_b3=cm, c_alpha=figures.c_alpha(df, sc, yj), section6=s6)
-        res.setdefault("by_judge", {}).setdefault(j, {}).update(part)
-    res.update({k: v for k, v in res["by_judge"]["paper"].items() if k in (
-        "table6", "table10", "table7a", "table7b", "sensitivity", "confusion_b3", "c_alpha", "section6")})
-    res["low_relevance"] = lr = timed("low_relevance", complementarity.low_relevance, df, cfgs)
-    md["low_relevance"] = complementarity.low_relevance_md(lr)
-    res["qr_bases"] = timed("qr_bases", sensitivity.qr_bases, df, labels, cal, cfgs)
-    md["qr_bases"] = sensitivity.qr_bases_md(res["qr_bases"])
+            ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"],
+                         cfgs[sorted(cfgs)[0]])
+            pipe = None
+            note = ("Signal aggregation, the query embedding and the LLM call were skipped: they load MiniLM and "
+                    "SmolLM2; run with `--latency` to measure them in the same process.")
+        md["table8"] = lat.table8_md(ctrl, pipe, note)
+        res["table8"] = {"controller": ctrl, "pipeline": pipe}
+        timings["total"] = time.perf_counter() - t_all
+        res["wall_s"] = timings
 
-    t0 = time.perf_counter()
-    ab = figures.abstention_bins(df, sc)
-    figs["figure5c"] = figures.figure5c(ab, out / "figure5c_abstention_bins.png")
-    picked = cases.attach_questions(cases.pick(ev, cases.current_risk_agrees(ev, data_dir)), data_dir)
-    md["cases"] = cases.cases_md(picked)
-    figs["figure6"] = cases.figure6(picked, out / "figure6_cases.png")
-    timings["figures"] = time.perf_counter() - t0
-    log(f"figures: {timings['figures']:.1f} s")
-    res["abstention_high_risk"] = ab
-
-    from mdl_jax.analysis import gates as gates_mod
-    from mdl_jax.analysis import selective
-
-    sel = timed("selective", selective.selective, ev)
-    md["selective"] = selective.selective_md(sel)
-    res["selective"] = sel
-    gt = timed("gates", gates_mod.run_all, ev, cal, records.parent, rc if config is None else None)
-    md["gates"] = gates_mod.gates_md(gt)
-    f = gates_mod.figure(gt, out / "figure_risk_coverage.png")
-    if f is not None:
-        figs["risk_coverage"] = f
-    res["gates"] = gates_mod.jsonable(gt)
-
-    comps = timed("statistics", stats.all_comparisons, ev)
-    res["crag_equals_b2"] = stats.crag_equals_b2(ev)
-    md["comparisons"] = stats.comparisons_table(comps, res["crag_equals_b2"])
-    md["table4_seeds"] = stats.table4_seeds(ev)
-    md["table5_seeds"] = stats.table5_seeds(ev)
-    res["comparisons"] = comps
-
-    from mdl_jax.analysis import rigour
-    from mdl_jax.analysis.judges import load_gold_verdicts
-
-    gv = load_gold_verdicts()
-    res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps)
-    md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])
-    res["headline"] = rigour.headline(res)
-
-    timings["analyses"] = time.perf_counter() - t_all
-    if latency:
-        first = sorted(cfgs)[0]
-        ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"], cfgs[first])
-        pipe = timed("latency_pipeline", latency, records, df)
-        note = f"Controller config: the calibrated config of {first}."
-    else:
-        ctrl = timed("latency_controller", lat.controller_stages, df["M"], df["R"], df["A"],
-                     cfgs[sorted(cfgs)[0]])
-        pipe = None
-        note = ("Signal aggregation, the query embedding and the LLM call were skipped: they load MiniLM and "
-                "SmolLM2; run with `--latency` to measure them in the same process.")
-    md["table8"] = lat.table8_md(ctrl, pipe, note)
-    res["table8"] = {"controller": ctrl, "pipeline": pipe}
-    timings["total"] = time.perf_counter() - t_all
-    res["wall_s"] = timings
-
-    for k, v in md.items():
-        (out / f"{k}.md").write_text(v + "\n")
-    (out / "analysis.json").write_text(json.dumps(_jsonable(res), indent=1))
-    (out / "ANALYSIS.md").write_text(_report(res, md, figs, out))
-    return res
+        for k, v in md.items():
+            write_text(work / f"{k}.md", v + "\n")
+        write_text(work / "analysis.json", json.dumps(_jsonable(res), indent=1))
+        write_text(work / "ANALYSIS.md", _report(res, md, figs, work))
+        return res
 
 
 ACTION_LABELS = ("Active", "Supp", "Silent", "Opt-Out")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import save_figure
+
 KINDS = (
     ("abstention where RAG hallucinated", "abstain_vs_rag"),
     ("residual failure under Active", "active_halluc"),
@@ -184,6 +186,8 @@ def figure6(cases: list[dict], path: Path) -> Path:
     lines = lines or ["No case matched the rule."]
     fig = plt.figure(figsize=(13, 0.15 * len(lines) + 0.3))
     fig.text(0.01, 0.99, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
     return path

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import mdl_jax
+from mdl_jax._io import save_figure
 from mdl_jax.controller.decision import Action
 from mdl_jax.signals.risk import HIGH_RISK
 
@@ -41,8 +42,10 @@ def _plt():
 
 def _save(fig, path: Path, top: float = 1.0) -> Path:
     fig.tight_layout(rect=(0, 0, 1, top))
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        _plt().close(fig)
     return path
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import save_figure
 from mdl_jax.analysis import rigour, selective
 
 K_FOLDS = 5  # XGBoost's folds and the grouped-folds protocol's, grouped by question (Table 7(b)'s k)
@@ -735,8 +736,10 @@ def figure(res_by_judge: dict, path) -> Path | None:
     fig.suptitle("Risk-coverage: abstain on the least confident records first (dots: each gate's own "
                  "operating point)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=130)
+    finally:
+        plt.close(fig)
     return Path(path)
 
 

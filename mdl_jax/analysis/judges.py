@@ -77,7 +77,7 @@ def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.
     (``_verdicts_key``): a change of answer, reference, rule or model judges afresh."""
     import json
 
-    from mdl_jax._paths import write_atomic
+    from mdl_jax._io import write_bytes
 
     g = load_gold() if gold is None else gold.copy()
     pools = _items(g["dataset"], data_dir)
@@ -99,7 +99,7 @@ def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.
         flags = {name: [None if j is None else bool(j.hallucinated) for j in js] for name, js in verdicts.items()}
         if path is not None:
             try:
-                write_atomic(path, json.dumps(flags).encode())
+                write_bytes(path, json.dumps(flags).encode())
             except OSError:
                 pass  # a cache that cannot be written costs only the next run's judging
     g["gold"] = g["label"].eq("hallucinated")

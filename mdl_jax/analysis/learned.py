@@ -25,6 +25,7 @@ zero-parameter rows are the starting config and the run's per-dataset calibrated
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from mdl_jax import MDLConfig, calibrate, decide, save_config
+from mdl_jax._io import publish_dir, write_text
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.tuning import FIELD_SETS, tune_many
 from mdl_jax.signals.risk import HIGH_RISK
@@ -62,7 +64,9 @@ def _summ(xs):
 
 def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field_sets=("gates", "all"),
                   k: int = 5, progress=None) -> dict:
-    """Train, evaluate and write TUNED.md, tuned.json and tuned-<set>.json under ``out``."""
+    """Train, evaluate and write TUNED.md, tuned.json and tuned-<set>.json under ``out``, published
+    together (``mdl_jax._io.publish_dir``) once everything is trained: a failure, a kill or a full
+    disk leaves the previous ``out`` as it was; files there that tune does not write stay."""
     from mdl_jax.analysis.ablation import _models, n_params
     from mdl_jax.analysis.oracle import (
         RecordsError,
@@ -90,7 +94,6 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
                            f"label from at least {k} questions for {k} folds; these records have "
                            f"{n_adopt} 'adopt' and {len(y) - n_adopt} 'reject' among {len(y)}, from "
                            f"{n_q} questions")
-    out.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no empty folder
     M, R, A = (df[c].to_numpy(np.float32) for c in ("M", "R", "A"))
     hi = A >= HIGH_RISK
     N = len(y)
@@ -158,7 +161,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
         rows[name + (f" **({deg})**" if deg else "")] = {"accuracy": _summ(accs), "high_risk": _summ(his),
                                                           "params": 0, "train_s": 0.0}
     # tuned MDL
-    tuned_params = {}
+    tuned_params, fitted = {}, {}
     for fs in field_sets:
         accs, his, leaves, n_deg = [], [], [], 0
         for b, (rfs, f, _s) in enumerate(runs):
@@ -180,9 +183,8 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
                                 np.std([np.asarray(getattr(c, f), np.float64) for c in leaves], 0).tolist())
                             for f in NUMERIC_FIELDS}
         full = configs[[i for i, r in enumerate(runs) if r[0] == fs and r[1] == "all-records"][0]]
-        save_config(full, out / f"tuned-{fs}.json",
-                    note=f"mdl-jax tune {records}: field set '{fs}' fitted on all pooled records "
-                         f"({N}), {steps} steps; start: {start_src}")
+        fitted[fs] = (full, f"mdl-jax tune {records}: field set '{fs}' fitted on all pooled records "
+                            f"({N}), {steps} steps; start: {start_src}")
     # supervised baselines on the same folds
     X = df[["M", "R", "A"]].to_numpy(np.float64)
     from sklearn.exceptions import ConvergenceWarning
@@ -211,9 +213,27 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
            "paper": {f: np.asarray(getattr(MDLConfig(), f), np.float64).tolist() for f in NUMERIC_FIELDS},
            "max_soft_hard_disagreement": disagreement,
            "stopped_early": int(np.sum(hist["stopped_step"] < steps))}
-    (out / "tuned.json").write_text(json.dumps(res, indent=2))
-    (out / "TUNED.md").write_text(markdown(res) + "\n")
+    # written only now, into a fresh sibling folder published whole: a refused run leaves no folder,
+    # and a kill or a full disk leaves the previous tuned set as it was, never one file of each
+    with publish_dir(out, owns=tuned_file) as work:
+        for fs, (full, note) in fitted.items():
+            save_config(full, work / f"tuned-{fs}.json", note=note)
+        write_text(work / "tuned.json", json.dumps(res, indent=2))
+        write_text(work / "TUNED.md", markdown(res) + "\n")
     return res
+
+
+def tuned_file(name: str) -> bool:
+    """Whether ``name`` is one of the files ``learned_table`` writes (TUNED.md, tuned.json,
+    tuned-<field set>.json): a stale one of an earlier run is removed when a new set is published.
+
+    Args:
+        name: a file name (no folder).
+
+    Returns:
+        True for a name of ``learned_table``'s.
+    """
+    return name in ("TUNED.md", "tuned.json") or re.fullmatch(r"tuned-[\w.-]+\.json", name) is not None
 
 
 def _fmt(x, digits=3):

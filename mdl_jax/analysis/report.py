@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import publish_dir, save_figure, write_text
 from mdl_jax.analysis.paper import NAMES, PAPER_FIG3A, PAPER_TABLE4, PAPER_TABLE5  # noqa: F401  (re-exported)
 from mdl_jax.pipeline import records as rec_io
 from mdl_jax.signals.risk import HIGH_RISK
@@ -182,8 +183,10 @@ def figure3(df, path: Path) -> Path:
     ax2.set_ylim(0, 1.45)
     ax2.legend(loc="upper center", fontsize=8, ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -313,9 +316,16 @@ def _design(out) -> list[str]:
     return ["### What this design can detect: power, judge error, the right constants, validity", "", body, ""]
 
 
+REPORT_FILES = frozenset({"REPORT.md", "table4.md", "table5.md", "table4_ref.md", "table5_ref.md", "figure3.png",
+                          "metrics.json"})  # what write_report writes into a run folder
+
+
 def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None = None,
                  tuned_md: str | None = None) -> Path:
-    """REPORT.md and its tables/figure for a run folder.
+    """REPORT.md and its tables/figure for a run folder, published together
+    (``mdl_jax._io.publish_dir``): written beside the folder first and renamed in at the end, so a
+    failure or a full disk leaves the previous report's files; a stale ``table4_ref.md`` of an
+    earlier report is removed when this one has none. The run's other files stay.
 
     embedder: when given, every answer is also judged by the `ref` judge (Tables 4-5 under both
       judges) and both judges' agreement with the shipped gold set is reported.
@@ -334,132 +344,134 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
             from mdl_jax.analysis.judges import rejudge
 
             judged_ref = rejudge(df, embedder)
-    t4, t5 = table4(df), table5(df)
-    (out / "table4.md").write_text(t4 + "\n")
-    (out / "table5.md").write_text(t5 + "\n")
-    figure3(df, out / "figure3.png")
-    metrics = {f"{ds}/{s}": rates(g) for (ds, s), g in df.groupby(["dataset", "system"])}
-    tests = {ds: {"B1_vs_B2": paired_t(df, "B1", "B2", ds), "B2_vs_B3": paired_t(df, "B2", "B3", ds)}
-             for ds in sorted(df["dataset"].unique())}
-    actions = (df[df["system"] == "B3"].groupby("dataset")["action"].value_counts(normalize=True)
-               .round(3).to_dict())
-    (out / "metrics.json").write_text(json.dumps({"rates": metrics, "paired_t": tests,
-                                                  "b3_actions": {f"{k[0]}/{k[1]}": v for k, v in actions.items()}},
-                                                 indent=2))
-    cfg = summary.get("config", {})
-    lines = [
-        "# MDL end-to-end hallucination experiment (RQ1)", "",
-        f"Model: {summary.get('model')}; embeddings: {cfg.get('embed_model')}; seeds: {cfg.get('seeds')}; "
-        f"evaluated questions per dataset: {cfg.get('n_questions')}; CRAG / Self-RAG on "
-        f"{cfg.get('baseline_datasets')} for "
-        f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s).",
-        f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
-        f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s of the whole pipeline, summed over "
-        "every run into this folder, resumed ones included; label scoring not counted: "
-        f"{(summary.get('this_run') or {}).get('scoring_seconds', 0):.0f} s this run); wall time of "
-        f"this run {_fmt_s(summary.get('wall_seconds'))}."
-        + (" This report was rewritten by a rerun that had nothing left to generate; the per-run "
-           "figures are those of the last run that did the work." if summary.get("report_rewritten")
-           else ""), "",
-        "Numbers in parentheses are the paper's (deepseek-v4-flash; Table 4: 200 questions × 3 seeds, "
-        "Table 5: 200 × 2); ours come "
-        "from a much smaller model and sample. A direction is comparable only where this design can resolve it: "
-        "below the minimum detectable difference (*What this design can detect*, after Table 4) neither the "
-        "size nor the direction of a difference can be read from these records.", "",
-        DEFINITIONS, "",
-        "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "", *_where_from(out), *_design(out),
-        "## Table 5: baselines on TruthfulQA (paper judge)", "", t5, "",
-        "## Figure 3", "", "![Figure 3](figure3.png)", "",
-        "## Paired t-tests across seeds (hallucination rate)", "",
-        "| dataset | comparison | t | p | seeds |", "|---|---|---|---|---|",
-    ]
-    for ds, tt in tests.items():
-        for name, r in tt.items():
-            lines.append(f"| {ds} | {name.replace('_', ' ')} | {_fmt(r['t'])} | {_fmt(r['p'])} | {r['n_seeds']} |")
-    lines += ["", "## All metrics", "",
-              "| dataset / system | n | failed | overall | high-risk (n) | refusal | risk-weighted | calls/q |",
-              "|---|---|---|---|---|---|---|---|"]
-    for k, r in metrics.items():
-        lines.append(f"| {k} | {r['n']} | {r['n_failed']} | {_fmt(r['overall'])} | {_fmt(r['high_risk'])} "
-                     f"({r['n_high_risk']}) | {_fmt(r['refusal'])} | {_fmt(r['risk_weighted'])} | "
-                     f"{r['calls_per_question']:.2f} |")
-    lines += ["", "## Calibration (Section 3.4) and MDL actions", ""]
-    for ds, d in summary.get("datasets", {}).items():
-        src = d.get("config_source", "calibrated on this run's split")
-        cal = (f"{d['n_calibration']} calibration questions, oracle adopt rate "
-               f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
-               if d.get("n_calibration") else "")
-        note = ""
-        ag, ar = d.get("calibration_agreement"), d.get("calibration_adopt_rate")
-        if ag is not None and ar is not None and d.get("n_calibration"):
-            n = d["n_calibration"]
-            # agreement is a count / n: equal to a constant classifier's share means no threshold helped
-            const = ("never adopt" if round(ag * n) == round((1 - ar) * n) else
-                     "always adopt" if round(ag * n) == round(ar * n) else None)
-            if const:
-                note += (f" **Warning: the best calibration agreement equals the constant classifier "
-                         f"'{const}'** (`calibrate` warns; the tied θ0 plateau is in the analyses below).")
-        if float(d["thresholds"][2]) <= 0:
-            note += " **θ2 = 0: Opt-Out can never happen with this config.**"
-        lines.append(f"- {ds}: config {src}; {cal}θ = {[round(t, 3) for t in d['thresholds']]}, "
-                     f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}].{note}")
-    for (ds, a), v in actions.items():
-        lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
-    paired, decisions = paired_share(df), decision_outcomes(df)
-    paired_run = "answer_cached" in df
-    lines += ["", "## Paired sampling and baseline decisions", "",
-              "Every system draws the same random numbers for the same (dataset, question, seed), and "
-              "a prompt already answered for that record is replayed from the run's generation cache, "
-              "so where B3 chooses Active it sends B2's prompt and must get B2's answer:" if paired_run else
-              "**This run predates paired sampling**: each system sampled with its own seeds, so B3 "
-              "Active records did not get B2's answer for the same prompt, and B2-vs-B3 differences "
-              "include sampling noise. The share below measures that:"]
-    for ds, r in paired.items():
-        lines.append(f"- B3 Active records with B2's answer, {ds}: {r['equal']} / {r['n']} "
-                     f"({_fmt(r['share'])})")
-    for k, r in decisions.items():
-        label = "verdicts" if k.endswith("CRAG") else "outcomes"
-        lines.append(f"- {k} (n = {r['n']}): {label} "
-                     + ", ".join(f"{a} {v:.3f}" for a, v in r["outcomes"].items())
-                     + "; decisions " + ", ".join(f"{a} {v:.3f}" for a, v in r["decisions"].items()))
-    if judged_ref is not None:
-        from mdl_jax.analysis.judges import gold_report
+    # the report's files are written into a fresh sibling folder and renamed in together at the end:
+    # a kill or a full disk midway leaves the previous report's files, never a mix of two
+    with publish_dir(out, owns=REPORT_FILES.__contains__) as work:
+        t4, t5 = table4(df), table5(df)
+        write_text(work / "table4.md", t4 + "\n")
+        write_text(work / "table5.md", t5 + "\n")
+        figure3(df, work / "figure3.png")
+        metrics = {f"{ds}/{s}": rates(g) for (ds, s), g in df.groupby(["dataset", "system"])}
+        tests = {ds: {"B1_vs_B2": paired_t(df, "B1", "B2", ds), "B2_vs_B3": paired_t(df, "B2", "B3", ds)}
+                 for ds in sorted(df["dataset"].unique())}
+        actions = (df[df["system"] == "B3"].groupby("dataset")["action"].value_counts(normalize=True)
+                   .round(3).to_dict())
+        write_text(work / "metrics.json", json.dumps({"rates": metrics, "paired_t": tests,
+                                                      "b3_actions": {f"{k[0]}/{k[1]}": v for k, v in actions.items()}},
+                                                     indent=2))
+        cfg = summary.get("config", {})
+        lines = [
+            "# MDL end-to-end hallucination experiment (RQ1)", "",
+            f"Model: {summary.get('model')}; embeddings: {cfg.get('embed_model')}; seeds: {cfg.get('seeds')}; "
+            f"evaluated questions per dataset: {cfg.get('n_questions')}; CRAG / Self-RAG on "
+            f"{cfg.get('baseline_datasets')} for "
+            f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s).",
+            f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
+            f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s of the whole pipeline, summed over "
+            "every run into this folder, resumed ones included; label scoring not counted: "
+            f"{(summary.get('this_run') or {}).get('scoring_seconds', 0):.0f} s this run); wall time of "
+            f"this run {_fmt_s(summary.get('wall_seconds'))}."
+            + (" This report was rewritten by a rerun that had nothing left to generate; the per-run "
+               "figures are those of the last run that did the work." if summary.get("report_rewritten")
+               else ""), "",
+            "Numbers in parentheses are the paper's (deepseek-v4-flash; Table 4: 200 questions × 3 seeds, "
+            "Table 5: 200 × 2); ours come "
+            "from a much smaller model and sample. A direction is comparable only where this design can resolve it: "
+            "below the minimum detectable difference (*What this design can detect*, after Table 4) neither the "
+            "size nor the direction of a difference can be read from these records.", "",
+            DEFINITIONS, "",
+            "## Table 4: hallucination rate by dataset (paper judge)", "", t4, "", *_where_from(out), *_design(out),
+            "## Table 5: baselines on TruthfulQA (paper judge)", "", t5, "",
+            "## Figure 3", "", "![Figure 3](figure3.png)", "",
+            "## Paired t-tests across seeds (hallucination rate)", "",
+            "| dataset | comparison | t | p | seeds |", "|---|---|---|---|---|",
+        ]
+        for ds, tt in tests.items():
+            for name, r in tt.items():
+                lines.append(f"| {ds} | {name.replace('_', ' ')} | {_fmt(r['t'])} | {_fmt(r['p'])} | {r['n_seeds']} |")
+        lines += ["", "## All metrics", "",
+                  "| dataset / system | n | failed | overall | high-risk (n) | refusal | risk-weighted | calls/q |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for k, r in metrics.items():
+            lines.append(f"| {k} | {r['n']} | {r['n_failed']} | {_fmt(r['overall'])} | {_fmt(r['high_risk'])} "
+                         f"({r['n_high_risk']}) | {_fmt(r['refusal'])} | {_fmt(r['risk_weighted'])} | "
+                         f"{r['calls_per_question']:.2f} |")
+        lines += ["", "## Calibration (Section 3.4) and MDL actions", ""]
+        for ds, d in summary.get("datasets", {}).items():
+            src = d.get("config_source", "calibrated on this run's split")
+            cal = (f"{d['n_calibration']} calibration questions, oracle adopt rate "
+                   f"{_fmt(d['calibration_adopt_rate'])}, agreement {_fmt(d['calibration_agreement'])}, "
+                   if d.get("n_calibration") else "")
+            note = ""
+            ag, ar = d.get("calibration_agreement"), d.get("calibration_adopt_rate")
+            if ag is not None and ar is not None and d.get("n_calibration"):
+                n = d["n_calibration"]
+                # agreement is a count / n: equal to a constant classifier's share means no threshold helped
+                const = ("never adopt" if round(ag * n) == round((1 - ar) * n) else
+                         "always adopt" if round(ag * n) == round(ar * n) else None)
+                if const:
+                    note += (f" **Warning: the best calibration agreement equals the constant classifier "
+                             f"'{const}'** (`calibrate` warns; the tied θ0 plateau is in the analyses below).")
+            if float(d["thresholds"][2]) <= 0:
+                note += " **θ2 = 0: Opt-Out can never happen with this config.**"
+            lines.append(f"- {ds}: config {src}; {cal}θ = {[round(t, 3) for t in d['thresholds']]}, "
+                         f"n = [{d['n_min']:.3f}, {d['n_max']:.3f}].{note}")
+        for (ds, a), v in actions.items():
+            lines.append(f"- B3 action share, {ds}: {a} {v:.3f}")
+        paired, decisions = paired_share(df), decision_outcomes(df)
+        paired_run = "answer_cached" in df
+        lines += ["", "## Paired sampling and baseline decisions", "",
+                  "Every system draws the same random numbers for the same (dataset, question, seed), and "
+                  "a prompt already answered for that record is replayed from the run's generation cache, "
+                  "so where B3 chooses Active it sends B2's prompt and must get B2's answer:" if paired_run else
+                  "**This run predates paired sampling**: each system sampled with its own seeds, so B3 "
+                  "Active records did not get B2's answer for the same prompt, and B2-vs-B3 differences "
+                  "include sampling noise. The share below measures that:"]
+        for ds, r in paired.items():
+            lines.append(f"- B3 Active records with B2's answer, {ds}: {r['equal']} / {r['n']} "
+                         f"({_fmt(r['share'])})")
+        for k, r in decisions.items():
+            label = "verdicts" if k.endswith("CRAG") else "outcomes"
+            lines.append(f"- {k} (n = {r['n']}): {label} "
+                         + ", ".join(f"{a} {v:.3f}" for a, v in r["outcomes"].items())
+                         + "; decisions " + ", ".join(f"{a} {v:.3f}" for a, v in r["decisions"].items()))
+        if judged_ref is not None:
+            from mdl_jax.analysis.judges import gold_report
 
-        ref = _with_judge(judged_ref, "ref")
-        (out / "table4_ref.md").write_text(table4(ref) + "\n")
-        (out / "table5_ref.md").write_text(table5(ref) + "\n")
-        from mdl_jax.analysis.judges import load_gold
+            ref = _with_judge(judged_ref, "ref")
+            write_text(work / "table4_ref.md", table4(ref) + "\n")
+            write_text(work / "table5_ref.md", table5(ref) + "\n")
+            from mdl_jax.analysis.judges import load_gold
 
-        gold_table, gold_md = gold_report(embedder)
-        test = gold_table[(gold_table["judge"] == "ref") & (gold_table["split"] == "test")]
-        met = bool(len(test)) and bool((test["rate"] >= 0.9).all())
-        gold = load_gold()
-        runs = ", ".join(f"{n} of `{r}`" for r, n in gold.groupby("run").size().items())
-        lines += ["", "## Judges", "",
-                  "Every answer is judged by the paper's MiniLM rule (`paper`, above) and by `ref`, a "
-                  "reference-reading judge (`mdl_jax/pipeline/judgement.py` lists its rules: "
-                  "containment of short references, yes/no polarity, negation, invented names). "
-                  f"Their agreement with the shipped gold set ({len(gold)} answers of committed runs: "
-                  f"{runs}; each labelled blind by two readers). `ref`'s rules were written by reading "
-                  "the dev split only (the protocol, with the fresh set's figure, follows the table). "
-                  "Target for `ref`: ≥ 90% on "
-                  f"each dataset's test split ({'met' if met else 'not met'}):", "",
-                  gold_md, "", *_llm_judges(out), "### Table 4 under the ref judge", "", table4(ref), "",
-                  "### Table 5 under the ref judge", "", table5(ref)]
-    if analysis_md:
-        import re
+            gold_table, gold_md = gold_report(embedder)
+            test = gold_table[(gold_table["judge"] == "ref") & (gold_table["split"] == "test")]
+            met = bool(len(test)) and bool((test["rate"] >= 0.9).all())
+            gold = load_gold()
+            runs = ", ".join(f"{n} of `{r}`" for r, n in gold.groupby("run").size().items())
+            lines += ["", "## Judges", "",
+                      "Every answer is judged by the paper's MiniLM rule (`paper`, above) and by `ref`, a "
+                      "reference-reading judge (`mdl_jax/pipeline/judgement.py` lists its rules: "
+                      "containment of short references, yes/no polarity, negation, invented names). "
+                      f"Their agreement with the shipped gold set ({len(gold)} answers of committed runs: "
+                      f"{runs}; each labelled blind by two readers). `ref`'s rules were written by reading "
+                      "the dev split only (the protocol, with the fresh set's figure, follows the table). "
+                      "Target for `ref`: ≥ 90% on "
+                      f"each dataset's test split ({'met' if met else 'not met'}):", "",
+                      gold_md, "", *_llm_judges(out), "### Table 4 under the ref judge", "", table4(ref), "",
+                      "### Table 5 under the ref judge", "", table5(ref)]
+        if analysis_md:
+            import re
 
-        body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())
-        if _design(out):  # shown under Table 4 already
-            body = re.sub(r"^## What this design can detect.*?(?=^## )", "", body, flags=re.M | re.S)  # its title: the heading below says it
-        body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
-        body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
-        lines += ["", "## Where the RQ1 difference comes from, the practitioners' gates, and the RQ2–RQ4 analyses "
-                  "(`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
-    if tuned_md:
-        lines += ["", tuned_md.replace("## The learned MDL", "## The learned MDL (`mdl-jax tune`)", 1)]
-    lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "
-              "code: `mdl_jax/analysis/report.py`."]
-    path = out / "REPORT.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+            body = re.sub(r"\A# [^\n]*\n", "", analysis_md.lstrip())
+            if _design(out):  # shown under Table 4 already
+                body = re.sub(r"^## What this design can detect.*?(?=^## )", "", body, flags=re.M | re.S)  # its title: the heading below says it
+            body = re.sub(r"\]\((?!https?:|analysis/)([^)]+)\)", r"](analysis/\1)", body)
+            body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.M)  # one level below this report's headings
+            lines += ["", "## Where the RQ1 difference comes from, the practitioners' gates, and the RQ2–RQ4 analyses "
+                      "(`mdl-jax analyze`, also in analysis/ANALYSIS.md)", "", body]
+        if tuned_md:
+            lines += ["", tuned_md.replace("## The learned MDL", "## The learned MDL (`mdl-jax tune`)", 1)]
+        lines += ["", "Records: `records.jsonl` (one line per dataset, question, seed, system); "
+                  "code: `mdl_jax/analysis/report.py`."]
+        write_text(work / "REPORT.md", "\n".join(lines) + "\n")
+    return out / "REPORT.md"

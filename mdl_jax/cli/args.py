@@ -161,11 +161,13 @@ def remove_if_empty(path, created: bool) -> None:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception classes that mean bad input (printed as one line, exit 2), not a bug."""
+    """The exception classes that mean bad input or an output the system refuses (a full disk, a
+    read-only folder), printed as one line, exit 2, not a bug."""
+    from mdl_jax._io import OutputError
     from mdl_jax.controller.config_file import ConfigFileError
     from mdl_jax.pipeline.data import DataError  # stdlib-only modules: keep the CLI light
 
-    errs: list = [CommandError, DataError, ConfigFileError]
+    errs: list = [CommandError, DataError, ConfigFileError, OutputError]
     try:
         from mdl_jax.analysis.oracle import RecordsError
         from mdl_jax.pipeline.judgement import JudgeInputError

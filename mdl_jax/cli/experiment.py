@@ -159,6 +159,7 @@ def _register_reproduce(sub, common) -> None:
 
 
 def reproduce_cmd(args) -> int:
+    from mdl_jax._io import OutputError, write_text
     from mdl_jax.analysis.report import write_report
     from mdl_jax.pipeline.experiment import Experiment, OutDirInUse, RunConfig, read_json
     from mdl_jax.pipeline.generation import make_backend
@@ -207,6 +208,8 @@ def reproduce_cmd(args) -> int:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:
         raise CommandError(str(e)) from None
+    except OutputError:  # a link planted at the lock, a full disk: the message names the file
+        raise
     except OSError as e:  # a folder the OS refuses (read-only, /proc, ...)
         raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
                            f"{e.strerror or e}") from None
@@ -227,7 +230,7 @@ def reproduce_cmd(args) -> int:
             # it keeps the figures of the last run that did the work instead of reporting ~0 s.
             summary["this_run"], summary["wall_seconds"] = prev["this_run"], prev.get("wall_seconds")
             summary["report_rewritten"] = True
-        (cfg.out / "run.json").write_text(json.dumps(summary, indent=2))
+        write_text(cfg.out / "run.json", json.dumps(summary, indent=2))
         # tune first: the analyses score the tuned configs beside the practitioners' gates
         if not args.no_analyses:
             tuned_md = tune_step(cfg.out)
@@ -270,6 +273,7 @@ def _remove_empty_run(out: Path, top: Path) -> None:
 
 def analyze_step(out: Path) -> str | None:
     """The RQ2-RQ4 analyses of this run's records (``mdl-jax analyze``), or a note why not."""
+    from mdl_jax._io import OutputError
     from mdl_jax.analysis.analyze import analyze
     from mdl_jax.analysis.oracle import RecordsError
 
@@ -277,6 +281,8 @@ def analyze_step(out: Path) -> str | None:
         analyze(out / "records.jsonl", out / "analysis")
     except RecordsError as e:
         return f"The RQ2–RQ4 analyses were not run: {e}"
+    except OutputError:  # a full disk is the user's to fix, not a finding of the analyses
+        raise
     except Exception as e:  # noqa: BLE001
         # The analyses come after the experiment; on a tiny run their fits and bins can fail (sklearn
         # ValueError, empty bins). The records and the RQ1 report are still good: say so, don't crash.

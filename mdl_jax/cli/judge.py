@@ -68,12 +68,11 @@ def register(sub) -> None:
 def _write_jsonl(path, rows) -> None:
     import json
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    from mdl_jax._io import atomic_open
+
+    with atomic_open(path, "w") as f:  # whole or not at all; never through a planted name
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 def judge_cmd(args) -> int:
@@ -81,6 +80,8 @@ def judge_cmd(args) -> int:
     import os
     import sys
     from pathlib import Path
+
+    from mdl_jax._io import write_text
 
     src = Path(args.input)
     out = Path(args.out) if args.out else src.with_name(src.name.removesuffix(".jsonl") + ".judged.jsonl")
@@ -135,7 +136,7 @@ def judge_cmd(args) -> int:
         summary = llm_summary(judged, gold_rows, model=args.model, server=llm.where,
                               calls=llm.calls, cache_hits=llm.cache_hits)
         side = out.with_name(out.name.removesuffix(".jsonl") + ".llm-judge.json")
-        side.write_text(json.dumps(summary, indent=1))
+        write_text(side, json.dumps(summary, indent=1))
         print(llm_summary_markdown(summary), file=sys.stderr)
         print(f"wrote {side} (REPORT.md of the run in that folder shows it when rewritten)",
               file=sys.stderr)

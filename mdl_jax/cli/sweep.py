@@ -121,13 +121,12 @@ def sweep_cmd(args) -> int:
                                for k in range(len(values))]
     text = "\n".join(lines) + "\n"
     if args.out:
-        from pathlib import Path
+        from mdl_jax._io import write_text
 
         # --out may name a file in folders that do not exist yet (``out_file`` checks that they can be
-        # created); made only now, after the sweep, so a failed sweep leaves nothing behind.
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        # created); made only now, after the sweep, so a failed sweep leaves nothing behind. Written
+        # whole or not at all: a full disk leaves the previous file as it was.
+        write_text(args.out, text)
         print(f"wrote {args.out} ({len(values)} configs × {int(np.asarray(total).mean()):,} records)",
               file=sys.stderr)
     else:

@@ -216,7 +216,8 @@ def _dumps(d: dict) -> str:
 
 
 def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = None) -> Path:
-    """Write ``cfg`` to ``path`` as JSON (atomically: a temp file, then a rename).
+    """Write ``cfg`` to ``path`` as JSON, whole or not at all (``mdl_jax._io``: a fresh temporary
+    name, fsync, a rename; a symbolic link planted at any name is never written through).
 
     Examples:
       >>> save_config(cfg, "tuned.json", note="gates tuned on paper-scale-200x3, fold 0")   # doctest: +SKIP
@@ -233,17 +234,15 @@ def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = N
     Raises:
       TypeError: ``cfg`` is not an ``MDLConfig``.
       ValueError: ``cfg`` is a batch of configs.
-      OSError: the file or its folder cannot be written.
+      OutputError: (an ``OSError``) the file or its folder cannot be written (a full disk, a
+        read-only mount); the message names ``path``, and a file already there is untouched.
     """
+    from mdl_jax._io import write_text
+
     d = config_to_dict(cfg)
     if note:
         d["note"] = note
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(_dumps(d) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(Path(path), _dumps(d) + "\n")
 
 
 def read_config_bytes(path: str | os.PathLike) -> bytes:

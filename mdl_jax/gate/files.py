@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from mdl_jax._paths import fsync_dir, replace_with
+from mdl_jax._io import atomic_open, write_bytes
 from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _collector_paused, _memory_texts, _unit
 from mdl_jax.signals.aggregation import MAX_MEMORIES
@@ -379,16 +379,15 @@ def _fingerprint(args, embed_backend: str | None = None) -> dict:
             **{k: getattr(args, k) for k in keys}, "embed_backend": embed_backend}
 
 
-# Every file is written under a fresh name (mkstemp: O_CREAT | O_EXCL, so a name planted beforehand,
-# a symlink to someone's file included, is never opened), fsynced, renamed over its final name (a
-# rename replaces a symlink, never writes through it), and the folder fsynced: after a power cut the
-# manifest names no part whose bytes are not on disk.
+# Every file goes through the one writer (mdl_jax/_io.py): a fresh name, fsynced, renamed over its
+# final name, the folder fsynced: after a power cut the manifest names no part whose bytes are not on disk.
 
-_fsync_dir, _replace_with = fsync_dir, replace_with  # the one mechanism: mdl_jax/_paths.py
+_write_atomic = write_bytes
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    _replace_with(path, lambda f: f.write(data))
+def _replace_with(path: Path, write, *, tmp_dir: Path | None = None) -> None:
+    with atomic_open(path, "wb", tmp_dir=tmp_dir, make_parents=False) as f:
+        write(f)
 
 
 class _Decided:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import write_text
 from mdl_jax.pipeline import records as rec_io
 from mdl_jax.pipeline import systems as sysm
 from mdl_jax.pipeline.generation import CachedBackend, GenerationCache, record_seed
@@ -66,8 +67,10 @@ def lock_out_dir(out: Path):
     out dir stuck; two live runs can never append to the same records file."""
     import fcntl
 
+    from mdl_jax._io import open_append
+
     out.mkdir(parents=True, exist_ok=True)
-    f = open(out / ".lock", "a+")
+    f = open_append(out / ".lock", "a+")  # never through a symlink planted at the name
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -282,7 +285,7 @@ class Experiment:
         summary["model"] = self.backend.model_id
         summary["config"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                              for k, v in dataclasses.asdict(cfg).items()}
-        (self.out / "run.json").write_text(json.dumps(summary, indent=2))
+        write_text(self.out / "run.json", json.dumps(summary, indent=2))
         return summary
 
 

@@ -71,14 +71,24 @@ def summarise(logprobs, entropy) -> dict:
 
 
 class _Appender:
+    """The gate scores file, appended to and fsynced row batch by row batch (opened without following
+    a symbolic link, a regular file only: ``mdl_jax._io.open_append``)."""
+
     def __init__(self, path: Path):
-        self.f = open(path, "a", encoding="utf-8")
+        from mdl_jax._io import open_append
+
+        self.path = path
+        self.f = open_append(path, "ab")
 
     def write(self, rows) -> None:
-        for r in rows:
-            self.f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        from mdl_jax._io import OutputError
+
+        self.f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
         self.f.flush()
-        os.fsync(self.f.fileno())
+        try:
+            os.fsync(self.f.fileno())
+        except OSError as e:
+            raise OutputError(self.path, e) from None
 
     def close(self) -> None:
         self.f.close()

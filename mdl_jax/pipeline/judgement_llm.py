@@ -99,8 +99,9 @@ class ReplyCache:
     """Successful replies on disk, keyed by sha256 of (model, request); thread-safe, durable."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from mdl_jax._io import database_path
+
+        self.path = database_path(path)  # its folder made; a symlink planted at the name refused
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("CREATE TABLE IF NOT EXISTS reply (key TEXT PRIMARY KEY, value TEXT)")
         self._db.commit()

@@ -27,26 +27,39 @@ def key(rec: dict) -> tuple:
 
 
 class RecordWriter:
+    """Appends records to a records file, each chunk fsynced (``mdl_jax._io.append_bytes``: opened
+    without following a symbolic link, a regular file only).
+
+    Raises:
+        OutputError: the file is a symbolic link or not a regular file, or cannot be written (a
+          full disk: a torn last line may remain, which ``read`` skips and the next writer ends).
+    """
+
     def __init__(self, path: str | Path):
+        from mdl_jax._io import OutputError, append_bytes, open_append
+
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # A torn last line from a killed run would glue onto our first record: end it first.
-        if self.path.exists() and self.path.stat().st_size:
-            with open(self.path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                torn = f.read(1) != b"\n"
-            if torn:
-                with open(self.path, "ab") as f:
-                    f.write(b"\n")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(self.path, e) from None
+        self._append = append_bytes
+        if os.path.lexists(self.path):
+            with open_append(self.path, "ab") as f:  # refuses a symlink or a FIFO before any read
+                size = os.fstat(f.fileno()).st_size
+            # A torn last line from a killed run would glue onto our first record: end it first.
+            if size:
+                with open(self.path, "rb") as r:
+                    r.seek(-1, os.SEEK_END)
+                    torn = r.read(1) != b"\n"
+                if torn:
+                    self._append(self.path, b"\n")
 
     def append(self, records: Iterable[dict]) -> None:
         data = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
         if not data:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        self._append(self.path, data.encode("utf-8"))
 
 
 def _why_not_a_record(rec, required: Sequence[str] = KEY) -> str | None:

@@ -46,12 +46,16 @@ def signal_arrays(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def save_table(table, path: str | Path) -> Path:
-    """Write the table as Parquet atomically (temp file + rename)."""
+    """Write the table as Parquet, whole or not at all (``mdl_jax._io.atomic_open``).
+
+    Raises:
+        OutputError: the file cannot be written (a full disk, ...); a file already there is untouched.
+    """
+    from mdl_jax._io import atomic_open
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as f:
+        table.to_parquet(f, index=False)
     return path
 
 

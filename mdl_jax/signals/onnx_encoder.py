@@ -54,13 +54,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import atomic_path
 from mdl_jax._paths import own_folder
 
 BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
@@ -260,17 +260,11 @@ def import_openvino():
 
 
 def _atomic_save(write, target: Path) -> None:
-    """Write through a fresh temporary name in the target's folder, then rename: a reader never sees
-    half a graph, and a name planted at the target is replaced, never followed."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """``write(path)`` (an exporter that takes a file name) into a fresh private folder beside the
+    target, then fsync and rename (``mdl_jax._io.atomic_path``): a reader never sees half a graph,
+    and a name planted at the target or beside it is replaced, never followed."""
+    with atomic_path(target) as tmp:
+        write(str(tmp))
 
 
 def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,

@@ -29,8 +29,9 @@ class GenerationCache:
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from mdl_jax._io import database_path
+
+        self.path = database_path(path)  # its folder made; a symlink planted at the name refused
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("CREATE TABLE IF NOT EXISTS gen (key TEXT PRIMARY KEY, text TEXT NOT NULL, "
                          "n_tokens INTEGER NOT NULL, seconds REAL NOT NULL, created REAL NOT NULL)")

@@ -30,8 +30,6 @@ What changes against ``LocalBackend`` (docs/deviations.md, "Generation engine"):
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -120,19 +118,13 @@ def ct2_model(model: str = BUNDLED, quantization: str = "int8"):
     if not (target / "model.bin").is_file():
         from ctranslate2.converters import TransformersConverter
 
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-        try:
+        from mdl_jax._io import publish_dir
+
+        # a fresh private folder published whole (over a damaged copy without model.bin, too)
+        with publish_dir(target) as tmp:
             TransformersConverter(str(src), low_cpu_mem_usage=True).convert(
-                str(tmp / "m"), quantization=quantization, force=True)
-            AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(tmp / "m"))
-            try:
-                (tmp / "m").rename(target)
-            except OSError:  # another process renamed its copy first: use that one
-                if not (target / "model.bin").is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+                str(tmp), quantization=quantization, force=True)
+            AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(tmp))
     tok = AutoTokenizer.from_pretrained(str(target))
     tok.padding_side = "left"
     if tok.pad_token is None:

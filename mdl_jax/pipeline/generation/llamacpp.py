@@ -169,13 +169,11 @@ def q8_0_copy(path: Path) -> Path:
         RuntimeError: llama.cpp could not write the copy (the message names the folder and its free space).
         ValueError: as ``q8_0_target``.
     """
-    import os
     import shutil
-    import tempfile
 
     import llama_cpp
 
-    from mdl_jax._paths import fsync_dir
+    from mdl_jax._io import atomic_path
 
     target = q8_0_target(path)
     folder = target.parent
@@ -186,9 +184,7 @@ def q8_0_copy(path: Path) -> Path:
         except ValueError:
             pass
     _init_llama_cpp()
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-q8_0-", dir=folder))
-    try:
-        out = tmp / "m.gguf"
+    with atomic_path(target) as out:  # a private temp folder beside the target; renamed over it
         qp = llama_cpp.llama_model_quantize_default_params()
         qp.ftype, qp.allow_requantize, qp.nthread = Q8_0, True, cpu_threads()
         if llama_cpp.llama_model_quantize(str(path).encode(), str(out).encode(), qp) != 0 or not out.is_file():
@@ -197,12 +193,6 @@ def q8_0_copy(path: Path) -> Path:
                                f"there; the copy is about 1.5× a 4-bit file): free space or set "
                                f"MDL_JAX_CACHE_DIR elsewhere, or weights='file' (--gguf-weights file) runs "
                                f"the file as it is")
-        with open(out, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(out, target)  # replaces a planted link itself, never its target
-        fsync_dir(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -123,35 +123,29 @@ def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
 
 
 def _save_converted(tok, lm, target: Path) -> None:
-    """Write the converted checkpoint into a temporary folder and rename it into place, so a reader
-    never sees half a checkpoint and two processes converting at once both end with a whole one."""
+    """Write the converted checkpoint into a fresh private folder and publish it whole
+    (``mdl_jax._io.publish_dir``), so a reader never sees half a checkpoint and two processes
+    converting at once both end with a whole one (the first one published stays)."""
     import copy
-    import shutil
-    import tempfile
 
     from transformers import AutoModelForCausalLM
 
-    tmp = None
+    from mdl_jax._io import publish_dir
+
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-        # transformers refuses to save a model loaded from GGUF (it counts as quantised), though its
-        # weights are plain dequantised tensors: copy them into a plain model of the same config.
-        cfg = copy.deepcopy(lm.config)
-        if hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
-        plain = AutoModelForCausalLM.from_config(cfg, dtype=lm.dtype)
-        plain.load_state_dict(lm.state_dict())
-        plain.generation_config = lm.generation_config
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        tmp.rename(target)
-        tmp = None
+        with publish_dir(target, keep_existing=True) as tmp:
+            # transformers refuses to save a model loaded from GGUF (it counts as quantised), though its
+            # weights are plain dequantised tensors: copy them into a plain model of the same config.
+            cfg = copy.deepcopy(lm.config)
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+            plain = AutoModelForCausalLM.from_config(cfg, dtype=lm.dtype)
+            plain.load_state_dict(lm.state_dict())
+            plain.generation_config = lm.generation_config
+            plain.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
     except Exception:  # noqa: BLE001 - a cache that cannot be written costs only the next load's time
         pass
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=2)
