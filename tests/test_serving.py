@@ -559,7 +559,7 @@ def test_gateway_survives_its_upstream_being_killed_and_recovers(upstream, gatew
     upstream.proc.send_signal(signal.SIGKILL)
     upstream.proc.wait(timeout=30)
     try:
-        for ch in stream:  # the rest of the stream: ends (an error event or a cut), never hangs
+        for _ in stream:  # the rest of the stream: ends (an error event or a cut), never hangs
             pass
     except openai.APIError:
         pass

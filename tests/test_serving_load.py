@@ -11,7 +11,11 @@ clients are timed out and shed so a real client is served; temperatures below th
 Gateway (the real ``mdl-jax gateway`` before a hostile fake upstream): NaN, lone surrogates and deep
 nesting from the upstream are 502s naming it, a NaN in a request is a 400, garbage server-sent events
 end the stream with an OpenAI-style error event, an oversized (gzip-bombed) answer is a 502 with the
-gateway's memory bounded, and client-supplied memories never reach the disk cache.
+gateway's memory bounded, and client-supplied memories never reach the disk cache; memories over the
+per-request byte limit are a 400 naming it, and the embedding cache holds digests, never texts, within
+its byte bound. Before a slow upstream (an asyncio server that drips bytes or hangs): ``--timeout`` is
+a deadline for the whole call (a 502, or an error event ending a stream), and clients that leave free
+their upstream connections at once.
 """
 
 from __future__ import annotations
@@ -680,7 +684,7 @@ class SlowUpstream:
                 writer.write(slow[i:i + 1])
                 await writer.drain()
                 await asyncio.sleep(DRIP_S)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()

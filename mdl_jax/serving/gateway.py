@@ -19,10 +19,14 @@ plus an ``mdl`` object: ``{"action", "scalars": {M, R, A, phi, C, alpha, C_final
 Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time and how many requests shared it.
 
 The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
-Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
-fails (refused, reset, timed out, 5xx, not strict JSON, over ``max_upstream_bytes``) gives 502 with
-the reason, and the gateway keeps serving; a stream whose upstream sends garbage ends with an error
-event. Memory vectors are kept in memory (``BoundedEmbedder``, ``embed_cache_texts``), never on disk. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
+Malformed requests get OpenAI-style 4xx errors (memories over ``max_memory_bytes`` in one request
+included); an upstream 4xx comes back as it was; an upstream that fails (refused, reset, 5xx, not
+strict JSON, over ``max_upstream_bytes``, or not done within ``--timeout``, which bounds the whole
+call, not each read) gives 502 with the reason, and the gateway keeps serving; a stream whose upstream
+sends garbage or runs past the deadline ends with an error event. A client that leaves ends its
+upstream call and closes that connection. Memory vectors are kept in memory under a digest of their
+text (``BoundedEmbedder``, ``embed_cache_texts`` and ``embed_cache_bytes``), never on disk. Decisions
+run off the event loop, batched across concurrent requests (one embedding pass).
 """
 
 from __future__ import annotations
