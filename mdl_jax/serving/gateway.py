@@ -332,7 +332,7 @@ class Gateway:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"upstream: expected an http(s) URL like http://127.0.0.1:8123/v1, got {upstream!r}")
         timeout = limits.upstream_timeout_s if timeout is None else timeout
-        if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+        if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
             raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
         self.upstream = upstream.rstrip("/")
         self.where = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"  # for errors
