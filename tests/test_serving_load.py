@@ -566,10 +566,10 @@ def warm_embedder(embedder):
 
 
 def test_bounded_embedder_holds_digests_not_texts_and_never_more_bytes_than_its_bound(warm_embedder):
-    """The cache kept each text itself as its key: 400 requests each with one new 900 kB memory grew
-    the gateway by 0.89 MB a request, and 20,000 texts of that size would be ~17 GB. Now it keeps a
-    digest of each text and its vector, at most ``max_bytes`` of them as ``nbytes`` counts, and that
-    count is the sum over what it holds; a vector served from it is the one computed."""
+    """The cache kept each text itself as its key, so the gateway grew by each new memory's size,
+    up to 20,000 of them. Now it keeps a digest of each text and its vector, at most ``max_bytes`` of
+    them as ``nbytes`` counts, and that count is the sum over what it holds; a vector served from it
+    is the one computed."""
     import numpy as np
 
     from mdl_jax.serving.gateway import BoundedEmbedder
@@ -711,8 +711,8 @@ def slow_gateway(tmp_path_factory):
 
 
 def test_gateway_timeout_is_a_deadline_for_the_whole_upstream_call(slow_gateway):
-    """--timeout bounded each read, not the call: an upstream sending one byte a second reached
-    the client after 40.1 s under --timeout 5. Now it bounds the whole call: a 502 at the deadline."""
+    """--timeout bounded each read, not the call: an upstream sending its answer a byte at a time
+    reached the client long after it. Now it bounds the whole call: a 502 at the deadline."""
     url, _ = slow_gateway
     t = time.monotonic()
     r = httpx.post(url + "/chat/completions", timeout=GW_TIMEOUT + 3, json={
