@@ -226,6 +226,34 @@ def test_a_chunked_body_over_the_limit_that_keeps_trickling_gets_413_not_408(ser
     assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize("which", ["server", "gateway"])
+def test_a_request_framed_by_both_content_length_and_chunked_is_refused_and_closed(which, request):
+    """CL.TE request smuggling: a request with both Content-Length and Transfer-Encoding: chunked
+    was answered 200 by both servers on a kept connection, and the bytes after the chunked body
+    were answered as a second request, one a proxy framing by Content-Length never saw. RFC 9112
+    §6.1: now a 400 in OpenAI's error shape, and the connection closed; the hidden request is never
+    read."""
+    server = request.getfixturevalue("server") if which == "server" else request.getfixturevalue("gateway")[0]
+    body = json.dumps({"model": "smollm2", "messages": chat("Hi"), "max_tokens": 1}).encode()
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    hidden = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n"
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                  b"Content-Length: " + str(len(chunked + hidden)).encode() + b"\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + chunked + hidden)
+        head, answer = _read_response(s)
+        rest = b""
+        while chunk := s.recv(65536):  # the server closes the connection: nothing more comes
+            rest += chunk
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"connection: close" in head.lower(), head
+    err = json.loads(answer)["error"]
+    assert set(err) == ERROR_KEYS and "Transfer-Encoding" in err["message"], err
+    assert rest == b"", rest[:200]  # the hidden request got no answer
+
+
 def _read_response(s: socket.socket) -> tuple[bytes, bytes]:
     buf = b""
     while b"\r\n\r\n" not in buf:
@@ -531,7 +559,7 @@ def test_gateway_survives_its_upstream_being_killed_and_recovers(upstream, gatew
     upstream.proc.send_signal(signal.SIGKILL)
     upstream.proc.wait(timeout=30)
     try:
-        for ch in stream:  # the rest of the stream: ends (an error event or a cut), never hangs
+        for _ in stream:  # the rest of the stream: ends (an error event or a cut), never hangs
             pass
     except openai.APIError:
         pass

@@ -11,7 +11,11 @@ clients are timed out and shed so a real client is served; temperatures below th
 Gateway (the real ``mdl-jax gateway`` before a hostile fake upstream): NaN, lone surrogates and deep
 nesting from the upstream are 502s naming it, a NaN in a request is a 400, garbage server-sent events
 end the stream with an OpenAI-style error event, an oversized (gzip-bombed) answer is a 502 with the
-gateway's memory bounded, and client-supplied memories never reach the disk cache.
+gateway's memory bounded, and client-supplied memories never reach the disk cache; memories over the
+per-request byte limit are a 400 naming it, and the embedding cache holds digests, never texts, within
+its byte bound. Before a slow upstream (an asyncio server that drips bytes or hangs): ``--timeout`` is
+a deadline for the whole call (a 502, or an error event ending a stream), and clients that leave free
+their upstream connections at once.
 """
 
 from __future__ import annotations
@@ -549,6 +553,211 @@ def test_bounded_embedder_keeps_at_most_its_bound_and_agrees_with_the_disk_cache
     e = BoundedEmbedder(max_texts=10)
     texts = [f"text number {i}" for i in range(25)]
     a = e.embed(texts)
-    assert a.shape[0] == 25 and len(e.cache) == 10 and list(e.cache)[-1] == texts[-1]
+    assert a.shape[0] == 25 and len(e.cache) == 10 and list(e.cache)[-1] == e.key(texts[-1])
     b = Embedder(cache_dir=tmp_path).embed(texts)
     assert np.allclose(a, b, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def warm_embedder(embedder):
+    """The session's real MiniLM ``Embedder``, loaded (here, not inside a test's time)."""
+    embedder.embed(["the model loads before the test"])
+    return embedder
+
+
+def test_bounded_embedder_holds_digests_not_texts_and_never_more_bytes_than_its_bound(warm_embedder):
+    """The cache kept each text itself as its key, so the gateway grew by each new memory's size,
+    up to 20,000 of them. Now it keeps a digest of each text and its vector, at most ``max_bytes`` of
+    them as ``nbytes`` counts, and that count is the sum over what it holds; a vector served from it
+    is the one computed."""
+    import numpy as np
+
+    from mdl_jax.serving.gateway import BoundedEmbedder
+
+    one = BoundedEmbedder.like(warm_embedder, max_texts=1)
+    one.embed(["a short text"])
+    per_entry = one.nbytes  # what one kept vector costs, whatever its text's length
+    assert 0 < per_entry < 4096
+    e = BoundedEmbedder.like(warm_embedder, max_texts=1000, max_bytes=10 * per_entry + per_entry // 2)
+    assert e.max_bytes < 11 * per_entry
+    huge = "memory: " + "a long retrieved passage about nothing in particular. " * 17000
+    assert len(huge.encode()) > 900_000
+    for batch in ([huge], [f"text {i}" for i in range(8)], [huge] + [f"text {i}" for i in range(4, 12)],
+                  [f"text {i}" for i in range(20, 40)]):
+        e.embed(batch)
+        assert e.nbytes <= e.max_bytes and len(e.cache) <= 10, (e.nbytes, e.max_bytes, len(e.cache))
+        assert e.nbytes == sum(e.entry_bytes(k, v) for k, v in e.cache.items())
+        assert all(isinstance(k, bytes) and len(k) == 32 for k in e.cache)  # digests, never a text
+        assert e.nbytes == len(e.cache) * per_entry  # the 900 kB text costs what a short one does
+    assert len(e.cache) == 10 and e.n_cached == 5  # the huge text and texts 4-7 came from the cache
+    # what it serves from the cache is what it computed
+    kept = [f"text {i}" for i in range(30, 40)]
+    fresh, _ = warm_embedder.encode_uncached(kept)
+    assert np.allclose(e.embed(kept), fresh, atol=1e-6) and e.n_cached == 5 + len(kept)
+    with pytest.raises(ValueError, match="max_bytes"):
+        BoundedEmbedder(max_bytes=0)
+
+
+def test_gateway_refuses_memories_over_the_per_request_byte_limit_naming_it(gateway):
+    from mdl_jax.serving.protocol import LIMITS
+
+    url = gateway[0]
+    limit = LIMITS.max_memory_bytes
+    assert limit < LIMITS.max_body_bytes // 2  # the body limit alone let 900 kB memories through
+    words = "a retrieved passage of ordinary words. "
+    over = [words * (limit // len(words) // 2 + 1), words * (limit // len(words) // 2 + 1)]  # together > limit
+    r = httpx.post(url + "/chat/completions", timeout=60, json={
+        "model": "fine", "messages": chat(Q), "mdl": {"memories": over, "risk": 0.5}})
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == "mdl.memories", err
+    assert "max_memory_bytes" in err["message"] and str(limit) in err["message"], err
+    at = [words * (limit // len(words) // 2), {"text": words * (limit // len(words) // 2)}]  # together <= limit
+    assert sum(len((m if isinstance(m, str) else m["text"]).encode()) for m in at) <= limit
+    r = httpx.post(url + "/chat/completions", timeout=60, json={
+        "model": "fine", "messages": chat(Q), "mdl": {"memories": at, "risk": 0.5}})
+    assert r.status_code == 200, (r.status_code, r.text[:200])
+
+
+# --- the gateway before a slow upstream --------------------------------------------------------------
+
+GW_TIMEOUT = 5.0  # the gateway's --timeout here
+DRIP_S = 0.1      # the slow upstream's pause between bytes
+
+
+class SlowUpstream:
+    """A tiny asyncio HTTP/1.1 upstream in a thread of its own. Model "drip": the whole answer
+    (status line and headers included) one byte every DRIP_S, ~20 s in all, each byte well within
+    any per-read timeout; "drip-events": the stream's headers at once, then its events one byte every
+    DRIP_S; "hang": nothing until the caller closes the connection (or 30 s). ``open`` counts the
+    "hang" connections the caller still holds."""
+
+    def __init__(self):
+        import asyncio
+
+        self.open = 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def handle(self, reader, writer):
+        import asyncio
+
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = next((int(x.split(b":")[1]) for x in head.split(b"\r\n")
+                      if x.lower().startswith(b"content-length:")), 0)
+            req = json.loads(await reader.readexactly(n)) if n else {}
+            model = req.get("model")
+            if model == "hang":
+                self.open += 1
+                try:
+                    await asyncio.wait_for(reader.read(1), 30)  # b"": the caller let go
+                finally:
+                    self.open -= 1
+                return
+            if model == "drip-events":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Connection: close\r\n\r\n")
+                slow = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, ' \
+                       b'"delta": {"content": "o"}, "finish_reason": null}]}\n\n' * 2 + b"data: [DONE]\n\n"
+            else:
+                body = b'{"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": ' \
+                       b'{"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}'
+                slow = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + \
+                    str(len(body)).encode() + b"\r\n\r\n" + body
+            for i in range(len(slow)):
+                writer.write(slow[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(DRIP_S)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture(scope="module")
+def slow_gateway(tmp_path_factory):
+    up = SlowUpstream()
+    d = tmp_path_factory.mktemp("gw-slow")
+    log = d / "gateway.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "mdl_jax", "gateway", "--upstream", up.url,
+                                 "--port", "0", "--timeout", str(GW_TIMEOUT)], cwd=ROOT,
+                                env={**os.environ, "MDL_JAX_CACHE_DIR": str(d)},
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    assert "MDL gateway on http://127.0.0.1:" in line, (line, log.read_text())
+    try:
+        yield line.split(" on ")[1].split(" ")[0], up
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        up.close()
+
+
+def test_gateway_timeout_is_a_deadline_for_the_whole_upstream_call(slow_gateway):
+    """--timeout bounded each read, not the call: an upstream sending its answer a byte at a time
+    reached the client long after it. Now it bounds the whole call: a 502 at the deadline."""
+    url, _ = slow_gateway
+    t = time.monotonic()
+    r = httpx.post(url + "/chat/completions", timeout=GW_TIMEOUT + 3, json={
+        "model": "drip", "messages": chat(Q), "mdl": MDL})
+    took = time.monotonic() - t
+    assert r.status_code == 502, (r.status_code, r.text[:200])
+    err = r.json()["error"]
+    assert err["code"] == "upstream_error" and f"within {GW_TIMEOUT:g} s" in err["message"], err
+    assert GW_TIMEOUT - 0.5 <= took <= GW_TIMEOUT + 1.5, took
+
+
+def test_gateway_timeout_ends_a_dripping_stream_with_an_error_event_at_the_deadline(slow_gateway):
+    """A stream whose status line has gone out and whose events drip ends at the deadline with an
+    OpenAI-style error event naming it, then [DONE] (it ran to the upstream's end, ~20 s, before)."""
+    url, _ = slow_gateway
+    t = time.monotonic()
+    events = []
+    with httpx.stream("POST", url + "/chat/completions", timeout=GW_TIMEOUT + 3, json={
+            "model": "drip-events", "messages": chat(Q), "mdl": MDL, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+            assert time.monotonic() - t <= GW_TIMEOUT + 1.5, events  # the upstream takes ~20 s
+    took = time.monotonic() - t
+    assert events[-1] == "[DONE]" and f"within {GW_TIMEOUT:g} s" in json.loads(events[-2])["error"]["message"]
+    assert GW_TIMEOUT - 0.5 <= took <= GW_TIMEOUT + 1.5, took
+
+
+def test_gateway_lets_go_of_the_upstream_when_its_client_leaves(slow_gateway):
+    """Clients that left a long upstream call left the gateway's upstream connections open until
+    the upstream answered (or --timeout). Now the call is raced against the client's disconnect:
+    20 clients (every fourth streaming) that leave while their upstream calls hang free every
+    upstream connection at once."""
+    url, up = slow_gateway
+    n = 20
+    socks = [send_and_hold(url, "/chat/completions", {"model": "hang", "messages": chat(Q), "mdl": MDL,
+                                                      "stream": i % 4 == 0}) for i in range(n)]
+    try:
+        assert until(lambda: up.open == n, 10) is not None, up.open  # every call has reached the upstream
+    finally:
+        left = time.monotonic()
+        for s in socks:
+            s.close()
+    freed = until(lambda: up.open == 0, 2.0, 0.02)
+    print(f"\n{n} abandoned upstream calls let go {freed} s after their clients left")
+    assert freed is not None, f"{up.open} upstream connections still open {time.monotonic() - left:.1f} s on"
+    assert httpx.get(url[:-len("/v1")] + "/health", timeout=10).json()["status"] == "ok"

@@ -70,7 +70,9 @@ def register(sub) -> None:
                    choices=EMBED_BACKENDS,
                    help="what runs the embedder: auto = OpenVINO bfloat16 on a CPU with it, else ONNX "
                         "Runtime float32, where installed (the signals extra), else torch")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the upstream")
+    p.add_argument("--timeout", type=_seconds, default=300.0,
+                   help="seconds one whole upstream call may take, answer or stream included (then 502, "
+                        "or an error event ending the stream)")
     p.set_defaults(func=run)
 
 

@@ -19,10 +19,14 @@ plus an ``mdl`` object: ``{"action", "scalars": {M, R, A, phi, C, alpha, C_final
 Headers ``x-mdl-decision-ms`` / ``x-mdl-decision-batch``: the decision's time and how many requests shared it.
 
 The caller's ``Authorization`` header goes upstream as is and is never logged (no access log).
-Malformed requests get OpenAI-style 4xx errors; an upstream 4xx comes back as it was; an upstream that
-fails (refused, reset, timed out, 5xx, not strict JSON, over ``max_upstream_bytes``) gives 502 with
-the reason, and the gateway keeps serving; a stream whose upstream sends garbage ends with an error
-event. Memory vectors are kept in memory (``BoundedEmbedder``, ``embed_cache_texts``), never on disk. Decisions run off the event loop, batched across concurrent requests (one embedding pass).
+Malformed requests get OpenAI-style 4xx errors (memories over ``max_memory_bytes`` in one request
+included); an upstream 4xx comes back as it was; an upstream that fails (refused, reset, 5xx, not
+strict JSON, over ``max_upstream_bytes``, or not done within ``--timeout``, which bounds the whole
+call, not each read) gives 502 with the reason, and the gateway keeps serving; a stream whose upstream
+sends garbage or runs past the deadline ends with an error event. A client that leaves ends its
+upstream call and closes that connection. Memory vectors are kept in memory under a digest of their
+text (``BoundedEmbedder``, ``embed_cache_texts`` and ``embed_cache_bytes``), never on disk. Decisions
+run off the event loop, batched across concurrent requests (one embedding pass).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
+import sys
 import threading
 import time
 import zlib
@@ -50,6 +56,7 @@ from mdl_jax.serving.protocol import (
     Limits,
     Message,
     StrictJSONError,
+    disconnected,
     install_error_handlers,
     new_id,
     now,
@@ -147,27 +154,75 @@ class GateBatcher:
 class BoundedEmbedder:
     """The gate's embedder inside the gateway. Memories come from clients, so their vectors must not
     pile up: ``Embedder``'s SQLite cache keeps every text ever seen (+601 kB per request of 256 new
-    memories); this keeps at most ``max_texts`` vectors in memory, least recently used dropped first,
-    and writes nothing to disk. Same contract: ``embed(texts)`` → (N, dim) float32, unit norm."""
+    memories); this keeps at most ``max_texts`` vectors and ``max_bytes`` bytes in memory, least
+    recently used dropped first, and writes nothing to disk. Each vector is kept under a digest of its
+    text, never the text: a kept 900 kB memory costs what a short one does. Same contract:
+    ``embed(texts)`` → (N, dim) float32, unit norm.
+
+    Args:
+      model: a sentence-transformers name or path (``resolve_model``).
+      max_texts: vectors kept at most (>= 1).
+      max_bytes: bytes kept at most (>= 1), as ``entry_bytes`` counts them; ``nbytes`` is the sum
+        over what is kept, never above it.
+      batch_size, device: the model's encoding batch size and device.
+
+    Raises:
+      ValueError: ``max_texts`` or ``max_bytes`` below 1.
+    """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, max_texts: int = LIMITS.embed_cache_texts,
-                 batch_size: int = 64, device: str | None = None):
+                 max_bytes: int = LIMITS.embed_cache_bytes, batch_size: int = 64, device: str | None = None):
         if max_texts < 1:
             raise ValueError(f"max_texts: expected >= 1, got {max_texts}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes: expected >= 1, got {max_bytes}")
         self.model_name = model
         self.load_path, self.model_id = resolve_model(model)
-        self.max_texts, self.batch_size, self.device = max_texts, batch_size, device
-        self.cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        self.max_texts, self.max_bytes, self.batch_size, self.device = max_texts, max_bytes, batch_size, device
+        self.cache: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()  # digest → vector
+        self.nbytes = 0  # Σ entry_bytes over the cache
         self._lock = threading.Lock()
         self.n_embedded = self.n_cached = 0
         self._source: Embedder | None = None
         self._key: str | None = None  # the source's model_id that the kept vectors came under
 
     @classmethod
-    def like(cls, e: Embedder, max_texts: int = LIMITS.embed_cache_texts) -> BoundedEmbedder:
-        out = cls(e.model_name, max_texts=max_texts, batch_size=e.batch_size, device=e.device)
+    def like(cls, e: Embedder, max_texts: int = LIMITS.embed_cache_texts,
+             max_bytes: int = LIMITS.embed_cache_bytes) -> BoundedEmbedder:
+        out = cls(e.model_name, max_texts=max_texts, max_bytes=max_bytes, batch_size=e.batch_size,
+                  device=e.device)
         out._source = e  # encode with e's own model: its backend (torch, onnx, onnx-int8) is kept
         return out
+
+    @staticmethod
+    def key(text: str) -> bytes:
+        """What a text's vector is kept under: its SHA-256 (32 bytes)."""
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+    @staticmethod
+    def entry_bytes(key: bytes, vec: np.ndarray) -> int:
+        """What one kept vector counts against ``max_bytes``: the Python size of its key and of the
+        vector (which owns its data; the dictionary's own slot is not counted)."""
+        return sys.getsizeof(key) + sys.getsizeof(vec)
+
+    def _clear(self) -> None:
+        self.cache.clear()
+        self.nbytes = 0
+
+    def _keep(self, key: bytes, vec: np.ndarray) -> None:
+        """Under the lock: keep ``vec``, first dropping the least recently used until it fits."""
+        vec = np.array(vec, np.float32, copy=True)  # its own buffer, not a row of the batch's
+        size = self.entry_bytes(key, vec)
+        old = self.cache.pop(key, None)
+        if old is not None:
+            self.nbytes -= self.entry_bytes(key, old)
+        if size > self.max_bytes:
+            return
+        while self.cache and (len(self.cache) >= self.max_texts or self.nbytes + size > self.max_bytes):
+            k, v = self.cache.popitem(last=False)
+            self.nbytes -= self.entry_bytes(k, v)
+        self.cache[key] = vec
+        self.nbytes += size
 
     @property
     def model(self):
@@ -181,14 +236,15 @@ class BoundedEmbedder:
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
+        keys = {t: self.key(t) for t in texts}
         with self._lock:
             if self._source is not None and self._key not in (None, self._source.model_id):
                 # the source switched backend ("auto" after a failure): its old vectors are not served
-                self.cache.clear()
+                self._clear()
                 self._key = self._source.model_id
-            found = {t: self.cache[t] for t in dict.fromkeys(texts) if t in self.cache}
+            found = {t: self.cache[keys[t]] for t in keys if keys[t] in self.cache}
             for t in found:
-                self.cache.move_to_end(t)
+                self.cache.move_to_end(keys[t])
         todo = [t for t in dict.fromkeys(texts) if t not in found]
         if todo:
             key = None
@@ -204,7 +260,7 @@ class BoundedEmbedder:
                     with self._lock:
                         switched = self._key not in (None, key)
                         if switched:  # the kept vectors are the old backend's: forget them
-                            self.cache.clear()
+                            self._clear()
                         self._key = key
                     if not (switched and found):
                         break
@@ -215,9 +271,7 @@ class BoundedEmbedder:
             found.update(zip(todo, vecs))
             with self._lock:
                 for t, v in zip(todo, vecs if self._key == key or self._source is None else ()):
-                    self.cache[t] = v
-                while len(self.cache) > self.max_texts:
-                    self.cache.popitem(last=False)
+                    self._keep(keys[t], v)
         fresh = set(todo)
         self.n_cached += sum(1 for t in texts if t not in fresh)
         out = np.stack([found[t] for t in texts]).astype(np.float32)
@@ -226,6 +280,10 @@ class BoundedEmbedder:
 
 class TooLarge(Exception):
     """An upstream answer over ``max_upstream_bytes`` (decoded)."""
+
+
+class ClientGone(Exception):
+    """The client left before its upstream call ended."""
 
 
 class _Decoder:
@@ -257,18 +315,31 @@ class _Decoder:
 
 
 class Gateway:
-    """MDL in front of one upstream: the gate, the upstream's address, the limits, the HTTP client."""
+    """MDL in front of one upstream: the gate, the upstream's address, the limits, the HTTP client.
 
-    def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float = 300.0):
+    Args:
+      gate: a ``MemoryGate`` (its ``Embedder`` is replaced by a ``BoundedEmbedder``).
+      upstream: the upstream's base URL, http(s).
+      limits: the servers' ``Limits``.
+      timeout: seconds one whole upstream call may take (default ``limits.upstream_timeout_s``).
+
+    Raises:
+      ValueError: ``upstream`` is not an http(s) URL, or ``timeout`` is not a number > 0.
+    """
+
+    def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float | None = None):
         u = urlsplit(upstream)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"upstream: expected an http(s) URL like http://127.0.0.1:8123/v1, got {upstream!r}")
+        timeout = limits.upstream_timeout_s if timeout is None else timeout
+        if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+            raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
         self.upstream = upstream.rstrip("/")
         self.where = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"  # for errors
         if isinstance(getattr(gate, "embedder", None), Embedder):
             # clients send the memories: keep their vectors bounded, never on disk (see BoundedEmbedder)
-            gate.embedder = BoundedEmbedder.like(gate.embedder, limits.embed_cache_texts)
-        self.gate, self.limits, self.timeout = gate, limits, timeout
+            gate.embedder = BoundedEmbedder.like(gate.embedder, limits.embed_cache_texts, limits.embed_cache_bytes)
+        self.gate, self.limits, self.timeout = gate, limits, float(timeout)
         self.batcher: GateBatcher | None = None
         self.http: httpx.AsyncClient | None = None
 
@@ -302,6 +373,40 @@ class Gateway:
 
     def bad(self, why: str) -> APIError:
         return APIError(502, f"upstream {self.where} {why}", "upstream_error", code="upstream_error")
+
+    def late(self) -> APIError:
+        return self.bad(f"failed: no complete answer within {self.timeout:g} s (the gateway's --timeout)")
+
+    def deadline(self) -> float:
+        """When an upstream call starting now must have ended (the event loop's clock)."""
+        return asyncio.get_running_loop().time() + self.timeout
+
+    async def bounded(self, request: Request, work, deadline: float):
+        """``work`` (a coroutine: one upstream call) to its end, its ``deadline`` or its client's
+        leaving, whichever comes first. httpx's timeout bounds each read, not the call (an upstream
+        dripping a byte a second never trips it), and a client that left would otherwise hold the
+        upstream connection to the end: the call is cancelled, which closes its connection, and
+        this returns only after that.
+
+        Raises:
+          APIError: 502 at the deadline (and whatever ``work`` raises).
+          ClientGone: the client disconnected first.
+        """
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(disconnected(request))
+        try:
+            left = deadline - asyncio.get_running_loop().time()
+            done, _ = await asyncio.wait({task, watch}, timeout=max(left, 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            if watch in done:
+                raise ClientGone
+            raise self.late()
+        finally:
+            task.cancel()
+            watch.cancel()
+            await asyncio.gather(task, watch, return_exceptions=True)
 
     async def chunks(self, r: httpx.Response, limit: int) -> AsyncIterator[bytes]:
         """The decoded body of ``r`` as it arrives; TooLarge once more than ``limit`` bytes came."""
@@ -344,21 +449,26 @@ class Gateway:
 
     async def call(self, method: str, path: str, request, *, what: str, json_body=None,
                    valid=lambda o: True):
-        """One upstream call: its JSON body, or the caller's answer for an upstream 4xx (a Response);
-        a refused / timed-out call, a 5xx, a body over the size limit or one that is not ``valid``
-        strict JSON raises a 502 saying so."""
-        try:
-            req = self.client().build_request(method, self.upstream + path, json=json_body,
-                                          headers=self.headers(request))
-            r = await self.client().send(req, stream=True)
-        except httpx.HTTPError as e:
-            raise self.failed(e) from None
-        try:
-            body = await self.read(r)
-        except httpx.HTTPError as e:
-            raise self.failed(e) from None
-        finally:
-            await r.aclose()
+        """One upstream call, within ``timeout`` and only while its client is there: its JSON body,
+        or the caller's answer for an upstream 4xx (a Response); a refused / timed-out call, a 5xx,
+        a body over the size limit or one that is not ``valid`` strict JSON raises a 502 saying so;
+        a client that left raises ClientGone."""
+
+        async def fetch() -> tuple[httpx.Response, bytes]:
+            try:
+                req = self.client().build_request(method, self.upstream + path, json=json_body,
+                                                  headers=self.headers(request))
+                r = await self.client().send(req, stream=True)
+            except httpx.HTTPError as e:
+                raise self.failed(e) from None
+            try:
+                return r, await self.read(r)
+            except httpx.HTTPError as e:
+                raise self.failed(e) from None
+            finally:
+                await r.aclose()
+
+        r, body = await self.bounded(request, fetch(), self.deadline())
         if r.status_code != 200:
             err = self.upstream_status(r, body)
             if isinstance(err, APIError):
@@ -405,12 +515,16 @@ def make_app(gw: Gateway):
     @app.get("/health")
     async def health():
         e = getattr(gw.gate, "embedder", None)
-        cache = {"texts": len(e.cache), "max_texts": e.max_texts} if isinstance(e, BoundedEmbedder) else None
+        cache = {"texts": len(e.cache), "max_texts": e.max_texts, "bytes": e.nbytes, "max_bytes": e.max_bytes} \
+            if isinstance(e, BoundedEmbedder) else None
         return {"status": "ok", "upstream": gw.where, "embedding_cache": cache}
 
     @app.get("/v1/models")
     async def models(request: Request):
-        out = await gw.call("GET", "/models", request, what="answered /models with a body that is not JSON")
+        try:
+            out = await gw.call("GET", "/models", request, what="answered /models with a body that is not JSON")
+        except ClientGone:
+            return _gone()
         return out if isinstance(out, Response) else JSONResponse(out)
 
     @app.post("/v1/chat/completions")
@@ -419,6 +533,11 @@ def make_app(gw: Gateway):
         req = parse(GatewayRequest, obj)
         query = req.query()
         mems = [m if isinstance(m, str) else m.model_dump() for m in req.mdl.memories]
+        size = sum(len((m if isinstance(m, str) else m.text).encode()) for m in req.mdl.memories)
+        if size > gw.limits.max_memory_bytes:
+            raise APIError(400, f"mdl.memories: {size} bytes of memory text in one request, over the limit "
+                                f"of {gw.limits.max_memory_bytes} (max_memory_bytes)", param="mdl.memories",
+                           code="memories_too_large")
         try:
             gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
         except ValueError as e:
@@ -432,17 +551,25 @@ def make_app(gw: Gateway):
         body = {k: v for k, v in obj.items() if k != "mdl"}
         body["messages"] = messages
         url = gw.upstream + "/chat/completions"
-        if req.stream:
-            return await _forward_stream(gw, request, url, body, info, timing)
-        out = await gw.call("POST", "/chat/completions", request, json_body=body,
-                            what="answered with a body that is not a chat completion",
-                            valid=lambda o: isinstance(o, dict) and isinstance(o.get("choices"), list))
+        try:
+            if req.stream:
+                return await _forward_stream(gw, request, url, body, info, timing)
+            out = await gw.call("POST", "/chat/completions", request, json_body=body,
+                                what="answered with a body that is not a chat completion",
+                                valid=lambda o: isinstance(o, dict) and isinstance(o.get("choices"), list))
+        except ClientGone:
+            return _gone()
         if isinstance(out, Response):
             return out
         out["mdl"] = info
         return JSONResponse(out, headers=timing)
 
     return app
+
+
+def _gone() -> Response:
+    """What a request whose client has gone gets (nobody reads it; 499 as nginx logs it)."""
+    return Response(status_code=499)
 
 
 def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
@@ -473,20 +600,30 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
     """Open the upstream stream first (its errors are still an HTTP status), then pass events through,
     the ``mdl`` object added to the first one. Every event is checked (strict JSON object or
     ``[DONE]``, at most ``max_event_bytes``, the stream at most ``max_upstream_bytes``): an upstream
-    that sends garbage, too much, ends without ``[DONE]`` or dies mid-stream gets the client an
-    OpenAI-style error event naming it, then ``[DONE]`` (the status line has gone out)."""
-    try:
-        req = gw.client().build_request("POST", url, json=body, headers=gw.headers(request))
-        r = await gw.client().send(req, stream=True)
-    except httpx.HTTPError as e:
-        raise gw.failed(e) from None
-    if r.status_code != 200 or not r.headers.get("content-type", "").startswith("text/event-stream"):
+    that sends garbage, too much, ends without ``[DONE]``, dies mid-stream or is not done by the
+    call's deadline gets the client an OpenAI-style error event naming it, then ``[DONE]`` (the
+    status line has gone out). Until the stream opens, a client that leaves ends the call
+    (ClientGone); after, the response's own disconnect watch does."""
+    deadline = gw.deadline()
+
+    async def open_stream() -> tuple[httpx.Response, bytes | None]:
+        """The upstream's response, open when it is a stream; else closed, with its body."""
         try:
-            raw = await gw.read(r)
+            req = gw.client().build_request("POST", url, json=body, headers=gw.headers(request))
+            r = await gw.client().send(req, stream=True)
+        except httpx.HTTPError as e:
+            raise gw.failed(e) from None
+        if r.status_code == 200 and r.headers.get("content-type", "").startswith("text/event-stream"):
+            return r, None
+        try:
+            return r, await gw.read(r)
         except httpx.HTTPError as e:
             raise gw.failed(e) from None
         finally:
             await r.aclose()
+
+    r, raw = await gw.bounded(request, open_stream(), deadline)
+    if raw is not None:
         if r.status_code == 200:
             raise gw.bad("answered a stream request with something other than server-sent events "
                          f"(Content-Type {r.headers.get('content-type', 'none')[:60]!r})")
@@ -506,11 +643,24 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
             ev["mdl"] = info
         return sse(ev), False
 
+    async def arriving() -> AsyncIterator[bytes]:
+        """The stream's decoded chunks until the call's deadline (then a 502 error)."""
+        it = gw.chunks(r, gw.limits.max_upstream_bytes).__aiter__()
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(it.__anext__(), max(deadline - loop.time(), 0.0))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise gw.late() from None
+            yield chunk
+
     async def events():
         limit_ev = gw.limits.max_event_bytes
         buf, data, first, done = b"", [], True, False
         try:
-            async for chunk in gw.chunks(r, gw.limits.max_upstream_bytes):
+            async for chunk in arriving():
                 buf += chunk
                 while not done:
                     i = buf.find(b"\n")

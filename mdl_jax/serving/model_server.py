@@ -58,6 +58,7 @@ from mdl_jax.serving.protocol import (
     CompletionRequest,
     Limits,
     bind,
+    disconnected,
     install_error_handlers,
     new_id,
     now,
@@ -480,20 +481,11 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone (the body has been read: the next message is the disconnect)."""
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-        await asyncio.sleep(0.05)  # a stray empty body message: do not spin
-
-
 async def until_answered(srv: ModelServer, request: Request, jobs: list) -> list:
     """The jobs' results in order; when the client disconnects first, every job is cancelled (a
     queued one never runs, a running one stops at its next token or chunk) and ClientGone raised."""
     futs = [j.future for j in jobs if j.future is not None]
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(disconnected(request))
     try:
         while not all(f.done() for f in futs):
             await asyncio.wait({watch, *(f for f in futs if not f.done())},

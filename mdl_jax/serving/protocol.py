@@ -3,10 +3,12 @@ that check types and ranges before any work, errors in OpenAI's JSON shape, the 
 a body reader that cannot be hung or flooded, and server-sent events.
 
 Error body, always: ``{"error": {"message", "type", "param", "code"}}`` with 400 (bad request, NaN
-or Infinity included), 404 (unknown model or route), 405, 408 (the headers or the body did not arrive
+or Infinity included; a request framed by both Content-Length and Transfer-Encoding, answered and
+the connection closed), 404 (unknown model or route), 405, 408 (the headers or the body did not arrive
 in time), 413 (body too large), 502 (the gateway's upstream failed, answered what cannot be passed on,
-or answered more than ``max_upstream_bytes``), 503 (overloaded: queue or connection limit, or an
-injected failure). Streams end with such an error object as their last event before ``[DONE]``.
+answered more than ``max_upstream_bytes`` or not within ``upstream_timeout_s``), 503 (overloaded:
+queue or connection limit, or an injected failure). Streams end with such an error object as their
+last event before ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Limits:
     max_body_bytes: int = 1 << 20       # a request body; larger → 413 before it is read
     body_timeout_s: float = 10.0        # the whole body must arrive within this (a short body under a
                                         # larger Content-Length would otherwise pin the connection) → 408
+    # A request with both Content-Length and Transfer-Encoding is answered 400 and its connection
+    # closed (RFC 9112 §6.1): a proxy that frames by Content-Length would otherwise pass bytes that
+    # the server reads as a second request (request smuggling).
     # --- requests (both servers) ---
     max_tokens: int = 2048              # cap on max_tokens (default 150, the paper's) → 400
     default_max_tokens: int = 150
@@ -59,11 +64,19 @@ class Limits:
     prefill_chunk_tokens: int = 256     # the long lane reads a prompt in chunks of this many tokens:
                                         # between them it yields to short requests and notices a gone client
     # --- the gateway ---
+    upstream_timeout_s: float = 300.0   # one whole upstream call, from sending the request to the last
+                                        # byte of the answer or stream (--timeout): → 502, or an error
+                                        # event ending a stream whose status line has gone out
     max_upstream_bytes: int = 8 << 20   # an upstream answer (decoded), or a whole upstream stream,
                                         # larger → 502 (or an error event ending the stream)
     max_event_bytes: int = 1 << 20      # one server-sent event from the upstream; larger → error event
+    max_memory_bytes: int = 256 << 10   # the memories of one request together, UTF-8 bytes of their
+                                        # texts; more → 400 naming mdl.memories
     embed_cache_texts: int = 20000      # memory and query embeddings kept (in memory, least recently
                                         # used dropped first; nothing a client sends is written to disk)
+    embed_cache_bytes: int = 64 << 20   # and the bytes they hold at most: each kept under a digest of
+                                        # its text (never the text), counted as the digest's and the
+                                        # vector's Python size; least recently used dropped first
 
 
 LIMITS = Limits()
@@ -195,6 +208,16 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
     if not isinstance(obj, dict):
         raise APIError(400, f"body: expected a JSON object, got {_json_kind(obj)}")
     return obj
+
+
+async def disconnected(request) -> None:
+    """Returns when the client of ``request`` has gone. Call it once the body has been read: the
+    next message is then the disconnect (or one empty body message for a request without a body)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # a stray empty body message: do not spin
 
 
 class StrictJSONError(ValueError):
@@ -418,13 +441,45 @@ def guarded_protocol(limits: Limits):
     headers) and a connection limit that sheds the connections still sending headers, oldest first,
     before refusing anyone, so a real client is served beside thousands of slow ones."""
     import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
     waiting: dict = {}  # connections whose next request's headers are not complete, oldest first
+
+    class AmbiguousFraming(Exception):
+        """A request framed both by Content-Length and by Transfer-Encoding."""
+
+    class FramedOnce(h11.Connection):
+        """h11 frames such a request by Transfer-Encoding and reads on (RFC 9112 allows it only
+        if the connection is closed after the answer; h11 keeps it): refuse it instead."""
+
+        def next_event(self):
+            event = super().next_event()
+            if isinstance(event, h11.Request):
+                names = {name for name, _ in event.headers}  # h11 gives them lower-cased
+                if b"content-length" in names and b"transfer-encoding" in names:
+                    raise AmbiguousFraming
+            return event
 
     class GuardedH11(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _got_bytes = False
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            size = self.config.h11_max_incomplete_event_size  # as uvicorn makes its connection
+            self.conn = FramedOnce(h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
+
+        def handle_events(self) -> None:
+            try:
+                super().handle_events()
+            except AmbiguousFraming:
+                # answered below h11 and closed: nothing after these headers is read, so bytes a
+                # proxy took for this request's body are never served as a request of their own
+                self._disarm()
+                self.transport.write(_raw_error(
+                    400, "Bad Request", "a request with both Content-Length and Transfer-Encoding is "
+                    "refused (ambiguous framing, RFC 9112 section 6.1)", "ambiguous_framing"))
+                self.transport.close()
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
