@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mdl_jax._io import write_text
 from mdl_jax.pipeline.data import load
 
 SYSTEMS = ("B1", "B2", "B3")
@@ -78,8 +79,7 @@ def finalize(sample: pd.DataFrame, blind: list[dict], paths: list[Path], out: Pa
                      "kind": final["kind"], "reason": final["reason"], "agreement": agreement,
                      "labeller_a": x["label"], "labeller_b": y["label"],
                      "judge_paper": bool(r.hallucinated), "judge_ref": bool(r.hallucinated_ref)})
-    (out / "gold_labels.jsonl").write_text("".join(json.dumps(g, ensure_ascii=False) + "\n" for g in gold),
-                                           encoding="utf-8")
+    write_text(out / "gold_labels.jsonl", "".join(json.dumps(g, ensure_ascii=False) + "\n" for g in gold))
     g = pd.DataFrame(gold)
     agree = (g["labeller_a"] == g["labeller_b"]).mean()
     pa, pb = (g["labeller_a"] == "hallucinated").mean(), (g["labeller_b"] == "hallucinated").mean()
@@ -122,11 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         if it.context:
             row["knowledge"] = it.context
         blind.append(row)
-    (a.out_dir / "blind_sample.jsonl").write_text(
-        "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in blind), encoding="utf-8")
+    write_text(a.out_dir / "blind_sample.jsonl", "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in blind))
     if a.key:
         keys = sample[["bid", "dataset", "qid", "seed", "system", "b3_action"]].to_dict("records")
-        (a.out_dir / "key.jsonl").write_text("".join(json.dumps(k) + "\n" for k in keys), encoding="utf-8")
+        write_text(a.out_dir / "key.jsonl", "".join(json.dumps(k) + "\n" for k in keys))
     if a.finalize:
         finalize(sample, blind, a.finalize, a.out_dir, a.run_dir.name)
         return 0

@@ -12,8 +12,8 @@
   figures/<data set>.png      risk–coverage curves (adopting the k most confident memory sets)
   REPORT.md                   the tables, per data set, and what the data can and cannot resolve
 
-Each file is written to a fresh temporary name beside it and renamed, so a reader sees a whole file or
-the previous one.
+Each file goes through the project's one writer (``mdl_jax._io``): a fresh temporary name beside it,
+renamed, so a reader sees a whole file or the previous one.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
@@ -50,21 +50,6 @@ READER_FREE = ("rgb_en_fact", "ramdocs", "conflictqa_strategyqa", "conflictnq", 
 # The replay of AdaRAGUE's reader answers: every data set's test split (MDL only where passages exist).
 REPLAY = tuple(f"adarague:{d}_test" for d in ADARAGUE_DATASETS)
 ALL = READER_FREE + REPLAY
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a fresh temporary name in its folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _digest(items, embedder_id: str, config) -> str:
