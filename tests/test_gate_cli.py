@@ -398,6 +398,7 @@ def test_the_embed_backend_flag_reaches_the_gate_and_the_summary(rows, tmp_path,
     assert "embedder backend torch" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_damaged_embedding_cache_is_set_aside_and_the_run_goes_on(rows, tmp_path, embedder, capsys):
     """An embeddings.sqlite overwritten with other bytes: the run warns naming it, rebuilds it and
     decides every row as the gate does (no sqlite3 traceback, exit 0)."""

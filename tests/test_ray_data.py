@@ -107,6 +107,7 @@ def test_a_risk_column_overrides_the_assessor_and_is_checked():
         MemoryGateBatch(embedder=hashed, risk_field="A")({**cols, "A": [None, 0.1]})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["numpy", "pandas"])
 def test_a_lone_surrogate_fails_the_batch_naming_it_or_marks_the_row_and_the_batch_stays_writable(
         fmt, embedder, tmp_path):

@@ -622,6 +622,7 @@ def _filled_cache(folder, texts):
     return vecs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["random bytes", "cut in half"])
 def test_a_damaged_cache_is_set_aside_with_a_warning_and_rebuilt(tmp_path, damage):
     import os
@@ -644,6 +645,30 @@ def test_a_damaged_cache_is_set_aside_with_a_warning_and_rebuilt(tmp_path, damag
     assert again.n_cached == 3 and again.n_embedded == 0
 
 
+def test_a_cache_whose_pages_are_damaged_is_set_aside_by_the_read_that_meets_it(tmp_path):
+    """Without a model: a file whose first page is whole opens, and the damage behind it is met by the
+    first read, which sets it aside and finds nothing; the next write lands in a new file."""
+    import warnings
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    db = tmp_path / "embeddings.sqlite"
+    c = EmbeddingCache(db)
+    texts = [f"text {i}" for i in range(600)]
+    c.put("m", texts, np.ones((600, 8), np.float32))
+    c.close()  # (the last connection's close folds the WAL into the file)
+    main = db.read_bytes()
+    db.write_bytes(main[:4096] + bytes(len(main) - 4096))  # every page after the first zeroed, size kept
+    c = EmbeddingCache(db)
+    with pytest.warns(RuntimeWarning, match="is damaged .* set aside as embeddings.sqlite.corrupt-"):
+        assert c.get("m", texts) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.put("m", texts[:2], np.ones((2, 8), np.float32))
+        assert len(c.get("m", texts)) == 2
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]) == 1
+
+
 def _read_only(folder):
     """Make ``folder`` unwritable to this process (as root, whom modes do not stop: immutable);
     returns the undo, or skips where neither can be done."""
@@ -658,6 +683,7 @@ def _read_only(folder):
     return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
+@pytest.mark.slow
 def test_a_read_only_cache_is_read_and_not_written(tmp_path):
     texts = ["Is raw cookie dough safe to eat?", "Raw flour can carry E. coli"]
     want = _filled_cache(tmp_path, texts)
