@@ -251,6 +251,97 @@ def test_a_damaged_cached_graph_is_exported_again_once(onnx_cache, tmp_path, mon
     np.testing.assert_array_equal(got, good)
 
 
+def _rotted_copy(onnx_cache, tmp_path):
+    """A copy of the exported graphs whose model.onnx has bits flipped in its weights, its size kept:
+    the lowest exponent bit of 256 float32 values, each then half or twice what it was."""
+    import shutil
+
+    shutil.copytree(onnx_cache / "onnx", tmp_path / "onnx")
+    graph = next((tmp_path / "onnx").rglob("model.onnx"))
+    data = bytearray(graph.read_bytes())
+    at = (len(data) * 3 // 5) & ~3
+    for k in range(256):
+        data[at + 4 * k + 3] ^= 0x00 if data[at + 4 * k + 3] in (0x00, 0x80) else 0x01  # (zeros stay zeros)
+    graph.write_bytes(bytes(data))
+    return graph
+
+
+@pytest.mark.slow
+def test_a_graph_damaged_with_its_size_kept_fails_its_digest_and_is_exported_again(onnx_cache, tmp_path,
+                                                                                   monkeypatch):
+    """Bit rot in the weights leaves a graph that parses and loads (``damaged`` cannot see it) and
+    gives wrong vectors: the digest recorded at export catches it, and the graph is exported again."""
+    from mdl_jax.signals import onnx_encoder
+
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    good = Embedder(cache_dir=onnx_cache, backend="onnx").embed(TEXTS[:3])
+    graph = _rotted_copy(onnx_cache, tmp_path)
+    size = graph.stat().st_size
+    assert not onnx_encoder.damaged(graph)
+    monkeypatch.setattr(onnx_encoder, "_SESSIONS", {})
+    with pytest.warns(RuntimeWarning, match=rf"the exported graph {graph} is damaged \(its sha256 .* is not the "
+                                            r"digest recorded at export, .*\); exporting it again"):
+        got = Embedder(cache_dir=tmp_path, backend="onnx").embed(TEXTS[:3])  # a new embedding cache
+    np.testing.assert_array_equal(got, good)
+    assert graph.stat().st_size == size and onnx_encoder.digest_fault(graph) is None
+
+
+@pytest.mark.slow
+def test_a_graph_that_fails_its_digest_where_it_cannot_be_exported_again_is_an_error_naming_it(onnx_cache,
+                                                                                               tmp_path):
+    import subprocess
+
+    from mdl_jax.signals import onnx_encoder
+
+    graph = _rotted_copy(onnx_cache, tmp_path)
+    folder = graph.parent
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = lambda: folder.chmod(0o755)  # noqa: E731
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        undo = lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)  # noqa: E731
+    else:
+        pytest.skip("running as root on a file system without chattr +i: no folder is read-only to root")
+    try:
+        with pytest.raises(ValueError, match=rf"the exported graph {graph} is damaged .*, and it cannot be "
+                                             r"exported again \(PermissionError"), \
+                pytest.warns(RuntimeWarning, match="exporting it again"):  # (tried, and refused)
+            onnx_encoder.export(Embedder(backend="onnx").load_path, tmp_path)
+    finally:
+        undo()
+    (folder / "model.onnx.sha256").unlink()  # a graph with no digest is not taken on trust either
+    assert onnx_encoder.digest_fault(graph) == "has no digest recorded at export"
+
+
+def test_importing_onnx_runtime_through_mdl_jax_writes_no_telemetry(tmp_path):
+    """``import onnxruntime`` writes a device id and an event queue under ~/.cache; the gate imports it
+    (its default backend on most CPUs) with its telemetry off, and leaves the environment as it was."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "id.onnx")
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "ORT_DISABLE_TELEMETRY")}
+    env["HOME"] = str(tmp_path / "home")
+    code = ("import os, sys, numpy as np; from mdl_jax.signals.onnx_encoder import import_onnxruntime; "
+            "ort = import_onnxruntime(); s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); "
+            "s.run(None, {'x': np.ones(1, np.float32)}); print('ORT_DISABLE_TELEMETRY' in os.environ)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "id.onnx")], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*"))
+    # the control: a plain import does write them (else this test could not fail)
+    subprocess.run([sys.executable, "-c", "import onnxruntime"], timeout=120, env=env, check=True)
+    assert (tmp_path / "home" / ".cache" / "Microsoft" / "DeveloperTools" / ".onnxruntime" / "deviceid").exists()
+
+
 @pytest.mark.slow
 def test_a_runtime_failure_on_a_whole_graph_is_raised_and_the_graph_left_alone(onnx_cache, monkeypatch):
     """Only a damaged file is exported again: a failure of the runtime itself (out of memory here,

@@ -14,6 +14,7 @@ from mdl_jax.pipeline import data
 from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
 from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import ABSTENTION, CAUTION, chat
+from tests.gate_embedders import hashed
 
 
 def _vec(m, sign=1.0):
@@ -171,6 +172,22 @@ def test_config_object_and_file(tmp_path, gate):
 def test_bad_input_is_a_value_error_naming_the_argument(gate, call, match):
     with pytest.raises(ValueError, match=match):
         call(gate)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda g: g.decide("is \ud800 safe?", ["a memory"]), r"^query: holds a lone surrogate \('\\ud800' at character 3\)"),
+    (lambda g: g.decide("q?", ["fine", "a \udfff memory"]), r"^memories\[1\]: holds a lone surrogate"),
+    (lambda g: g.decide("q?", [{"text": "\udc80", "source": "wiki"}]), r"^memories\[0\]: holds a lone surrogate"),
+    (lambda g: g.decide_batch(["q", "é \udc80"], [[], []]), r"^queries\[1\]: holds a lone surrogate \('\\udc80'"),
+    (lambda g: g.columns(["q", "q"], [["ok"], ["ü", "ok \ud83d"]]), r"^memories_lists\[1\]\[1\]: holds a lone surrogate"),
+])
+def test_a_lone_surrogate_is_a_value_error_naming_the_text_whatever_the_embedder(embedder, call, match):
+    """The real MiniLM's tokenizer (and any UTF-8 writer) cannot take a lone surrogate, and a callable
+    embedder would take it and decide the row: both gates refuse it before embedding, naming it."""
+    for g in (MemoryGate(embedder=embedder), MemoryGate(embedder=hashed)):
+        with pytest.raises(ValueError, match=match):
+            call(g)
+    assert MemoryGate(embedder=hashed).decide("é?", ["ü ok"]).action_name  # other non-ASCII text is fine
 
 
 def test_bad_construction_names_the_argument(tmp_path):

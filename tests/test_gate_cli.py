@@ -396,3 +396,21 @@ def test_the_embed_backend_flag_reaches_the_gate_and_the_summary(rows, tmp_path,
     assert got["mdl_action"].tolist() == [d.action_name for d in want]
     np.testing.assert_array_equal(got["mdl_C_final"], np.float32([d.scalars["C_final"] for d in want]))
     assert "embedder backend torch" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_damaged_embedding_cache_is_set_aside_and_the_run_goes_on(rows, tmp_path, embedder, capsys):
+    """An embeddings.sqlite overwritten with other bytes: the run warns naming it, rebuilds it and
+    decides every row as the gate does (no sqlite3 traceback, exit 0)."""
+    rows = rows[:5]
+    (tmp_path / "cache").mkdir()
+    damaged = tmp_path / "cache" / "embeddings.sqlite"
+    damaged.write_bytes(np.random.default_rng(0).bytes(1 << 16))
+    out = tmp_path / "out.parquet"
+    with pytest.warns(RuntimeWarning, match=rf"embedding cache {damaged} is damaged .* set aside as"):
+        rc = main(["gate", str(_jsonl(tmp_path / "in.jsonl", rows)), "--out", str(out), *FIELDS,
+                   "--cache-dir", str(tmp_path / "cache"), "--embed-backend", "torch", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    want = MemoryGate(embedder=embedder).decide_batch([r["question"] for r in rows], [r["mems"] for r in rows])
+    assert pd.read_parquet(out)["mdl_action"].tolist() == [d.action_name for d in want]
+    assert any(p.name.startswith("embeddings.sqlite.corrupt-") for p in damaged.parent.iterdir())

@@ -107,6 +107,78 @@ def test_a_risk_column_overrides_the_assessor_and_is_checked():
         MemoryGateBatch(embedder=hashed, risk_field="A")({**cols, "A": [None, 0.1]})
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["numpy", "pandas"])
+def test_a_lone_surrogate_fails_the_batch_naming_it_or_marks_the_row_and_the_batch_stays_writable(
+        fmt, embedder, tmp_path):
+    """The real MiniLM (whose tokenizer cannot take a lone surrogate) behind the batch: the bad row
+    fails the batch naming it, or is marked; a marked batch still converts to Arrow and Parquet."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": 0, "query": "Is raw cookie dough safe to eat?", "memories": ["Raw flour can carry E. coli"]},
+            {"id": 1, "query": "Is \ud800 safe?", "memories": ["a memory"]},
+            {"id": 2, "query": "What is the capital of France?", "memories": ["Paris", "a \udfff memory"]}]
+
+    def batch():
+        if fmt == "pandas":  # object columns: pandas' Arrow-backed strings cannot hold the text at all
+            return pd.DataFrame(rows, dtype=object)
+        return {"id": np.array([r["id"] for r in rows]),
+                "query": np.array([r["query"] for r in rows], dtype=object),
+                "memories": np.array([np.array(r["memories"], dtype=object) for r in rows], dtype=object)}
+
+    with pytest.raises(ValueError, match=r"^row 1 of the batch: queries\[0\]: holds a lone surrogate "
+                                         r"\('\\ud800' at character 3\)"):
+        MemoryGateBatch(embedder=embedder)(batch())
+    out = MemoryGateBatch(embedder=embedder, on_bad_row="mark")(batch())
+    if fmt == "pandas":
+        out = {c: out[c].to_numpy() for c in out.columns}
+    assert out["mdl_action"][0] in ACTION_NAMES.values()
+    assert pd.isna(out["mdl_action"][1]) and pd.isna(out["mdl_action"][2])  # None, or pandas' missing value
+    assert "queries[1]: holds a lone surrogate" in out["mdl_error"][1]
+    assert "memories_lists[2][1]: holds a lone surrogate" in out["mdl_error"][2]
+    assert out["query"][1] == "Is \ufffd safe?" and list(out["memories"][2]) == ["Paris", "a \ufffd memory"]
+    assert out["query"][0] == rows[0]["query"]  # a good row's cells are untouched
+    ref = MemoryGate(embedder=embedder).columns([rows[0]["query"]], [rows[0]["memories"]])
+    assert out["mdl_action"][0] == ACTION_NAMES[int(ref["action"][0])]
+    table = pa.Table.from_pandas(pd.DataFrame({k: pd.Series(list(v), dtype=object) for k, v in out.items()}))
+    pq.write_table(table, tmp_path / "gated.parquet")
+    assert pq.read_table(tmp_path / "gated.parquet").column("query").to_pylist()[1] == "Is \ufffd safe?"
+
+
+def test_a_lone_surrogate_with_a_callable_embedder_is_refused_before_it_is_decided():
+    """A callable embedder takes any string, so the row would be decided and the batch fail only when
+    written: the check is the gate's own, before any embedder runs."""
+    cols = {"query": ["fine question", "bad \udc80 question"], "memories": [["a memory"], ["another"]]}
+    with pytest.raises(ValueError, match=r"^row 1 of the batch: queries\[0\]: holds a lone surrogate"):
+        MemoryGateBatch(embedder=hashed)(cols)
+    out = MemoryGateBatch(embedder=hashed, on_bad_row="mark")(cols)
+    assert out["mdl_action"][1] is None and "queries[1]: holds a lone surrogate" in out["mdl_error"][1]
+    assert out["query"][1] == "bad \ufffd question" and out["query"][0] == "fine question"
+
+
+@pytest.mark.parametrize("fmt", ["numpy", "pandas", "pyarrow"])
+@pytest.mark.parametrize("column", ["mdl_action", "mdl_C_final", "mdl_n_relevant"])
+def test_a_batch_that_holds_an_output_column_is_refused_not_overwritten(fmt, column):
+    import pandas as pd
+    import pyarrow as pa
+
+    rows = [{"query": "q one", "memories": ["m one"], column: "kept"}]
+    batch = {"numpy": lambda: {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]},
+             "pandas": lambda: pd.DataFrame(rows), "pyarrow": lambda: pa.Table.from_pylist(rows)}[fmt]
+    for mode in ("error", "mark"):
+        with pytest.raises(ValueError, match=rf"^batch: field '{column}' is one of the gate's output columns "
+                                             r"\(mdl_action, mdl_M, mdl_R, \.\.\.\): is the dataset already gated\?"):
+            MemoryGateBatch(embedder=hashed, on_bad_row=mode)(batch())
+    # mdl_error is an output column only where it is written (mark)
+    rows = [{"query": "q one", "memories": ["m one"], "mdl_error": "kept"}]
+    kept = MemoryGateBatch(embedder=hashed)(batch())["mdl_error"]
+    assert (kept.to_pylist() if fmt == "pyarrow" else list(kept)) == ["kept"]
+    with pytest.raises(ValueError, match=r"^batch: field 'mdl_error' is one of the gate's output columns"):
+        MemoryGateBatch(embedder=hashed, on_bad_row="mark")(batch())
+
+
 RAY_SCRIPT = r"""
 import json, sys
 import numpy as np

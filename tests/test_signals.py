@@ -606,6 +606,103 @@ def test_a_model_that_returns_nan_is_a_clear_error_and_nothing_of_it_is_cached(t
         got.embed(["one more"])
 
 
+def _filled_cache(folder, texts):
+    """A cache folder holding the real MiniLM's vectors of ``texts`` after 2,000 rows of filler (so the
+    texts' own rows sit in the file's second half), checkpointed into the one database file."""
+    import sqlite3
+
+    e = Embedder(cache_dir=folder)
+    filler = [f"filler text number {i}" for i in range(2000)]
+    e.cache.put(e.model_id, filler, np.random.default_rng(0).normal(size=(2000, 384)).astype(np.float32))
+    vecs = e.embed(texts)
+    e.cache.close()
+    db = sqlite3.connect(folder / "embeddings.sqlite")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return vecs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["random bytes", "cut in half"])
+def test_a_damaged_cache_is_set_aside_with_a_warning_and_rebuilt(tmp_path, damage):
+    import os
+
+    texts = ["Is raw cookie dough safe to eat?", "Raw flour can carry E. coli", "Paris is in France"]
+    want = _filled_cache(tmp_path, texts)
+    db = tmp_path / "embeddings.sqlite"
+    size = db.stat().st_size
+    db.write_bytes(os.urandom(size) if damage == "random bytes" else db.read_bytes()[: size // 2])
+    with pytest.warns(RuntimeWarning, match=rf"embedding cache {db} is damaged \(.*\); it was set aside as "
+                                            r"embeddings\.sqlite\.corrupt-\d{8}T\d{6}Z-\d+ and a new cache"):
+        e = Embedder(cache_dir=tmp_path)
+        got = e.embed(texts)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert e.n_embedded == 3
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]
+    assert len(aside) == 1
+    again = Embedder(cache_dir=tmp_path)  # the rebuilt cache serves what was embedded again
+    np.testing.assert_array_equal(again.embed(texts), got)
+    assert again.n_cached == 3 and again.n_embedded == 0
+
+
+def test_a_cache_whose_pages_are_damaged_is_set_aside_by_the_read_that_meets_it(tmp_path):
+    """Without a model: a file whose first page is whole opens, and the damage behind it is met by the
+    first read, which sets it aside and finds nothing; the next write lands in a new file."""
+    import warnings
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    db = tmp_path / "embeddings.sqlite"
+    c = EmbeddingCache(db)
+    texts = [f"text {i}" for i in range(600)]
+    c.put("m", texts, np.ones((600, 8), np.float32))
+    c.close()  # (the last connection's close folds the WAL into the file)
+    main = db.read_bytes()
+    db.write_bytes(main[:4096] + bytes(len(main) - 4096))  # every page after the first zeroed, size kept
+    c = EmbeddingCache(db)
+    with pytest.warns(RuntimeWarning, match="is damaged .* set aside as embeddings.sqlite.corrupt-"):
+        assert c.get("m", texts) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.put("m", texts[:2], np.ones((2, 8), np.float32))
+        assert len(c.get("m", texts)) == 2
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]) == 1
+
+
+def _read_only(folder):
+    """Make ``folder`` unwritable to this process (as root, whom modes do not stop: immutable);
+    returns the undo, or skips where neither can be done."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        return lambda: os.chmod(folder, 0o755)
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("running as root on a file system without chattr +i: no folder is read-only to root")
+    return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_is_read_and_not_written(tmp_path):
+    texts = ["Is raw cookie dough safe to eat?", "Raw flour can carry E. coli"]
+    want = _filled_cache(tmp_path, texts)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    undo = _read_only(tmp_path)
+    try:
+        e = Embedder(cache_dir=tmp_path)
+        assert e.cache.read_only
+        np.testing.assert_array_equal(e.embed(texts), want)
+        assert e.n_cached == 2 and e.n_embedded == 0
+        with pytest.warns(RuntimeWarning, match=r"cannot be written \(read-only\): its vectors are read, and "
+                                                r"the new ones are not stored"):
+            new = e.embed(["A text that is not cached"])
+        assert new.shape == (1, 384) and e.n_embedded == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    finally:
+        undo()
+
+
 def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():
     """store_arrays(threshold=...) analyses only memories that may be relevant: the aggregation's bits
     are those of the full flags, and the flags it kept are pair_flags' on those pairs."""

@@ -159,6 +159,40 @@ def test_a_diverged_run_is_reported_as_divergence_and_keeps_finite_parameters(te
     assert all(np.all(np.isfinite(np.asarray(getattr(res.config, f), np.float64))) for f in NUMERIC_FIELDS)
 
 
+@pytest.mark.parametrize("scale", [1e-40, 3e38, 1e300])
+def test_uniform_weights_of_any_scale_train_exactly_as_unweighted(teacher_data, scale):
+    """The loss is a weighted mean: only the weights' ratios count. Weights of 1e-40 (flushed to zero
+    in float32) or 3e38 (whose sum overflows float32) once diverged or ended with a loss of 0."""
+    import warnings
+
+    M, R, A, y = (x[:300] for x in teacher_data)
+    val = (np.arange(300) % 5 == 0).astype(np.float64)
+    ref = tune(M, R, A, y, val=val, steps=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = tune(M, R, A, y, weights=np.full(300, scale), val=val * scale, steps=20)
+    assert got.config == ref.config
+    for k in ("loss", "train_accuracy", "val_accuracy", "best_step", "diverged_step"):
+        np.testing.assert_array_equal(got.history[k], ref.history[k], err_msg=k)
+    # and the ratios are kept: a record weighted 0 relative to 1e-40 ones is still out of training
+    w = np.full(300, 1e-40)
+    w[:50] = 0.0
+    np.testing.assert_array_equal(tune(M, R, A, y, weights=w, steps=5).history["loss"],
+                                  tune(M, R, A, y, weights=(w > 0).astype(float), steps=5).history["loss"])
+
+
+def test_a_learning_rate_that_saturates_the_controller_into_a_constant_is_warned_about(teacher_data):
+    """Far too large a step saturates the thresholds (sigmoids at 0 or 1, no gradient) with every value
+    finite, so no divergence is seen: the run's controller adopting every record is reported."""
+    M, R, A, y = (x[:300] for x in teacher_data)
+    with pytest.warns(RuntimeWarning, match=r"tune: run 0 \(fields gate_coeffs, thresholds, seed 0\) adopts "
+                                            r"every training record: .*the learning_rate \(1e\+30\) is too large"):
+        res = tune(M, R, A, y, steps=30, learning_rate=1e30)
+    assert int(res.history["diverged_step"]) == -1 and float(res.history["adopt_share"]) == 1.0
+    ok = tune(M, R, A, y, steps=30)
+    assert 0 < float(ok.history["adopt_share"]) < 1
+
+
 @pytest.mark.parametrize("steps", [1, 2, 9])
 @pytest.mark.slow
 def test_runs_shorter_than_the_warmup_train(teacher_data, steps):

@@ -92,7 +92,8 @@ class TuneResult(NamedTuple):
         ``steps`` when it never stopped), ``"diverged_step"`` (int32: the step whose update was
         not finite or broke an invariant and was not applied; −1: never) and ``"disagreement"``
         (float32: share of training records where the soft argmax at the final temperature ≠ the
-        hard action, for the kept parameters). After ``stopped_step`` the run no longer moves:
+        hard action, for the kept parameters) and ``"adopt_share"`` (float32: share of training
+        records the kept parameters decide Active; 0 or 1 is warned about). After ``stopped_step`` the run no longer moves:
         every later entry scores the same frozen parameters (the accuracies and field values
         repeat; ``"loss"`` still changes because τ keeps annealing), so only steps up to
         ``stopped_step`` describe training.
@@ -334,10 +335,12 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     hard = jax.vmap(_d.act, in_axes=(0, None))(C_final, cfg)
     differ = (jnp.argmax(probs, -1) != hard).astype(jnp.float32)
     on_train = w_train > 0
-    disagreement = jnp.sum(jnp.where(on_train, differ, 0.0)) / jnp.maximum(jnp.sum(on_train), 1)
+    n_train = jnp.maximum(jnp.sum(on_train), 1)
+    disagreement = jnp.sum(jnp.where(on_train, differ, 0.0)) / n_train
+    adopt_share = jnp.sum(on_train & (hard == _d.Action.ACTIVE)) / n_train
     scalars = {"best_step": final.best_step, "stopped_step": final.stopped_step,
                "diverged_step": final.diverged_step, "best_val_accuracy": final.best_val,
-               "disagreement": disagreement}
+               "disagreement": disagreement, "adopt_share": adopt_share.astype(jnp.float32)}
     return final.best_params, hist, scalars
 
 
@@ -385,12 +388,17 @@ def _check_signals(M, R, A, adopt):
 
 
 def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
-    w = np.asarray(w, dtype=np.float32)
+    """(B, N) weights, checked, each run's divided by its largest in float64: the loss is a weighted
+    mean, so only their ratios count, and in float32 a weight of 1e-40 is flushed to zero by XLA and
+    a sum of weights of 3e38 overflows. Uniform weights of any positive scale become exactly 1, the
+    unweighted run's."""
+    w = np.asarray(w, dtype=np.float64)
     if w.shape != (B, N):
         raise ValueError(f"{name}: expected shape ({B}, {N}), got {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError(f"{name}: expected finite, non-negative weights")
-    return jnp.asarray(w)
+    top = w.max(axis=1, keepdims=True) if N else np.zeros((B, 1))
+    return jnp.asarray(np.divide(w, top, out=np.zeros_like(w), where=top > 0).astype(np.float32))
 
 
 def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequence[Sequence[str]],
@@ -403,7 +411,9 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     Args:
       train_weights, val_weights: (B, N) per-record weights of each run's training and validation
         parts (0 = not in that part); a fold is a pair of weight vectors. Validation may be all zero
-        (then the last step is kept: no early stopping signal).
+        (then the last step is kept: no early stopping signal). Scale-free: each run's weights are
+        divided by their largest (in float64) first, so only their ratios count, and uniform
+        weights of any positive scale train exactly as unweighted.
       field_sets: B tuples of field names to train (e.g. ``FIELD_SETS["gates"]``).
       seeds: B ints; a run starts from ``config`` plus N(0, init_noise²) noise on its trained free
         parameters, so seeds give different starting points.
@@ -507,6 +517,17 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
                       f"step {int(history['diverged_step'][b])} (a non-finite loss or parameter); it "
                       f"stopped there and keeps its last finite parameters. Lower learning_rate "
                       f"({learning_rate!r}).", RuntimeWarning, stacklevel=2)
+    for b in np.flatnonzero((history["diverged_step"] < 0)
+                            & ((history["adopt_share"] == 0) | (history["adopt_share"] == 1))).tolist():
+        # The labels hold both classes (checked above): a controller that decides every training record
+        # alike learnt nothing, and far too large a step lands there without a non-finite value (the
+        # thresholds' sigmoids saturate at 0 or 1, where their gradient vanishes).
+        which = "every" if history["adopt_share"][b] == 1 else "no"
+        warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) adopts {which} "
+                      f"training record: the tuned controller is a constant, no better than the majority "
+                      f"label. Either its start decides alike and {steps} steps did not move it, or the "
+                      f"learning_rate ({learning_rate!r}) is too large: its steps saturate the thresholds.",
+                      RuntimeWarning, stacklevel=2)
     # Fields a run does not train are the starting config's values, exactly (not a float32 round trip)
     configs = [_concrete_from(base, {f: x[b] for f, x in fields.items()}, field_sets[b]) for b in range(B)]
     return configs, history
@@ -590,9 +611,10 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         ``NUMERIC_FIELDS``; default ``FIELD_SETS["gates"]`` = ("gate_coeffs", "thresholds"),
         ``FIELD_SETS["all"]`` trains every numeric field.
       config: the starting ``MDLConfig`` (a single config); the paper's defaults when None.
-      weights: optional (N,) non-negative per-record weights of the training loss.
+      weights: optional (N,) non-negative per-record weights of the training loss; only their
+        ratios count (uniform weights of any positive scale, 1e-40 or 3e38, train exactly as none).
       val: optional (N,) validation mask/weights over the same records (early stopping); records
-        with validation weight > 0 are left out of training.
+        with validation weight > 0 are left out of training. Scale-free too.
       steps: optimisation steps (full batch), a positive int.
       learning_rate: peak learning rate of Adam on a warmup-cosine schedule (warmup over the first
         tenth, decaying to 5% of it), finite and > 0.
@@ -616,15 +638,18 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
 
     Warns:
       RuntimeWarning: a diverged run; it keeps its last finite parameters
-        (``history["diverged_step"]``).
+        (``history["diverged_step"]``). A run whose tuned controller decides every training record
+        alike (``history["adopt_share"]`` 0 or 1): what too large a ``learning_rate`` leads to without
+        a non-finite value (the thresholds saturate).
 
     Fields outside ``fields`` come back exactly as in ``config``.
     """
     (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
-    w = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)
+    # float64 until the weights are normalised (_check_weights): only their ratios count
+    w = np.ones(N, np.float64) if weights is None else np.asarray(weights, np.float64)
     if w.shape != (N,):
         raise ValueError(f"weights: expected shape ({N},), got {np.shape(weights)}")
-    v = np.zeros(N, np.float32) if val is None else np.asarray(val, np.float32)
+    v = np.zeros(N, np.float64) if val is None else np.asarray(val, np.float64)
     if v.shape != (N,):
         raise ValueError(f"val: expected shape ({N},), got {np.shape(val)}")
     w_train = np.where(v > 0, 0.0, w)

@@ -37,7 +37,16 @@ import numpy as np
 
 from mdl_jax._io import atomic_open, write_bytes
 from mdl_jax.controller.decision import Action
-from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, SCALARS, _check_query, _collector_paused, _memory_texts, _unit
+from mdl_jax.gate.core import (
+    ACTION_NAMES,
+    RISK_PRESETS,
+    SCALARS,
+    _check_query,
+    _collector_paused,
+    _memory_texts,
+    _unit,
+    surrogate_fault,
+)
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 from mdl_jax.signals.embeddings import ModelLoadError
 
@@ -55,6 +64,26 @@ MANIFEST_VERSION = 3
 # a gated file would overwrite its first decisions.
 OUT_COLUMNS = ("mdl_row", "mdl_action", *(f"mdl_{k}" for k in SCALARS), "mdl_n_relevant")
 _OUT_SET = frozenset(OUT_COLUMNS)  # one set test a row, not one per column
+
+
+def refuse_output_columns(names, *, where: str, what: str = "IN", columns: tuple[str, ...] = OUT_COLUMNS) -> None:
+    """Refuse input that holds a column the gate writes, so no decision is overwritten silently (``mdl-jax
+    gate``'s rows; ``MemoryGateBatch``'s batches, with the columns it writes).
+
+    Args:
+      names: the input's field or column names (a row dict, a list of column names).
+      where: what the message begins with (the file and row, or "batch").
+      what: the input, as the message names it ("IN", "the dataset").
+      columns: the columns the caller writes.
+
+    Raises:
+      GateInputError: (a ValueError) naming the first of ``columns`` among ``names``.
+    """
+    clash = [c for c in columns if c in names]
+    if clash:
+        raise GateInputError(f"{where}: field {clash[0]!r} is one of the gate's output columns "
+                             f"({', '.join(columns[:3])}, ...): is {what} already gated? Drop or rename its "
+                             "mdl_* columns first, so no decision is overwritten")
 _NAMES = np.array([ACTION_NAMES[a] for a in Action], dtype=object)  # action code → its name
 
 # Bounds of ``mdl-jax gate`` (memories per row: MAX_MEMORIES in mdl_jax.signals.aggregation, a bad row):
@@ -157,16 +186,12 @@ def _jsonl_parts(path: Path, k: int, C: int) -> Iterator[list[tuple[int, object,
             i += len(lines)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _lone_surrogate(x: Any, path: str) -> str | None:
-    """Why ``x`` (a JSON value at ``path``) is not Unicode text, or None."""
+    """Why ``x`` (a JSON value at ``path``) is not Unicode text, or None (the gate's own check,
+    ``surrogate_fault``, on every string in it)."""
     if isinstance(x, str):
-        m = _SURROGATE.search(x)
-        return None if m is None else (f"field {path or 'the row'}: holds a lone surrogate "
-                                       f"({m.group()!r} at character {m.start()}), which is not Unicode "
-                                       "text (it cannot be written as UTF-8)")
+        why = surrogate_fault(x)
+        return None if why is None else f"field {path or 'the row'}: {why}"
     if isinstance(x, dict):
         for k, v in x.items():
             where = f"{path}[{k!r}]" if path else repr(k)
@@ -549,11 +574,8 @@ def _decide_chunk(gate, args, batch) -> tuple[_Decided, dict, list[str]]:
     good, parsed, bad = [], [], []
     for i, row, where in batch:
         if isinstance(row, dict) and not _OUT_SET.isdisjoint(row):
-            clash = [c for c in OUT_COLUMNS if c in row]
-            if clash:  # not a bad row: the input is a gated file (every row has them); never skipped
-                raise GateInputError(f"{args.input}, {where}: field {clash[0]!r} is one of the gate's output "
-                                     f"columns ({', '.join(OUT_COLUMNS[:3])}, ...): is IN already gated? "
-                                     "Drop or rename its mdl_* columns first, so no decision is overwritten")
+            # not a bad row: the input is a gated file (every row has them); never skipped
+            refuse_output_columns(row, where=f"{args.input}, {where}")
         try:
             q, mems, cat, risk = parse_row(row, args)
             if risk is None:  # the assessor per row, so a category outside a table is this row's error

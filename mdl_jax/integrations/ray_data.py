@@ -18,7 +18,14 @@ local two-worker Ray instance).
 
 Bad rows: ``on_bad_row="error"`` (default) fails the batch with a ValueError naming the row and field,
 which Ray reports as the task's error; ``on_bad_row="mark"`` keeps the row with ``mdl_action`` = None
-and the reason in ``mdl_error``, so one bad row in 10^8 does not stop a cluster job.
+and the reason in ``mdl_error``, so one bad row in 10^8 does not stop a cluster job. A query or memory
+holding a lone surrogate (not Unicode text: no tokenizer, Arrow or Parquet writer takes it) is such a
+row, whatever the embedder; in a marked row its lone surrogates in the query and memories columns are
+replaced by U+FFFD, so the batch can still be written (``mdl_error`` says where each was).
+
+A batch that already holds a column this class writes (``mdl_action``, ``mdl_C_final``, ...; and
+``mdl_error`` with ``on_bad_row="mark"``) is refused in both modes, with a ValueError naming it, as
+``mdl-jax gate`` refuses such input: nothing of the input is overwritten or doubled.
 
 Ray itself is an optional extra (``pip install 'mdl-jax[ray]'``); this module does not import it: a
 ``map_batches`` callable is a plain class, so it also runs (and is tested) without a cluster.
@@ -32,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from mdl_jax.controller.decision import Action
-from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
+from mdl_jax.gate.core import ACTION_NAMES, LONE_SURROGATE, SCALARS, MemoryGate
+from mdl_jax.gate.files import refuse_output_columns
 from mdl_jax.signals.embeddings import DEFAULT_MODEL, Embedder, check_backend
 
 ON_BAD_ROW = ("error", "mark")
@@ -45,6 +53,28 @@ def _as_list(x) -> list:
     if hasattr(x, "as_py"):  # a pyarrow scalar
         return x.as_py()
     return x
+
+
+def _scrub(x):
+    """``x`` (a cell: a text, a list or array of texts or dicts) with each lone surrogate replaced by
+    U+FFFD; other values as they are."""
+    if isinstance(x, str):
+        return LONE_SURROGATE.sub("\ufffd", x)
+    if isinstance(x, Mapping):
+        return {_scrub(k): _scrub(v) for k, v in x.items()}
+    if isinstance(x, np.ndarray):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [_scrub(v) for v in x]
+    return x
+
+
+def _objects(values: list) -> np.ndarray:
+    """A 1-d object array of ``values`` (cells that are lists stay cells, not a second axis)."""
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        arr[i] = v
+    return arr
 
 
 class MemoryGateBatch:
@@ -69,11 +99,12 @@ class MemoryGateBatch:
             node; torch on a GPU), "torch", ...
         batch_size: the embedder's encoding batch size.
         on_bad_row: "error" (a bad row fails the batch) or "mark" (the row gets ``mdl_action`` None
-            and ``mdl_error``).
+            and ``mdl_error``; its lone surrogates in the query and memories columns become U+FFFD).
 
     Raises:
-        ValueError: a bad setting (named), or with ``on_bad_row="error"`` a bad row (its index in the
-            batch, the field and what was expected).
+        ValueError: a bad setting (named); a batch holding a column this class writes (named); with
+            ``on_bad_row="error"`` a bad row (its index in the batch, the field and what was
+            expected; a lone surrogate in a query or memory included).
     """
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5, config: Any = None, *,
@@ -98,26 +129,56 @@ class MemoryGateBatch:
         self.query_field, self.memories_field = query_field, memories_field
         self.category_field, self.risk_field = category_field, risk_field
         self.on_bad_row = on_bad_row
+        # the columns a batch gains (decide_columns'), which an input batch must not hold already
+        self.out_columns = ("mdl_action", *(f"mdl_{k}" for k in SCALARS), "mdl_n_relevant") + (
+            ("mdl_error",) if on_bad_row == "mark" else ())
 
     # -- the batch formats Ray hands over ---------------------------------------------------------
     def __call__(self, batch):
         if isinstance(batch, Mapping):
+            self._refuse_gated(list(batch))
             cols = {k: (v if isinstance(v, np.ndarray) else np.asarray(v, dtype=object)) for k, v in batch.items()}
             out = self.decide_columns(cols)
-            return {**dict(batch), **out}
+            return {**dict(batch), **{k: _objects(v) for k, v in self._scrubbed(batch, out).items()}, **out}
         if hasattr(batch, "to_pandas") and hasattr(batch, "schema"):  # a pyarrow Table
             import pyarrow as pa
 
+            self._refuse_gated(batch.column_names)  # (Arrow text is UTF-8: it holds no lone surrogate)
             cols = {k: batch.column(k).to_pylist() for k in self._needed(batch.column_names)}
             out = self.decide_columns(cols)
             for k, v in out.items():
                 batch = batch.append_column(k, pa.array(v.tolist() if isinstance(v, np.ndarray) else v))
             return batch
         if hasattr(batch, "columns") and hasattr(batch, "assign"):  # a pandas DataFrame
+            import pandas as pd
+
+            self._refuse_gated(list(batch.columns))
             cols = {k: batch[k].tolist() for k in self._needed(list(batch.columns))}
-            return batch.assign(**self.decide_columns(cols))
+            out = self.decide_columns(cols)
+            fixed = {k: pd.Series(v, index=batch.index, dtype=object) for k, v in self._scrubbed(cols, out).items()}
+            return batch.assign(**fixed, **out)
         raise TypeError(f"batch: expected a dict of columns, a pandas DataFrame or a pyarrow Table, got "
                         f"{type(batch).__name__} (map_batches' batch_format)")
+
+    def _refuse_gated(self, names) -> None:
+        refuse_output_columns(names, where="batch", what="the dataset", columns=self.out_columns)
+
+    def _scrubbed(self, cols: Mapping[str, Any], out: Mapping[str, Any]) -> dict[str, list]:
+        """The query and memories columns with each marked row's lone surrogates replaced by U+FFFD
+        (only those that change): the row's ``mdl_error`` names them, and the batch stays writable."""
+        marked = [i for i, e in enumerate(out.get("mdl_error", ())) if e is not None and "lone surrogate" in e]
+        fixed: dict[str, list] = {}
+        for k in dict.fromkeys((self.query_field, self.memories_field)):
+            values = None
+            for i in marked:
+                cell = cols[k][i]
+                new = _scrub(cell)
+                if new != (_as_list(cell) if isinstance(cell, np.ndarray) else cell):
+                    values = list(cols[k]) if values is None else values
+                    values[i] = new
+            if values is not None:
+                fixed[k] = values
+        return fixed
 
     def _needed(self, names) -> list[str]:
         want = [self.query_field, self.memories_field] + [f for f in (self.category_field, self.risk_field) if f]

@@ -46,7 +46,14 @@ and ``sys.exit`` hangs in ``pthread_cond_destroy``). ``multiprocessing``'s fork 
 affected, since they leave through ``os._exit``. Processes that should embed are started with ``spawn``.
 
 Telemetry: ``import openvino`` sends a usage event unless its user opted out; ``import_openvino``
-imports it without (the gate loads it by default on CPUs with bfloat16).
+imports it without (the gate loads it by default on CPUs with bfloat16). ``import onnxruntime`` starts
+ONNX Runtime's telemetry, which writes a device id and a queue of events under the user's cache folder
+(``~/.cache/Microsoft/DeveloperTools/.onnxruntime/``); ``import_onnxruntime`` imports it with its
+telemetry off (``ORT_DISABLE_TELEMETRY=1``, unless the user set that variable), and nothing is written.
+
+Integrity: each exported file's sha256 is recorded beside it at export (``model.onnx.sha256``) and
+checked before the file is used (``digest_fault``): a graph damaged with its size kept still loads and
+gives wrong vectors, which the embedding cache would then keep as right.
 """
 
 from __future__ import annotations
@@ -259,12 +266,108 @@ def import_openvino():
     return openvino
 
 
+TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
+
+
+def import_onnxruntime():
+    """``import onnxruntime``, with ONNX Runtime's telemetry off.
+
+    Its import starts the telemetry, which on Linux writes a device id and a database of queued events
+    under ``$XDG_CACHE_HOME`` or ``~/.cache`` (``Microsoft/DeveloperTools/.onnxruntime/``). A library the
+    gate loads by default must not do that for its user, so the first import made here runs with
+    ``ORT_DISABLE_TELEMETRY=1`` (read once, at that import; the variable is removed again after it,
+    and ``disable_telemetry_events`` is called too). A user who set the variable keeps their setting;
+    a process that imported onnxruntime before keeps what it had.
+
+    Returns:
+        The ``onnxruntime`` module.
+
+    Raises:
+        ImportError: onnxruntime is not installed, or fails to import.
+    """
+    import sys
+
+    if sys.modules.get("onnxruntime") is not None:
+        return sys.modules["onnxruntime"]
+    ours = TELEMETRY_ENV not in os.environ
+    if ours:
+        os.environ[TELEMETRY_ENV] = "1"
+    try:
+        import onnxruntime
+    finally:
+        if ours:
+            os.environ.pop(TELEMETRY_ENV, None)
+    if ours and hasattr(onnxruntime, "disable_telemetry_events"):
+        onnxruntime.disable_telemetry_events()
+    return onnxruntime
+
+
 def _atomic_save(write, target: Path) -> None:
     """``write(path)`` (an exporter that takes a file name) into a fresh private folder beside the
     target, then fsync and rename (``mdl_jax._io.atomic_path``): a reader never sees half a graph,
     and a name planted at the target or beside it is replaced, never followed."""
     with atomic_path(target) as tmp:
         write(str(tmp))
+
+
+DIGEST_SUFFIX = ".sha256"  # model.onnx's digest, recorded at export: model.onnx.sha256
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _record_digest(graph: Path) -> None:
+    digest = _sha256(graph)
+    _atomic_save(lambda tmp: Path(tmp).write_text(digest + "\n"), graph.with_name(graph.name + DIGEST_SUFFIX))
+
+
+def digest_fault(graph: Path) -> str | None:
+    """Why ``graph`` is not the file that was exported: its sha256 differs from the digest recorded
+    beside it at export (``model.onnx.sha256``: bit rot, flipped bytes, another file written over it),
+    or no digest was recorded; None when it matches.
+
+    A graph damaged with its size kept still parses and loads, and its vectors come out silently
+    wrong and would be cached as right, so each file is checked before use, not only parsed.
+
+    Args:
+        graph: the path of an exported ``.onnx`` file.
+
+    Returns:
+        A phrase naming what is wrong, or None.
+    """
+    try:
+        recorded = graph.with_name(graph.name + DIGEST_SUFFIX).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return "has no digest recorded at export"
+    try:
+        actual = _sha256(graph)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return None if actual == recorded else (f"is damaged (its sha256 {actual[:16]}… is not the digest recorded "
+                                            f"at export, {recorded[:16]}…)")
+
+
+def _verified(graph: Path, redo) -> None:
+    """Check ``graph`` against its digest; where it fails, warn and ``redo()`` (export it again), or raise
+    a ValueError naming the file where it cannot be written again (a read-only cache)."""
+    why = digest_fault(graph)
+    if why is None:
+        return
+    import warnings
+
+    try:
+        warnings.warn(f"embedder: the exported graph {graph} {why}; exporting it again", RuntimeWarning,
+                      stacklevel=3)
+        redo()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"embedder: the exported graph {graph} {why}, and it cannot be exported again "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); remove it, or give a "
+                         "writable cache_dir") from e
 
 
 def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
@@ -278,12 +381,17 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
         force: write the graph asked for again even if it is cached (a damaged one: it is replaced
           by an atomic rename, so a process reading it meanwhile sees the old file or the new one).
 
+    Each file written gets its sha256 recorded beside it (``model.onnx.sha256``), and a cached file is
+    checked against it before it is returned (``digest_fault``): one that differs, or has no digest, is
+    exported again with a RuntimeWarning naming it.
+
     Returns:
-        The path of ``model.onnx`` (or ``model.int8.onnx``).
+        The path of ``model.onnx`` (or ``model.int8.onnx``), its bytes those exported.
 
     Raises:
         ValueError: ``model_path`` is not a local folder, or its pooling is neither mean nor CLS; a graph
-          folder under ``cache_dir`` is a symlink or not ours (``own_folder``).
+          folder under ``cache_dir`` is a symlink or not ours (``own_folder``); a cached graph that
+          fails its digest where it cannot be exported again (naming the file).
     """
     path = Path(model_path)
     if not path.is_dir():
@@ -300,6 +408,8 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
         own_folder(Path(cache_dir) / "onnx", what="cache_dir")
         own_folder(out, what="cache_dir")
 
+    if fp32.is_file() and not (force and not int8):  # (the int8 graph is made from it)
+        _verified(fp32, lambda: export(model_path, cache_dir, force=True))
     if not fp32.is_file() or (force and not int8):
         writable()
         import torch
@@ -333,10 +443,14 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
                                   output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=OPSET,
                                   dynamo=False)
         _atomic_save(write, fp32)
+        _record_digest(fp32)
     if not int8:
         return fp32
     q8 = out / "model.int8.onnx"
+    if q8.is_file() and not force:
+        _verified(q8, lambda: export(model_path, cache_dir, int8=True, force=True))
     if not q8.is_file() or force:
+        import_onnxruntime()  # (its telemetry off before the quantization package imports it)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         writable()
@@ -345,6 +459,7 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
         # per-channel weight scales: per-tensor int8 loses too much (min cosine 0.84 vs 0.97 to fp32)
         _atomic_save(lambda tmp: quantize_dynamic(str(fp32), tmp, weight_type=QuantType.QInt8,
                                                   per_channel=True), q8)
+        _record_digest(q8)
     return q8
 
 
@@ -410,7 +525,7 @@ class OnnxEncoder:
                                  f"(AMX or AVX512-BF16); OpenVINO reports {list(caps)} for this one. Use "
                                  f"backend 'onnx' (float32, ONNX Runtime)")
         if runtime == "onnxruntime":
-            import onnxruntime  # noqa: F401 - a missing or broken runtime fails here, before a 6 s export
+            import_onnxruntime()  # a missing or broken runtime fails here, before a 6 s export
 
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = _pooling(path)
@@ -462,8 +577,7 @@ class OnnxEncoder:
     def _open(self) -> None:
         """Load ``self.graph`` into the runtime (ONNX Runtime session or OpenVINO compiled model)."""
         if self.runtime == "onnxruntime":
-            import onnxruntime as ort
-
+            ort = import_onnxruntime()
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = 1
             opts.inter_op_num_threads = 1
