@@ -5,7 +5,8 @@
                     G questions (s_g: the question's summed record differences, n_g its records); with
                     equal records per question it is sd(question means) / √G
   MDE               the minimum detectable difference at 80% power, two-sided α = 0.05, for the run's
-                    own design: (z_0.975 + z_0.80) · SE = 2.80 · SE
+                    own design: (z_0.975 + z_0.80) · SE = 2.80 · SE from 30 questions on, and
+                    (t_0.975 + t_0.80) · SE with G − 1 degrees of freedom below (``metrics.mde_for``)
   power(δ)          Φ(|δ|/SE − z_0.975) + Φ(−|δ|/SE − z_0.975): the chance this design resolves a true
                     difference δ (the paper's reported one, where the paper gives it)
   verdict           an interval excluding 0 states a direction; one including 0 with |difference| < MDE
@@ -34,6 +35,17 @@
                     to invert; a statistic that uses answers of such a condition (its value moves
                     with that condition's Se or Sp) gets no corrected value, no interval and no
                     sign share.
+  run's own gold    where the run folder holds ``gold/gold_labels.jsonl`` (a sample of the run's answers
+                    stratified by dataset × system × B3 action, equal answers per cell), the correction
+                    is computed a second time with Se, Sp from it (``run_gold_verdicts``): each gold
+                    answer weighted by its cell's share of the run's answers in its condition over the
+                    cell's gold answers, the weighted counts rescaled to the effective sample size
+                    (Kish) for the Beta posteriors; for `ref` also once from the shipped gold set's
+                    fresh split alone (``judges.FRESH_RUN``, labelled after its rules froze)
+  primary family    run.json's ``primary`` names the confirmatory statistics (``PRIMARY_STATISTICS``)
+                    and judges; each gets the cluster-t p (difference / cluster SE, G − 1 d.f.), Holm's
+                    step-down adjustment within the family, and TOST equivalence within the declared
+                    bound; every other comparison of the report is exploratory
   validity          an RQ2–RQ3 claim is testable with a reader and judge when (i) the judge agrees
                     with the gold set ≥ ``MIN_AGREEMENT`` on answers with and without memory, (ii) the
                     reader answers correctly without memory on ≥ ``MIN_READER`` of the gold set's
