@@ -11,7 +11,8 @@ import pytest
 
 import mdl_jax
 from mdl_jax import Action, MDLConfig
-from mdl_jax.analysis import ablation, cases, complementarity as cm, oracle, sensitivity, stats
+from mdl_jax.analysis import ablation, cases, oracle, sensitivity, stats
+from mdl_jax.analysis import complementarity as cm
 from mdl_jax.analysis.analyze import analyze
 from mdl_jax.cli import main as cli_main
 
@@ -284,9 +285,29 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
     recs = make_records(n_q=16, systems=("B1", "B2", "B3", "CRAG"))
     for r in recs:  # a second judge that disagrees on every third question: every RQ2-RQ3 output twice
         r["hallucinated_ref"] = r["hallucinated"] if r["qid"] % 3 else not r["hallucinated"]
+    from mdl_jax.pipeline.experiment import primary_family
+
     run = {"datasets": {ds: {"thresholds": list(c.thresholds), "n_min": c.n_min, "n_max": c.n_max}
-                        for ds, c in CFG.items()}}
+                        for ds, c in CFG.items()}, "primary": primary_family("2026-01-01")}
     p = write(tmp_path / "records.jsonl", recs, run)
+    # the run's own gold labels: two answers of each (dataset, system, B3 action) cell, labelled as judged
+    # except every third, so that Se and Sp are neither 0 nor 1
+    b3 = {(r["dataset"], r["qid"], r["seed"]): r["action"] for r in recs if r["system"] == "B3"}
+    seen: dict = {}
+    gold = []
+    for r in recs:
+        if r["system"] not in ("B1", "B2", "B3") or (r["system"] == "B3" and r["action"] == "OPT_OUT"):
+            continue
+        cell = (r["dataset"], r["system"], b3[(r["dataset"], r["qid"], r["seed"])])
+        if seen.setdefault(cell, 0) >= 2 + (r["qid"] % 3 == 0):
+            continue
+        seen[cell] += 1
+        lab = r["hallucinated"] if len(gold) % 3 else not r["hallucinated"]
+        gold.append({"dataset": r["dataset"], "qid": r["qid"], "seed": r["seed"], "system": r["system"],
+                     "b3_action": cell[2], "label": "hallucinated" if lab else "safe",
+                     "judge_paper": r["hallucinated"], "judge_ref": r["hallucinated_ref"]})
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "gold_labels.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
     out = tmp_path / "an"
     res = analyze(p, out, data_dir=tmp_path)  # no dataset files there: case studies without question text
     for name in EXPECTED:
@@ -301,6 +322,15 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
                  "figure5b_gate_grid_ref.png", "figure4_action_regions_ref.png", "qr_bases.md"):
         assert (out / name).is_file(), name
     assert not re.search(r"\bnan\b", text)  # no '[+nan, +nan]' interval anywhere
+    # the declared family, Holm-adjusted; the run's own gold beside the shipped one; the three views
+    rg = res["rigour"]
+    assert len(rg["primary"]["rows"]) == 6 and "**Primary family** (declared in run.json on 2026-01-01" in text
+    assert all(np.isfinite(r["p_holm"]) for r in rg["primary"]["rows"])
+    assert rg["run_gold"]["n"] == len(gold) and "judge_error_run_gold" in rg["by_judge"]["paper"]
+    assert "Judge error from this run's own gold labels" in text and "this run's gold |" in text
+    for name in ("views.md", "figure_cfinal_reliability.png", "figure_cfinal_reliability_ref.png"):
+        assert (out / name).is_file(), name
+    assert "B3 − B2 within each B3 action" in text and "C_final reliability" in text
     assert res["by_judge"]["ref"]["accuracy"] != res["by_judge"]["paper"]["accuracy"]
     assert json.loads((out / "analysis.json").read_text())["accuracy"] == pytest.approx(res["accuracy"])
 

@@ -406,6 +406,8 @@ def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp
     # nothing was left to generate: the rerun only rewrote the report, which keeps the figures of the
     # run that did the work (not ~0 s of its own)
     assert run2["this_run"] == run1["this_run"] and run2["wall_seconds"] == run1["wall_seconds"] > 0
+    # the primary family is declared by the run before any analysis, and a rerun keeps that declaration
+    assert run1["primary"]["family"] and run1["primary"]["declared"] and run2["primary"] == run1["primary"]
     report = (out / "REPORT.md").read_text()
     assert run2["report_rewritten"] is True and "rewritten by a rerun" in report
     # --no-analyses: the report says how to run them later, and none ran

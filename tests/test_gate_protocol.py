@@ -152,3 +152,21 @@ def test_grouped_folds_need_no_calibration_split(tmp_path, rng):
     flipped = np.mean(P["hallucinated"].to_numpy())
     assert row["accuracy"] == pytest.approx(1 - flipped, abs=1e-9)
     assert "Both protocols" in gates.gates_md({"paper": res})
+
+
+def test_grouped_folds_difference_from_the_constant_carries_the_fold_draws(tmp_path, rng):
+    ev = _records(40, rng, label_noise=0.2)
+    res = gates.gates(ev, ev.iloc[:0], tmp_path, judge="paper", scores={})
+    gf = res["grouped_folds"]
+    assert gf["n_fold_draws"] == gates.N_FOLD_DRAWS >= 20
+    sim = gf["rows"]["truthfulqa"]["similarity (best cosine)"]
+    fd = sim["vs_constant_fold_draws"]
+    # the table's folds are the first draw; the interval holds the draws' mean and carries their spread
+    assert fd["n_draws"] == gates.N_FOLD_DRAWS
+    assert fd["draw_min"] - 1e-12 <= sim["vs_constant"]["diff"] <= fd["draw_max"] + 1e-12
+    assert fd["ci"][0] <= fd["diff"] <= fd["ci"][1] and fd["ci"][1] - fd["ci"][0] > 0
+    # a score constant on every record decides alike under every fold draw: no spread
+    const = gf["rows"]["truthfulqa"]["risk-only (calibrated τ)"]["vs_constant_fold_draws"]
+    assert const["draw_min"] == const["draw_max"] and const["draw_sd"] == pytest.approx(0.0, abs=1e-12)
+    md = gates.gates_md({"paper": res})
+    assert f"over {gates.N_FOLD_DRAWS} draws of the question-grouped folds" in md and "(draws " in md

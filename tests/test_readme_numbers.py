@@ -30,7 +30,11 @@ def _expected() -> dict[str, str]:
         return f"[{lo:.3f}, {hi:.3f}]".replace("[0", "[+0").replace(", 0", ", +0")
 
     pc, rc = h["by_judge"]["paper"], h["by_judge"]["ref"]
+    prim = {(r["name"], r["judge"]): r for r in h["primary"]}
+    tq_holm = prim[("truthfulqa: B3 - B2", "paper")]["p_holm"]
     return {
+        "TruthfulQA B3 - B2 Holm": "Holm-adjusted p < 0.001" if tq_holm < 0.001 else f"Holm-adjusted p = {tq_holm:.3f}",
+        "ref MDL - constant Holm": f"(p = {prim[('pooled: MDL - per-dataset constant', 'ref')]['p_holm']:.3f})",
         "TruthfulQA B3 - B2": f"{tq['diff']:.3f} {interval(tq['ci_lo'], tq['ci_hi'])}",
         "TruthfulQA MDE": f"{100 * tq['mde']:.1f} pp",
         "B3 - random abstention": f"{rnd['diff']:+.3f} {interval(*rnd['ci'])}",
@@ -59,9 +63,107 @@ def test_the_readme_results_claim_no_direction_the_run_cannot_resolve():
     text = " ".join(_section().split())
     assert "no B3 - B2 difference is resolvable" in text and "not testable" in text
     assert not a["headline"]["by_judge"]["paper"]["testable"]["truthfulqa"]
+    # each direction the section states is one whose interval excludes 0, and the MDL - constant
+    # intervals it quotes are read as the primary family reads them
+    prim = {(r["name"], r["judge"]): r for r in a["headline"]["primary"]}
+    assert prim[("truthfulqa: B3 - B2", "paper")]["rejected"]
+    for j in ("paper", "ref"):
+        r = prim[("pooled: MDL - per-dataset constant", j)]
+        assert not r["rejected"] and "below each dataset's majority rule" not in text
+    for c in _claims(_section()):
+        if DIRECTION.search(c) or re.search(r"\bless than\b", c):
+            ivs = [(float(x), float(y)) for x, y in INTERVAL.findall(c)]
+            assert any(lo > 0 or hi < 0 for lo, hi in ivs), c
     # no number in the section that the expected table does not account for (besides the design's n)
-    allowed = {"200", "3", "2", "135", "4", "5", "8", "6"}
+    allowed = {"200", "3", "2", "135", "4", "5", "8", "6", "0", "0.001"}
     numbers = set(re.findall(r"\d+(?:\.\d+)?", text))
     known = set(re.findall(r"\d+(?:\.\d+)?", " ".join(_expected().values())))
     stray = numbers - known - allowed
     assert not stray, f"numbers in the README's results that no committed file gives: {sorted(stray)}"
+
+
+# ------------------------------------------------------------------ docs/results.md
+
+DOC = ROOT / "docs" / "results.md"
+RUNS = ("paper-scale-200x3-paired", "paired-30x2", "paper-scale-200x3", "tqa-halu-100x2")
+# a word that states a direction; where one is used the sentence must carry an interval that excludes 0
+DIRECTION = re.compile(r"\b(higher|lower|lowers|below|above|beats?|exceeds?|outperforms?|worse|better)\b"
+                       r"|hallucinates (more|less)", re.I)
+INTERVAL = re.compile(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+
+
+def _doc() -> str:
+    return DOC.read_text(encoding="utf-8").replace("−", "-")
+
+
+def _json_intervals() -> set[tuple[float, float]]:
+    """Every interval any committed run's analysis.json holds: [lo, hi] lists, {ci_lo, ci_hi} and
+    {lo, hi} pairs, rounded as the page prints them (3 decimals)."""
+    out: set = set()
+
+    def walk(x):
+        if isinstance(x, dict):
+            for a, b in (("ci_lo", "ci_hi"), ("lo", "hi")):
+                if isinstance(x.get(a), (int, float)) and isinstance(x.get(b), (int, float)):
+                    out.add((round(x[a], 3), round(x[b], 3)))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            if len(x) == 2 and all(isinstance(v, (int, float)) for v in x):
+                out.add((round(x[0], 3), round(x[1], 3)))
+            for v in x:
+                walk(v)
+
+    for run in RUNS:
+        walk(json.loads((ROOT / "experiments" / "results" / run / "analysis" / "analysis.json").read_text()))
+    return out
+
+
+def _claims(text: str) -> list[str]:
+    """The page's sentences, table rows and list items, one string each (code spans dropped)."""
+    text = re.sub(r"`[^`]*`", "`…`", text)
+    parts: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        if block.lstrip().startswith("|"):
+            parts += block.splitlines()
+            continue
+        for item in re.split(r"\n(?=- )", block):
+            parts += re.split(r"(?<=[.!?])\s+(?=[A-Z*(])", " ".join(item.split()))
+    return [p for p in parts if p.strip()]
+
+
+def test_every_interval_in_the_results_page_is_a_committed_runs():
+    have = _json_intervals()
+    missing = []
+    for lo, hi in INTERVAL.findall(_doc()):
+        lo, hi = float(lo), float(hi)
+        if not any(abs(lo - a) <= 5e-4 + 1e-9 and abs(hi - b) <= 5e-4 + 1e-9 for a, b in have):
+            missing.append(f"[{lo}, {hi}]")
+    assert not missing, f"intervals in docs/results.md that no committed analysis.json holds: {missing}"
+
+
+def test_every_direction_in_the_results_page_has_a_resolved_interval():
+    bad = []
+    for c in _claims(_doc()):
+        if DIRECTION.search(c):
+            ivs = [(float(a), float(b)) for a, b in INTERVAL.findall(c)]
+            if not any(lo > 0 or hi < 0 for lo, hi in ivs):
+                bad.append(c[:160])
+    assert not bad, "direction words without an interval that excludes 0:\n" + "\n".join(bad)
+
+
+def test_the_results_page_drops_the_claims_its_intervals_do_not_carry():
+    text = " ".join(_doc().split())
+    for phrase in ("so even the sign depends on the judge", "MDL 18 µs", "similarity max 7-20 µs",
+                   "beats B3", "hallucinates more", "falls below it on HaluEval"):
+        assert phrase not in text, phrase
+    # Table 10 is read against the within-dataset null, as REPORT reads it
+    a = json.loads((RUN / "analysis" / "analysis.json").read_text())
+    for j in ("paper", "ref"):
+        t = a["by_judge"][j]["table10"]["rows"]["M+R+A"]
+        assert f"p = {t['p_within']:.2f}" in text, (j, t["p_within"])
+    # the gates' cost per decision as the run's gates table measured it
+    gates_md = (RUN / "analysis" / "gates.md").read_text()
+    for gate in ("MDL calibrated (run config)", "similarity (best cosine)"):
+        lat = re.search(rf"^\| truthfulqa \| {re.escape(gate)} \|.*\| (\d+ µs) \|$", gates_md, re.M)
+        assert lat and f"{gate.split(' (')[0]} {lat.group(1)}" in text, (gate, lat and lat.group(1))

@@ -292,3 +292,131 @@ def test_compare_systems_reports_power():
     assert 0.0 < r["power_paper"] < 0.2
     if r["ci_lo"] <= 0 <= r["ci_hi"] and abs(r["diff"]) < r["mde"]:
         assert r["verdict"].startswith("not resolvable")
+
+
+# ------------------------------------------------------------------ the declared family, the run's own gold
+
+def test_holm_matches_statsmodels():
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.array([0.01, 0.04, 0.03, 0.20, 0.002, 0.5])
+    assert rigour.holm(p) == pytest.approx(multipletests(p, method="holm")[1])
+    q = rigour.holm(np.array([0.01, np.nan, 0.04]))  # nan does not count towards the family's size
+    assert np.isnan(q[1]) and q[[0, 2]] == pytest.approx(multipletests([0.01, 0.04], method="holm")[1])
+
+
+def test_cluster_t_p_and_tost_use_student_t_on_questions():
+    from scipy.stats import t as student
+
+    assert rigour.cluster_t_p(0.02, 0.01, 10) == pytest.approx(2 * student.sf(2.0, 9))
+    # equivalent: the 90% t interval inside ±bound; a wide one is not shown equivalent
+    e = rigour.tost(0.005, 0.01, 200, 0.05)
+    assert e["equivalent"] and -0.05 < e["ci90"][0] < e["ci90"][1] < 0.05
+    w = rigour.tost(0.005, 0.04, 200, 0.05)
+    assert not w["equivalent"] and w["p"] > 0.05
+    with pytest.raises(ValueError, match="bound"):
+        rigour.tost(0.0, 0.01, 100, 0.0)
+
+
+def test_mde_uses_t_below_30_questions():
+    from mdl_jax.evaluation.metrics import mde_for
+
+    d, g = _design(G=10, S=2, c=0.2)
+    r = rigour.design(d, np.zeros_like(d), g)
+    assert r["mde"] == pytest.approx(mde_for(r["se"], 10)) and r["mde"] > rigour.mde(r["se"]) * 1.05
+    d, g = _design(G=100, S=2, c=0.2)
+    r = rigour.design(d, np.zeros_like(d), g)
+    assert r["mde"] == pytest.approx(rigour.mde(r["se"]))
+
+
+def _family_res(diffs):
+    """A rigour result with the three primary statistics per judge, each a design of known difference."""
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(200), 3)
+    res = {"by_judge": {}}
+    for j, d in diffs.items():
+        des = [rigour.design(d_ + rng.normal(0, 0.3, len(g)), np.zeros(len(g)), g) for d_ in d]
+        res["by_judge"][j] = {"b3_minus_b2": {"truthfulqa": des[0]}, "b3_vs_random": {"truthfulqa": des[1]},
+                              "vs_constant": des[2]}
+    return res
+
+
+def test_primary_family_is_holm_adjusted_and_reads_equivalence():
+    from mdl_jax.pipeline.experiment import primary_family as declared
+
+    dec = declared("2026-01-01")
+    assert set(dec["family"]) <= set(rigour.PRIMARY_STATISTICS)
+    res = _family_res({"paper": (-0.12, 0.0, 0.002), "ref": (-0.10, 0.03, -0.02)})
+    pf = rigour.primary_family(res, dec)
+    assert len(pf["rows"]) == 6
+    p = np.array([r["p"] for r in pf["rows"]])
+    assert np.array([r["p_holm"] for r in pf["rows"]]) == pytest.approx(rigour.holm(p))
+    first = pf["rows"][0]
+    assert first["name"] == "truthfulqa: B3 - B2" and first["rejected"]
+    assert first["p"] == pytest.approx(rigour.cluster_t_p(first["diff"], first["se"], 200))
+    null = pf["rows"][1]
+    assert not null["rejected"] and null["tost"]["equivalent"]  # ±5 pp with 200 questions: shown equivalent
+    md = "\n".join(rigour.primary_md(pf))
+    assert "exploratory" in md and "| truthfulqa: B3 - B2 | `paper` |" in md and "equivalent (p =" in md
+    # a judge the records lack reads missing; an unknown statistic is refused by name
+    res2 = _family_res({"paper": (-0.12, 0.0, 0.002)})
+    assert sum(r.get("missing", False) for r in rigour.primary_family(res2, dec)["rows"]) == 3
+    with pytest.raises(ValueError, match="unknown statistics.*nonsense"):
+        rigour.primary_family(res, dict(dec, family=["nonsense"]))
+    assert rigour.primary_family(res, None)["rows"] == []
+
+
+def test_run_gold_weights_recover_the_judge_on_the_runs_answers():
+    """A run where the judge is good on Active questions (most of them) and poor on Silent ones: a gold
+    sample with equal answers per cell over-represents the poor cell; weighting each cell by its share
+    of the run's answers recovers the judge's Se / Sp on the run's answers, the plain count does not."""
+    rng = np.random.default_rng(5)
+    rows, gold = [], []
+    acc = {"ACTIVE": 0.95, "SILENT": 0.55}  # P(judge right) per cell
+    for q in range(1000):
+        act = "ACTIVE" if q % 10 else "SILENT"  # 90% Active
+        for sy in ("B1", "B2", "B3"):
+            rows.append(dict(dataset="d", qid=q, seed=0, system=sy, ok=True, A=0.5, M=0.5, R=0.5, C_final=0.5,
+                             hallucinated=False, answer=f"{sy}{q}", action=act if sy == "B3" else None))
+    ev = pd.DataFrame(rows)
+    truth = {}
+    for act in ("ACTIVE", "SILENT"):
+        for sy in ("B1", "B2", "B3"):
+            for _ in range(400):  # equal cells, large enough to leave little noise
+                g = rng.random() < 0.5
+                right = rng.random() < acc[act]
+                gold.append(dict(dataset="d", qid=0, seed=0, system=sy, b3_action=act,
+                                 label="hallucinated" if g else "safe", judge_paper=g if right else not g))
+    gv, covered = rigour.run_gold_verdicts(pd.DataFrame(gold), ev)
+    assert covered == {"d": {"memory": 1.0, "no memory": 1.0}}
+    c = rigour.confusion(gv, "paper")["d"]["no memory"]
+    # without memory: B1 on every question (900 Active, 100 Silent) and B3's 100 Silent answers
+    truth = (900 * acc["ACTIVE"] + 200 * acc["SILENT"]) / 1100
+    assert c["se"] == pytest.approx(truth, abs=0.03) and c["sp"] == pytest.approx(truth, abs=0.03)
+    plain = rigour.confusion(gv.drop(columns="weight"), "paper")["d"]["no memory"]
+    assert abs(plain["se"] - truth) > 0.1  # the equal-cell count sits halfway between the cells
+    assert c["n"] == 1200 and c["n_eff"] < 1200  # unequal weights: fewer effective answers
+    with pytest.raises(ValueError, match="gold"):
+        rigour.run_gold_verdicts(pd.DataFrame(gold).drop(columns="b3_action"), ev)
+
+
+def test_views_per_action_sums_to_the_whole_and_reliability_bins_cover_the_records():
+    from mdl_jax.analysis import views
+
+    ev, _ = _halves_world(n_q=200)
+    P = rigour.paired_frame(ev, "hallucinated")
+    pa = views.per_action(P)
+    assert set(pa) == {"Active", "Opt-Out"}
+    whole = (P["h3"] - P["h2"]).mean()
+    assert sum(r["contribution"] for r in pa.values()) == pytest.approx(whole)
+    assert pa["Opt-Out"]["diff"] < 0 and pa["Active"]["diff"] == pytest.approx(0.0)
+    P = P.assign(C_final=np.linspace(0, 1, len(P)))
+    rb = views.reliability(P, n_bins=4)["bins"]
+    assert len(rb) == 4 and sum(b["n"] for b in rb) == len(P)
+    assert all(b["ci"][0] <= b["safe"] <= b["ci"][1] for b in rb)
+    cats = {q: ("big" if q < 180 else f"small{q % 3}") for q in P["qid"].unique()}
+    pc = views.per_category(P, cats)
+    assert [r["category"] for r in pc] == ["big", "other (3 categories)"]
+    assert sum(r["contribution"] for r in pc) == pytest.approx(whole)
+    with pytest.raises(ValueError, match="n_bins"):
+        views.reliability(P, n_bins=0)

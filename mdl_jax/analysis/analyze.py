@@ -34,6 +34,17 @@ import numpy as np
 from mdl_jax._io import publish_dir, write_text
 
 
+def load_run_gold(run_dir):
+    """The run's own gold labels (``RUN/gold/gold_labels.jsonl``) as a DataFrame, or None where the run
+    has none."""
+    p = Path(run_dir) / "gold" / "gold_labels.jsonl"
+    if not p.is_file():
+        return None
+    import pandas as pd
+
+    return pd.read_json(p, lines=True, dtype={"qid": int, "seed": int})
+
+
 def _jsonable(x):
     if isinstance(x, dict):
         return {(k if isinstance(k, str) else "|".join(map(str, k))): _jsonable(v) for k, v in x.items()}
@@ -223,9 +234,9 @@ def _significance(ci) -> str:
 # of an earlier analysis that this one does not write again is removed when the new one is published.
 _ANALYSIS_FILES = re.compile(
     r"(table6|table10|table7|sensitivity|figure5b_gate_grid|figure_sigma_sweep|figure_threshold_grid"
-    r"|figure5a_confusion|figure4_action_regions|figure_section6)(_ref)?\.(md|png)"
+    r"|figure5a_confusion|figure4_action_regions|figure_section6|figure_cfinal_reliability)(_ref)?\.(md|png)"
     r"|(low_relevance|qr_bases|cases|selective|gates|comparisons|table4_seeds|table5_seeds|design|table8"
-    r"|ANALYSIS)\.md|analysis\.json|(figure5c_abstention_bins|figure6_cases|figure_risk_coverage)\.png")
+    r"|views|ANALYSIS)\.md|analysis\.json|(figure5c_abstention_bins|figure6_cases|figure_risk_coverage)\.png")
 
 
 def analysis_file(name: str) -> bool:
@@ -396,9 +407,24 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
         from mdl_jax.analysis.judges import load_gold_verdicts
 
         gv = load_gold_verdicts()
-        res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps)
+        run_gold = load_run_gold(records.parent)
+        run_json = records.parent / "run.json"
+        primary = (json.loads(run_json.read_text()).get("primary") if run_json.is_file() else None)
+        res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps, run_gold=run_gold,
+                              primary=primary)
         md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])
         res["headline"] = rigour.headline(res)
+
+        from mdl_jax.analysis import views as views_mod
+
+        cats = {k: getattr(it, "category", None) for k, it in cases._questions(set(ev["dataset"]), data_dir).items()}
+        res["views"] = vw = timed("views", views_mod.views, ev, {k: c for k, c in cats.items() if c})
+        vfigs = {}
+        for j in vw:
+            f = views_mod.figure_reliability(vw, j, work / f"figure_cfinal_reliability{'' if j == 'paper' else '_' + j}.png")
+            if f is not None:
+                vfigs[j] = f.name
+        md["views"] = views_mod.views_md(vw, vfigs)
 
         timings["analyses"] = time.perf_counter() - t_all
         if latency:
@@ -655,6 +681,8 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "is split by B3's action, and B3 is set beside two baselines that abstain without looking at the "
         "memories: the same number of randomly chosen questions, and the risk-only rule.", "",
         md["selective"], "",
+        "## Where the B3 − B2 difference sits: by action, by TruthfulQA category, and C_final's reliability", "",
+        md.get("views", "*Not computed.*"), "",
         "## The gates practitioners use, on the same records", "",
         "Each gate is calibrated on the run's calibration split by MDL's protocol (`mdl_jax.calibrate`, "
         "Section 3.4): the labels are adopt ⇔ the calibration record's (with-memory) answer is safe under "

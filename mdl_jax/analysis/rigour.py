@@ -5,7 +5,8 @@
                     G questions (s_g: the question's summed record differences, n_g its records); with
                     equal records per question it is sd(question means) / √G
   MDE               the minimum detectable difference at 80% power, two-sided α = 0.05, for the run's
-                    own design: (z_0.975 + z_0.80) · SE = 2.80 · SE
+                    own design: (z_0.975 + z_0.80) · SE = 2.80 · SE from 30 questions on, and
+                    (t_0.975 + t_0.80) · SE with G − 1 degrees of freedom below (``metrics.mde_for``)
   power(δ)          Φ(|δ|/SE − z_0.975) + Φ(−|δ|/SE − z_0.975): the chance this design resolves a true
                     difference δ (the paper's reported one, where the paper gives it)
   verdict           an interval excluding 0 states a direction; one including 0 with |difference| < MDE
@@ -34,6 +35,17 @@
                     to invert; a statistic that uses answers of such a condition (its value moves
                     with that condition's Se or Sp) gets no corrected value, no interval and no
                     sign share.
+  run's own gold    where the run folder holds ``gold/gold_labels.jsonl`` (a sample of the run's answers
+                    stratified by dataset × system × B3 action, equal answers per cell), the correction
+                    is computed a second time with Se, Sp from it (``run_gold_verdicts``): each gold
+                    answer weighted by its cell's share of the run's answers in its condition over the
+                    cell's gold answers, the weighted counts rescaled to the effective sample size
+                    (Kish) for the Beta posteriors; for `ref` also once from the shipped gold set's
+                    fresh split alone (``judges.FRESH_RUN``, labelled after its rules froze)
+  primary family    run.json's ``primary`` names the confirmatory statistics (``PRIMARY_STATISTICS``)
+                    and judges; each gets the cluster-t p (difference / cluster SE, G − 1 d.f.), Holm's
+                    step-down adjustment within the family, and TOST equivalence within the declared
+                    bound; every other comparison of the report is exploratory
   validity          an RQ2–RQ3 claim is testable with a reader and judge when (i) the judge agrees
                     with the gold set ≥ ``MIN_AGREEMENT`` on answers with and without memory, (ii) the
                     reader answers correctly without memory on ≥ ``MIN_READER`` of the gold set's
@@ -57,6 +69,7 @@ from mdl_jax.evaluation.metrics import (  # noqa: F401  (re-exported)
     auroc_weighted,
     cluster_se,
     mde,
+    mde_for,
 )
 
 N_DRAWS = 1000
@@ -85,13 +98,87 @@ def design(a, b, groups, seeds=None, paper_effect: float | None = None) -> dict:
     ci = cluster_bootstrap_diff(a, b, groups)
     n_q = int(len(np.unique(groups)))
     n_s = int(len(np.unique(seeds))) if seeds is not None else 1
-    out: dict[str, Any] = {"diff": float(d.mean()) if len(d) else float("nan"), "ci": list(ci), "se": se, "mde": mde(se),
-           "n_questions": n_q, "n_seeds": n_s, "n": int(len(d))}
+    out: dict[str, Any] = {"diff": float(d.mean()) if len(d) else float("nan"), "ci": list(ci), "se": se,
+                           "mde": mde_for(se, n_q), "n_questions": n_q, "n_seeds": n_s, "n": int(len(d))}
+    out["p"] = cluster_t_p(out["diff"], se, n_q)
     out["verdict"] = verdict(out["diff"], ci, out["mde"], n_q, n_s)
     out["resolvable"] = not out["verdict"].startswith(("not resolvable", "no difference"))
     if paper_effect is not None:
         out["paper_effect"] = float(paper_effect)
         out["power_paper"] = power(paper_effect, se)
+    return out
+
+
+def cluster_t_p(diff: float, se: float, n_groups: int) -> float:
+    """Two-sided p of a paired difference from its cluster t: diff / SE against Student's t with
+    G − 1 degrees of freedom (G questions: the SE is estimated from G clusters).
+
+    Args:
+      diff: the difference.
+      se: its cluster standard error.
+      n_groups: G.
+
+    Returns:
+      The p-value; nan for G < 2 or a SE that is not positive (1.0 where diff and SE are both 0).
+    """
+    from scipy.stats import t as student
+
+    if n_groups < 2 or not (np.isfinite(diff) and np.isfinite(se)):
+        return float("nan")
+    if se <= 0:
+        return 1.0 if diff == 0 else float("nan")
+    return float(2 * student.sf(abs(diff) / se, n_groups - 1))
+
+
+def tost(diff: float, se: float, n_groups: int, bound: float) -> dict:
+    """Two one-sided tests (TOST) of equivalence within ±``bound`` for a paired difference, on the
+    cluster t with G − 1 degrees of freedom: equivalent at the 5% level when both one-sided p are
+    below 0.05 (the 90% t interval lies inside ±bound).
+
+    Args:
+      diff: the difference.
+      se: its cluster standard error.
+      n_groups: G questions.
+      bound: the equivalence margin (> 0), on the difference's scale.
+
+    Returns:
+      {"bound", "p" (the larger one-sided p), "ci90" ([lo, hi]), "equivalent" (bool)}.
+
+    Raises:
+      ValueError: ``bound`` is not positive.
+    """
+    from scipy.stats import t as student
+
+    if not bound > 0:
+        raise ValueError(f"bound: expected an equivalence margin > 0, got {bound!r}")
+    if n_groups < 2 or not (np.isfinite(diff) and np.isfinite(se)) or se <= 0:
+        return {"bound": float(bound), "p": float("nan"), "ci90": [float("nan")] * 2, "equivalent": False}
+    df_ = n_groups - 1
+    p_lo = float(student.sf((diff + bound) / se, df_))    # H0: diff ≤ −bound
+    p_hi = float(student.cdf((diff - bound) / se, df_))   # H0: diff ≥ +bound
+    q = float(student.ppf(0.95, df_))
+    p = max(p_lo, p_hi)
+    return {"bound": float(bound), "p": p, "ci90": [diff - q * se, diff + q * se], "equivalent": bool(p < 0.05)}
+
+
+def holm(p) -> np.ndarray:
+    """Holm's step-down adjusted p-values of a family (nan entries stay nan and do not count).
+
+    Args:
+      p: (K,) unadjusted p-values.
+
+    Returns:
+      (K,) adjusted p-values, each min(1, max over the steps so far of (K' − rank) · p), K' the
+      finite ones.
+    """
+    p = np.asarray(p, np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    k = len(ok)
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (k - rank) * p[i]))
+        out[i] = running
     return out
 
 
@@ -119,20 +206,95 @@ def auroc_ci(score, pos, groups, n_boot: int = 400, seed: int = 0) -> dict:
 
 def confusion(gv, judge: str) -> dict:
     """{dataset: {condition: {tp, fp, fn, tn, n, se, sp, agreement}}} of one judge on the judged gold set
-    ``gv`` (``judges.load_gold_verdicts``); conditions 'memory' and 'no memory' (abstentions are safe by
-    construction and left out)."""
+    ``gv`` (``judges.load_gold_verdicts``, or ``run_gold_verdicts``); conditions 'memory' and 'no memory'
+    (abstentions are safe by construction and left out).
+
+    Where ``gv`` has a ``weight`` column (a stratified gold sample, ``run_gold_verdicts``), the counts
+    are weighted sums rescaled to the condition's effective sample size (Kish: (Σw)² / Σw²), so that
+    Se, Sp are the weighted estimates and their Beta posteriors are no narrower than the sample
+    supports; "n" stays the answers behind them and "n_eff" is added."""
     out: dict = {}
     for (ds, cond), d in gv.groupby(["dataset", "condition"]):
         if cond not in ("memory", "no memory"):
             continue
         j, g = d[f"judge_{judge}"].astype(bool).to_numpy(), d["gold"].astype(bool).to_numpy()
-        tp, fp = int((j & g).sum()), int((j & ~g).sum())
-        fn, tn = int((~j & g).sum()), int((~j & ~g).sum())
-        out.setdefault(ds, {})[cond] = {
-            "tp": tp, "fp": fp, "fn": fn, "tn": tn, "n": int(len(d)),
-            "se": tp / (tp + fn) if tp + fn else float("nan"), "sp": tn / (tn + fp) if tn + fp else float("nan"),
-            "agreement": float((j == g).mean()) if len(d) else float("nan")}
+        w = d["weight"].to_numpy(np.float64) if "weight" in d else np.ones(len(d))
+        n_eff = float(w.sum() ** 2 / (w ** 2).sum()) if (w ** 2).sum() > 0 else 0.0
+        k = n_eff / w.sum() if w.sum() > 0 else 0.0
+        tp, fp = k * float(w[j & g].sum()), k * float(w[j & ~g].sum())
+        fn, tn = k * float(w[~j & g].sum()), k * float(w[~j & ~g].sum())
+        if "weight" not in d:
+            tp, fp, fn, tn = int(round(tp)), int(round(fp)), int(round(fn)), int(round(tn))
+        c = {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "n": int(len(d)),
+             "se": tp / (tp + fn) if tp + fn else float("nan"), "sp": tn / (tn + fp) if tn + fp else float("nan"),
+             "agreement": float((tp + tn) / (tp + fp + fn + tn)) if len(d) and n_eff > 0 else float("nan")}
+        if "weight" in d:
+            c["n_eff"] = n_eff
+        out.setdefault(ds, {})[cond] = c
     return out
+
+
+def run_gold_verdicts(gold, ev) -> tuple[Any, dict]:
+    """A run's own gold labels (``<run>/gold/gold_labels.jsonl``: a sample stratified by dataset × system
+    × B3 action, equal answers per cell) as a judged gold set for ``confusion``, each answer weighted
+    so that a condition's Se / Sp estimate the run's answers in that condition.
+
+    Each gold answer's condition is its answer's (B1, and B3 under Silent: no memory; B2, and B3 under
+    Active / Supp: with memory); its weight is its cell's share of the run's paired answers in that
+    condition divided by the cell's gold answers. Cells of the run with no gold answer cannot be
+    represented; the covered cells' shares are renormalised and the covered share is returned.
+
+    Args:
+      gold: the gold labels (DataFrame with dataset, qid, seed, system, b3_action, label and
+        judge_<name> columns).
+      ev: the run's records (``oracle.load_records``).
+
+    Returns:
+      (frame with dataset, condition, gold, weight, cell and the judge columns; {dataset: {condition:
+      covered share of the run's answers}}).
+
+    Raises:
+      ValueError: ``gold`` lacks a needed column.
+    """
+    import pandas as pd
+
+    need = {"dataset", "system", "b3_action", "label"}
+    if not need <= set(gold.columns):
+        raise ValueError(f"gold: expected columns {sorted(need)}, missing {sorted(need - set(gold.columns))}")
+    P = paired_frame(ev, "hallucinated")
+    cells = []
+    for s in ("B1", "B2", "B3"):
+        a = P["action"].to_numpy()
+        keep = a != "OPT_OUT" if s == "B3" else np.ones(len(P), bool)
+        cells.append(pd.DataFrame({"dataset": P["dataset"].to_numpy()[keep], "system": s, "b3_action": a[keep]}))
+    run = pd.concat(cells, ignore_index=True)
+    run["condition"] = [_condition(s, a) for s, a in zip(run["system"], run["b3_action"])]
+    n_run = run.groupby(["dataset", "condition", "system", "b3_action"]).size()
+    g = gold[gold["system"].isin(("B1", "B2", "B3"))
+             & ~((gold["system"] == "B3") & (gold["b3_action"] == "OPT_OUT"))].copy()
+    g["condition"] = [_condition(s, a) for s, a in zip(g["system"], g["b3_action"])]
+    g["gold"] = g["label"].eq("hallucinated")
+    n_gold = g.groupby(["dataset", "condition", "system", "b3_action"]).size()
+    covered: dict = {}
+    w = np.zeros(len(g))
+    for (ds, cond), tot in run.groupby(["dataset", "condition"]).size().items():
+        cells_run = n_run.loc[(ds, cond)]
+        have = [c for c in cells_run.index if (ds, cond, *c) in n_gold.index]
+        cov = float(cells_run.loc[have].sum() / tot) if have else 0.0
+        covered.setdefault(ds, {})[cond] = cov
+        for c in have:
+            m = ((g["dataset"] == ds) & (g["condition"] == cond) & (g["system"] == c[0])
+                 & (g["b3_action"] == c[1])).to_numpy()
+            w[m] = (cells_run.loc[c] / tot / max(cov, 1e-12)) / n_gold.loc[(ds, cond, *c)]
+    g["weight"] = w
+    g["cell"] = g["system"] + " / " + g["b3_action"]
+    return g[g["weight"] > 0].reset_index(drop=True), covered
+
+
+def _condition(system: str, b3_action) -> str:
+    if system == "B2" or (system == "B3" and b3_action in ("ACTIVE", "SUPP")):
+        return "memory"
+    return "no memory"
 
 
 def rogan_gladen(q: float, se: float, sp: float) -> float:
@@ -479,14 +641,24 @@ def per_dataset_constant(df, y) -> dict:
     return {"by_dataset": out, "pooled": float(corr.mean()) if len(y) else float("nan"), "correct": corr}
 
 
-def rigour(ev, df, labels: dict, sc, qid, gv=None, comparisons=None, *, n_draws: int = N_DRAWS) -> dict:
+def rigour(ev, df, labels: dict, sc, qid, gv=None, comparisons=None, *, n_draws: int = N_DRAWS,
+           run_gold=None, primary: dict | None = None) -> dict:
     """Every statistic of this module for a run: per judge the decision accuracy against the per-dataset
     constant (with its MDE), the free Opt-Out records, the accuracy on B1+B2 records, the judge-error
-    correction and the validity of each RQ2–RQ3 claim; the power of every system comparison."""
+    correction (from the shipped gold set; for `ref` also from its fresh split; and from the run's own
+    gold labels ``run_gold`` where given) and the validity of each RQ2–RQ3 claim; the power of every
+    system comparison; the declared primary family (``primary``, run.json's) Holm-adjusted."""
     from mdl_jax.analysis import stats
+    from mdl_jax.analysis.judges import FRESH_RUN
     from mdl_jax.analysis.selective import JUDGES
 
     res: dict = {"gold_available": gv is not None, "by_judge": {}}
+    gv_run = None
+    if run_gold is not None:
+        gv_run, covered = run_gold_verdicts(run_gold, ev)
+        res["run_gold"] = {"n": int(len(gv_run)), "covered": covered,
+                           "cells": {ds: {c: int(n) for c, n in d.groupby("cell").size().items()}
+                                     for ds, d in gv_run.groupby("dataset")}}
     sys_ = df["system"].to_numpy()
     act = (df["action_name"] if "action_name" in df else df["action"]).to_numpy()
     seeds = df["seed"].to_numpy()
@@ -519,13 +691,119 @@ def rigour(ev, df, labels: dict, sc, qid, gv=None, comparisons=None, *, n_draws:
         if gv is not None and col is not None:
             r["judge_error"] = judge_error(ev, gv, j, col, n_draws=n_draws)
             r["validity"] = validity(ev, gv, j, col, r["judge_error"])
+            if j == "ref" and "run" in gv:
+                fresh = gv[gv["run"] == FRESH_RUN]
+                if len(fresh):
+                    r["judge_error_fresh"] = judge_error(ev, fresh, j, col, n_draws=n_draws)
+        if gv_run is not None and col is not None and f"judge_{j}" in gv_run:
+            r["judge_error_run_gold"] = judge_error(ev, gv_run, j, col, n_draws=n_draws)
+        if col is not None and col in ev and not ev[col].isna().all():
+            P_all = paired_frame(ev, col)
+            for ds in sorted(P_all["dataset"].unique()):
+                p = P_all[P_all["dataset"] == ds]
+                r.setdefault("b3_minus_b2", {})[ds] = design(p["h3"].to_numpy(), p["h2"].to_numpy(),
+                                                             p["qid"].to_numpy(), p["seed"].to_numpy())
         res["by_judge"][j] = r
     if comparisons is not None:
         res["comparisons"] = [{k: c[k] for k in ("a", "b", "dataset", "high_risk", "diff", "ci_lo", "ci_hi", "se", "n_questions", "n_seeds",
                                                   "mde", "power_paper", "paper_effect", "verdict")
                                if k in c} for c in comparisons]
     _ = stats
+    res["primary"] = primary_family(res, primary)
     return res
+
+
+# ------------------------------------------------------------------------------------- the primary family
+
+# what each name of a declared family reads: (the per-judge result's key, dataset or None for pooled)
+PRIMARY_STATISTICS = {
+    "truthfulqa: B3 - B2": ("b3_minus_b2", "truthfulqa"),
+    "truthfulqa: B3 - random abstention": ("b3_vs_random", "truthfulqa"),
+    "pooled: MDL - per-dataset constant": ("vs_constant", None),
+}
+
+
+def primary_family(res: dict, declared: dict | None) -> dict:
+    """The declared primary family (run.json's ``primary``): each named statistic under each named
+    judge, with its cluster-t p, Holm's adjusted p within the family, and TOST equivalence within
+    ±``equivalence_bound``.
+
+    Args:
+      res: ``rigour``'s result so far (its ``by_judge``).
+      declared: {"family": [names of ``PRIMARY_STATISTICS``], "judges": [...], "alpha",
+        "equivalence_bound", "declared"}; None: no family was declared (every comparison exploratory).
+
+    Returns:
+      {"declared": the declaration (or None), "rows": [{"name", "judge", "diff", "ci", "se",
+      "n_questions", "mde", "verdict", "p", "p_holm", "rejected", "tost"}], "alpha",
+      "equivalence_bound", "method"}.
+
+    Raises:
+      ValueError: a name that is not a known statistic, or an empty family or judge list.
+    """
+    if not declared:
+        return {"declared": None, "rows": []}
+    fam, judges = list(declared.get("family", [])), list(declared.get("judges", []))
+    bad = [f for f in fam if f not in PRIMARY_STATISTICS]
+    if bad:
+        raise ValueError(f"primary: unknown statistics {bad}; expected names from {sorted(PRIMARY_STATISTICS)}")
+    if not fam or not judges:
+        raise ValueError(f"primary: expected a non-empty 'family' and 'judges', got {declared!r}")
+    alpha = float(declared.get("alpha", 0.05))
+    bound = float(declared.get("equivalence_bound", 0.05))
+    rows = []
+    for j in judges:
+        for name in fam:
+            key, ds = PRIMARY_STATISTICS[name]
+            d = res["by_judge"].get(j, {}).get(key)  # a judge the records lack: its rows read missing
+            d = d.get(ds) if (d is not None and ds is not None) else d
+            if d is None:
+                rows.append({"name": name, "judge": j, "p": float("nan"), "missing": True})
+                continue
+            rows.append({"name": name, "judge": j, **{k: d[k] for k in ("diff", "ci", "se", "n_questions", "mde",
+                                                                          "verdict", "p")}})
+    adj = holm([r["p"] for r in rows])
+    for r, a in zip(rows, adj):
+        r["p_holm"] = float(a)
+        r["rejected"] = bool(np.isfinite(a) and a < alpha)
+        if not r.get("missing"):
+            r["tost"] = tost(r["diff"], r["se"], r["n_questions"], bound)
+    return {"declared": declared, "rows": rows, "alpha": alpha, "equivalence_bound": bound,
+            "method": ("p from the cluster t (difference / cluster SE, G − 1 d.f.), Holm step-down within the "
+                       f"family of {len(rows)}; TOST equivalence within ±{bound * 100:.0f} pp on the same t")}
+
+
+def primary_md(pf: dict) -> list[str]:
+    """The Markdown lines of the declared primary family (``primary_family``): a table, and the rule that
+    every other comparison of the report is exploratory."""
+    if not pf.get("rows"):
+        return ["**Primary family:** none declared in run.json; every comparison below is exploratory "
+                "(unadjusted intervals, read as description).", ""]
+    dec = pf["declared"]
+    L = [f"**Primary family** (declared in run.json{' on ' + dec['declared'] if dec.get('declared') else ''}"
+         f"{': ' + dec['note'] if dec.get('note') else ''}; {pf['method']}). Every other interval and test in this report is **exploratory**: unadjusted, "
+         "read as description, not as a confirmed finding.", "",
+         "| statistic | judge | difference [95% CI] | MDE | p (cluster t) | p Holm | at α = "
+         f"{pf['alpha']:.2f} | equivalence within ±{pf['equivalence_bound'] * 100:.0f} pp (TOST p; 90% CI) |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in pf["rows"]:
+        if r.get("missing"):
+            L.append(f"| {r['name']} | `{r['judge']}` | not in these records | – | – | – | – | – |")
+            continue
+        t = r["tost"]
+        reads = "direction resolved" if r["rejected"] else "not resolved"
+        eq = ("– (interval excludes 0)" if r["ci"][0] > 0 or r["ci"][1] < 0 else
+              f"{'equivalent' if t['equivalent'] else 'not shown'} (p = {_p3(t['p'])}; {_ci(t['ci90'])})")
+        L.append(f"| {r['name']} | `{r['judge']}` | {r['diff']:+.3f} {_ci(r['ci'])} | {_mde(r['mde'])} | "
+                 f"{_p3(r['p'])} | {_p3(r['p_holm'])} | {reads} | {eq} |")
+    L += ["", "A difference whose interval includes 0 claims no direction; it reads \"equivalent\" only where "
+          "TOST puts it inside the declared bound, and otherwise \"not shown\" (neither a difference nor its "
+          "absence is shown).", ""]
+    return L
+
+
+def _p3(p) -> str:
+    return "–" if p is None or not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
 def headline(res: dict) -> dict:
@@ -540,12 +818,15 @@ def headline(res: dict) -> dict:
               "opt_out_free_records": r["opt_out_free"]["n"]}
         for ds, v in r.get("validity", {}).items():
             hj.setdefault("testable", {})[ds] = v["testable"]
-        for ds, e in r.get("judge_error", {}).items():
-            if "stats" in e:
-                s = e["stats"]
-                hj.setdefault("corrected", {})[ds] = {k: {kk: s[k][kk] for kk in ("raw", "corrected", "ci", "sign_holds", "identified")
-                                                         if kk in s[k]} for k in COMPARED}
+        for src, key in (("judge_error", "corrected"), ("judge_error_run_gold", "corrected_run_gold")):
+            for ds, e in (r.get(src) or {}).items():
+                if "stats" in e:
+                    s = e["stats"]
+                    hj.setdefault(key, {})[ds] = {k: {kk: s[k][kk] for kk in ("raw", "corrected", "ci", "sign_holds",
+                                                                            "identified") if kk in s[k]} for k in COMPARED}
         h["by_judge"][j] = hj
+    h["primary"] = [{k: r.get(k) for k in ("name", "judge", "diff", "ci", "p", "p_holm", "rejected", "tost")}
+                    for r in rg.get("primary", {}).get("rows", [])]
     for c in rg.get("comparisons", []):
         if (c["a"], c["b"]) == ("B3", "B2"):
             h.setdefault("b3_minus_b2", {})[f"{c['dataset']}{' high-risk' if c['high_risk'] else ''}"] = {
@@ -577,14 +858,18 @@ def _ci(ci) -> str:
     return "[–]" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:+.3f}, {hi:+.3f}]"
 
 
-def power_md(comparisons: list[dict]) -> str:
+def power_md(comparisons: list[dict], primary: set | None = None) -> str:
+    """The power table of the paper judge's system comparisons; ``primary``: the (dataset, a, b) of
+    the declared primary family (all records), the other rows read "exploratory"."""
+    primary = primary or set()
     lines = ["| dataset | subset | A − B | difference [95% CI] | n q × seeds | MDE (80% power) | paper's effect | "
-             "power for it | reads |", "|---|---|---|---|---|---|---|---|---|"]
+             "power for it | reads | family |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in comparisons:
+        fam = "primary" if (not c["high_risk"] and (c["dataset"], c["a"], c["b"]) in primary) else "exploratory"
         lines.append(f"| {c['dataset']} | {'high-risk' if c['high_risk'] else 'all'} | {c['a']} − {c['b']} | "
                      f"{c['diff']:+.3f} {_ci((c['ci_lo'], c['ci_hi']))} | {c['n_questions']} × {c['n_seeds']} | "
                      f"{_mde(c['mde'])} | {_pp(c.get('paper_effect'))} | "
-                     f"{_pct(c.get('power_paper'))} | {c['verdict']} |")
+                     f"{_pct(c.get('power_paper'))} | {c['verdict']} | {fam} |")
     return "\n".join(lines)
 
 
@@ -604,6 +889,43 @@ JUDGE_ERROR_INTRO = (
     "uses those answers reads **not identified** (no corrected value, no sign share).")
 
 
+RUN_GOLD_INTRO = (
+    "Se and Sp per judge, dataset and condition from the run's own gold labels (`gold/gold_labels.jsonl`: "
+    "{n} answers of this run labelled blind, stratified by dataset × system × B3 action with equal answers "
+    "per cell; {cells}). Because the sample is stratified, not proportional, each gold answer is weighted "
+    "by its cell's share of the run's answers in that condition divided by the cell's gold answers (without "
+    "memory: B1 answers and B3's Silent ones; with memory: B2 answers and B3's Active / Supp ones), so Se, "
+    "Sp estimate the judge on the run's answers; the Beta posteriors use the weighted counts rescaled to "
+    "the effective sample size (Kish), which the table's n = shows as answers. Share of the run's answers "
+    "in cells the gold sample covers: {covered}. Everything else as above.")
+
+
+def run_gold_comparison_md(rg: dict) -> list[str]:
+    """Side by side, per judge and dataset, each compared difference corrected with Se / Sp from the
+    shipped gold set and from the run's own gold labels."""
+    L = ["**The two corrections side by side** (corrected difference [95%: gold + questions]; the raw "
+         "difference is the same in both):", "",
+         "| judge | dataset | quantity | raw | shipped gold set | this run's gold |", "|---|---|---|---|---|---|"]
+    for j, r in rg["by_judge"].items():
+        a, b = r.get("judge_error") or {}, r.get("judge_error_run_gold") or {}
+        for ds in sorted(set(a) | set(b)):
+            sa, sb = a.get(ds, {}).get("stats", {}), b.get(ds, {}).get("stats", {})
+            for k in COMPARED:
+                if k not in sa and k not in sb:
+                    continue
+                raw = (sa.get(k) or sb.get(k))["raw"]
+                L.append(f"| `{j}` | {ds} | {k} | {raw:+.3f} | {_corr_md(sa.get(k))} | {_corr_md(sb.get(k))} |")
+    return L + [""]
+
+
+def _corr_md(s: dict | None) -> str:
+    if not s:
+        return "–"
+    if not s.get("identified", True):
+        return "not identified"
+    return f"{s['corrected']:+.3f} {_ci(s['ci'])}"
+
+
 def _cond(cond: str) -> str:
     return "with memory" if cond == "memory" else "without memory"
 
@@ -615,6 +937,10 @@ def _youden_md(cf: dict, idf: dict, cond: str) -> str:
         return f"{j:.2f}"
     return (f"{j:.2f} ({J_QUANTILE:.0%} quantile {i['j_q05']:+.2f}"
             + ("" if i["identified"] else f", **not identified** {_cond(cond)}") + ")")
+
+
+def _n(c: dict) -> str:
+    return f"{c['n']}" if "n_eff" not in c else f"{c['n']} (effective {c['n_eff']:.0f})"
 
 
 def _rg_md(x) -> str:
@@ -641,9 +967,9 @@ def judge_error_md(judge: str, je: dict | None) -> list[str]:
             continue
         cf, idf = d["confusion"], d.get("identification", {})
         rg = d["rogan_gladen"]
-        L += [f"**`{judge}` judge, {ds}** (gold: with memory n = {cf['memory']['n']}, Se {cf['memory']['se']:.2f}, "
+        L += [f"**`{judge}` judge, {ds}** (gold: with memory n = {_n(cf['memory'])}, Se {cf['memory']['se']:.2f}, "
               f"Sp {cf['memory']['sp']:.2f}, agreement {cf['memory']['agreement']:.2f}; without memory n = "
-              f"{cf['no memory']['n']}, Se {cf['no memory']['se']:.2f}, Sp {cf['no memory']['sp']:.2f}, "
+              f"{_n(cf['no memory'])}, Se {cf['no memory']['se']:.2f}, Sp {cf['no memory']['sp']:.2f}, "
               f"agreement {cf['no memory']['agreement']:.2f}; Se + Sp − 1 = {_youden_md(cf, idf, 'memory')} / "
               f"{_youden_md(cf, idf, 'no memory')}, 0 = no information; Rogan–Gladen B1 {_rg_md(rg['B1'])}, "
               f"B2 {_rg_md(rg['B2'])})", "",
@@ -670,9 +996,14 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
          "paper's reported difference. A comparison whose interval includes 0 and whose difference is "
          "below the MDE reads **not resolvable**: neither its direction nor its size can be taken from "
          "these records, and the paper's direction is not comparable there either. † marks fewer than 30 "
-         "questions (the unit of the design, not records).", ""]
+         "questions (the unit of the design, not records). Below 30 questions the MDE uses Student's t "
+         "with G − 1 degrees of freedom instead of z.", ""]
+    pf = rg.get("primary", {})
+    L += primary_md(pf)
+    prim = {("truthfulqa", "B3", "B2") for r in pf.get("rows", []) if r["name"] == "truthfulqa: B3 - B2"
+            and r["judge"] == "paper"}
     if rg.get("comparisons"):
-        L += [power_md(rg["comparisons"]), ""]
+        L += [power_md(rg["comparisons"], prim), ""]
     for j, r in rg["by_judge"].items():
         c, v = r["constant"], r["vs_constant"]
         L += [f"**Decision accuracy against the right constant (`{j}` judge).** MDL and every gate are "
@@ -699,6 +1030,24 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
     L += ["### Judge error: corrected rates and how often each sign survives", "", JUDGE_ERROR_INTRO, ""]
     for j, r in rg["by_judge"].items():
         L += judge_error_md(j, r.get("judge_error"))
+    if any(r.get("judge_error_fresh") for r in rg["by_judge"].values()):
+        L += ["#### The `ref` judge's error from the fresh split only", "",
+              "The same correction with Se, Sp from the shipped gold set's fresh answers alone (the "
+              "`paired-30x2` answers, labelled after the `ref` rules were frozen: the one split none of its "
+              "rules was written from).", ""]
+        for j, r in rg["by_judge"].items():
+            if r.get("judge_error_fresh"):
+                L += judge_error_md(j, r["judge_error_fresh"])
+    if rg.get("run_gold"):
+        rgd = rg["run_gold"]
+        L += ["#### Judge error from this run's own gold labels", "", RUN_GOLD_INTRO.format(
+                  n=rgd["n"], cells="; ".join(f"{ds}: {len(c)} cells ({', '.join(sorted(c))})"
+                                              for ds, c in rgd["cells"].items()),
+                  covered="; ".join(f"{ds} {cond} {v:.0%}" for ds, d in rgd["covered"].items()
+                                    for cond, v in d.items())), ""]
+        for j, r in rg["by_judge"].items():
+            L += judge_error_md(j, r.get("judge_error_run_gold"))
+        L += run_gold_comparison_md(rg)
     L += ["### Can the design test RQ2–RQ3 with this reader and judge?", "",
           f"Testable needs (i) judge–gold agreement ≥ {MIN_AGREEMENT:.2f} with and without memory, (ii) the "
           f"reader correct without memory on ≥ {MIN_READER:.0%} of the gold set's no-memory answers (correct, not "

@@ -155,15 +155,16 @@ def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, se
     # the paired test against random abstention (its expected rate per record), clustered by question:
     # the draws' range above carries the random choice only, not the sampling of the questions
     from mdl_jax.analysis.stats import verdict
-    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff, cluster_se, mde
+    from mdl_jax.evaluation.metrics import cluster_bootstrap_diff, cluster_se, mde_for
 
     base = h2 * (1 - q_opt / max(ra["n_questions"], 1))
     se = cluster_se(h3 - base, qid)
     ci = cluster_bootstrap_diff(h3, base, qid)
     n_seeds = int(p["seed"].nunique()) if "seed" in p else 1
     ra["paired"] = {"diff": float(np.mean(h3 - base)) if len(h3) else float("nan"), "ci": list(ci), "se": se,
-                    "mde": mde(se), "verdict": verdict(float(np.mean(h3 - base)) if len(h3) else float("nan"), ci,
-                                                       mde(se), ra["n_questions"], n_seeds,
+                    "mde": mde_for(se, ra["n_questions"]),
+                    "verdict": verdict(float(np.mean(h3 - base)) if len(h3) else float("nan"), ci,
+                                       mde_for(se, ra["n_questions"]), ra["n_questions"], n_seeds,
                                                        lower="B3 lower", higher="B3 higher")}
     out["random_abstention"] = ra
     out["decomposition"] = decompose(h2, h3, act)

@@ -28,6 +28,7 @@ from mdl_jax.evaluation.metrics import (  # noqa: F401  (moved to the library; r
     cluster_bootstrap_diff,
     cluster_se,
     mde,
+    mde_for,
     question_bootstrap_weights,
 )
 from mdl_jax.signals.risk import HIGH_RISK
@@ -161,7 +162,7 @@ def compare_systems(df, sys_a: str, sys_b: str, dataset: str, high_risk: bool = 
     out["warnings"] = warnings_for(out["n_questions"], out["n_seeds"], mc["a_only"] + mc["b_only"])
     # what the design can detect (analysis.rigour): MDE at 80% power, power for the paper's effect
     out["se"] = cluster_se(a - b, qids)
-    out["mde"] = mde(out["se"])
+    out["mde"] = mde_for(out["se"], out["n_questions"])  # t below 30 questions
     pe = paper_effect(sys_a, sys_b, dataset, high_risk)
     out["paper_effect"] = pe
     out["power_paper"] = power(pe, out["se"]) if pe is not None else None

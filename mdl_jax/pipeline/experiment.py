@@ -285,8 +285,34 @@ class Experiment:
         summary["model"] = self.backend.model_id
         summary["config"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                              for k, v in dataclasses.asdict(cfg).items()}
+        # the confirmatory family is fixed before any analysis reads the records; a rerun keeps the
+        # declaration it first wrote
+        summary["primary"] = (prev or {}).get("primary") or primary_family()
         write_text(self.out / "run.json", json.dumps(summary, indent=2))
         return summary
+
+
+PRIMARY_FAMILY = ("truthfulqa: B3 - B2", "truthfulqa: B3 - random abstention", "pooled: MDL - per-dataset constant")
+
+
+def primary_family(date: str | None = None) -> dict:
+    """The primary family a new run declares in its run.json before its analyses: the statistics
+    (``mdl_jax.analysis.rigour.PRIMARY_STATISTICS`` reads each name), the judges each is read under,
+    the family's α (Holm-adjusted within it), and the TOST equivalence bound for a "no difference"
+    reading. Every other comparison of the run's report is exploratory.
+
+    Args:
+      date: the declaration's date (ISO); None: today (UTC).
+
+    Returns:
+      {"family", "judges", "alpha", "adjust", "p", "equivalence_bound", "declared"}.
+    """
+    import datetime
+
+    day = date or datetime.datetime.now(datetime.UTC).date().isoformat()
+    return {"family": list(PRIMARY_FAMILY), "judges": ["paper", "ref"], "alpha": 0.05, "adjust": "holm",
+            "p": "cluster t (difference / cluster SE over questions, G - 1 d.f.)", "equivalence_bound": 0.05,
+            "declared": day}
 
 
 SHIPPED = Path(__file__).parent / "resources" / "calibrated"
