@@ -73,7 +73,7 @@ def synchronous_cpu_dispatch() -> _Applied:
         return _Applied(False)
     import jax
 
-    if not jax.config.jax_cpu_enable_async_dispatch:
+    if jax.config.values.get("jax_cpu_enable_async_dispatch") is False:
         return _Applied(True)   # already synchronous (an earlier call, or the user's own jax.config)
     if _cpu_backend_started():
         warnings.warn("mdl_jax.runtime.synchronous_cpu_dispatch: JAX's CPU backend has started already, "

@@ -129,6 +129,10 @@ def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
     return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
 
 
+# The definition as one jitted function of (signals, config pytree): what the engines' parity tests compare with.
+_decide_jit = jax.jit(_decide_shaped)
+
+
 # ------------------------------------------------------------------------------------ the compiled program
 
 class _Structure(NamedTuple):
