@@ -17,8 +17,8 @@ import pytest
 
 from mdl_jax import MDLConfig, decide
 from mdl_jax.controller import api
-from mdl_jax.engines import native
 from mdl_jax.controller.decision import Decision
+from mdl_jax.engines import native
 from tests.reference import NumpyMDL
 
 FIELDS = Decision._fields
