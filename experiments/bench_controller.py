@@ -172,7 +172,7 @@ from mdl_jax import MDLConfig, decide
 try:
     from mdl_jax.engines import native
 except ImportError:
-    from mdl_jax.controller import native
+    from mdl_jax.engines import native
 kw = {"engine": "native"} if "engine" in inspect.signature(decide).parameters else {}
 sizes, min_time = [int(s) for s in sys.argv[1].split(",")], float(sys.argv[2])
 cfg = MDLConfig()

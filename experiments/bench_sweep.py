@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
-from mdl_jax.controller import native
+from mdl_jax.engines import native
 
 RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
 
