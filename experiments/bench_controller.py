@@ -461,7 +461,8 @@ def main(argv=None) -> dict:
                  "cpus": os.cpu_count(), "usable_cpus": native.usable_cpus(), "backend": jax.default_backend(),
                  "jax": jax.__version__, "native_kernel": native_ok, "native_load_s": time.perf_counter() - t,
                  "native_status": native.status(), "native_isa": native.status().get("isa"),
-                 "native_isa_env": os.environ.get(native.ENV_ISA, "")}
+                 "native_isa_env": os.environ.get(native.ENV_ISA, ""),
+                 "cpu_async_dispatch": jax.config.values.get("jax_cpu_enable_async_dispatch")}
     variants = [v for v in native.available_isas() if v != "native" or len(native.available_isas()) == 1]
     for v in list(variants):
         try:
@@ -589,6 +590,7 @@ def main(argv=None) -> dict:
     print(f"MDL controller benchmark ({res['machine']}, {res['cpus']} CPUs, backend {res['backend']},"
           f" jax {res['jax']}; native kernel: {'on' if native_ok else 'OFF'}, ISA variant of decide: "
           f"{res['native_isa']}{' (forced by ' + native.ENV_ISA + ')' if res['native_isa_env'] else ''})")
+    print(f"JAX CPU dispatch: {'asynchronous' if res['cpu_async_dispatch'] else 'synchronous'}")
     print(f"CPU: {res['cpu_model']}; flags: {shown}"
           f"{'; XLA_FLAGS=' + res['xla_flags'] if res['xla_flags'] else ''}")
     print(f"kernel variants measured: {', '.join(variants) or 'none'}")
@@ -684,4 +686,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    # as the command line and the gateway run: JAX's CPU work on the calling thread
+    from mdl_jax.runtime import synchronous_cpu_dispatch
+
+    synchronous_cpu_dispatch()
     main()

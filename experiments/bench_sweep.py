@@ -234,4 +234,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # as the command line runs: JAX's CPU work on the calling thread
+    from mdl_jax.runtime import synchronous_cpu_dispatch
+
+    synchronous_cpu_dispatch()
     raise SystemExit(main())

@@ -49,6 +49,9 @@ ENGINES = ("jax", "native", "pallas", "auto")
 _ENGINE_MODULES = {"native": "mdl_jax.engines.native", "pallas": "mdl_jax.engines.fused"}
 
 
+_LOADED: dict = {}  # engine name → its module, once imported
+
+
 def engine_module(name: str):
     """The module of a named engine ("native" or "pallas"), imported on first use.
 
@@ -61,10 +64,13 @@ def engine_module(name: str):
     Raises:
       ValueError: ``name`` is not a named engine.
     """
-    try:
-        return importlib.import_module(_ENGINE_MODULES[name])
-    except KeyError:
-        raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}") from None
+    mod = _LOADED.get(name)
+    if mod is None:
+        try:
+            mod = _LOADED[name] = importlib.import_module(_ENGINE_MODULES[name])
+        except KeyError:
+            raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}") from None
+    return mod
 
 
 def check_engine(engine, allowed: tuple[str, ...] = ENGINES) -> str:
@@ -147,6 +153,7 @@ class _Structure(NamedTuple):
 class _Plan(NamedTuple):
     structure: _Structure
     buf: jax.Array   # the config's numbers, packed (one device buffer)
+    scalar: object   # the program of one record from three Python floats (in the packed dtype)
 
 
 def _pack(cfg: MDLConfig, x64: bool) -> tuple[_Structure, np.ndarray]:
@@ -172,7 +179,10 @@ def _plan_cached(cfg: MDLConfig, x64: bool) -> _Plan:
     if cfg is not _DEFAULT:
         _check_single(cfg)  # raises: nothing is cached for a bad config
     structure, buf = _pack(cfg, x64)
-    return _Plan(structure, jax.device_put(buf))
+    # Eagerly on the device even when the first call comes from inside a caller's jit: a buffer staged
+    # into that trace would be a tracer, cached past its life.
+    with jax.ensure_compile_time_eval():
+        return _Plan(structure, jax.device_put(buf), _program(structure, structure.packed, True))
 
 
 def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
@@ -185,7 +195,7 @@ def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
     if not all(_is_concrete(x) for x in jax.tree.leaves(cfg)):
         return None
     structure, buf = _pack(cfg, x64)
-    return _Plan(structure, jnp.asarray(buf))
+    return _Plan(structure, buf, _program(structure, structure.packed, True))
 
 
 def _program_body(M, R, A, buf, structure: _Structure, dtype: str):
@@ -327,7 +337,7 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
     if engine != "jax":
-        return _decide_on_engine(check_engine(engine), M, R, A, _config(config), validate)
+        return _decide_on_engine(check_engine(engine), M, R, A, config, validate)
     if type(M) is float and type(R) is float and type(A) is float:
         # One record from Python: one chained comparison per signal (NaN and ±inf fail it too), the
         # full check only to word the error; the three floats travel as one buffer.
@@ -337,18 +347,29 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         cfg = _DEFAULT if config is None else _config(config)
         x64 = bool(jax.config.jax_enable_x64)
         plan = _plan(cfg, x64)
-        if plan is not None:
-            dtype = "float64" if x64 else "float32"
-            return _program(plan.structure, dtype, True)(np.array((M, R, A), dtype), plan.buf)
+        if plan is not None:   # (Python floats are float64 under x64, float32 without: the packed dtype)
+            return plan.scalar(np.array((M, R, A), plan.structure.packed), plan.buf)
     else:
         cfg = _config(config)
     sig, dtype, _ = _prepare(M, R, A, validate)
     return _run_jax(sig, dtype, cfg)
 
 
-def _decide_on_engine(engine: str, M, R, A, cfg: MDLConfig, validate: bool) -> _d.Decision:
+def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decision:
     """``decide`` on a named engine or "auto": the same checks, then the engine, or for "auto" the
     pure-JAX program where no engine can run the call."""
+    cfg = _DEFAULT if config is None else _config(config)
+    if (type(M) is float and type(R) is float and type(A) is float and engine != "pallas"
+            and not jax.config.jax_enable_x64 and (engine == "native" or _backend() == "cpu")):
+        # One record from Python on the CPU kernel: its inline path, without the array machinery.
+        if validate and not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
+            for n, x in zip(_NAMES, (M, R, A)):
+                check_unit_interval(n, x)
+        mod = engine_module("native")
+        if mod.why_not(cfg) is None:
+            out = mod.decide_record(M, R, A, cfg)
+            if out is not None:
+                return out
     sig, dtype, traced = _prepare(M, R, A, validate)
     why = None
     if traced:

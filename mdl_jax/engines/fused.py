@@ -258,7 +258,8 @@ def pack(cfg: MDLConfig):
 
 @functools.lru_cache(maxsize=64)
 def _params_cached(cfg: MDLConfig):
-    return tuple(jax.device_put(x) for x in pack(cfg))
+    with jax.ensure_compile_time_eval():   # concrete buffers even when first asked inside a caller's jit
+        return tuple(jax.device_put(x) for x in pack(cfg))
 
 
 def params(cfg: MDLConfig):

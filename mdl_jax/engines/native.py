@@ -620,7 +620,8 @@ def pack(cfg: MDLConfig) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _params_cached(cfg: MDLConfig) -> jax.Array:
-    return jax.device_put(_pack_cached(cfg))
+    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
+        return jax.device_put(_pack_cached(cfg))
 
 
 def params(cfg: MDLConfig) -> jax.Array:
@@ -719,8 +720,33 @@ def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.
     if small is not None:
         out = [small[k] for k in ("action", "C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")]
     else:
-        out = [np.asarray(x) for x in _native_jit(*flat, params(cfg), flags=flags(cfg), dims=cfg.dims)]
+        with jax.ensure_compile_time_eval():   # run now, also when called inside a caller's jit
+            out = [np.asarray(x) for x in _native_jit(*flat, params(cfg), flags=flags(cfg), dims=cfg.dims)]
     return _decision.Decision(*(o.reshape(shape + o.shape[1:]) for o in out))
+
+
+def decide_record(M: float, R: float, A: float, cfg: MDLConfig) -> _decision.Decision | None:
+    """One record from Python floats on the kernel's inline path: the ``Decision`` of 0-d NumPy arrays
+    (v_meta (16,), energies (3,)), the same bits as that record in any batch; None where the kernel
+    cannot take the config or the library predates the inline entry point. For ``decide``, after its
+    checks and ``why_not``."""
+    fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)
+    try:
+        plan = _small_plan(cfg)
+    except TypeError:  # unhashable leaves: checked every call
+        plan = _small_plan.__wrapped__(cfg)
+    if fn is None or plan is None:
+        return None
+    x = np.array((M, R, A), np.float32)
+    base = _address(x)
+    buf = np.empty(25, np.float32)
+    out = _address(buf)
+    if fn(base, base + 4, base + 8, plan[2], 1, plan[1], cfg.dims[0], cfg.dims[1],
+          *(out + 4 * k for k in _SMALL_OFFSETS)) != 0:
+        return None
+    return _decision.Decision(buf[0:1].view(np.int32).reshape(()), buf[1:2].reshape(()), buf[2:3].reshape(()),
+                              buf[3:4].reshape(()), buf[4:20], buf[20:23], buf[23:24].reshape(()),
+                              buf[24:25].reshape(()))
 
 
 # ------------------------------------------------------------------------------------ the sweep engine
