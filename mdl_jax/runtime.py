@@ -49,7 +49,7 @@ class _Applied(contextlib.ContextDecorator):
         return None
 
 
-def synchronous_cpu_dispatch() -> _Applied:
+def synchronous_cpu_dispatch(*, warn_if_late: bool = True) -> _Applied:
     """Make JAX run CPU computations on the calling thread, for the rest of the process.
 
     JAX reads this setting once, when its CPU backend starts (the first computation, or the first
@@ -61,13 +61,18 @@ def synchronous_cpu_dispatch() -> _Applied:
       >>> import mdl_jax.runtime
       >>> mdl_jax.runtime.synchronous_cpu_dispatch()      # doctest: +SKIP
 
+    Args:
+      warn_if_late: warn when the call comes too late to take effect (True); False for callers that
+        ask for it on the chance that they come first (the command line's ``main``, which tests and
+        programs also call after JAX has started).
+
     Returns:
       An object that is true when the setting was applied (false when the user's environment chose,
       or when it came too late), and that is also a context manager for ``with`` at a program's start.
 
     Warns:
       RuntimeWarning: JAX's CPU backend has started already, with asynchronous dispatch on: the call
-        is too late to change it, and says so.
+        is too late to change it, and says so (unless ``warn_if_late`` is False).
     """
     if _USER_CHOICES[0] in os.environ or os.environ.get(_USER_CHOICES[1]):
         return _Applied(False)
@@ -76,6 +81,8 @@ def synchronous_cpu_dispatch() -> _Applied:
     if jax.config.values.get("jax_cpu_enable_async_dispatch") is False:
         return _Applied(True)   # already synchronous (an earlier call, or the user's own jax.config)
     if _cpu_backend_started():
+        if not warn_if_late:
+            return _Applied(False)
         warnings.warn("mdl_jax.runtime.synchronous_cpu_dispatch: JAX's CPU backend has started already, "
                       "so its dispatch stays asynchronous; call it before the first JAX computation",
                       RuntimeWarning, stacklevel=2)

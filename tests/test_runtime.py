@@ -59,6 +59,9 @@ def test_synchronous_cpu_dispatch_too_late_warns_and_changes_nothing():
     first, second = _python(code).strip().splitlines()[-2:]
     assert first.split() == ["False", "True"]
     assert "started already" in second and "before the first JAX computation" in second
+    quiet = code.replace("rt.synchronous_cpu_dispatch()", "rt.synchronous_cpu_dispatch(warn_if_late=False)")
+    first, second = _python(quiet).strip().splitlines()[-2:]
+    assert first.split() == ["False", "True"] and second == "[]"
 
 
 def test_the_users_environment_wins_and_the_call_works_as_a_context_manager():
