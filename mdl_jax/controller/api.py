@@ -282,6 +282,9 @@ def _run_jax(sig, dtype, cfg: MDLConfig) -> _d.Decision:
     plan = _plan(cfg, bool(jax.config.jax_enable_x64))
     if plan is None:
         return _tree_jit(*sig, cfg, dtype=dtype.name)
+    if all(isinstance(x, (float, np.generic)) for x in sig):
+        # one record of host scalars (NumPy's, Python's): one (3,) buffer in the computed dtype
+        return _program(plan.structure, dtype.name, True)(np.array(sig, dtype), plan.buf)
     return _program(plan.structure, dtype.name, False)(*sig, plan.buf)
 
 
