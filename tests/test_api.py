@@ -295,3 +295,16 @@ def test_one_python_record_takes_the_signals_dtype_rules(rng):
         ref = decide(np.float64(0.3), np.float64(0.6), np.float64(0.2), MDLConfig(sigma=0.25))
         np.testing.assert_allclose(float(d64.C_final), float(ref.C_final), rtol=1e-12)
     assert int(decide(float("nan"), 0.5, 0.5, validate=False).action) == Action.OPT_OUT
+
+
+def test_the_kernels_old_module_names_are_deprecated_aliases_of_the_engines():
+    import importlib
+
+    import mdl_jax.controller
+
+    for old, new in (("native", "mdl_jax.engines.native"), ("fused", "mdl_jax.engines.fused")):
+        with pytest.warns(DeprecationWarning, match=f"mdl_jax.controller.{old} moved to {new}"):
+            mod = getattr(mdl_jax.controller, old)
+        assert mod is importlib.import_module(new)
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        mdl_jax.controller.nonesuch  # noqa: B018
