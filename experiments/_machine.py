@@ -27,7 +27,7 @@ def cpu_model() -> str:
 def cpu_flags(wanted: tuple[str, ...]) -> list[str]:
     """Those of ``wanted`` the CPU has, in ``wanted``'s order: the native kernel's own reading
     (``native.cpu_flags``: /proc/cpuinfo, less what NumPy's runtime check finds the process cannot run)."""
-    from mdl_jax.controller import native
+    from mdl_jax.engines import native
 
     have = native.cpu_flags()
     return [f for f in wanted if f in have]

@@ -1,11 +1,13 @@
-"""Controller benchmark: the paper-style NumPy path vs jitted ``decide``, single record and batched.
+"""Controller benchmark: the paper-style NumPy path vs jitted ``decide``, single record and batched,
+each engine beside the pure-JAX default.
 
     python -m experiments.bench_controller [--quick] [--sizes 3600 1000000 10000000]
 
 All measured in one run on the same inputs: (a) the NumPy per-decision reference (tests/reference.py;
-the paper reports 40.1 µs per decision), (b) one call of ``decide`` on a single record, next to the
-pure-JAX single-record path and a plain ``jit(decide_one)``, (c) batched throughput of ``decide`` at
-several N, next to the pure-JAX chunked path (what ``decide`` runs without the native kernel) and the
+the paper reports 40.1 µs per decision), (b) one call of ``decide`` on a single record from Python on
+the default engine ("jax") and on every engine that runs here ("native" on the CPU, "pallas" on a
+GPU, "auto"), next to a plain ``jit(decide_one)``, (c) batched throughput of ``decide`` at several N
+on each engine, next to the pure-JAX program of a config pytree (``api._decide_jit``) and the
 plain ``jit(vmap(decide_one))`` form, and next to every ISA variant of the kernel this CPU runs
 (``native.decide_variant``: AVX-512 and AVX2 on an AVX-512 CPU), (d) each variant on one core: CPU
 time per record at N = 10^6, in cycles of the measured clock, against the FMA bound of the kernel's
@@ -19,13 +21,17 @@ cores, caches and clock):
 
     MDL_JAX_NATIVE_ISA=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2 python -m experiments.bench_controller
 
-makes ``decide`` use the AVX2 build and XLA (the pure-JAX paths) emit AVX2 code only.
+makes the native engine use the AVX2 build and XLA (the pure-JAX engine) emit AVX2 code only. The
+"engines beside the default" block prints each engine's time as a ratio to the default's, against
+the targets (the default within 1.5× of the fastest engine at N = 10^6 and within 3× for one call
+from Python; an engine earns its place at ≥ 2× the default on the work it serves).
 ``--compare-lib old.so`` also measures another build of the kernel (e.g. an earlier commit's) in
 the same rounds; it must read this tree's packed params (1,085 floats since issue 25's structured
 fusion). ``--compare-rev REV ...`` measures earlier commits whose layout differs: each commit's
 ``mdl_jax`` is extracted (``git archive``) to a temporary folder and its own ``decide(...,
 validate=False)`` (its kernel, built from its own source with its own flags, fed its own params) runs
-in fresh processes, interleaved round by round with the same child on this tree, on all cores and
+in fresh processes (on the native engine where the commit has ``engine=``), interleaved round by
+round with the same child on this tree, on all cores and
 pinned to one. That is the check for "no slower than before" across a change of the params layout
 (issue 25 §1: on AVX-512 no slower than at 83c229c, the commit the issue measured):
 
@@ -52,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax import MDLConfig, decide, decide_one
-from mdl_jax.controller import api, native
+from mdl_jax.controller import api
+from mdl_jax.engines import native
 from tests.reference import NumpyMDL
 
 # Floating-point operations per record of the kernel's arithmetic (decide_cpu.cc) with every switch on
@@ -147,8 +154,9 @@ def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict
 
 
 # One child process for --compare-rev: only the public API and names every checkout since the native
-# kernel moved to mdl_jax/controller/native.py has had (`native.load`, `decide(..., validate=False)`),
-# so the same text measures this tree and an earlier commit alike; which ISA build it ran is reported
+# kernel moved to mdl_jax/controller/native.py has had (`native.load`, `decide(..., validate=False)`;
+# the module at mdl_jax/engines/native.py and `engine="native"` where the checkout has them), so the
+# same text measures this tree and an earlier commit alike; which ISA build it ran is reported
 # where the checkout knows (`native.isa`). It reports every mdl_jax module it loaded: an editable
 # install's import hook supplies a module the checkout lacks from the installed tree, which the
 # parent refuses.
@@ -158,9 +166,14 @@ import json, os, statistics, sys, time
 # parent runs JAX's threads, and fork() from it may deadlock
 os.sched_setaffinity(0, [int(c) for c in sys.argv[3].split(",")])
 import numpy as np, jax, jax.numpy as jnp
+import inspect
 import mdl_jax
 from mdl_jax import MDLConfig, decide
-from mdl_jax.controller import native
+try:
+    from mdl_jax.engines import native
+except ImportError:
+    from mdl_jax.engines import native
+kw = {"engine": "native"} if "engine" in inspect.signature(decide).parameters else {}
 sizes, min_time = [int(s) for s in sys.argv[1].split(",")], float(sys.argv[2])
 cfg = MDLConfig()
 out = {"native": getattr(native, "enabled", lambda: True)() and native.load(),
@@ -170,7 +183,7 @@ out = {"native": getattr(native, "enabled", lambda: True)() and native.load(),
 rng = np.random.default_rng(0)
 for n in sizes if out["native"] else []:
     xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
-    fn = lambda: decide(*xs, cfg, validate=False)
+    fn = lambda: decide(*xs, cfg, validate=False, **kw)
     jax.block_until_ready(fn()); jax.block_until_ready(fn())
     ts, c0 = [], time.process_time()
     while sum(ts) < min_time or len(ts) < 3:
@@ -204,7 +217,8 @@ def _git(*args: str, binary: bool = False):
 def _resolve_rev(rev: str) -> str:
     """The full id of the commit ``rev`` names (a tag is peeled); CompareRevError where it names none,
     where git or this repository's history is missing, or where the commit predates
-    ``mdl_jax/controller/native.py`` (the child's imports need it)."""
+    ``mdl_jax/controller/native.py`` (the child's imports need it, or its later place
+    ``mdl_jax/engines/native.py``)."""
     if not rev or rev.startswith("-"):  # never handed to git as an option
         raise CompareRevError(f"--compare-rev {_short(rev)}: expected a commit, a branch or a tag")
     try:
@@ -221,12 +235,14 @@ def _resolve_rev(rev: str) -> str:
         said = " ".join((e.stderr or "").split())[:200]
         raise CompareRevError(f"--compare-rev {_short(rev)}: not a commit of this repository"
                               + (f" (git: {said})" if said else "")) from None
-    try:
-        _git("cat-file", "-e", f"{sha}:mdl_jax/controller/native.py")
-    except subprocess.CalledProcessError:
-        raise CompareRevError(f"--compare-rev {_short(rev)} ({sha[:10]}): predates mdl_jax/controller/native.py, "
-                              f"which the measuring child imports; pick a later commit") from None
-    return sha
+    for where in ("mdl_jax/engines/native.py", "mdl_jax/controller/native.py"):
+        try:
+            _git("cat-file", "-e", f"{sha}:{where}")
+            return sha
+        except subprocess.CalledProcessError:
+            continue
+    raise CompareRevError(f"--compare-rev {_short(rev)} ({sha[:10]}): predates mdl_jax/controller/native.py, "
+                          f"which the measuring child imports; pick a later commit")
 
 
 def _export_rev(rev: str, dest: Path) -> str:
@@ -365,6 +381,51 @@ def _throughputs(fns: dict, n: int, rounds: int, min_time: float) -> dict:
     return {k: (statistics.median(v), max(v), v, cpu[k]) for k, v in per.items()}
 
 
+def _engines_here(cfg: MDLConfig) -> list[str]:
+    """The engines ``decide`` can run here besides the default (named engines first, then "auto")."""
+    out = []
+    for name in ("native", "pallas"):
+        if api.engine_module(name).why_not(cfg, ()) is None:
+            out.append(name)
+    return out + ["auto"]
+
+
+def _engines_vs_default(res: dict) -> dict:
+    """Each engine against the pure-JAX default, printed with the targets: time ratios (engine /
+    default: < 1 is faster than the default) for one call from Python, throughput ratios (engine /
+    default: > 1 is faster) for batched calls. An engine is worth keeping at ≥ 2× the default on the
+    work it serves; the default should be within 1.5× of the fastest engine at N = 10^6 and within
+    3× for one call."""
+    out: dict = {"single_time_ratio": {}, "batched_speed_ratio": {}}
+    print("engines beside the default (engine='jax'):")
+    d1 = res["single_call_us_median"]
+    for e, us in res["single_engines_us_median"].items():
+        out["single_time_ratio"][e] = us / d1
+    named = {e: us for e, us in res["single_engines_us_median"].items() if e != "auto"}
+    fastest1 = min(named.values(), default=d1)
+    print(f"  one call from Python: default {d1:.1f} µs; " + "; ".join(
+        f"{e} {us:.1f} µs ({d1 / us:.2f}× the default's speed)" for e, us in res["single_engines_us_median"].items())
+          + f"  [default within 3× of the fastest: {d1 / min(fastest1, d1):.2f}× — "
+          + ("met" if d1 <= 3 * fastest1 else "NOT met") + "]")
+    for n, row in res["batched"].items():
+        ratios = {e: row["decide_" + e] / row["decide"] for e in res["engines"]}
+        out["batched_speed_ratio"][n] = ratios
+        fastest = max([row["decide_" + e] for e in res["engines"] if e != "auto"] + [row["decide"]])
+        tgt = ""
+        if int(n) == 10**6:
+            tgt = (f"  [default within 1.5× of the fastest: {fastest / row['decide']:.2f}× — "
+                   + ("met" if fastest <= 1.5 * row["decide"] else "NOT met") + "]")
+        print(f"  batched, N={n}: default {row['decide']:.3e} /s; " + "; ".join(
+            f"{e} {row['decide_' + e]:.3e} /s ({r:.2f}×)" for e, r in ratios.items()) + tgt)
+    for e in [e for e in res["engines"] if e != "auto"]:
+        single = d1 / res["single_engines_us_median"][e]
+        big = out["batched_speed_ratio"].get(str(10**6)) or next(iter(out["batched_speed_ratio"].values()), {})
+        best = max(single, big.get(e, 0.0))
+        print(f"  keep {e}? ≥ 2× the default on the work it serves: one call {single:.2f}×, batched "
+              f"{big.get(e, float('nan')):.2f}× — " + ("yes" if best >= 2 else "NO: not 2× the default here"))
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (< 30 s)")
@@ -391,7 +452,7 @@ def main(argv=None) -> dict:
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(3, 3600)).astype(np.float32)
     t = time.perf_counter()
-    native_ok = api._native_ok(cfg)
+    native_ok = native.why_not(cfg) is None
     flags = native.cpu_flags()
     res: dict = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                  "cpu_model": _cpu_model(), "cpu_flags": sorted(flags),
@@ -400,7 +461,8 @@ def main(argv=None) -> dict:
                  "cpus": os.cpu_count(), "usable_cpus": native.usable_cpus(), "backend": jax.default_backend(),
                  "jax": jax.__version__, "native_kernel": native_ok, "native_load_s": time.perf_counter() - t,
                  "native_status": native.status(), "native_isa": native.status().get("isa"),
-                 "native_isa_env": os.environ.get(native.ENV_ISA, "")}
+                 "native_isa_env": os.environ.get(native.ENV_ISA, ""),
+                 "cpu_async_dispatch": jax.config.values.get("jax_cpu_enable_async_dispatch")}
     variants = [v for v in native.available_isas() if v != "native" or len(native.available_isas()) == 1]
     for v in list(variants):
         try:
@@ -433,10 +495,11 @@ def main(argv=None) -> dict:
     m, r, a = recs[0]
     jax.block_until_ready(decide(m, r, a))
     reps = 2000 if args.quick else 10000
-    single = {
-        "decide": lambda: jax.block_until_ready(decide(m, r, a)),
-        "pure_jax_scalar": lambda: jax.block_until_ready(api._decide_default_scalar(m, r, a)),
-    }
+    engines = _engines_here(cfg)
+    res["engines"] = engines
+    single = {"decide": lambda: jax.block_until_ready(decide(m, r, a))}
+    for e in engines:
+        single["decide_" + e] = lambda e=e: jax.block_until_ready(decide(m, r, a, engine=e))
     plain_one = jax.jit(decide_one)
     args1 = tuple(jnp.float32(v) for v in (m, r, a))
     single["plain_jit"] = lambda: jax.block_until_ready(plain_one(*args1, cfg))
@@ -463,7 +526,7 @@ def main(argv=None) -> dict:
         for k, fn in single.items():
             passes[k].append(_median_us(fn, reps // 3))
     res["single_call_us_median"] = statistics.median(passes["decide"])
-    res["pure_jax_single_us_median"] = statistics.median(passes["pure_jax_scalar"])
+    res["single_engines_us_median"] = {e: statistics.median(passes["decide_" + e]) for e in engines}
     res["plain_jit_single_us_median"] = statistics.median(passes["plain_jit"])
     res["trivial_jit_dispatch_us_median"] = statistics.median(passes["trivial_jit"])
     for k in ("decide_calibrated", "decide_config_file", "decide_calibrated_general"):
@@ -481,6 +544,8 @@ def main(argv=None) -> dict:
             "decide_unvalidated": lambda xs=xs: decide(*xs, cfg, validate=False),
             "pure_jax_chunked": lambda xs=xs: api._decide_jit(*xs, cfg),
         }
+        for e in engines:
+            fns["decide_" + e] = lambda xs=xs, e=e: decide(*xs, cfg, engine=e)
         if not args.no_plain_vmap:
             fns["plain_vmap"] = lambda xs=xs: plain(*xs, cfg)
         # the kernel alone (unvalidated), per ISA variant: the same jitted FFI call for each
@@ -517,7 +582,6 @@ def main(argv=None) -> dict:
             raise SystemExit(f"bench_controller: error: {e}") from None
 
     res["ratio_single_vs_numpy"] = res["numpy_per_decision_us_median"] / res["single_call_us_median"]
-    res["ratio_single_vs_pure_jax"] = res["pure_jax_single_us_median"] / res["single_call_us_median"]
     res["ratio_single_vs_plain_jit"] = res["plain_jit_single_us_median"] / res["single_call_us_median"]
     res["targets"] = {"batched_per_s": 3e7, "single_call_us": 20.0, "avx2_ratio_vs_pure_jax": 3.0,
                       "avx2_times_fma_bound": 3.0}
@@ -526,6 +590,7 @@ def main(argv=None) -> dict:
     print(f"MDL controller benchmark ({res['machine']}, {res['cpus']} CPUs, backend {res['backend']},"
           f" jax {res['jax']}; native kernel: {'on' if native_ok else 'OFF'}, ISA variant of decide: "
           f"{res['native_isa']}{' (forced by ' + native.ENV_ISA + ')' if res['native_isa_env'] else ''})")
+    print(f"JAX CPU dispatch: {'asynchronous' if res['cpu_async_dispatch'] else 'synchronous'}")
     print(f"CPU: {res['cpu_model']}; flags: {shown}"
           f"{'; XLA_FLAGS=' + res['xla_flags'] if res['xla_flags'] else ''}")
     print(f"kernel variants measured: {', '.join(variants) or 'none'}")
@@ -537,7 +602,9 @@ def main(argv=None) -> dict:
                      ("decide_config_file", "decide, one record, config file path"),
                      ("decide_calibrated_general", "  the same config, general path (before)")):
         print(f"{label:46s} {res[k + '_us_median']:11.1f} µs  ({res[k + '_ratio_vs_default']:.2f}× default)")
-    print(f"{'pure-JAX single-record path (median)':46s} {res['pure_jax_single_us_median']:11.1f} µs")
+    for e, us in res["single_engines_us_median"].items():
+        print(f"{'decide, one record, engine=' + repr(e):46s} {us:11.1f} µs  "
+              f"({us / res['single_call_us_median']:.2f}× the default's time)")
     print(f"{'plain jit(decide_one), one record (median)':46s} {res['plain_jit_single_us_median']:11.1f} µs")
     print(f"{'trivial jitted call (dispatch floor)':46s} {res['trivial_jit_dispatch_us_median']:11.1f} µs")
     for n, row in res["batched"].items():
@@ -613,9 +680,14 @@ def main(argv=None) -> dict:
                       f"{row['ratio_median'][k]:.2f}× (rounds {min(rs):.2f}-{max(rs):.2f}×){tgt}")
     print("(on an AVX-512 CPU the AVX2 figures are the AVX2 build on these cores: a proxy, not a Zen 3)"
           if "avx512" in variants else "")
+    res["engines_vs_default"] = _engines_vs_default(res)
     print(json.dumps(res))
     return res
 
 
 if __name__ == "__main__":
+    # as the command line and the gateway run: JAX's CPU work on the calling thread
+    from mdl_jax.runtime import synchronous_cpu_dispatch
+
+    synchronous_cpu_dispatch()
     main()

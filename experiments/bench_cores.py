@@ -29,7 +29,7 @@ CHILD = r"""
 import json, os, resource, statistics, sys, time
 import numpy as np, jax, jax.numpy as jnp
 from mdl_jax import MDLConfig, decide
-from mdl_jax.controller import native
+from mdl_jax.engines import native
 n, reps = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
 xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]

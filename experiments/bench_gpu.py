@@ -4,7 +4,7 @@
     python -m experiments.bench_gpu --allow-cpu --n 100000 --parity-n 10000   # smoke test, no GPU
 
 (1) Parity: the same records decided on the CPU (``decide``: the native kernel; and the pure-JAX
-    path) and on the GPU: the fused Pallas kernel (``mdl_jax.controller.fused``, what ``decide`` runs
+    path) and on the GPU: the fused Pallas kernel (``mdl_jax.engines.fused``, what ``decide`` runs
     there) and the pure-JAX path (every product at HIGHEST precision; the same graph at DEFAULT
     precision, TF32 matmuls, beside it to show what HIGHEST buys). Target: every float within 1e-5
     of the CPU, 0 actions differing.
@@ -33,15 +33,17 @@ import statistics
 import sys
 import time
 import traceback
+from os import environ as _environ
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax import MDLConfig, decide, decide_one
-from mdl_jax.controller import api, fused, native
+from mdl_jax.controller import api
 from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.validation import check_unit_interval
+from mdl_jax.engines import fused, native
 
 FLOATS = ("C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")
 TARGETS = {"parity_abs": 1e-5, "parity_action_mismatches": 0, "decisions_per_s": 1e10,
@@ -89,7 +91,7 @@ def _rate(fn, n: int, reps: int) -> float:
 _PROBE = """
 import numpy as np, jax
 from mdl_jax import MDLConfig, config_grid
-from mdl_jax.controller import fused
+from mdl_jax.engines import fused
 x = np.random.default_rng(0).uniform(size=(3, 5000)).astype(np.float32)
 jax.block_until_ready(fused.decide(*x, MDLConfig()))
 g = config_grid(MDLConfig(), sigma=[0.1, 0.2])
@@ -149,6 +151,18 @@ def _met(value, target, higher=True) -> str:
 
 
 def main(argv=None) -> dict:
+    """Run the checks (see the module docstring); returns the results printed as the last line."""
+    saved = _environ.get(fused.ENV_SWITCH)
+    try:
+        return _main(argv)
+    finally:   # the pallas engine's interpret mode (set off a GPU) ends with the run: tests call main in-process
+        if saved is None:
+            _environ.pop(fused.ENV_SWITCH, None)
+        else:
+            _environ[fused.ENV_SWITCH] = saved
+
+
+def _main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=100_000_000, help="records for the throughput check")
     p.add_argument("--parity-n", type=int, default=1_000_000, help="records for the parity check")
@@ -167,6 +181,8 @@ def main(argv=None) -> dict:
     on_gpu = dev.platform != "cpu"
     # Off the GPU the fused kernel runs in Pallas interpret mode: correct, slow, so kept small there.
     interpret = not on_gpu
+    if interpret:   # the pallas engine by name (sweep(engine="pallas")) then runs in interpret mode too
+        _environ[fused.ENV_SWITCH] = "interpret"
     # (the CPU sizes reuse the programs compiled for parity and for the σ sweep: this keeps the test
     # that runs this script short)
     n_fused = args.n if on_gpu else min(args.n, args.parity_n)
@@ -204,7 +220,7 @@ def main(argv=None) -> dict:
         # The native kernel, placed on the CPU explicitly: on a GPU machine decide() runs on the GPU.
         ref["native"] = ref["pure"]
         if native.load():
-            ref["native"] = api._native_jit(*xc, jax.device_put(native.pack(cfg), cpu),
+            ref["native"] = native._native_jit(*xc, jax.device_put(native.pack(cfg), cpu),
                                             flags=native.flags(cfg), dims=cfg.dims)
         res["native_kernel"] = native.status()
         dev_hi = api._decide_jit(*xd, cfg)
@@ -262,7 +278,9 @@ def main(argv=None) -> dict:
     rate("fused_kernel", lambda: fused.decide(Mf, Rf, Af, cfg, interpret=interpret), n_fused, True)
     rate("decide", lambda: decide(M, R, A, cfg), args.n)
     rate("decide_unvalidated", lambda: decide(M, R, A, cfg, validate=False), args.n)
-    # which path decide took: the fused kernel (GPU), the native kernel (CPU), or pure JAX after a failure
+    rate("decide_auto", lambda: decide(M, R, A, cfg, engine="auto"), args.n)
+    # which engine decide(engine="auto") took: the fused kernel (GPU), the native kernel (CPU), or pure
+    # JAX after a failure (the default, decide(...), is always pure JAX)
     res["decide_path"] = ("fused" if on_gpu and fused.failed() is None and fused.mode() != "off"
                           else "native" if not on_gpu and native.status().get("ok") else "xla")
     res["fused_failed"] = fused.failed()
@@ -335,9 +353,9 @@ def main(argv=None) -> dict:
         res["sweep_fused_kernel_pairs_per_s"] = _rate(call, K * sweep_n, args.reps)
 
     with jax.default_device(dev):
-        sections.run("sweep_sigma_fused", sigma_sweep("fused"), True)
+        sections.run("sweep_sigma_fused", sigma_sweep("pallas"), True)
         sections.run("sweep_sigma_jax", sigma_sweep("jax"))
-        sections.run("sweep_pairs_fused", big_sweep("fused"), True)
+        sections.run("sweep_pairs_fused", big_sweep("pallas"), True)
         sections.run("sweep_pairs_jax", big_sweep("jax"))
         sections.run("sweep_fused_kernel", fused_sweep_kernel, True)
         # the engine sweep(engine="auto") takes here, under the key earlier versions printed

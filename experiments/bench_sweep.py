@@ -10,14 +10,16 @@ records of the committed paper-scale run (uniform random ones if that file is ab
 Decisions are counted as configs × resamples × records (1.6 × 10^7 per workload), the unit of the
 issue's targets; the sweep engine evaluates the controller once per (config, record) and scores the
 resamples as weighted sums, so it also reports controller evaluations per second.
-  - sweep: ``mdl_jax.sweep`` with engine="native" (the CPU kernel, what "auto" picks on the CPU) and
-    engine="jax" (the pure-JAX program), warm in interleaved rounds (median), the ratio beside its
-    target (≥ 3×, issue 18), and each engine's first call in a fresh process with its peak RSS;
+  - sweep: ``mdl_jax.sweep`` on every engine that runs here beside the default, engine="jax" (the
+    pure-JAX program): "native" (the CPU kernel), "pallas" (the fused GPU kernel, on a GPU) and
+    "auto", warm in interleaved rounds (median), each as a ratio to the default (an engine earns its
+    place at ≥ 2× the default), and the native and jax engines' first call in a fresh process with
+    its peak RSS;
     the native engine also without folding records that share (M, R, A) (these records hold 400
     distinct triples of 3,600), to show what the kernel alone gains;
   - nested vmap: the README's pattern, ``jax.vmap`` over ``MDLConfig(sigma=s)`` around
     ``decide(..., validate=False)`` on the explicitly resampled records (36,000), then accuracy;
-  - Python loop: one ``decide`` call per config (the native kernel) on the resampled records, accuracy
+  - Python loop: one ``decide`` call per config (the default engine) on the resampled records, accuracy
     in NumPy; and the same loop on the 3,600 records with the resamples as NumPy weights.
 Prints a table, then one JSON object as the last line.
 """
@@ -36,7 +38,8 @@ import jax
 import numpy as np
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
-from mdl_jax.controller import native
+from mdl_jax.controller import api
+from mdl_jax.engines import native
 
 RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
 
@@ -112,7 +115,9 @@ def main(argv=None) -> int:
         decisions = K * W * N
         fc = first_call(name, size, "native")
         fc_jax = first_call(name, size, "jax")
-        runs = {e: (lambda e=e: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e)) for e in ("native", "jax")}
+        engines = ["native"] + [e for e in ("pallas",) if api.engine_module(e).sweep_why_not(cfgs, K) is None]
+        runs = {e: (lambda e=e: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e))
+                for e in ("jax", *engines, "auto")}
 
         def native_unfolded():
             # the native engine without folding records that share (M, R, A) (see native.DEDUP): what
@@ -140,7 +145,8 @@ def main(argv=None) -> int:
              "native_unfolded_warm_s": statistics.median(per["native_unfolded"]),
              "native_unfolded_vs_jax": med_jax / statistics.median(per["native_unfolded"]),
              "distinct_records": int(len(np.unique(np.stack([M, R, A], 1), axis=0))),
-             "native_vs_jax_per_round": [b / a for a, b in zip(per["native"], per["jax"])]}
+             "native_vs_jax_per_round": [b / a for a, b in zip(per["native"], per["jax"])],
+             "engines_speed_vs_default": {e: med_jax / statistics.median(per[e]) for e in (*engines, "auto")}}
         # the per-point Python loop on the resampled records (native decide), and with NumPy weights
         idx = [np.repeat(np.arange(N), w[b].astype(int)) for b in range(W)]
         flat = np.concatenate(idx)
@@ -192,6 +198,10 @@ def main(argv=None) -> int:
                      f"{decisions / med_jax:.2e} /s; native is {r['native_vs_jax']:.1f}× faster "
                      f"(target ≥ 3×: {'met' if r['native_vs_jax'] >= 3 else 'NOT met'}; per round "
                      + ", ".join(f"{x:.1f}" for x in r["native_vs_jax_per_round"]) + ")"))
+        for e, ratio in r["engines_speed_vs_default"].items():
+            keep = "" if e == "auto" else (f"; keep it (≥ 2× the default)? {'yes' if ratio >= 2 else 'NO'}")
+            rows.append((f"{label}: engine={e!r} beside the default 'jax'", f"{statistics.median(per[e]):.3f} s",
+                         f"{ratio:.2f}× the default's speed{keep}"))
         rows.append((f"{label}: engine='native', records not folded", f"{r['native_unfolded_warm_s']:.3f} s",
                      f"{r['native_unfolded_vs_jax']:.1f}× the jax engine ({r['distinct_records']} distinct (M, R, A) "
                      f"of {N}; folded by default)"))
@@ -224,4 +234,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # as the command line runs: JAX's CPU work on the calling thread
+    from mdl_jax.runtime import synchronous_cpu_dispatch
+
+    synchronous_cpu_dispatch()
     raise SystemExit(main())

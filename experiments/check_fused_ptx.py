@@ -3,7 +3,7 @@
     pip install triton          # not a dependency of mdl-jax: about 1 GB, for this check only
     PYTHONPATH=. python -m experiments.check_fused_ptx [--arch 90]
 
-JAX lowers each kernel (``mdl_jax.controller.fused``) for CUDA to Triton IR on this CPU (cross-platform
+JAX lowers each kernel (``mdl_jax.engines.fused``) for CUDA to Triton IR on this CPU (cross-platform
 lowering, as tests/test_fused.py does); PyPI's Triton then compiles that IR to PTX and a cubin for
 sm_<arch>a, and ptxas reports registers per thread and spills for each block size × warps. That is
 what chose the kernel's default (one record a thread: no spills) in a session without a GPU.
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from mdl_jax import MDLConfig, config_grid
-from mdl_jax.controller import fused
+from mdl_jax.engines import fused
 
 VARIANTS = ((64, 2, "ieee"), (128, 4, "ieee"), (256, 8, "ieee"), (256, 4, "ieee"), (512, 8, "ieee"),
             (128, 4, "tf32x3"))

@@ -29,7 +29,7 @@ def dump(out: str, backends: list[str]) -> None:
     and ``info`` (JSON: what ran, what the process saw of the CPU). Raises ValueError for an unknown
     backend (``Embedder``'s message); nothing is written unless every backend ran."""
     from experiments.bench_embed import run_data
-    from mdl_jax.controller import native
+    from mdl_jax.engines import native
     from mdl_jax.gate.core import MemoryGate
     from mdl_jax.signals.embeddings import Embedder
 

@@ -3,12 +3,12 @@
     from mdl_jax import decide
     d = decide(M=0.8, R=0.7, A=0.2)      # Decision(action, C, alpha, C_final, v_meta, energies, ...)
 
-Importing this package loads JAX and NumPy only; signals, generation and experiments (which need
-sentence-transformers / transformers / torch) live in modules that are imported on use.
+Importing this package loads JAX and NumPy only and changes no JAX setting; signals, generation and
+experiments (which need sentence-transformers / transformers / torch) live in modules that are
+imported on use. Faster engines (``mdl_jax.engines``) load when a call names one. Synchronous CPU
+dispatch, which per-decision callers want, is ``mdl_jax.runtime.synchronous_cpu_dispatch()``.
 """
 
-# First, before anything starts JAX's CPU backend: synchronous CPU dispatch (see _dispatch.py).
-from mdl_jax import _dispatch  # noqa: F401
 from mdl_jax._version import __version__ as __version__
 from mdl_jax.controller.api import checked_decide, decide, soft_decide
 from mdl_jax.controller.calibration import Calibration, calibrate

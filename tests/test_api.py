@@ -222,3 +222,89 @@ def test_demo_cli_prints_the_table():
                          check=True).stdout
     assert "C_final" in out and "E_wm" in out and len(out.splitlines()) == 12
     assert all(a in out for a in ("Active", "Supp", "Silent", "Opt-Out"))  # the deployed defaults act
+
+
+# ------------------------------------------------------------------------------------ the default engine
+
+def test_the_default_never_loads_an_engine():
+    # Every kind of input through the default: the engines' modules stay unimported (a fresh process).
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np, jax, jax.numpy as jnp, mdl_jax\n"
+            "from mdl_jax import MDLConfig, decide, sweep, calibrate, config_grid\n"
+            "x = np.random.default_rng(0).uniform(size=(3, 40)).astype(np.float32)\n"
+            "decide(0.5, 0.5, 0.5); decide(*x); decide(*map(jnp.asarray, x), MDLConfig(sigma=0.3))\n"
+            "decide(1, 0.5, [0.2] * 40); jax.jit(lambda m: decide(m, 0.5, 0.5).C)(x[0])\n"
+            "sweep(*x, config_grid(MDLConfig(), sigma=[0.1, 0.2]))\n"
+            "calibrate(*x, x[0] > 0.5)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mdl_jax.engines')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_unknown_engine_is_a_value_error_naming_the_choices():
+    x = np.full(4, 0.5, np.float32)
+    for call in (lambda e: decide(x, x, x, engine=e), lambda e: calibrate(x, x, x, [0, 1, 0, 1], engine=e),
+                 lambda e: mdl_jax.sweep(x, x, x, MDLConfig(), engine=e)):
+        for bad in ("numpy", "JAX", None, 3):
+            with pytest.raises(ValueError, match=r"^engine: expected one of \("):
+                call(bad)
+
+
+def test_configs_of_one_structure_share_one_compiled_program(rng):
+    from mdl_jax.controller import api
+
+    x = rng.uniform(size=(3, 37)).astype(np.float32)
+    cfgs = [MDLConfig(sigma=s, thresholds=(t, 0.4, 0.2), qr_seed=4321)
+            for s, t in ((0.11, 0.6), (0.23, 0.7), (0.37, 0.5))]
+    plans = {api._plan(c, False).structure for c in cfgs}
+    assert len(plans) == 1
+    prog = api._program(plans.pop(), "float32", False)
+    assert prog._cache_size() == 0
+    for c in cfgs:
+        got = decide(*x, c)
+        want = api._decide_jit(*map(jnp.asarray, x), c)
+        for f in got._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
+    assert prog._cache_size() == 1   # three configs, one executable (their numbers are an argument)
+    one = [decide(*(float(v) for v in x[:, 0]), c) for c in cfgs]
+    assert api._program(api._plan(cfgs[0], False).structure, "float32", True)._cache_size() == 1
+    assert len({float(d.C_final) for d in one}) == 3
+    # a different ablation is a different structure
+    assert api._plan(MDLConfig(alpha_gating=False), False).structure != api._plan(cfgs[0], False).structure
+
+
+def test_a_config_first_seen_inside_a_callers_jit_is_cached_as_a_concrete_buffer():
+    # The packed config is cached on first use; a first use inside jit must not cache a tracer.
+    cfg = MDLConfig(sigma=0.2718)
+    inside = jax.jit(lambda m: decide(m, 0.5, 0.5, cfg).C_final)(jnp.array([0.2, 0.9], jnp.float32))
+    outside = decide(np.array([0.2, 0.9], np.float32), 0.5, 0.5, cfg).C_final
+    np.testing.assert_allclose(np.asarray(inside), np.asarray(outside), atol=1e-6)
+    assert isinstance(decide(0.2, 0.5, 0.5, cfg).C_final, jax.Array)
+
+
+def test_one_python_record_takes_the_signals_dtype_rules(rng):
+    # Three Python floats are one buffer: float32, or float64 under x64, as three scalars would be.
+    d = decide(0.3, 0.6, 0.2)
+    assert d.C_final.dtype == jnp.float32 and d.action.dtype == jnp.int32
+    want = decide(np.float32(0.3), np.float32(0.6), np.float32(0.2))
+    np.testing.assert_allclose(float(d.C_final), float(want.C_final), atol=1e-6)
+    with jax.enable_x64(True):
+        d64 = decide(0.3, 0.6, 0.2, MDLConfig(sigma=0.25))
+        assert d64.C_final.dtype == jnp.float64
+        ref = decide(np.float64(0.3), np.float64(0.6), np.float64(0.2), MDLConfig(sigma=0.25))
+        np.testing.assert_allclose(float(d64.C_final), float(ref.C_final), rtol=1e-12)
+    assert int(decide(float("nan"), 0.5, 0.5, validate=False).action) == Action.OPT_OUT
+
+
+def test_the_kernels_old_module_names_are_deprecated_aliases_of_the_engines():
+    import importlib
+
+    import mdl_jax.controller
+
+    for old, new in (("native", "mdl_jax.engines.native"), ("fused", "mdl_jax.engines.fused")):
+        with pytest.warns(DeprecationWarning, match=f"mdl_jax.controller.{old} moved to {new}"):
+            mod = getattr(mdl_jax.controller, old)
+        assert mod is importlib.import_module(new)
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        mdl_jax.controller.nonesuch  # noqa: B018

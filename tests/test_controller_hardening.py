@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, decide, decide_one, stack_configs, sweep
-from mdl_jax.controller import api, fused
+from mdl_jax.controller import api
 from mdl_jax.controller import decision as _d
+from mdl_jax.engines import fused
 from tests.xla_cache import without_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,13 +69,14 @@ def _tie_records(n=12, seed=0):
 
 
 @pytest.mark.slow
-def test_ties_on_a_threshold_take_the_same_action_on_every_path():
-    """C_final exactly on θ0 = θ1 = θ2 is Active on eager decide_one, jitted decide_one, decide (native
-    kernel and pure JAX), the fused kernel (interpret mode) and the three sweep engines."""
+def test_ties_on_a_threshold_take_the_same_action_on_every_path(monkeypatch):
+    """C_final exactly on θ0 = θ1 = θ2 is Active on eager decide_one, jitted decide_one, decide (every
+    engine: the pure-JAX default, native, pallas in interpret mode) and the three sweep engines."""
+    monkeypatch.setenv(fused.ENV_SWITCH, "interpret")   # the pallas engine by name on this CPU
     x, cfgs = _tie_records()
     n = len(cfgs)
     paths = {"eager decide_one": [], "jit decide_one": [], "decide (native)": [], "decide (pure JAX)": [],
-             "fused (interpret)": []}
+             "decide (default)": [], "fused (interpret)": []}
     jit_one = jax.jit(decide_one)
     for i, cfg in enumerate(cfgs):
         m, r, a = (jnp.float32(v) for v in x[:, i])
@@ -83,12 +85,13 @@ def test_ties_on_a_threshold_take_the_same_action_on_every_path():
         paths["eager decide_one"].append(int(one.action))
         paths["jit decide_one"].append(int(jit_one(m, r, a, cfg).action))
         col = [x[k, i:i + 1] for k in range(3)]
-        paths["decide (native)"].append(int(decide(*col, cfg).action[0]))
+        paths["decide (native)"].append(int(decide(*col, cfg, engine="native").action[0]))
+        paths["decide (default)"].append(int(decide(*col, cfg).action[0]))
         paths["decide (pure JAX)"].append(int(api._decide_jit(*map(jnp.asarray, col), cfg).action[0]))
-        paths["fused (interpret)"].append(int(fused.decide(*map(jnp.asarray, col), cfg, interpret=True).action[0]))
+        paths["fused (interpret)"].append(int(decide(*col, cfg, engine="pallas").action[0]))
     # one sweep per engine: config k against record k alone (weight vector k selects record k)
     batch, eye = stack_configs(cfgs), np.eye(n, dtype=np.float32)
-    for engine in ("jax", "native", "fused"):
+    for engine in ("jax", "native", "pallas"):
         res = sweep(*x, batch, weights=eye, engine=engine)
         paths[f"sweep {engine}"] = [int(np.argmax(res.counts[k, k])) for k in range(n)]
     wrong = {p: int(np.sum(np.asarray(acts) != 0)) for p, acts in paths.items()}
@@ -101,7 +104,7 @@ def test_a_float64_threshold_is_compared_in_float32_on_every_path():
     cfg = MDLConfig(alpha_gating=False, n_min=0.0, n_max=1e-3, thresholds=(0.7, 0.4, 0.2), gains=(1.0, 0.7, 0.5))
     cfg = cfg.replace(alpha_gating=True, gate_coeffs=(0.7, 0.0))
     x = np.full((3, 4), 0.5, np.float32)
-    for out in (decide(*x, cfg), api._decide_jit(*map(jnp.asarray, x), cfg),
+    for out in (decide(*x, cfg), decide(*x, cfg, engine="native"), api._decide_jit(*map(jnp.asarray, x), cfg),
                 fused.decide(*map(jnp.asarray, x), cfg, interpret=True)):
         assert np.all(np.asarray(out.C_final) == np.float32(0.7)) and np.all(np.asarray(out.action) == 0)
 

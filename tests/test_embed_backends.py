@@ -1084,7 +1084,7 @@ def _xgetbv_library(tmp_path, name: str, ecx: str = "0"):
     cc = shutil.which("gcc") or shutil.which("cc") or shutil.which("g++")  # (CI may have g++ alone)
     if not (cc and shutil.which("objdump") and shutil.which("readelf")):
         pytest.skip("needs a C compiler, objdump and readelf")
-    from mdl_jax.controller import native
+    from mdl_jax.engines import native
 
     if platform.machine() != "x86_64" or not native._numpy_features().get("AVX"):  # (AVX: OSXSAVE and the OS's
         pytest.skip("xgetbv needs an x86-64 CPU with OSXSAVE")                      # YMM state, by CPUID)

@@ -1,10 +1,11 @@
-"""The fused GPU kernel (mdl_jax/controller/fused.py), checked without a GPU.
+"""The fused GPU kernel (mdl_jax/engines/fused.py, the "pallas" engine), checked without a GPU.
 
 The kernel's logic runs in Pallas interpret mode on the CPU against ``decide_one`` (every field), the
-sweep kernel against engine="jax", and both kernels are lowered for CUDA to Triton IR and verified
-(the stage at which Pallas rejects operations Triton cannot take). How ``decide`` chooses the kernel
-(GPU backend, concrete input, supported config; never under a caller's jit or grad) is checked with
-the backend query faked: only the query, the kernel itself always runs.
+sweep kernel against engine="jax" (by name, engine="pallas", with MDL_JAX_FUSED=interpret), and both
+kernels are lowered for CUDA to Triton IR and verified (the stage at which Pallas rejects operations
+Triton cannot take). When the engine runs (by name: concrete input, supported config, else a one-line
+error; under "auto": a GPU backend, never under a caller's jit or grad) is checked with the backend
+query faked: only the query, the kernel itself always runs.
 """
 
 import warnings
@@ -17,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, decide_one, stack_configs, sweep
-from mdl_jax.controller import api, fused
+from mdl_jax.controller import api
 from mdl_jax.controller import sweep as _sweep
+from mdl_jax.engines import fused
 
 FLOATS = ("C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")
 CUDA = {"lowering_platforms": ("cuda",)}  # cross-platform lowering: no GPU needed
@@ -104,15 +106,21 @@ def _sweep_data(n=300, seed=2):
     return M, R, A, rng.integers(0, 2, n)
 
 
+@pytest.fixture
+def interpret(monkeypatch):
+    """The pallas engine in Pallas interpret mode: how it runs by name on a machine without a GPU."""
+    monkeypatch.setenv(fused.ENV_SWITCH, "interpret")
+
+
 @pytest.mark.parametrize("weights", ["bootstrap", "real"])
-def test_fused_sweep_engine_equals_the_jax_engine(weights):
+def test_fused_sweep_engine_equals_the_jax_engine(weights, interpret):
     # (no weights at all: test_fused_sweep_engine_takes_ablations_and_big_integer_weights)
     M, R, A, y = _sweep_data()
     w = {"bootstrap": bootstrap_weights(300, 3, 0),
          "real": np.random.default_rng(3).uniform(0.1, 2.0, (3, 300))}[weights]
     grid = config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9])
     # record_chunk 128: three passes, the last padded by sweep and each padded again by the kernel
-    got = sweep(M, R, A, grid, adopt=y, weights=w, engine="fused", record_chunk=128)
+    got = sweep(M, R, A, grid, adopt=y, weights=w, engine="pallas", record_chunk=128)
     ref = sweep(M, R, A, grid, adopt=y, weights=w, engine="jax", record_chunk=128)
     if weights == "real":
         np.testing.assert_allclose(got.counts, ref.counts, rtol=1e-6)
@@ -124,16 +132,16 @@ def test_fused_sweep_engine_equals_the_jax_engine(weights):
     np.testing.assert_array_equal(got.total, ref.total)
 
 
-def test_fused_sweep_engine_takes_ablations_and_big_integer_weights():
+def test_fused_sweep_engine_takes_ablations_and_big_integer_weights(interpret):
     M, R, A, y = _sweep_data(200)
     batch = stack_configs([MDLConfig(subspaces="identity", alpha_gating=False, sigma=s) for s in (0.1, 0.2)])
-    got = sweep(M, R, A, batch, adopt=y, engine="fused")
+    got = sweep(M, R, A, batch, adopt=y, engine="pallas")
     ref = sweep(M, R, A, batch, adopt=y, engine="jax")
     np.testing.assert_array_equal(got.counts, ref.counts)
     np.testing.assert_allclose(got.mean_C_final, ref.mean_C_final, rtol=1e-6)
     # integer sums that reach 2^24 travel as int32, which this engine hands to the pure-JAX one
     big = np.full((1, 200), 100_000, np.int64)
-    got = sweep(M, R, A, batch, weights=big, engine="fused")
+    got = sweep(M, R, A, batch, weights=big, engine="fused")   # the engine's earlier name
     ref = sweep(M, R, A, batch, weights=big, engine="jax")
     np.testing.assert_array_equal(got.counts, ref.counts)
 
@@ -200,46 +208,59 @@ def calls(monkeypatch):
 def test_decide_on_the_cpu_never_takes_the_fused_kernel(calls, monkeypatch):
     monkeypatch.delenv(fused.ENV_SWITCH, raising=False)
     x = _signals(64)
-    decide(*x)
-    sweep(*x, config_grid(MDLConfig(), sigma=[0.1, 0.2]))
+    for engine in ("jax", "auto"):
+        decide(*x, engine=engine)
+        sweep(*x, config_grid(MDLConfig(), sigma=[0.1, 0.2]), engine=engine)
     assert calls == {"decide": 0, "sweep": 0}
     assert fused.usable(MDLConfig()) is False and not fused.sweep_usable(MDLConfig())
+    # by name, on a machine without a GPU: one line that says why
+    for run in (lambda: decide(*x, engine="pallas"),
+                lambda: sweep(*x, config_grid(MDLConfig(), sigma=[0.1, 0.2]), engine="pallas")):
+        with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: it runs on a GPU, and JAX's "
+                                             r"default backend here is cpu$"):
+            run()
+    assert calls == {"decide": 0, "sweep": 0}
 
 
-def test_decide_takes_the_fused_kernel_for_concrete_input_only(calls, monkeypatch):
-    # MDL_JAX_FUSED=interpret routes decide through the kernel on any backend (interpret mode).
-    monkeypatch.setenv(fused.ENV_SWITCH, "interpret")
-    monkeypatch.setenv("MDL_JAX_NATIVE", "0")
+def test_the_pallas_engine_by_name_runs_the_kernel_for_concrete_input_only(calls, interpret, monkeypatch):
     monkeypatch.setattr(fused, "BLOCK", 128)
     x = _signals(256).reshape(3, 16, 16)  # whole blocks, and the caller's shape kept
-    out = decide(*x)
+    out = decide(*x, engine="pallas")
     assert calls["decide"] == 1
     assert out.v_meta.shape == (16, 16, 16) and out.energies.shape == (16, 16, 3)
     assert out.action.shape == (16, 16)
     ref = jax.tree.map(lambda t: t.reshape((16, 16) + t.shape[1:]), _plain(*x.reshape(3, -1), MDLConfig()))
     _assert_parity(out, ref, MDLConfig())
-    # under a caller's jit the signals are traced: the pure-JAX path, same answer
-    jitted = jax.jit(lambda m, r, a: decide(m, r, a))(*x)
+    # under a caller's jit the signals are traced: by name, a one-line error; under "auto", pure JAX
+    with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: traced input"):
+        jax.jit(lambda m, r, a: decide(m, r, a, engine="pallas"))(*x)
+    jitted = jax.jit(lambda m, r, a: decide(m, r, a, engine="auto"))(*x)
     assert calls["decide"] == 1
     _assert_parity(jitted, out, MDLConfig())
     # a gradient through decide traces the signals: never the kernel (soft_decide and tune build on
-    # the one-record functions and never reach decide's routing at all)
-    g = jax.grad(lambda m: decide(m, x[1], x[2]).C_final.sum())(x[0])
+    # the one-record functions and never reach an engine at all)
+    g = jax.grad(lambda m: decide(m, x[1], x[2], engine="auto").C_final.sum())(x[0])
     assert calls["decide"] == 1 and np.all(np.isfinite(g))
-    # sweep(engine="auto") takes the fused engine in the same mode (the grid and passes of
+    with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: .*D = 16 \(this one has D = 8\)$"):
+        decide(*x, MDLConfig(D=8, dims=(3, 3, 2)), engine="pallas")
+    # sweep by name and under "auto" take the fused engine in this mode (the grid and passes of
     # test_fused_sweep_engine_equals_the_jax_engine: one compiled program)
     M, R, A, y = _sweep_data()
-    sweep(M, R, A, config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9]), adopt=y,
-          weights=bootstrap_weights(300, 3, 0), record_chunk=128)
-    assert calls["sweep"] == 1
+    for engine in ("pallas", "auto"):
+        sweep(M, R, A, config_grid(MDLConfig(), g_a=[0.1, 0.3, 0.5], g_b=[0.5, 0.9]), adopt=y,
+              weights=bootstrap_weights(300, 3, 0), record_chunk=128, engine=engine)
+    assert calls["sweep"] == 2
     monkeypatch.setenv(fused.ENV_SWITCH, "0")
     assert not fused.usable(MDLConfig()) and not fused.sweep_usable(MDLConfig())
+    with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: MDL_JAX_FUSED=0"):
+        decide(*x, engine="pallas")
 
 
 def test_fused_kernel_is_chosen_on_a_gpu_backend_for_supported_configs_and_placement(calls, monkeypatch):
     monkeypatch.delenv(fused.ENV_SWITCH, raising=False)
     monkeypatch.setattr(fused, "on_gpu_backend", lambda: True)  # the backend query only
     assert fused.usable(MDLConfig(), (np.zeros(3, np.float32),)) is True
+    assert fused.why_not(MDLConfig(), (np.zeros(3, np.float32),)) is None
     grid = config_grid(MDLConfig(), sigma=[0.1, 0.2])
     assert fused.sweep_usable(grid)
     # several devices: "auto" keeps the jax engine's mesh over all of them
@@ -250,6 +271,7 @@ def test_fused_kernel_is_chosen_on_a_gpu_backend_for_supported_configs_and_place
     # a CPU-committed array stays off the kernel; so do D ≠ 16 and a traced config
     on_cpu = jax.device_put(np.zeros(3, np.float32), jax.devices("cpu")[0])
     assert fused.usable(MDLConfig(), (on_cpu,)) is False
+    assert "committed to a device" in fused.why_not(MDLConfig(), (on_cpu,))
     assert fused.usable(MDLConfig(D=8, dims=(3, 3, 2))) is False
     seen = []
     jax.vmap(lambda s: seen.append(fused.usable(MDLConfig(sigma=s))) or s)(jnp.array([0.1, 0.2]))
@@ -258,25 +280,31 @@ def test_fused_kernel_is_chosen_on_a_gpu_backend_for_supported_configs_and_place
     assert fused.usable(MDLConfig()) is False
 
 
-def test_a_kernel_that_fails_to_compile_falls_back_to_pure_jax_with_one_warning(calls, monkeypatch):
-    # A fake failure (the kernel cannot fail here): decide must answer from the pure-JAX path.
+def test_a_kernel_that_fails_to_compile_is_an_error_by_name_and_a_warned_fallback_under_auto(calls, monkeypatch):
+    # A fake failure (the kernel cannot fail here), with the backend faked as a GPU for "auto": by
+    # name the error itself; under "auto" decide answers from the pure-JAX engine, warning once.
     monkeypatch.delenv(fused.ENV_SWITCH, raising=False)
-    monkeypatch.setenv("MDL_JAX_NATIVE", "0")
     monkeypatch.setattr(fused, "on_gpu_backend", lambda: True)
+    monkeypatch.setattr(api, "_backend", lambda: "gpu")
 
     def broken(*a, **k):
         raise RuntimeError("Triton compilation failed (fake)")
 
     monkeypatch.setattr(fused, "decide", broken)
     x = _signals(50)
+    with pytest.raises(RuntimeError, match="fake"):
+        decide(*x, engine="pallas")
+    assert fused.failed() is None   # a named call's failure is the caller's to see, not given up
     with pytest.warns(RuntimeWarning, match="fused GPU kernel unavailable"):
-        out = decide(*x)
+        out = decide(*x, engine="auto")
     assert "fake" in fused.failed()
     _assert_parity(out, _plain(*x, MDLConfig()), MDLConfig())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only, and the kernel is not tried again
-        decide(*x)
+        decide(*x, engine="auto")
     assert fused.usable(MDLConfig()) is False
+    with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: the kernel failed to lower"):
+        decide(*x, engine="pallas")
 
 
 def test_explicit_block_sizes_and_precisions_are_checked():
@@ -288,7 +316,7 @@ def test_explicit_block_sizes_and_precisions_are_checked():
         fused.decide(*_signals(16), MDLConfig(), interpret=True, precision="tf32x3")
 
 
-def test_sweep_engine_names_include_fused():
-    assert "fused" in _sweep.ENGINES
+def test_sweep_engine_names_include_pallas_and_its_earlier_name():
+    assert {"pallas", "fused"} <= set(_sweep.ENGINES)
     with pytest.raises(ValueError, match="engine"):
         sweep(*_signals(16), MDLConfig(), engine="triton")

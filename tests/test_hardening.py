@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
-from mdl_jax.controller import native
 from mdl_jax.controller.config import NUMERIC_FIELDS
+from mdl_jax.engines import native
 from mdl_jax.pipeline import data, records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +79,12 @@ def test_truncated_kernel_library_does_not_kill_a_fresh_process(good_library, tm
     # The reproducer end to end, with the real compiler: before the fix this process died of SIGBUS.
     lib_bytes, record = good_library
     env = {**os.environ, "MDL_JAX_CACHE_DIR": str(tmp_path)}
-    code = ("from mdl_jax.controller import native; import pathlib, sys; "
+    code = ("from mdl_jax.engines import native; import pathlib, sys; "
             "p = native.library_path(); p.parent.mkdir(parents=True); "
             f"p.write_bytes(pathlib.Path(sys.argv[1]).read_bytes()[:60_000]); "
             f"native._record_path(p).write_text({record!r}); "
             "import numpy as np; from mdl_jax import decide; "
-            "d = decide(np.full(40, 0.5, np.float32), 0.5, 0.5); "
+            "d = decide(np.full(40, 0.5, np.float32), 0.5, 0.5, engine='native'); "
             "assert native.status()['ok'], native.status(); "
             "assert native.verified(p) and p.stat().st_size > 60_000; print(int(d.action[0]))")
     src = tmp_path / "good.so"
@@ -303,7 +303,7 @@ def test_nan_signal_is_opt_out_on_every_path_when_unvalidated(kernel, monkeypatc
         pytest.skip("no native kernel on this machine")
     x = np.array([np.nan, 0.5, 0.9, 0.1, 0.5] * 7, np.float32)  # 35: two full blocks and a tail
     M, R, A = x, np.roll(x, 1), np.roll(x, 2)
-    out = decide(M, R, A, validate=False)
+    out = decide(M, R, A, validate=False, engine="native" if kernel == "native" else "jax")
     nan_any = np.isnan(M) | np.isnan(R) | np.isnan(A)
     assert np.all(np.asarray(out.action)[nan_any] == Action.OPT_OUT)
     ref = decide(np.where(nan_any, 0.5, M), np.where(nan_any, 0.5, R), np.where(nan_any, 0.5, A))

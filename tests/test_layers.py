@@ -18,9 +18,10 @@ PKG = Path(__file__).resolve().parents[1] / "mdl_jax"
 # (layer, module prefixes), lowest first. A module belongs to the layer of its longest matching prefix;
 # "mdl_jax" alone is the package's __init__, which re-exports the controller.
 LAYERS = [
-    ("foundation", ("mdl_jax._dispatch", "mdl_jax._io", "mdl_jax._paths", "mdl_jax._timing", "mdl_jax._version",
+    ("foundation", ("mdl_jax.runtime", "mdl_jax._io", "mdl_jax._paths", "mdl_jax._timing", "mdl_jax._version",
                     "mdl_jax.prompts")),
     ("controller", ("mdl_jax", "mdl_jax.controller")),
+    ("engines", ("mdl_jax.engines",)),
     ("signals", ("mdl_jax.signals",)),
     ("gate", ("mdl_jax.gate",)),
     ("evaluation", ("mdl_jax.evaluation",)),
@@ -87,6 +88,15 @@ GRAPH = {m: imports_of(m) for m in MODULES}
 
 def _rel(module: str) -> str:
     return str(MODULES[module].relative_to(PKG.parent))
+
+
+def test_no_controller_module_imports_the_engines():
+    # The engines load by name when a call asks for one (controller.api.engine_module); a static import,
+    # function-level included, would make the controller depend on them.
+    bad = [f"{_rel(m)} imports {', '.join(sorted(names))} from {_rel(t)}"
+           for m in sorted(MODULES) if layer_of(m) == layer_of("mdl_jax.controller")
+           for t, names in sorted(GRAPH[m].items()) if t == "mdl_jax.engines" or t.startswith("mdl_jax.engines.")]
+    assert not bad, "controller modules that import the engines:\n" + "\n".join(bad)
 
 
 def test_every_module_has_a_layer():

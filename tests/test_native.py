@@ -1,6 +1,7 @@
-"""The native CPU kernel (mdl_jax/controller/_native/decide_cpu.cc): routing, parity with the pure-JAX definition,
-batch-size invariance, every ablation, the ISA variants (AVX-512 / AVX2) and the fallback when it cannot be
-built."""
+"""The native CPU engine (mdl_jax/engines/native.py, _native/decide_cpu.cc), called by name
+(``decide(..., engine="native")``): parity with the pure-JAX definition, batch-size invariance, every
+ablation, the ISA variants (AVX-512 / AVX2), what "auto" does with it, and the one-line error when it
+cannot run."""
 
 import os
 import re
@@ -15,8 +16,9 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, decide
-from mdl_jax.controller import api, native
+from mdl_jax.controller import api
 from mdl_jax.controller.decision import Decision
+from mdl_jax.engines import native
 from tests.reference import NumpyMDL
 
 FIELDS = Decision._fields
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
     if native._compiler() is None:
-        pytest.skip("no C++ compiler on this machine: decide runs the pure-JAX path")
+        pytest.skip("no C++ compiler on this machine: the native engine cannot run here")
     assert native.load(), native.status()  # a machine with a compiler must build it
 
 
@@ -35,8 +37,12 @@ def _pure(M, R, A, cfg):
 
 
 def _native(M, R, A, cfg):
-    return api._native_jit(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), native.params(cfg),
-                           flags=native.flags(cfg), dims=cfg.dims)
+    return native._native_jit(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), native.params(cfg),
+                              flags=native.flags(cfg), dims=cfg.dims)
+
+
+def _engine(*args, **kw):
+    return decide(*args, engine="native", **kw)
 
 
 def assert_parity(a: Decision, b: Decision, cfg: MDLConfig, atol=2e-6):
@@ -52,13 +58,23 @@ def assert_parity(a: Decision, b: Decision, cfg: MDLConfig, atol=2e-6):
     assert np.array_equal(np.asarray(a.action)[~near], np.asarray(b.action)[~near])
 
 
-def test_decide_routes_concrete_float32_cpu_input_to_the_kernel(rng, monkeypatch):
-    x = rng.uniform(size=(3, 100)).astype(np.float32)
-    out = decide(*x)
-    for f in FIELDS:  # bit-identical to the kernel, so it is the kernel that ran
-        assert np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(_native(*x, MDLConfig()), f)))
-    monkeypatch.setenv(native.ENV_SWITCH, "0")
-    off = decide(*x)
+def test_the_native_engine_runs_the_kernel_and_the_default_runs_pure_jax(rng, monkeypatch):
+    for n in (100, 5000):   # the inline (ctypes) call and the FFI call through XLA's pool
+        x = rng.uniform(size=(3, n)).astype(np.float32)
+        out = _engine(*x)
+        for f in FIELDS:  # bit-identical to the kernel, so it is the kernel that ran; NumPy out
+            assert isinstance(getattr(out, f), np.ndarray), f
+            assert np.array_equal(getattr(out, f), np.asarray(getattr(_native(*x, MDLConfig()), f))), f
+        for got in (decide(*x), decide(*x, engine="jax")):   # the default never asks for an engine
+            for f in FIELDS:
+                assert np.array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(_pure(*x, MDLConfig()), f)))
+        auto = decide(*x, engine="auto")   # on the CPU, "auto" is the kernel
+        for f in FIELDS:
+            assert np.array_equal(np.asarray(getattr(auto, f)), getattr(out, f)), f
+    monkeypatch.setenv(native.ENV_SWITCH, "0")   # the deprecated switch: the engine cannot run
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: MDL_JAX_NATIVE=0"):
+        _engine(*x)
+    off = decide(*x, engine="auto")   # "auto" then runs pure JAX
     for f in FIELDS:
         assert np.array_equal(np.asarray(getattr(off, f)), np.asarray(getattr(_pure(*x, MDLConfig()), f)))
 
@@ -77,7 +93,7 @@ def test_kernel_matches_pure_jax_under_every_ablation(switch, rng):
     cfg = MDLConfig(**{switch: "identity" if switch == "subspaces" else False})
     x = rng.uniform(size=(3, 5000)).astype(np.float32)
     assert_parity(_native(*x, cfg), _pure(*x, cfg), cfg)
-    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+    assert_parity(_engine(*x, cfg), _pure(*x, cfg), cfg)
 
 
 def test_kernel_matches_pure_jax_for_non_default_numbers(rng):
@@ -86,7 +102,7 @@ def test_kernel_matches_pure_jax_for_non_default_numbers(rng):
                     bias=np.linspace(-0.2, 0.2, 16), dims=(4, 7, 5), qr_seed=7)
     assert native.supports(cfg)
     x = rng.uniform(size=(3, 5000)).astype(np.float32)
-    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+    assert_parity(_engine(*x, cfg), _pure(*x, cfg), cfg)
 
 
 @pytest.mark.parametrize("sigma", [1e-4, 1e-3, 0.05, 1.0, 5.0])
@@ -96,39 +112,40 @@ def test_kernel_matches_pure_jax_at_any_sigma(sigma, rng):
     cfg = MDLConfig(sigma=sigma)
     x = rng.uniform(size=(3, 20000)).astype(np.float32)
     x[:, :16] = np.linspace(0, 1, 16, dtype=np.float32)  # exactly on the centres too
-    assert_parity(decide(*x, cfg), _pure(*x, cfg), cfg)
+    assert_parity(_engine(*x, cfg), _pure(*x, cfg), cfg)
 
 
-def test_one_record_with_any_concrete_config_takes_the_scalar_fast_path_and_decides_the_same(rng, tmp_path,
-                                                                                             monkeypatch):
-    # decide(M, R, A, cal.config) for one record used to take the general path (256 µs against 27 µs for
-    # the default, issue 19 §5); now a cached params buffer and a program per static structure. Same
-    # bits as the batched kernel, for numbers and ablations, and errors as before.
+def test_one_record_from_python_decides_what_the_batch_decides_on_both_engines(rng, tmp_path, monkeypatch):
+    # One record from Python floats, for numbers and ablations and a config file: what the batch on
+    # the same engine decides (on the kernel, the same bits), and errors as before.
     from mdl_jax import save_config
 
     cfgs = [MDLConfig(thresholds=(0.7, 0.5, 0.3)), MDLConfig(sigma=0.07, bias=np.linspace(-0.2, 0.2, 16)),
             MDLConfig(alpha_gating=False, dims=(4, 7, 5), eps_c=0.0, gains=(1.0, 0.0, 0.5))]
     x = rng.uniform(size=(3, 12)).astype(np.float32)
-    for cfg in cfgs + [save_config(cfgs[0], tmp_path / "c.json")]:
-        batch = decide(*x, cfg)
-        for i in range(12):
-            one = decide(*(float(v) for v in x[:, i]), cfg)
-            assert one.C_final.shape == () and one.v_meta.shape == (16,)
-            for f in FIELDS:
-                assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(batch, f))[i]), f
-    assert api._scalar_plan(cfgs[0]) is not None and api._scalar_plan(cfgs[2]) is not None  # fast path
-    assert api._scalar_plan(cfgs[1]) is None  # array leaves are not hashable: the general path
-    with pytest.raises(ValueError, match=r"^R: expected values in \[0, 1\]; got 1\.5|^R: expected a value in \[0, 1\], got 1\.5"):
-        decide(0.5, 1.5, 0.5, cfgs[0])
-    monkeypatch.setenv(native.ENV_SWITCH, "0")  # the switch still routes to pure JAX
-    off = decide(0.3, 0.6, 0.2, cfgs[0])
+    for engine in ("native", "jax"):
+        for cfg in cfgs + [save_config(cfgs[0], tmp_path / "c.json")]:
+            batch = decide(*x, cfg, engine=engine)
+            for i in range(12):
+                one = decide(*(float(v) for v in x[:, i]), cfg, engine=engine)
+                assert one.C_final.shape == () and one.v_meta.shape == (16,)
+                if engine == "jax":   # XLA compiles one record and a batch apart: float32 rounding apart
+                    ref_cfg = cfg if isinstance(cfg, MDLConfig) else cfgs[0]   # (the file holds cfgs[0])
+                    assert_parity(one, Decision(*(np.asarray(v)[i] for v in batch)), ref_cfg)
+                    continue
+                for f in FIELDS:  # the kernel: lanes never mix, the same bits
+                    assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(batch, f))[i]), f
+        with pytest.raises(ValueError, match=r"^R: expected values in \[0, 1\]; got 1\.5|^R: expected a value in \[0, 1\], got 1\.5"):
+            decide(0.5, 1.5, 0.5, cfgs[0], engine=engine)
+    monkeypatch.setenv(native.ENV_SWITCH, "0")  # the switch: "auto" runs pure JAX
+    off = decide(0.3, 0.6, 0.2, cfgs[0], engine="auto")
     ref = _pure(np.float32(0.3), np.float32(0.6), np.float32(0.2), cfgs[0])
     assert np.array_equal(np.asarray(off.v_meta), np.asarray(ref.v_meta))
 
 
 def test_kernel_matches_the_float64_numpy_reference(rng):
     x = rng.uniform(size=(3, 300))
-    out = decide(*x.astype(np.float32))
+    out = _engine(*x.astype(np.float32))
     ref = NumpyMDL()
     for i in range(300):
         r = ref.decide(*(float(v) for v in x.astype(np.float32)[:, i]))
@@ -140,12 +157,12 @@ def test_same_record_same_bits_at_any_batch_size(rng):
     # Auditability: lanes never mix, so a record's decision does not depend on what it is batched with
     # (scalar call, short batch, thread-pool batch).
     x = rng.uniform(size=(3, 5003)).astype(np.float32)
-    full = decide(*x)
+    full = _engine(*x)
     for lo, hi in [(0, 1), (3, 40), (1000, 5003)]:
-        part = decide(*x[:, lo:hi])
+        part = _engine(*x[:, lo:hi])
         for f in FIELDS:
             assert np.array_equal(np.asarray(getattr(part, f)), np.asarray(getattr(full, f))[lo:hi]), f
-    one = decide(*(float(v) for v in x[:, 7]))
+    one = _engine(*(float(v) for v in x[:, 7]))
     for f in FIELDS:
         assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(full, f))[7]), f
 
@@ -153,28 +170,37 @@ def test_same_record_same_bits_at_any_batch_size(rng):
 def test_corners_and_empty_input_give_finite_output():
     g = np.array([0.0, 1.0, 0.5, np.nextafter(np.float32(0), np.float32(1))], np.float32)
     M, R, A = (a.ravel() for a in np.meshgrid(g, g, g, indexing="ij"))
-    out = decide(M, R, A)
+    out = _engine(M, R, A)
     for f in FIELDS:
         assert np.all(np.isfinite(np.asarray(getattr(out, f)))), f
     assert_parity(out, _pure(M, R, A, MDLConfig()), MDLConfig())
-    empty = decide(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))
+    empty = _engine(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert empty.v_meta.shape == (0, 16) and empty.energies.shape == (0, 3)
+    nan = np.array([np.nan, 0.5], np.float32)
+    assert np.array_equal(_engine(nan, nan[::-1], 0.5, validate=False).action, [3, 3])  # Opt-Out
 
 
-def test_traced_config_float64_and_user_jit_stay_on_pure_jax(rng):
+def test_what_the_kernel_cannot_run_is_a_one_line_error_by_name_and_pure_jax_under_auto(rng):
     x = rng.uniform(size=(3, 64)).astype(np.float32)
-    # a config swept by vmap has tracer leaves: not for the kernel, and still correct
+    # a config swept by vmap has tracer leaves: not for the kernel, and still correct under "auto"
     sig = jnp.array([0.15, 0.2])
-    swept = jax.vmap(lambda s: decide(*x, MDLConfig(sigma=s), validate=False).C_final)(sig)
+    swept = jax.vmap(lambda s: decide(*x, MDLConfig(sigma=s), validate=False, engine="auto").C_final)(sig)
     np.testing.assert_allclose(np.asarray(swept[1]), np.asarray(_pure(*x, MDLConfig()).C_final), atol=2e-6)
-    assert not native.supports(MDLConfig(D=20, dims=(6, 7, 7)))
-    inside = jax.jit(lambda m, r, a: decide(m, r, a).C_final)(*x)
+    wide = MDLConfig(D=20, dims=(6, 7, 7))
+    assert not native.supports(wide)
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: .*D = 16 \(this one has D = 20\)$"):
+        _engine(*x, wide)
+    inside = jax.jit(lambda m, r, a: decide(m, r, a, engine="auto").C_final)(*x)
     np.testing.assert_allclose(np.asarray(inside), np.asarray(_pure(*x, MDLConfig()).C_final), atol=1e-6)
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: traced input"):
+        jax.jit(lambda m, r, a: _engine(m, r, a).C_final)(*x)
     with jax.enable_x64(True):  # float64 keeps its precision: the kernel is float32-only
-        out64 = decide(*x.astype(np.float64))
+        out64 = decide(*x.astype(np.float64), engine="auto")
         assert out64.C_final.dtype == jnp.float64 and out64.v_meta.dtype == jnp.float64
-        one64 = decide(0.3, 0.4, 0.5)
+        one64 = decide(0.3, 0.4, 0.5, engine="auto")
         assert one64.C_final.dtype == jnp.float64
+        with pytest.raises(ValueError, match=r"^engine='native' cannot run here: .*float32.*float64$"):
+            _engine(*x.astype(np.float64))
 
 
 def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path):
@@ -187,10 +213,12 @@ def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path
         native.build(native.library_path())
     x = rng.uniform(size=(3, 40)).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="native CPU kernel unavailable"):
-        out = decide(*x)
+        out = decide(*x, engine="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        decide(*x)  # warned once, not per call
+        decide(*x, engine="auto")  # warned once, not per call
+        with pytest.raises(ValueError, match=r"^engine='native' cannot run here: the kernel could not be built"):
+            _engine(*x)
     assert native.status()["ok"] is False
     assert_parity(out, _pure(*x, MDLConfig()), MDLConfig(), atol=0)
 
@@ -198,10 +226,10 @@ def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path
 def test_kernel_rejects_a_malformed_params_buffer():
     x = jnp.full(4, 0.5, jnp.float32)
     with pytest.raises(Exception, match="params has the wrong size"):
-        api._native_jit(x, x, x, jnp.zeros(10, jnp.float32), flags=31, dims=(5, 5, 6))
+        native._native_jit(x, x, x, jnp.zeros(10, jnp.float32), flags=31, dims=(5, 5, 6))
     # the structured fusion reads the subspace dims from the packed params too: they must agree
     with pytest.raises(Exception, match="packed for other subspace dims"):
-        api._native_jit(x, x, x, native.params(MDLConfig()), flags=31, dims=(4, 6, 6))
+        native._native_jit(x, x, x, native.params(MDLConfig()), flags=31, dims=(4, 6, 6))
     assert native.load()
     p, _, _ = native._small_plan(MDLConfig())
     one = np.zeros(1, np.float32).ctypes.data
@@ -210,7 +238,7 @@ def test_kernel_rejects_a_malformed_params_buffer():
 
 def test_zero_norm_v_meta_gives_no_nan_in_the_kernel():
     cfg = MDLConfig(gains=(0.0, 0.0, 0.0), eps_c=0.0, bias=0.0)
-    out = decide(np.full(20, 0.5, np.float32), np.full(20, 0.5, np.float32), np.full(20, 0.5, np.float32), cfg)
+    out = _engine(np.full(20, 0.5, np.float32), np.full(20, 0.5, np.float32), np.full(20, 0.5, np.float32), cfg)
     assert np.all(np.asarray(out.norm) == 0.0) and np.all(np.asarray(out.alpha) == 0.0)
     for f in FIELDS:
         assert np.all(np.isfinite(np.asarray(getattr(out, f)))), f
@@ -247,9 +275,9 @@ def test_concurrent_calls_from_python_threads_are_independent(rng):
     from concurrent.futures import ThreadPoolExecutor
 
     xs = [rng.uniform(size=(3, 30_000 + 7 * i)).astype(np.float32) for i in range(6)]
-    serial = [np.asarray(decide(*x).C_final) for x in xs]
+    serial = [np.asarray(_engine(*x).C_final) for x in xs]
     with ThreadPoolExecutor(3) as pool:
-        parallel = list(pool.map(lambda x: np.asarray(decide(*x).C_final), xs))
+        parallel = list(pool.map(lambda x: np.asarray(_engine(*x).C_final), xs))
     for a, b in zip(serial, parallel):
         assert np.array_equal(a, b)
 
@@ -344,14 +372,14 @@ def test_a_flag_cpuinfo_lists_but_the_process_cannot_run_is_not_built_for(monkey
 
 
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 100, native.SMALL_CALL])
-def test_small_numpy_call_gives_decides_bits_without_dispatch(n, rng):
-    # decide_small (ctypes, NumPy in and out: the memory gate's per-query path) runs the blocks a
-    # decide call of that size runs inline, so every field must be bit-identical, for any config the
-    # kernel takes; over SMALL_CALL records (the kernel's threaded path) it declines.
+def test_small_numpy_call_gives_the_ffi_calls_bits_without_dispatch(n, rng):
+    # decide_small (ctypes, NumPy in and out: the engine's path for a small call, the memory gate's per
+    # query) runs the blocks an FFI call of that size runs inline, so every field must be bit-identical,
+    # for any config the kernel takes; over SMALL_CALL records (the kernel's threaded path) it declines.
     M, R, A = (rng.uniform(0, 1, n).astype(np.float32) for _ in range(3))
     for cfg in (MDLConfig(), MDLConfig(thresholds=(0.7, 0.5, 0.3), sigma=0.2, gate_coeffs=(0.2, 0.8)),
                 MDLConfig(subspaces="identity", risk_inversion=False, alpha_gating=False)):
-        got, want = native.decide_small(M, R, A, cfg), decide(M, R, A, cfg)
+        got, want = native.decide_small(M, R, A, cfg), _native(M, R, A, cfg)
         assert got is not None and set(got) == set(Decision._fields)
         for f in Decision._fields:
             w = np.asarray(getattr(want, f))
@@ -370,7 +398,7 @@ def test_bench_controller_compare_rev_exports_a_commit_and_names_a_bad_one(tmp_p
 
     sha = b._export_rev("HEAD", tmp_path / "head")
     assert len(sha) == 40
-    assert (tmp_path / "head" / "mdl_jax" / "controller" / "_native" / "decide_cpu.cc").is_file()
+    assert (tmp_path / "head" / "mdl_jax" / "engines" / "_native" / "decide_cpu.cc").is_file()
     for rev, says in (("no-such-rev", "not a commit"), ("--all", "expected a commit"), ("", "expected a commit"),
                       ("HEAD^{tree}", "not a commit")):
         with pytest.raises(b.CompareRevError, match=f"--compare-rev {re.escape(repr(rev))}.*{says}"):

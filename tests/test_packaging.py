@@ -25,7 +25,7 @@ from mdl_jax._version import __version__
 ROOT = Path(__file__).resolve().parents[1]
 
 # What the wheel must carry besides the Python modules (pyproject.toml's package-data).
-SHIPPED = ["mdl_jax/py.typed", "mdl_jax/controller/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc",
+SHIPPED = ["mdl_jax/py.typed", "mdl_jax/engines/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc",
            "mdl_jax/pipeline/resources/gold_labels.jsonl",
            "mdl_jax/pipeline/resources/calibrated/smollm2-truthfulqa.json",
            "mdl_jax/pipeline/resources/calibrated/smollm2-halueval.json"]
@@ -57,7 +57,7 @@ import json, sys
 import jax, numpy as np
 import mdl_jax
 from mdl_jax import MDLConfig, decide, decide_one
-from mdl_jax.controller import native
+from mdl_jax.engines import native
 from mdl_jax.signals import conflict_native
 
 ok = native.load()

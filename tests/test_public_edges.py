@@ -95,7 +95,7 @@ def test_decide_and_the_native_sweep_at_extreme_sigma_warn_nothing_and_equal_pur
     cfg = MDLConfig(sigma=sigma)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = decide(M, R, A, cfg)
+        got = decide(M, R, A, cfg, engine="native")
         res = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="native")
     want = api._decide_jit(M, R, A, cfg)
     for f in got._fields:
@@ -168,7 +168,7 @@ def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(
     # A 10^5-config gate grid held (K, 1085) packed params and (K, 3, 16, 16) weight matrices at once
     # (750 MB for 10 records); now packed _PACK_CHUNK configs at a time. Chunks of 3 here, so fusion
     # groups (σ) span chunk ends and recur in later chunks: the sums must not change.
-    from mdl_jax.controller import native
+    from mdl_jax.engines import native
 
     monkeypatch.setattr(native, "_PACK_CHUNK", 3)
     r = np.random.default_rng(4)

@@ -1,5 +1,6 @@
-"""The native sweep engine (decide_cpu.cc: mdl_sweep_f32): equal to engine="jax" on every kind of grid,
-ablation and weight vector, chosen by "auto" on the CPU, and a warned fallback when it cannot be built."""
+"""The native sweep engine (decide_cpu.cc: mdl_sweep_f32), called by name (engine="native"): equal to
+engine="jax" on every kind of grid, ablation and weight vector, chosen by "auto" on the CPU (never by
+the default), a warned fallback under "auto" and a one-line error by name when it cannot be built."""
 
 import warnings
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, sweep
-from mdl_jax.controller import native
 from mdl_jax.controller import sweep as sweep_mod
+from mdl_jax.engines import native
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,22 +182,26 @@ def test_the_native_sweep_is_deterministic_and_ignores_the_thread_count(data):
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
 
-def test_auto_picks_native_on_the_cpu_and_jax_still_runs(data, monkeypatch):
+def test_auto_picks_native_on_the_cpu_and_the_default_is_jax(data, monkeypatch):
     M, R, A, adopt = data
     cfgs = config_grid(MDLConfig(), g_a=[0.2, 0.5])
     calls = []
     real = native.sweep_engine
     monkeypatch.setattr(native, "sweep_engine", lambda *a: calls.append(a) or real(*a))
-    auto = sweep(M, R, A, cfgs, adopt=adopt)
+    auto = sweep(M, R, A, cfgs, adopt=adopt, engine="auto")
     assert len(calls) == 1
-    ref = sweep(M, R, A, cfgs, adopt=adopt, engine="jax")
-    assert len(calls) == 1   # engine="jax" never touches the kernel
+    ref = sweep(M, R, A, cfgs, adopt=adopt)
+    sweep(M, R, A, cfgs, adopt=adopt, engine="jax")
+    assert len(calls) == 1   # the default (engine="jax") never touches the kernel
     np.testing.assert_allclose(auto.counts, ref.counts, atol=2)
     monkeypatch.setenv(native.ENV_SWITCH, "0")
-    sweep(M, R, A, cfgs, adopt=adopt)
+    sweep(M, R, A, cfgs, adopt=adopt, engine="auto")
     assert len(calls) == 1   # switched off: auto takes jax
-    with pytest.raises(RuntimeError, match="engine: the native CPU kernel is unavailable"):
+    with pytest.raises(ValueError, match="^engine='native' cannot run here: MDL_JAX_NATIVE=0"):
         sweep(M, R, A, cfgs, adopt=adopt, engine="native")
+    with pytest.raises(ValueError, match="^engine='native' cannot run here: the kernel takes D = 16"):
+        monkeypatch.delenv(native.ENV_SWITCH)
+        sweep(M, R, A, config_grid(MDLConfig(D=8, dims=(3, 3, 2)), g_a=[0.2, 0.5]), engine="native")
 
 
 def test_auto_falls_back_to_jax_with_one_warning_when_the_kernel_cannot_be_built(data, monkeypatch, tmp_path):
@@ -207,13 +212,13 @@ def test_auto_falls_back_to_jax_with_one_warning_when_the_kernel_cannot_be_built
     monkeypatch.setenv("PATH", str(tmp_path))
     cfgs = config_grid(MDLConfig(), sigma=[0.1, 0.2])
     with pytest.warns(RuntimeWarning, match="native CPU kernel unavailable"):
-        out = sweep(M, R, A, cfgs, adopt=adopt)
+        out = sweep(M, R, A, cfgs, adopt=adopt, engine="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = sweep(M, R, A, cfgs, adopt=adopt)   # warned once, not per call
+        again = sweep(M, R, A, cfgs, adopt=adopt, engine="auto")   # warned once, not per call
     ref = sweep(M, R, A, cfgs, adopt=adopt, engine="jax")
     assert np.array_equal(out.counts, ref.counts) and np.array_equal(again.counts, ref.counts)
-    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+    with pytest.raises(ValueError, match="^engine='native' cannot run here: .*no C\\+\\+ compiler"):
         sweep(M, R, A, cfgs, adopt=adopt, engine="native")
 
 

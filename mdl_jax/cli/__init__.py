@@ -37,6 +37,11 @@ def main(argv=None) -> int:
     """``mdl-jax``: returns the exit status (2 for bad input, with one ``mdl-jax: error:`` line)."""
     import warnings
 
+    from mdl_jax.runtime import synchronous_cpu_dispatch
+
+    # Before any command starts JAX's CPU backend: the commands and the gateway decide per query.
+    # (Called in a process where JAX runs already, e.g. from a test, it changes nothing, silently.)
+    synchronous_cpu_dispatch(warn_if_late=False)
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     parser = Parser(prog="mdl-jax", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="cmd")

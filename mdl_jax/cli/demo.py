@@ -23,7 +23,7 @@ def demo(out=sys.stdout) -> None:
 
     cfg = MDLConfig()
     M, R, A = (np.array([t[i] for t in DEMO_TRIPLES], np.float32) for i in (1, 2, 3))
-    d = decide(M, R, A, cfg)
+    d = decide(M, R, A, cfg, engine="auto")
     head = (f"{'case':36s} {'M':>5s} {'R':>5s} {'A':>5s}  {'action':8s} {'C':>6s} {'alpha':>6s} "
             f"{'C_final':>7s}  {'E_wm':>5s} {'E_r':>5s} {'E_a':>5s}")
     print("MDL controller, paper defaults (Table 2): θ = "

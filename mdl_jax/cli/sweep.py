@@ -94,7 +94,8 @@ def sweep_cmd(args) -> int:
     try:
         grid = config_grid(base, **dict(args.grid))
         res = sweep_parquet(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
-                            seed=args.seed, record_chunk=args.record_chunk, progress=sys.stderr.isatty())
+                            seed=args.seed, record_chunk=args.record_chunk, engine="auto",
+                            progress=sys.stderr.isatty())
     except ValueError as e:
         raise CommandError(f"sweep: {e}") from None
     values = np.stack(np.meshgrid(*[v for _, v in args.grid], indexing="ij"), -1).reshape(-1, len(names))

@@ -3,9 +3,8 @@
   config.py       MDLConfig: Table 2's zero-parameter defaults; numeric fields are pytree leaves
   decision.py     Algorithm 1 for ONE record: encode → fuse → read out → gate → act
   validation.py   eager input checks at the public edge
-  api.py          decide / checked_decide / soft_decide: vmap + jit at the edge
-  native.py       the native CPU kernel (_native/decide_cpu.cc) behind decide
-  fused.py        the fused Pallas (Triton) GPU kernel behind decide and sweep on a GPU
+  api.py          decide / checked_decide / soft_decide: vmap + jit at the edge; engine= (the engines
+                  of mdl_jax/engines/, loaded by name on request)
   calibration.py  Section 3.4: n_min / n_max and θ from a calibration split
   sweep.py        config grids × all records in one compiled program (sweep, config_grid, ...)
   tuning.py       gradient tuning that keeps the paper's invariants (tune, tune_many)
@@ -14,5 +13,21 @@
   distributed.py  sweeps and tuning across processes and machines (jax.distributed)
   config_file.py  versioned JSON config files (save_config, load_config)
 
-Nothing here imports the pipeline or the analyses; they import this.
+Nothing here imports the pipeline, the analyses or the engines; they import this.
 """
+
+# The kernels' modules lived here until they moved to mdl_jax/engines/: ``from mdl_jax.controller import
+# native`` (or ``fused``) still works for one release, with a DeprecationWarning, through importlib by
+# name (the controller holds no import of the engines).
+_MOVED = {"native": "mdl_jax.engines.native", "fused": "mdl_jax.engines.fused"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        warnings.warn(f"mdl_jax.controller.{name} moved to {_MOVED[name]}; import it from there",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module(_MOVED[name])
+    raise AttributeError(f"module 'mdl_jax.controller' has no attribute {name!r}")

@@ -2,31 +2,33 @@
 
 ``decide`` is the one obvious way to call the controller. It accepts scalars or arrays of any matching
 shape, checks concrete input eagerly (ValueError naming the argument and the first bad index), and runs
-the controller once, compiled:
-  - concrete float32 input on the CPU: the native FFI kernel (``mdl_jax.controller.native``), one pass per
-    16-record block on every core; it computes what ``decision.decide_one`` computes (parity-tested);
-  - concrete float32 input on a GPU: the fused Pallas kernel (``mdl_jax.controller.fused``), one
-    kernel per call with each record's controller in registers; tested against ``decide_one`` in
-    Pallas interpret mode;
-  - anything else (a caller's jit/vmap/grad, a traced config, float64, D ≠ 16, a kernel not built or
-    not lowered): the pure-JAX batched path below, which is also the definition both kernels are
-    tested against.
+the controller as one compiled program: the pure-JAX definition (``decision.decide_one``, vmapped and
+jitted here), compiled once per config structure (the static fields and leaf shapes) and signal
+dtype and shape. A config's numbers travel as one packed buffer, cached per config, so a call
+converts nothing it has seen before.
+
+Faster implementations live in ``mdl_jax.engines`` and run only when a caller names one
+(``engine="native"``: the CPU kernel; ``engine="pallas"``: the fused GPU kernel) or asks for
+``engine="auto"`` (the fastest that can run the call here). The controller holds no import of them:
+``engine_module`` loads one by name on the first call that asks for it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import threading
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from mdl_jax.controller import config as _config_mod
 from mdl_jax.controller import decision as _d
-from mdl_jax.controller import fused, native
 from mdl_jax.controller.config import MDLConfig, _is_concrete
 from mdl_jax.controller.validation import (
     ArrayLike,
@@ -40,12 +42,58 @@ from mdl_jax.controller.validation import (
 _NAMES = ("M", "R", "A")
 _DEFAULT = MDLConfig()
 
+# The engines ``decide``, ``sweep`` and ``calibrate`` take: "jax" (the default, the definition, any
+# backend), the named engines of ``mdl_jax.engines`` and "auto" (the fastest that can run the call here).
+ENGINES = ("jax", "native", "pallas", "auto")
+# Engine name → the module that implements it, imported on first use (never at import time).
+_ENGINE_MODULES = {"native": "mdl_jax.engines.native", "pallas": "mdl_jax.engines.fused"}
+
+
+_LOADED: dict = {}  # engine name → its module, once imported
+
+
+def engine_module(name: str):
+    """The module of a named engine ("native" or "pallas"), imported on first use.
+
+    Args:
+      name: an engine name of ``_ENGINE_MODULES``.
+
+    Returns:
+      The engine's module (``mdl_jax.engines.native`` or ``mdl_jax.engines.fused``).
+
+    Raises:
+      ValueError: ``name`` is not a named engine.
+    """
+    mod = _LOADED.get(name)
+    if mod is None:
+        try:
+            mod = _LOADED[name] = importlib.import_module(_ENGINE_MODULES[name])
+        except KeyError:
+            raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}") from None
+    return mod
+
+
+def check_engine(engine, allowed: tuple[str, ...] = ENGINES) -> str:
+    """``engine`` when it is one of ``allowed``, else a ValueError naming the choices."""
+    if not isinstance(engine, str) or engine not in allowed:
+        raise ValueError(f"engine: expected one of {allowed}, got {engine!r}")
+    return engine
+
+
+def cannot_run(engine: str, why: str) -> ValueError:
+    """The one-line error for an engine asked for by name that cannot run the call here."""
+    return ValueError(f"engine={engine!r} cannot run here: {why}")
+
+
+@functools.cache
+def _backend() -> str:
+    # Fixed for the life of a process once JAX's backends exist; asked only by engine="auto".
+    return jax.default_backend()
+
+
 # Records per chunk of the pure-JAX batched path. Over 10^6+ records the vmapped graph streams a dozen
-# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2.
-# On the 2-core dev machine 8192-16384 was fastest (1.2×10^7 decisions/s at N = 10^7, vs 1.1×10^6
-# unchunked, 9.7×10^6 at 2048, 5.5×10^6 at 32768). That is XLA:CPU's ceiling for this graph: a
-# hand-unrolled structure-of-arrays form reached only 5×10^6 (XLA split it into ~70 fusions), which
-# is why the CPU default is the native kernel instead.
+# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2
+# (8192-16384 records per chunk were the fastest sizes measured on the CPU).
 CHUNK = 8192
 _vmapped = jax.vmap(_d.decide_one, in_axes=(0, 0, 0, None))
 
@@ -55,7 +103,7 @@ def _batched(M, R, A, cfg: MDLConfig) -> _d.Decision:
 
     The chunks are written in place into preallocated outputs (dynamic_update_slice on a loop carry),
     and the last chunk starts at N - CHUNK, overlapping its predecessor, so no padding and no final
-    slice copy: both cost ~25% at N = 10^7.
+    slice copy.
     """
     n = M.shape[0]
     if n <= CHUNK:
@@ -87,107 +135,138 @@ def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
     return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
 
 
+# The definition as one jitted function of (signals, config pytree): what the engines' parity tests compare with.
 _decide_jit = jax.jit(_decide_shaped)
 
 
-def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int]) -> _d.Decision:
-    # The same contract as _decide_shaped, computed by the FFI kernel (mdl_jax/controller/native.py).
-    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
-    flat = [jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.float32) for x in (M, R, A)]
-    n = flat[0].shape[0]
-    f32 = jnp.float32
-    types = [jax.ShapeDtypeStruct((n,), jnp.int32)] + [jax.ShapeDtypeStruct((n,), f32)] * 3 + [
-        jax.ShapeDtypeStruct((n, 16), f32), jax.ShapeDtypeStruct((n, 3), f32),
-        jax.ShapeDtypeStruct((n,), f32), jax.ShapeDtypeStruct((n,), f32)]
-    out = jax.ffi.ffi_call(native.TARGET, types)(
-        *flat, params, flags=np.int64(flags), d_wm=np.int64(dims[0]), d_r=np.int64(dims[1]))
-    return _d.Decision(*(o.reshape(shape + o.shape[1:]) for o in out))
+# ------------------------------------------------------------------------------------ the compiled program
+
+class _Structure(NamedTuple):
+    """What a compiled program depends on in a config: its static fields, its numeric leaves' shapes
+    and the dtype its numbers are packed in (hashable: the key of ``_program``)."""
+
+    aux: tuple
+    shapes: tuple
+    packed: str
 
 
-_native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims"))
+class _Plan(NamedTuple):
+    structure: _Structure
+    buf: jax.Array   # the config's numbers, packed (one device buffer)
+    scalar: object   # the program of one record from three Python floats (in the packed dtype)
 
 
-@functools.cache
-def _on_cpu_and_default_supported() -> tuple[bool, bool]:
-    # Neither can change in a process; supports() inspects every config leaf (~10 µs), so the default
-    # config's answer is asked once.
-    return jax.default_backend() == "cpu", native.supports(_DEFAULT)
+def _pack(cfg: MDLConfig, x64: bool) -> tuple[_Structure, np.ndarray]:
+    # The widest float JAX holds here: the program casts each number to the signals' dtype as
+    # decide_one does, so the packed value rounds exactly as the field's own value would.
+    dt = np.dtype(np.float64 if x64 else np.float32)
+    leaves = [np.asarray(getattr(cfg, f), dt) for f in _config_mod.NUMERIC_FIELDS]
+    buf = np.concatenate([leaf.ravel() for leaf in leaves]) if leaves else np.zeros(0, dt)
+    return _Structure(_config_mod._flatten(cfg)[1], tuple(leaf.shape for leaf in leaves), dt.name), buf
 
 
-def _native_ok(cfg: MDLConfig) -> bool:
-    """May this call use the native kernel? CPU backend, kernel built, config within its limits."""
-    if not native.enabled():
-        return False
-    on_cpu, default_ok = _on_cpu_and_default_supported()
-    return on_cpu and (default_ok if cfg is _DEFAULT else native.supports(cfg)) and native.load()
+def _unpack(structure: _Structure, buf) -> MDLConfig:
+    leaves, at = [], 0
+    for shape in structure.shapes:
+        size = int(np.prod(shape, dtype=np.int64))
+        leaves.append(buf[at:at + size].reshape(shape))
+        at += size
+    return _config_mod._unflatten(structure.aux, leaves)
 
 
-@functools.cache
-def _native_default_scalar():
-    # Single-record fast path on the kernel: the packed default config is a compile-time constant, so
-    # a call transfers one (3,) buffer (M, R, A) and nothing else.
-    params = native.pack(_DEFAULT)
-    flags, dims = native.flags(_DEFAULT), _DEFAULT.dims
-    return jax.jit(lambda x: _native_shaped(x[0], x[1], x[2], params, flags, dims))
+@functools.lru_cache(maxsize=64)
+def _plan_cached(cfg: MDLConfig, x64: bool) -> _Plan:
+    if cfg is not _DEFAULT:
+        _check_single(cfg)  # raises: nothing is cached for a bad config
+    structure, buf = _pack(cfg, x64)
+    # Eagerly on the device even when the first call comes from inside a caller's jit: a buffer staged
+    # into that trace would be a tracer, cached past its life.
+    with jax.ensure_compile_time_eval():
+        return _Plan(structure, jax.device_put(buf), _program(structure, structure.packed, True))
 
 
-def _scalar_plan(cfg: MDLConfig):
-    """(the config's params buffer, flags) for a hashable concrete config the kernel may run, else
-    None (the general path then decides, and words any error)."""
+def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
+    """The packed config of a concrete config (cached per hashable one); None for a config with
+    traced leaves, which the program then takes as a pytree."""
     try:
-        _checked_single(cfg)
-    except TypeError:  # unhashable leaves (arrays, tracers): not cached, take the general path
+        return _plan_cached(cfg, x64)
+    except TypeError:  # unhashable leaves (arrays, tracers)
+        pass
+    if not all(_is_concrete(x) for x in jax.tree.leaves(cfg)):
         return None
-    return _native_plan(cfg)
+    structure, buf = _pack(cfg, x64)
+    return _Plan(structure, buf, _program(structure, structure.packed, True))
 
 
-def _native_plan(cfg: MDLConfig):
-    """(params buffer, flags) when the kernel may run ``cfg``, else None. What depends only on the
-    config (the kernel's limits, ~50 µs to check, and the packed buffer) is cached per hashable
-    config; whether the kernel is on and loaded is asked every call (cheap, and it can change)."""
-    if not (native.enabled() and _on_cpu_and_default_supported()[0] and native.load()):
-        return None
-    try:
-        return _supported_plan_cached(cfg)
-    except TypeError:  # unhashable leaves: checked every call
-        return _supported_plan(cfg)
+def _program_body(M, R, A, buf, structure: _Structure, dtype: str):
+    cfg = _unpack(structure, buf)
+    return _decide_shaped(*(jnp.asarray(x).astype(dtype) for x in (M, R, A)), cfg)
 
 
-def _supported_plan(cfg: MDLConfig):
-    if not native.supports(cfg):
-        return None
-    return native.params(cfg), native.flags(cfg)
-
-
-_supported_plan_cached = functools.lru_cache(maxsize=64)(_supported_plan)
+def _scalar_body(x, buf, structure: _Structure, dtype: str):
+    # One record from Python floats: one (3,) buffer in, instead of three scalars.
+    return _d.decide_one(x[0], x[1], x[2], _unpack(structure, buf))
 
 
 @functools.cache
-def _native_scalar(flags: int, dims: tuple[int, int, int]):
-    # One program per static structure; the numbers arrive as the (1085,) params argument.
-    return jax.jit(lambda x, params: _native_shaped(x[0], x[1], x[2], params, flags, dims))
+def _program(structure: _Structure, dtype: str, scalar: bool):
+    """The compiled program of one config structure and signal dtype (jit adds the signals' shapes)."""
+    body = _scalar_body if scalar else _program_body
+    return jax.jit(functools.partial(body, structure=structure, dtype=dtype))
 
 
-@jax.jit
-def _decide_default_scalar(M, R, A):
-    # Single-record fast path: the default config is closed over (baked in as constants), so a call
-    # dispatches three scalars instead of fourteen config leaves.
-    return _d.decide_one(M, R, A, _DEFAULT)
+def _tree_body(M, R, A, cfg: MDLConfig, dtype: str):
+    return _decide_shaped(*(jnp.asarray(x).astype(dtype) for x in (M, R, A)), cfg)
+
+
+# A config with traced leaves (a caller's vmap/grad over the config) is passed as a pytree.
+_tree_jit = jax.jit(_tree_body, static_argnames=("dtype",))
+
+
+# ------------------------------------------------------------------------------------ the signals
+
+@functools.lru_cache(maxsize=256)
+def _result_dtype(kinds: tuple, x64: bool) -> np.dtype:
+    # kinds: a float dtype per signal, or None for a Python float (weakly typed: it takes the others' dtype)
+    args = [0.0 if k is None else jax.dtypes.canonicalize_dtype(k) for k in kinds]
+    dtype = jnp.dtype(jnp.result_type(*args))
+    return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
+
+
+def _signal(x, name: str):
+    """(the signal to hand the program, its float dtype or None for a Python float). NumPy and JAX
+    arrays and Python numbers pass as they are (the program's transfer converts them); everything else
+    (lists, other array types) through ``as_float_array``'s conversion."""
+    t = type(x)
+    if t is float:
+        return x, None
+    if t is int:
+        return np.float32(x), np.dtype(np.float32)
+    if isinstance(x, jax.Array):  # JAX arrays and tracers
+        if not is_real_dtype(x.dtype):
+            raise ValueError(f"{name}: expected real numbers in [0, 1], got dtype {x.dtype}")
+        return x, (x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else np.dtype(np.float32))
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype.isnative and x.dtype.kind in "fiu":
+        if x.dtype.kind in "iu":
+            x = np.asarray(x, np.float32)
+        return x, x.dtype
+    arr = as_float_array(x, name)
+    return arr, arr.dtype
 
 
 def _prepare(M, R, A, validate: bool):
+    """The signals checked (values with ``validate``, dtype and shape always) → (signals, dtype, traced)."""
     traced = False
     for n, x in zip(_NAMES, (M, R, A)):
         if is_traced(x):
             traced = True
         elif validate:
             check_unit_interval(n, x)
-    arrs = [as_float_array(x, n) for n, x in zip(_NAMES, (M, R, A))]
+    sig, kinds = zip(*(_signal(x, n) for n, x in zip(_NAMES, (M, R, A))))
     # The same shape rule for concrete and traced input: shapes are static, so inside a caller's
     # jit this raises at trace time instead of broadcasting (N, 1) with (N,) to (N, N).
-    common_shape(_NAMES, arrs)
-    dtype = compute_dtype(arrs)
-    return [a.astype(dtype) for a in arrs], traced
+    common_shape(_NAMES, sig)
+    return list(sig), _result_dtype(tuple(kinds), bool(jax.config.jax_enable_x64)), traced
 
 
 def compute_dtype(arrs) -> jnp.dtype:
@@ -199,8 +278,19 @@ def compute_dtype(arrs) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
 
 
+def _run_jax(sig, dtype, cfg: MDLConfig) -> _d.Decision:
+    plan = _plan(cfg, bool(jax.config.jax_enable_x64))
+    if plan is None:
+        return _tree_jit(*sig, cfg, dtype=dtype.name)
+    if all(isinstance(x, (float, np.generic)) for x in sig):
+        # one record of host scalars (NumPy's, Python's): one (3,) buffer in the computed dtype
+        return _program(plan.structure, dtype.name, True)(np.array(sig, dtype), plan.buf)
+    return _program(plan.structure, dtype.name, False)(*sig, plan.buf)
+
+
 def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
-           config: MDLConfig | str | os.PathLike | None = None, *, validate: bool = True) -> _d.Decision:
+           config: MDLConfig | str | os.PathLike | None = None, *, validate: bool = True,
+           engine: str = "jax") -> _d.Decision:
     """Run the MDL controller (Algorithm 1) on relevance M, reliability R and risk A.
 
     Examples:
@@ -209,6 +299,7 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
       >>> Action(int(d.action)).label, float(d.C_final)  # doctest: +SKIP
       >>> decide([0.9, 0.1], [0.8, 0.5], 0.3).action.shape   # a batch; 0-d A broadcasts
       (2,)
+      >>> d = decide(M, R, A, engine="auto")            # doctest: +SKIP  (the fastest engine here)
 
     Args:
       M: relevance, a scalar or an array of shape ``S`` of real numbers (ints, float16/bfloat16/32/64)
@@ -224,86 +315,95 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         argument and its first bad index). ``validate=False`` skips only these value checks, for
         callers that checked already: dtype and shape are still checked. For values outside [0, 1]
         the output is then unspecified (any action; fields may be non-finite) but has the shapes
-        and dtypes below, with one exception that every path keeps: a NaN in any signal gives
-        ``Action.OPT_OUT``, the safe action, on the native kernel and on pure JAX alike.
+        and dtypes below, with one exception that every engine keeps: a NaN in any signal gives
+        ``Action.OPT_OUT``, the safe action.
+      engine: "jax" (default): the pure-JAX program, on any backend, for any input (traced, float64).
+        "native": the CPU kernel of ``mdl_jax.engines.native`` (concrete float32 signals, D = 16,
+        JAX's CPU backend; built with the system C++ compiler on first use); it answers with NumPy
+        arrays. "pallas": the fused GPU kernel of ``mdl_jax.engines.fused`` (concrete float32
+        signals on a GPU, D = 16). "auto": the fastest of these that can run the call here, else
+        "jax". Every engine computes what the "jax" engine computes (parity-tested).
 
     Returns:
       A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
         ``action`` holds ``Action`` codes (int32). The float fields are float32, or float64 for float64
         input under x64: float16 / bfloat16 signals are widened to float32 and computed (and returned)
-        in float32, never in their own dtype.
+        in float32, never in their own dtype. JAX arrays, except on the "native" engine (NumPy).
 
     Raises:
       ValueError: a signal outside [0, 1], NaN or ±inf (with ``validate``; the message names the
         argument and its first bad index), of a non-real dtype, or of a shape that does not
         broadcast; a config holding a batch of configs (``sweep`` takes those); a config file that
-        cannot be read as a config (``ConfigFileError``, a ValueError, naming the file and field).
+        cannot be read as a config (``ConfigFileError``, a ValueError, naming the file and field);
+        an unknown ``engine``, or a named engine that cannot run this call here (the message says
+        why).
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
-    if isinstance(config, (str, os.PathLike)):
-        config = _config_file(os.fspath(config))
-    if validate and type(M) is float and type(R) is float and type(A) is float and (
-            config is None or type(config) is MDLConfig):
-        # Hot path for one record from Python: one chained comparison per signal (NaN and ±inf fail
-        # it too), the full check only to word the error.
-        if not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
+    if engine != "jax":
+        return _decide_on_engine(check_engine(engine), M, R, A, config, validate)
+    if type(M) is float and type(R) is float and type(A) is float:
+        # One record from Python: one chained comparison per signal (NaN and ±inf fail it too), the
+        # full check only to word the error; the three floats travel as one buffer.
+        if validate and not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
             for n, x in zip(_NAMES, (M, R, A)):
                 check_unit_interval(n, x)
-        if config is None or config is _DEFAULT:
-            if not jax.config.jax_enable_x64 and _native_ok(_DEFAULT):
-                # (under x64 Python floats mean float64: the pure-JAX path keeps that)
-                # one (3,) input buffer instead of three scalars: ~2 µs less per call
-                return _native_default_scalar()(np.array((M, R, A), np.float32))
-            return _decide_default_scalar(M, R, A)
-        if not jax.config.jax_enable_x64 and native.enabled():
-            # Any other concrete config: its packed numbers are a cached device buffer, passed as an
-            # argument to a program compiled once per static structure (ablation flags, dims), so a
-            # call costs what the default's does (was 256 µs against 27 µs: the eager conversions of
-            # the general path below, and the kernel's limits checked on every call).
-            plan = _scalar_plan(config)
-            if plan is not None:
-                return _native_scalar(plan[1], config.dims)(np.array((M, R, A), np.float32), plan[0])
-    cfg = _config(config)
-    if (type(M) is np.ndarray and type(R) is np.ndarray and type(A) is np.ndarray
-            and M.dtype == R.dtype == A.dtype == np.float32 and M.shape == R.shape == A.shape
-            and not jax.config.jax_enable_x64):
-        # Hot path for the gate and the framework components: float32 NumPy arrays of one shape go to
-        # the native kernel as they are. The general path below turns each into a JAX array first
-        # (three eager dispatches, ~40% of a one-query gate call's controller time), only for the
-        # kernel to read them back.
-        plan = _native_plan(cfg)
-        if plan is not None:
-            if validate:
-                for n, arr in zip(_NAMES, (M, R, A)):
-                    check_unit_interval(n, arr)
-            return _native_jit(M, R, A, plan[0], flags=plan[1], dims=cfg.dims)
-    (M, R, A), traced = _prepare(M, R, A, validate)
-    if not traced and M.dtype == jnp.float32:
-        plan = _native_plan(cfg)
-        if plan is not None:
-            return _native_jit(M, R, A, plan[0], flags=plan[1], dims=cfg.dims)
-        out = _fused_decide(M, R, A, cfg)
-        if out is not None:
-            return out
-    return _decide_jit(M, R, A, cfg)
+        cfg = _DEFAULT if config is None else _config(config)
+        x64 = bool(jax.config.jax_enable_x64)
+        plan = _plan(cfg, x64)
+        if plan is not None:   # (Python floats are float64 under x64, float32 without: the packed dtype)
+            return plan.scalar(np.array((M, R, A), plan.structure.packed), plan.buf)
+    else:
+        cfg = _config(config)
+    sig, dtype, _ = _prepare(M, R, A, validate)
+    return _run_jax(sig, dtype, cfg)
 
 
-def _fused_decide(M, R, A, cfg: MDLConfig):
-    """The fused GPU kernel's Decision when it may take this call (``fused.usable``: GPU backend,
-    input there, config within its limits), else None. A kernel that fails to lower or compile on
-    this GPU is given up for the process with one warning, and the pure-JAX path answers."""
-    if 0 in jnp.broadcast_shapes(M.shape, R.shape, A.shape):
-        return None
-    how = fused.usable(cfg, (M, R, A))
-    if not how:
-        return None
-    try:
-        return fused.decide(M, R, A, cfg, interpret=how == "interpret")
-    except Exception as e:  # noqa: BLE001 - Pallas/Triton/XLA raise their own types
-        if how == "interpret" or "RESOURCE_EXHAUSTED" in str(e):
-            raise  # out of device memory is about the call, not the kernel: the XLA path needs more
-        fused.give_up(e)
-        return None
+def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decision:
+    """``decide`` on a named engine or "auto": the same checks, then the engine, or for "auto" the
+    pure-JAX program where no engine can run the call."""
+    cfg = _DEFAULT if config is None else _config(config)
+    if (type(M) is float and type(R) is float and type(A) is float and engine != "pallas"
+            and not jax.config.jax_enable_x64 and (engine == "native" or _backend() == "cpu")):
+        # One record from Python on the CPU kernel: its inline path, without the array machinery.
+        if validate and not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
+            for n, x in zip(_NAMES, (M, R, A)):
+                check_unit_interval(n, x)
+        mod = engine_module("native")
+        if mod.why_not(cfg) is None:
+            out = mod.decide_record(M, R, A, cfg)
+            if out is not None:
+                return out
+    sig, dtype, traced = _prepare(M, R, A, validate)
+    why = None
+    if traced:
+        why = "traced input (a caller's jit, vmap or grad) runs on the pure-JAX engine only"
+    elif dtype != jnp.float32:
+        why = f"the kernels compute in float32, and these signals are {dtype.name}"
+    elif 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig)):
+        why = "no records"   # nothing for a kernel to do: the program answers with empty fields
+    names = (_auto_engines() if engine == "auto" else (engine,)) if why is None else ()
+    for name in names:
+        mod = engine_module(name)
+        reason = mod.why_not(cfg, sig)
+        if reason is None:
+            out = mod.decide_engine(*sig, cfg, strict=engine != "auto")
+            if out is not None:
+                return out
+            reason = mod.why_not(cfg, sig) or "it failed on this call"
+        why = reason
+    if engine not in ("auto", "jax") and why is not None and why != "no records":
+        raise cannot_run(engine, why)
+    return _run_jax(sig, dtype, cfg)
+
+
+def _auto_engines() -> tuple[str, ...]:
+    # Which engine "auto" tries on this backend: the CPU kernel on the CPU, the fused kernel on a GPU.
+    backend = _backend()
+    if backend == "cpu":
+        return ("native",)
+    if backend in ("gpu", "cuda"):
+        return ("pallas",)
+    return ()
 
 
 def _checked_impl(M, R, A, cfg):

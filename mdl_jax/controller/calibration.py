@@ -122,7 +122,7 @@ def tied_plateau(agreement, tie_break: str = "middle") -> tuple[int, np.ndarray]
 
 def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
               config: MDLConfig | str | os.PathLike | None = None, *, offset: float = 0.2,
-              grid_size: int = 1001, tie_break: str = "middle") -> Calibration:
+              grid_size: int = 1001, tie_break: str = "middle", engine: str = "jax") -> Calibration:
     """Calibrate n_min, n_max and θ on a calibration split (paper Section 3.4).
 
     Examples:
@@ -143,6 +143,8 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
       grid_size: number of evenly spaced θ0 candidates in [0, 1], an int ≥ 2.
       tie_break: "middle" (default: the middle of the widest run of tied θ0) or "lowest" (the smallest
         tied θ0, the rule before 2026-11-30); see the module docstring for why.
+      engine: the engine that decides the split's records (``decide``'s ``engine``): "jax" (default),
+        "native", "pallas" or "auto".
 
     Returns:
       A ``Calibration``: the calibrated config, the grid and its agreement, and how θ0 was chosen.
@@ -150,13 +152,15 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
     Raises:
       ValueError: a signal outside [0, 1] (naming it and the first bad index), not 1-d, fewer than
         2 records or shapes that differ; labels that are not binary; ``offset``, ``grid_size`` or
-        ``tie_break`` outside their domains (each named); a batched or unreadable config.
+        ``tie_break`` outside their domains (each named); a batched or unreadable config; an
+        unknown ``engine``, or a named one that cannot run here.
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
 
     Warns:
       UserWarning: when the best agreement is a constant classifier's (``constant``).
     """
     cfg = api._config(config)
+    api.check_engine(engine)
     for n, x in (("M", M), ("R", R), ("A", A)):
         check_unit_interval(n, x)
     labels = binary_labels(adopt)
@@ -178,14 +182,14 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
                          f"got {tie_break!r}")
 
     # M, R, A were checked above: decide need not check them again
-    raw = api.decide(M, R, A, cfg, validate=False).norm
+    raw = api.decide(M, R, A, cfg, validate=False, engine=engine).norm
     n_min, n_max = float(jnp.min(raw)), float(jnp.max(raw))
     if not n_max > n_min:
         # A degenerate split (all records identical) cannot define a range; widen it symmetrically so
         # C stays finite (it is 0.5 for every calibration record).
         n_min, n_max = n_min - 0.5, n_max + 0.5
     cfg = cfg.replace(n_min=n_min, n_max=n_max)
-    c_final = api.decide(M, R, A, cfg, validate=False).C_final
+    c_final = api.decide(M, R, A, cfg, validate=False, engine=engine).C_final
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
     # scored in at least float32: in bfloat16 neighbouring grid values 0.001 apart would coincide
     c_final = c_final.astype(jnp.promote_types(c_final.dtype, jnp.float32))

@@ -64,7 +64,7 @@ def combine(state: dict) -> dict:
 
 
 def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = RECORD_CHUNK,
-          engine: str = "auto", mesh_shape=None) -> SweepResult:
+          engine: str = "jax", mesh_shape=None) -> SweepResult:
     """``sweep`` of this process's records (M, R, A, adopt, weights: its own rows; weights (W, n) with
     the same W everywhere), combined over every process: the result of one sweep over all the
     processes' rows, on every process. With one process it is ``sweep``."""
@@ -76,7 +76,7 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
 
 
 def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int = 0, seed: int = 0,
-                  record_chunk: int = RECORD_CHUNK, engine: str = "auto", mesh_shape=None,
+                  record_chunk: int = RECORD_CHUNK, engine: str = "jax", mesh_shape=None,
                   progress: bool = False) -> SweepResult:
     """``sweep_parquet`` with the file's row groups split between processes (contiguous, about equal
     rows: ``stream.row_group_share``), every process reading only its own; the same result on every

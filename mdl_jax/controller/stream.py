@@ -245,7 +245,7 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
 
 
 def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict | None = None,
-                  bootstrap: int = 0, seed: int = 0, record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+                  bootstrap: int = 0, seed: int = 0, record_chunk: int = RECORD_CHUNK, engine: str = "jax",
                   mesh_shape: tuple[int, int] | None = None, progress: bool = False) -> SweepResult:
     """``sweep`` over the records of a Parquet file, streamed: memory is one pass, not N.
 

@@ -34,9 +34,10 @@ inside a chunk, the one-record functions of ``decision`` are vmapped over record
 configs, and the per-config reductions are matmuls against the (W, N) weights. The chunk holds a few
 configs × all records, sized so the vmapped intermediates ((chunk, N, 16) floats) stay near the cache
 sizes that made 8192-record chunks fastest for ``decide``'s pure-JAX path. That program is the
-definition ("jax" engine) and runs on any backend; ``engine="auto"`` picks a faster engine that computes
-the same sums where one applies: the native multi-config kernel on the CPU (``native.sweep_engine``)
-and the fused Pallas kernel on a single GPU (``fused.sweep_engine``). With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
+definition ("jax" engine, the default) and runs on any backend; a caller may name a faster engine
+that computes the same sums, loaded from ``mdl_jax.engines`` on first use: "native", the multi-config
+CPU kernel, or "pallas", the fused kernel on a single GPU; ``engine="auto"`` picks the fastest that can
+run the batch here (the command line passes it). With several devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=4
 on the CPU), the jax engine runs on a 2-D ("configs", "records") mesh of them (Mesh + NamedSharding,
 shape from ``mesh.mesh_shape`` or ``mesh_shape=``): the configs of each chunk are split over the first
 axis, each pass's records over the second, and the sums over records become cross-device sums; with
@@ -66,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from mdl_jax.controller import api as _api
 from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
@@ -437,11 +439,12 @@ def _config_chunks(cfg: MDLConfig, K: int, n: int):
 # ------------------------------------------------------------------------------------ engines
 # An engine computes one pass: (M, R, A (n,) float32, adopt (n,) bool, w (W, n) int32 or float32) →
 # raw weighted sums (n_correct (K, W), counts (K, W, 4), C_final (K, W)) as NumPy arrays, integer sums
-# exact. ``sweep`` adds the passes on the host. "jax" is the definition (the program above, on any
-# backend); "fused" the Pallas kernel of ``fused`` (a GPU; Pallas interpret mode elsewhere, for tests);
-# "native" the CPU kernel (``native.sweep_engine``); "auto" picks the fastest engine that supports the
-# batch on the default backend.
-ENGINES = ("auto", "jax", "fused", "native")
+# exact. ``sweep`` adds the passes on the host. "jax" (the default) is the definition (the program
+# above, on any backend); "pallas" the fused kernel of ``mdl_jax.engines.fused`` (one GPU; Pallas
+# interpret mode elsewhere with MDL_JAX_FUSED=interpret, for tests); "native" the CPU kernel
+# (``mdl_jax.engines.native``); "auto" the fastest engine that can run the batch here. "fused" is the
+# earlier name of "pallas", kept as an alias. The engines' modules are imported by name, on first use.
+ENGINES = ("jax", "native", "pallas", "auto", "fused")
 
 
 def _jax_engine(cfg: MDLConfig, K: int, size: int):
@@ -464,14 +467,25 @@ def _jax_engine(cfg: MDLConfig, K: int, size: int):
 
 
 def _engine(name: str, cfg: MDLConfig, K: int, size: int):
-    """The pass function for ``engine=name`` (``ENGINES``)."""
-    from mdl_jax.controller import fused, native
-
-    if name == "fused" or (name == "auto" and fused.sweep_usable(cfg)):   # a GPU (or interpret mode)
+    """The pass function for ``engine=name`` (``ENGINES``); a named engine that cannot run the batch
+    here is a ValueError saying why."""
+    name = "pallas" if name == "fused" else name
+    if name == "jax":
+        return _jax_engine(cfg, K, size)
+    if name == "pallas" or (name == "auto" and _api.engine_module("pallas").sweep_usable(cfg)):
+        fused = _api.engine_module("pallas")
+        why = fused.sweep_why_not(cfg, K)
+        if why is not None:
+            raise _api.cannot_run("pallas", why)
         return fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
-    if name == "native" or (name == "auto" and native.sweep_available(cfg, K)):   # the CPU
-        return native.sweep_engine(cfg, K, size)
-    if name in ("auto", "jax"):
+    if name == "native" or (name == "auto" and _api._backend() == "cpu"):
+        native = _api.engine_module("native")
+        why = native.sweep_why_not(cfg, K)
+        if why is None:
+            return native.sweep_engine(cfg, K, size)
+        if name == "native":
+            raise _api.cannot_run("native", why)
+    if name == "auto":
         return _jax_engine(cfg, K, size)
     raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}")
 
@@ -651,18 +665,18 @@ def _pass_layout(K: int, N: int, record_chunk: int, mesh_shape) -> tuple[int, in
 @overload
 def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig, *,
           adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
-          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          record_chunk: int = RECORD_CHUNK, engine: str = "jax",
           mesh_shape: tuple[int, int] | None = None) -> SweepResult: ...
 @overload
 def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: Sequence[MDLConfig], *,
           adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
-          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          record_chunk: int = RECORD_CHUNK, engine: str = "jax",
           mesh_shape: tuple[int, int] | None = None) -> list[SweepResult]: ...
 
 
 def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig | Sequence[MDLConfig], *,
           adopt: ArrayLike | None = None, weights: ArrayLike | None = None,
-          record_chunk: int = RECORD_CHUNK, engine: str = "auto",
+          record_chunk: int = RECORD_CHUNK, engine: str = "jax",
           mesh_shape: tuple[int, int] | None = None) -> SweepResult | list[SweepResult]:
     """Every config × every record, reduced per config (see the module docstring).
 
@@ -683,8 +697,10 @@ def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig | Sequenc
         ``bootstrap_weights``), each vector with a positive total; default: every record once.
       record_chunk: records per pass of the compiled program (memory is bounded by it, not by N);
         results do not depend on it beyond float32 rounding of ``mean_C_final``'s partial sums.
-      engine: how each pass is computed (``ENGINES``): "jax" is the pure-JAX program on any backend;
-        "auto" (default) the fastest engine that supports the batch here.
+      engine: how each pass is computed (``ENGINES``): "jax" (default) is the pure-JAX program on
+        any backend; "native" the CPU kernel (``mdl_jax.engines.native``); "pallas" the fused GPU
+        kernel (``mdl_jax.engines.fused``; "fused" is its earlier name); "auto" the fastest engine
+        that can run the batch here. A named engine that cannot run here is a ValueError saying why.
       mesh_shape: (config shards, record shards) of the jax engine's 2-D device mesh over the first
         a·r local devices; default: chosen from K, the pass size and the device count
         (``mesh.mesh_shape``: configs first, records where K cannot keep every device busy). Given,
@@ -703,7 +719,7 @@ def sweep(M: ArrayLike, R: ArrayLike, A: ArrayLike, configs: MDLConfig | Sequenc
         not binary or not (N,); weights of the wrong shape, negative, non-finite, with a zero or
         overflowing total; a config of the batch outside its domain (naming the field and index);
         leaves of one batch with different K; an empty list of configs; ``record_chunk`` not a
-        positive int; an unknown ``engine``; a ``mesh_shape`` that does not fit the devices, or
+        positive int; an unknown ``engine``, or a named one that cannot run here; a ``mesh_shape`` that does not fit the devices, or
         with an engine other than "jax" / "auto".
       TypeError: ``configs`` (or an entry) is not an ``MDLConfig``.
     """

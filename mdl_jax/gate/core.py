@@ -31,13 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
-import jax
 import numpy as np
 
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
 from mdl_jax.controller.decision import ACTION_LABELS, Action
-from mdl_jax.controller.validation import ArrayLike, check_unit_interval
+from mdl_jax.controller.validation import ArrayLike
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
@@ -529,28 +528,16 @@ class MemoryGate:
         Raises:
           ValueError: a signal outside [0, 1] (``decide``'s check, naming it and the index).
         """
-        from mdl_jax.controller import api, native
+        from mdl_jax.controller import api
 
         M, R, A = (np.ascontiguousarray(x, np.float32).reshape(-1) for x in (M, R, A))
         n = len(M)
-        x64 = jax.config.jax_enable_x64
-        if (0 < n <= native.SMALL_CALL and len(R) == len(A) == n and not x64
-                and api._native_plan(self.config) is not None):
-            # A small call on the native kernel, NumPy to NumPy through ctypes: the kernel's inline
-            # path without XLA's dispatch (17 µs against decide's 44 µs for one record here; a warm
-            # LangChain call went from 1.25-1.27x EmbeddingsFilter's time to 1.03x, bench_gate_peers).
-            # The same blocks compute each record alone, so the bits are decide's and the padded batch
-            # path's (tests/test_native.py, tests/test_gate.py).
-            for name, x in (("M", M), ("R", R), ("A", A)):  # decide's checks, under its names
-                check_unit_interval(name, x)
-            small = native.decide_small(M, R, A, self.config)
-            if small is not None:  # (None only where the kernel cannot run it: decide below)
-                return _signal_columns(M, R, A, phi, n_relevant, small)
         # Pad to a power-of-two length: a stream of chunks of varying length (skipped rows, the last
-        # chunk) then compiles the controller for a handful of shapes, not one per length.
+        # chunk) then compiles the controller for a handful of shapes, not one per length. The gate is
+        # per-query middleware, so it asks for the fastest engine that can run here.
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
-        d = api.decide(sig[0], sig[1], sig[2], self.config)
+        d = api.decide(sig[0], sig[1], sig[2], self.config, engine="auto")
         return _signal_columns(M, R, A, phi, n_relevant, {
             "action": np.asarray(d.action, np.int32)[:n], "C": np.asarray(d.C, np.float32)[:n],
             "alpha": np.asarray(d.alpha, np.float32)[:n], "C_final": np.asarray(d.C_final, np.float32)[:n],

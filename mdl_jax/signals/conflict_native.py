@@ -10,7 +10,7 @@ included.
 
 It is built with the system C++ compiler on first use (≈1 s, portable flags: no ``-march``), cached under
 ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler and flags, and loaded only when its bytes match
-the record its build wrote (``mdl_jax.controller.native.verified``). No compiler, a failed build or
+the record its build wrote (``mdl_jax.engines.native.verified``). No compiler, a failed build or
 ``MDL_JAX_NATIVE=0`` (the switch of all native code) leave the Python detector in use: the same flags,
 slower. ``available()`` says which one runs.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.controller import native as _native
+from mdl_jax.engines import native as _native
 from mdl_jax.signals import conflict as _py
 
 _SOURCE = Path(__file__).with_name("_native") / "conflict.cc"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.controller import native as _native
+from mdl_jax.engines import native as _native
 
 _SOURCE = Path(__file__).with_name("_native") / "dots.cc"
 # -ffp-contract=off: a multiply and an add, never fused, so every clone rounds alike (see the source)

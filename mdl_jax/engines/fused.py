@@ -19,13 +19,15 @@ power-of-two sizes, no value slicing inside the kernel (columns are taken by mas
 from refs), products as 2-D ``jnp.dot`` with every dimension ≥ 16, and explicit masks for a partial
 last block (Pallas Triton does not mask out-of-bounds blocks itself).
 
-Where it runs: ``decide`` takes it for concrete float32 input when the default backend is a GPU and
-the config is within its limits (``supports``), like the native kernel on the CPU; the pure-JAX path
-stays the definition and the path for traced input (a caller's jit/vmap/grad), so gradients
-(``soft_decide``, ``tune``) never see it. ``sweep(engine="auto")`` takes ``sweep_engine`` on a GPU.
-If the kernel fails to lower or compile, the first call warns once and the process goes on with the
-pure-JAX path. ``MDL_JAX_FUSED=0`` turns it off; ``MDL_JAX_FUSED=interpret`` runs it in Pallas
-interpret mode on any backend (slow: for tests and debugging).
+Where it runs: the "pallas" engine, loaded only when a caller asks for it (``decide(...,
+engine="pallas")``, ``sweep(..., engine="pallas")``, or ``engine="auto"`` on a GPU): concrete float32
+input on a GPU backend, a config within its limits (``supports``). The pure-JAX engine stays the
+definition and the path for traced input (a caller's jit/vmap/grad), so gradients (``soft_decide``,
+``tune``) never see it. If the kernel fails to lower or compile, a named call raises the error; under
+"auto" the first failure warns once and the process goes on with the pure-JAX engine.
+``MDL_JAX_FUSED=0`` (deprecated: name the engine instead) keeps it from running;
+``MDL_JAX_FUSED=interpret`` runs it in Pallas interpret mode on any backend (slow: for tests and
+debugging, as the parity tests on the CPU do).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax.controller import decision as _decision
-from mdl_jax.controller import native
 from mdl_jax.controller.config import MDLConfig
+from mdl_jax.engines import native
 
 ENV_SWITCH = "MDL_JAX_FUSED"
 D = 16
@@ -113,9 +115,8 @@ def give_up(e: BaseException) -> None:
         if "error" in _STATE:
             return
         _STATE["error"] = f"{type(e).__name__}: {e}"
-    warnings.warn(f"mdl_jax: fused GPU kernel unavailable, using the pure-JAX path "
-                  f"({_STATE['error'][:500]}). Set {ENV_SWITCH}=0 to silence this.",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(f"mdl_jax: fused GPU kernel unavailable, using the pure-JAX engine "
+                  f"({_STATE['error'][:500]}).", RuntimeWarning, stacklevel=3)
 
 
 def supports(cfg: MDLConfig) -> bool:
@@ -168,6 +169,55 @@ def sweep_usable(cfg: MDLConfig) -> bool:
     return m == "interpret" or (on_gpu_backend() and len(jax.local_devices()) == 1)
 
 
+def unavailable() -> str | None:
+    """Why the engine cannot run in this process (switched off, given up after a failure, no GPU
+    backend), else None."""
+    m = mode()
+    if m == "off":
+        return f"{ENV_SWITCH}=0 switches it off"
+    if failed() is not None:
+        return f"the kernel failed to lower or compile here ({failed()[:300]})"
+    if m != "interpret" and not on_gpu_backend():
+        return f"it runs on a GPU, and JAX's default backend here is {jax.default_backend()}"
+    return None
+
+
+def why_not(cfg: MDLConfig, signals=()) -> str | None:
+    """Why ``decide`` cannot run this call on the engine (the process, the signals' devices, the
+    config), else None."""
+    why = unavailable()
+    if why is not None:
+        return why
+    if mode() != "interpret" and not _arrays_on_gpu(signals):
+        return "the signals are committed to a device other than one GPU"
+    if not supports(cfg):
+        return f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
+    return None
+
+
+def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True):
+    """``decide`` on the kernel: checked float32 signals of one broadcast shape → a ``Decision`` of JAX
+    arrays; None (after one warning) when the kernel fails to lower or compile and ``strict`` is
+    False, the error itself when it is True. Out of device memory is always raised: it is about the
+    call, not the kernel."""
+    interpret = mode() == "interpret"
+    try:
+        return decide(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), cfg, interpret=interpret)
+    except Exception as e:  # noqa: BLE001 - Pallas/Triton/XLA raise their own types
+        if strict or interpret or "RESOURCE_EXHAUSTED" in str(e):
+            raise
+        give_up(e)
+        return None
+
+
+def sweep_why_not(cfg: MDLConfig, K: int) -> str | None:
+    """Why ``sweep`` cannot run this batch on the engine here, else None."""
+    why = unavailable()
+    if why is None and cfg.D != D:
+        why = f"the kernel takes D = {D} (this batch has D = {cfg.D})"
+    return why
+
+
 # ------------------------------------------------------------------------------------ the config
 
 def _pack_batch(cfg: MDLConfig, K: int | None):
@@ -208,7 +258,8 @@ def pack(cfg: MDLConfig):
 
 @functools.lru_cache(maxsize=64)
 def _params_cached(cfg: MDLConfig):
-    return tuple(jax.device_put(x) for x in pack(cfg))
+    with jax.ensure_compile_time_eval():   # concrete buffers even when first asked inside a caller's jit
+        return tuple(jax.device_put(x) for x in pack(cfg))
 
 
 def params(cfg: MDLConfig):

@@ -1,27 +1,33 @@
-"""The native CPU kernel for ``decide``: build on first use, register with XLA's FFI, pack the config.
+"""The native CPU engine: the C++ kernel for ``decide`` and ``sweep``, built on first use, registered
+with XLA's FFI, and the config packed for it.
 
-``decide`` runs concrete float32 input on the CPU through one XLA FFI kernel
-(``_native/decide_cpu.cc``): a single pass per block of 16 records (8 on AVX2), all outputs written once, on every
-thread of XLA's intra-op pool. It computes what ``decision.decide_one`` computes (tests/test_native.py:
-every float within 2e-6 of the pure-JAX path), 3-4.5× faster in batch than the best pure-JAX form on
-the dev VM, because XLA:CPU splits that graph into ~30 fusions with (chunk, 16) intermediates in memory.
+Loaded only when a caller asks for it (``decide(..., engine="native")``, ``sweep(..., engine="native")``,
+or ``engine="auto"`` on the CPU); the controller never imports this module itself.
 
-The pure-JAX functions stay the definition and the path for everything else: traced input (a caller's
-jit/vmap/grad), float64, GPUs, D ≠ 16. The kernel is compiled with the system C++ compiler on the first
-eligible call (≈2 s), cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler flags,
-jaxlib and CPU, and reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
+The kernel (``_native/decide_cpu.cc``) makes a single pass per block of 16 records (8 on AVX2), all
+outputs written once, on every thread of XLA's intra-op pool; a call of at most ``SMALL_CALL``
+records runs inline on the caller's thread through ctypes, NumPy to NumPy, without XLA's dispatch.
+It computes what ``decision.decide_one`` computes (tests/test_native.py: every float within 2e-6 of
+the pure-JAX engine, NaN → Opt-Out alike); the engine answers with NumPy arrays.
+
+It runs concrete float32 signals with a config of D = 16 on JAX's CPU backend; anything else
+(traced input, float64, D ≠ 16, a GPU backend) is the pure-JAX engine's (``why_not`` says which).
+The kernel is compiled with the system C++ compiler on the first call that asks for it (≈2 s),
+cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler flags, jaxlib and CPU, and
+reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
 build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
-is found or the build fails, ``decide`` warns once and uses the pure-JAX path.
-Set ``MDL_JAX_NATIVE=0`` to turn the kernel off.
+is found or the build fails, the engine cannot run here: named, that is a ValueError; under "auto",
+one warning and the pure-JAX engine. ``MDL_JAX_NATIVE=0`` (deprecated: name the engine instead)
+keeps it from running.
 
 ISA variants: on x86-64 the kernel is built for one of two instruction sets, chosen at load time from
 the CPU's flags (``isa()``): "avx512" (AVX-512 F/BW/DQ/VL: 16 records per zmm register) or "avx2"
 (AVX2 + FMA, no AVX-512: 8 records per ymm register, the Zen 3 / most laptops case); other CPUs get
 "native" (``-march=native`` / ``-mcpu=native``, the source's portable 16-lane form). Set
 ``MDL_JAX_NATIVE_ISA=avx2`` (or avx512, native) to force one, e.g. the AVX2 build on an AVX-512 CPU
-to benchmark or test it; a variant the CPU cannot run is refused (warning, pure-JAX path).
+to benchmark or test it; a variant the CPU cannot run is refused (the engine cannot run).
 ``load_variant(isa)`` loads another variant beside the process's one under its own FFI target
-names (tests and benchmarks: ``decide_variant``, ``sweep_engine(..., isa=...)``).
+names (tests and benchmarks: ``decide_variant``, ``sweep_engine(..., variant=...)``).
 
 Threads: a call splits its records into one contiguous part per thread of XLA's intra-op pool (the
 caller included; idle threads steal from the back of the others' parts), and each thread faults in
@@ -30,11 +36,14 @@ shared counter all threads wrote inside the same 2 MiB huge page at once and rac
 zero) each new one. The pool follows the process's affinity mask; the kernel caps its threads at
 ``usable_cpus()`` (the mask, capped by a cgroup CPU quota).
 
-The same library holds the sweep's engine (``sweep(..., engine="native")``, what "auto" picks on the
-CPU): ``mdl_sweep_f32`` scores a batch of configs × records in one call on every thread and returns
-the per-config weighted sums (``sweep_engine``). Configs that share their fusion numbers (σ, ε_c,
-gains, g_A, bias) share ‖v_meta‖ and α per record, so a grid over gates, thresholds or n_min/n_max
-costs one fusion per record.
+The same library holds the sweep's engine: ``mdl_sweep_f32`` scores a batch of configs × records in
+one call on every thread and returns the per-config weighted sums (``sweep_engine``). Configs that
+share their fusion numbers (σ, ε_c, gains, g_A, bias) share ‖v_meta‖ and α per record, so a grid over
+gates, thresholds or n_min/n_max costs one fusion per record.
+
+The build machinery here (``compile_library``, ``verified``, ``source_library_path``,
+``load_source_library``, ``load_once``) is shared with the signals' C++ helpers
+(``mdl_jax.signals.conflict_native``, ``dots_native``).
 """
 
 from __future__ import annotations
@@ -74,10 +83,12 @@ _NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma
 
 
 class NativeBuildError(RuntimeError):
-    """The native kernel could not be built or loaded (``decide`` falls back to pure JAX)."""
+    """The native kernel could not be built or loaded (the engine cannot run here)."""
 
 
 def enabled() -> bool:
+    """False when ``MDL_JAX_NATIVE`` is 0 / false / no / off (a deprecated switch: name the engine
+    instead); the native libraries are then neither built nor loaded."""
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -345,8 +356,8 @@ def load() -> bool:
             _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
             _STATE.update(ok=False, error=str(e))
-            warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX path ({e}). "
-                          f"Set {ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX engine ({e}).",
+                          RuntimeWarning, stacklevel=3)
         return _STATE["ok"]
 
 
@@ -609,7 +620,8 @@ def pack(cfg: MDLConfig) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _params_cached(cfg: MDLConfig) -> jax.Array:
-    return jax.device_put(_pack_cached(cfg))
+    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
+        return jax.device_put(_pack_cached(cfg))
 
 
 def params(cfg: MDLConfig) -> jax.Array:
@@ -618,6 +630,123 @@ def params(cfg: MDLConfig) -> jax.Array:
         return _params_cached(cfg)
     except TypeError:  # unhashable leaves: pack and transfer every time
         return jax.device_put(_pack_uncached(cfg))
+
+
+# ------------------------------------------------------------------------------------ the decide engine
+
+def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int]) -> _decision.Decision:
+    # The same contract as the pure-JAX program, computed by the FFI kernel.
+    shape = jnp.broadcast_shapes(M.shape, R.shape, A.shape)
+    flat = [jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.float32) for x in (M, R, A)]
+    n = flat[0].shape[0]
+    f32 = jnp.float32
+    types = [jax.ShapeDtypeStruct((n,), jnp.int32)] + [jax.ShapeDtypeStruct((n,), f32)] * 3 + [
+        jax.ShapeDtypeStruct((n, 16), f32), jax.ShapeDtypeStruct((n, 3), f32),
+        jax.ShapeDtypeStruct((n,), f32), jax.ShapeDtypeStruct((n,), f32)]
+    out = jax.ffi.ffi_call(TARGET, types)(
+        *flat, params, flags=np.int64(flags), d_wm=np.int64(dims[0]), d_r=np.int64(dims[1]))
+    return _decision.Decision(*(o.reshape(shape + o.shape[1:]) for o in out))
+
+
+_native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims"))
+
+
+@functools.cache
+def _backend() -> str:
+    return jax.default_backend()
+
+
+def unavailable() -> str | None:
+    """Why the engine cannot run in this process (switched off, not JAX's CPU backend, the kernel
+    not built or loaded), else None. Builds and loads the kernel on first use."""
+    if not enabled():
+        return f"{ENV_SWITCH}=0 switches it off"
+    if _backend() != "cpu":
+        return f"it runs on JAX's CPU backend, and the default backend here is {_backend()}"
+    if not load():
+        return f"the kernel could not be built or loaded ({_STATE.get('error', 'unknown error')})"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _supports_cached(cfg: MDLConfig) -> bool:
+    return supports(cfg)
+
+
+def why_not(cfg: MDLConfig, signals=()) -> str | None:
+    """Why ``decide`` cannot run this call on the engine (the process, then the config), else None.
+
+    Args:
+      cfg: one config.
+      signals: the call's signals (unused here: any concrete float32 array is read on the host).
+
+    Returns:
+      A short reason, or None when the engine can run it.
+    """
+    why = unavailable()
+    if why is not None:
+        return why
+    try:
+        ok = _supports_cached(cfg)
+    except TypeError:  # unhashable leaves (arrays): asked every call
+        ok = supports(cfg)
+    return None if ok else f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
+
+
+def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.Decision:
+    """``decide`` on the kernel: checked float32 signals of one broadcast shape S → a ``Decision`` of
+    NumPy arrays (fields S, v_meta S + (16,), energies S + (3,)).
+
+    Args:
+      M: relevance, concrete float32 values (NumPy or JAX arrays, Python floats), checked already.
+      R: reliability, as ``M``.
+      A: task risk, as ``M``.
+      cfg: a config ``why_not`` accepts.
+      strict: unused (the kernel has no failure to fall back from once loaded).
+
+    Returns:
+      The ``Decision``, as ``decide`` defines it, with NumPy fields.
+    """
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (M, R, A)))
+    flat = [np.ascontiguousarray(np.broadcast_to(np.asarray(x, np.float32), shape)).reshape(-1)
+            for x in (M, R, A)]
+    n = flat[0].shape[0]
+    if n == 0:
+        f = np.zeros((0,), np.float32)
+        return _decision.Decision(np.zeros(shape, np.int32), *(f.reshape(shape),) * 3,
+                                  np.zeros(shape + (16,), np.float32), np.zeros(shape + (3,), np.float32),
+                                  f.reshape(shape), f.reshape(shape))
+    small = decide_small(*flat, cfg) if n <= SMALL_CALL else None
+    if small is not None:
+        out = [small[k] for k in ("action", "C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")]
+    else:
+        with jax.ensure_compile_time_eval():   # run now, also when called inside a caller's jit
+            out = [np.asarray(x) for x in _native_jit(*flat, params(cfg), flags=flags(cfg), dims=cfg.dims)]
+    return _decision.Decision(*(o.reshape(shape + o.shape[1:]) for o in out))
+
+
+def decide_record(M: float, R: float, A: float, cfg: MDLConfig) -> _decision.Decision | None:
+    """One record from Python floats on the kernel's inline path: the ``Decision`` of 0-d NumPy arrays
+    (v_meta (16,), energies (3,)), the same bits as that record in any batch; None where the kernel
+    cannot take the config or the library predates the inline entry point. For ``decide``, after its
+    checks and ``why_not``."""
+    fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)
+    try:
+        plan = _small_plan(cfg)
+    except TypeError:  # unhashable leaves: checked every call
+        plan = _small_plan.__wrapped__(cfg)
+    if fn is None or plan is None:
+        return None
+    x = np.array((M, R, A), np.float32)
+    base = _address(x)
+    buf = np.empty(25, np.float32)
+    out = _address(buf)
+    if fn(base, base + 4, base + 8, plan[2], 1, plan[1], cfg.dims[0], cfg.dims[1],
+          *(out + 4 * k for k in _SMALL_OFFSETS)) != 0:
+        return None
+    return _decision.Decision(buf[0:1].view(np.int32).reshape(()), buf[1:2].reshape(()), buf[2:3].reshape(()),
+                              buf[3:4].reshape(()), buf[4:20], buf[20:23], buf[23:24].reshape(()),
+                              buf[24:25].reshape(()))
 
 
 # ------------------------------------------------------------------------------------ the sweep engine
@@ -664,10 +793,18 @@ def sweep_supports(cfg: MDLConfig, K: int) -> bool:
         return False
 
 
+def sweep_why_not(cfg: MDLConfig, K: int) -> str | None:
+    """Why ``sweep`` cannot run this batch of K configs on the engine here, else None."""
+    why = unavailable()
+    if why is None and not sweep_supports(cfg, K):
+        why = "the kernel takes D = 16 and a concrete batch of configs"
+    return why
+
+
 def sweep_available(cfg: MDLConfig, K: int) -> bool:
     """May ``sweep(engine="auto")`` use the native engine? Switch on, CPU backend, batch supported,
-    library built and loaded (a failed build warns once, as for ``decide``, and answers False)."""
-    return (enabled() and jax.default_backend() == "cpu" and sweep_supports(cfg, K) and load())
+    library built and loaded (a failed build warns once and answers False)."""
+    return sweep_why_not(cfg, K) is None
 
 
 def _sweep_call(M, R, A, w2, groups, readout, start, flags: int, mode: int, target: str = SWEEP_TARGET):
@@ -733,10 +870,9 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, variant: str | None = None):
     Configs whose fusion numbers (σ, ε_c, gains, g_A, bias) are equal form one group, whose ‖v_meta‖
     and α the kernel computes once per record; the rest of each config is its read-out row.
     ``variant``: run that ISA variant's kernel (``load_variant``) instead of the process's own."""
-    if not sweep_supports(cfg, K):
-        raise ValueError("engine: 'native' needs D = 16 and a concrete batch of configs")
-    if not (enabled() and load()):
-        raise RuntimeError(f"engine: the native CPU kernel is unavailable ({_STATE.get('error', f'{ENV_SWITCH}=0')})")
+    why = sweep_why_not(cfg, K)
+    if why is not None:
+        raise ValueError(f"engine='native' cannot run here: {why}")
     target = SWEEP_TARGET if variant is None else load_variant(variant)["sweep"]
     # Packed a chunk of configs at a time: the full (K, 1085) params of a 10^6-config gate grid were
     # 4 GB (and their (K, 3, 16, 16) weight matrices 3 GB more) where the kernel needs one fusion row

@@ -8,7 +8,7 @@
 // each output exactly once, on every thread of XLA's intra-op pool.
 //
 // It computes exactly what mdl_jax/controller/decision.py:decide_one computes, for D = 16 and any numeric config
-// and ablation switches; the Python side (mdl_jax/controller/native.py) packs the config into `params` with the
+// and ablation switches; the Python side (mdl_jax/engines/native.py) packs the config into `params` with the
 // same float32 arithmetic as weight_matrices(), and tests/test_native.py checks parity with the pure-JAX
 // path. 2^x and tanh are polynomials (≈1 ulp; see exp2_v) so the loops vectorise without libmvec or
 // -ffast-math; they differ from XLA's own approximations by a few ulp. With orthogonal subspaces the
@@ -18,7 +18,7 @@
 // The same file holds the sweep's native pass (mdl_sweep_f32, below): configs × records with the per-config
 // weighted reductions sweep() needs, sharing the fusion between configs that differ only in the read-out.
 //
-// Built on first use by mdl_jax/controller/native.py (g++ -O3 -march=native, per ISA variant), never at import.
+// Built on first use by mdl_jax/engines/native.py (g++ -O3 -march=native, per ISA variant), never at import.
 
 #include <algorithm>
 #include <array>
@@ -64,7 +64,7 @@ constexpr int D = 16;  // value-vector dimension (the kernel is only used when c
 constexpr int L = MDL_LANES;
 constexpr int kIB = 4;  // fusion outputs computed together (see fuse)
 
-// Layout of the float32 `params` buffer; mdl_jax/controller/native.py:_pack writes the same order.
+// Layout of the float32 `params` buffer; mdl_jax/engines/native.py:_pack writes the same order.
 struct Params {
   float centres[D];
   float inv_two_sigma2;  // 1 / (2 σ²)
@@ -82,7 +82,7 @@ struct Params {
 constexpr int64_t kParams = sizeof(Params) / sizeof(float);
 static_assert(sizeof(Params) == 1085 * sizeof(float), "Params must be packed floats");
 
-// Ablation switches (bit flags; mdl_jax/controller/native.py:_flags).
+// Ablation switches (bit flags; mdl_jax/engines/native.py:_flags).
 constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, kAlphaGating = 8,
                   kQR = 16;
 
