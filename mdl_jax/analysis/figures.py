@@ -22,6 +22,7 @@ import numpy as np
 import mdl_jax
 from mdl_jax._io import save_figure
 from mdl_jax.controller.decision import Action
+from mdl_jax.pipeline import ENGINE
 from mdl_jax.signals.risk import HIGH_RISK
 
 ACTION_NAMES = [a.name for a in Action]
@@ -68,7 +69,8 @@ def figure4(df, configs, path: Path, n: int = 121, judge: str | None = None) -> 
     for i, ds in enumerate(datasets):
         for j, a in enumerate(levels):
             ax = axes[i, j]
-            d = mdl_jax.decide(Mg.ravel(), Rg.ravel(), np.full(Mg.size, a, np.float32), configs[ds])
+            d = mdl_jax.decide(Mg.ravel(), Rg.ravel(), np.full(Mg.size, a, np.float32), configs[ds],
+                               engine=ENGINE)
             act = np.asarray(d.action).reshape(Mg.shape)
             cf = np.asarray(d.C_final).reshape(Mg.shape)
             ax.imshow(act, origin="lower", extent=(0, 1, 0, 1), cmap=ListedColormap(ACTION_COLOURS),

@@ -37,6 +37,7 @@ from mdl_jax import MDLConfig, calibrate, decide, save_config
 from mdl_jax._io import publish_dir, write_text
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+from mdl_jax.pipeline import ENGINE
 from mdl_jax.signals.risk import HIGH_RISK
 
 N_TRAINED = {"gates": 5, "all": 15}
@@ -147,7 +148,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     # zero-parameter controllers on the same test folds
     from mdl_jax.analysis.oracle import degenerate
 
-    start_act = np.asarray(decide(M, R, A, start).action)
+    start_act = np.asarray(decide(M, R, A, start, engine=ENGINE).action)
     start_pred = (start_act == 0).astype(int)
     run_cfg = {ds: rc.config for ds, rc in run_configs(records, df, cal).items()}
     run_sc = score(df, run_cfg)
@@ -168,7 +169,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
             if rfs != fs or f == "all-records":
                 continue
             te = np.isin(np.arange(N), folds[f][1])
-            act = np.asarray(decide(M, R, A, configs[b]).action)
+            act = np.asarray(decide(M, R, A, configs[b], engine=ENGINE).action)
             n_deg += degenerate(act) is not None
             pred = (act == 0).astype(int)
             accs.append(_acc(pred, y, te))

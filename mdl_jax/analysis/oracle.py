@@ -24,6 +24,7 @@ import numpy as np
 
 import mdl_jax
 from mdl_jax import Action, MDLConfig
+from mdl_jax.pipeline import ENGINE
 
 EVALUATED = ("B1", "B2", "B3")
 INJECTED_ACTIONS = ("ACTIVE", "SUPP")
@@ -215,7 +216,7 @@ def score(df, configs: dict[str, MDLConfig], neutral: dict | None = None) -> Sco
         sig = {k: df[k].to_numpy(np.float32)[idx] for k in ("M", "R", "A")}
         for k, v in (neutral or {}).items():
             sig[k] = np.full(len(idx), v, np.float32)
-        r = mdl_jax.decide(sig["M"], sig["R"], sig["A"], configs[d], validate=False)
+        r = mdl_jax.decide(sig["M"], sig["R"], sig["A"], configs[d], validate=False, engine=ENGINE)
         for o, v in zip(out, (r.action, r.C, r.alpha, r.C_final)):
             o[idx] = np.asarray(v)
     return Scored(*out)

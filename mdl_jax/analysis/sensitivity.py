@@ -27,6 +27,7 @@ import numpy as np
 from mdl_jax.analysis.oracle import ACTION_LABELS
 from mdl_jax.analysis.oracle import degenerate as _strict_degenerate
 from mdl_jax.controller.decision import Action
+from mdl_jax.pipeline import ENGINE
 
 NEAR_DEGENERATE = 0.05  # the rule: an adopt (Active) share ≤ 5% or ≥ 95% is a constant controller in all but name
 
@@ -85,8 +86,8 @@ def _pooled_sweep(df, y, configs, make_batch, n_boot: int = N_BOOT, seed: int = 
         w = Wt[:, idx].copy()
         empty = w.sum(1) <= 0  # a resample that drew no record of this dataset contributes nothing
         w[empty] = 1.0
-        res = sweep(M, R, A, batch, adopt=y[idx], weights=w)
-        one = sweep(M, R, A, batch, adopt=y[idx])
+        res = sweep(M, R, A, batch, adopt=y[idx], weights=w, engine=ENGINE)
+        one = sweep(M, R, A, batch, adopt=y[idx], engine=ENGINE)
         total = np.where(empty, 0.0, np.asarray(res.total, np.float64))
         a = np.asarray(res.accuracy, np.float64) * total[None, :]
         c = np.asarray(res.counts, np.float64) * (~empty)[None, :, None]

@@ -17,3 +17,9 @@
 It imports the controller (``mdl_jax``), the signal wing (``mdl_jax.signals``) and the action prompts
 (``mdl_jax.prompts``), never the other way round.
 """
+
+# The controller engine of the reproduction's batch decisions (B3's actions, the analyses' re-scoring,
+# sweeps and figures): "auto" takes the native kernel where it runs, as every committed run's records and
+# reports were computed, so that they regenerate bit for bit; the pure-JAX default can differ from it
+# in the last float32 bit, which moves an action only where C_final sits on a threshold.
+ENGINE = "auto"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mdl_jax.pipeline import ENGINE
+
 CALIBRATION_QUESTIONS = 80
 SPLIT_SEED = 0
 
@@ -35,7 +37,7 @@ def deployed_norm_range(**kw) -> tuple[float, float]:
     from mdl_jax import MDLConfig, decide
 
     M, R, A = calibration_signals("truthfulqa", **kw)
-    norm = np.asarray(decide(M, R, A, MDLConfig()).norm, np.float64)
+    norm = np.asarray(decide(M, R, A, MDLConfig(), engine=ENGINE).norm, np.float64)
     return float(norm.min()), float(norm.max())
 
 

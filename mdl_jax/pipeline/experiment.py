@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax._io import write_text
+from mdl_jax.pipeline import ENGINE
 from mdl_jax.pipeline import records as rec_io
 from mdl_jax.pipeline import systems as sysm
 from mdl_jax.pipeline.generation import CachedBackend, GenerationCache, record_seed
@@ -244,7 +245,7 @@ class Experiment:
                 mcfg, source = config_for(cfg.calibration, ds)
             # 2. decisions for the evaluated questions (one batched call)
             Me, Re, Ae = (np.array([s[c] for s in sig_ev], np.float32) for c in ("M", "R", "A"))
-            d = mdl_jax.decide(Me, Re, Ae, mcfg)
+            d = mdl_jax.decide(Me, Re, Ae, mcfg, engine=ENGINE)
             dec = [dict(action=mdl_jax.Action(int(a)).name, action_code=int(a), C=round(float(c), 6),
                         alpha=round(float(al), 6), C_final=round(float(cf), 6))
                    for a, c, al, cf in zip(d.action, d.C, d.alpha, d.C_final)]
