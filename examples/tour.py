@@ -32,7 +32,8 @@ print(f"{N} records, {adopt.mean():.0%} labelled adopt")
 
 d = decide(0.85, 0.80, 0.20)
 print(Action(int(d.action)).label, f"C={float(d.C):.3f} alpha={float(d.alpha):.3f} C_final={float(d.C_final):.3f}")
-print("energies (wm, r, a):", np.round(np.asarray(d.energies), 3))
+e = np.asarray(d.energies)                            # ‖Π_k v_meta‖², summing to ‖v_meta‖²
+print("energies (wm, r, a):", np.round(e, 3), "shares:", np.round(e / e.sum(), 3))
 
 batch = decide(M, R, A)                               # (N,) in, every field (N,) out
 labels = [a.label for a in Action]
@@ -43,7 +44,8 @@ cfg = MDLConfig()
 one = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))(jnp.asarray(M), jnp.asarray(R), jnp.asarray(A), cfg)
 assert (np.asarray(one.action) == np.asarray(batch.action)).mean() > 0.99  # the same controller
 
-p = soft_decide(M, R, A)                              # (N, 4): P(Active), P(Supp), P(Silent), P(Opt-Out)
+# (N, 4): P(Active), P(Supp), P(Silent), P(Opt-Out)
+p = soft_decide(M, R, A)
 print("mean P(Active):", float(p[..., 0].mean()), "share Active:", float((np.asarray(batch.action) == 0).mean()))
 
 
@@ -61,8 +63,10 @@ print("θ:", np.round(cal.config.thresholds, 3), "agreement:", round(float(cal.b
 held_out = decide(M[test_idx], R[test_idx], A[test_idx], cal.config)
 print("held-out accuracy:", float(((np.asarray(held_out.action) == 0) == adopt[test_idx]).mean()))
 
-grid = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 6), g_b=np.linspace(0, 1, 6))    # K = 36, C order
-res = sweep(M, R, A, grid, adopt=adopt, weights=bootstrap_weights(N, 20, seed=0))       # W = 20 resamples
+# K = 36, C order
+grid = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 6), g_b=np.linspace(0, 1, 6))
+# W = 20 resamples
+res = sweep(M, R, A, grid, adopt=adopt, weights=bootstrap_weights(N, 20, seed=0))
 acc = res.accuracy.reshape(6, 6, 20)                  # (g_a, g_b, resample)
 lo, hi = np.percentile(acc, [2.5, 97.5], axis=-1)
 i, j = np.unravel_index(acc.mean(-1).argmax(), (6, 6))
@@ -78,11 +82,13 @@ scalars = {k: int(v) if k.endswith("_step") else round(float(v), 3) for k, v in 
 print("per-step series:", sorted(series))
 print("scalars:", scalars)
 stop = int(h["stopped_step"])
-if stop < len(h["loss"]) - 1:                         # stopped early: the rest repeats the frozen parameters
+# stopped early: the rest repeats the frozen parameters
+if stop < len(h["loss"]) - 1:
     assert np.all(h["val_accuracy"][stop + 1:] == h["val_accuracy"][stop + 1])
 print("tuned gate:", np.round(tuned.config.gate_coeffs, 3), "θ:", np.round(tuned.config.thresholds, 3))
 
-folder = Path(tempfile.mkdtemp())                     # not the current folder: the tour leaves no files behind
+# not the current folder: the tour leaves no files behind
+folder = Path(tempfile.mkdtemp())
 path = save_config(tuned.config, folder / "tuned.json", note="tuned on the tour's synthetic records")
 again = load_config(path)
 assert again == tuned.config

@@ -37,6 +37,21 @@ if settings is not None:
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_sessionfinish(session):
+    """Drop hypothesis' garbage-collector callback once the tests are done.
+
+    Hypothesis times garbage collection through a callback in ``gc.callbacks`` for the rest of the
+    process. A pytest-xdist worker that is still shutting down 5 s after the controller told it to
+    exit (a loaded machine, a large heap to free) is sent a SIGINT by execnet; when that lands while
+    the callback runs, Python cannot raise it there and prints "Exception ignored in: gc_callback"
+    with a KeyboardInterrupt traceback into the test output. No test runs after this hook, so the
+    callback has nothing left to time."""
+    import gc
+
+    gc.callbacks[:] = [cb for cb in gc.callbacks
+                       if not getattr(cb, "__module__", "").startswith("hypothesis.")]
+
+
 @pytest.fixture(params=["eager", "jit"])
 def maybe_jit(request):
     """Every controller property is checked with the function run eagerly and jitted."""
