@@ -1,0 +1,62 @@
+"""The docs page "MDL on the field's benchmarks" says only what the committed run's files show: its summary
+is the run's own (rebuilt from metrics.csv), and every number in its verdict is one of the run's numbers."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from mdl_jax.evaluation.run import summary_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "experiments" / "results" / "field-benchmarks"
+PAGE = ROOT / "docs" / "benchmarks-field.md"
+
+
+def _rows(name: str) -> list[dict]:
+    with open(RUN / name, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_pages_summary_is_the_committed_runs():
+    text = PAGE.read_text(encoding="utf-8")
+    block = text.split("<!-- summary:start -->\n", 1)[1].split("<!-- summary:end -->", 1)[0]
+    assert block.strip() == summary_markdown(_rows("metrics.csv")).strip()
+    report = (RUN / "REPORT.md").read_text(encoding="utf-8")
+    assert summary_markdown(_rows("metrics.csv")).strip() in report
+
+
+def test_every_number_in_the_verdict_is_one_of_the_runs():
+    verdict = PAGE.read_text(encoding="utf-8").split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    verdict = verdict.replace("−", "-")
+    values: set[str] = set()
+    for row in _rows("metrics.csv"):
+        for k in ("value", "lo", "hi"):
+            if row.get(k) not in (None, "", "nan"):
+                x = float(row[k])
+                values |= {f"{x:.3f}", f"{-x:.3f}", f"{100 * x:.1f}%"}
+    for row in _rows("conditions.csv"):
+        for k, v in row.items():
+            if k not in ("dataset", "condition", "n") and v not in ("", "None"):
+                values |= {f"{float(v):.3f}", f"{100 * float(v):.1f}%"}
+        values.add(row["n"])
+    found = re.findall(r"-?\d+\.\d+%?|\b\d+\b(?= evaluated)", verdict)
+    assert len(found) > 20
+    missing = [x for x in found if x not in values and x.lstrip("-") not in values]
+    assert not missing, f"numbers in the verdict that the committed run does not hold: {missing}"
+
+
+def test_the_verdict_states_no_direction_between_unpaired_overlapping_intervals():
+    verdict = PAGE.read_text(encoding="utf-8").split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    assert " below the " not in verdict and " beats " not in verdict
+
+
+def test_every_interval_in_the_verdict_is_one_row_of_the_run():
+    verdict = PAGE.read_text(encoding="utf-8").split("## Verdict", 1)[1].split("\n## ", 1)[0].replace("−", "-")
+    rows = [r for r in _rows("metrics.csv") if r["lo"] not in ("", "nan")]
+    triples = {tuple(f"{float(r[k]):.3f}" for k in ("value", "lo", "hi")) for r in rows}
+    triples |= {tuple(f"{-float(r[k]):.3f}" for k in ("value", "hi", "lo")) for r in rows}
+    found = re.findall(r"(-?\d\.\d{3})\s+\[(-?\d\.\d{3}),\s+(-?\d\.\d{3})\]", verdict)
+    assert len(found) >= 10
+    assert not [t for t in found if t not in triples], [t for t in found if t not in triples]
