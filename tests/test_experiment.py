@@ -219,6 +219,11 @@ def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, ca
     # the report states the gold set it compared the judges with, as shipped now
     stated = f"shipped gold set ({len(load_gold())} answers of committed runs"
     assert stated in report
+    # it opens with five plain sentences: what ran, what it shows, a smoke test, where the real results
+    # are, what RQ1-RQ4 ask
+    short = report.split("## In short\n\n", 1)[1].split("\n", 1)[0]
+    assert short.count(". ") >= 4 and "smoke test" in short and "experiments/results/" in short
+    assert all(f"RQ{i}" in short for i in range(1, 5))
 
 
 def test_torn_last_line_is_ignored_and_fixed(tmp_path):
