@@ -793,14 +793,23 @@ def _as_json(values) -> list:
     return [None if v is None else _json_text(v) for v in values]
 
 
-def _writable(t) -> bool:
-    """Can Parquet hold this Arrow type? (Not a struct without fields, from an empty dict.)"""
+# Nested types past this many levels go to Parquet as JSON text: Arrow's IPC writer (the parts) stops
+# at 64 levels, and Parquet readers refuse a schema past 100 (a list takes 2), so a deeper column would
+# be written, or read back, by none of them.
+MAX_PARQUET_NESTING = 32
+
+
+def _writable(t, depth: int = 0) -> bool:
+    """Can Parquet hold this Arrow type? (Not a struct without fields, from an empty dict, nor one nested
+    past MAX_PARQUET_NESTING.)"""
     import pyarrow as pa
 
+    if depth > MAX_PARQUET_NESTING:
+        return False
     if pa.types.is_struct(t):
-        return t.num_fields > 0 and all(_writable(f.type) for f in t)
+        return t.num_fields > 0 and all(_writable(f.type, depth + 1) for f in t)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _writable(t.value_type)
+        return _writable(t.value_type, depth + 1)
     return True
 
 
@@ -978,17 +987,18 @@ def _read_manifest(work: Path, fp: dict) -> dict:
         raw = f.read()
     try:
         man = json.loads(raw)
-        if isinstance(man, dict) and man.get("version") in OLD_MANIFEST_VERSIONS:
-            raise GateInputError(f"--out: {work} holds an unfinished run of an older mdl-jax gate, which "
-                                 "recorded no digest of its input, config or embedder, so this one cannot verify "
-                                 f"that they are unchanged; {_START_OVER.format(work=work)}")
+        old_version = isinstance(man, dict) and man.get("version") in OLD_MANIFEST_VERSIONS
         ok = (man.get("version") == MANIFEST_VERSION and isinstance(man.get("parts"), list)
               and all(p["file"] == f"part-{k:06d}{Path(p['file']).suffix}" and _PART.fullmatch(p["file"])
                       and isinstance(p["bad"], list) and isinstance(p["n_bad"], int)
                       and type(p["n_rows"]) is int and type(p["bytes"]) is int
                       for k, p in enumerate(man["parts"])))
     except (ValueError, TypeError, KeyError, AttributeError):
-        ok = False
+        ok = old_version = False
+    if old_version:
+        raise GateInputError(f"--out: {work} holds an unfinished run of an older mdl-jax gate, which "
+                             "recorded no digest of its input, config or embedder, so this one cannot verify "
+                             f"that they are unchanged; {_START_OVER.format(work=work)}")
     if not ok:
         raise GateInputError(f"--out: {path} is not a manifest of this version of mdl-jax gate; "
                              f"{_START_OVER.format(work=work)}")
