@@ -637,7 +637,7 @@ def test_nan_from_a_parquet_float_is_written_to_jsonl_as_null_and_said(tmp_path,
     (b'{"x": NaN}', r"is not a JSON object \(NaN is not JSON"),
     (b'{"x": [0.5]}', r"'x' maps to a JSON list; expected a number in \[0, 1\]"),
     (b'[0.5]', r"is a JSON list; expected an object"),
-])
+], ids=["nested-100000-deep", "not-utf8", "5000-digits", "nan", "a-list-value", "not-an-object"])
 def test_a_bad_risk_table_is_one_line_and_exit_2(content, match, tmp_path, capsys):
     import re
 
@@ -675,3 +675,37 @@ def test_a_missing_query_field_names_the_flag_that_picks_it(tmp_path, capsys):
     line = _one_error_line(capsys)
     assert "field 'query': missing (fields: ['cat', 'mems', 'question']); name the row's field with " \
            "--query-field" in line, line
+
+
+def test_a_hub_dataset_resumes_only_onto_the_rows_its_parts_came_from(tmp_path, monkeypatch, capsys):
+    """A Hub dataset's rows are digested as they stream; a resume streams its first rows again and checks
+    them. The Hub cannot be reached here: ``load_dataset`` hands out a local streaming dataset instead."""
+    datasets = pytest.importorskip("datasets")
+    served = {"rows": _my_rows(12, "a")}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split, streaming: datasets.IterableDataset.from_generator(
+        lambda: iter(list(served["rows"]))))
+    out, ref = tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
+    argv = ["gate", "owner/name", "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    assert main(argv) == 0  # unchanged: resumed
+    assert main(["gate", "owner/name", "--out", str(ref), *FIELDS, "--chunk-size", "3", *HASHED]) == 0
+    assert out.read_text() == ref.read_text() and len(ref.read_text().splitlines()) == 12
+    out.unlink()
+    _interrupted(monkeypatch, argv)
+    served["rows"] = _my_rows(5, "a") + _my_rows(12, "b")[5:]  # a row of the parts' changed
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "IN: owner/name's rows changed since it began (its first 7 rows" in line and "--restart" in line, line
+    assert main(argv + ["--restart"]) == 0
+
+
+def test_a_csv_memories_cell_nested_100000_deep_is_a_bad_row(tmp_path, capsys):
+    rows = _my_rows(3)
+    df = pd.DataFrame(rows).assign(mems=lambda d: d.mems.map(json.dumps))
+    df.loc[1, "mems"] = "[" * 100_000 + "]" * 100_000
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    df.to_csv(src, index=False)
+    assert main(["gate", str(src), "--out", str(out), *FIELDS, "--on-bad-row", "skip", *HASHED]) == 0
+    assert "row 2: field 'mems': expected a JSON list of memories in the CSV cell" in capsys.readouterr().err
+    assert [r["mdl_row"] for r in _strict(out.read_text())] == [0, 2]
