@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import errno
+import functools
 import hashlib
 import importlib
 import io
@@ -126,19 +127,23 @@ try:
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     _orjson = None
 # every digit made "0", so one substring search finds a run of 19 (a regex scan was 4.7 µs a row)
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# (and every "{" made "[", so one count bounds the nesting: see _too_deep)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789{", b"000000000[")
 _LONG_RUN = b"0" * 19
 
 
 def _decode_line(raw: bytes) -> object:
     """One JSONL line → its value, or ``_Bad`` saying why it is not one (the same with or without orjson)."""
-    if _orjson is not None and _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO):
+    folded = raw.translate(_DIGITS_AS_ZERO) if _orjson is not None else b""
+    if _orjson is not None and _LONG_RUN not in folded:
         try:
             value = _orjson.loads(raw)  # it refuses lone surrogates: none can be in what it returns
         except _orjson.JSONDecodeError:
             pass  # json says what is wrong (NaN, Infinity, nesting past orjson's bound, ...)
         else:
-            return _Bad(f"not a JSON object ({_TOO_DEEP})") if _too_deep(value, raw) else value
+            if folded.count(b"[") > MAX_JSON_DEPTH and _too_deep(value, raw):
+                return _Bad(f"not a JSON object ({_TOO_DEEP})")
+            return value
     try:
         value = strict_json(raw.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError among them
@@ -255,12 +260,12 @@ def _next_lines(f, n: int) -> list:
     """The next ``n`` lines of ``f`` (fewer at its end), each at most MAX_LINE_BYTES (+ its newline): a
     longer line is read past in pieces, never held whole, and stands as ``_TOO_LONG``."""
     cap = MAX_LINE_BYTES + 1
-    lines = list(itertools.islice(iter(lambda: f.readline(cap), b""), n))
+    lines = list(itertools.islice(iter(functools.partial(f.readline, cap), b""), n))
     if not lines or max(map(len, lines)) < cap:
         return lines
     # the rare part with a line past the bound: its pieces join into one _TOO_LONG, and the lines they
     # took from this part's count are read on (each piece stood for one of the n, so none is left over)
-    pieces = itertools.chain(lines, iter(lambda: f.readline(cap), b""))
+    pieces = itertools.chain(lines, iter(functools.partial(f.readline, cap), b""))
     out: list = []
     for line in pieces:
         if len(line) == cap and not line.endswith(b"\n"):
