@@ -169,8 +169,8 @@ def _finite_float(text: str) -> float:
 
 def _too_deep(value: Any, text: bytes | str) -> bool:
     """Whether ``value`` (parsed from ``text``) nests more than MAX_JSON_DEPTH objects and lists. The
-    walk, without recursion, runs only where ``text`` has that many brackets: a row's usual two or three
-    cost two substring counts."""
+    walk, without recursion, runs only where ``text`` has that many opening brackets (strings' own
+    included), which rows seldom have."""
     opens = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
     if text.count(opens[0]) + text.count(opens[1]) <= MAX_JSON_DEPTH:
         return False
