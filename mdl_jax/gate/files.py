@@ -7,7 +7,10 @@ decided in one batch and written as numbered part files beside OUT (``OUT.parts/
 Arrow IPC, for a Parquet OUT; ``.jsonl`` for JSONL; each written to a temp file and renamed) with a
 manifest that is replaced atomically after each part.
 A killed run resumes from the manifest: part k always holds input rows [k·C, (k+1)·C), so a part
-rewritten after a kill is the same part, and nothing is written twice. At the end the parts are joined
+rewritten after a kill is the same part, and nothing is written twice. It resumes only onto what its
+parts were decided from: the manifest records the input's content digest, the config's, the risk
+table's and the embedder's identity and version, and a rerun onto any other stops (exit 2, saying
+which changed; ``--restart`` starts over). At the end the parts are joined
 into OUT (Parquet or JSONL by its suffix) and the folder is removed. Memory stays that of one chunk.
 
 Output: the input's columns, then ``mdl_row`` (the 0-based input row), ``mdl_action`` (Active / Supp
@@ -1064,8 +1067,8 @@ def _check_resume(args, man: dict) -> None:
     part's digest) must be as they were; GateInputError saying so otherwise. One pass over those bytes,
     which the reader reads again anyway to find its place (a Hub dataset's rows are checked as they
     stream, a Parquet file or a dataset folder whole: ``args.depends``)."""
-    if args.kind not in ("jsonl", "csv") or not man["parts"]:
-        return
+    if args.kind not in ("jsonl", "csv") or not man["parts"] or man["done"]:
+        return  # a finished run (its output written) reads no input again
     want = man["parts"][-1].get("input")
     if not isinstance(want, dict) or type(want.get("bytes")) is not int:
         raise GateInputError(f"--out: the unfinished run's manifest records no digest of IN; "
