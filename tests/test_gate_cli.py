@@ -414,3 +414,316 @@ def test_a_damaged_embedding_cache_is_set_aside_and_the_run_goes_on(rows, tmp_pa
     want = MemoryGate(embedder=embedder).decide_batch([r["question"] for r in rows], [r["mems"] for r in rows])
     assert pd.read_parquet(out)["mdl_action"].tolist() == [d.action_name for d in want]
     assert any(p.name.startswith("embeddings.sqlite.corrupt-") for p in damaged.parent.iterdir())
+
+
+# --- a resume onto changed inputs; strict JSON in and out; the error on a line of its own -------------
+
+HASHED = ["--embedder", "tests.gate_embedders:hashed", "--no-progress"]
+
+
+def _my_rows(n, tag="a"):
+    return [{"question": f"is thing {i} {tag} safe?", "cat": "x",
+             "mems": [f"thing {i} is safe", f"thing {i} is not safe", f"thing {i} is {tag}"]} for i in range(n)]
+
+
+def _interrupted(monkeypatch, argv, after_parts=2):
+    """Run ``argv`` and stop it (a Ctrl-C) as part ``after_parts`` + 1 is decided: the parts before stay."""
+    from mdl_jax.gate import files
+
+    decide, calls = files._decide_chunk, []
+
+    def stops(*a):
+        calls.append(1)
+        if len(calls) > after_parts:
+            raise KeyboardInterrupt
+        return decide(*a)
+
+    with monkeypatch.context() as m:
+        m.setattr(files, "_decide_chunk", stops)
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+
+
+def _rewrite_keeping_size_and_mtime(path, write):
+    st = path.stat()
+    write(path)
+    assert path.stat().st_size == st.st_size  # what the earlier fingerprint compared
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _write_input(kind, path, rows):
+    if kind == "jsonl":
+        _jsonl(path, rows)
+    elif kind == "csv":
+        pd.DataFrame(rows).assign(mems=lambda d: d.mems.map(json.dumps)).to_csv(path, index=False)
+    else:
+        pd.DataFrame(rows).to_parquet(path, compression=None)
+
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mdl-jax: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_a_resume_onto_an_input_rewritten_with_the_same_size_and_mtime_is_refused(kind, tmp_path, monkeypatch,
+                                                                                capsys):
+    """The parts on disk came from the old rows: resuming onto the new ones would join both in one output.
+    Refused with one line saying IN changed; --restart starts over and gives a fresh run's output."""
+    src, out, ref = tmp_path / f"in.{kind}", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
+    _write_input(kind, src, _my_rows(12, "a"))
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    _rewrite_keeping_size_and_mtime(src, lambda p: _write_input(kind, p, _my_rows(12, "b")))
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "holds an unfinished run, and IN (" in line and "changed since it began" in line and "--restart" in line
+    assert not out.exists() and (tmp_path / "out.jsonl.parts" / "manifest.json").exists()  # left as it was
+    assert main(argv + ["--restart"]) == 0
+    assert main(["gate", str(src), "--out", str(ref), *FIELDS, "--chunk-size", "3", *HASHED]) == 0
+    assert out.read_text() == ref.read_text() and " b safe" in out.read_text() and " a safe" not in out.read_text()
+
+
+def test_a_resume_onto_an_input_that_only_grew_continues_and_one_touched_resumes(tmp_path, monkeypatch):
+    """What the parts came from is unchanged: an appended file resumes into its new rows, a touched one
+    resumes too; the output is a fresh run's over the file as it is."""
+    src, out, ref = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
+    _jsonl(src, _my_rows(9))
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    _jsonl(src, _my_rows(14))
+    os.utime(src, ns=(1, 1))
+    assert main(argv) == 0
+    assert main(["gate", str(src), "--out", str(ref), *FIELDS, "--chunk-size", "3", *HASHED]) == 0
+    assert out.read_text() == ref.read_text() and len(out.read_text().splitlines()) == 14
+
+
+def test_a_resume_onto_a_dataset_folder_saved_again_is_refused(tmp_path, monkeypatch, capsys):
+    datasets = pytest.importorskip("datasets")
+    src, out = tmp_path / "hf", tmp_path / "out.parquet"
+    datasets.Dataset.from_list(_my_rows(12, "a")).save_to_disk(str(src))
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    datasets.Dataset.from_list(_my_rows(12, "b")).save_to_disk(str(src))
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "IN (" in _one_error_line(capsys)
+    assert main(argv + ["--restart"]) == 0
+    assert all(" b safe" in q for q in pd.read_parquet(out)["question"])
+
+
+@pytest.mark.parametrize("what", ["config", "risk table", "embedder"])
+def test_a_resume_after_the_config_risk_table_or_embedder_changed_is_refused(what, tmp_path, monkeypatch, capsys):
+    """Each is named by the same argument as before, its content edited: the parts on disk were decided
+    under the old one. The refusal names what changed."""
+    import dataclasses
+
+    from mdl_jax.controller.config import MDLConfig
+    from mdl_jax.controller.config_file import save_config
+
+    src, out = _jsonl(tmp_path / "in.jsonl", _my_rows(12)), tmp_path / "out.jsonl"
+    config, table = tmp_path / "cfg.json", tmp_path / "table.json"
+    save_config(MDLConfig(), config)
+    table.write_text(json.dumps({"x": 0.2}))
+    module = tmp_path / f"emb_{abs(hash(str(tmp_path)))}.py"
+    module.write_text("from tests.gate_embedders import hashed as embed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", "--no-progress",
+            "--config", str(config), "--risk", str(table), "--category-field", "cat",
+            "--embedder", f"{module.stem}:embed"]
+    _interrupted(monkeypatch, argv)
+    if what == "config":
+        save_config(dataclasses.replace(MDLConfig(), sigma=0.3), config)
+    elif what == "risk table":
+        table.write_text(json.dumps({"x": 0.9}))
+    else:  # the module's file edited (this process keeps the module it imported; a new one would not)
+        module.write_text("from tests.gate_embedders import slow as embed\n")
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert f"and the {what} (" in line and "changed since it began" in line and "--restart" in line, line
+    assert main(argv + ["--restart"]) == 0
+
+
+def test_an_unfinished_run_of_an_older_manifest_is_refused_as_unverifiable(tmp_path, capsys):
+    """A version-3 manifest recorded the input's size and mtime only: nothing proves the input unchanged."""
+    src, out = _jsonl(tmp_path / "in.jsonl", _my_rows(6)), tmp_path / "out.jsonl"
+    work = tmp_path / "out.jsonl.parts"
+    work.mkdir(mode=0o700)
+    old_args = {"input": str(src.resolve()), "size": src.stat().st_size, "mtime_ns": src.stat().st_mtime_ns,
+                "query_field": "question", "memories_field": "mems", "risk_field": None, "category_field": None,
+                "risk": "0.5", "config": None, "embedder": "tests.gate_embedders:hashed", "split": "train",
+                "chunk_size": 3, "on_bad_row": "error", "embed_backend": None}
+    (work / "manifest.json").write_text(json.dumps({"version": 3, "args": old_args, "parts": [], "done": False}))
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "an older mdl-jax gate" in line and "cannot verify" in line and "--restart" in line
+    assert main(argv + ["--restart"]) == 0 and len(out.read_text().splitlines()) == 6
+
+
+def test_a_part_missing_or_changed_on_disk_is_refused_not_joined(tmp_path, monkeypatch, capsys):
+    src, out = _jsonl(tmp_path / "in.jsonl", _my_rows(12)), tmp_path / "out.jsonl"
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    part = tmp_path / "out.jsonl.parts" / "part-000001.jsonl"
+    part.write_text(part.read_text()[:-10])
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "part-000001.jsonl is missing or not as it was written" in _one_error_line(capsys)
+
+
+def test_a_line_nested_100000_deep_is_a_bad_row_named_or_skipped(tmp_path, capsys):
+    rows = _my_rows(4)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(rows[0]) + "\n" + '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+                   + json.dumps(rows[1]) + "\n" + json.dumps({**rows[2], "d": [[[[1]]]] * 3}) + "\n")
+    out = tmp_path / "out.parquet"
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "2", *HASHED]
+    assert main(argv) == 2
+    assert f"{src}, line 2: not a JSON object (nested deeper than MAX_JSON_DEPTH" in _one_error_line(capsys)
+    assert main(argv + ["--on-bad-row", "skip"]) == 0
+    assert "1 bad rows skipped" in capsys.readouterr().err
+    assert pd.read_parquet(out)["mdl_row"].tolist() == [0, 2, 3]
+
+
+def test_a_line_nested_at_the_bound_reaches_both_outputs(tmp_path):
+    """MAX_JSON_DEPTH levels are a row: the checks and both writers walk it."""
+    from mdl_jax.gate import files
+
+    deep: list = []
+    for _ in range(files.MAX_JSON_DEPTH - 3):  # [] is 1 level; the row's object and "d"'s list 2 more
+        deep = [deep]
+    src = _jsonl(tmp_path / "in.jsonl", [{**_my_rows(1)[0], "d": [deep]}])
+    for out in (tmp_path / "out.jsonl", tmp_path / "out.parquet"):
+        assert main(["gate", str(src), "--out", str(out), *FIELDS, *HASHED]) == 0
+    # Parquet holds a column that deep as JSON text (its own readers stop far sooner)
+    assert json.loads(pd.read_parquet(tmp_path / "out.parquet")["d"][0]) == [deep]
+
+
+def test_a_line_past_max_line_bytes_is_a_bad_row_the_next_lines_read_as_ever(tmp_path, monkeypatch, capsys):
+    from mdl_jax.gate import files
+
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 200)
+    rows = _my_rows(5)
+    long_row = json.dumps({**rows[1], "pad": "x" * 1000})
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows[:1]) + long_row + "\n"
+                   + "".join(json.dumps(r) + "\n" for r in rows[2:]) + long_row)  # the last one unterminated
+    out = tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(out), *FIELDS, "--chunk-size", "2", "--on-bad-row", "skip",
+                 *HASHED]) == 0
+    assert "line 2: line longer than MAX_LINE_BYTES = 200 bytes" in capsys.readouterr().err
+    assert [json.loads(x)["mdl_row"] for x in out.read_text().splitlines()] == [0, 2, 3, 4]
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(name)
+    return [json.loads(x, parse_constant=refuse) for x in text.splitlines()]
+
+
+def test_nan_or_infinity_in_a_jsonl_row_is_a_bad_row_and_the_output_is_strict_json(tmp_path, capsys):
+    rows = _my_rows(4)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "score": float("nan")}) + "\n"
+                   + json.dumps({**rows[2], "n": [1e999]}).replace("Infinity", "1e999") + "\n"
+                   + json.dumps({**rows[3], "score": 0.5}) + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = ["gate", str(src), "--out", str(out), *FIELDS, *HASHED]
+    assert main(argv) == 2
+    assert f"{src}, line 2: not a JSON object (NaN is not JSON" in _one_error_line(capsys)
+    assert main(argv + ["--on-bad-row", "skip"]) == 0
+    assert "line 3: not a JSON object (the number 1e999 is past a double's range)" in capsys.readouterr().err
+    assert [r["mdl_row"] for r in _strict(out.read_text())] == [0, 3]
+
+
+def test_nan_from_a_parquet_float_is_written_to_jsonl_as_null_and_said(tmp_path, capsys):
+    src, out = tmp_path / "in.parquet", tmp_path / "out.jsonl"
+    pd.DataFrame(_my_rows(3)).assign(score=[0.5, float("nan"), float("-inf")]).to_parquet(src)
+    assert main(["gate", str(src), "--out", str(out), *FIELDS, *HASHED]) == 0
+    assert "'score' held NaN or infinite numbers, written as null" in capsys.readouterr().err
+    assert [r["score"] for r in _strict(out.read_text())] == [0.5, None, None]
+
+
+@pytest.mark.parametrize("content, match", [
+    (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"is not a JSON object \(nested deeper than"),
+    (b'{"x": 0.5, "caf\xe9": 0.1}', r"is not a JSON object \('utf-8' codec can't decode"),
+    (b'{"x": ' + b"1" * 5000 + b"}", r"is not a JSON object \(Exceeds the limit"),
+    (b'{"x": NaN}', r"is not a JSON object \(NaN is not JSON"),
+    (b'{"x": [0.5]}', r"'x' maps to a JSON list; expected a number in \[0, 1\]"),
+    (b'[0.5]', r"is a JSON list; expected an object"),
+], ids=["nested-100000-deep", "not-utf8", "5000-digits", "nan", "a-list-value", "not-an-object"])
+def test_a_bad_risk_table_is_one_line_and_exit_2(content, match, tmp_path, capsys):
+    import re
+
+    table = tmp_path / "table.json"
+    table.write_bytes(content)
+    src = _jsonl(tmp_path / "in.jsonl", _my_rows(2))
+    assert main(["gate", str(src), "--out", str(tmp_path / "o.jsonl"), *FIELDS, "--risk", str(table),
+                 "--category-field", "cat", *HASHED]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"mdl-jax: error: --risk: the risk table {table}") and re.search(match, line), line
+
+
+def test_a_risk_table_that_is_a_fifo_is_refused_without_blocking(tmp_path, capsys):
+    table = tmp_path / "table.json"
+    os.mkfifo(table)
+    src = _jsonl(tmp_path / "in.jsonl", _my_rows(2))
+    assert main(["gate", str(src), "--out", str(tmp_path / "o.jsonl"), *FIELDS, "--risk", str(table),
+                 "--category-field", "cat", *HASHED]) == 2
+    assert "is not a regular file" in _one_error_line(capsys)
+
+
+def test_the_error_line_starts_a_line_of_its_own_after_the_progress_bar(tmp_path, capsys):
+    rows = _my_rows(6)
+    del rows[4]["question"]
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    assert main(["gate", str(src), "--out", str(tmp_path / "o.jsonl"), *FIELDS, "--chunk-size", "2",
+                 "--embedder", "tests.gate_embedders:hashed"]) == 2
+    err = capsys.readouterr().err
+    assert "mdl-jax gate" in err and "\nmdl-jax: error: " in err, err  # the bar was drawn, then ended
+
+
+def test_a_missing_query_field_names_the_flag_that_picks_it(tmp_path, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", _my_rows(2))
+    assert main(["gate", str(src), "--out", str(tmp_path / "o.jsonl"), "--memories-field", "mems", *HASHED]) == 2
+    line = _one_error_line(capsys)
+    assert "field 'query': missing (fields: ['cat', 'mems', 'question']); name the row's field with " \
+           "--query-field" in line, line
+
+
+def test_a_hub_dataset_resumes_only_onto_the_rows_its_parts_came_from(tmp_path, monkeypatch, capsys):
+    """A Hub dataset's rows are digested as they stream; a resume streams its first rows again and checks
+    them. The Hub cannot be reached here: ``load_dataset`` hands out a local streaming dataset instead."""
+    datasets = pytest.importorskip("datasets")
+    served = {"rows": _my_rows(12, "a")}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split, streaming: datasets.IterableDataset.from_generator(
+        lambda: iter(list(served["rows"]))))
+    out, ref = tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
+    argv = ["gate", "owner/name", "--out", str(out), *FIELDS, "--chunk-size", "3", *HASHED]
+    _interrupted(monkeypatch, argv)
+    assert main(argv) == 0  # unchanged: resumed
+    assert main(["gate", "owner/name", "--out", str(ref), *FIELDS, "--chunk-size", "3", *HASHED]) == 0
+    assert out.read_text() == ref.read_text() and len(ref.read_text().splitlines()) == 12
+    out.unlink()
+    _interrupted(monkeypatch, argv)
+    served["rows"] = _my_rows(5, "a") + _my_rows(12, "b")[5:]  # a row of the parts' changed
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "IN: owner/name's rows changed since it began (its first 7 rows" in line and "--restart" in line, line
+    assert main(argv + ["--restart"]) == 0
+
+
+def test_a_csv_memories_cell_nested_100000_deep_is_a_bad_row(tmp_path, capsys):
+    rows = _my_rows(3)
+    df = pd.DataFrame(rows).assign(mems=lambda d: d.mems.map(json.dumps))
+    df.loc[1, "mems"] = "[" * 100_000 + "]" * 100_000
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    df.to_csv(src, index=False)
+    assert main(["gate", str(src), "--out", str(out), *FIELDS, "--on-bad-row", "skip", *HASHED]) == 0
+    assert "row 2: field 'mems': expected a JSON list of memories in the CSV cell" in capsys.readouterr().err
+    assert [r["mdl_row"] for r in _strict(out.read_text())] == [0, 2]

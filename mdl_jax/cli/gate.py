@@ -50,5 +50,9 @@ def register(sub) -> None:
                         "an unfinished run, the size its parts were cut at")
     p.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
                    help="a bad row stops the run (exit 2) or is skipped and counted")
+    p.add_argument("--restart", action="store_true",
+                   help="remove an unfinished run of OUT and start over (a run resumes only onto the input, "
+                        "arguments, config, risk table and embedder it began with; else it stops, saying which "
+                        "changed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=gate_cmd)

