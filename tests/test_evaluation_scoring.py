@@ -140,3 +140,44 @@ def test_the_benchmark_command_scores_a_users_column_resumes_and_refuses_nothing
     assert sig.stat().st_mtime_ns != before, "changed inputs must be recomputed, never mixed in"
     code, _, err = cli(["benchmarks", "no_such_set", "--out", str(out)])
     assert code == 2 and "no_such_set" in err
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_damaged_cache_is_recomputed_a_linked_folder_refused_and_a_callable_embedder_never_cached(
+        tmp_path, embedder):
+    from mdl_jax._io import OutputError
+    from mdl_jax.evaluation.run import run_benchmarks
+    from mdl_jax.gate.core import MemoryGate
+
+    gate = MemoryGate(embedder, risk=0.5)
+    out = tmp_path / "run"
+    kw = dict(limit=3, fit_mdl=False, n_boot=20, progress=False, log=lambda s: None)
+    run_benchmarks(out, ["rgb_en_fact"], gate=gate, **kw)
+    want = (out / "metrics.csv").read_bytes()
+    sig = out / "signals" / "rgb_en_fact.npz"
+    for damage in (b"", b"not a zip", sig.read_bytes()[: sig.stat().st_size // 2]):
+        sig.write_bytes(damage)
+        run_benchmarks(out, ["rgb_en_fact"], gate=gate, **kw)  # recomputed, not a crash
+        assert (out / "metrics.csv").read_bytes() == want
+    # a changed relevance threshold is a changed input: recomputed, never reused
+    before = sig.stat().st_mtime_ns
+    run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5, relevance_threshold=0.9), **kw)
+    assert sig.stat().st_mtime_ns != before
+    # a callable embedder cannot be named across processes: its signals are never cached
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    run_benchmarks(calls, ["rgb_en_fact"], gate=MemoryGate(lambda t: embedder.embed(t), risk=0.5), **kw)
+    assert not (calls / "signals" / "rgb_en_fact.npz").exists()
+    # a symbolic link planted at the signals folder is refused, its target untouched
+    linked = tmp_path / "linked"
+    (linked).mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (linked / "signals").symlink_to(target, target_is_directory=True)
+    with pytest.raises(OutputError, match="symbolic link"):
+        run_benchmarks(linked, ["rgb_en_fact"], gate=gate, **kw)
+    assert not any(target.iterdir())
+    with pytest.raises(TypeError, match="names"):
+        run_benchmarks(out, "rgb_en_fact", gate=gate, **kw)
+    with pytest.raises(ValueError, match="twice"):
+        run_benchmarks(out, ["rgb_en_fact", "rgb_en_fact"], gate=gate, **kw)

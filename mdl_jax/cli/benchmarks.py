@@ -20,30 +20,42 @@ from mdl_jax.cli.args import CommandError, config_file, existing_dir, existing_f
 
 
 def _scores(path: str) -> dict[str, dict[str, float]]:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is not a column name
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise CommandError(f"--gate-scores {path}: not UTF-8 text (byte {e.start})") from None
     if not rows or "qid" not in rows[0]:
         raise CommandError(f"--gate-scores {path}: expected a CSV with a 'qid' column and one column per gate")
-    gates = [c for c in rows[0] if c != "qid"]
+    head = rows[0]
+    dup = sorted({c for c in head if head.count(c) > 1})
+    if dup:
+        raise CommandError(f"--gate-scores {path}: column(s) named twice: {dup}")
+    q = head.index("qid")
+    gates = [(j, c) for j, c in enumerate(head) if j != q]
     if not gates:
         raise CommandError(f"--gate-scores {path}: no score column beside 'qid'")
-    out: dict[str, dict[str, float]] = {g: {} for g in gates}
-    for i, r in enumerate(rows, start=2):
-        for g in gates:
+    out: dict[str, dict[str, float]] = {c: {} for _, c in gates}
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != len(head):
+            raise CommandError(f"--gate-scores {path}, line {i}: expected {len(head)} fields, got {len(r)}")
+        if r[q] in out[gates[0][1]]:
+            raise CommandError(f"--gate-scores {path}, line {i}: qid {r[q]!r} given twice")
+        for j, g in gates:
             try:
-                v = float(r[g])
-            except (TypeError, ValueError):
+                v = float(r[j])
+            except ValueError:
                 raise CommandError(f"--gate-scores {path}, line {i}: column {g!r}: expected a number, "
-                                   f"got {r[g]!r}") from None
+                                   f"got {r[j]!r}") from None
             if not math.isfinite(v):
                 raise CommandError(f"--gate-scores {path}, line {i}: column {g!r}: expected a finite number")
-            out[g][r["qid"]] = v
+            out[g][r[q]] = v
     return out
 
 
 def register(sub) -> None:
     from mdl_jax.evaluation.run import ALL
-
+    from mdl_jax.signals.embeddings import EMBED_BACKENDS
     p = sub.add_parser("benchmarks", help="MDL and the compared gates on the field's conflict, abstention and "
                                           "adaptive-retrieval benchmarks: tables, plots, REPORT.md")
     p.add_argument("names", nargs="*", metavar="NAME", choices=list(ALL) + [[]],
@@ -55,7 +67,8 @@ def register(sub) -> None:
     p.add_argument("--config", type=config_file, help="an MDL config file (default: the paper's Table 2)")
     p.add_argument("--no-fit", action="store_true", help="skip the calibrated, tuned and learned MDL rows")
     p.add_argument("--n-boot", type=positive_int, default=1000, help="bootstrap resamples per interval")
-    p.add_argument("--embed-backend", default="auto", help="what runs the embedder (Embedder's backend)")
+    p.add_argument("--embed-backend", default="auto", choices=EMBED_BACKENDS,
+                   help="what runs the embedder (Embedder's backend)")
     p.set_defaults(func=run)
 
 
@@ -64,9 +77,14 @@ def run(args) -> int:
     from mdl_jax.gate.core import MemoryGate
 
     extra = _scores(args.gate_scores) if args.gate_scores else None
-    gate = MemoryGate(risk=0.5, config=args.config, embed_backend=args.embed_backend)
-    report = run_benchmarks(args.out, tuple(args.names) or ALL, gate=gate, limit=args.limit,
-                            data_dir=args.data_dir, extra=extra, fit_mdl=not args.no_fit, n_boot=args.n_boot,
-                            progress=sys.stderr.isatty(), log=lambda s: print(s, file=sys.stderr))
+    try:
+        gate = MemoryGate(risk=0.5, config=args.config, embed_backend=args.embed_backend)
+        report = run_benchmarks(args.out, tuple(args.names) or ALL, gate=gate, limit=args.limit,
+                                data_dir=args.data_dir, extra=extra, fit_mdl=not args.no_fit, n_boot=args.n_boot,
+                                progress=sys.stderr.isatty(), log=lambda s: print(s, file=sys.stderr))
+    except (ValueError, TypeError) as e:  # the documented argument errors of run_benchmarks and the gate
+        if isinstance(e, UnicodeError):
+            raise
+        raise CommandError(str(e)) from None
     print(report)
     return 0

@@ -24,11 +24,14 @@ import io
 import json
 import math
 import os
+import re
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mdl_jax._io import OutputError
 from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.evaluation import metrics
@@ -36,6 +39,7 @@ from mdl_jax.evaluation.datasets import load_benchmark
 from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS
 from mdl_jax.evaluation.replay import replay, replay_table
 from mdl_jax.evaluation.scoring import (
+    GATE_NAMES,
     REFERENCE,
     Scored,
     condition_table,
@@ -52,25 +56,67 @@ REPLAY = tuple(f"adarague:{d}_test" for d in ADARAGUE_DATASETS)
 ALL = READER_FREE + REPLAY
 
 
-def _digest(items, embedder_id: str, config) -> str:
+SIGNAL_KEYS = ("M", "R", "phi", "C_final", "action", "M_either", "R_either", "phi_either", "C_final_either",
+               "action_either")
+# The code that turns texts into signals besides the embedder and the config: a change to a detector
+# within one version must not reuse signals computed by the old one.
+_SIGNAL_SOURCES = ("signals/conflict.py", "signals/answer_conflict.py", "signals/aggregation.py",
+                   "evaluation/scoring.py")
+
+
+def _cache_key(items, gate) -> str | None:
+    """The digest the cached signals of ``items`` must carry, or None where the gate's embedder cannot be
+    named across processes (a callable or an object of the caller's): then nothing is cached or reused."""
+    emb = gate.embedder
+    backend = getattr(emb, "backend_id", None)
+    if backend is None:
+        return None
     h = hashlib.sha256()
-    h.update(f"{__version__}\0{embedder_id}\0{config!r}\0".encode())
+    pkg = Path(__file__).resolve().parents[1]
+    for rel in _SIGNAL_SOURCES:
+        h.update((pkg / rel).read_bytes())
+    h.update(f"{__version__}\0{getattr(emb, 'model_name', '')}\0{backend}\0{gate.config!r}\0"
+             f"{gate.relevance_threshold!r}\0".encode())
     for it in items:
         h.update(json.dumps([it.qid, it.question, list(it.memories)], ensure_ascii=False).encode())
     return h.hexdigest()
 
 
-def _signals(name: str, items, gate, out: Path, embedder_id: str, progress: bool) -> dict[str, np.ndarray]:
-    path = out / "signals" / f"{name.replace(':', '__')}.npz"
-    key = _digest(items, embedder_id, gate.config)
-    if path.is_file():
+def _own_dir(path: Path) -> Path:
+    """A folder of the run's own, created if missing; never a symbolic link (written through, a link
+    would put our files where it points)."""
+    if path.is_symlink():
+        raise OutputError(path, message=f"{path} is a symbolic link; refusing to write the run's files through it")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cached(path: Path, key: str, n: int) -> dict[str, np.ndarray] | None:
+    """The signals stored at ``path`` if they carry ``key`` and one value per item, else None (recompute).
+    A damaged, truncated or foreign file is recomputed, never trusted and never an error: it is a cache."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
         with np.load(path, allow_pickle=False) as z:
-            if str(z["digest"]) == key:
-                return {k: z[k] for k in z.files if k != "digest"}
+            if str(z["digest"]) != key:
+                return None
+            cols = {k: np.asarray(z[k]) for k in SIGNAL_KEYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return cols if all(c.shape == (n,) for c in cols.values()) else None
+
+
+def _signals(name: str, items, gate, out: Path, progress: bool) -> dict[str, np.ndarray]:
+    path = _own_dir(out / "signals") / f"{name.replace(':', '__')}.npz"
+    key = _cache_key(items, gate)
+    cols = None if key is None else _cached(path, key, len(items))
+    if cols is not None:
+        return cols
     cols = signal_columns(items, gate, progress=progress)
-    buf = io.BytesIO()
-    np.savez(buf, digest=np.array(key), **cols)
-    _write(path, buf.getvalue())
+    if key is not None:
+        buf = io.BytesIO()
+        np.savez(buf, digest=np.array(key), **{k: cols[k] for k in SIGNAL_KEYS})
+        _write(path, buf.getvalue())
     return cols
 
 
@@ -85,15 +131,18 @@ def _csv(rows: Sequence[Mapping], path: Path) -> None:
     _write(path, buf.getvalue().encode())
 
 
-def _figure(s: Scored, path: Path, user: Sequence[str]) -> None:
+def _figure(s: Scored, path: Path, user: Sequence[str]) -> bool:
+    """Draw the data set's risk–coverage curves at ``path``; False (and no file: a figure of an earlier
+    run there is removed) where fewer than 2 evaluated rows carry a label."""
+    ev = ~s.calibration & ~np.isnan(s.dont_adopt)
+    if ev.sum() < 2:
+        path.unlink(missing_ok=True)
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ev = ~s.calibration & ~np.isnan(s.dont_adopt)
-    if ev.sum() < 2:
-        return
     h = s.dont_adopt[ev]
     fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
     for g in s.gates:
@@ -112,6 +161,7 @@ def _figure(s: Scored, path: Path, user: Sequence[str]) -> None:
     fig.savefig(buf, format="png")
     plt.close(fig)
     _write(path, buf.getvalue())
+    return True
 
 
 def _fmt(v) -> str:
@@ -126,9 +176,14 @@ def _ci(r: Mapping) -> str:
     return f"{r['value']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
 
 
+MIN_GROUPS_DIRECTION = 10  # questions: below it a bootstrap cannot estimate a difference's variance
+
+
 def _resolved(r: Mapping) -> str:
     if math.isnan(r["lo"]):
         return "not resolved"
+    if int(r["n_groups"]) < MIN_GROUPS_DIRECTION:
+        return f"too few questions to tell (< {MIN_GROUPS_DIRECTION})"
     if r["lo"] > 0:
         return "higher"
     if r["hi"] < 0:
@@ -210,7 +265,7 @@ def _num(v) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapping, rows: Sequence[Mapping]) -> str:
+def _report(free: dict[str, tuple[list, list, bool]], rep: dict[str, list], meta: Mapping, rows: Sequence[Mapping]) -> str:
     L = ["# MDL on the field's benchmarks", ""]
     L += [
         f"MDL (mdl-jax {meta['version']}, the paper's zero-parameter defaults unless a row says otherwise) and the "
@@ -232,7 +287,7 @@ def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapp
               "its label says it should; `withheld` is the share not adopted; AUROC and AUPRC rank the sets by "
               "the gate's score against \"do not adopt\" (— where the evaluated rows hold one label only); the "
               "last column is the paired difference in decision accuracy from MDL with the paper's defaults.", ""]
-        for name, (rows, conds) in free.items():
+        for name, (rows, conds, drawn) in free.items():
             n = rows[0]["n"] if rows else 0
             ng = rows[0]["n_groups"] if rows else 0
             L += [f"### {name} (evaluated: {n} memory sets, {ng} questions)", ""]
@@ -255,7 +310,8 @@ def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapp
                         _fmt(c[k]) for k in ("do not adopt", "M", "R", "R (either)", "phi>0", "phi>0 (either)",
                                              "C_final", "C_final (either)", "Active", "Active (either)",
                                              "Opt-Out")]) + " |")
-            L += ["", f"![risk–coverage](figures/{name}.png)", ""]
+            L += ["", f"![risk–coverage](figures/{name}.png)" if drawn else
+                  "*No risk–coverage figure: fewer than 2 evaluated memory sets carry a label.*", ""]
     if rep:
         L += ["## AdaRAGUE's protocol with Llama-3.1-8B-Instruct's answers", "",
               "Active and Supp take the with-retrieval answer (the one recorded with these passages), Silent the "
@@ -272,22 +328,57 @@ def _report(free: dict[str, tuple[list, list]], rep: dict[str, list], meta: Mapp
     return "\n".join(L) + "\n"
 
 
+MAX_LIMIT = 10**9  # questions per data set: more than any benchmark holds
+MAX_BOOT = 100_000  # resamples per interval: beyond it the run is minutes per table for no visible change
+GATE_NAME = re.compile(r"[^|\n\r`]{1,80}")  # a user's gate name: one table cell
+
+
+def _check(names, limit, n_boot, extra) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(f"names: expected a sequence of data set names, got {type(names).__name__}")
+    names = list(names)
+    unknown = [n for n in names if n not in ALL]
+    if unknown:
+        raise ValueError(f"names: unknown data set(s) {unknown}; expected some of {list(ALL)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"names: a data set named twice in {names}")
+    if not names:
+        raise ValueError("names: expected at least one data set")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT):
+        raise ValueError(f"limit: expected a number of questions in [1, {MAX_LIMIT:,}], got {limit!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not 1 <= n_boot <= MAX_BOOT:
+        raise ValueError(f"n_boot: expected a number of resamples in [1, {MAX_BOOT:,}], got {n_boot!r}")
+    for g in extra or {}:
+        if not isinstance(g, str) or not GATE_NAME.fullmatch(g) or g in GATE_NAMES:
+            raise ValueError(f"extra: {g!r} cannot name a gate: expected 1-80 characters without '|', '`' or a "
+                             f"line break, and none of the built-in gates' names ({', '.join(GATE_NAMES)})")
+    if extra and not any(n in READER_FREE for n in names):
+        raise ValueError("extra: a user's gate scores memory sets of the reader-free data sets "
+                         f"({', '.join(READER_FREE)}); none is named")
+    return names
+
+
 def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=None, limit: int | None = None,
                    data_dir: str | os.PathLike | None = None, extra: Mapping[str, Mapping[str, float]] | None = None,
                    fit_mdl: bool = True, n_boot: int = 1000, progress: bool = True,
                    log: Callable[[str], None] = print) -> Path:
     """Score MDL and the compared gates on the named benchmarks and write the run folder (module docstring).
 
+    Every data set is loaded (seconds) and every argument checked before the first text is embedded, so
+    a missing data set or a user's column that lacks a memory set is named at once.
+
     Args:
       out: the run folder (created; a rerun resumes from its signal files).
-      names: data sets from ``ALL``: ``READER_FREE`` names and ``"adarague:<dataset>_test"``.
+      names: data sets from ``ALL``: ``READER_FREE`` names and ``"adarague:<dataset>_test"``, each once.
       gate: a ``MemoryGate`` (its embedder and config); the bundled MiniLM with the paper's defaults when None.
-      limit: the number of questions per data set (a smoke test); None for all.
+        Signals are cached only for an embedder that can be named across processes (``Embedder``); with
+        a callable they are recomputed on every run.
+      limit: the number of questions per data set (a smoke test), in [1, ``MAX_LIMIT``]; None for all.
       data_dir: the benchmarks folder (default: the shared copy, as ``load_benchmark`` finds it).
       extra: {gate name: {qid: score}}, a user's own gate scores (higher = do not adopt), joined on the
-        items' qid; a qid without a score is an error naming it.
+        items' qid; only with a reader-free data set named.
       fit_mdl: fit the calibrated, tuned and learned MDL configs too.
-      n_boot: bootstrap resamples per interval.
+      n_boot: bootstrap resamples per interval, in [1, ``MAX_BOOT``].
       progress: progress bars.
       log: where one line per data set goes.
 
@@ -295,58 +386,69 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
       The path of REPORT.md.
 
     Raises:
-      ValueError: an unknown data set name (listing the known ones), a bad ``limit`` or ``n_boot``, or an
-        ``extra`` column missing a qid.
+      TypeError: ``names`` is a string or not a sequence.
+      ValueError: an unknown, repeated or empty list of data set names; ``limit`` or ``n_boot`` outside its
+        range; a gate name in ``extra`` that is empty, holds '|', '`' or a line break, or is a built-in
+        gate's; ``extra`` without a reader-free data set, or lacking a score for one of its memory sets; a
+        data set with no items.
+      DataError: a data file that cannot be read (naming it).
+      OutputError: a folder of the run that is a symbolic link, or a file that cannot be written.
     """
-    unknown = [n for n in names if n not in ALL]
-    if unknown:
-        raise ValueError(f"names: unknown data set(s) {unknown}; expected some of {list(ALL)}")
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit: expected a positive number of questions, got {limit!r}")
+    names = _check(names, limit, n_boot, extra)
     if gate is None:
         from mdl_jax.gate.core import MemoryGate
 
         gate = MemoryGate(risk=0.5)
+    path = None if data_dir is None else Path(data_dir)
+    loaded = {}
+    for name in names:
+        if name.startswith("adarague:"):
+            loaded[name] = load_benchmark("adarague_llama8b", split=name.split(":", 1)[1], limit=limit,
+                                          path=None if path is None else path / "adarague_llama8b")
+        else:
+            loaded[name] = load_benchmark(name, limit=limit, path=None if path is None else path / name)
+        if not loaded[name]:
+            raise ValueError(f"names: {name} holds no items (read from {path or 'the shared copy'})")
+    user_cols: dict[str, dict[str, np.ndarray]] = {}
+    for name, items in loaded.items():
+        if name not in READER_FREE:
+            continue
+        user_cols[name] = {}
+        for g, scores in (extra or {}).items():
+            missing = [it.qid for it in items if it.qid not in scores]
+            if missing:
+                raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
+                                 f"e.g. qid {missing[0]!r}")
+            user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     emb = getattr(gate.embedder, "backend_id", None) or type(gate.embedder).__name__
     embedder_id = f"{getattr(gate.embedder, 'model_name', '')} {emb}".strip()
-    path = None if data_dir is None else Path(data_dir)
-    free: dict[str, tuple[list, list]] = {}
+    free: dict[str, tuple[list, list, bool]] = {}
     rep: dict[str, list] = {}
     all_rows: list[dict] = []
     all_conds: list[dict] = []
-    for name in names:
+    for name, items in loaded.items():
         if name.startswith("adarague:"):
             split = name.split(":", 1)[1]
-            items = load_benchmark("adarague_llama8b", split=split, limit=limit,
-                                   path=None if path is None else path / "adarague_llama8b")
             with_passages = all(it.memories for it in items)
-            cols = _signals(name, items, gate, out, embedder_id, progress) if with_passages else None
-            r = replay(split, items, cols, config=gate.config)
-            rows = replay_table(r, n_boot=n_boot)
+            cols = _signals(name, items, gate, out, progress) if with_passages else None
+            rows = replay_table(replay(split, items, cols, config=gate.config), n_boot=n_boot)
             rep[split] = rows
         else:
-            items = load_benchmark(name, limit=limit, path=None if path is None else path / name)
-            cols = _signals(name, items, gate, out, embedder_id, progress)
-            user = {}
-            for g, scores in (extra or {}).items():
-                missing = [it.qid for it in items if it.qid not in scores]
-                if missing:
-                    raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
-                                     f"e.g. qid {missing[0]!r}")
-                user[g] = np.array([scores[it.qid] for it in items], float)
+            cols = _signals(name, items, gate, out, progress)
+            user = user_cols[name]
             s = score_gates(name, items, cols, config=gate.config, extra=user, fit_mdl=fit_mdl)
             rows = metric_table(s, n_boot=n_boot)
             conds = condition_table(s)
-            free[name] = (rows, conds)
+            drawn = _figure(s, _own_dir(out / "figures") / f"{name}.png", tuple(user))
+            free[name] = (rows, conds, drawn)
             all_conds += conds
-            _figure(s, out / "figures" / f"{name}.png", tuple(user))
         all_rows += rows
         log(f"{name}: {len(items)} memory sets scored")
     _csv(all_rows, out / "metrics.csv")
     _csv(all_conds, out / "conditions.csv")
-    meta = {"version": __version__, "names": list(names), "limit": limit, "embedder": embedder_id,
+    meta = {"version": __version__, "names": names, "limit": limit, "embedder": embedder_id,
             "config": repr(gate.config), "n_boot": n_boot, "fit_mdl": fit_mdl, "extra": sorted(extra or {}),
             "data": "the shared copy (../shared/data/benchmarks)" if path is None else str(path)}
     _write(out / "run.json", (json.dumps(meta, indent=1) + "\n").encode())

@@ -89,9 +89,15 @@ def fit_threshold(adopt_score, adopt) -> float | None:
     Args:
       adopt_score: (N,) finite numbers, higher = adopt.
       adopt: (N,) binary labels, 1 = the memories should be adopted.
+
+    Raises:
+      ValueError: a NaN or infinite score (naming its index).
     """
     s = np.asarray(adopt_score, np.float64)
     y = np.asarray(adopt).astype(bool)
+    if not np.isfinite(s).all():
+        raise ValueError(f"adopt_score: expected finite scores, got a NaN or infinity at index "
+                         f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
     if len(s) < MIN_CALIBRATION or y.all() or not y.any():
         return None
     cand = np.r_[np.unique(s), np.inf]
@@ -275,6 +281,10 @@ METRICS: dict[str, tuple[str, Callable[..., float]]] = {
     "AUPRC": ("score", metrics.auprc),
 }
 REFERENCE = "MDL (paper defaults)"
+# every built-in gate's name: a user's own column may not take one (its rows would mix with the gate's)
+GATE_NAMES = ("always adopt", "never adopt", "similarity (top-1)", "lexical conflict (φ > 0)",
+              "either detector (φ > 0)", "R alone", REFERENCE, "MDL + answer detector", "MDL calibrated",
+              "MDL tuned", "MDL learned", "oracle")
 
 
 def metric_table(s: Scored, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:

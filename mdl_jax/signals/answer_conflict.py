@@ -11,6 +11,8 @@ answer the other does not.
                           not open a sentence (names, places, titles), plus a sentence's first word when
                           it is capitalised and not a common English word
   the statement's frame   the sentence's other words, lower-cased, stop words dropped, in order
+  the bound               the first ``MAX_SENTENCES`` sentences of each memory (the work is quadratic
+                          in them)
   parallel                the two frames share at least ``MIN_FRAME_OVERLAP`` of the larger one's words
                           (all of them, for a restatement with one answer swapped), and the two
                           sentences share at least ``MIN_SHARED`` words, frame words and answer-bearing
@@ -41,6 +43,9 @@ from mdl_jax.signals.conflict import STOPWORDS, pair_flags
 # Two frames are parallel when each keeps this share of the other's words: a restatement with one
 # answer swapped keeps all of them; two sentences on one topic rarely keep more than half.
 MIN_FRAME_OVERLAP = 0.8
+# The sentences of a memory the detector reads, first ones first: the pairwise comparison is quadratic in
+# them, and a memory is a retrieved passage, not a book.
+MAX_SENTENCES = 200
 # ... and the sentences share at least this many words: "It is X." against "It is Y." says nothing
 # about one thing.
 MIN_SHARED = 2
@@ -48,7 +53,7 @@ MIN_SHARED = 2
 MONTHS = frozenset("""january february march april may june july august september october november
 december""".split())
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])|\n+")
-_TOKEN = re.compile(r"\d[\d,.]*\d|\d|[A-Za-z][A-Za-z'\-]*")
+_TOKEN = re.compile(r"\d[\d,.]*\d|\d|[^\W\d_][\w'\-]*")  # any script's letters ("Zürich" is one word)
 # a sentence's first word is answer-bearing only if it is not one of these common openers
 _OPENERS = STOPWORDS | frozenset("""however although according after before during since while today
 yesterday many several most some both either neither another every no not yes""".split())
@@ -75,7 +80,7 @@ def _sentence_parts(sentence: str) -> tuple[frozenset[str], frozenset[str]]:
 def _parts(text: str) -> list[tuple[frozenset[str], frozenset[str]]]:
     """The answer and frame sets of each sentence of ``text`` that names an answer."""
     out = []
-    for s in _SENTENCE.split(text.strip()):
+    for s in _SENTENCE.split(text.strip())[:MAX_SENTENCES]:
         answers, frame = _sentence_parts(s)
         if answers and frame:
             out.append((answers, frame))
@@ -102,6 +107,9 @@ def answer_conflict(a: str, b: str) -> bool:
       >>> answer_conflict("Canberra is the capital of Australia.", "Canberra is Australia's capital.")
       False
     """
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, str):
+            raise TypeError(f"{name}: expected a string, got {type(x).__name__}")
     return _disagree(_parts(a), _parts(b))
 
 
@@ -138,7 +146,10 @@ def either_pair_flags(texts: Sequence[str]) -> list[list[bool]]:
 
     Returns:
       An S×S list of lists of bools.
+
+    Raises:
+      TypeError: a text that is not a string.
     """
+    ans = answer_pair_flags(texts)  # first: it names a text that is not a string
     lex = pair_flags(list(texts))
-    ans = answer_pair_flags(texts)
     return [[bool(x or y) for x, y in zip(r1, r2)] for r1, r2 in zip(lex, ans)]
