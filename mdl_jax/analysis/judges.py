@@ -71,8 +71,8 @@ def _verdicts_key(answers: list, items: list, embedder) -> str | None:
 def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.DataFrame:
     """The gold set with ``gold`` (bool) and one ``judge_<name>`` (bool) column per judge.
 
-    Every run's report judges the same shipped gold set with the same rules (about 10 s of a small
-    run's 30 s of analysis on the 2-core VM), so the verdicts are kept in the embedder's cache folder
+    Every run's report judges the same shipped gold set with the same rules (a large share of a small
+    run's analysis), so the verdicts are kept in the embedder's cache folder
     (``judged/gold-KEY.json``, one small file per key), keyed by everything they depend on
     (``_verdicts_key``): a change of answer, reference, rule or model judges afresh."""
     import json

@@ -1,7 +1,7 @@
 """The fused GPU kernel for ``decide`` and ``sweep``: one Pallas kernel per call, lowered through Triton.
 
-Why it exists: on an H200 the pure-JAX ``decide`` ran at 2.3×10^9/s, no faster than plain
-``jit(vmap(decide_one))`` (issue 18): XLA splits the per-record graph into several kernels whose
+Why it exists: on a GPU the pure-JAX ``decide`` is no faster than plain ``jit(vmap(decide_one))``
+(docs/benchmarks.md): XLA splits the per-record graph into several kernels whose
 (N, 16) intermediates go through memory. Here each program takes a block of records and computes the
 whole controller in registers — encode, the three fusion products, tanh, read-out, gate, action and
 the Lemma 1 energies — and writes each output once (112 bytes in and out per record).
@@ -274,7 +274,8 @@ def params(cfg: MDLConfig):
 
 @functools.cache
 def _pallas():
-    # Imported on first use, not with ``import mdl_jax`` (Pallas and its Triton module cost ~70 ms).
+    # Imported on first use, not with ``import mdl_jax`` (importing Pallas and its Triton module is a
+    # noticeable cost that CPU-only users should not pay).
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
@@ -451,7 +452,7 @@ def _sweep_flat(M, R, A, adopt, w, mats, vecs, scal, *, st, interpret, block, re
     pl = _pallas()[0]
     K = mats.shape[0]
     W, size = w.shape
-    # Pad on the device (not on the host: at 10^10 pairs/s a pass's kernel takes milliseconds) to
+    # Pad on the device (not on the host: a pass's kernel is short enough that a host copy would dominate) to
     # whole record blocks and ≥ 16 weight rows (every product dimension ≥ 16 for Triton's dot);
     # weight-0 records and rows add nothing.
     n = -(-size // rec_block) * rec_block

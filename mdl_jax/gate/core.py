@@ -189,7 +189,8 @@ def _memory_texts(name: str, memories) -> list[str]:
             and all(type(m) is str and m and not m.isspace() and (m.isascii() or not LONE_SURROGATE.search(m))
                     for m in memories):
         # the common case (a list of non-blank strings; JSON rows parse to it) without the ABC checks
-        # below (a bulk call's checks: 2.9-3.5 → 2.3 µs a row of 5 memories, bench_gate) (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
+        # below, which are a visible share of a bulk call's per-row cost (bench_gate)
+        # (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
         return list(memories)
     if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
         raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
@@ -251,9 +252,8 @@ def _collector_paused(n: int):
 
     A bulk call builds ~4 objects per row (the decision, its scalars, two tuples), none in a cycle, yet
     every 700 allocations start a collection that walks the young objects, and every tenth of those the
-    older ones: 17% of ``decide_batch``'s time on 4,096-row calls (49,100 → 58,600 rows/s with the
-    collector off for the whole call, bench_gate). Paused only here, for the objects' making (a few ms
-    per 4,096 rows); it runs again at the next allocation after. A caller that turned it off keeps it
+    older ones: a sizeable share of ``decide_batch``'s time on large calls, for objects that can
+    never be garbage (docs/benchmarks.md, bench_gate). Paused only here, for the objects' making; it runs again at the next allocation after. A caller that turned it off keeps it
     off (it is re-enabled only if this call turned it off)."""
     if n < PAUSE_COLLECTOR_ROWS or not gc.isenabled():
         yield
@@ -391,9 +391,9 @@ class MemoryGate:
       embed_backend: for a named embedder: what runs it (``Embedder``'s ``backend``). The default
         ``"auto"`` (``Embedder``'s ``auto_backend``), where the model can be exported and the
         ``signals`` extra's runtimes are installed: OpenVINO in bfloat16 on a CPU with AMX or
-        AVX512-BF16 (within issue 25's parity: cosine ≥ 0.9999 to torch's, every bundled gate action
-        equal; the uncached gate 3.5-3.6× as fast on Zen 4), else ONNX Runtime in float32 (torch's
-        vectors to float32 rounding, 1.5-2.7× as fast); else torch. ``"torch"`` pins
+        AVX512-BF16 (within the parity the tests hold: cosine ≥ 0.9999 to torch's, every bundled gate
+        action equal; the fastest uncached backend there, docs/benchmarks.md), else ONNX Runtime in
+        float32 (torch's vectors to float32 rounding, faster than torch); else torch. ``"torch"`` pins
         sentence-transformers, ``"onnx"`` float32.
       relevance_threshold: the cosine above which a memory counts as relevant to the query (for R
         and φ; the paper's 0.3), in [0, 1].

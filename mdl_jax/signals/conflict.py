@@ -57,9 +57,9 @@ def _analyse(text: str):
     among all words) of one text.
 
     Not cached, deliberately: over all 10,817 stores of both datasets (54,744 analyses, 44% of them
-    texts seen in an earlier store) the flags took 0.40 s uncached and 0.44-0.46 s behind an LRU cache
-    of 1,024-65,536 texts (a hit saves ~1-8 µs; a miss's allocation outside the hot memory costs as
-    much), and the old 65,536-entry cache grew a stream's memory by ~80 MB and slowed every full
+    texts seen in an earlier store) the flags were no faster behind an LRU cache of
+    1,024-65,536 texts than uncached (what a hit saves, a miss's allocation outside the hot memory
+    costs again), and the old 65,536-entry cache grew a stream's memory by ~80 MB and slowed every full
     garbage collection (its entries were sets the collector traverses)."""
     t = text.lower().replace("’", "'")
     if _PHRASE_HINT in t:

@@ -4,11 +4,11 @@ per call.
 ``conflict._analyse`` / ``_conflict`` stay the definition. This library computes the same flags, pair by
 pair (tests/test_conflict_native.py: generated texts, and every store of the bundled datasets), with the
 word lists handed over from ``conflict`` when the library is loaded, so they live in one place. The
-gate's cached bulk path spent about half of its ~50 µs a row in the Python detector; natively a row of
-``experiments.bench_gate`` (its four relevant memories, six pairs) costs ~1.6 µs, the texts' encoding
-included.
+gate's cached bulk path spent about half of its time in the Python detector; natively the detector is
+a small share of a row of ``experiments.bench_gate`` (its four relevant memories, six pairs), the
+texts' encoding included.
 
-It is built with the system C++ compiler on first use (≈1 s, portable flags: no ``-march``), cached under
+It is built with the system C++ compiler on first use (portable flags: no ``-march``), cached under
 ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler and flags, and loaded only when its bytes match
 the record its build wrote (``mdl_jax.engines.native.verified``). No compiler, a failed build or
 ``MDL_JAX_NATIVE=0`` (the switch of all native code) leave the Python detector in use: the same flags,

@@ -15,7 +15,7 @@ What changes against ``LocalBackend`` (docs/deviations.md, "Generation engine"):
     ctranslate2 has one random generator per worker thread, seeded when the thread first samples and
     advanced row after row through a batch, so a row's draws depend on the rows sampled before it.
     Each ``generate`` call therefore runs on a fresh ``ctranslate2.Generator`` (built from the weights
-    held in memory: ~1.2 s of CPU on the 2-core dev VM) seeded from its rows' seeds in order: the same
+    held in memory, which costs CPU time per call) seeded from its rows' seeds in order: the same
     prompts, seeds and batch size give the same texts, run after run, but a row's text is not a
     function of (prompt, record) alone as with ``LocalBackend``. The paired-sampling guarantee the
     experiment relies on, the same answer wherever two systems send the same prompt for the same
@@ -281,7 +281,7 @@ def _plan_batches(lengths: Sequence[int], new: int, batch_size: int, order: Sequ
     ctranslate2 forwards a batch's prompts at once only up to the shortest one; the rest of each
     longer prompt is fed one token per decoding step, so a batch runs ``new + (longest - shortest)``
     steps. A step at batch b costs about ``STEP_OVERHEAD + b`` rows' worth (reading the weights is
-    shared; measured on the dev VM: 80 ms at b = 1 and 0.6 s at b = 32, under load), so one batch of
+    shared, so a step's fixed cost is a few rows' worth: ``STEP_OVERHEAD``), so one batch of
     32 prompts whose lengths spread over 200 tokens (B2 prompts do) decodes 150 tokens in 350 steps.
     Dynamic programming over the sorted rows (at most ``batch_size`` each) picks the cuts."""
     n = len(lengths)

@@ -6,10 +6,9 @@ bundled SmolLM2's Q4_1 weights, run as a cached Q8_0 copy: see "Weights" below),
 
 Why: on a CPU without AVX512-BF16 the torch path runs SmolLM2 in float32, and of the engines a user
 would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest peer in both modes
-(``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores, 2026-12-02: 75.6 tokens/s
-single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; batched 113 against ctranslate2's
-104, while torch float32 batched reached 123). Since its Q8_0 copy (session 20, below) it is also the
-fastest batched at 32 (1.31-1.43× the llama.cpp peer on the Q4_1 file); on the pipeline's natural answers,
+(``experiments/bench_generation_engines.py``; the figures are in docs/benchmarks.md). With its Q8_0
+copy (below) it is also the fastest batched at 32, ahead of the llama.cpp peer on the Q4_1 file; on the
+pipeline's natural answers,
 where prefill weighs most, it only draws level with ctranslate2, so ``auto`` does not pick it
 (docs/deviations.md).
 
@@ -34,9 +33,9 @@ How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
 
 Weights (``weights=``, default ``"auto"``): a GGUF whose weights are narrower than 8 bits (the bundled
 file is Q4_1) is requantised once to Q8_0 and the copy cached in ``$MDL_JAX_CACHE_DIR/models``;
-llama.cpp then runs the Q8_0 copy. Why: on the AVX2 CPU here (AMD EPYC, avx2 fma, no AVX-512) llama.cpp's
-Q8_0 matmuls ran 32 rows 1.2–1.5× faster per decode step and prefilled 1.3–1.8× faster than its Q4_1 ones,
-and at batch 32 the backend was otherwise level with the llama.cpp peer on the same file. The copy
+llama.cpp then runs the Q8_0 copy. Why: on an AVX2 CPU without AVX-512 llama.cpp's
+Q8_0 matmuls decode and prefill a batch faster than its Q4_1 ones (Q4_1's unpacking costs more than
+the wider weights' reads; docs/benchmarks.md), and at batch 32 the backend was otherwise level with the llama.cpp peer on the same file. The copy
 is near-lossless: Q4_1's 16 levels per block of 32 land on Q8_0's 255, each weight moving by at
 most half a Q8_0 step (1/254 of its block's largest magnitude); against the torch path's float32
 logits (the dequantised Q4_1 weights) the mean KL at temperature 0.7 went from 0.0037 (Q4_1) to 0.0050
