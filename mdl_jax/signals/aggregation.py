@@ -32,12 +32,12 @@ import numpy.typing as npt
 
 from mdl_jax.signals import conflict_native, dots_native
 from mdl_jax.signals.conflict import (
-    _analyse,
-    _conflict,
-    _recent_analysis,
+    analyse,
+    analyses_conflict,
     pair_flags,
     pair_flags_among,
     pair_flags_recent,
+    recent_analysis,
 )
 
 RELEVANCE_THRESHOLD = 0.3
@@ -218,9 +218,9 @@ def _flagged(texts: Sequence[str], keep: list[int], S: int, conflict, analyses: 
             t = texts[j]
             x = analyses.get(t)
             if x is None:
-                x = analyses[t] = _recent_analysis(t) if recent else _analyse(t)
+                x = analyses[t] = recent_analysis(t) if recent else analyse(t)
             an.append(x)
-        return sum(_conflict(an[i], an[j]) for i in range(len(an)) for j in range(i + 1, len(an)))
+        return sum(analyses_conflict(an[i], an[j]) for i in range(len(an)) for j in range(i + 1, len(an)))
     fl = np.asarray(conflict(list(texts)), bool).reshape(S, S)
     return int(np.count_nonzero(fl[np.ix_(keep, keep)][np.triu_indices(len(keep), 1)]))
 
@@ -266,7 +266,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
     zero, one = np.float32(0.0), np.float32(1.0)
     # A few queries (a framework component, the gateway: retrievers return the same documents again)
     # reuse the analyses of recently seen texts; a bulk call keeps its own (most texts are new: an LRU
-    # costs more than it saves there, see conflict._analyse). The analyses are the same either way.
+    # costs more than it saves there, see conflict.analyse). The analyses are the same either way.
     recent = B <= RECENT_CALL
     # A text in several stores of one step is analysed once. A bulk call clears this every step: its
     # analyses (tuples of sets, which the garbage collector traverses) kept for a whole call of 4,096

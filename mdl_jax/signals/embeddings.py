@@ -94,7 +94,7 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
 
     Both run the model on the CPU (``device`` None or "cpu"), from a local folder whose whole pipeline
     the exported graph reproduces (a Transformer, mean or CLS pooling, Normalize:
-    ``onnx_encoder._pooling``; the bundled MiniLM's). The graph is exported on first use (once per cache
+    ``onnx_encoder.model_pooling``; the bundled MiniLM's). The graph is exported on first use (once per cache
     folder and model).
 
     - ``"openvino-bf16"`` where the CPU has AMX or AVX512-BF16 (``onnx_encoder.cpu_bf16_kind``) and
@@ -139,10 +139,10 @@ def _auto_pick(load_path: str, cache_dir, openvino: bool) -> str:
 
     if not Path(load_path).is_dir():
         return "torch"
-    from mdl_jax.signals.onnx_encoder import _pooling, cpu_bf16_kind
+    from mdl_jax.signals.onnx_encoder import cpu_bf16_kind, model_pooling
 
     try:
-        _pooling(Path(load_path))
+        model_pooling(Path(load_path))
     except (ValueError, OSError, KeyError, TypeError, AttributeError):
         # a pipeline the exported graph does not reproduce, or configs it cannot read: torch reads them itself
         return "torch"
@@ -169,7 +169,7 @@ _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _load_model(path: str, device: str):
+def load_model(path: str, device: str):
     """One SentenceTransformer per (path, device) per process: the gates, framework components and
     vector stores of one application share the weights (encoding is read-only)."""
     with _MODELS_LOCK:
@@ -567,7 +567,7 @@ class Embedder:
     def _load(self):
         if self._model is None:
             if self.backend == "torch":
-                self._model = _load_model(self.load_path, self.device or "cpu")
+                self._model = load_model(self.load_path, self.device or "cpu")
             else:
                 from mdl_jax.signals import onnx_encoder
 

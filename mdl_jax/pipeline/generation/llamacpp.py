@@ -17,7 +17,7 @@ How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
   - **prompts** are the torch path's token ids: rendered with the same transformers chat template
     and tokenised by the same tokenizer (the GGUF's vocabulary), then fed to llama.cpp as ids;
   - **paired sampling is the torch path's own**: llama.cpp only computes logits; each row draws
-    with ``sampling.sample_rows``, the NumPy twin of ``_RowSampler`` (temperature, top-p, the
+    with ``sampling.sample_rows``, the NumPy twin of ``RowSampler`` (temperature, top-p, the
     exponential race on counter-based noise of (row seed, step, token id)), so a row's draws depend
     on nothing but its own seed, as with ``LocalBackend``. What differs is the logits: Q8_0 weights
     (requantised from the Q4_1 file) with 8-bit activations in llama.cpp's matmuls against the
@@ -73,7 +73,7 @@ from mdl_jax.pipeline.generation.base import (
     per_prompt_limits,
 )
 from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
-from mdl_jax.pipeline.generation.sampling import _seeds, row_seed, sample_rows
+from mdl_jax.pipeline.generation.sampling import row_seed, sample_rows, seed_list
 
 WEIGHTS = ("auto", "file", "q8_0")
 Q8_0 = 7  # LLAMA_FTYPE_MOSTLY_Q8_0: the type the copy is made in, and the one a file needs no copy from
@@ -202,9 +202,9 @@ def _tokenizer(model: str, path: Path):
     from transformers import AutoTokenizer, GenerationConfig
 
     if model == BUNDLED:
-        from mdl_jax.pipeline.generation.ct2 import _source
+        from mdl_jax.pipeline.generation.ct2 import checkpoint_source
 
-        src, kw = str(_source(BUNDLED)[0]), {}
+        src, kw = str(checkpoint_source(BUNDLED)[0]), {}
     else:
         src, kw = str(path.parent), {"gguf_file": path.name}
     tok = AutoTokenizer.from_pretrained(src, **kw)
@@ -215,9 +215,9 @@ def _tokenizer(model: str, path: Path):
     except (OSError, ValueError):
         e = None
     if e is None:
-        from mdl_jax.pipeline.generation.ct2 import _eos_ids
+        from mdl_jax.pipeline.generation.ct2 import end_token_ids
 
-        return tok, _eos_ids(tok)
+        return tok, end_token_ids(tok)
     return tok, {int(t) for t in (e if isinstance(e, (list, tuple)) else [e])}
 
 
@@ -342,13 +342,13 @@ class LlamaCppBackend(TorchScoring):
         text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
         tok, _ = self._load()
         ids = prompt_ids(tok, prompts)
-        seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
+        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
         return self._generate(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
 
     def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
                      temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
         """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
-        seeds = [row_seed(s, list(p)) for s, p in zip(_seeds(seed, len(ids)), ids)]
+        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
         return self._generate([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
                               None, None, min_new_tokens)
 
@@ -378,7 +378,7 @@ class LlamaCppBackend(TorchScoring):
         import llama_cpp
         import numpy as np
 
-        from mdl_jax.pipeline.generation.local import _first_stop
+        from mdl_jax.pipeline.generation.local import first_stop
 
         n, eos = len(ids), self._eos
         slots = min(self.batch_size, n)
@@ -421,7 +421,7 @@ class LlamaCppBackend(TorchScoring):
             k = len(row) if cut is not None and tok.pad_token_id not in eos else len(text_ids)
             self.tokens_generated += k
             text = tok.decode(text_ids, skip_special_tokens=True)
-            hit = _first_stop(text, stops[i])
+            hit = first_stop(text, stops[i])
             if hit is not None:
                 text, reason = text[:hit], "stop"
             out[i] = Generation(text.strip(), k, prompt_tokens=len(ids[i]), finish_reason=reason)
@@ -455,7 +455,7 @@ class LlamaCppBackend(TorchScoring):
                         done = "stop"
                     elif len(body[i]) >= caps[i]:
                         done = "length"
-                    elif stops[i] and _first_stop(tok.decode(body[i], skip_special_tokens=True), stops[i]) is not None:
+                    elif stops[i] and first_stop(tok.decode(body[i], skip_special_tokens=True), stops[i]) is not None:
                         done = "stop"
                     if done is not None:
                         finish(i, done)

@@ -108,7 +108,7 @@ def _gguf_parsed_once():
             memo = None
 
 
-def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
+def converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
     """Where the bundled GGUF, converted once to a transformers checkpoint in ``dtype`` (float32: every
     dtype is cast from it on load), is cached:
     keyed by the GGUF file (name, size, mtime), the dtype and the transformers and torch versions."""
@@ -121,7 +121,7 @@ def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
     return default_cache_dir() / "models" / f"{Path(gguf).stem}-{dtype}-{key}"
 
 
-def _save_converted(tok, lm, target: Path) -> None:
+def save_converted(tok, lm, target: Path) -> None:
     """Write the converted checkpoint into a fresh private folder and publish it whole
     (``mdl_jax._io.publish_dir``), so a reader never sees half a checkpoint and two processes
     converting at once both end with a whole one (the first one published stays)."""
@@ -148,7 +148,8 @@ def _save_converted(tok, lm, target: Path) -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_local(model: str, dtype: str):
+def load_local(model: str, dtype: str):
+    """(tokenizer, model) for a Hugging Face id, a local path or ``BUNDLED``, in ``dtype``, once per process."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -163,13 +164,13 @@ def _load_local(model: str, dtype: str):
         # model cast from it on load has exactly the weights of a bf16 read of the GGUF (checked:
         # equal state dicts, transformers 5 / torch 2.13), and a run that needs both dtypes (the
         # tests) reads the GGUF once, not once per dtype.
-        converted = _converted_dir(folder, gguf, "float32")
+        converted = converted_dir(folder, gguf, "float32")
         if not (converted / "config.json").is_file():
             with _no_progress_bars():
                 with _gguf_parsed_once():
                     tok = AutoTokenizer.from_pretrained(src, **kw)
                     lm = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
-                _save_converted(tok, lm, converted)
+                save_converted(tok, lm, converted)
             if not (converted / "config.json").is_file():  # could not write the cache: cast in memory
                 return _ready(tok, lm.to(getattr(torch, dtype)))
         src, kw = str(converted), {}
