@@ -252,8 +252,11 @@ def _main(argv=None) -> dict:
         sections.run("parity_fused", parity_fused, fused_section=True)
         if on_gpu:
             sections.run("parity_fused_tf32x3", parity_fused_tf32x3, fused_section=True)
+    # free the parity arrays before the throughput runs; emptied, not deleted, because the closures above
+    # still name them
     ref.clear()
-    del xc, xd
+    xc.clear()
+    xd.clear()
 
     # (2) throughput at N on the device; inputs generated there
     thr: dict = {}

@@ -82,7 +82,10 @@ def main(argv=None) -> dict:
             else:
                 raise SystemExit(f"check_fused_ptx: ptxas failed on {name}: {proc.stderr[-1000:]}")
             out = proc.stderr
-            regs = int(re.search(r"Used (\d+) registers", out).group(1))
+            used = re.search(r"Used (\d+) registers", out)
+            if used is None:
+                raise SystemExit(f"check_fused_ptx: ptxas printed no register count for {name}: {out[-1000:]}")
+            regs = int(used.group(1))
             spill = re.search(r"(\d+) bytes spill stores", out)
             row = {"registers": regs, "spill_store_bytes": int(spill.group(1)) if spill else 0,
                    "shared_bytes": kernel.metadata.shared,

@@ -230,7 +230,7 @@ def main(argv=None) -> int:
             e = Embedder(cache_dir=cache, backend="torch" if name == "torch" else "onnx")
             if models[name] is not None:
                 # the variant's encoder behind the Embedder's cache and checks (its _model: set on load)
-                e._model = models[name]  # type: ignore[assignment]
+                e._model = models[name]
             return e
 
         names = list(models)

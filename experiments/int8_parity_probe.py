@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                 m.weight.data = w0[n].clone()
         return (v * ref).sum(1)
 
-    schemes = [("per-tensor", dict(acts="tensor", weights=True)),
+    schemes: list[tuple[str, dict]] = [("per-tensor", dict(acts="tensor", weights=True)),
                ("per-token", dict(acts="token", weights=True)),
                ("per-token +smooth 0.5", dict(acts="token", weights=True, alpha=0.5)),
                ("per-token +smooth 0.65", dict(acts="token", weights=True, alpha=0.65)),

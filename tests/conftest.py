@@ -1,10 +1,10 @@
 import os
+from typing import Any
 
 # Before torch is imported (its OpenMP runtime reads this once): two pytest-xdist workers share the two
 # cores, and torch's OpenMP threads, by default, spin while they wait for each other. A thread whose
-# partner was descheduled for the other worker then burns its core for nothing: test_fidelity.py took
-# 86 s and 98 s of CPU beside one busy process, 59 s and 56 s with passive waiting (48 s vs 53 s alone,
-# where spinning pays). The processes the tests start inherit it through os.environ.
+# partner was descheduled for the other worker then burns its core for nothing, which costs far more
+# CPU on a loaded machine than passive waiting does (alone, spinning pays a little). The processes the tests start inherit it through os.environ.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax
@@ -16,7 +16,9 @@ from tests import xla_cache
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # hypothesis is a test extra; the other tests run without it
-    settings = None
+    HAVE_HYPOTHESIS = False
+else:
+    HAVE_HYPOTHESIS = True
 
 # Catch silent dtype/rank surprises in the controller (equinox's habit).
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -25,12 +27,12 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # XLA's persistent compilation cache, shared by this run's processes (tests/xla_cache.py says why).
 xla_cache.enable()
 
-if settings is not None:
+if HAVE_HYPOTHESIS:
     # Property-based tests (tests/test_properties.py). "ci", the default, is small and derandomized
     # (the same draws every run, so CI is stable); "thorough" searches fresh draws:
     #   HYPOTHESIS_PROFILE=thorough python -m pytest -q tests/test_properties.py
     # No example database: nothing is written into the checkout; a failure prints its reproducer.
-    _common = {"deadline": None, "database": None, "print_blob": True,
+    _common: dict[str, Any] = {"deadline": None, "database": None, "print_blob": True,
                "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
     settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
     settings.register_profile("thorough", max_examples=500, **_common)

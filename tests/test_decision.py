@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mdl_jax.controller import api
 from mdl_jax import Action, MDLConfig, decide_one, signal_cube_norm_range
+from mdl_jax.controller import api
 from mdl_jax.controller import decision as d
 from tests.reference import NumpyMDL
 
