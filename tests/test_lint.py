@@ -1,5 +1,6 @@
 """The habits CI keeps: ruff (lint and import order, configured in pyproject.toml) and mypy (types, the
-same file) are clean on the package. Run by the README's test command, like every other test."""
+same file) are clean on the package, its tests and the experiments; the package's comments say why,
+not how fast. Run by the README's test command, like every other test."""
 
 from __future__ import annotations
 
@@ -20,17 +21,21 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
-def test_ruff_is_clean_on_the_package():
+# What ruff and mypy check, here and in .pre-commit-config.yaml.
+CHECKED = ("mdl_jax", "tests", "experiments")
+
+
+def test_ruff_is_clean_on_the_package_tests_and_experiments():
     pytest.importorskip("ruff", reason="the dev extra: pip install -e '.[dev]'")
-    r = _run("ruff", "check", "mdl_jax")
+    r = _run("ruff", "check", *CHECKED)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 @pytest.mark.slow
-def test_mypy_is_clean_on_the_package(tmp_path):
+def test_mypy_is_clean_on_the_package_tests_and_experiments(tmp_path):
     pytest.importorskip("mypy", reason="the dev extra: pip install -e '.[dev]'")
     # a cache outside the checkout: a fresh clone stays clean, and a stale cache never hides an error
-    r = _run("mypy", "--cache-dir", str(tmp_path / "mypy-cache"), "mdl_jax")
+    r = _run("mypy", "--cache-dir", str(tmp_path / "mypy-cache"), *CHECKED)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
@@ -136,3 +141,9 @@ def test_the_narration_check_catches_each_kind(tmp_path):
     ok.write_text('"""Backoff between tries (0.5 s, 1 s, 2 s, ...)."""\n')
     assert _narration(ok, "mdl_jax/pipeline/judgement_llm.py") == []
     assert _narration(ok, "elsewhere.py")
+
+
+def test_the_commit_hooks_check_what_the_suite_checks():
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8")
+    assert "files: ^(mdl_jax|tests|experiments)/" in hooks
+    assert "entry: mypy " + " ".join(CHECKED) in hooks

@@ -175,8 +175,9 @@ def unavailable() -> str | None:
     m = mode()
     if m == "off":
         return f"{ENV_SWITCH}=0 switches it off"
-    if failed() is not None:
-        return f"the kernel failed to lower or compile here ({failed()[:300]})"
+    error = failed()
+    if error is not None:
+        return f"the kernel failed to lower or compile here ({error[:300]})"
     if m != "interpret" and not on_gpu_backend():
         return f"it runs on a GPU, and JAX's default backend here is {jax.default_backend()}"
     return None
@@ -202,7 +203,8 @@ def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True):
     call, not the kernel."""
     interpret = mode() == "interpret"
     try:
-        return decide(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), cfg, interpret=interpret)
+        return decide(jnp.asarray(M, jnp.float32), jnp.asarray(R, jnp.float32), jnp.asarray(A, jnp.float32), cfg,
+                      interpret=interpret)
     except Exception as e:  # noqa: BLE001 - Pallas/Triton/XLA raise their own types
         if strict or interpret or "RESOURCE_EXHAUSTED" in str(e):
             raise

@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
-from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS
+from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
 from mdl_jax.evaluation.replay import replay, replay_table
 from mdl_jax.evaluation.scoring import (
     REFERENCE,
@@ -69,7 +70,8 @@ def _signals(name: str, items, gate, out: Path, embedder_id: str, progress: bool
                 return {k: z[k] for k in z.files if k != "digest"}
     cols = signal_columns(items, gate, progress=progress)
     buf = io.BytesIO()
-    np.savez(buf, digest=np.array(key), **cols)
+    arrays: dict[str, Any] = {"digest": np.array(key), **cols}
+    np.savez(buf, **arrays)
     _write(path, buf.getvalue())
     return cols
 
@@ -323,7 +325,7 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                                    path=None if path is None else path / "adarague_llama8b")
             with_passages = all(it.memories for it in items)
             cols = _signals(name, items, gate, out, embedder_id, progress) if with_passages else None
-            r = replay(split, items, cols, config=gate.config)
+            r = replay(split, cast("list[AdaRAGUEItem]", items), cols, config=gate.config)
             rows = replay_table(r, n_boot=n_boot)
             rep[split] = rows
         else:
