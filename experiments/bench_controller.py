@@ -51,7 +51,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -183,7 +185,7 @@ out = {"native": getattr(native, "enabled", lambda: True)() and native.load(),
 rng = np.random.default_rng(0)
 for n in sizes if out["native"] else []:
     xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
-    fn = lambda: decide(*xs, cfg, validate=False, **kw)
+    fn = lambda: decide(xs[0], xs[1], xs[2], cfg, validate=False, **kw)
     jax.block_until_ready(fn()); jax.block_until_ready(fn())
     ts, c0 = [], time.process_time()
     while sum(ts) < min_time or len(ts) < 3:
@@ -419,7 +421,7 @@ def _engines_vs_default(res: dict) -> dict:
             f"{e} {row['decide_' + e]:.3e} /s ({r:.2f}×)" for e, r in ratios.items()) + tgt)
     for e in [e for e in res["engines"] if e != "auto"]:
         single = d1 / res["single_engines_us_median"][e]
-        big = out["batched_speed_ratio"].get(str(10**6)) or next(iter(out["batched_speed_ratio"].values()), {})
+        big: dict = out["batched_speed_ratio"].get(str(10**6)) or next(iter(out["batched_speed_ratio"].values()), {})
         best = max(single, big.get(e, 0.0))
         print(f"  keep {e}? ≥ 2× the default on the work it serves: one call {single:.2f}×, batched "
               f"{big.get(e, float('nan')):.2f}× — " + ("yes" if best >= 2 else "NO: not 2× the default here"))
@@ -497,9 +499,9 @@ def main(argv=None) -> dict:
     reps = 2000 if args.quick else 10000
     engines = _engines_here(cfg)
     res["engines"] = engines
-    single = {"decide": lambda: jax.block_until_ready(decide(m, r, a))}
-    for e in engines:
-        single["decide_" + e] = lambda e=e: jax.block_until_ready(decide(m, r, a, engine=e))
+    single: dict[str, Callable[..., Any]] = {"decide": lambda: jax.block_until_ready(decide(m, r, a))}
+    for eng in engines:
+        single["decide_" + eng] = lambda eng=eng: jax.block_until_ready(decide(m, r, a, engine=eng))
     plain_one = jax.jit(decide_one)
     args1 = tuple(jnp.float32(v) for v in (m, r, a))
     single["plain_jit"] = lambda: jax.block_until_ready(plain_one(*args1, cfg))
@@ -521,7 +523,7 @@ def main(argv=None) -> dict:
     for fn in single.values():
         fn()
     # interleaved: three passes, median of the per-pass medians
-    passes = {k: [] for k in single}
+    passes: dict[str, list[float]] = {k: [] for k in single}
     for _ in range(3):
         for k, fn in single.items():
             passes[k].append(_median_us(fn, reps // 3))
@@ -538,14 +540,15 @@ def main(argv=None) -> dict:
     res["batched"] = {}
     P = native.params(cfg)
     for n in sizes:
-        xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
-        fns = {
-            "decide": lambda xs=xs: decide(*xs, cfg),
-            "decide_unvalidated": lambda xs=xs: decide(*xs, cfg, validate=False),
+        x0, x1, x2 = (jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3))
+        xs = (x0, x1, x2)
+        fns: dict[str, Callable[..., Any]] = {
+            "decide": lambda xs=xs: decide(xs[0], xs[1], xs[2], cfg),
+            "decide_unvalidated": lambda xs=xs: decide(xs[0], xs[1], xs[2], cfg, validate=False),
             "pure_jax_chunked": lambda xs=xs: api._decide_jit(*xs, cfg),
         }
-        for e in engines:
-            fns["decide_" + e] = lambda xs=xs, e=e: decide(*xs, cfg, engine=e)
+        for eng in engines:
+            fns["decide_" + eng] = lambda xs=xs, eng=eng: decide(xs[0], xs[1], xs[2], cfg, engine=eng)
         if not args.no_plain_vmap:
             fns["plain_vmap"] = lambda xs=xs: plain(*xs, cfg)
         # the kernel alone (unvalidated), per ISA variant: the same jitted FFI call for each
@@ -602,8 +605,8 @@ def main(argv=None) -> dict:
                      ("decide_config_file", "decide, one record, config file path"),
                      ("decide_calibrated_general", "  the same config, general path (before)")):
         print(f"{label:46s} {res[k + '_us_median']:11.1f} µs  ({res[k + '_ratio_vs_default']:.2f}× default)")
-    for e, us in res["single_engines_us_median"].items():
-        print(f"{'decide, one record, engine=' + repr(e):46s} {us:11.1f} µs  "
+    for eng, us in res["single_engines_us_median"].items():
+        print(f"{'decide, one record, engine=' + repr(eng):46s} {us:11.1f} µs  "
               f"({us / res['single_call_us_median']:.2f}× the default's time)")
     print(f"{'plain jit(decide_one), one record (median)':46s} {res['plain_jit_single_us_median']:11.1f} µs")
     print(f"{'trivial jitted call (dispatch floor)':46s} {res['trivial_jit_dispatch_us_median']:11.1f} µs")
@@ -661,10 +664,10 @@ def main(argv=None) -> dict:
     for name, path in res["compare_libs"].items():
         for n, row in res["batched"].items():
             for v in variants:
-                r = [a / b for a, b in zip(row["rounds"]["kernel_" + v], row["rounds"]["kernel_" + name])]
+                per_round = [a / b for a, b in zip(row["rounds"]["kernel_" + v], row["rounds"]["kernel_" + name])]
                 ratio = row["kernel_" + v] / row["kernel_" + name]
-                print(f"  kernel {v} against {name} ({path}) at N={n}: {ratio:.2f}× (rounds {min(r):.2f}-"
-                      f"{max(r):.2f}×)")
+                print(f"  kernel {v} against {name} ({path}) at N={n}: {ratio:.2f}× (rounds {min(per_round):.2f}-"
+                      f"{max(per_round):.2f}×)")
     ar = res.get("against_revs")
     if ar:
         isa = ar["isa"]["this tree"]

@@ -89,7 +89,7 @@ def main(argv=None) -> dict:
     if any(c < 1 or c > len(allowed) for c in cores):
         raise SystemExit(f"bench_cores: error: --cores must be within 1..{len(allowed)}")
     load_before = os.getloadavg()
-    per = {c: [] for c in cores}
+    per: dict[int, list[dict]] = {c: [] for c in cores}
     t0 = time.perf_counter()
     for r in range(args.rounds):
         for c in (cores if r % 2 == 0 else cores[::-1]):   # alternate the order too

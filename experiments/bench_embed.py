@@ -53,7 +53,7 @@ DATASETS = ("truthfulqa", "halueval")
 GATE_ROWS = 60  # timed gate rows per dataset, the same in --quick and full runs
 
 
-def _rows_by_dataset(n_questions: int) -> dict[str, list]:
+def rows_by_dataset(n_questions: int) -> dict[str, list]:
     """(question, store memories) rows of each bundled dataset, its first ``n_questions``."""
     from mdl_jax.pipeline.data import load
     from mdl_jax.pipeline.stores import StoreConfig, build_stores
@@ -63,9 +63,9 @@ def _rows_by_dataset(n_questions: int) -> dict[str, list]:
             for ds in DATASETS}
 
 
-def _rows(n_questions: int):
+def bundled_rows(n_questions: int):
     """Every dataset's rows, TruthfulQA's first."""
-    return [r for rows in _rows_by_dataset(n_questions).values() for r in rows]
+    return [r for rows in rows_by_dataset(n_questions).values() for r in rows]
 
 
 def gate_rows() -> dict[str, list]:
@@ -75,7 +75,7 @@ def gate_rows() -> dict[str, list]:
     are other rows. The two datasets' texts differ in length (TruthfulQA's 12.9 tokens on average,
     HaluEval's knowledge passages far longer), and a backend's gain with them, so a run times both (until
     session 24 a full run timed TruthfulQA's rows alone, ``--quick`` both)."""
-    return {ds: rows[:GATE_ROWS] for ds, rows in _rows_by_dataset(GATE_ROWS).items()}
+    return {ds: rows[:GATE_ROWS] for ds, rows in rows_by_dataset(GATE_ROWS).items()}
 
 
 def time_gate(make_gate, sets: dict[str, list]) -> dict[str, float]:
@@ -93,7 +93,7 @@ def time_gate(make_gate, sets: dict[str, list]) -> dict[str, float]:
     return out
 
 
-def _texts(rows) -> list[str]:
+def distinct_texts(rows) -> list[str]:
     """The rows' distinct texts (questions first, then the memories), in first-seen order."""
     return list(dict.fromkeys([q for q, _ in rows] + [t for _, ts in rows for t in ts]))
 
@@ -121,9 +121,9 @@ def run_args(ap: argparse.ArgumentParser, argv, full_rounds: int) -> tuple[argpa
 def run_data(n_questions: int) -> tuple[list, list[str], dict[str, list], list[str]]:
     """(parity rows, their distinct texts, the timed gate rows by dataset, the 448 speed texts: the timed
     rows' first texts) for a run on ``n_questions`` per dataset."""
-    rows = _rows(n_questions)
+    rows = bundled_rows(n_questions)
     timed = gate_rows()
-    return rows, _texts(rows), timed, _texts([r for rs in timed.values() for r in rs])[:448]
+    return rows, distinct_texts(rows), timed, distinct_texts([r for rs in timed.values() for r in rs])[:448]
 
 
 def main(argv=None) -> int:

@@ -68,7 +68,8 @@ def langchain_pair(rows, work: Path, passes: int) -> dict:
 
     res = {}
     for phase in ("cold", "warm"):
-        peer_t, mdl_t = [], []
+        peer_t: list[float] = []
+        mdl_t: list[float] = []
         for p in range(passes if phase == "warm" else 1):
             if phase == "cold":
                 tag = f"lc-{p}"
@@ -116,7 +117,9 @@ def llamaindex_pair(rows, work: Path, passes: int) -> dict:
 
     res = {}
     for phase in ("cold", "warm"):
-        alone, scored, mdl_t = [], [], []
+        alone: list[float] = []
+        scored: list[float] = []
+        mdl_t: list[float] = []
         for p in range(passes if phase == "warm" else 1):
             if phase == "cold":
                 emb = MiniLMEmbedding(cache_dir=str(work / f"li-{p}-peer"))

@@ -39,6 +39,7 @@ COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "Norway", "Egypt", 
 
 def _start(cmd, env, marker: str, cwd: Path = ROOT):
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if marker not in line:
         proc.kill()

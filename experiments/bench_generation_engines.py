@@ -7,7 +7,7 @@ The same B2 prompts (TruthfulQA questions with their memory stores), the same sa
 of text is suppressed), for every engine:
 
   torch-float32    the local backend's path on a CPU without AVX512-BF16: transformers ``generate``
-                   with the per-row sampler (``_RowSampler``), float32 weights and activations
+                   with the per-row sampler (``RowSampler``), float32 weights and activations
   torch-bfloat16   the same in bf16 (what ``auto_dtype`` picks here, where the CPU has AVX512-BF16)
   ct2-int8         CTranslate2 ``Generator.generate_batch``, int8 weights (converted once from the
                    bundled GGUF, ``mdl_jax.pipeline.generation.ct2``), its own sampler
@@ -71,9 +71,9 @@ def _batches(ids, batch):
 def _torch_engine(dtype: str):
     import torch
 
-    from mdl_jax.pipeline.generation import BUNDLED, _load_local, _RowSampler, row_seed
+    from mdl_jax.pipeline.generation import BUNDLED, RowSampler, load_local, row_seed
 
-    tok, lm = _load_local(BUNDLED, dtype)
+    tok, lm = load_local(BUNDLED, dtype)
 
     def run(ids, batch, new):
         n_tok, t0 = 0, time.perf_counter()
@@ -84,7 +84,7 @@ def _torch_engine(dtype: str):
             for r, i in enumerate(idx):  # left padding, as LocalBackend
                 x[r, width - len(ids[i]):] = torch.tensor(ids[i])
                 m[r, width - len(ids[i]):] = 1
-            proc = _RowSampler([row_seed(i, ids[i]) for i in idx], 0.7, 0.9)
+            proc = RowSampler([row_seed(i, ids[i]) for i in idx], 0.7, 0.9)
             with torch.inference_mode():
                 out = lm.generate(input_ids=x, attention_mask=m, do_sample=False, max_new_tokens=new,
                                   min_new_tokens=new, logits_processor=[proc], pad_token_id=tok.pad_token_id,
@@ -301,10 +301,10 @@ def main(argv=None):
         args.prompts, args.new, args.single = 16, 32, 4
     import torch
 
-    from mdl_jax.pipeline.generation import BUNDLED, _load_local
+    from mdl_jax.pipeline.generation import BUNDLED, load_local
 
     name, flags = cpu_flags()
-    tok, _ = _load_local(BUNDLED, "float32")
+    tok, _ = load_local(BUNDLED, "float32")
     ids = _ids(tok, _prompts(args.prompts))
     runners, skipped = {}, {}
     for e in args.engines:

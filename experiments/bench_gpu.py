@@ -67,14 +67,14 @@ def _max_diffs(a, b) -> dict:
 
 
 def _with_precision(precision):
-    """A fresh jitted pure-JAX decide whose products use ``precision`` (decision._HI at trace time)."""
+    """A fresh jitted pure-JAX decide whose products use ``precision`` (decision.PRECISION at trace time)."""
     def f(M, R, A, cfg):
-        saved = _decision._HI
-        _decision._HI = precision
+        saved = _decision.PRECISION
+        _decision.PRECISION = precision
         try:
             return api._decide_shaped(M, R, A, cfg)
         finally:
-            _decision._HI = saved
+            _decision.PRECISION = saved
     return jax.jit(f)
 
 
@@ -252,8 +252,11 @@ def _main(argv=None) -> dict:
         sections.run("parity_fused", parity_fused, fused_section=True)
         if on_gpu:
             sections.run("parity_fused_tf32x3", parity_fused_tf32x3, fused_section=True)
+    # free the parity arrays before the throughput runs; emptied, not deleted, because the closures above
+    # still name them
     ref.clear()
-    del xc, xd
+    xc.clear()
+    xd.clear()
 
     # (2) throughput at N on the device; inputs generated there
     thr: dict = {}
@@ -343,11 +346,11 @@ def _main(argv=None) -> dict:
 
     def fused_sweep_kernel():
         # the kernel alone on device-resident records: what the engine costs without the host's passes
-        packed = [jax.device_put(a) for a in fused._pack_batch(grid, K)]
+        packed = [jax.device_put(a) for a in fused.pack_batch(grid, K)]
         xs = [jax.device_put(a) for a in (*xb, yb.astype(bool), wb)]
         st = fused.structure(grid)
-        rec_block = min(fused.SWEEP_BLOCK, fused._pow2_at_least(sweep_n, fused.BLOCK))
-        call = lambda: fused._sweep_jit(*xs, *packed, st=st, interpret=interpret,  # noqa: E731
+        rec_block = min(fused.SWEEP_BLOCK, fused.pow2_at_least(sweep_n, fused.BLOCK))
+        call = lambda: fused.sweep_jit(*xs, *packed, st=st, interpret=interpret,  # noqa: E731
                                         block=min(fused.BLOCK, rec_block), rec_block=rec_block,
                                         num_warps=fused.NUM_WARPS)
         res["sweep_fused_kernel_pairs_per_s"] = _rate(call, K * sweep_n, args.reps)

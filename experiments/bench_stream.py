@@ -74,6 +74,7 @@ def child(path: str, record_chunk: int, repeats: int = 1) -> None:
         res = sweep_parquet(path, grid, record_chunk=record_chunk)
         times.append(time.perf_counter() - t)
     dt = min(times)
+    assert res.accuracy is not None  # the file holds labels
     print(json.dumps({"seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "rss_after_warmup_mb": rss0 / 1024, "warmup_s": first, "records": float(res.total),
                       "accuracy": np.round(res.accuracy, 4).tolist()}))

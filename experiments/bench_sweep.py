@@ -32,7 +32,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -95,6 +97,20 @@ def first_call(name: str, size: int, engine: str = "auto") -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+
+def _nested_accuracy(Mj, Rj, Aj, yj, W: int, N: int):
+    """The README's nested-vmap pattern: jitted σ -> (W,) accuracy over the resamples, one σ per row."""
+
+    @jax.jit
+    def nested(sigmas):
+        def acc(s):
+            a = decide(Mj, Rj, Aj, MDLConfig(sigma=s), validate=False).action
+            return (((a == 0) == yj).reshape(W, N)).mean(1)
+        return jax.vmap(acc)(sigmas)
+
+    return nested
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller grids and fewer rounds (< 30 s)")
@@ -116,10 +132,10 @@ def main(argv=None) -> int:
         fc = first_call(name, size, "native")
         fc_jax = first_call(name, size, "jax")
         engines = ["native"] + [e for e in ("pallas",) if api.engine_module(e).sweep_why_not(cfgs, K) is None]
-        runs = {e: (lambda e=e: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e))
+        runs: dict[str, Callable[..., Any]] = {e: (lambda e=e, cfgs=cfgs, w=w: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e))
                 for e in ("jax", *engines, "auto")}
 
-        def native_unfolded():
+        def native_unfolded(cfgs=cfgs, w=w):
             # the native engine without folding records that share (M, R, A) (see native.DEDUP): what
             # the kernel alone gains; these 3,600 records hold 400 distinct triples
             native.DEDUP = False
@@ -131,7 +147,7 @@ def main(argv=None) -> int:
         runs["native_unfolded"] = native_unfolded
         for fn in runs.values():
             fn()  # compile / build and warm
-        per = {e: [] for e in runs}
+        per: dict[str, list[float]] = {e: [] for e in runs}
         for _ in range(rounds):  # interleaved: load from other jobs hits both engines alike
             for e, fn in runs.items():
                 per[e].append(_timed(fn, 1)[0])
@@ -154,17 +170,17 @@ def main(argv=None) -> int:
         sig = np.asarray(cfgs.sigma)
         gates = np.asarray(cfgs.gate_coeffs)
 
-        def cfg_at(k):
+        def cfg_at(k, sig=sig, gates=gates):
             return MDLConfig(sigma=float(sig[k]), gate_coeffs=(float(gates[k, 0]), float(gates[k, 1])))
 
-        def loop_resampled():
+        def loop_resampled(K=K, Mr=Mr, Rr=Rr, Ar=Ar, yr=yr, cfg_at=cfg_at):
             out = []
             for k in range(K):
                 a = np.asarray(decide(Mr, Rr, Ar, cfg_at(k), validate=False).action)
                 out.append(((a == 0) == yr).reshape(W, N).mean(1))
             return np.stack(out)
 
-        def loop_weighted():
+        def loop_weighted(K=K, w=w, cfg_at=cfg_at):
             out = []
             for k in range(K):
                 a = np.asarray(decide(M, R, A, cfg_at(k), validate=False).action)
@@ -178,18 +194,12 @@ def main(argv=None) -> int:
             Mj, Rj, Aj = (jax.numpy.asarray(x) for x in (Mr, Rr, Ar))
             yj = jax.numpy.asarray(yr)
 
-            @jax.jit
-            def nested(sigmas):
-                def acc(s):
-                    a = decide(Mj, Rj, Aj, MDLConfig(sigma=s), validate=False).action
-                    return (((a == 0) == yj).reshape(W, N)).mean(1)
-                return jax.vmap(acc)(sigmas)
-
+            nested = _nested_accuracy(Mj, Rj, Aj, yj, W, N)
             sj = jax.numpy.asarray(sig)
             t = time.perf_counter()
             jax.block_until_ready(nested(sj))
             r["nested_first_s"] = time.perf_counter() - t
-            r["nested_warm_s"], _ = _timed(lambda: nested(sj), max(1, rounds // 2))
+            r["nested_warm_s"], _ = _timed(lambda nested=nested, sj=sj: nested(sj), max(1, rounds // 2))
         res[name] = r
         label = "σ sweep" if name == "sigma" else "(g_a, g_b) grid"
         rows.append((f"{label}: sweep engine='native', warm (median)", f"{med:.3f} s",

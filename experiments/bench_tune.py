@@ -34,6 +34,7 @@ def data():
         y = oracle_labels(df)
         M, R, A = (df[c].to_numpy(np.float32) for c in ("M", "R", "A"))
         src = "paper-scale-200x3 records, oracle labels"
+        folds = stratified_folds(y, 5, seed=0)
     else:
         from sklearn.model_selection import StratifiedKFold
 
@@ -42,9 +43,7 @@ def data():
         y = rng.integers(0, 2, 3600)
         src = "uniform random"
 
-        def stratified_folds(y, k, seed):
-            return list(StratifiedKFold(k, shuffle=True, random_state=seed).split(np.zeros((len(y), 1)), y))
-    folds = stratified_folds(y, 5, seed=0)
+        folds = list(StratifiedKFold(5, shuffle=True, random_state=0).split(np.zeros((len(y), 1)), y))
     return M, R, A, y, folds, src
 
 
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
         tune_many(M, R, A, y, **kw)
         warm = time.perf_counter() - t
 
-        def loop():
+        def loop(fs=fs):
             for w, s in zip(wt, seeds):
                 tune(M, R, A, y, fields=FIELD_SETS[fs], weights=w, steps=steps, seed=s)
         t = time.perf_counter()

@@ -39,13 +39,13 @@ def triton_ir() -> dict:
         x = jax.ShapeDtypeStruct((1 << 20,), jnp.float32)
         names = []
         for block, warps, prec in VARIANTS:
-            fused._decide_jit.trace(x, x, x, *fused.pack(cfg), st=fused.structure(cfg), interpret=False,
+            fused.decide_jit.trace(x, x, x, *fused.pack(cfg), st=fused.structure(cfg), interpret=False,
                                     block=block, num_warps=warps, precision=prec).lower(lowering_platforms=("cuda",))
             names.append((f"decide_b{block}_w{warps}_{prec}", warps))
         grid = config_grid(cfg, sigma=[0.1, 0.2, 0.3])
         xs = jax.ShapeDtypeStruct((1 << 18,), jnp.float32)
-        fused._sweep_jit.trace(xs, xs, xs, jax.ShapeDtypeStruct((1 << 18,), bool),
-                               jax.ShapeDtypeStruct((10, 1 << 18), jnp.float32), *fused._pack_batch(grid, 3),
+        fused.sweep_jit.trace(xs, xs, xs, jax.ShapeDtypeStruct((1 << 18,), bool),
+                               jax.ShapeDtypeStruct((10, 1 << 18), jnp.float32), *fused.pack_batch(grid, 3),
                                st=fused.structure(grid), interpret=False, block=fused.BLOCK,
                                rec_block=fused.SWEEP_BLOCK, num_warps=fused.NUM_WARPS).lower(lowering_platforms=("cuda",))
         names.append((f"sweep_b{fused.BLOCK}_w{fused.NUM_WARPS}", fused.NUM_WARPS))
@@ -82,7 +82,10 @@ def main(argv=None) -> dict:
             else:
                 raise SystemExit(f"check_fused_ptx: ptxas failed on {name}: {proc.stderr[-1000:]}")
             out = proc.stderr
-            regs = int(re.search(r"Used (\d+) registers", out).group(1))
+            used = re.search(r"Used (\d+) registers", out)
+            if used is None:
+                raise SystemExit(f"check_fused_ptx: ptxas printed no register count for {name}: {out[-1000:]}")
+            regs = int(used.group(1))
             spill = re.search(r"(\d+) bytes spill stores", out)
             row = {"registers": regs, "spill_store_bytes": int(spill.group(1)) if spill else 0,
                    "shared_bytes": kernel.metadata.shared,

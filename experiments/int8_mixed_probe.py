@@ -182,7 +182,7 @@ def hybrid(fp32_enc, i8_enc, min_tokens: int):
 
 
 def main(argv=None) -> int:
-    from experiments.bench_embed import _rows_by_dataset, _texts, cpu_flags, run_args, run_data, time_gate
+    from experiments.bench_embed import cpu_flags, distinct_texts, rows_by_dataset, run_args, run_data, time_gate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", choices=("held-out", "same"), default="held-out",
@@ -206,8 +206,8 @@ def main(argv=None) -> int:
             # questions nq..2nq of each dataset (their stores are drawn from the larger load), less any
             # text the parity is measured on
             seen = set(texts)
-            more = _rows_by_dataset(2 * nq)
-            cal = [t for t in _texts([r for rs in more.values() for r in rs[nq:]]) if t not in seen]
+            more = rows_by_dataset(2 * nq)
+            cal = [t for t in distinct_texts([r for rs in more.values() for r in rs[nq:]]) if t not in seen]
         else:
             cal = texts[::5]
         t0 = time.perf_counter()
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
             e = Embedder(cache_dir=cache, backend="torch" if name == "torch" else "onnx")
             if models[name] is not None:
                 # the variant's encoder behind the Embedder's cache and checks (its _model: set on load)
-                e._model = models[name]  # type: ignore[assignment]
+                e._model = models[name]
             return e
 
         names = list(models)
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     res: dict = {"cpu": cpu, "rounds": rounds, "n_texts": len(texts), "n_rows": len(rows),
                  "calibration": args.calibration, "n_calibration_texts": len(cal),
                  "share_of_tokens_in_long_texts": long_share(texts),
-                 "timed_rows_share_of_tokens_in_long_texts": {ds: long_share(_texts(v)) for ds, v in timed.items()},
+                 "timed_rows_share_of_tokens_in_long_texts": {ds: long_share(distinct_texts(v)) for ds, v in timed.items()},
                  "variants": {}}
     keys = [*timed, "all"]
 

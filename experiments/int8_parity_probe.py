@@ -46,11 +46,11 @@ def main(argv=None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from experiments.bench_embed import _rows, _texts
+    from experiments.bench_embed import bundled_rows, distinct_texts
     from mdl_jax.signals.embeddings import resolve_model
 
-    rows = _rows(args.questions)
-    texts = _texts(rows)
+    rows = bundled_rows(args.questions)
+    texts = distinct_texts(rows)
     model = SentenceTransformer(resolve_model("all-MiniLM-L6-v2")[0], device="cpu")
     ntok = np.array([len(x) for x in model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]])
     with torch.no_grad():
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                 m.weight.data = w0[n].clone()
         return (v * ref).sum(1)
 
-    schemes = [("per-tensor", dict(acts="tensor", weights=True)),
+    schemes: list[tuple[str, dict]] = [("per-tensor", dict(acts="tensor", weights=True)),
                ("per-token", dict(acts="token", weights=True)),
                ("per-token +smooth 0.5", dict(acts="token", weights=True, alpha=0.5)),
                ("per-token +smooth 0.65", dict(acts="token", weights=True, alpha=0.65)),

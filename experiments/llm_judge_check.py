@@ -29,11 +29,11 @@ def main(argv=None) -> int:
                             "and scores the 482 gold answers: about 5-10 minutes on a 2-core CPU. "
                             "For any OpenAI-compatible server use `mdl-jax judge GOLD --judge llm`.",
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
-    from mdl_jax.analysis.judges import _items, load_gold
+    from mdl_jax.analysis.judges import dataset_items, load_gold
     from mdl_jax.pipeline.generation import LocalBackend
 
     g = load_gold()
-    pools = _items(g["dataset"])
+    pools = dataset_items(g["dataset"])
     prompts = []
     for d, q, a in zip(g["dataset"], g["qid"], g["answer"]):
         it = pools[d][q]

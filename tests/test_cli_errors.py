@@ -69,6 +69,14 @@ def _parquet(path: Path, bad_row: int | None = None) -> Path:
     return path
 
 
+def _empty_data_file(t) -> list[str]:
+    """A data folder whose HaluEval file is empty, and the reproduce arguments that read it."""
+    Path(t, "data").mkdir()
+    Path(t, "data", "halueval_qa.jsonl").write_text("")
+    return ["reproduce", "--data-dir", f"{t}/data", "--datasets", "halueval", "--baseline-datasets",
+            "halueval", "--cache-dir", f"{t}/cache", "--out", f"{t}/deep/run"]
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -112,9 +120,7 @@ CASES = [
      "--data-dir: no such folder", ["run"]),
     # a data error found at run time: the run's lock, cache and folders are removed again
     ("reproduce-empty-data-file",
-     lambda t: (Path(t, "data").mkdir(), Path(t, "data", "halueval_qa.jsonl").write_text(""),
-                ["reproduce", "--data-dir", f"{t}/data", "--datasets", "halueval", "--baseline-datasets",
-                 "halueval", "--cache-dir", f"{t}/cache", "--out", f"{t}/deep/run"])[2],
+     lambda t: _empty_data_file(t),
      "halueval_qa.jsonl: no records", ["deep"]),
     ("signals-limit-0", lambda t: ["signals", "--limit", "0", "--out", f"{t}/s.parquet"], "--limit",
      ["s.parquet"]),

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mdl_jax.controller import api
 from mdl_jax import Action, MDLConfig, decide_one, signal_cube_norm_range
+from mdl_jax.controller import api
 from mdl_jax.controller import decision as d
 from tests.reference import NumpyMDL
 
@@ -229,3 +229,10 @@ def test_every_product_requests_highest_precision():
     dots = [line for line in text.splitlines() if "dot_general" in line]
     assert dots, "no products found in the lowered program"
     assert all("HIGHEST" in line for line in dots), [line for line in dots if "HIGHEST" not in line]
+
+
+def test_the_controller_tests_run_with_strict_dtype_promotion():
+    # conftest.STRICT_DTYPE_MODULES: here an implicit promotion is an error, not a silent widening
+    assert jax.config.jax_numpy_dtype_promotion == "strict"
+    with pytest.raises(jax.dtypes.TypePromotionError):
+        jnp.ones(2, jnp.int32) + jnp.ones(2, jnp.float32)

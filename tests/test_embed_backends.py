@@ -917,7 +917,7 @@ def _fake_backends(monkeypatch, **fail):
 
     fakes = {b: _Fake(b, fail.get(b.replace("-", "_"), lambda texts: False)) for b in _WHICH}
     monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: fakes[backend])
-    monkeypatch.setattr(embeddings, "_load_model", lambda path, device: fakes["torch"])
+    monkeypatch.setattr(embeddings, "load_model", lambda path, device: fakes["torch"])
     _a_bf16_cpu_with_openvino(monkeypatch)
     return fakes
 

@@ -10,7 +10,8 @@ import pytest
 
 import mdl_jax
 from mdl_jax import MDLConfig, calibrate
-from mdl_jax.analysis import cases, complementarity as cm, oracle, sensitivity, stats
+from mdl_jax.analysis import cases, oracle, sensitivity, stats
+from mdl_jax.analysis import complementarity as cm
 from mdl_jax.controller.calibration import tied_plateau
 
 

@@ -382,7 +382,8 @@ def _tiny(cli, out: Path, cache_dir, *extra) -> tuple[int, str, str]:
 
 def _bar(stderr: str) -> tuple[int, int]:
     counts = re.findall(r"reproduce:.*?(\d+)/(\d+)", stderr)
-    return tuple(map(int, counts[-1]))
+    done, total = counts[-1]
+    return int(done), int(total)
 
 
 @pytest.mark.slow

@@ -178,7 +178,7 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda():
         assert m.operation.verify()
         text = m.operation.get_asm(print_generic_op_form=True)
         dots = [line for line in text.splitlines() if '"tt.dot"' in line]
-        # float32 products in IEEE mode (inputPrecision 2), never TF32 (0), as decision._HI asks;
+        # float32 products in IEEE mode (inputPrecision 2), never TF32 (0), as decision.PRECISION asks;
         # TF32x3 (1) only where asked for
         assert dots and all(f"inputPrecision = {1 if i == 7 else 2}" in line for line in dots)
 

@@ -112,9 +112,13 @@ def test_the_lexical_detector_is_the_default_and_replaceable(embedder):
 
 def test_batch_equals_loop(gate):
     qs, ms, rs = [], [], []
-    for action, (mems, A) in CASES.items():
-        qs.append("q"); ms.append(mems); rs.append(A)
-    qs.append("q"); ms.append([]); rs.append(0.2)  # an empty memory list is valid: M = 0
+    for mems, A in CASES.values():
+        qs.append("q")
+        ms.append(mems)
+        rs.append(A)
+    qs.append("q")  # an empty memory list is valid: M = 0
+    ms.append([])
+    rs.append(0.2)
     batch = gate.decide_batch(qs, ms, risks=rs)
     loop = [gate.decide(q, m, risk=r) for q, m, r in zip(qs, ms, rs)]
     assert [b.to_dict() for b in batch] == [x.to_dict() for x in loop]

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import example, given
-from hypothesis import strategies as st
+from hypothesis import example, given  # noqa: E402 - after the importorskip above
+from hypothesis import strategies as st  # noqa: E402 - after the importorskip above
 
-from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide
-from mdl_jax.controller.config import NUMERIC_FIELDS
-from mdl_jax.pipeline import data, records
+from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide  # noqa: E402 - after the importorskip above
+from mdl_jax.controller.config import NUMERIC_FIELDS  # noqa: E402 - after the importorskip above
+from mdl_jax.pipeline import data, records  # noqa: E402 - after the importorskip above
 
 NAMES = ("M", "R", "A")
 F32 = np.float32

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mdl_jax.controller.decision import Action
 from mdl_jax.gate.core import ACTION_NAMES, SCALARS, MemoryGate
 from mdl_jax.integrations.ray_data import MemoryGateBatch
 from tests.gate_embedders import hashed
@@ -39,7 +40,7 @@ def _single_process(gate: MemoryGate, rows: list[dict]) -> dict[str, np.ndarray]
 
 
 def _same(out: dict, ref: dict, atol: float = 0.0) -> None:
-    assert list(out["mdl_action"]) == [ACTION_NAMES[int(a)] for a in ref["action"]]
+    assert list(out["mdl_action"]) == [ACTION_NAMES[Action(int(a))] for a in ref["action"]]
     for k in SCALARS:
         np.testing.assert_allclose(np.asarray(out[f"mdl_{k}"], np.float64), ref[k].astype(np.float64), rtol=0,
                                    atol=atol, err_msg=k)

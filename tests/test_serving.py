@@ -38,6 +38,7 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()  # printed once the model is loaded and the port bound
     assert "serving" in line and " on http://127.0.0.1:" in line, line  # 127.0.0.1 unless told
     return proc, line.split(" on ")[-1].strip()  # http://127.0.0.1:PORT/v1

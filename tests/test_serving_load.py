@@ -164,7 +164,7 @@ def test_a_prompt_read_in_chunks_generates_what_one_pass_does(local_backend):
     # quantised to transformers, whose .float() refuses, though its weights are plain tensors
     lm32 = torch.nn.Module.float(copy.deepcopy(lm))
     b = LocalBackend(local_backend.model, max_new_tokens=4)
-    b._lm = lambda: (tok, lm32)  # type: ignore[method-assign]
+    b._lm = lambda: (tok, lm32)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # on the shared 2-core VM two intra-op threads ran these calls ~9x slower
     facts = " ".join(f"Box {i} holds {i * 7 % 13} marbles." for i in range(10))

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from mdl_jax import decide
 from mdl_jax.pipeline import data
+from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 from mdl_jax.signals import conflict as lexical
+from mdl_jax.signals.aggregation import aggregate_one, memory_signals, store_arrays
 from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
 from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
-from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
-from mdl_jax.signals.aggregation import aggregate_one, memory_signals, store_arrays
-from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +161,7 @@ def _conflict_as_specified(a: str, b: str) -> bool:
     def negator(w):
         return w in lexical.NEGATORS or w.endswith("n't")
 
-    opposite = {}
+    opposite: dict[str, set[str]] = {}
     for x, y in lexical.ANTONYMS:
         opposite.setdefault(x, set()).add(y)
         opposite.setdefault(y, set()).add(x)
@@ -401,7 +401,8 @@ def test_stores_draw_the_same_distractors_as_a_scan_of_the_pool_per_question():
     items[4] = Item("d", 4, "question 4?", "c", ("I have no comment",), ("wrong 4",))  # no pool entry
     items.append(Item("d", 7, "question 7 again?", "c", ("right 7b",), ("wrong 7b",)))  # qid 7 twice
 
-    def scan(items, cfg=StoreConfig()):
+    def scan(items, cfg=None):
+        cfg = StoreConfig() if cfg is None else cfg
         pool = [(it.qid, a) for it in items for a in _answers(it.correct, 1)]
         out = []
         for it in items:

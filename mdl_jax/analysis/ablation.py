@@ -74,7 +74,8 @@ def table7a(df, y, configs, cal=None) -> dict:
     return {"rows": rows}
 
 
-def _models(seed: int = 0):
+def candidate_models(seed: int = 0):
+    """{name: unfitted classifier}: the majority floor, LR, MLP and XGBoost the ablations compare."""
     from sklearn.dummy import DummyClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier
@@ -111,7 +112,7 @@ def _cv(X, y, folds, mdl_correct) -> dict:
     for nm in ("Majority class", "LR", "MLP", "XGBoost"):
         accs, params = [], []
         for tr, te in folds:
-            m = _models()[nm]
+            m = candidate_models()[nm]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 m.fit(X[tr], y[tr])

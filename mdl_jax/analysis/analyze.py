@@ -172,10 +172,10 @@ def _signal_notes(ev, data_dir=None) -> dict:
     """Per dataset: how often the conflict rate φ fires (φ > 0), and whether the recorded risk A equals
     what the current risk rule (``signals.risk``) gives for the question (when the dataset files are
     local): a run made before a change of the rule keeps its own A values."""
-    from mdl_jax.analysis.cases import _questions
+    from mdl_jax.analysis.cases import load_questions
 
     out = {}
-    items = _questions(set(ev["dataset"]), data_dir)
+    items = load_questions(set(ev["dataset"]), data_dir)
     from mdl_jax.signals.risk import risk
     for ds, g in ev.groupby("dataset"):
         d = {"n": int(len(g))}
@@ -417,7 +417,7 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
 
         from mdl_jax.analysis import views as views_mod
 
-        cats = {k: getattr(it, "category", None) for k, it in cases._questions(set(ev["dataset"]), data_dir).items()}
+        cats = {k: getattr(it, "category", None) for k, it in cases.load_questions(set(ev["dataset"]), data_dir).items()}
         res["views"] = vw = timed("views", views_mod.views, ev, {k: c for k, c in cats.items() if c})
         vfigs = {}
         for j in vw:

@@ -32,7 +32,8 @@ KINDS = (
 )
 
 
-def _questions(datasets, data_dir=None) -> dict:
+def load_questions(datasets, data_dir=None) -> dict:
+    """{(dataset, qid): item} of the datasets found locally; {} when they cannot be read (never downloads)."""
     try:
         from mdl_jax.pipeline.data import find_local, load
 
@@ -73,7 +74,7 @@ def current_risk_agrees(df, data_dir=None) -> set | None:
     exists (e.g. HaluEval "Cranium or Thurn and Taxis": recorded A = 0.85, today's rule 0.20)."""
     from mdl_jax.signals.risk import risk
 
-    items = _questions(set(df["dataset"]), data_dir)
+    items = load_questions(set(df["dataset"]), data_dir)
     if not items:
         return None
     ok = set()
@@ -131,7 +132,7 @@ def _verbatim(text) -> str:
 
 def attach_questions(cases: list[dict], data_dir=None) -> list[dict]:
     """Add each case's dataset ``item`` (question and reference answers) where the files are local."""
-    items = _questions({c["dataset"] for c in cases}, data_dir) if cases else {}
+    items = load_questions({c["dataset"] for c in cases}, data_dir) if cases else {}
     for c in cases:
         c["item"] = items.get((c["dataset"], c["qid"]))
     return cases

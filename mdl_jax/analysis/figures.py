@@ -32,7 +32,8 @@ PAPER_SECTION6 = {"halluc_active": 0.080, "regime_acc": 0.556, "regime_n": 117}
 PAPER_C_ALPHA = {"alpha_correct": 0.950, "alpha_incorrect": 0.946, "t": 3.70}
 
 
-def _plt():
+def load_pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,12 +42,13 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path, top: float = 1.0) -> Path:
+def save_fig(fig, path: Path, top: float = 1.0) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it; returns ``path``."""
     fig.tight_layout(rect=(0, 0, 1, top))
     try:
         save_figure(fig, path, dpi=110)
     finally:
-        _plt().close(fig)
+        load_pyplot().close(fig)
     return path
 
 
@@ -55,7 +57,7 @@ def _judged(judge: str | None) -> str:
 
 
 def figure4(df, configs, path: Path, n: int = 121, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     from matplotlib.colors import ListedColormap
 
     datasets = sorted(configs)
@@ -89,7 +91,7 @@ def figure4(df, configs, path: Path, n: int = 121, judge: str | None = None) -> 
     handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.55) for c in ACTION_COLOURS]
     fig.legend(handles, ["Active", "Supp", "Silent", "Opt-Out (abstains: its dots are safe by construction)"],
                loc="upper center", ncol=4, fontsize=8)
-    return _save(fig, path, top=0.95)
+    return save_fig(fig, path, top=0.95)
 
 
 def confusion(b3, y_b3) -> np.ndarray:
@@ -101,7 +103,7 @@ def confusion(b3, y_b3) -> np.ndarray:
 
 
 def figure5a(cm: np.ndarray, path: Path, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     ax.imshow(cm, cmap="Blues", aspect="auto")
     top = cm.max() if cm.size else 0
@@ -111,11 +113,11 @@ def figure5a(cm: np.ndarray, path: Path, judge: str | None = None) -> Path:
     ax.set_xticks([0, 1], ["oracle: adopt", "oracle: reject"])
     ax.set_yticks(range(4), ["Active", "Supp", "Silent", "Opt-Out"])
     ax.set_title(f"B3 actions vs oracle (n = {cm.sum()}){_judged(judge)}", fontsize=9)
-    return _save(fig, path)
+    return save_fig(fig, path)
 
 
 def figure5b(gate: dict, path: Path, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     ax_ = gate["axis"]
     fig, ax = plt.subplots(figsize=(5, 4.2))
     im = ax.imshow(gate["mean"].T, origin="lower", extent=(ax_[0] - .025, ax_[-1] + .025, ax_[0] - .025,
@@ -130,7 +132,7 @@ def figure5b(gate: dict, path: Path, judge: str | None = None) -> Path:
     ax.set_ylabel("g_b")
     ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
     ax.set_title(f"C_final = C·(g_a + g_b α){_judged(judge)}", fontsize=9)
-    return _save(fig, path)
+    return save_fig(fig, path)
 
 
 def _edges(x: np.ndarray, n_bins: int) -> np.ndarray:
@@ -162,11 +164,11 @@ def abstention_bins(df, scored, n_bins: int = 5) -> dict:
 
 
 def figure5c(ab: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     fig, ax = plt.subplots(figsize=(5, 4.2))
     if not ab.get("n"):
         ax.text(0.5, 0.5, "no records with A ≥ 0.70", ha="center")
-        return _save(fig, path)
+        return save_fig(fig, path)
     rate = ab["rate"]
     im = ax.imshow(rate.T, origin="lower", cmap="magma", vmin=0, vmax=1, aspect="auto")
     for (i, j), v in np.ndenumerate(rate):
@@ -181,11 +183,11 @@ def figure5c(ab: dict, path: Path) -> Path:
     ax.set_xlabel("M (quintile bins)")
     ax.set_ylabel("R (quintile bins)")
     ax.set_title(f"A ≥ 0.70: {ab['n']} records, abstention {ab['overall']:.1%}", fontsize=9)
-    return _save(fig, path)
+    return save_fig(fig, path)
 
 
 def figure_sigma(sig: dict, path: Path, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
     a1.set_title(f"accuracy over σ{_judged(judge)}", fontsize=9)
     a1.errorbar(sig["sigma"], sig["mean"], yerr=sig["std"], fmt="o-", ms=3)
@@ -197,11 +199,11 @@ def figure_sigma(sig: dict, path: Path, judge: str | None = None) -> Path:
     a2.set_xlabel("σ")
     a2.set_ylabel("action share")
     a2.legend(fontsize=7, loc="upper right")
-    return _save(fig, path)
+    return save_fig(fig, path)
 
 
 def figure_thresholds(th: dict, path: Path, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
     a1.errorbar(th["theta0"], th["mean"][:, 0], yerr=th["std"][:, 0], fmt="o-", ms=3)
     deg = np.asarray(th.get("degenerate_theta0", []), bool)
@@ -217,7 +219,7 @@ def figure_thresholds(th: dict, path: Path, judge: str | None = None) -> Path:
     a2.set_xlabel("θ0")
     a2.set_ylabel("offset (θ1 = θ0 − o, θ2 = θ0 − 2o)")
     fig.colorbar(im, ax=a2, label="abstention (Silent or Opt-Out)")
-    return _save(fig, path)
+    return save_fig(fig, path)
 
 
 def c_alpha(df, scored, y) -> dict:
@@ -261,7 +263,7 @@ def section6(df, scored, y) -> dict:
 
 
 def figure_section6(s6: dict, path: Path, judge: str | None = None) -> Path:
-    plt = _plt()
+    plt = load_pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     dss = sorted({k[0] for k in s6["by_action"]} - {"all"}) + ["all"]
     w = 0.8 / len(dss)
@@ -295,4 +297,4 @@ def figure_section6(s6: dict, path: Path, judge: str | None = None) -> Path:
     a2.set_ylabel("decision accuracy vs oracle")
     a2.set_title(f"accuracy in the high-risk, high-relevance regime{_judged(judge)}", fontsize=9)
     a2.legend(fontsize=7, loc="upper center", ncol=2)
-    return _save(fig, path)
+    return save_fig(fig, path)

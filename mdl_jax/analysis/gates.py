@@ -1,4 +1,4 @@
-"""The gates practitioners use, on MDL's own records (issue 16 §5).
+"""The gates practitioners use, on MDL's own records.
 
 Every gate decides per (dataset, question, seed) whether to inject the retrieved memories:
   binary gates (inject → B2's answer, else B1's; sampling is paired, so both answers are recorded for the
@@ -28,7 +28,7 @@ calibrated = the run's config (paper judge) or ``mdl_jax.calibrate`` on the same
 labels. The uncertainty of a calibration question is that of its recorded (with-memory) answer scored
 after the no-memory prompt: the split holds no no-memory answer, and no new generation is made.
 
-The grouped-folds protocol (issue 26 §3, ``out_of_fold_threshold``), computed for every run beside the
+The grouped-folds protocol (``out_of_fold_threshold``), computed for every run beside the
 one above: every one-dimensional score (similarity, the uncertainty gates, self-evaluation, −A, MDL's
 C_final) gets its per-dataset τ the way XGBoost is fitted: on the evaluation records' own oracle labels,
 with XGBoost's 5 question-grouped folds (same seed), fitted on four folds and applied to the fifth. Not
@@ -568,7 +568,7 @@ def _fold_draws(one_d: dict, P, pooled, y, qids, pos, seed: int, n_draws: int = 
 
 
 def _latencies(ev, scores: dict) -> dict:
-    """Seconds each gate adds per decision, measured here (a loaded 2-core machine, so compare ratios)."""
+    """Seconds each gate adds per decision on the machine that runs the analysis (a shared machine is noisy, so compare ratios)."""
     import mdl_jax
 
     out = {}

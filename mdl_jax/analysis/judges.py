@@ -45,7 +45,8 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return (0.0 if k == 0 else max(0.0, mid - half)), (1.0 if k == n else min(1.0, mid + half))
 
 
-def _items(datasets, data_dir=None) -> dict:
+def dataset_items(datasets, data_dir=None) -> dict:
+    """{dataset: its items}, each named dataset loaded once."""
     from mdl_jax.pipeline.data import load
 
     return {ds: load(ds, data_dir) for ds in sorted(set(datasets))}
@@ -71,8 +72,8 @@ def _verdicts_key(answers: list, items: list, embedder) -> str | None:
 def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.DataFrame:
     """The gold set with ``gold`` (bool) and one ``judge_<name>`` (bool) column per judge.
 
-    Every run's report judges the same shipped gold set with the same rules (about 10 s of a small
-    run's 30 s of analysis on the 2-core VM), so the verdicts are kept in the embedder's cache folder
+    Every run's report judges the same shipped gold set with the same rules (a large share of a small
+    run's analysis), so the verdicts are kept in the embedder's cache folder
     (``judged/gold-KEY.json``, one small file per key), keyed by everything they depend on
     (``_verdicts_key``): a change of answer, reference, rule or model judges afresh."""
     import json
@@ -80,7 +81,7 @@ def judge_gold(embedder, gold: pd.DataFrame | None = None, data_dir=None) -> pd.
     from mdl_jax._io import write_bytes
 
     g = load_gold() if gold is None else gold.copy()
-    pools = _items(g["dataset"], data_dir)
+    pools = dataset_items(g["dataset"], data_dir)
     its = [pools[d][q] for d, q in zip(g["dataset"], g["qid"])]
     answers = list(g["answer"])
     key = _verdicts_key(answers, its, embedder)
@@ -161,7 +162,7 @@ def rejudge(df: pd.DataFrame, embedder, data_dir=None) -> pd.DataFrame:
         for name in JUDGES:
             out[f"hallucinated_{name}"], out[f"h_{name}"] = [], []
         return out
-    pools = _items(out["dataset"], data_dir)
+    pools = dataset_items(out["dataset"], data_dir)
     its = [pools[d][int(q)] for d, q in zip(out["dataset"], out["qid"])]
     failed = out["failed"].astype(bool) if "failed" in out else pd.Series(False, index=out.index)
     answers = [None if f else a for a, f in zip(out["answer"], failed)]

@@ -58,7 +58,7 @@ def controller_stages(M, R, A, cfg, max_records: int | None = None) -> dict:
     def fuse(v_wm, v_r, v_a):
         g_A = d.risk_gain(v_a, cfg)
         W = d.weight_matrices(cfg, v_wm.dtype)
-        z = jnp.einsum("kij,kj->i", W, jnp.stack([g_A * v_wm, v_r, v_a]), precision=d._HI)
+        z = jnp.einsum("kij,kj->i", W, jnp.stack([g_A * v_wm, v_r, v_a]), precision=d.PRECISION)
         return jnp.tanh(z + jnp.asarray(cfg.bias, v_wm.dtype))
 
     @jax.jit

@@ -18,7 +18,7 @@ thresholds: 5 numbers) and "all" (every numeric field: 15 numbers with a scalar 
 
 The table gives, per method, accuracy on the test folds (mean ± std over folds; for tuned MDL over
 folds × seeds), the same on the high-risk (A ≥ 0.70) test records, the number of trained parameters
-and the training time; LR, MLP and XGBoost are trained on the same folds (``ablation._models``), and the
+and the training time; LR, MLP and XGBoost are trained on the same folds (``ablation.candidate_models``), and the
 zero-parameter rows are the starting config and the run's per-dataset calibrated configs (Table 7).
 """
 
@@ -68,7 +68,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     """Train, evaluate and write TUNED.md, tuned.json and tuned-<set>.json under ``out``, published
     together (``mdl_jax._io.publish_dir``) once everything is trained: a failure, a kill or a full
     disk leaves the previous ``out`` as it was; files there that tune does not write stay."""
-    from mdl_jax.analysis.ablation import _models, n_params
+    from mdl_jax.analysis.ablation import candidate_models, n_params
     from mdl_jax.analysis.oracle import (
         RecordsError,
         calibration_split,
@@ -192,7 +192,7 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     for nm in ("LR", "MLP", "XGBoost"):
         accs, his, params, secs = [], [], [], []
         for tr, te in folds:
-            m = _models()[nm]
+            m = candidate_models()[nm]
             t = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)

@@ -490,7 +490,7 @@ def _uses(P) -> dict:
     base = {k: (np.full((1, 1), 0.8), np.full((1, 1), 0.8)) for k in CONDITIONS}
     one = np.ones((1, len(P)))
     ref = _stats(*_labels(P, base), one, P)
-    out = {k: [] for k in ref}
+    out: dict[str, list] = {k: [] for k in ref}
     for cond in CONDITIONS:
         for shift in ((0.05, 0.0), (0.0, 0.05)):
             moved = dict(base, **{cond: (base[cond][0] + shift[0], base[cond][1] + shift[1])})
@@ -543,9 +543,9 @@ def judge_error(ev, gv, judge: str, judge_col: str, *, n_draws: int = N_DRAWS, s
         boot = _stats(*relabel(P, c, n_draws=n_draws, seed=seed + 7, bootstrap=True), P)
         uses = _uses(P)
         rg = {}
-        for s, cond in (("B1", "no memory"), ("B2", "memory")):
-            q = float(P[f"h{s[1]}"].mean())
-            rg[s] = rogan_gladen(q, c[cond]["se"], c[cond]["sp"]) if ident[cond]["identified"] else float("nan")
+        for system, cond in (("B1", "no memory"), ("B2", "memory")):
+            q = float(P[f"h{system[1]}"].mean())
+            rg[system] = rogan_gladen(q, c[cond]["se"], c[cond]["sp"]) if ident[cond]["identified"] else float("nan")
         d: dict = {"confusion": c, "identification": ident, "n": int(len(P)),
                    "n_questions": int(P["qid"].nunique()), "rogan_gladen": rg, "method": METHOD}
         for k in raw:

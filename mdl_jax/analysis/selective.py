@@ -32,7 +32,7 @@ from mdl_jax.evaluation.metrics import Curve, rates, risk_coverage  # noqa: F401
 
 JUDGES = {"paper": "hallucinated", "ref": "hallucinated_ref"}
 ACTIONS = ("ACTIVE", "SUPP", "SILENT", "OPT_OUT")
-RISK_ONLY_TAU = 0.75  # the audit's rule (issue 16): A ∈ {0.75, 0.85} on TruthfulQA are its high tiers
+RISK_ONLY_TAU = 0.75  # the audit's rule: A ∈ {0.75, 0.85} on TruthfulQA are its high tiers
 N_DRAWS = 2000
 
 

@@ -195,12 +195,12 @@ def views_md(v: dict, figures: dict | None = None) -> str:
 def figure_reliability(v: dict, judge: str, path: Path) -> Path | None:
     """P(B2's answer safe) against mean C_final per bin, one panel per dataset, with the bins' 95%
     intervals and the diagonal (C_final read as a probability). None where no dataset has bins."""
-    from mdl_jax.analysis.figures import _plt, _save
+    from mdl_jax.analysis.figures import load_pyplot, save_fig
 
     byds = {ds: d["reliability"]["bins"] for ds, d in v.get(judge, {}).items() if d["reliability"]["bins"]}
     if not byds:
         return None
-    plt = _plt()
+    plt = load_pyplot()
     fig, axes = plt.subplots(1, len(byds), figsize=(4.2 * len(byds), 3.8), squeeze=False)
     for ax, (ds, bins) in zip(axes[0], byds.items()):
         x = np.array([b["c_mean"] for b in bins])
@@ -215,4 +215,4 @@ def figure_reliability(v: dict, judge: str, path: Path) -> Path | None:
         ax.set_ylabel("P(safe) [95% CI]")
         ax.set_title(f"{ds} [{judge} judge]")
         ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, Path(path))
+    return save_fig(fig, Path(path))

@@ -23,8 +23,9 @@ from mdl_jax.cli.args import (
     user_errors,
 )
 
-# Measured here: 26,293 memory texts to embed, ~21 texts/s under load (about 20 minutes) on first use;
-# the embedding cache makes later runs take seconds.
+# The first run embeds every memory text (26,293 of them); the embedding cache makes later runs
+# take seconds, so the message tells a user what to expect before the long first wait
+# (docs/benchmarks.md gives the measured figure).
 SIGNALS_COST = "about 20 minutes on first use here (26,293 texts), seconds once they are cached"
 
 
@@ -81,10 +82,9 @@ def signals_cmd(args) -> int:
     return 0
 
 
-# Measured on this dev VM (2 CPU cores, bundled SmolLM2 in bf16), 2026-11-30: a bare run took 100 s
-# idle with the embedding cache warm (the 12-question Quick-start run took 118 s on a fresh clone, install
-# included); a fresh cache adds the embedding of the question pools. Under a load of 4-8 processes
-# the same work took about three times as long (6 min 49 s for the 12-question run, 2026-11-29).
+# Told before a bare run starts, so a user knows it is minutes of work, not a hang: the time is the
+# bundled model's generation, plus the embedding of the question pools on a fresh cache, and it grows
+# with the machine's load (docs/benchmarks.md has the measured runs).
 BARE_RUN_COST = ("A bare run (20 questions x 2 datasets, B1/B2/B3 on both, CRAG and Self-RAG on "
                  "TruthfulQA, 1 seed, the shipped config so no calibration answers) takes about "
                  "{minutes}")
@@ -227,7 +227,7 @@ def reproduce_cmd(args) -> int:
         if (not run["records_written"] and prev
                 and (prev.get("this_run") or {}).get("records_written")):
             # A rerun with nothing left to do only rewrites the report (new judges, new analyses):
-            # it keeps the figures of the last run that did the work instead of reporting ~0 s.
+            # it keeps the figures of the last run that did the work instead of reporting the near-zero time of a run that did nothing.
             summary["this_run"], summary["wall_seconds"] = prev["this_run"], prev.get("wall_seconds")
             summary["report_rewritten"] = True
         write_text(cfg.out / "run.json", json.dumps(summary, indent=2))

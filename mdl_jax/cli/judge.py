@@ -16,9 +16,9 @@ from mdl_jax.cli.args import (
 )
 from mdl_jax.pipeline.judgement import JUDGES, judge_records, read_answers
 
-# Measured here: the rule judges on a 3,600-record run take a few minutes (one MiniLM pass); the LLM
-# judge's cost is the server's: the bundled SmolLM2 behind `python -m mdl_jax.serve` grades the 482
-# gold answers in about 3 minutes on this 2-core CPU.
+# Told before judging starts, so a long wait reads as work: the rule judges cost one MiniLM pass, the
+# LLM judge's cost is the server's (the bundled SmolLM2 behind `python -m mdl_jax.serve` grades the
+# 482 gold answers in minutes on a CPU).
 JUDGE_COST = ("the rule judges cost one MiniLM pass over the answers and their references (cached), a "
               "few minutes on a CPU for a 3,600-record run; --judge llm costs one 1-token request per "
               "answer (cached by model and prompt) plus, unless --no-gold, the 482 gold answers once")

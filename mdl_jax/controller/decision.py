@@ -22,7 +22,7 @@ from mdl_jax.controller.config import MDLConfig
 
 # Full-precision products: on GPUs JAX's default float32 matmul uses TF32, which moved C_final by ~2e-4
 # between CPU and an H200. HIGHEST keeps CPU and GPU within 1e-5.
-_HI = jax.lax.Precision.HIGHEST
+PRECISION = jax.lax.Precision.HIGHEST
 
 
 class Action(enum.IntEnum):
@@ -125,7 +125,7 @@ def fuse(M, R, A, cfg: MDLConfig):
     # Σ_k c_k W_k v_k as ONE contraction over (k, j): batched, it is a single (N, 48) × (48, 16) matmul
     # instead of three K = 16 ones plus adds.
     V = jnp.stack([g_A * v_wm, v_r, v_a])
-    z = jnp.einsum("kij,kj->i", W, V, precision=_HI) + jnp.asarray(cfg.bias, M.dtype)
+    z = jnp.einsum("kij,kj->i", W, V, precision=PRECISION) + jnp.asarray(cfg.bias, M.dtype)
     return jnp.tanh(z), v_wm, g_A
 
 
@@ -146,7 +146,7 @@ def read_out(v_meta, v_wm, cfg: MDLConfig):
     C = jnp.clip((n - n_min) / (n_max - n_min), 0.0, 1.0)
     denom = n * n_wm
     ok = denom > 0
-    alpha = jnp.where(ok, jnp.dot(v_wm, v_meta, precision=_HI) / jnp.where(ok, denom, 1.0), 0.0)
+    alpha = jnp.where(ok, jnp.dot(v_wm, v_meta, precision=PRECISION) / jnp.where(ok, denom, 1.0), 0.0)
     # Cauchy-Schwarz holds exactly; rounding can overshoot by an ulp, so keep Corollary 1 exact.
     return C, jnp.clip(alpha, -1.0, 1.0), n
 
@@ -156,10 +156,11 @@ def gate(C, alpha, cfg: MDLConfig):
     if not cfg.alpha_gating:
         return C
     g_a, g_b = (jnp.asarray(x, C.dtype) for x in cfg.gate_coeffs)
-    return C * (g_a + _uncontracted(g_b * alpha))
+    return C * (g_a + uncontracted(g_b * alpha))
 
 
-def _uncontracted(p):
+def uncontracted(p):
+    """``p`` unchanged (NaN stays NaN), rounded on its own: shared with the fused and native engines."""
     # The product rounded on its own, never fused with the add after it: XLA:CPU contracts a·b + c into
     # one FMA (one rounding) inside a jitted fusion but not between eager ops, so jitted and eager
     # decide_one, the kernels and the sweep put a C_final that lies on θ on different sides of it. A
@@ -181,7 +182,7 @@ def energies(v_meta, cfg: MDLConfig) -> jax.Array:
     instead of three)."""
     if cfg.subspaces == "identity":
         return jnp.broadcast_to(jnp.sum(v_meta * v_meta), (3,))
-    coords = jnp.dot(jnp.asarray(cfg.basis.T, v_meta.dtype), v_meta, precision=_HI)
+    coords = jnp.dot(jnp.asarray(cfg.basis.T, v_meta.dtype), v_meta, precision=PRECISION)
     sq = coords * coords
     edges = np.cumsum((0,) + tuple(cfg.dims))
     return jnp.stack([jnp.sum(sq[a:b]) for a, b in zip(edges[:-1], edges[1:])])

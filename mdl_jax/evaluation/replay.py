@@ -141,14 +141,14 @@ def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.nd
     if all(isinstance(g, bool) for g in giveup):
         r = np.array(giveup, bool)
         pol.append(Policy("When-to-Retrieve flag", np.where(r, cw, cwo), yes, r.astype(float), r.astype(float)))
-    seakr = [it.seakr for it in items]
-    if all(s is not None and "final_answer" in s for s in seakr):
+    seakr = [it.seakr for it in items if it.seakr is not None and "final_answer" in it.seakr]
+    if len(seakr) == len(items):
         pol.append(Policy("SeaKR (own answers)",
                           np.array([acc(str(s["final_answer"]), g) for s, g in zip(seakr, golds)], float), yes,
                           np.array([float(s.get("retrieval_times", 0)) for s in seakr]), None))
 
     groups = np.array([it.group for it in items])
-    if not with_passages:
+    if cols is None:  # no passages: the reader-side gates only
         return Replay(dataset, groups, cwo, cw, tuple(pol))
     fold = calibration_split(groups, share=0.5, salt=dataset)
     fit_label = (cw == 1) | (cwo == 0)  # retrieval does not hurt

@@ -28,6 +28,7 @@ import re
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
-from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS
+from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
 from mdl_jax.evaluation.replay import replay, replay_table
 from mdl_jax.evaluation.scoring import (
     GATE_NAMES,
@@ -115,7 +116,8 @@ def _signals(name: str, items, gate, out: Path, progress: bool) -> dict[str, np.
     cols = signal_columns(items, gate, progress=progress)
     if key is not None:
         buf = io.BytesIO()
-        np.savez(buf, digest=np.array(key), **{k: cols[k] for k in SIGNAL_KEYS})
+        arrays: dict[str, Any] = {"digest": np.array(key), **{k: cols[k] for k in SIGNAL_KEYS}}
+        np.savez(buf, **arrays)
         _write(path, buf.getvalue())
     return cols
 
@@ -433,7 +435,7 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
             split = name.split(":", 1)[1]
             with_passages = all(it.memories for it in items)
             cols = _signals(name, items, gate, out, progress) if with_passages else None
-            rows = replay_table(replay(split, items, cols, config=gate.config), n_boot=n_boot)
+            rows = replay_table(replay(split, cast("list[AdaRAGUEItem]", items), cols, config=gate.config), n_boot=n_boot)
             rep[split] = rows
         else:
             cols = _signals(name, items, gate, out, progress)

@@ -60,7 +60,7 @@ ACTIVE = int(Action.ACTIVE)
 OPT_OUT = int(Action.OPT_OUT)
 
 
-def calibration_split(groups: Sequence[str], share: float = CALIBRATION_SHARE, salt: str = "") -> np.ndarray:
+def calibration_split(groups: Sequence[str] | np.ndarray, share: float = CALIBRATION_SHARE, salt: str = "") -> np.ndarray:
     """(N,) bool: True for the rows whose question falls in the calibration share.
 
     A question's side is a hash of its id (and ``salt``), so every row of one question is on one side, the

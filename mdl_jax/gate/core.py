@@ -87,7 +87,7 @@ def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
                      f"embed(texts), or a callable texts -> (N, d) array; got {type(embedder).__name__}")
 
 
-def _unit(name: str, x) -> float:
+def unit_float(name: str, x) -> float:
     """``x`` as a float in [0, 1], else a ValueError that begins with ``name``."""
     if type(x) is float and 0.0 <= x <= 1.0:  # the common case, without the ABC check (NaN fails it)
         return x
@@ -109,7 +109,7 @@ def _make_risk(risk) -> Callable[[str, str | None], float]:
     if isinstance(risk, Mapping):
         if not risk:
             raise ValueError("risk: the {category: risk} table is empty")
-        table = {str(k): _unit(f"risk[{k!r}]", v) for k, v in risk.items()}
+        table = {str(k): unit_float(f"risk[{k!r}]", v) for k, v in risk.items()}
 
         def lookup(q, c):
             if c is None or str(c) not in table:
@@ -119,9 +119,9 @@ def _make_risk(risk) -> Callable[[str, str | None], float]:
         return lookup
     if callable(risk):
         def call(q, c):
-            return _unit(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
+            return unit_float(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
         return call
-    a = _unit("risk", risk)
+    a = unit_float("risk", risk)
     return lambda q, c: a
 
 
@@ -174,7 +174,8 @@ def surrogate_fault(text: str) -> str | None:
                                    "which is not Unicode text (it cannot be written as UTF-8)")
 
 
-def _check_query(name: str, q) -> str:
+def check_query(name: str, q) -> str:
+    """``q`` if it is a non-empty string of Unicode text, else a ValueError that begins with ``name``."""
     if not isinstance(q, str) or not q.strip():
         raise ValueError(f"{name}: expected a non-empty string, got {q!r}"[:200])
     why = surrogate_fault(q)
@@ -183,13 +184,14 @@ def _check_query(name: str, q) -> str:
     return q
 
 
-def _memory_texts(name: str, memories) -> list[str]:
+def memory_texts(name: str, memories) -> list[str]:
     """The texts of one memory list; ValueError naming ``name`` (and the item) when malformed."""
     if type(memories) is list and len(memories) <= MAX_MEMORIES \
             and all(type(m) is str and m and not m.isspace() and (m.isascii() or not LONE_SURROGATE.search(m))
                     for m in memories):
         # the common case (a list of non-blank strings; JSON rows parse to it) without the ABC checks
-        # below (a bulk call's checks: 2.9-3.5 → 2.3 µs a row of 5 memories, bench_gate) (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
+        # below, which are a visible share of a bulk call's per-row cost (bench_gate)
+        # (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
         return list(memories)
     if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
         raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
@@ -246,14 +248,13 @@ PAUSE_COLLECTOR_ROWS = 256
 
 
 @contextlib.contextmanager
-def _collector_paused(n: int):
+def collector_paused(n: int):
     """The garbage collector off while ``n`` ≥ PAUSE_COLLECTOR_ROWS decisions are built, if it was on.
 
     A bulk call builds ~4 objects per row (the decision, its scalars, two tuples), none in a cycle, yet
     every 700 allocations start a collection that walks the young objects, and every tenth of those the
-    older ones: 17% of ``decide_batch``'s time on 4,096-row calls (49,100 → 58,600 rows/s with the
-    collector off for the whole call, bench_gate). Paused only here, for the objects' making (a few ms
-    per 4,096 rows); it runs again at the next allocation after. A caller that turned it off keeps it
+    older ones: a sizeable share of ``decide_batch``'s time on large calls, for objects that can
+    never be garbage (docs/benchmarks.md, bench_gate). Paused only here, for the objects' making; it runs again at the next allocation after. A caller that turned it off keeps it
     off (it is re-enabled only if this call turned it off)."""
     if n < PAUSE_COLLECTOR_ROWS or not gc.isenabled():
         yield
@@ -391,9 +392,9 @@ class MemoryGate:
       embed_backend: for a named embedder: what runs it (``Embedder``'s ``backend``). The default
         ``"auto"`` (``Embedder``'s ``auto_backend``), where the model can be exported and the
         ``signals`` extra's runtimes are installed: OpenVINO in bfloat16 on a CPU with AMX or
-        AVX512-BF16 (within issue 25's parity: cosine ≥ 0.9999 to torch's, every bundled gate action
-        equal; the uncached gate 3.5-3.6× as fast on Zen 4), else ONNX Runtime in float32 (torch's
-        vectors to float32 rounding, 1.5-2.7× as fast); else torch. ``"torch"`` pins
+        AVX512-BF16 (within the parity the tests hold: cosine ≥ 0.9999 to torch's, every bundled gate
+        action equal; the fastest uncached backend there, docs/benchmarks.md), else ONNX Runtime in
+        float32 (torch's vectors to float32 rounding, faster than torch); else torch. ``"torch"`` pins
         sentence-transformers, ``"onnx"`` float32.
       relevance_threshold: the cosine above which a memory counts as relevant to the query (for R
         and φ; the paper's 0.3), in [0, 1].
@@ -421,7 +422,7 @@ class MemoryGate:
                              f"{type(conflict).__name__}")
         self.conflict: Callable[[list[str]], Any] = (_checked_conflict(conflict) if conflict is not None
                                                       else pair_flags)
-        self.relevance_threshold = _unit("relevance_threshold", relevance_threshold)
+        self.relevance_threshold = unit_float("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:
             raise ValueError(f"abstention: expected a non-empty string, got {abstention!r}")
         self.abstention = abstention
@@ -459,13 +460,13 @@ class MemoryGate:
         for name, xs in (("categories", categories), ("risks", risks)):
             if xs is not None and (isinstance(xs, (str, bytes)) or len(xs) != B):
                 raise ValueError(f"{name}: expected None or {B} values (one per query)")
-        qs = [_check_query(f"queries[{i}]", q) for i, q in enumerate(queries)]
-        texts = [_memory_texts(f"memories_lists[{i}]", m) for i, m in enumerate(memories_lists)]
+        qs = [check_query(f"queries[{i}]", q) for i, q in enumerate(queries)]
+        texts = [memory_texts(f"memories_lists[{i}]", m) for i, m in enumerate(memories_lists)]
         cats = list(categories) if categories is not None else [None] * B
         A = np.empty(B, np.float32)
         for i in range(B):
             r = None if risks is None else risks[i]
-            A[i] = self.risk(qs[i], cats[i]) if r is None else _unit(f"risks[{i}]", r)
+            A[i] = self.risk(qs[i], cats[i]) if r is None else unit_float(f"risks[{i}]", r)
         return qs, texts, cats, A
 
     def columns(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
@@ -573,7 +574,7 @@ class MemoryGate:
         cols = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"])
         rows = [cols[k].tolist() for k in SCALARS]  # one conversion per column, not per value
         acts = list(Action)  # Action(i) is acts[i]: a list index, not an enum call per row
-        with _collector_paused(len(qs)):
+        with collector_paused(len(qs)):
             return [GateDecision(q, acts[a], dict(zip(SCALARS, vals)), tuple(given), tuple(t), self.abstention)
                     for q, a, vals, given, t in zip(qs, cols["action"].tolist(), zip(*rows), memories_lists, texts)]
 
@@ -598,7 +599,15 @@ class MemoryGate:
           ValueError: naming the argument: an empty query, a malformed memory, a query or memory
             holding a lone surrogate, a risk outside [0, 1], a category outside the risk table.
         """
-        _check_query("query", query)
-        texts = _memory_texts("memories", memories)
-        A = np.array([self.risk(query, category) if risk is None else _unit("risk", risk)], np.float32)
+        check_query("query", query)
+        texts = memory_texts("memories", memories)
+        A = np.array([self.risk(query, category) if risk is None else unit_float("risk", risk)], np.float32)
         return self._decisions([query], [texts], [memories], A)[0]
+
+_check_query = check_query  # the earlier private name, which tests and sibling modules still use
+
+_memory_texts = memory_texts  # the earlier private name, which tests and sibling modules still use
+
+_collector_paused = collector_paused  # the earlier private name, which tests and sibling modules still use
+
+_unit = unit_float  # the earlier private name, which tests and sibling modules still use

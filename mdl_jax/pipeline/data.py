@@ -196,8 +196,8 @@ def _identity(path: Path) -> tuple[int, int, int]:
 def _load_text_file(dataset: str, src: Path, limit: int | None, size: int, mtime_ns: int,
                     inode: int) -> tuple[Item, ...]:
     """A local .csv / .jsonl file parsed and checked once per process. One run reads each dataset
-    5-6 times (the pipeline, the judges, the gold report, the case studies), ~1 s each for HaluEval's
-    10,000 rows on the 2-core VM. Items are frozen, and ``load`` hands out a fresh list, so a caller
+    several times (the pipeline, the judges, the gold report, the case studies), and parsing and
+    checking HaluEval's 10,000 rows each time would repeat the same work. Items are frozen, and ``load`` hands out a fresh list, so a caller
     can never change what the next one gets. Bound: 8 entries (two datasets × a few limits)."""
     rows = _read_csv(src, dataset) if src.suffix == ".csv" else _read_jsonl(src, dataset)
     for line, row in rows:  # the whole file, whatever the limit: a bad file is an error

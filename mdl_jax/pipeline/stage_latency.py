@@ -21,7 +21,7 @@ def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int 
     import torch
 
     # single-threaded, as the paper's benchmark: on a shared machine torch's OpenMP threads spin against
-    # other processes and a 16-token call can take 100× longer than on an idle core
+    # other processes and a 16-token call can take many times longer than on an idle core
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

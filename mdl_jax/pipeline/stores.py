@@ -73,8 +73,8 @@ def build_stores(items: Sequence[Item], cfg: StoreConfig = StoreConfig()) -> lis
     """One store per item. Distractors come from other items of the same list."""
     pool = [(it.qid, a) for it in items for a in _answers(it.correct, 1)]
     # Where each question's own entries sit in the pool: the distractor population of a question is
-    # the pool without them, and rebuilding it by a scan per question cost O(N²) (7 s for HaluEval's
-    # 10,000). A contiguous run is cut out by slicing instead: the same list, so the same draws.
+    # the pool without them, and rebuilding it by a scan per question cost O(N²) (seconds for HaluEval's
+    # 10,000 rows). A contiguous run is cut out by slicing instead: the same list, so the same draws.
     where: dict = {}
     for i, (q, _) in enumerate(pool):
         where.setdefault(q, []).append(i)

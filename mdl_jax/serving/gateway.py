@@ -228,9 +228,9 @@ class BoundedEmbedder:
     def model(self):
         if self._source is not None:
             return self._source.model
-        from mdl_jax.signals.embeddings import _load_model  # one copy of the weights per process
+        from mdl_jax.signals.embeddings import load_model  # one copy of the weights per process
 
-        return _load_model(self.load_path, self.device or "cpu")
+        return load_model(self.load_path, self.device or "cpu")
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
         texts = [str(t) for t in texts]

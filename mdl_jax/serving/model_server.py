@@ -330,11 +330,11 @@ class ScoreLane:
         import torch
         from transformers import DynamicCache
 
-        from mdl_jax.pipeline.generation import _head_fp32, _plain_head
-        from mdl_jax.pipeline.generation.local import _cache_kw
+        from mdl_jax.pipeline.generation import head_fp32, plain_head
+        from mdl_jax.pipeline.generation.local import cache_kw
 
         tok, lm = self.backend._lm()
-        if not _plain_head(lm):  # no body/head split to chunk: one pass (not interruptible)
+        if not plain_head(lm):  # no body/head split to chunk: one pass (not interruptible)
             return self.backend.prompt_logprobs(job.text, job.k)
         enc = tok(job.text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
@@ -353,8 +353,8 @@ class ScoreLane:
                         raise Cancelled
                     b = min(a + step, len(ids) - 1)  # positions a..b-1 predict tokens a+1..b
                     hidden = lm.model(input_ids=x[:, a:b], use_cache=True,
-                                      **{_cache_kw(lm): cache}).last_hidden_state[0]
-                    logp = torch.log_softmax(_head_fp32(lm, hidden), -1).cpu()
+                                      **{cache_kw(lm): cache}).last_hidden_state[0]
+                    logp = torch.log_softmax(head_fp32(lm, hidden), -1).cpu()
                     tgt = torch.tensor(ids[a + 1:b + 1])
                     lps += logp[torch.arange(b - a), tgt].tolist()
                     if job.k > 0:

@@ -32,12 +32,12 @@ import numpy.typing as npt
 
 from mdl_jax.signals import conflict_native, dots_native
 from mdl_jax.signals.conflict import (
-    _analyse,
-    _conflict,
-    _recent_analysis,
+    analyse,
+    analyses_conflict,
     pair_flags,
     pair_flags_among,
     pair_flags_recent,
+    recent_analysis,
 )
 
 RELEVANCE_THRESHOLD = 0.3
@@ -80,7 +80,7 @@ aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_
 # A store of at most SMALL_MEMORIES memories is aggregated in NumPy by ``small_signals``, whatever the
 # call's size (a path whose bits followed the call's size would make a row's last bit depend on its batch
 # neighbours: tests/test_ray_data.py; ``small_signals``' own two paths give the same bits). For one query (a framework component, the gateway) JAX's dispatch, the
-# padding to 16 rows and the transfers back cost ~100 µs against ~10 µs of arithmetic. The two paths
+# padding to 16 rows and the transfers back cost several times the arithmetic itself. The two paths
 # agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_signals.py); they can count a memory as
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
 SMALL_BATCH = 8  # (kept for callers; the path no longer depends on it)
@@ -150,9 +150,9 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
 
 # Rows of one NumPy step of ``small_signals``: its (rows, S, d) float64 memory vectors stay under ~2 MB
 # whatever S (≤ SMALL_MEMORIES) is. At ~16 MB (2^21 elements, before) each step's arrays were fresh
-# pages from the system, faulted in and then read again from memory by each of the step's products: the
-# cached gate took 21.3 µs per row (12.7 of them aggregating) against 17.9 (9.6) at 2 MB, which stays in
-# the heap and in cache; 1 MB or 0.5 MB is no faster (the steps' fixed NumPy costs grow). Same bits.
+# pages from the system, faulted in and then read again from memory by each of the step's products,
+# which made the cached gate's aggregation measurably slower than at 2 MB, which stays in the heap and
+# in cache; 1 MB or 0.5 MB is no faster (the steps' fixed NumPy costs grow; bench_gate). Same bits.
 SMALL_STEP_ELEMENTS = 1 << 18
 RECENT_CALL = 64  # calls of at most this many queries keep analyses across calls (conflict.ANALYSES_KEPT)
 
@@ -182,7 +182,7 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
     """``small_signals`` for one store of S ≥ 1 memories, with the same NumPy calls on (S, ·) arrays in
     place of their (n, S, ·) stacks (each stacked matmul runs these very 2-D products slice by slice, and
     each row sum is a sum over the row's own P pairs), so the same bits; without the stacking and
-    scattering, ~30 µs less per call of one query (a framework component's, the gateway's)."""
+    scattering, whose fixed cost dominates a call of one query (a framework component's, the gateway's)."""
     S = len(texts)
     native = _native_dots(q, mem)
     if native:
@@ -218,9 +218,9 @@ def _flagged(texts: Sequence[str], keep: list[int], S: int, conflict, analyses: 
             t = texts[j]
             x = analyses.get(t)
             if x is None:
-                x = analyses[t] = _recent_analysis(t) if recent else _analyse(t)
+                x = analyses[t] = recent_analysis(t) if recent else analyse(t)
             an.append(x)
-        return sum(_conflict(an[i], an[j]) for i in range(len(an)) for j in range(i + 1, len(an)))
+        return sum(analyses_conflict(an[i], an[j]) for i in range(len(an)) for j in range(i + 1, len(an)))
     fl = np.asarray(conflict(list(texts)), bool).reshape(S, S)
     return int(np.count_nonzero(fl[np.ix_(keep, keep)][np.triu_indices(len(keep), 1)]))
 
@@ -266,11 +266,11 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
     zero, one = np.float32(0.0), np.float32(1.0)
     # A few queries (a framework component, the gateway: retrievers return the same documents again)
     # reuse the analyses of recently seen texts; a bulk call keeps its own (most texts are new: an LRU
-    # costs more than it saves there, see conflict._analyse). The analyses are the same either way.
+    # costs more than it saves there, see conflict.analyse). The analyses are the same either way.
     recent = B <= RECENT_CALL
     # A text in several stores of one step is analysed once. A bulk call clears this every step: its
     # analyses (tuples of sets, which the garbage collector traverses) kept for a whole call of 4,096
-    # stores made every full collection slower, and the call ~1.3× slower per row than one of 1,000.
+    # stores made every full collection slower, and the call slower per row than one of 1,000.
     analyses: dict[str, tuple] = {}
     if B <= ROW_BY_ROW:
         for b, texts in enumerate(stores):
@@ -291,8 +291,8 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
         iu, ju = _pairs(S)
         # A step's arrays: with NumPy's products, its (rows, S, d) float64 copies (see SMALL_STEP_ELEMENTS);
         # with the native products and detector, only (rows, S) and (rows, S²) ones, so a step holds d
-        # times the rows and its fixed costs (~40 NumPy calls, one detector call: ~1.8 µs a row of six
-        # memories at 113 rows a step) are spread over them. A row's bits never depend on its step.
+        # times the rows and its fixed costs (dozens of NumPy calls, one detector call) are spread over
+        # them. A row's bits never depend on its step.
         wide = native and not recent and conflict is pair_flags and conflict_native.available()
         step = max(1, SMALL_STEP_ELEMENTS // (S * (S if wide else max(S, d))))
         for a in range(0, n_S, step):
@@ -428,7 +428,7 @@ def _bucket(n: int, cap: int) -> int:
 # ~32 MB apiece, just under glibc's 32 MB ceiling for returning blocks straight to the system, so
 # they went to the heap, which kept ~30 MB more every few dozen steps of a long stream (peak RSS
 # 502 → 550 MB over 10^6 queries). At 1,024 the blocks are 8 MB, the heap reuses them (502 → 502
-# MB), the results are bit-identical and the pass is no slower (42 vs 76 ms per 4,096 stores).
+# MB), the results are bit-identical and the pass is no slower (bench_signals).
 BATCH = 1024
 
 # The bounds on one row's pairwise work (the (rows, S, S) flags and similarities grow as S²):
@@ -531,8 +531,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         return out
     from tqdm.auto import tqdm
 
-    # a disabled bar still costs ~0.3 ms to build: a one-query call (the gateway's, a framework
-    # component's) skips it
+    # a disabled bar still costs more to build than a one-query call's work (the gateway's, a
+    # framework component's), so such a call skips it
     steps = tqdm(range(0, B, batch), desc="aggregating signals") if progress else range(0, B, batch)
     for i in steps:
         n = min(batch, B - i)

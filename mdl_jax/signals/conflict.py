@@ -52,14 +52,14 @@ _ANT_WORDS = frozenset(_ANT)
 _PHRASE_HINT = os.path.commonprefix(IGNORED_PHRASES)
 
 
-def _analyse(text: str):
+def analyse(text: str):
     """(negated, topic words, first word, antonym-pair words among the content, antonym-pair words
     among all words) of one text.
 
     Not cached, deliberately: over all 10,817 stores of both datasets (54,744 analyses, 44% of them
-    texts seen in an earlier store) the flags took 0.40 s uncached and 0.44-0.46 s behind an LRU cache
-    of 1,024-65,536 texts (a hit saves ~1-8 µs; a miss's allocation outside the hot memory costs as
-    much), and the old 65,536-entry cache grew a stream's memory by ~80 MB and slowed every full
+    texts seen in an earlier store) the flags were no faster behind an LRU cache of
+    1,024-65,536 texts than uncached (what a hit saves, a miss's allocation outside the hot memory
+    costs again), and the old 65,536-entry cache grew a stream's memory by ~80 MB and slowed every full
     garbage collection (its entries were sets the collector traverses)."""
     t = text.lower().replace("’", "'")
     if _PHRASE_HINT in t:
@@ -75,7 +75,7 @@ def _analyse(text: str):
         content -= contracted
     ant = content & _ANT_WORDS
     # antonym words are content words; the topic overlap leaves them out. Of all the words only
-    # those of an antonym pair matter to ``_conflict`` (is the opposite present?): kept alone
+    # those of an antonym pair matter to ``analyses_conflict`` (is the opposite present?): kept alone
     return negated, content - ant, words[0] if words else "", ant, ws & _ANT_WORDS
 
 
@@ -86,7 +86,8 @@ def _overlap(a: set, b: set) -> float:
     return shared / (len(a) + len(b) - shared)  # = |a ∩ b| / |a ∪ b|, without building the union
 
 
-def _conflict(x, y) -> bool:
+def analyses_conflict(x, y) -> bool:
+    """Whether two texts, given as their ``analyse`` results, contradict each other."""
     neg_a, topic_a, first_a, ant_a, words_a = x
     neg_b, topic_b, first_b, ant_b, words_b = y
     if {first_a, first_b} == {"yes", "no"}:
@@ -104,12 +105,12 @@ def _conflict(x, y) -> bool:
 
 def stance_conflict(a: str, b: str) -> bool:
     """True when records ``a`` and ``b`` take lexically opposite positions on the same topic."""
-    return _conflict(_analyse(a), _analyse(b))
+    return analyses_conflict(analyse(a), analyse(b))
 
 
 def pair_flags(texts) -> list[list[bool]]:
     """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once."""
-    return _flags_of([_analyse(t) for t in texts])
+    return _flags_of([analyse(t) for t in texts])
 
 
 def _flags_of(an: list) -> list[list[bool]]:
@@ -118,7 +119,7 @@ def _flags_of(an: list) -> list[list[bool]]:
     out = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            out[i][j] = out[j][i] = _conflict(an[i], an[j])
+            out[i][j] = out[j][i] = analyses_conflict(an[i], an[j])
     return out
 
 
@@ -130,10 +131,10 @@ def pair_flags_among(texts, keep) -> list[list[bool]]:
     ks = [i for i in range(n) if keep[i]]
     if len(ks) < 2:
         return out
-    an = {i: _analyse(texts[i]) for i in ks}
+    an = {i: analyse(texts[i]) for i in ks}
     for a, i in enumerate(ks):
         for j in ks[a + 1:]:
-            out[i][j] = out[j][i] = _conflict(an[i], an[j])
+            out[i][j] = out[j][i] = analyses_conflict(an[i], an[j])
     return out
 
 
@@ -142,20 +143,21 @@ def pair_flags_among(texts, keep) -> list[list[bool]]:
 # recently used dropped first. Bounded: ANALYSES_KEPT texts of at most ANALYSED_TEXT_CHARS characters
 # each (longer ones are analysed every time), ≲ 2,048 × ~6 KiB ≈ 12 MiB at the bound. Streams do not
 # use it (``pair_flags``): there, most texts are new and a cache costs more than it saves (see
-# ``_analyse``).
+# ``analyse``).
 ANALYSES_KEPT = 2048
 ANALYSED_TEXT_CHARS = 1000
 _RECENT: collections.OrderedDict[str, tuple] = collections.OrderedDict()
 _RECENT_LOCK = threading.Lock()
 
 
-def _recent_analysis(text: str):
+def recent_analysis(text: str):
+    """``analyse(text)``, remembered for the most recently seen short texts (at most ANALYSES_KEPT)."""
     with _RECENT_LOCK:
         a = _RECENT.get(text)
         if a is not None:
             _RECENT.move_to_end(text)
             return a
-    a = _analyse(text)
+    a = analyse(text)
     if len(text) <= ANALYSED_TEXT_CHARS:
         with _RECENT_LOCK:
             _RECENT[text] = a
@@ -167,4 +169,8 @@ def _recent_analysis(text: str):
 def pair_flags_recent(texts) -> list[list[bool]]:
     """``pair_flags``, the same flags, with the analyses of recently seen texts reused (see
     ``ANALYSES_KEPT``): for a few texts at a time, most of them seen before."""
-    return _flags_of([_recent_analysis(t) for t in texts])
+    return _flags_of([recent_analysis(t) for t in texts])
+
+_analyse = analyse  # the earlier private name, which tests and sibling modules still use
+
+_conflict = analyses_conflict  # the earlier private name, which tests and sibling modules still use

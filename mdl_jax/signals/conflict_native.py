@@ -1,14 +1,14 @@
 """The lexical conflict detector in C++ (``_native/conflict.cc``): ``conflict``'s flags for many stores
 per call.
 
-``conflict._analyse`` / ``_conflict`` stay the definition. This library computes the same flags, pair by
+``conflict.analyse`` / ``analyses_conflict`` stay the definition. This library computes the same flags, pair by
 pair (tests/test_conflict_native.py: generated texts, and every store of the bundled datasets), with the
 word lists handed over from ``conflict`` when the library is loaded, so they live in one place. The
-gate's cached bulk path spent about half of its ~50 µs a row in the Python detector; natively a row of
-``experiments.bench_gate`` (its four relevant memories, six pairs) costs ~1.6 µs, the texts' encoding
-included.
+gate's cached bulk path spent about half of its time in the Python detector; natively the detector is
+a small share of a row of ``experiments.bench_gate`` (its four relevant memories, six pairs), the
+texts' encoding included.
 
-It is built with the system C++ compiler on first use (≈1 s, portable flags: no ``-march``), cached under
+It is built with the system C++ compiler on first use (portable flags: no ``-march``), cached under
 ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler and flags, and loaded only when its bytes match
 the record its build wrote (``mdl_jax.engines.native.verified``). No compiler, a failed build or
 ``MDL_JAX_NATIVE=0`` (the switch of all native code) leave the Python detector in use: the same flags,
@@ -70,7 +70,7 @@ def available() -> bool:
 
 
 def _prepare(t: str) -> str:
-    # what conflict._analyse does before its ASCII-only steps, for a text that is not ASCII
+    # what conflict.analyse does before its ASCII-only steps, for a text that is not ASCII
     return t.lower().replace("’", "'")
 
 
@@ -95,7 +95,7 @@ def _check_sizes(texts: Sequence[str], sizes: np.ndarray) -> None:
 
 
 def _plain(texts: Sequence[str]) -> bool:
-    # Only plain str goes native: a subclass may override len() or lower() (which _analyse calls), so
+    # Only plain str goes native: a subclass may override len() or lower() (which analyse calls), so
     # the Python detector, the definition, answers for it.
     return set(map(type, texts)) <= {str}  # the types in one C-level pass: a third of the generator's cost
 
@@ -140,8 +140,8 @@ def group_counts(texts: Sequence[str], sizes) -> np.ndarray:
     out = np.zeros(len(sizes), np.int64)
     it = iter(texts)
     for g, n in enumerate(sizes.tolist()):
-        an = [_py._analyse(t) for t in itertools.islice(it, n)]
-        out[g] = sum(_py._conflict(x, y) for x, y in itertools.combinations(an, 2))
+        an = [_py.analyse(t) for t in itertools.islice(it, n)]
+        out[g] = sum(_py.analyses_conflict(x, y) for x, y in itertools.combinations(an, 2))
     return out
 
 

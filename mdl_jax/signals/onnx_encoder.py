@@ -23,7 +23,7 @@ float32). Only on a CPU that OpenVINO reports bfloat16 support for: elsewhere Op
 float32, slower than ONNX Runtime, so the backend refuses and names ``"onnx"``. The vectors are not
 float32's (bfloat16 keeps 8 bits of mantissa): cosine ≥ 0.9999 to torch's on the bundled data (see the
 benchmark), below the ≥ 0.99999 of ``"onnx"``, and every gate action of the bundled rows unchanged:
-within issue 25's parity, so ``"auto"`` picks it on such a CPU. They differ between AMX and
+within the parity the tests hold, so ``"auto"`` picks it on such a CPU. They differ between AMX and
 AVX512-BF16 CPUs in the last bits, so its cache key names the CPU's kind (``cpu_bf16_kind``).
 
 Memory: OpenVINO keeps the kernels it prepared for each input shape (batch, tokens), about 0.9 MB a
@@ -32,11 +32,11 @@ shape here. Batching at exact shapes can make 2,082 of them (tokens 2-256, batch
 bucketed (``bucket_tokens``, ``OnnxEncoder.plan``): at most ``shape_bound()`` = 148 shapes at the default
 batch size of 64 (159 at any batch size, for 256-token texts), which grew
 a process by 70-74 MB (``experiments/bench_embed_memory.py``), for 7% more padded tokens (the warm
-encoder at 0.92-0.97× exact batching's texts/s) and the same parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
+encoder slightly slower than with exact batching) and the same parity in the benchmark. (Limiting OpenVINO's own per-shape cache,
 ``CPU_RUNTIME_CACHE_CAPACITY=0``, had cut the growth to a third but changed one gate action in 120.)
 
 Fork: neither runtime survives a fork whole. OpenVINO's compiled model hangs in a forked child, and a
-new one aborts it (its issue #416, closed as won't fix): there the encoder raises a clear error, and
+new one aborts it (a limitation OpenVINO's maintainers closed as won't fix): there the encoder raises a clear error, and
 ``Embedder(backend="auto")`` goes on with ONNX Runtime instead (where ONNX Runtime cannot run, it raises
 ``ModelLoadError``: torch segfaults in a forked child of an OpenVINO process, measured;
 ``forked_after_openvino``). A forked child that then exits through
@@ -106,8 +106,8 @@ _OV_INFERRED = False
 def forked_after_openvino() -> bool:
     """Whether this process is a forked child (or later descendant) of a process that compiled an
     OpenVINO model. There OpenVINO's compiled model hangs, a new one aborts the process, and torch's
-    first layer norm segfaults (or hangs, where the parent ran torch too: torch 2.13, openvino 2025,
-    measured on the Zen 4 VM); ONNX Runtime runs."""
+    first layer norm segfaults (or hangs, where the parent ran torch too: seen with torch 2.13 and
+    openvino 2025); ONNX Runtime runs."""
     return _OV_COMPILED_PID is not None and _OV_COMPILED_PID != os.getpid()
 
 
@@ -140,7 +140,7 @@ _MODULES_REPRODUCED = ("Transformer", "Pooling", "Normalize")  # what ``encode``
 _POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # < 6's names
 
 
-def _pooling(path: Path) -> str:
+def model_pooling(path: Path) -> str:
     """The model's pooling mode ("mean" or "cls"), after checking that this module reproduces the model's
     whole sentence-transformers pipeline; else a ValueError that says what it does not reproduce.
 
@@ -397,7 +397,7 @@ def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
     if not path.is_dir():
         raise ValueError(f"embedder: backend onnx needs a local model folder (the bundled MiniLM or a "
                          f"path), got {str(model_path)!r}")
-    _pooling(path)  # refuse an unsupported pooling before exporting anything
+    model_pooling(path)  # refuse an unsupported pooling before exporting anything
     out = Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}"
     fp32 = out / "model.onnx"
 
@@ -497,7 +497,7 @@ class OnnxEncoder:
         int8: run the int8-quantised graph (ONNX Runtime only).
         threads: how many batches run at once, each on one core (None: the cores this process may
           use). One single-threaded session run from that many threads beat ONNX Runtime's own
-          intra-op threads on the small batches below (1.1-1.4× here), and a text's vector then
+          intra-op threads on the small batches below, and a text's vector then
           depends only on its batch, never on how many threads ran.
         runtime: ``"onnxruntime"`` (float32 or int8) or ``"openvino-bf16"`` (OpenVINO's CPU plugin in
           bfloat16; see the module docstring).
@@ -525,10 +525,10 @@ class OnnxEncoder:
                                  f"(AMX or AVX512-BF16); OpenVINO reports {list(caps)} for this one. Use "
                                  f"backend 'onnx' (float32, ONNX Runtime)")
         if runtime == "onnxruntime":
-            import_onnxruntime()  # a missing or broken runtime fails here, before a 6 s export
+            import_onnxruntime()  # a missing or broken runtime fails here, before a costly export
 
         self.graph = export(path, cache_dir, int8=int8)
-        self.pooling = _pooling(path)
+        self.pooling = model_pooling(path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.max_seq_length = _max_seq_length(path, self.tokenizer)
         if threads is None:
@@ -564,7 +564,7 @@ class OnnxEncoder:
                                  f"({type(e2).__name__}: {' '.join(str(e2).split())[:300]})") from e2
         # The fast tokenizer's Rust core, truncating as the tokenizer call above would: it gives the
         # same ids (tests/test_embed_backends.py) without transformers' per-text conversion to Python
-        # dicts, which took 0.35 s of the gate's 2.6 s on 526 texts.
+        # dicts, a visible share of the uncached gate's time.
         self._fast = None
         core = getattr(self.tokenizer, "backend_tokenizer", None)
         if core is not None:
@@ -649,9 +649,9 @@ class OnnxEncoder:
 
         Longest first, as sentence-transformers orders them, so a batch pads little; at most
         ``TOKENS_PER_BATCH`` padded tokens per batch (and at most ``batch_size`` texts), so the
-        activations of a small batch stay in the CPU's caches. Measured here (2-core Xeon, flags avx2
-        avx512f avx512_vnni amx_int8) on the gate's 526 bundled texts: 512 tokens per batch ran 374
-        texts/s, 4,096 tokens 237/s, batches of 64 texts padded to their longest 187/s.
+        activations of a small batch stay in the CPU's caches: on the gate's 526 bundled texts, 512
+        tokens per batch ran faster than 4,096, and both faster than batches of 64 texts padded to
+        their longest (docs/benchmarks.md).
 
         ONNX Runtime runs each batch at its own shape (its longest text, its number of texts). OpenVINO
         keeps kernels for every shape it has run, about 0.9 MB each, which over the up to 2,082 shapes
@@ -741,3 +741,5 @@ def load(model_path: str, cache_dir: str | Path, backend: str):
             _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8",
                                          runtime="openvino-bf16" if backend == "openvino-bf16" else "onnxruntime")
         return _SESSIONS[key]
+
+_pooling = model_pooling  # the earlier private name, which tests and sibling modules still use

@@ -7,7 +7,7 @@ HaluEval: keyword matching on the question into {0.20, 0.50, 0.85}: health / leg
 → 0.85, science words → 0.50, anything else → 0.20 (the knowledge snippet is not matched: it often
 mentions e.g. a "university" or "company" that says nothing about the question's stakes).
 
-How wide the top tier is (checked against Section 5.2, issue 9 item 6). The paper's high-risk rates
+How wide the top tier is (checked against Section 5.2). The paper's high-risk rates
 imply about 177 high-risk TruthfulQA records and about 75 HaluEval records per 200 × 3 run, i.e. 29.5%
 and 12.5% of questions. The first tables gave 22.2% and 4.8% of all questions (114 and 27 records in
 the committed run). Widened, with the reason for each addition:
@@ -18,7 +18,7 @@ the committed run). Widened, with the reason for each addition:
   - HaluEval (HotpotQA-style trivia, where health / legal / finance words are rare): the finance tier
     now covers companies and business, the legal tier crimes and violence, the health tier death,
     injury, poisoning, alcohol and diet → 11.6% of the 10,000 questions (was 4.75%).
-  - HaluEval keywords match whole words since issue 16 §7 (they matched word prefixes: "tax" fired on
+  - HaluEval keywords match whole words (they matched word prefixes: "tax" fired on
     "Thurn and Taxis"), and genre phrases ("death metal", "crime thriller") are cut before matching:
     A changes for 171 of the 10,000 questions (103 from 0.85 and 65 from 0.50 to 0.20, 3 from 0.85 to
     0.50; 8 of the 280 HaluEval questions of the committed ``paper-scale-200x3-paired`` run), and the
@@ -54,7 +54,7 @@ TRUTHFULQA_RISK = {
 }
 TRUTHFULQA_DEFAULT = 0.5  # a category not in the table
 
-# Reviewed for whole-word matching (issue 16 §7). The first lists matched word PREFIXES, so "tax" fired on
+# Reviewed for whole-word matching. The first lists matched word PREFIXES, so "tax" fired on
 # "Thurn and Taxis" / "taxi" / "taxonomic", "invest" on "investigative", "gene" on "general" / "Geneva",
 # "diet" on "Dietrich", "nurse" on "nursery", "law" on "Lawrence", "stock" on "Stockholm". Every entry is
 # now a whole word or phrase, with its inflections spelled out; GENRE_PHRASES (below) are cut from the

@@ -115,7 +115,7 @@ inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 #endif
 
 // The gate C·(g_a + g_b·α) with the product rounded on its own, as every other path computes it
-// (decision.py: _uncontracted): g++ -O3 contracts g_b·α + g_a into one FMA (one rounding), which put
+// (decision.py: uncontracted): g++ -O3 contracts g_b·α + g_a into one FMA (one rounding), which put
 // a C_final that lies exactly on θ on the other side of it than decide_one. The empty asm takes the
 // product through memory, so the compiler cannot fuse it with the add.
 inline vf gate_v(vf C, float g_a, float g_b, vf alpha) {

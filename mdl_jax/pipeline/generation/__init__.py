@@ -37,7 +37,7 @@ Where each piece lives (every name below is importable from ``mdl_jax.pipeline.g
 
   base.py           TEMPERATURE, TOP_P, MAX_NEW_TOKENS, BUNDLED; ``Generation``, what ``generate`` returns
   sampling.py       paired sampling: ``record_seed``, ``row_seed``; the local backend's per-row sampler
-  loading.py        the bundled GGUF, ``auto_dtype``, the converted-checkpoint cache, ``_load_local``
+  loading.py        the bundled GGUF, ``auto_dtype``, the converted-checkpoint cache, ``load_local``
   local.py          ``LocalBackend``: generate, score, token_logprobs, top_logprobs, prompt_logprobs
   ct2.py            ``CT2Backend`` (engine ctranslate2, int8), ``ct2_model`` (the converted-model cache),
                     ``resolve_engine``
@@ -64,18 +64,20 @@ from mdl_jax.pipeline.generation.ct2 import ct2_model as ct2_model
 from mdl_jax.pipeline.generation.ct2 import resolve_engine as resolve_engine
 from mdl_jax.pipeline.generation.llamacpp import LlamaCppBackend as LlamaCppBackend
 from mdl_jax.pipeline.generation.llamacpp import llamacpp_available as llamacpp_available
-from mdl_jax.pipeline.generation.loading import _load_local as _load_local
-from mdl_jax.pipeline.generation.loading import _save_converted as _save_converted
 from mdl_jax.pipeline.generation.loading import auto_dtype as auto_dtype
 from mdl_jax.pipeline.generation.loading import bundled_gguf as bundled_gguf
+from mdl_jax.pipeline.generation.loading import load_local as load_local
+from mdl_jax.pipeline.generation.loading import save_converted as save_converted
 from mdl_jax.pipeline.generation.local import LocalBackend as LocalBackend
-from mdl_jax.pipeline.generation.local import _head_fp32 as _head_fp32
-from mdl_jax.pipeline.generation.local import _plain_head as _plain_head
+from mdl_jax.pipeline.generation.local import head_fp32 as head_fp32
+from mdl_jax.pipeline.generation.local import plain_head as plain_head
 from mdl_jax.pipeline.generation.openai_client import OpenAIBackend as OpenAIBackend
-from mdl_jax.pipeline.generation.sampling import _RowSampler as _RowSampler
+from mdl_jax.pipeline.generation.sampling import RowSampler as RowSampler
 from mdl_jax.pipeline.generation.sampling import record_seed as record_seed
 from mdl_jax.pipeline.generation.sampling import row_seed as row_seed
 
+# The earlier private names, which tests still import from here.
+_head_fp32, _RowSampler, _save_converted = head_fp32, RowSampler, save_converted
 
 def make_backend(kind: str, model: str | None = None, *, engine: str = "torch",
                  **kw) -> LocalBackend | CT2Backend | LlamaCppBackend | OpenAIBackend:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mdl_jax.pipeline.generation.base import TEMPERATURE, TOP_P, Chat, Generation
-from mdl_jax.pipeline.generation.sampling import _seeds
+from mdl_jax.pipeline.generation.sampling import seed_list
 
 
 class GenerationCache:
@@ -85,7 +85,7 @@ class CachedBackend:
     def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens: int | None = None,
                  temperature: float = TEMPERATURE, top_p: float = TOP_P) -> list[Generation]:
         mnt = max_new_tokens or self.backend.max_new_tokens
-        seeds = _seeds(seed, len(prompts))
+        seeds = seed_list(seed, len(prompts))
         engine = getattr(self.backend, "engine", "torch")
         engine = engine if isinstance(engine, str) else "torch"
         keys = [GenerationCache.key(self.backend.model_id, p, s, mnt, temperature, top_p, engine)

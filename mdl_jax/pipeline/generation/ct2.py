@@ -15,7 +15,7 @@ What changes against ``LocalBackend`` (docs/deviations.md, "Generation engine"):
     ctranslate2 has one random generator per worker thread, seeded when the thread first samples and
     advanced row after row through a batch, so a row's draws depend on the rows sampled before it.
     Each ``generate`` call therefore runs on a fresh ``ctranslate2.Generator`` (built from the weights
-    held in memory: ~1.2 s of CPU on the 2-core dev VM) seeded from its rows' seeds in order: the same
+    held in memory, which costs CPU time per call) seeded from its rows' seeds in order: the same
     prompts, seeds and batch size give the same texts, run after run, but a row's text is not a
     function of (prompt, record) alone as with ``LocalBackend``. The paired-sampling guarantee the
     experiment relies on, the same answer wherever two systems send the same prompt for the same
@@ -47,7 +47,7 @@ from mdl_jax.pipeline.generation.base import (
     per_prompt_limits,
 )
 from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
-from mdl_jax.pipeline.generation.sampling import _seeds, row_seed
+from mdl_jax.pipeline.generation.sampling import row_seed, seed_list
 
 ENGINES = ("torch", "ctranslate2", "llama.cpp", "auto")
 _SEED_LOCK = threading.Lock()
@@ -76,15 +76,15 @@ def resolve_engine(engine: str, device: str = "cpu", dtype: str = "auto") -> str
     return "torch"
 
 
-def _source(model: str) -> tuple[Path, str]:
+def checkpoint_source(model: str) -> tuple[Path, str]:
     """(a transformers checkpoint folder holding the model's weights, a key naming them)."""
-    from mdl_jax.pipeline.generation.loading import _converted_dir, _load_local, bundled_gguf
+    from mdl_jax.pipeline.generation.loading import bundled_gguf, converted_dir, load_local
 
     if model == BUNDLED:
         folder, gguf = bundled_gguf()
-        src = _converted_dir(folder, gguf, "float32")
+        src = converted_dir(folder, gguf, "float32")
         if not (src / "config.json").is_file():
-            _load_local(BUNDLED, "float32")  # converts the GGUF once and caches the checkpoint there
+            load_local(BUNDLED, "float32")  # converts the GGUF once and caches the checkpoint there
         if not (src / "config.json").is_file():
             raise RuntimeError(f"engine ctranslate2: could not write the converted checkpoint {src}")
         st = (folder / gguf).stat()
@@ -101,7 +101,7 @@ def _ct2_dir(model: str, quantization: str) -> tuple[Path, Path]:
     import ctranslate2
     import transformers
 
-    src, name = _source(model)
+    src, name = checkpoint_source(model)
     key = hashlib.sha256(f"{name}|ct2-{quantization}|{ctranslate2.__version__}|"
                          f"{transformers.__version__}".encode()).hexdigest()[:16]
     stem = Path(name.split("|", 1)[0]).stem if model == BUNDLED else Path(model).name
@@ -205,13 +205,13 @@ class CT2Backend(TorchScoring):
         ``on_token(i, token_id)`` a true return ends prompt i's text at that token)."""
         tok = self._load()
         ids = prompt_ids(tok, prompts)
-        seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
+        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
         return self._generate_ids(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
 
     def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
                      temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
         """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
-        seeds = [row_seed(s, list(p)) for s, p in zip(_seeds(seed, len(ids)), ids)]
+        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
         return self._generate_ids([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
                                   None, None, min_new_tokens)
 
@@ -219,7 +219,7 @@ class CT2Backend(TorchScoring):
         tok = self._load()
         n = len(ids)
         caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
-        eos_ids = _eos_ids(tok)
+        eos_ids = end_token_ids(tok)
         order = sorted(range(n), key=lambda i: len(ids[i]))  # similar lengths share a batch (stable)
         sampling = (dict(sampling_topk=0, sampling_topp=float(top_p), sampling_temperature=float(temperature))
                     if temperature > 0 else dict(sampling_topk=1))
@@ -231,7 +231,7 @@ class CT2Backend(TorchScoring):
             return self._run(ids, seeds, order, caps, stops, eos_ids, sampling, min_new_tokens, on_token)
 
     def _run(self, ids, seeds, order, caps, stops, eos_ids, sampling, min_new_tokens, on_token):
-        from mdl_jax.pipeline.generation.local import _first_stop
+        from mdl_jax.pipeline.generation.local import first_stop
 
         tok = self._tok
         out: list = [None] * len(ids)  # placeholders: every slot is set below
@@ -262,7 +262,7 @@ class CT2Backend(TorchScoring):
                     k = len(body)
                 self.tokens_generated += k
                 text = tok.decode(body, skip_special_tokens=True)
-                hit = _first_stop(text, stops[i])
+                hit = first_stop(text, stops[i])
                 reason = "stop" if (cut is not None or hit is not None or cancelled) else \
                     ("length" if len(body) >= caps[i] else "stop")
                 if hit is not None:
@@ -281,7 +281,7 @@ def _plan_batches(lengths: Sequence[int], new: int, batch_size: int, order: Sequ
     ctranslate2 forwards a batch's prompts at once only up to the shortest one; the rest of each
     longer prompt is fed one token per decoding step, so a batch runs ``new + (longest - shortest)``
     steps. A step at batch b costs about ``STEP_OVERHEAD + b`` rows' worth (reading the weights is
-    shared; measured on the dev VM: 80 ms at b = 1 and 0.6 s at b = 32, under load), so one batch of
+    shared, so a step's fixed cost is a few rows' worth: ``STEP_OVERHEAD``), so one batch of
     32 prompts whose lengths spread over 200 tokens (B2 prompts do) decodes 150 tokens in 350 steps.
     Dynamic programming over the sorted rows (at most ``batch_size`` each) picks the cuts."""
     n = len(lengths)
@@ -299,7 +299,7 @@ def _plan_batches(lengths: Sequence[int], new: int, batch_size: int, order: Sequ
     return out[::-1]
 
 
-def _eos_ids(tok) -> set[int]:
+def end_token_ids(tok) -> set[int]:
     """The ids that end a row: the tokenizer's end of text and the chat template's end of turn."""
     out = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
     for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):

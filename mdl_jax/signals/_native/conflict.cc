@@ -1,6 +1,6 @@
 // The lexical stance-conflict detector of mdl_jax/signals/conflict.py in C++, for stores in bulk.
 //
-// It computes the very flags of conflict._analyse / conflict._conflict (tests/test_conflict_native.py
+// It computes the very flags of conflict.analyse / conflict.analyses_conflict (tests/test_conflict_native.py
 // checks them against the Python reference, pair by pair, on generated texts and on every store of the
 // bundled datasets), ~20x faster: the Python detector was half of the cached gate's time per row.
 //
@@ -55,7 +55,7 @@ struct Lexicon {
   int n_ant = 0;
 };
 
-// One analysed text: conflict._analyse's five values.
+// One analysed text: conflict.analyse's five values.
 struct Analysis {
   bool negated = false;
   uint8_t first = 0;   // 0 other (or no word), 1 "yes", 2 "no"
