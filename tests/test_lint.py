@@ -83,7 +83,6 @@ _NOT_YET = frozenset({
     "mdl_jax/controller/config.py", "mdl_jax/controller/config_file.py", "mdl_jax/controller/sweep.py",
     "mdl_jax/controller/tuning.py", "mdl_jax/controller/api.py", "mdl_jax/controller/validation.py",
     "mdl_jax/controller/stream.py", "mdl_jax/controller/calibration.py", "mdl_jax/engines/native.py",
-    "mdl_jax/gate/files.py", "mdl_jax/cli/gate.py",
 })
 
 

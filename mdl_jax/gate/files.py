@@ -49,18 +49,17 @@ from mdl_jax.gate.core import (
     ACTION_NAMES,
     RISK_PRESETS,
     SCALARS,
-    _check_query,
-    _collector_paused,
-    _memory_texts,
-    _unit,
+    check_query,
+    collector_paused,
+    memory_texts,
     surrogate_fault,
+    unit_float,
 )
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 from mdl_jax.signals.embeddings import ModelLoadError
 
-# Measured here (docs/benchmarks.md): MiniLM embeds ~430 texts/s on the idle 2-core VM (22/s with the
-# cores shared); with every text cached, bench_gate's 5×10^4 TruthfulQA rows streamed at 55-57,000
-# rows/s after a first part (start-up, ~2 s), the rows' reading, parts and join about a third of it.
+# The cost a user is told before a long run: embedding is most of a first run, the cache makes a second
+# one cheap (the figures behind COST are in docs/benchmarks.md, "Memory gate").
 COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an idle 2-core VM); "
         "with the texts cached, about 55,000 rows/s after ~2 s of start-up")
 OUT_SUFFIXES = (".parquet", ".jsonl")
@@ -116,7 +115,7 @@ MAX_BAD_MESSAGES = 100
 MAX_MESSAGE_CHARS = 500
 # Rows per part (``--chunk-size``'s default): a part's rows and columns are in memory at once (~3 KB a
 # row of 6 memories: ~12 MB), and each part costs two fsyncs and a call's fixed work; with every text
-# cached, 4,096 streamed 50,000 TruthfulQA rows ~1.4× faster than 1,024 (bench_gate). A run resumed
+# cached, larger parts stream faster until memory is the bound (bench_gate). A run resumed
 # without --chunk-size keeps the size its parts were cut at (its manifest's).
 CHUNK_SIZE = 4096
 
@@ -148,8 +147,8 @@ def _source_kind(src: str) -> str:
     return "hf-hub"  # e.g. "owner/name" on the Hugging Face Hub
 
 
-# orjson, where installed (the ``signals`` extra), parses a row ~2.4× faster than ``json`` (1.6 against
-# 3.9 µs for a TruthfulQA row, bench_gate's). Its answer is used only where it is the one ``json`` would
+# orjson, where installed (the ``signals`` extra), parses a row faster than ``json`` (bench_gate). Its
+# answer is used only where it is the one ``json`` would
 # give: it refuses (and ``json`` decides, with its own message or value) NaN / Infinity, lone
 # surrogates, invalid UTF-8 and deep nesting, and a line with 19 or more digits in a row goes to
 # ``json`` too, since orjson reads an integer past 64 bits as a float where ``json`` keeps the int.
@@ -158,7 +157,7 @@ try:
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     _orjson = None
-# every digit made "0", so one substring search finds a run of 19 (a regex scan was 4.7 µs a row)
+# every digit made "0", so one substring search finds a run of 19 (cheaper than a regex scan per row)
 # (and every "{" made "[", so one count bounds the nesting: see _too_deep)
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789{", b"000000000[")
 _LONG_RUN = b"0" * 19
@@ -553,10 +552,10 @@ def parse_row(row, args) -> tuple[str, list[str], object, float | None]:
             and len(mems) <= MAX_MEMORIES and q and not q.isspace() \
             and all(type(m) is str and m and not m.isspace() for m in mems):
         # the common row (a query and a list of non-blank texts; JSONL parses to it), checked as the
-        # general path below checks it, without its per-field calls: ~1 µs of a cached row's ~20
+        # general path below checks it, without its per-field calls (a cached row's cost is mostly these)
         return q, list(mems), None, None
     try:
-        q = _check_query("query", field(args.query_field))
+        q = check_query("query", field(args.query_field))
     except ValueError as e:
         raise GateInputError(f"field {args.query_field!r}: {str(e).split(': ', 1)[1]}") from None
     mems = field(args.memories_field)
@@ -569,7 +568,7 @@ def parse_row(row, args) -> tuple[str, list[str], object, float | None]:
     if hasattr(mems, "tolist") and not isinstance(mems, (str, bytes)):
         mems = mems.tolist()
     try:
-        texts = _memory_texts("memories", mems)
+        texts = memory_texts("memories", mems)
     except ValueError as e:
         raise GateInputError(f"field {args.memories_field!r}{str(e)[len('memories'):]}") from None
     cat = field(args.category_field) if args.category_field else None
@@ -577,7 +576,7 @@ def parse_row(row, args) -> tuple[str, list[str], object, float | None]:
     if args.risk_field:
         r = field(args.risk_field)
         try:
-            risk = _unit("risk", float(r) if isinstance(r, str) else r)
+            risk = unit_float("risk", float(r) if isinstance(r, str) else r)
         except ValueError:
             raise GateInputError(f"field {args.risk_field!r}: expected a number in [0, 1], "
                                  f"got {r!r}"[:200]) from None
@@ -603,7 +602,7 @@ def _risk_spec(s: str):
     if s.lower().endswith(".json"):
         return _risk_table(s)
     try:
-        return _unit("--risk", float(s))
+        return unit_float("--risk", float(s))
     except ValueError:
         raise GateInputError(f"--risk: expected a number in [0, 1], one of {list(RISK_PRESETS)} or a "
                              f"JSON {{category: risk}} file, got {s!r}") from None
@@ -798,8 +797,8 @@ def _write_part(path: Path, part: _Decided, fmt: str) -> list[str]:
 
         table = _table_from_rows(part.rows, part.columns())
         # An Arrow IPC file, Zstandard-compressed: a part is read once, by the join, and removed, and
-        # Parquet's encoding, done again for OUT, cost its writing and reading back ~2.7 µs a row
-        # against ~0.9 here (bench_gate's rows), in fewer bytes than a Snappy Parquet part.
+        # Parquet's encoding, done again for OUT, would cost its writing and reading back several times
+        # this (bench_gate), in more bytes than a Zstandard Arrow part.
         def write(f):
             with ipc.new_file(f, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as w:
                 w.write_table(table)
@@ -951,7 +950,7 @@ def _decide_chunk(gate, args, batch) -> tuple[_Decided, dict, list[str]]:
     if not good:
         return _Decided([], [], {}), counts, bad
     qs, texts, _, risks = (list(x) for x in zip(*parsed))
-    try:  # every row checked by parse_row, its risk in [0, 1] (_unit, or the assessor's): not again
+    try:  # every row checked by parse_row, its risk in [0, 1] (unit_float, or the assessor's): not again
         cols = gate._columns_checked(qs, texts, np.asarray(risks, np.float32))
     except ModelLoadError as e:  # the model loads on the first chunk: not the rows' error
         raise GateInputError(f"--embedder: {e}") from None
@@ -1246,8 +1245,8 @@ def _stream_parts(gate, args, work: Path, man: dict, fmt: str, rows, readers: li
         # part k holds input rows [k·C, (k+1)·C): read until the next row belongs to part k + 1
         lo, hi = k * C, (k + 1) * C
         # the collector off while a part's rows (a few objects each, none in a cycle) are read and
-        # decided: it walked them ~every 700 allocations (see _collector_paused); on again for the write
-        with _collector_paused(C):
+        # decided: it walked them ~every 700 allocations (see collector_paused); on again for the write
+        with collector_paused(C):
             if parts is not None:
                 batch = next(parts, None)
                 if batch is None:
