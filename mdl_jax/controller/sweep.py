@@ -74,17 +74,12 @@ from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, plain
 
-# The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
-_BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
-              "bias": 0, "n_min": 0, "n_max": 0}
-_SIZES = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+# The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1), and the length of
+# each vector field, from the fields' declarations.
+_BASE_RANK = {f: len(s.shape) for f, s in _config.field_specs().items() if s.leaf}
+_SIZES = {f: s.shape[0] for f, s in _config.field_specs().items() if s.leaf and len(s.shape) == 1}
 # Names for one component of a vector field, so a grid can vary it alone.
-COMPONENTS = {
-    "s_wm": ("gains", 0), "s_r": ("gains", 1), "s_a": ("gains", 2),
-    "g_A_a": ("g_A_coeffs", 0), "g_A_b": ("g_A_coeffs", 1),
-    "g_a": ("gate_coeffs", 0), "g_b": ("gate_coeffs", 1),
-    "theta0": ("thresholds", 0), "theta1": ("thresholds", 1), "theta2": ("thresholds", 2),
-}
+COMPONENTS = _config.components()
 # Decisions per chunk of the compiled loop (configs per chunk × records): near the 8192-16384 records
 # per step that were fastest for decide's pure-JAX path on the dev VM (see api.CHUNK).
 _CHUNK_DECISIONS = 16384
@@ -160,31 +155,12 @@ def _check_batch(configs: MDLConfig, K: int) -> None:
         shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
         raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
 
-    for f in NUMERIC_FIELDS:
-        a = _leaf(configs, f)
-        if not np.all(np.isfinite(a)):
-            bad(f, ~np.isfinite(a.reshape(K, -1)).all(1), "finite values")
-    sigma = _leaf(configs, "sigma")
-    if np.any(sigma <= 0):
-        bad("sigma", sigma <= 0, "sigma > 0")
-    if np.any(sigma < _config.SIGMA_MIN):   # as MDLConfig: σ² a normal float32
-        bad("sigma", sigma < _config.SIGMA_MIN, "sigma ≥ 2^-63 ≈ 1.084e-19, so σ² is a normal float32")
-    # The rules of MDLConfig (and so of decide): a zero gain switches a pathway off, and ε_c = 0 (no
-    # leakage) is valid with any gains ≥ 0; ε_c > 0 must stay below min(gains) (Theorem 1).
-    gains = _leaf(configs, "gains")
-    if np.any(gains < 0):
-        bad("gains", (gains < 0).any(1), "gains ≥ 0")
-    eps = _leaf(configs, "eps_c")
-    eps_bad = (eps < 0) | ((eps > 0) & (eps >= gains.min(1)))
-    if np.any(eps_bad):
-        bad("eps_c", eps_bad, "0 ≤ eps_c < min(gains), or eps_c = 0 with any gains ≥ 0 (Theorem 1)")
-    th = _leaf(configs, "thresholds")
-    if np.any((th < 0) | (th > 1)) or np.any(np.diff(th, axis=1) > 0):
-        bad("thresholds", ((th < 0) | (th > 1)).any(1) | (np.diff(th, axis=1) > 0).any(1),
-            "θ0 ≥ θ1 ≥ θ2 within [0, 1]")
-    lo, hi = _leaf(configs, "n_min"), _leaf(configs, "n_max")
-    if np.any(hi <= lo):
-        bad("n_max", hi <= lo, "n_max > n_min")
+    # The declared ranges, read once by config.field_violations; each leaf as (K, per-config values)
+    values = {f: _leaf(configs, f).reshape(K, -1) for f in NUMERIC_FIELDS}
+    values = {f: (v if f in _SIZES else v[:, 0] if v.shape[1] == 1 else v) for f, v in values.items()}
+    for f, mask, what, _ in _config.field_violations(values):
+        # a per-coordinate field (a (K, D) bias): a config is bad if any of its values is
+        bad(f, np.reshape(mask, (K, -1)).any(1), what)
 
 
 def _as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:

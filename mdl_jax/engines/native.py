@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
 
@@ -563,12 +564,8 @@ def supports(cfg: MDLConfig) -> bool:
     """The kernel's structural limits: D = 16 and scalar-per-field numeric leaves (no batched config)."""
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
         return False
-    shapes = {"sigma": (), "eps_c": (), "gains": (3,), "g_A_coeffs": (2,), "gate_coeffs": (2,),
-              "thresholds": (3,), "n_min": (), "n_max": ()}
     try:
-        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
-            return False
-        return np.shape(cfg.bias) in ((), (cfg.D,))
+        return all(np.shape(getattr(cfg, f)) in _config.config_shapes(f, cfg.D) for f in _config.NUMERIC_FIELDS)
     except Exception:  # noqa: BLE001 - a leaf np.shape cannot read: not for the kernel
         return False
 
@@ -605,31 +602,22 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _pack_cached(cfg: MDLConfig) -> np.ndarray:
+@_config.per_config_cache
+def pack(cfg: MDLConfig) -> np.ndarray:
+    """The config as the kernel's float32 ``params`` buffer (decide_cpu.cc: struct Params), cached per
+    hashable config (one with array leaves is packed every call)."""
     return _pack_uncached(cfg)
 
 
-def pack(cfg: MDLConfig) -> np.ndarray:
-    """The config as the kernel's float32 ``params`` buffer (decide_cpu.cc: struct Params)."""
-    try:
-        return _pack_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): pack every time
-        return _pack_uncached(cfg)
+def _params_uncached(cfg: MDLConfig) -> jax.Array:
+    return jax.device_put(_pack_uncached(cfg))
 
 
-@functools.lru_cache(maxsize=64)
-def _params_cached(cfg: MDLConfig) -> jax.Array:
-    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
-        return jax.device_put(_pack_cached(cfg))
-
-
+@_config.per_config_cache(unhashable=_params_uncached)
 def params(cfg: MDLConfig) -> jax.Array:
     """``pack(cfg)`` on the device, cached per (hashable) config so a call transfers nothing."""
-    try:
-        return _params_cached(cfg)
-    except TypeError:  # unhashable leaves: pack and transfer every time
-        return jax.device_put(_pack_uncached(cfg))
+    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
+        return jax.device_put(pack(cfg))
 
 
 # ------------------------------------------------------------------------------------ the decide engine
@@ -716,7 +704,7 @@ def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.
         return _decision.Decision(np.zeros(shape, np.int32), *(f.reshape(shape),) * 3,
                                   np.zeros(shape + (16,), np.float32), np.zeros(shape + (3,), np.float32),
                                   f.reshape(shape), f.reshape(shape))
-    small = decide_small(*flat, cfg) if n <= SMALL_CALL else None
+    small = decide_small(flat[0], flat[1], flat[2], cfg) if n <= SMALL_CALL else None
     if small is not None:
         out = [small[k] for k in ("action", "C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")]
     else:
@@ -783,12 +771,9 @@ def sweep_supports(cfg: MDLConfig, K: int) -> bool:
     """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
         return False
-    shapes = {"sigma": (K,), "eps_c": (K,), "gains": (K, 3), "g_A_coeffs": (K, 2), "gate_coeffs": (K, 2),
-              "thresholds": (K, 3), "n_min": (K,), "n_max": (K,)}
     try:
-        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
-            return False
-        return np.shape(cfg.bias) in ((K,), (K, cfg.D))
+        return all(np.shape(getattr(cfg, f)) in [(K,) + s for s in _config.config_shapes(f, cfg.D)]
+                   for f in _config.NUMERIC_FIELDS)
     except Exception:  # noqa: BLE001 - a leaf np.shape cannot read
         return False
 
