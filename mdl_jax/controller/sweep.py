@@ -78,6 +78,8 @@ from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_i
 # each vector field, from the fields' declarations.
 _BASE_RANK = {f: len(s.shape) for f, s in _config.field_specs().items() if s.leaf}
 _SIZES = {f: s.shape[0] for f, s in _config.field_specs().items() if s.leaf and len(s.shape) == 1}
+# Fields that may also hold one value per coordinate, (D,) per config (bias).
+_OR_D = tuple(f for f, s in _config.field_specs().items() if s.leaf and s.or_d_vector)
 # Names for one component of a vector field, so a grid can vary it alone.
 COMPONENTS = _config.components()
 # Decisions per chunk of the compiled loop (configs per chunk × records): near the 8192-16384 records
@@ -125,9 +127,9 @@ def batch_size(configs: MDLConfig) -> int | None:
     for f in NUMERIC_FIELDS:
         a = _leaf(configs, f)
         extra = a.ndim - _BASE_RANK[f]
-        if f == "bias" and a.ndim >= 1 and a.shape[-1] == configs.D and a.ndim == 2:
+        if f in _OR_D and a.ndim >= 1 and a.shape[-1] == configs.D and a.ndim == 2:
             extra = 1  # (K, D): one bias vector per config
-        elif f == "bias" and a.ndim == 1 and a.shape[0] == configs.D:
+        elif f in _OR_D and a.ndim == 1 and a.shape[0] == configs.D:
             extra = -1  # (D,): ambiguous alone; decided by the other leaves below
         ranks[f] = (extra, a.shape)
     batched = {f: s[0] for f, (e, s) in ranks.items() if e == 1}
@@ -138,7 +140,7 @@ def batch_size(configs: MDLConfig) -> int | None:
         return None
     ref_f, K = next(iter(batched.items()))
     for f, (extra, shape) in ranks.items():
-        if f == "bias" and extra == -1 and shape[0] == K:
+        if f in _OR_D and extra == -1 and shape[0] == K:
             continue  # (K,): one scalar bias per config
         if extra != 1 or shape[0] != K:
             raise ValueError(f"{f}: expected a leading config axis of size {K} (the batch size of "
@@ -208,7 +210,7 @@ def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
     leaves = {}
     for f in NUMERIC_FIELDS:
         vals = [_leaf(c, f) for c in configs]
-        if f == "bias":  # scalar and (D,) biases mix: store (K, D) when any is a vector
+        if f in _OR_D:  # scalar and (D,) biases mix: store (K, D) when any is a vector
             if any(v.ndim for v in vals):
                 vals = [np.broadcast_to(v, (first.D,)) for v in vals]
         shapes = {v.shape for v in vals}
@@ -270,13 +272,13 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
             raise ValueError(f"{name}: expected a list of real numbers, got {vals!r}") from None
         field = COMPONENTS[name][0] if name in COMPONENTS else name
         want = 1 + (0 if name in COMPONENTS else _BASE_RANK[field])
-        if field == "bias" and name == "bias" and arr.ndim == 2:
+        if field in _OR_D and name == field and arr.ndim == 2:
             want = 2
         if arr.ndim != want or arr.shape[0] == 0:
             raise ValueError(f"{name}: expected a non-empty list of "
                              f"{'scalars' if want == 1 else 'tuples'}, got shape {arr.shape}")
-        if name == "bias" and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
-            raise ValueError(f"bias: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
+        if name in _OR_D and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
+            raise ValueError(f"{name}: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
         if field in _SIZES and name not in COMPONENTS and arr.shape[1] != _SIZES[field]:
             raise ValueError(f"{name}: expected tuples of {_SIZES[field]} values, got shape {arr.shape}")
         if not np.all(np.isfinite(arr)):
@@ -287,8 +289,9 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     K = int(np.prod([len(v) for v in values]))
     leaves = {f: np.broadcast_to(_leaf(base, f), (K,) + _leaf(base, f).shape).copy()
               for f in NUMERIC_FIELDS}
-    if "bias" in names and (values[names.index("bias")].ndim == 2 or leaves["bias"].ndim == 2):
-        leaves["bias"] = np.broadcast_to(leaves["bias"].reshape(K, -1), (K, base.D)).copy()
+    for f in _OR_D:  # a vector bias anywhere (the grid's or the base's): every config's as (D,)
+        if f in names and (values[names.index(f)].ndim == 2 or leaves[f].ndim == 2):
+            leaves[f] = np.broadcast_to(leaves[f].reshape(K, -1), (K, base.D)).copy()
     idx = np.stack(np.meshgrid(*[np.arange(len(v)) for v in values], indexing="ij"), -1).reshape(K, -1)
     for j, (name, arr) in enumerate(zip(names, values)):
         field, c = COMPONENTS.get(name, (name, slice(None)))
