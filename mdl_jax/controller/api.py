@@ -92,8 +92,7 @@ def _backend() -> str:
 
 
 # Records per chunk of the pure-JAX batched path. Over 10^6+ records the vmapped graph streams a dozen
-# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2
-# (8192-16384 records per chunk were the fastest sizes measured on the CPU).
+# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2.
 CHUNK = 8192
 _vmapped = jax.vmap(_d.decide_one, in_axes=(0, 0, 0, None))
 
@@ -459,7 +458,7 @@ def _check_single(cfg: MDLConfig) -> None:
 def _config_file(path: str) -> MDLConfig:
     # Read on every call, parsed once per content: the cache is keyed by a hash of the bytes read, so a
     # file replaced by other content of the same size with its mtime kept (cp -p, rsync -t, tar x) is
-    # never served stale. A config file is ~1 kB, so reading and hashing it costs a few µs.
+    # never served stale. A config file is ~1 kB, so reading and hashing it is cheap beside a decision.
     from mdl_jax.controller.config_file import config_from_bytes, read_config_bytes
 
     data = read_config_bytes(path)

@@ -26,8 +26,8 @@ float64 NumPy arrays.
 
 Record passes. The records are walked on the host in equal passes of at most ``record_chunk``
 (2^18 by default; the last padded with weight-0 records), each one call of the compiled program, and
-the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps (2.3 GB peak
-for one config here), and the result equals the unchunked one (integer sums exactly).
+the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps, and the
+result equals the unchunked one (integer sums exactly).
 
 How it runs. One jitted program per pass: configs are padded to whole chunks and ``lax.map`` walks the chunks;
 inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
@@ -82,8 +82,8 @@ _SIZES = {f: s.shape[0] for f, s in _config.field_specs().items() if s.leaf and 
 _OR_D = tuple(f for f, s in _config.field_specs().items() if s.leaf and s.or_d_vector)
 # Names for one component of a vector field, so a grid can vary it alone.
 COMPONENTS = _config.components()
-# Decisions per chunk of the compiled loop (configs per chunk × records): near the 8192-16384 records
-# per step that were fastest for decide's pure-JAX path on the dev VM (see api.CHUNK).
+# Decisions per chunk of the compiled loop (configs per chunk × records): the cache-sized chunk of
+# decide's pure-JAX path (see api.CHUNK).
 _CHUNK_DECISIONS = 16384
 
 

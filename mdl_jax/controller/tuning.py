@@ -679,8 +679,8 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     keys_data = [_seed_key(s, "seeds" if B > 1 else "seed") for s in seeds]
     for fs in field_sets:
         field_mask(fs)  # an unknown or empty field set fails here, naming it
-    # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops:
-    # with 15 runs those eager ops cost more than 500 training steps of the "gates" field set.
+    # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops,
+    # whose dispatch would outweigh the training of a small field set.
     masks = {f: np.array([f in fs for fs in field_sets], np.float32) for f in NUMERIC_FIELDS}
     prng = np.stack(keys_data)
     noise = np.array([settings.init_noise * (int(s) != 0) for s in seeds], np.float32)

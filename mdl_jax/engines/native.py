@@ -577,7 +577,7 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     D = cfg.D
     # The centres exactly as the pure-JAX path makes them: np.linspace differs from jnp.linspace by an
     # ulp at 6 of 16 centres, and a Gaussian of width σ turns a centre's error δ into a relative error
-    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4 (issue 19).
+    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4.
     centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = f(cfg.sigma)
     pi = np.asarray(cfg.projectors, f)
