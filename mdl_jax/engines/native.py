@@ -748,18 +748,21 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
     same float32 bits ``pack`` gives that config alone (the same element-wise float32 arithmetic)."""
     f = np.float32
     D = cfg.D
-    col = lambda name, *shape: np.asarray(getattr(cfg, name), f).reshape((K,) + shape)  # noqa: E731
+    specs = _config.field_specs()
+
+    def col(name, *shape):  # a leaf as (K,) + its declared per-config shape, or the shape given
+        return np.asarray(getattr(cfg, name), f).reshape((K,) + (shape or specs[name].shape))
     centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = col("sigma")
     pi = np.asarray(cfg.projectors, f)
     others = pi.sum(0, dtype=f)[None] - pi
-    W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
+    W = col("gains")[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
     with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``_pack_uncached``
         inv = f(1.0) / (f(2.0) * sigma * sigma)
-    coef = np.repeat(col("gains", 3) - col("eps_c", 1), cfg.dims, axis=1)
+    coef = np.repeat(col("gains") - col("eps_c", 1), cfg.dims, axis=1)
     parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
-             bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
+             bias, col("g_A_coeffs"), col("gate_coeffs"), col("thresholds"), col("n_min", 1),
              col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D)), coef,
              col("eps_c", 1), np.broadcast_to(np.asarray(cfg.dims[:2], f), (K, 2))]
     out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
