@@ -413,10 +413,7 @@ def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) ->
     n = M.shape[0]
     if fn is None or n > SMALL_CALL:
         return None
-    try:
-        plan = _small_plan(cfg)
-    except TypeError:  # unhashable leaves: checked every call
-        plan = _small_plan.__wrapped__(cfg)
+    plan = _small_plan(cfg)
     if plan is None:
         return None
     _, fl, p_addr = plan
@@ -438,10 +435,10 @@ def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) ->
 _SMALL_OFFSETS = (0, 1, 2, 3, 4, 20, 23, 24)
 
 
-@functools.lru_cache(maxsize=64)
+@_config.per_config_cache
 def _small_plan(cfg: MDLConfig) -> tuple[np.ndarray, int, int] | None:
-    # What depends only on the config (its limits, ~10 µs to check; the packed numbers and their
-    # address: the array is kept alive by the plan), once per config.
+    # What depends only on the config (its limits; the packed numbers and their address: the array is
+    # kept alive by the plan), once per hashable config, every call for one with array leaves.
     if not supports(cfg):
         return None
     p = _pack_uncached(cfg)
@@ -656,9 +653,8 @@ def unavailable() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=64)
-def _supports_cached(cfg: MDLConfig) -> bool:
-    return supports(cfg)
+# once per hashable config; a config with array leaves is asked every call
+_supports_cached = _config.per_config_cache(supports)
 
 
 def why_not(cfg: MDLConfig, signals=()) -> str | None:
@@ -674,10 +670,7 @@ def why_not(cfg: MDLConfig, signals=()) -> str | None:
     why = unavailable()
     if why is not None:
         return why
-    try:
-        ok = _supports_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): asked every call
-        ok = supports(cfg)
+    ok = _supports_cached(cfg)
     return None if ok else f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
 
 
@@ -719,10 +712,7 @@ def decide_record(M: float, R: float, A: float, cfg: MDLConfig) -> _decision.Dec
     cannot take the config or the library predates the inline entry point. For ``decide``, after its
     checks and ``why_not``."""
     fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)
-    try:
-        plan = _small_plan(cfg)
-    except TypeError:  # unhashable leaves: checked every call
-        plan = _small_plan.__wrapped__(cfg)
+    plan = _small_plan(cfg)
     if fn is None or plan is None:
         return None
     x = np.array((M, R, A), np.float32)
