@@ -3,6 +3,10 @@
 Numeric fields are pytree leaves, so ``jax.vmap`` and ``jax.grad`` run over them (sensitivity sweeps,
 gradient-tuned gates). Structural fields (dimensions, QR seed, ablation switches) are static: they choose
 shapes and branches at trace time and take part in the jit cache key.
+
+Each field's facts (leaf or static, its shape in one config, its range) are declared once, beside the
+field, as ``FieldSpec`` metadata; validation, config files, the sweep's batches, the kernels' shape
+checks and tuning read them through ``field_specs()``, so a new field is one declaration.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ class MDLConfig:
     Frozen: change fields with ``replace``. Numeric fields are pytree leaves (traceable numbers:
     ``jax.vmap`` / ``jax.grad`` run over them, and a batch of configs, built by ``config_grid`` or
     ``stack_configs``, holds them with a leading axis K); static fields choose shapes and branches
-    at trace time and are part of the jit cache key. The defaults are the paper's.
+    at trace time and are part of the jit cache key. The defaults are the paper's. Each field's kind,
+    shape and range are declared beside it (``FieldSpec``, read through ``field_specs()``).
 
     Examples:
       >>> cfg = MDLConfig().replace(thresholds=(0.7, 0.5, 0.3))

@@ -6,10 +6,10 @@
 
 The objective is the binary decision of Section 5.3 (adopt ⇔ ACTIVE): the soft decision
 P(adopt) = sigmoid((C_final − θ0) / τ) against oracle labels, a weighted cross-entropy (optional
-per-record weights, e.g. a hallucination at A ≥ 0.70 costing more). τ anneals geometrically from
-``temperature[0]`` to ``temperature[1]``, so at the end the soft controller is the hard one on the
-training records; ``history["disagreement"]`` is the share of training records where the two still
-differ (soft argmax of the four action probabilities vs ``decide``'s action).
+per-record weights, e.g. a hallucination at A ≥ 0.70 costing more). τ follows an optax schedule, by
+default geometric from 0.05 to 0.002 (``GeometricTemperature``), so at the end the soft controller is
+the hard one on the training records; ``history["disagreement"]`` is the share of training records
+where the two still differ (soft argmax of the four action probabilities vs ``decide``'s action).
 
 Parametrisation keeps the paper's invariants at every step (no projection, no clipping):
   σ = softplus(u) + 1e-3                         σ > 0
@@ -33,9 +33,11 @@ with its last valid parameters, ``history["diverged_step"]`` records the step (�
 Seeds are ints in [0, 2**64); seed s's PRNG key is its two 32-bit halves (what
 ``jax.random.PRNGKey(s)`` gives for s < 2**32), so distinct seeds never share a start.
 
-Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on a validation part:
-the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
-without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
+Settings are one frozen ``TuneSettings`` value: steps, the optimiser (any optax
+GradientTransformation; by default Adam on a warmup-cosine schedule, ``default_optimizer``), the
+temperature schedule, patience and the start points' noise. Full batch. Early stopping on a
+validation part: the parameters of the best validation accuracy (hard decisions) are kept, and after
+``patience`` steps without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
 that vmaps over runs. ``tune_many`` trains B runs (folds × seeds × field sets, each a pair of
 train/validation weight vectors over the same records) in ONE jitted program, on a 2-D (runs,
 records) mesh of the local devices (Mesh + NamedSharding): runs sharded first, and records too when
@@ -97,6 +99,8 @@ def default_optimizer(steps: int, learning_rate: float = _DEFAULT_LR) -> optax.G
     warmup = min(max(1, steps // 10), steps - 1)
     opt = optax.adam(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, lr * 0.05))
     _LEARNING_RATE_OF[opt] = learning_rate
+    while len(_LEARNING_RATE_OF) > 256:  # bounded: the oldest go first
+        del _LEARNING_RATE_OF[next(iter(_LEARNING_RATE_OF))]
     return opt
 
 
