@@ -636,12 +636,16 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     """B runs in one jitted, vmapped program over the same (N,) records.
 
     Args:
-      M, R, A, adopt: as ``tune``.
-      train_weights, val_weights: (B, N) per-record weights of each run's training and validation
-        parts (0 = not in that part); a fold is a pair of weight vectors. Validation may be all zero
-        (then the last step is kept: no early stopping signal). Scale-free: each run's weights are
-        divided by their largest (in float64) first, so only their ratios count, and uniform
-        weights of any positive scale train exactly as unweighted.
+      M: (N,) relevance in [0, 1], as ``tune``.
+      R: (N,) reliability, as ``M``.
+      A: (N,) task risk, as ``M``.
+      adopt: (N,) binary oracle labels, as ``tune``.
+      train_weights: (B, N) per-record weights of each run's training part (0 = not in it); a fold
+        is a pair of weight vectors. Scale-free: each run's weights are divided by their largest (in
+        float64) first, so only their ratios count, and uniform weights of any positive scale train
+        exactly as unweighted.
+      val_weights: (B, N) per-record weights of each run's validation part, scale-free too. It may be
+        all zero (then the last step is kept: no early stopping signal).
       field_sets: B tuples of field names to train (e.g. ``FIELD_SETS["gates"]``).
       seeds: B ints; a run starts from ``config`` plus N(0, init_noise²) noise on its trained free
         parameters, so seeds give different starting points.
