@@ -155,7 +155,7 @@ def test_a_config_batch_with_mismatched_leading_axes_is_an_error_naming_the_fiel
 @pytest.mark.parametrize("axes, match", [
     (dict(sigma=[0.1, np.nan]), r"sigma: expected finite values; sigma\[1\]"),
     (dict(g_b=[0.5, np.inf]), r"g_b: expected finite values"),
-    (dict(sigma=[0.1, -0.2]), "sigma: expected sigma > 0; config 1"),
+    (dict(sigma=[0.1, -0.2]), "sigma: expected a finite width > 0 .*; config 1"),
     (dict(eps_c=[0.1, 0.6]), "eps_c: expected 0 ≤ eps_c < min"),
     (dict(theta1=[0.5, 0.7]), "thresholds: expected θ0 ≥ θ1 ≥ θ2"),
     (dict(n_max=[3.0, 0.5]), "n_max: expected n_max > n_min; config 1"),

@@ -92,8 +92,7 @@ def _backend() -> str:
 
 
 # Records per chunk of the pure-JAX batched path. Over 10^6+ records the vmapped graph streams a dozen
-# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2
-# (8192-16384 records per chunk were the fastest sizes measured on the CPU).
+# (N, 16) intermediates through main memory; a compiled loop over cache-sized chunks keeps them in L2.
 CHUNK = 8192
 _vmapped = jax.vmap(_d.decide_one, in_axes=(0, 0, 0, None))
 
@@ -174,8 +173,18 @@ def _unpack(structure: _Structure, buf) -> MDLConfig:
     return _config_mod._unflatten(structure.aux, leaves)
 
 
-@functools.lru_cache(maxsize=64)
-def _plan_cached(cfg: MDLConfig, x64: bool) -> _Plan:
+def _plan_uncached(cfg: MDLConfig, x64: bool) -> _Plan | None:
+    # A config with arrays for leaves: packed every call; one with traced leaves: None.
+    if not all(_is_concrete(x) for x in jax.tree.leaves(cfg)):
+        return None
+    structure, buf = _pack(cfg, x64)
+    return _Plan(structure, buf, _program(structure, structure.packed, True))
+
+
+@_config_mod.per_config_cache(unhashable=_plan_uncached)
+def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
+    """The packed config of a concrete config (cached per hashable one); None for a config with
+    traced leaves, which the program then takes as a pytree."""
     if cfg is not _DEFAULT:
         _check_single(cfg)  # raises: nothing is cached for a bad config
     structure, buf = _pack(cfg, x64)
@@ -185,22 +194,10 @@ def _plan_cached(cfg: MDLConfig, x64: bool) -> _Plan:
         return _Plan(structure, jax.device_put(buf), _program(structure, structure.packed, True))
 
 
-def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
-    """The packed config of a concrete config (cached per hashable one); None for a config with
-    traced leaves, which the program then takes as a pytree."""
-    try:
-        return _plan_cached(cfg, x64)
-    except TypeError:  # unhashable leaves (arrays, tracers)
-        pass
-    if not all(_is_concrete(x) for x in jax.tree.leaves(cfg)):
-        return None
-    structure, buf = _pack(cfg, x64)
-    return _Plan(structure, buf, _program(structure, structure.packed, True))
-
-
 def _program_body(M, R, A, buf, structure: _Structure, dtype: str):
     cfg = _unpack(structure, buf)
-    return _decide_shaped(*(jnp.asarray(x).astype(dtype) for x in (M, R, A)), cfg)
+    M, R, A = (jnp.asarray(x).astype(dtype) for x in (M, R, A))
+    return _decide_shaped(M, R, A, cfg)
 
 
 def _scalar_body(x, buf, structure: _Structure, dtype: str):
@@ -216,7 +213,8 @@ def _program(structure: _Structure, dtype: str, scalar: bool):
 
 
 def _tree_body(M, R, A, cfg: MDLConfig, dtype: str):
-    return _decide_shaped(*(jnp.asarray(x).astype(dtype) for x in (M, R, A)), cfg)
+    M, R, A = (jnp.asarray(x).astype(dtype) for x in (M, R, A))
+    return _decide_shaped(M, R, A, cfg)
 
 
 # A config with traced leaves (a caller's vmap/grad over the config) is passed as a pytree.
@@ -432,45 +430,35 @@ def _config(config) -> MDLConfig:
         raise TypeError(f"config: expected an MDLConfig, a config file path or None, got "
                         f"{type(config).__name__}")
     if config is not _DEFAULT:
-        try:
-            _checked_single(config)
-        except TypeError:  # unhashable leaves (arrays): checked every call
-            _check_single(config)
+        _checked_single(config)
     return config
 
 
-@functools.lru_cache(maxsize=64)
+@_config_mod.per_config_cache
 def _checked_single(cfg: MDLConfig) -> bool:
     _check_single(cfg)  # raises: nothing is cached for a bad config
     return True
-
-
-_BASE_SHAPES = {"sigma": (), "eps_c": (), "gains": (3,), "g_A_coeffs": (2,), "gate_coeffs": (2,),
-                "thresholds": (3,), "n_min": (), "n_max": ()}
 
 
 def _check_single(cfg: MDLConfig) -> None:
     """One config's shapes (a batch of configs belongs to ``sweep``): else a ValueError naming the
     field, before the controller would fail on it with a broadcasting error. Fields holding tracers
     (vmap or grad over the config: a tuple of tracers, say) are not checked."""
-    for f, want in _BASE_SHAPES.items():
+    for f in _config_mod.NUMERIC_FIELDS:
         v = getattr(cfg, f)
         if not _is_concrete(v):
             continue
-        got = np.shape(v)
-        if got != want:
-            raise ValueError(f"config.{f}: expected one config's value (shape {want}), got shape {got}; "
+        got, want = np.shape(v), _config_mod.config_shapes(f, cfg.D)
+        if got not in want:
+            one = " or ".join(str(w) for w in want)
+            raise ValueError(f"config.{f}: expected one config's value (shape {one}), got shape {got}; "
                              "a batch of configs is for sweep")
-    got = np.shape(cfg.bias) if _is_concrete(cfg.bias) else ()
-    if got not in ((), (cfg.D,)):
-        raise ValueError(f"config.bias: expected one config's value (a number or D={cfg.D} values), got "
-                         f"shape {got}; a batch of configs is for sweep")
 
 
 def _config_file(path: str) -> MDLConfig:
     # Read on every call, parsed once per content: the cache is keyed by a hash of the bytes read, so a
     # file replaced by other content of the same size with its mtime kept (cp -p, rsync -t, tar x) is
-    # never served stale. A config file is ~1 kB, so reading and hashing it costs a few µs.
+    # never served stale. A config file is ~1 kB, so reading and hashing it is cheap beside a decision.
     from mdl_jax.controller.config_file import config_from_bytes, read_config_bytes
 
     data = read_config_bytes(path)

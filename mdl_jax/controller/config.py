@@ -3,26 +3,97 @@
 Numeric fields are pytree leaves, so ``jax.vmap`` and ``jax.grad`` run over them (sensitivity sweeps,
 gradient-tuned gates). Structural fields (dimensions, QR seed, ablation switches) are static: they choose
 shapes and branches at trace time and take part in the jit cache key.
+
+Each field's facts (leaf or static, its shape in one config, its range) are declared once, beside the
+field, as ``FieldSpec`` metadata; validation, config files, the sweep's batches, the kernels' shape
+checks and tuning read them through ``field_specs()``, so a new field is one declaration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Fields that are pytree leaves (traceable numbers) versus static aux data.
-_NUMERIC = (
-    "sigma", "eps_c", "gains", "g_A_coeffs", "gate_coeffs", "thresholds", "bias", "n_min", "n_max",
-)
-_STATIC = (
-    "D", "dims", "qr_seed", "alpha_gating", "risk_modulation", "subspaces", "risk_inversion",
-    "value_encoding",
-)
+# The smallest σ: 2^-63, the square root of float32's smallest normal number (see FieldSpec's sigma row).
+SIGMA_MIN = 2.0 ** -63
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """What the package knows about one ``MDLConfig`` field, written once beside the field.
+
+    Validation, the config file format, the sweep's batching, the native kernel's shape checks and
+    tuning's static set all read these declarations (``field_specs()``), so adding a field to
+    ``MDLConfig`` with its spec is the whole change for every one of them.
+
+    Attributes:
+      leaf: True for a numeric pytree leaf (traceable; batched with a leading axis K in a sweep);
+        False for a static field (part of the jit cache key).
+      shape: a leaf's shape for one config: () for a number, (n,) for a vector of n values.
+      or_d_vector: a leaf that may also hold one value per value-vector coordinate, shape (D,).
+      components: names of a vector leaf's components, one per value, so a grid can vary one alone.
+      low: the least value a leaf may take (inclusive), or None.
+      high: the greatest value a leaf may take (inclusive), or None.
+      descending: a vector leaf whose values must not increase.
+      above: a leaf this one must exceed, config by config.
+      zero_or_below_min_of: a vector leaf whose smallest value this one must stay under, unless it is 0.
+      what: the rule in words, as an error message says what was expected.
+      check: for a static field, a function of (value, config) giving what was expected when the value
+        is wrong, else None.
+    """
+
+    leaf: bool
+    shape: tuple[int, ...] = ()
+    or_d_vector: bool = False
+    components: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    descending: bool = False
+    above: str | None = None
+    zero_or_below_min_of: str | None = None
+    what: str = "finite values"
+    check: Callable[[Any, Any], str | None] | None = None
+
+
+def _leaf(default, **spec) -> Any:
+    return dataclasses.field(default=default, metadata={"mdl": FieldSpec(leaf=True, **spec)})
+
+
+def _static(default, check: Callable[[Any, Any], str | None]) -> Any:
+    return dataclasses.field(default=default, metadata={"mdl": FieldSpec(leaf=False, check=check)})
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_D(v, cfg) -> str | None:
+    return None if _is_int(v) and v > 0 else "a positive int"
+
+
+def _check_dims(v, cfg) -> str | None:
+    # dims is static (part of the jit cache key), so it must be hashable: a tuple, not a list
+    if not (isinstance(v, tuple) and len(v) == 3 and all(_is_int(d) and d > 0 for d in v)):
+        return "a tuple of three positive ints"
+    return None if sum(v) == cfg.D else f"dimensions summing to D={cfg.D}"
+
+
+def _check_seed(v, cfg) -> str | None:
+    return None if _is_int(v) and v >= 0 else "a non-negative int"
+
+
+def _check_subspaces(v, cfg) -> str | None:
+    return None if v in ("qr", "identity") else "'qr' or 'identity'"
+
+
+def _check_bool(v, cfg) -> str | None:
+    return None if isinstance(v, bool) else "a bool"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +103,8 @@ class MDLConfig:
     Frozen: change fields with ``replace``. Numeric fields are pytree leaves (traceable numbers:
     ``jax.vmap`` / ``jax.grad`` run over them, and a batch of configs, built by ``config_grid`` or
     ``stack_configs``, holds them with a leading axis K); static fields choose shapes and branches
-    at trace time and are part of the jit cache key. The defaults are the paper's.
+    at trace time and are part of the jit cache key. The defaults are the paper's. Each field's kind,
+    shape and range are declared beside it (``FieldSpec``, read through ``field_specs()``).
 
     Examples:
       >>> cfg = MDLConfig().replace(thresholds=(0.7, 0.5, 0.3))
@@ -88,42 +160,42 @@ class MDLConfig:
         index. Traced leaves (inside jit/vmap/grad) cannot be read and are not checked.
     """
 
-    sigma: Any = 0.20
-    eps_c: Any = 0.10
-    gains: Any = (1.0, 0.7, 0.5)
-    g_A_coeffs: Any = (0.5, 0.5)
-    gate_coeffs: Any = (0.3, 0.7)
-    thresholds: Any = (0.6, 0.4, 0.2)
-    bias: Any = 0.0
-    n_min: Any = 2.179652452468872
-    n_max: Any = 3.1749186515808105
-    D: int = 16
-    dims: tuple[int, int, int] = (5, 5, 6)
-    qr_seed: int = 42
-    alpha_gating: bool = True
-    risk_modulation: bool = True
-    subspaces: str = "qr"
-    risk_inversion: bool = True
-    value_encoding: bool = True
+    # σ ≥ 2^-63 keeps σ² a normal float32: below it XLA flushes σ² to 0 and the pure-JAX path's
+    # (s - c)²/(2σ²) is 0/0 = NaN at a centre, while the native kernel's 1/(2σ²) overflows (the two
+    # paths then disagree); every σ from 2^-63 up is a finite, matching decision.
+    sigma: Any = _leaf(0.20, low=SIGMA_MIN,
+                       what=f"a finite width > 0 (at least 2^-63 ≈ {SIGMA_MIN:.4g}, so σ² is a normal float32)")
+    # Theorem 1's condition; eps_c = 0 (no leakage) keeps every pathway monotone for any gains
+    eps_c: Any = _leaf(0.10, low=0.0, zero_or_below_min_of="gains",
+                       what="0 ≤ eps_c < min(gains), or eps_c = 0 with any gains ≥ 0 (Theorem 1)")
+    # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))
+    gains: Any = _leaf((1.0, 0.7, 0.5), shape=(3,), components=("s_wm", "s_r", "s_a"), low=0.0,
+                       what="finite gains ≥ 0")
+    g_A_coeffs: Any = _leaf((0.5, 0.5), shape=(2,), components=("g_A_a", "g_A_b"))
+    gate_coeffs: Any = _leaf((0.3, 0.7), shape=(2,), components=("g_a", "g_b"))
+    thresholds: Any = _leaf((0.6, 0.4, 0.2), shape=(3,), components=("theta0", "theta1", "theta2"),
+                            low=0.0, high=1.0, descending=True, what="θ0 ≥ θ1 ≥ θ2 within [0, 1]")
+    bias: Any = _leaf(0.0, or_d_vector=True)
+    n_min: Any = _leaf(2.179652452468872)
+    n_max: Any = _leaf(3.1749186515808105, above="n_min", what="n_max > n_min")
+    D: int = _static(16, _check_D)
+    dims: tuple[int, int, int] = _static((5, 5, 6), _check_dims)
+    qr_seed: int = _static(42, _check_seed)
+    alpha_gating: bool = _static(True, _check_bool)
+    risk_modulation: bool = _static(True, _check_bool)
+    subspaces: str = _static("qr", _check_subspaces)
+    risk_inversion: bool = _static(True, _check_bool)
+    value_encoding: bool = _static(True, _check_bool)
 
     def __post_init__(self):
         # Invariants are checked once, here. Numeric ones only where the values are concrete: inside
         # vmap/grad a leaf may be a tracer, and pytree ops rebuild configs without this method.
-        if not (_is_int(self.D) and self.D > 0):
-            raise ValueError(f"D: expected a positive int, got {self.D!r}")
-        # dims is static (part of the jit cache key), so it must be hashable: a tuple, not a list
-        if not (isinstance(self.dims, tuple) and len(self.dims) == 3
-                and all(_is_int(d) and d > 0 for d in self.dims)):
-            raise ValueError(f"dims: expected a tuple of three positive ints, got {self.dims!r}")
-        if sum(self.dims) != self.D:
-            raise ValueError(f"dims: expected dimensions summing to D={self.D}, got {self.dims!r}")
-        if not (_is_int(self.qr_seed) and self.qr_seed >= 0):
-            raise ValueError(f"qr_seed: expected a non-negative int, got {self.qr_seed!r}")
-        if self.subspaces not in ("qr", "identity"):
-            raise ValueError(f"subspaces: expected 'qr' or 'identity', got {self.subspaces!r}")
-        for name in ("alpha_gating", "risk_modulation", "risk_inversion", "value_encoding"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        for name, spec in _SPECS.items():
+            if spec.check is not None:
+                value = getattr(self, name)
+                what = spec.check(value, self)
+                if what is not None:
+                    raise ValueError(f"{name}: expected {what}, got {value!r}")
         _check_numeric(self)
 
     def replace(self, **changes: Any) -> MDLConfig:
@@ -152,12 +224,105 @@ class MDLConfig:
         return _qr_basis(self.D, self.qr_seed)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+def field_specs() -> dict[str, FieldSpec]:
+    """Every field's declaration, in ``MDLConfig``'s field order.
+
+    Returns:
+      {field name: ``FieldSpec``}.
+    """
+    return dict(_SPECS)
 
 
+_SPECS: dict[str, FieldSpec] = {f.name: f.metadata["mdl"] for f in dataclasses.fields(MDLConfig)}
+# Fields that are pytree leaves (traceable numbers) versus static aux data, in field order.
+_NUMERIC = tuple(name for name, spec in _SPECS.items() if spec.leaf)
+_STATIC = tuple(name for name, spec in _SPECS.items() if not spec.leaf)
 # Trailing (per-config) shape of each vector field; any leading axes are a batch of configs.
-_VECTOR = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+_VECTOR = {name: spec.shape[0] for name, spec in _SPECS.items() if spec.leaf and len(spec.shape) == 1}
+
+
+def config_shapes(name: str, D: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes a numeric field may have in one config (not a batch).
+
+    Args:
+      name: a numeric field (one of ``NUMERIC_FIELDS``).
+      D: the config's value-vector dimension.
+
+    Returns:
+      The allowed shapes: the declared shape, and (D,) too for a field that may hold one value per
+      coordinate (``bias``).
+
+    Raises:
+      ValueError: ``name`` is not a numeric field.
+    """
+    spec = _SPECS.get(name)
+    if spec is None or not spec.leaf:
+        raise ValueError(f"name: expected one of {list(_NUMERIC)}, got {name!r}")
+    return (spec.shape, (D,)) if spec.or_d_vector else (spec.shape,)
+
+
+def components() -> dict[str, tuple[str, int]]:
+    """The names of single components of vector fields, for grids that vary one alone.
+
+    Returns:
+      {component name: (field, index)}, e.g. ``"theta0": ("thresholds", 0)``.
+    """
+    return {c: (name, i) for name, spec in _SPECS.items() for i, c in enumerate(spec.components)}
+
+
+def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | None]]:
+    """Every broken range rule of the numeric fields, one flag per config.
+
+    The one reading of the declared ranges: ``MDLConfig`` (any batch axes) and ``sweep``'s batch check
+    both report from it, each in its own words around the same rule.
+
+    Args:
+      values: {numeric field: float64 array of leading batch axes + the field's shape, or None for a
+        field that cannot be read (traced)}; every batch axis broadcasts with the others'.
+
+    Returns:
+      A list of (field, per-config bad flags, what was expected, the other field the rule compares
+      with or None) for each rule some config breaks, fields' own ranges first, then rules between
+      fields.
+
+    Raises:
+      ValueError: two fields compared by a rule whose batch axes do not broadcast.
+    """
+    out: list[tuple[str, np.ndarray, str, str | None]] = []
+
+    def per_config(name, bad):  # vector fields: a config is bad if any component is
+        return bad.any(axis=-1) if name in _VECTOR else bad
+
+    for name in _NUMERIC:
+        v, spec = values.get(name), _SPECS[name]
+        if v is None:
+            continue
+        bad = ~np.isfinite(v)
+        if spec.low is not None:
+            bad = bad | ~(v >= spec.low)
+        if spec.high is not None:
+            bad = bad | ~(v <= spec.high)
+        bad = per_config(name, bad)
+        if spec.descending:
+            bad = bad | (np.diff(v, axis=-1) > 0).any(axis=-1)
+        if np.any(bad):
+            # a field with a range of its own says it; one ruled only against another field is finite here
+            own = spec.what if (spec.low, spec.high, spec.descending) != (None, None, False) else "finite values"
+            out.append((name, bad, own, None))
+    for name in _NUMERIC:
+        v, spec = values.get(name), _SPECS[name]
+        ref = spec.above or spec.zero_or_below_min_of
+        if v is None or ref is None or values.get(ref) is None:
+            continue
+        if spec.above is not None:
+            lo, hi = _broadcast(f"{ref}, {name}", values[ref], v)
+            bad = ~(hi > lo)
+        else:
+            x, low = _broadcast(f"{name}, {ref}", v, values[ref].min(axis=-1))
+            bad = (x > 0) & (x >= low)
+        if np.any(bad):
+            out.append((name, bad, spec.what, ref))
+    return out
 
 
 def _real(name: str, value) -> np.ndarray | None:
@@ -214,53 +379,54 @@ def _broadcast(names: str, *arrays) -> tuple:
                          f"{[np.shape(a) for a in arrays]}") from None
 
 
-# The smallest σ: 2^-63, the square root of float32's smallest normal number (see _check_numeric).
-SIGMA_MIN = 2.0 ** -63
-
-
 def _check_numeric(cfg: MDLConfig) -> None:
     """Every rule of a field in one mask per config, so the index named is the first config that
     is wrong for any reason (as ``decide`` names the first bad record)."""
     v = {f: _real(f, getattr(cfg, f)) for f in _NUMERIC}
+    for name, bad, what, ref in field_violations(v):
+        if ref is not None:
+            what += f" ({ref}={_short(getattr(cfg, ref))})"
+        _fail(name, what, getattr(cfg, name), bad)
 
-    def per_config(name, bad):  # vector fields: a config is bad if any component is
-        return bad.any(axis=-1) if name in _VECTOR else bad
 
-    def finite(name):
-        return ~np.isfinite(v[name])
+def per_config_cache(fn: Callable | None = None, *, maxsize: int = 64, unhashable: Callable | None = None):
+    """Cache a function of a config per hashable config; recompute for one with unhashable leaves.
 
-    for name in ("bias", "g_A_coeffs", "gate_coeffs", "n_min"):
-        if v[name] is not None:
-            _fail(name, "finite values", getattr(cfg, name), per_config(name, finite(name)))
-    if v["sigma"] is not None:
-        # σ ≥ 2^-63 keeps σ² a normal float32: below it XLA flushes σ² to 0 and the pure-JAX path's
-        # (s - c)²/(2σ²) is 0/0 = NaN at a centre, while the native kernel's 1/(2σ²) overflows (the two
-        # paths then disagree); every σ from 2^-63 up is a finite, matching decision.
-        _fail("sigma", f"a finite width > 0 (at least 2^-63 ≈ {SIGMA_MIN:.4g}, so σ² is a normal float32)",
-              cfg.sigma, finite("sigma") | ~(v["sigma"] >= SIGMA_MIN))
-    if v["gains"] is not None:
-        # ≥ 0: a zero gain switches a pathway off (all zero with eps_c = 0 gives v_meta = tanh(b))
-        _fail("gains", "finite gains ≥ 0", cfg.gains, per_config("gains", finite("gains") | ~(v["gains"] >= 0)))
-    if v["eps_c"] is not None:
-        bad = finite("eps_c") | ~(v["eps_c"] >= 0)
-        what = "a finite leakage ≥ 0"
-        if v["gains"] is not None:
-            # Theorem 1's condition; eps_c = 0 (no leakage) keeps every pathway monotone for any gains
-            eps, low = _broadcast("eps_c, gains", v["eps_c"], v["gains"].min(axis=-1))
-            bad = bad | ((eps > 0) & (eps >= low))
-            what += f", either 0 or < min(gains) (Theorem 1; gains={_short(cfg.gains)})"
-        _fail("eps_c", what, cfg.eps_c, bad)
-    th = v["thresholds"]
-    if th is not None:
-        bad = per_config("thresholds", ~((th >= 0) & (th <= 1)))  # NaN fails too
-        bad = bad | (np.diff(th, axis=-1) > 0).any(axis=-1)
-        _fail("thresholds", "finite values in [0, 1] with θ0 ≥ θ1 ≥ θ2", cfg.thresholds, bad)
-    if v["n_max"] is not None:
-        bad, what = finite("n_max"), "a finite value"
-        if v["n_min"] is not None:
-            lo, hi = _broadcast("n_min, n_max", v["n_min"], v["n_max"])
-            bad, what = ~np.isfinite(hi) | ~(hi > lo), f"a finite value > n_min={_short(cfg.n_min)}"
-        _fail("n_max", what, cfg.n_max, bad)
+    A config of plain floats and tuples is hashable and its result is kept (an LRU of ``maxsize``); a
+    config holding arrays or tracers cannot be a key, and is computed every call (by ``unhashable``
+    when given, else by the function itself). A call that raises caches nothing.
+
+    Examples:
+      >>> @per_config_cache
+      ... def packed(cfg): ...
+
+    Args:
+      fn: the function, whose positional arguments (the config first) are the cache key.
+      maxsize: how many results to keep.
+      unhashable: what to call instead for arguments that cannot be a key; ``fn`` when None.
+
+    Returns:
+      The wrapped function (or a decorator, when ``fn`` is None); ``cache_clear`` clears its cache.
+    """
+    if fn is None:
+        return functools.partial(per_config_cache, maxsize=maxsize, unhashable=unhashable)
+    cached = functools.lru_cache(maxsize=maxsize)(fn)
+    fallback = fn if unhashable is None else unhashable
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        try:
+            return cached(*args)
+        except TypeError:
+            try:
+                hash(args)
+            except TypeError:  # arrays or tracers in the config: no key, computed every call
+                return fallback(*args)
+            raise  # the function's own TypeError
+
+    wrapper.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    wrapper.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _is_concrete(x) -> bool:

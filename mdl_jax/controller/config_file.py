@@ -17,6 +17,7 @@ or length (``"sigma": [0.2]``, a ``bias`` that is neither a number nor D numbers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig
+from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig, config_shapes, field_specs
 
 FORMAT = "mdl-jax-config"
 VERSION = 1
@@ -64,17 +65,20 @@ def config_to_dict(cfg: MDLConfig) -> dict:
     numeric = {}
     for f in NUMERIC_FIELDS:
         a = np.asarray(getattr(cfg, f), dtype=np.float64)
-        if a.ndim > (1 if f in ("gains", "g_A_coeffs", "gate_coeffs", "thresholds", "bias") else 0):
+        if a.ndim > max(len(shape) for shape in config_shapes(f, cfg.D)):
             raise ValueError(f"{f}: expected a single config, got a batch (shape {a.shape})")
         numeric[f] = _plain(a)
-    static = {f: (list(getattr(cfg, f)) if f == "dims" else getattr(cfg, f)) for f in STATIC_FIELDS}
+    static = {f: (list(getattr(cfg, f)) if f in _TUPLE_STATIC else getattr(cfg, f)) for f in STATIC_FIELDS}
     return {"format": FORMAT, "version": VERSION, "numeric": numeric, "static": static}
 
 
 # What each field may hold in a file (one config, never a batch): the JSON kinds are checked here, before
 # MDLConfig sees the values, so a list where a number belongs ("sigma": [0.2] would be a batch of one)
 # or a vector of the wrong length is an error naming the field instead of a broadcasting error in decide.
-_VECTOR_LEN = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+_VECTOR_LEN = {f: s.shape[0] for f, s in field_specs().items() if s.leaf and len(s.shape) == 1}
+# Static fields whose value is a tuple of ints (dims): a JSON list in the file, a tuple in the config.
+_TUPLE_STATIC = {f.name: len(f.default) for f in dataclasses.fields(MDLConfig)
+                 if f.name in STATIC_FIELDS and isinstance(f.default, tuple)}
 _TOP = ("format", "version", "numeric", "static", "defaults", "note")
 # A config file is a few hundred bytes; 1 MiB leaves room for any note and bounds what a path to a
 # device (/dev/zero) or a huge file can make us read.
@@ -83,8 +87,8 @@ MAX_BYTES = 1 << 20
 # Python's json parser would recurse until RecursionError on a few thousand levels.
 _MAX_DEPTH = 8
 # The largest D a config file may set. The controller's cost grows as D² per record plus a D×D QR and
-# (3, D, D) projectors per config: D = 4,096 in a 443-byte file took 83 s and 2.2 GB for four
-# decisions. 256 is 16× the paper's D = 16 (the kernels run D = 16 only). Over it: ConfigFileError
+# (3, D, D) projectors per config, so a few hundred bytes could ask for gigabytes and minutes of work.
+# 256 is 16× the paper's D = 16 (the kernels run D = 16 only). Over it: ConfigFileError
 # naming static.D and the bound. (An MDLConfig built in Python is not bounded.)
 MAX_D = 256
 # The longest number a config file may write, in characters: any float64 written out exactly (at most
@@ -105,12 +109,12 @@ def _numeric_value(f: str, v, D: int, source: str):
             raise ConfigFileError(f"{source}: numeric.{f}: expected a list of {n} numbers, got "
                                   f"{_short_json(v)}")
         return tuple(v)
-    if f == "bias":
+    if field_specs()[f].or_d_vector:  # a number, or one per coordinate
         if _is_number(v):
             return v
         if isinstance(v, list) and len(v) == D and all(_is_number(x) for x in v):
             return tuple(v)
-        raise ConfigFileError(f"{source}: numeric.bias: expected a number or a list of D={D} numbers, "
+        raise ConfigFileError(f"{source}: numeric.{f}: expected a number or a list of D={D} numbers, "
                               f"got {_short_json(v)}")
     if not _is_number(v):
         raise ConfigFileError(f"{source}: numeric.{f}: expected a number, got {_short_json(v)}")
@@ -187,10 +191,11 @@ def config_from_dict(d: dict, source: str = "config") -> MDLConfig:
                                       "\"defaults\" to take the paper's default)")
     kw = {}
     for f, v in objs["static"].items():
-        if f == "dims":
-            if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+        if f in _TUPLE_STATIC:
+            n = _TUPLE_STATIC[f]
+            if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool)
                                                                 for x in v)):
-                raise ConfigFileError(f"{source}: static.dims: expected a list of 3 ints, got {_short_json(v)}")
+                raise ConfigFileError(f"{source}: static.{f}: expected a list of {n} ints, got {_short_json(v)}")
             v = tuple(v)
         elif isinstance(v, (list, dict)) or v is None:
             raise ConfigFileError(f"{source}: static.{f}: expected a single value, got {_short_json(v)}")

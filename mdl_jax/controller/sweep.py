@@ -26,8 +26,8 @@ float64 NumPy arrays.
 
 Record passes. The records are walked on the host in equal passes of at most ``record_chunk``
 (2^18 by default; the last padded with weight-0 records), each one call of the compiled program, and
-the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps (2.3 GB peak
-for one config here), and the result equals the unchunked one (integer sums exactly).
+the passes' sums are added on the host: memory is bounded by a pass, so N = 5×10^7 sweeps, and the
+result equals the unchunked one (integer sums exactly).
 
 How it runs. One jitted program per pass: configs are padded to whole chunks and ``lax.map`` walks the chunks;
 inside a chunk, the one-record functions of ``decision`` are vmapped over records and then over
@@ -74,19 +74,16 @@ from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, plain
 
-# The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1).
-_BASE_RANK = {"sigma": 0, "eps_c": 0, "gains": 1, "g_A_coeffs": 1, "gate_coeffs": 1, "thresholds": 1,
-              "bias": 0, "n_min": 0, "n_max": 0}
-_SIZES = {"gains": 3, "g_A_coeffs": 2, "gate_coeffs": 2, "thresholds": 3}
+# The unbatched rank of each numeric leaf (bias may also be a (D,) vector: rank 1), and the length of
+# each vector field, from the fields' declarations.
+_BASE_RANK = {f: len(s.shape) for f, s in _config.field_specs().items() if s.leaf}
+_SIZES = {f: s.shape[0] for f, s in _config.field_specs().items() if s.leaf and len(s.shape) == 1}
+# Fields that may also hold one value per coordinate, (D,) per config (bias).
+_OR_D = tuple(f for f, s in _config.field_specs().items() if s.leaf and s.or_d_vector)
 # Names for one component of a vector field, so a grid can vary it alone.
-COMPONENTS = {
-    "s_wm": ("gains", 0), "s_r": ("gains", 1), "s_a": ("gains", 2),
-    "g_A_a": ("g_A_coeffs", 0), "g_A_b": ("g_A_coeffs", 1),
-    "g_a": ("gate_coeffs", 0), "g_b": ("gate_coeffs", 1),
-    "theta0": ("thresholds", 0), "theta1": ("thresholds", 1), "theta2": ("thresholds", 2),
-}
-# Decisions per chunk of the compiled loop (configs per chunk × records): near the 8192-16384 records
-# per step that were fastest for decide's pure-JAX path on the dev VM (see api.CHUNK).
+COMPONENTS = _config.components()
+# Decisions per chunk of the compiled loop (configs per chunk × records): the cache-sized chunk of
+# decide's pure-JAX path (see api.CHUNK).
 _CHUNK_DECISIONS = 16384
 
 
@@ -130,9 +127,9 @@ def batch_size(configs: MDLConfig) -> int | None:
     for f in NUMERIC_FIELDS:
         a = _leaf(configs, f)
         extra = a.ndim - _BASE_RANK[f]
-        if f == "bias" and a.ndim >= 1 and a.shape[-1] == configs.D and a.ndim == 2:
+        if f in _OR_D and a.ndim >= 1 and a.shape[-1] == configs.D and a.ndim == 2:
             extra = 1  # (K, D): one bias vector per config
-        elif f == "bias" and a.ndim == 1 and a.shape[0] == configs.D:
+        elif f in _OR_D and a.ndim == 1 and a.shape[0] == configs.D:
             extra = -1  # (D,): ambiguous alone; decided by the other leaves below
         ranks[f] = (extra, a.shape)
     batched = {f: s[0] for f, (e, s) in ranks.items() if e == 1}
@@ -143,7 +140,7 @@ def batch_size(configs: MDLConfig) -> int | None:
         return None
     ref_f, K = next(iter(batched.items()))
     for f, (extra, shape) in ranks.items():
-        if f == "bias" and extra == -1 and shape[0] == K:
+        if f in _OR_D and extra == -1 and shape[0] == K:
             continue  # (K,): one scalar bias per config
         if extra != 1 or shape[0] != K:
             raise ValueError(f"{f}: expected a leading config axis of size {K} (the batch size of "
@@ -160,31 +157,12 @@ def _check_batch(configs: MDLConfig, K: int) -> None:
         shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
         raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
 
-    for f in NUMERIC_FIELDS:
-        a = _leaf(configs, f)
-        if not np.all(np.isfinite(a)):
-            bad(f, ~np.isfinite(a.reshape(K, -1)).all(1), "finite values")
-    sigma = _leaf(configs, "sigma")
-    if np.any(sigma <= 0):
-        bad("sigma", sigma <= 0, "sigma > 0")
-    if np.any(sigma < _config.SIGMA_MIN):   # as MDLConfig: σ² a normal float32
-        bad("sigma", sigma < _config.SIGMA_MIN, "sigma ≥ 2^-63 ≈ 1.084e-19, so σ² is a normal float32")
-    # The rules of MDLConfig (and so of decide): a zero gain switches a pathway off, and ε_c = 0 (no
-    # leakage) is valid with any gains ≥ 0; ε_c > 0 must stay below min(gains) (Theorem 1).
-    gains = _leaf(configs, "gains")
-    if np.any(gains < 0):
-        bad("gains", (gains < 0).any(1), "gains ≥ 0")
-    eps = _leaf(configs, "eps_c")
-    eps_bad = (eps < 0) | ((eps > 0) & (eps >= gains.min(1)))
-    if np.any(eps_bad):
-        bad("eps_c", eps_bad, "0 ≤ eps_c < min(gains), or eps_c = 0 with any gains ≥ 0 (Theorem 1)")
-    th = _leaf(configs, "thresholds")
-    if np.any((th < 0) | (th > 1)) or np.any(np.diff(th, axis=1) > 0):
-        bad("thresholds", ((th < 0) | (th > 1)).any(1) | (np.diff(th, axis=1) > 0).any(1),
-            "θ0 ≥ θ1 ≥ θ2 within [0, 1]")
-    lo, hi = _leaf(configs, "n_min"), _leaf(configs, "n_max")
-    if np.any(hi <= lo):
-        bad("n_max", hi <= lo, "n_max > n_min")
+    # The declared ranges, read once by config.field_violations; each leaf as (K, per-config values)
+    values = {f: _leaf(configs, f).reshape(K, -1) for f in NUMERIC_FIELDS}
+    values = {f: (v if f in _SIZES else v[:, 0] if v.shape[1] == 1 else v) for f, v in values.items()}
+    for f, mask, what, _ in _config.field_violations(values):
+        # a per-coordinate field (a (K, D) bias): a config is bad if any of its values is
+        bad(f, np.reshape(mask, (K, -1)).any(1), what)
 
 
 def _as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:
@@ -232,7 +210,7 @@ def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
     leaves = {}
     for f in NUMERIC_FIELDS:
         vals = [_leaf(c, f) for c in configs]
-        if f == "bias":  # scalar and (D,) biases mix: store (K, D) when any is a vector
+        if f in _OR_D:  # scalar and (D,) biases mix: store (K, D) when any is a vector
             if any(v.ndim for v in vals):
                 vals = [np.broadcast_to(v, (first.D,)) for v in vals]
         shapes = {v.shape for v in vals}
@@ -294,13 +272,13 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
             raise ValueError(f"{name}: expected a list of real numbers, got {vals!r}") from None
         field = COMPONENTS[name][0] if name in COMPONENTS else name
         want = 1 + (0 if name in COMPONENTS else _BASE_RANK[field])
-        if field == "bias" and name == "bias" and arr.ndim == 2:
+        if field in _OR_D and name == field and arr.ndim == 2:
             want = 2
         if arr.ndim != want or arr.shape[0] == 0:
             raise ValueError(f"{name}: expected a non-empty list of "
                              f"{'scalars' if want == 1 else 'tuples'}, got shape {arr.shape}")
-        if name == "bias" and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
-            raise ValueError(f"bias: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
+        if name in _OR_D and arr.ndim == 2 and arr.shape[1] != base.D:   # else a bare NumPy broadcast error
+            raise ValueError(f"{name}: expected scalars or vectors of D = {base.D} values, got shape {arr.shape}")
         if field in _SIZES and name not in COMPONENTS and arr.shape[1] != _SIZES[field]:
             raise ValueError(f"{name}: expected tuples of {_SIZES[field]} values, got shape {arr.shape}")
         if not np.all(np.isfinite(arr)):
@@ -311,8 +289,9 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     K = int(np.prod([len(v) for v in values]))
     leaves = {f: np.broadcast_to(_leaf(base, f), (K,) + _leaf(base, f).shape).copy()
               for f in NUMERIC_FIELDS}
-    if "bias" in names and (values[names.index("bias")].ndim == 2 or leaves["bias"].ndim == 2):
-        leaves["bias"] = np.broadcast_to(leaves["bias"].reshape(K, -1), (K, base.D)).copy()
+    for f in _OR_D:  # a vector bias anywhere (the grid's or the base's): every config's as (D,)
+        if f in names and (values[names.index(f)].ndim == 2 or leaves[f].ndim == 2):
+            leaves[f] = np.broadcast_to(leaves[f].reshape(K, -1), (K, base.D)).copy()
     idx = np.stack(np.meshgrid(*[np.arange(len(v)) for v in values], indexing="ij"), -1).reshape(K, -1)
     for j, (name, arr) in enumerate(zip(names, values)):
         field, c = COMPONENTS.get(name, (name, slice(None)))

@@ -6,10 +6,10 @@
 
 The objective is the binary decision of Section 5.3 (adopt ⇔ ACTIVE): the soft decision
 P(adopt) = sigmoid((C_final − θ0) / τ) against oracle labels, a weighted cross-entropy (optional
-per-record weights, e.g. a hallucination at A ≥ 0.70 costing more). τ anneals geometrically from
-``temperature[0]`` to ``temperature[1]``, so at the end the soft controller is the hard one on the
-training records; ``history["disagreement"]`` is the share of training records where the two still
-differ (soft argmax of the four action probabilities vs ``decide``'s action).
+per-record weights, e.g. a hallucination at A ≥ 0.70 costing more). τ follows an optax schedule, by
+default geometric from 0.05 to 0.002 (``GeometricTemperature``), so at the end the soft controller is
+the hard one on the training records; ``history["disagreement"]`` is the share of training records
+where the two still differ (soft argmax of the four action probabilities vs ``decide``'s action).
 
 Parametrisation keeps the paper's invariants at every step (no projection, no clipping):
   σ = softplus(u) + 1e-3                         σ > 0
@@ -33,9 +33,11 @@ with its last valid parameters, ``history["diverged_step"]`` records the step (�
 Seeds are ints in [0, 2**64); seed s's PRNG key is its two 32-bit halves (what
 ``jax.random.PRNGKey(s)`` gives for s < 2**32), so distinct seeds never share a start.
 
-Optimiser: optax Adam on a warmup-cosine schedule, full batch. Early stopping on a validation part:
-the parameters of the best validation accuracy (hard decisions) are kept, and after ``patience`` steps
-without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
+Settings are one frozen ``TuneSettings`` value: steps, the optimiser (any optax
+GradientTransformation; by default Adam on a warmup-cosine schedule, ``default_optimizer``), the
+temperature schedule, patience and the start points' noise. Full batch. Early stopping on a
+validation part: the parameters of the best validation accuracy (hard decisions) are kept, and after
+``patience`` steps without improvement a run stops moving (its updates are masked), which keeps the loop one ``lax.scan``
 that vmaps over runs. ``tune_many`` trains B runs (folds × seeds × field sets, each a pair of
 train/validation weight vectors over the same records) in ONE jitted program, on a 2-D (runs,
 records) mesh of the local devices (Mesh + NamedSharding): runs sharded first, and records too when
@@ -45,9 +47,10 @@ and the gradients are summed across them); ``tune`` is a run of one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import chex
@@ -59,7 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from mdl_jax.controller import decision as _d
 from mdl_jax.controller import mesh as _meshes
-from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
+from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig
 from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
 
 FIELD_SETS = {"gates": ("gate_coeffs", "thresholds"), "all": NUMERIC_FIELDS}
@@ -67,6 +70,201 @@ _EPS = 1e-3
 # Fewer records than the "gates" field set has numbers (5) cannot pin them down; `mdl-jax tune` also
 # needs one record per fold of its 5-fold cross-validation.
 MIN_RECORDS = 5
+_DEFAULT_LR = 0.05
+
+
+@functools.lru_cache(maxsize=64)
+def default_optimizer(steps: int, learning_rate: float = _DEFAULT_LR) -> optax.GradientTransformation:
+    """The optimiser ``tune`` uses unless given one: Adam on a warmup-cosine schedule.
+
+    Warmup over the first tenth of ``steps`` (none for a run of one step: optax needs more decay steps
+    than warmup steps), then cosine decay to 5% of the peak. The same (steps, learning_rate) gives the
+    same object, so repeated runs share one compiled program.
+
+    Args:
+      steps: the number of optimisation steps, a positive int.
+      learning_rate: the peak learning rate, finite and > 0.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Raises:
+      ValueError: ``steps`` not a positive int, or ``learning_rate`` not a finite number > 0.
+    """
+    _check_steps(steps)
+    if not (isinstance(learning_rate, (int, float, np.integer, np.floating))
+            and not isinstance(learning_rate, bool) and np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate: expected a finite number > 0, got {learning_rate!r}")
+    lr = float(learning_rate)
+    warmup = min(max(1, steps // 10), steps - 1)
+    opt = optax.adam(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, lr * 0.05))
+    _LEARNING_RATE_OF[opt] = learning_rate
+    while len(_LEARNING_RATE_OF) > 256:  # bounded: the oldest go first
+        del _LEARNING_RATE_OF[next(iter(_LEARNING_RATE_OF))]
+    return opt
+
+
+# The peak learning rate of each default optimiser made, so a warning can name the number to lower.
+_LEARNING_RATE_OF: dict = {}
+
+
+def _check_steps(steps) -> None:
+    if not (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0):
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GeometricTemperature:
+    """τ annealed geometrically from ``start`` to ``end`` over ``steps``: an optax schedule (step → τ).
+
+    τ_k = start · (end / start)^(k / (steps − 1)), so τ is ``start`` at step 0 and ``end`` at the last.
+
+    Attributes:
+      start: τ at the first step, > 0.
+      end: τ at the last step, > 0; the soft/hard disagreement at the end is measured at it.
+      steps: the number of steps the schedule spans.
+
+    Raises:
+      ValueError: ``start`` or ``end`` not a finite number > 0 (named as ``temperature``).
+    """
+
+    start: float = 0.05
+    end: float = 0.002
+    steps: int = 500
+
+    def __post_init__(self):
+        try:
+            ok = all(np.isfinite(float(t)) and float(t) > 0 for t in (self.start, self.end))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"temperature: expected two positive numbers (start, end), got "
+                             f"{(self.start, self.end)!r}")
+        _check_steps(self.steps)
+        object.__setattr__(self, "start", float(self.start))
+        object.__setattr__(self, "end", float(self.end))
+
+    def __call__(self, count):
+        return self.start * (self.end / self.start) ** (count / jnp.maximum(self.steps - 1, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    """How ``tune`` and ``tune_many`` train, as one frozen value (hashable: a key of the compiled program).
+
+    Examples:
+      >>> settings = TuneSettings(steps=300, optimizer=optax.adam(1e-2))
+      >>> tune(M, R, A, adopt, settings=settings)                     # doctest: +SKIP
+
+    Attributes:
+      steps: optimisation steps (full batch), a positive int.
+      optimizer: an ``optax.GradientTransformation`` over the free parameters; None is
+        ``default_optimizer(steps)``, Adam on a warmup-cosine schedule peaking at 0.05.
+      temperature: an optax schedule, step → τ of the soft decision; None is
+        ``GeometricTemperature(0.05, 0.002, steps)``. The soft/hard disagreement is measured at the
+        last step's τ.
+      patience: steps without a better validation accuracy before a run stops moving (only with a
+        validation part), an int ≥ 0.
+      init_noise: the standard deviation of the noise a seed other than 0 adds to a run's trained free
+        parameters, finite and ≥ 0.
+
+    Raises:
+      ValueError: a field outside its domain, naming it.
+      TypeError: ``optimizer`` not a ``GradientTransformation``, or ``temperature`` not callable.
+    """
+
+    steps: int = 500
+    optimizer: optax.GradientTransformation | None = None
+    temperature: Callable | None = None
+    patience: int = 100
+    init_noise: float = 0.05
+
+    def __post_init__(self):
+        _check_steps(self.steps)
+        if self.optimizer is not None and not isinstance(self.optimizer, optax.GradientTransformation):
+            raise TypeError(f"optimizer: expected an optax.GradientTransformation, got "
+                            f"{type(self.optimizer).__name__}")
+        if self.temperature is not None and not callable(self.temperature):
+            raise TypeError(f"temperature: expected an optax schedule (a function of the step), got "
+                            f"{type(self.temperature).__name__}")
+        if not (isinstance(self.patience, (int, np.integer)) and not isinstance(self.patience, bool)
+                and self.patience >= 0):
+            raise ValueError(f"patience: expected an int ≥ 0, got {self.patience!r}")
+        if not (isinstance(self.init_noise, (int, float, np.integer, np.floating))
+                and np.isfinite(self.init_noise) and self.init_noise >= 0):
+            raise ValueError(f"init_noise: expected a finite number ≥ 0, got {self.init_noise!r}")
+        object.__setattr__(self, "patience", int(self.patience))
+
+    def replace(self, **changes) -> TuneSettings:
+        """A copy with some fields changed, checked like new settings.
+
+        Args:
+          **changes: field=value pairs.
+
+        Returns:
+          New ``TuneSettings``.
+
+        Raises:
+          TypeError: a keyword that is not a field.
+          ValueError: a value outside its field's domain.
+        """
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def resolved_optimizer(self) -> optax.GradientTransformation:
+        """``optimizer``, or ``default_optimizer(steps)`` when it is None."""
+        return default_optimizer(self.steps) if self.optimizer is None else self.optimizer
+
+    @property
+    def resolved_temperature(self) -> Callable:
+        """``temperature``, or ``GeometricTemperature(0.05, 0.002, steps)`` when it is None."""
+        return GeometricTemperature(steps=self.steps) if self.temperature is None else self.temperature
+
+    def final_temperature(self):
+        """τ at the last step (a geometric schedule's ``end`` exactly)."""
+        t = self.resolved_temperature
+        return t.end if isinstance(t, GeometricTemperature) else t(self.steps - 1)
+
+
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TuneSettings))
+
+
+def _settings(settings: TuneSettings | None, options: dict, who: str) -> tuple[TuneSettings, float | None]:
+    """``settings`` with the keyword shorthands applied: (settings, the legacy learning rate or None).
+
+    Keyword shorthands are the settings' own field names (``steps=300``). ``learning_rate`` (replaced by
+    ``optimizer``) and a (start, end) ``temperature`` (replaced by a schedule) still work for one
+    release, with a DeprecationWarning."""
+    if settings is None:
+        settings = TuneSettings()
+    elif not isinstance(settings, TuneSettings):
+        raise TypeError(f"settings: expected TuneSettings, got {type(settings).__name__}")
+    options = dict(options)
+    lr = options.pop("learning_rate", None)
+    unknown = sorted(set(options) - _SETTING_NAMES)
+    if unknown:
+        raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
+    temperature = options.get("temperature")
+    if temperature is not None and not callable(temperature):
+        warnings.warn(f"{who}: temperature=(start, end) is deprecated; pass a schedule, e.g. "
+                      "temperature=GeometricTemperature(start, end, steps)", DeprecationWarning, stacklevel=3)
+        try:
+            start, end = temperature
+        except (TypeError, ValueError):
+            raise ValueError(f"temperature: expected two positive numbers (start, end), got {temperature!r}") \
+                from None
+        steps = options.get("steps", settings.steps)
+        _check_steps(steps)
+        options["temperature"] = GeometricTemperature(start, end, steps)
+    if options:
+        settings = settings.replace(**options)
+    if lr is not None:
+        warnings.warn(f"{who}: learning_rate is deprecated; pass optimizer=default_optimizer(steps, "
+                      "learning_rate) or any optax.GradientTransformation", DeprecationWarning, stacklevel=3)
+        if settings.optimizer is not None:
+            raise ValueError("learning_rate: expected either learning_rate or optimizer, got both")
+        settings = settings.replace(optimizer=default_optimizer(settings.steps, lr))
+    return settings, lr
 
 
 class TuneResult(NamedTuple):
@@ -141,6 +339,8 @@ def to_unconstrained(cfg: MDLConfig, trained: Sequence[str] = NUMERIC_FIELDS) ->
                             else n_min),
         "n_max": _softplus_inv(n_max - n_min - _EPS),
     }
+    # a field with no constrained parametrisation here is its own free parameter
+    out.update({f: np.asarray(getattr(cfg, f), np.float64) for f in NUMERIC_FIELDS if f not in out})
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
@@ -175,13 +375,13 @@ def from_unconstrained(u: dict, base: MDLConfig, trained: Sequence[str] = NUMERI
     else:
         n_min = pick("n_min", u["n_min"])
         n_max = pick("n_max", n_min + jax.nn.softplus(u["n_max"]) + _EPS)
+    free = {f: pick(f, u[f]) for f in NUMERIC_FIELDS}  # a field with no parametrisation below is free
     return _replace_leaves(base, {
+        **free,
         "sigma": pick("sigma", jax.nn.softplus(u["sigma"]) + _EPS), "gains": gains,
         # (1 − 1e-3): sigmoid rounds to exactly 1 in float32 for large inputs; ε_c must stay below
         "eps_c": pick("eps_c", jax.nn.sigmoid(u["eps_c"]) * (1 - _EPS) * jnp.min(gains)),
-        "g_A_coeffs": pick("g_A_coeffs", u["g_A_coeffs"]), "gate_coeffs": pick("gate_coeffs", u["gate_coeffs"]),
-        "thresholds": pick("thresholds", jnp.stack([t0, t1, t2])), "bias": pick("bias", u["bias"]),
-        "n_min": n_min, "n_max": n_max})
+        "thresholds": pick("thresholds", jnp.stack([t0, t1, t2])), "n_min": n_min, "n_max": n_max})
 
 
 def _replace_leaves(base: MDLConfig, leaves: dict) -> MDLConfig:
@@ -256,16 +456,46 @@ def _valid(c: MDLConfig) -> jax.Array:
             & jnp.all((th >= 0) & (th <= 1)) & (th[0] >= th[1]) & (th[1] >= th[2]) & (c.n_max > c.n_min))
 
 
-def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fused, steps, lr, tau0,
-               tau1, patience):
+class _Records(NamedTuple):
+    """The records every run of a program trains on: (N,) signals, labels, and the base config's
+    (raw norm, α) per record when some group trains no fusion field (else None)."""
+
+    M: jax.Array
+    R: jax.Array
+    A: jax.Array
+    y: jax.Array
+    feats: tuple | None = None
+
+
+class _Run(NamedTuple):
+    """One run's own arrays: start point, field mask, training and validation weights."""
+
+    u0: dict
+    mask: dict
+    w_train: jax.Array
+    w_val: jax.Array
+
+
+class _Group(NamedTuple):
+    """What a group of runs shares, static: the base config, the trained fields, and whether they
+    include a field of FUSION_FIELDS (if not, every step reuses the records' precomputed features)."""
+
+    base: MDLConfig
+    trained: tuple
+    fused: bool
+
+
+def _train_one(run: _Run, data: _Records, group: _Group, settings: TuneSettings):
     """One run: lax.scan over steps. Returns (best params, per-step history, scalars).
 
-    ``fused``: does this run train a field of FUSION_FIELDS? If not, ``feats`` = (raw norm, α) of
-    every record, computed once for the whole group, and a step costs a few flops per record."""
-    # warmup over the first tenth; a run of one step has none (optax needs decay steps > warmup steps)
-    warmup = min(max(1, steps // 10), steps - 1)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, lr * 0.05)
-    opt = optax.adam(schedule)
+    Without a fusion field in the group, ``data.feats`` = (raw norm, α) of every record, computed once
+    for the whole program, and a step costs a few flops per record."""
+    u0, mask, w_train, w_val = run
+    M, R, A, y, feats = data
+    base, trained, fused = group
+    steps, patience = settings.steps, settings.patience
+    opt = settings.resolved_optimizer
+    temperature = settings.resolved_temperature
     if fused:
         logits_of = jax.vmap(_soft_adopt_logit, in_axes=(0, 0, 0, None, None))
     else:
@@ -276,12 +506,9 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     wv_sum = jnp.maximum(jnp.sum(w_val), 1e-12)
     has_val = jnp.sum(w_val) > 0  # without a validation part: no early stopping, keep the last step
 
-    # One flat parameter vector (ravel_pytree), not a dict of nine leaves: Adam, the masks and the
-    # best-step bookkeeping are then a few ops on one array instead of nine each. XLA's compile of
-    # tune's program fell by a quarter to a half on the dev VM (the "all" field set 4.0 s -> 2.3 s,
-    # "gates" 3.4 s -> 2.6 s at N = 300). The math is the same, but XLA fuses the smaller program
-    # differently, so results moved by float32 rounding (at most 1.3e-4 in a loss, 2.4e-6 in a field
-    # over 40-60 steps in one comparison; decide / calibrate untouched).
+    # One flat parameter vector (ravel_pytree), not a dict of nine leaves: the optimiser, the masks
+    # and the best-step bookkeeping are then a few ops on one array instead of nine each, which keeps
+    # the compiled program small.
     from jax.flatten_util import ravel_pytree
 
     u0, unravel = ravel_pytree(u0)
@@ -295,7 +522,7 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
         return jnp.sum(wt * per), z
 
     def step(carry: _Carry, k):
-        tau = tau0 * (tau1 / tau0) ** (k / jnp.maximum(steps - 1, 1))
+        tau = temperature(k)
         (loss, z), grads = jax.value_and_grad(loss_fn, has_aux=True)(carry.params, tau)
         grads = grads * mask
         updates, opt_state = opt.update(grads, carry.opt_state, carry.params)
@@ -331,7 +558,7 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     # the same forward as training, so a "gates" group still never recomputes the fusion)
     cfg = from_unconstrained(final.best_params, base, trained)
     C_final = logits_of(M, R, A, cfg, 1.0)[1]
-    probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(C_final, cfg, tau1)
+    probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(C_final, cfg, settings.final_temperature())
     hard = jax.vmap(_d.act, in_axes=(0, None))(C_final, cfg)
     differ = (jnp.argmax(probs, -1) != hard).astype(jnp.float32)
     on_train = w_train > 0
@@ -344,31 +571,33 @@ def _train_one(u0, mask, w_train, w_val, M, R, A, y, feats, base, *, trained, fu
     return final.best_params, hist, scalars
 
 
-@functools.partial(jax.jit, static_argnames=("base", "trained", "fused", "steps", "lr", "tau0", "tau1",
-                                             "patience", "mesh"))
-def _train_groups(groups, M, R, A, y, *, base, trained, fused, steps, lr, tau0, tau1, patience,
-                  mesh=None):
+@functools.partial(jax.jit, static_argnames=("base", "kinds", "settings", "mesh"))
+def _train_groups(groups, data: _Records, *, base: MDLConfig, kinds: tuple, settings: TuneSettings, mesh=None):
     """Every group of runs (one per distinct field set) in ONE program; each group is vmapped.
 
-    groups: a tuple of (u0, masks, w_train, w_val), each with a leading run axis (a multiple of the
-    mesh's "runs" length); trained (the field set) and fused: per group. With a 2-D ("runs",
-    "records") mesh each device trains its runs on its records: the losses and accuracies are sums
-    over records, so their values and gradients become cross-device sums that XLA inserts."""
+    groups: a tuple of ``_Run``s, each array with a leading run axis (a multiple of the mesh's "runs"
+    length); kinds: per group, (trained field set, fused). With a 2-D ("runs", "records") mesh each
+    device trains its runs on its records: the losses and accuracies are sums over records, so their
+    values and gradients become cross-device sums that XLA inserts."""
     out = []
     feats = None
+    M, R, A, y = data.M, data.R, data.A, data.y
     if mesh is not None:
         on_records = NamedSharding(mesh, PartitionSpec("records"))
         M, R, A, y = jax.lax.with_sharding_constraint((M, R, A, y), on_records)
-    for (u0, masks, w_train, w_val), tr, fz in zip(groups, trained, fused):
+    for (u0, masks, w_train, w_val), (tr, fz) in zip(groups, kinds):
         if mesh is not None:
             u0, masks = jax.lax.with_sharding_constraint((u0, masks), NamedSharding(mesh, PartitionSpec("runs")))
             w_train, w_val = jax.lax.with_sharding_constraint(
                 (w_train, w_val), NamedSharding(mesh, PartitionSpec("runs", "records")))
         if not fz and feats is None:  # once for every non-fusion group: the base config's (n, α)
             feats = jax.vmap(_features, in_axes=(0, 0, 0, None))(M, R, A, base)
-        fn = functools.partial(_train_one, M=M, R=R, A=A, y=y, feats=feats, base=base, trained=tr, fused=fz,
-                               steps=steps, lr=lr, tau0=tau0, tau1=tau1, patience=patience)
-        out.append(jax.vmap(fn)(u0, masks, w_train, w_val))
+        records = _Records(M, R, A, y, feats)
+        group = _Group(base, tr, fz)
+
+        def one(u0, masks, w_train, w_val, records=records, group=group):
+            return _train_one(_Run(u0, masks, w_train, w_val), records, group, settings)
+        out.append(jax.vmap(one)(u0, masks, w_train, w_val))
     if mesh is not None:  # small results, replicated: every device (and process) can read them whole
         out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec()))
     return out
@@ -402,26 +631,40 @@ def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
 
 
 def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequence[Sequence[str]],
-              seeds: Sequence[int], config: MDLConfig | None = None, steps: int = 500,
-              learning_rate: float = 0.05, temperature=(0.05, 0.002), patience: int = 100,
-              init_noise: float = 0.05, mesh_shape: tuple[int, int] | None = None,
-              _across_processes: bool = False):
+              seeds: Sequence[int], config: MDLConfig | None = None, settings: TuneSettings | None = None,
+              mesh_shape: tuple[int, int] | None = None, _across_processes: bool = False, **options):
     """B runs in one jitted, vmapped program over the same (N,) records.
 
     Args:
-      train_weights, val_weights: (B, N) per-record weights of each run's training and validation
-        parts (0 = not in that part); a fold is a pair of weight vectors. Validation may be all zero
-        (then the last step is kept: no early stopping signal). Scale-free: each run's weights are
-        divided by their largest (in float64) first, so only their ratios count, and uniform
-        weights of any positive scale train exactly as unweighted.
+      M: (N,) relevance in [0, 1], as ``tune``.
+      R: (N,) reliability, as ``M``.
+      A: (N,) task risk, as ``M``.
+      adopt: (N,) binary oracle labels, as ``tune``.
+      train_weights: (B, N) per-record weights of each run's training part (0 = not in it); a fold
+        is a pair of weight vectors. Scale-free: each run's weights are divided by their largest (in
+        float64) first, so only their ratios count, and uniform weights of any positive scale train
+        exactly as unweighted.
+      val_weights: (B, N) per-record weights of each run's validation part, scale-free too. It may be
+        all zero (then the last step is kept: no early stopping signal).
       field_sets: B tuples of field names to train (e.g. ``FIELD_SETS["gates"]``).
       seeds: B ints; a run starts from ``config`` plus N(0, init_noise²) noise on its trained free
         parameters, so seeds give different starting points.
+      config: the starting ``MDLConfig``; the paper's defaults when None.
+      settings: ``TuneSettings`` (steps, optimizer, temperature, patience, init_noise); the defaults
+        when None.
+      **options: shorthands for fields of ``settings`` (``steps=300``), as ``tune``.
       mesh_shape: (run shards, record shards) of the 2-D device mesh over the first a·r local
         devices; default: chosen from the runs, N and the device count (``mesh.mesh_shape``).
     Returns:
       (configs: list of B tuned MDLConfigs, history: dict of (B, steps) arrays and (B,) scalars).
+
+    Raises:
+      ValueError, TypeError: as ``tune``, and ``seeds`` not one per run.
+
+    Warns:
+      RuntimeWarning: as ``tune``. DeprecationWarning: as ``tune``.
     """
+    settings, lr = _settings(settings, options, "tune_many")
     base = config if config is not None else MDLConfig()
     if not isinstance(base, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
@@ -429,14 +672,6 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     B = len(field_sets)
     if len(seeds) != B:
         raise ValueError(f"seeds: expected {B} seeds (one per run), got {len(seeds)}")
-    if not (isinstance(steps, int) and steps > 0):
-        raise ValueError(f"steps: expected a positive int, got {steps!r}")
-    if not (isinstance(learning_rate, (int, float, np.integer, np.floating))
-            and not isinstance(learning_rate, bool) and np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate: expected a finite number > 0, got {learning_rate!r}")
-    t0, t1 = (float(t) for t in temperature)
-    if not (np.isfinite(t0) and np.isfinite(t1) and t0 > 0 and t1 > 0):
-        raise ValueError(f"temperature: expected two positive numbers (start, end), got {temperature!r}")
     wt = _check_weights("train_weights", train_weights, B, N)
     wv = _check_weights("val_weights", val_weights, B, N)
     if np.any(np.asarray(wt).sum(1) <= 0):
@@ -452,11 +687,11 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
     keys_data = [_seed_key(s, "seeds" if B > 1 else "seed") for s in seeds]
     for fs in field_sets:
         field_mask(fs)  # an unknown or empty field set fails here, naming it
-    # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops:
-    # with 15 runs those eager ops cost more than 500 training steps of the "gates" field set.
+    # Everything per run is built in a couple of vectorised calls, not B rounds of small eager JAX ops,
+    # whose dispatch would outweigh the training of a small field set.
     masks = {f: np.array([f in fs for fs in field_sets], np.float32) for f in NUMERIC_FIELDS}
     prng = np.stack(keys_data)
-    noise = np.array([init_noise * (int(s) != 0) for s in seeds], np.float32)
+    noise = np.array([settings.init_noise * (int(s) != 0) for s in seeds], np.float32)
     chex.assert_shape([M, R, A, y], (N,))
     # Runs grouped by field set (static: whether the fusion must be recomputed every step).
     keys = list(dict.fromkeys(tuple(sorted(fs)) for fs in field_sets))
@@ -487,20 +722,20 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         m = {f: x[take] for f, x in masks.items()}
         u0 = _start_points(to_unconstrained(base, key), m, prng[take], noise[take])
         wt_g, wv_g = (np.pad(np.asarray(x)[take], ((0, 0), (0, pad_n))) for x in (wt, wv))
-        g = (jax.tree.map(np.asarray, u0), {f: np.asarray(x) for f, x in m.items()}, wt_g, wv_g)
+        g = _Run(jax.tree.map(np.asarray, u0), {f: np.asarray(x) for f, x in m.items()}, wt_g, wv_g)
         chex.assert_tree_shape_prefix(g, (len(take),))
         if mesh is not None:
             runs = NamedSharding(mesh, PartitionSpec("runs"))
             w_sh = NamedSharding(mesh, PartitionSpec("runs", "records"))
-            g = (jax.device_put(g[0], runs), jax.device_put(g[1], runs),
-                 jax.device_put(g[2], w_sh), jax.device_put(g[3], w_sh))
+            g = _Run(jax.device_put(g.u0, runs), jax.device_put(g.mask, runs),
+                     jax.device_put(g.w_train, w_sh), jax.device_put(g.w_val, w_sh))
         groups.append(g)
     if mesh is not None:
         M, R, A, y = jax.device_put((M, R, A, y), NamedSharding(mesh, PartitionSpec("records")))
     fused = tuple(any(f in FUSION_FIELDS for f in k) for k in keys)
     static = _static_base(base)
-    res = _train_groups(tuple(groups), M, R, A, y, base=static, trained=tuple(keys), fused=fused, steps=steps,
-                        lr=float(learning_rate), tau0=t0, tau1=t1, patience=int(patience), mesh=mesh)
+    res = _train_groups(tuple(groups), _Records(M, R, A, y), base=static, kinds=tuple(zip(keys, fused)),
+                        settings=settings, mesh=mesh)
     # drop the padding runs (each group's first len(idx) rows are its own runs)
     res = [jax.tree.map(functools.partial(_head, n=len(idx)), g) for idx, g in zip(members, res)]
     fields = {f: np.zeros((B,) + np.shape(getattr(base, f)), np.float64) for f in NUMERIC_FIELDS}
@@ -512,11 +747,15 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         for k, v in {**hist, **scalars}.items():
             arr = history.setdefault(k, np.zeros((B,) + np.shape(v)[1:], np.asarray(v).dtype))
             arr[take] = np.asarray(v)
+    # the number a user can lower: the learning rate of a default optimiser, else the optimiser's own
+    lr = lr if lr is not None else _LEARNING_RATE_OF.get(settings.resolved_optimizer)
+    step_size = f"learning_rate ({lr!r})" if lr is not None else "the optimizer's step size"
+    the_step_size = step_size if lr is None else "the " + step_size
     for b in np.flatnonzero(history["diverged_step"] >= 0).tolist():
         warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) diverged at "
                       f"step {int(history['diverged_step'][b])} (a non-finite loss or parameter); it "
-                      f"stopped there and keeps its last finite parameters. Lower learning_rate "
-                      f"({learning_rate!r}).", RuntimeWarning, stacklevel=2)
+                      f"stopped there and keeps its last finite parameters. Lower {step_size}.",
+                      RuntimeWarning, stacklevel=2)
     for b in np.flatnonzero((history["diverged_step"] < 0)
                             & ((history["adopt_share"] == 0) | (history["adopt_share"] == 1))).tolist():
         # The labels hold both classes (checked above): a controller that decides every training record
@@ -525,8 +764,8 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
         which = "every" if history["adopt_share"][b] == 1 else "no"
         warnings.warn(f"tune: run {b} (fields {', '.join(field_sets[b])}, seed {seeds[b]}) adopts {which} "
                       f"training record: the tuned controller is a constant, no better than the majority "
-                      f"label. Either its start decides alike and {steps} steps did not move it, or the "
-                      f"learning_rate ({learning_rate!r}) is too large: its steps saturate the thresholds.",
+                      f"label. Either its start decides alike and {settings.steps} steps did not move it, or "
+                      f"{the_step_size} is too large: its steps saturate the thresholds.",
                       RuntimeWarning, stacklevel=2)
     # Fields a run does not train are the starting config's values, exactly (not a float32 round trip)
     configs = [_concrete_from(base, {f: x[b] for f, x in fields.items()}, field_sets[b]) for b in range(B)]
@@ -581,16 +820,13 @@ def _concrete_from(base: MDLConfig, values: dict, trained: Sequence[str]) -> MDL
     """A config of ``base``'s static fields, the numeric ``values`` (NumPy rows) of the ``trained``
     fields as plain floats, and ``base``'s own values of the others."""
     return MDLConfig(**{f: _plain(values[f] if f in trained else getattr(base, f)) for f in NUMERIC_FIELDS},
-                     **{f: getattr(base, f) for f in ("D", "dims", "qr_seed", "alpha_gating",
-                                                     "risk_modulation", "subspaces", "risk_inversion",
-                                                     "value_encoding")})
+                     **{f: getattr(base, f) for f in STATIC_FIELDS})
 
 
 def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
          fields: Sequence[str] = FIELD_SETS["gates"], config: MDLConfig | None = None,
-         weights: ArrayLike = None, val: ArrayLike = None, steps: int = 500,
-         learning_rate: float = 0.05, temperature: tuple[float, float] = (0.05, 0.002), patience: int = 100,
-         seed: int = 0) -> TuneResult:
+         weights: ArrayLike = None, val: ArrayLike = None, seed: int = 0,
+         settings: TuneSettings | None = None, **options) -> TuneResult:
     """Tune ``fields`` of ``config`` (paper defaults when None) on (N,) signals and binary labels.
 
     The objective and the parametrisation that keeps the paper's invariants are in the module
@@ -600,6 +836,8 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
       >>> res = tune(M, R, A, adopt, fields=("gate_coeffs", "thresholds"), val=val_mask)
       >>> res.config.thresholds, res.history["best_step"]           # doctest: +SKIP
       >>> res.history["val_accuracy"][: int(res.history["stopped_step"]) + 1]   # doctest: +SKIP
+      >>> tune(M, R, A, adopt, steps=300, optimizer=optax.sgd(0.1),                # doctest: +SKIP
+      ...      temperature=optax.linear_schedule(0.05, 0.002, 300))
 
     Args:
       M: (N,) relevance in [0, 1], N ≥ ``MIN_RECORDS`` (5).
@@ -615,13 +853,17 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         ratios count (uniform weights of any positive scale, 1e-40 or 3e38, train exactly as none).
       val: optional (N,) validation mask/weights over the same records (early stopping); records
         with validation weight > 0 are left out of training. Scale-free too.
-      steps: optimisation steps (full batch), a positive int.
-      learning_rate: peak learning rate of Adam on a warmup-cosine schedule (warmup over the first
-        tenth, decaying to 5% of it), finite and > 0.
-      temperature: (start, end) of τ, annealed geometrically over the steps; both > 0.
-      patience: steps without a better validation accuracy before the run stops moving (only with
-        a validation part).
       seed: an int in [0, 2**64); 0 starts at ``config`` itself, any other from a jittered point of its own.
+      settings: how to train, one ``TuneSettings`` value: ``steps`` (500), ``optimizer`` (an
+        ``optax.GradientTransformation``; default ``default_optimizer(steps)``: Adam on a
+        warmup-cosine schedule peaking at 0.05), ``temperature`` (an optax schedule, step → τ; default
+        ``GeometricTemperature(0.05, 0.002, steps)``), ``patience`` (100: steps without a better
+        validation accuracy before the run stops moving, only with a validation part); the defaults
+        when None.
+      **options: shorthands for fields of ``settings``: ``steps=300``, ``optimizer=...``,
+        ``temperature=...``, ``patience=...``. Deprecated, for one release (DeprecationWarning):
+        ``learning_rate=x`` (use ``optimizer=default_optimizer(steps, x)``) and
+        ``temperature=(start, end)`` (use ``GeometricTemperature(start, end, steps)``).
 
     Returns:
       A ``TuneResult``: the tuned config and the per-step history (layout in ``TuneResult``).
@@ -632,18 +874,22 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         among the training records; ``weights`` or ``val`` not of shape (N,), or negative or
         non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left;
         an unknown or empty ``fields``; ``steps`` not a positive int, ``learning_rate`` not finite
-        and > 0, ``temperature`` not two positive numbers, ``seed`` outside [0, 2**64).
+        and > 0, ``temperature`` not two positive numbers, ``patience`` not an int ≥ 0, ``seed``
+        outside [0, 2**64).
       TypeError: ``config`` is not an ``MDLConfig`` (a config file path is not taken here:
-        ``load_config`` it first).
+        ``load_config`` it first); ``settings`` not ``TuneSettings``; a keyword that is not a
+        setting; ``optimizer`` not a ``GradientTransformation`` or ``temperature`` not callable.
 
     Warns:
       RuntimeWarning: a diverged run; it keeps its last finite parameters
         (``history["diverged_step"]``). A run whose tuned controller decides every training record
         alike (``history["adopt_share"]`` 0 or 1): what too large a ``learning_rate`` leads to without
         a non-finite value (the thresholds saturate).
+      DeprecationWarning: ``learning_rate`` or a (start, end) ``temperature`` given.
 
     Fields outside ``fields`` come back exactly as in ``config``.
     """
+    settings, _ = _settings(settings, options, "tune")
     (Mj, _, _, _), N = _check_signals(M, R, A, adopt)
     # float64 until the weights are normalised (_check_weights): only their ratios count
     w = np.ones(N, np.float64) if weights is None else np.asarray(weights, np.float64)
@@ -654,8 +900,7 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         raise ValueError(f"val: expected shape ({N},), got {np.shape(val)}")
     w_train = np.where(v > 0, 0.0, w)
     configs, hist = tune_many(M, R, A, adopt, train_weights=w_train[None], val_weights=v[None],
-                              field_sets=[tuple(fields)], seeds=[seed], config=config, steps=steps,
-                              learning_rate=learning_rate, temperature=temperature, patience=patience)
+                              field_sets=[tuple(fields)], seeds=[seed], config=config, settings=settings)
     return TuneResult(configs[0], {k: x[0] for k, x in hist.items()})
 
 

@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller import config as _config
 from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
 
@@ -412,10 +413,7 @@ def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) ->
     n = M.shape[0]
     if fn is None or n > SMALL_CALL:
         return None
-    try:
-        plan = _small_plan(cfg)
-    except TypeError:  # unhashable leaves: checked every call
-        plan = _small_plan.__wrapped__(cfg)
+    plan = _small_plan(cfg)
     if plan is None:
         return None
     _, fl, p_addr = plan
@@ -437,10 +435,10 @@ def decide_small(M: np.ndarray, R: np.ndarray, A: np.ndarray, cfg: MDLConfig) ->
 _SMALL_OFFSETS = (0, 1, 2, 3, 4, 20, 23, 24)
 
 
-@functools.lru_cache(maxsize=64)
+@_config.per_config_cache
 def _small_plan(cfg: MDLConfig) -> tuple[np.ndarray, int, int] | None:
-    # What depends only on the config (its limits, ~10 µs to check; the packed numbers and their
-    # address: the array is kept alive by the plan), once per config.
+    # What depends only on the config (its limits; the packed numbers and their address: the array is
+    # kept alive by the plan), once per hashable config, every call for one with array leaves.
     if not supports(cfg):
         return None
     p = _pack_uncached(cfg)
@@ -563,12 +561,8 @@ def supports(cfg: MDLConfig) -> bool:
     """The kernel's structural limits: D = 16 and scalar-per-field numeric leaves (no batched config)."""
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
         return False
-    shapes = {"sigma": (), "eps_c": (), "gains": (3,), "g_A_coeffs": (2,), "gate_coeffs": (2,),
-              "thresholds": (3,), "n_min": (), "n_max": ()}
     try:
-        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
-            return False
-        return np.shape(cfg.bias) in ((), (cfg.D,))
+        return all(np.shape(getattr(cfg, f)) in _config.config_shapes(f, cfg.D) for f in _config.NUMERIC_FIELDS)
     except Exception:  # noqa: BLE001 - a leaf np.shape cannot read: not for the kernel
         return False
 
@@ -580,7 +574,7 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     D = cfg.D
     # The centres exactly as the pure-JAX path makes them: np.linspace differs from jnp.linspace by an
     # ulp at 6 of 16 centres, and a Gaussian of width σ turns a centre's error δ into a relative error
-    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4 (issue 19).
+    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4.
     centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = f(cfg.sigma)
     pi = np.asarray(cfg.projectors, f)
@@ -605,31 +599,22 @@ def _pack_uncached(cfg: MDLConfig) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _pack_cached(cfg: MDLConfig) -> np.ndarray:
+@_config.per_config_cache
+def pack(cfg: MDLConfig) -> np.ndarray:
+    """The config as the kernel's float32 ``params`` buffer (decide_cpu.cc: struct Params), cached per
+    hashable config (one with array leaves is packed every call)."""
     return _pack_uncached(cfg)
 
 
-def pack(cfg: MDLConfig) -> np.ndarray:
-    """The config as the kernel's float32 ``params`` buffer (decide_cpu.cc: struct Params)."""
-    try:
-        return _pack_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): pack every time
-        return _pack_uncached(cfg)
+def _params_uncached(cfg: MDLConfig) -> jax.Array:
+    return jax.device_put(_pack_uncached(cfg))
 
 
-@functools.lru_cache(maxsize=64)
-def _params_cached(cfg: MDLConfig) -> jax.Array:
-    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
-        return jax.device_put(_pack_cached(cfg))
-
-
+@_config.per_config_cache(unhashable=_params_uncached)
 def params(cfg: MDLConfig) -> jax.Array:
     """``pack(cfg)`` on the device, cached per (hashable) config so a call transfers nothing."""
-    try:
-        return _params_cached(cfg)
-    except TypeError:  # unhashable leaves: pack and transfer every time
-        return jax.device_put(_pack_uncached(cfg))
+    with jax.ensure_compile_time_eval():   # a concrete buffer even when first asked inside a caller's jit
+        return jax.device_put(pack(cfg))
 
 
 # ------------------------------------------------------------------------------------ the decide engine
@@ -668,9 +653,8 @@ def unavailable() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=64)
-def _supports_cached(cfg: MDLConfig) -> bool:
-    return supports(cfg)
+# once per hashable config; a config with array leaves is asked every call
+_supports_cached = _config.per_config_cache(supports)
 
 
 def why_not(cfg: MDLConfig, signals=()) -> str | None:
@@ -686,10 +670,7 @@ def why_not(cfg: MDLConfig, signals=()) -> str | None:
     why = unavailable()
     if why is not None:
         return why
-    try:
-        ok = _supports_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): asked every call
-        ok = supports(cfg)
+    ok = _supports_cached(cfg)
     return None if ok else f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
 
 
@@ -716,7 +697,7 @@ def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.
         return _decision.Decision(np.zeros(shape, np.int32), *(f.reshape(shape),) * 3,
                                   np.zeros(shape + (16,), np.float32), np.zeros(shape + (3,), np.float32),
                                   f.reshape(shape), f.reshape(shape))
-    small = decide_small(*flat, cfg) if n <= SMALL_CALL else None
+    small = decide_small(flat[0], flat[1], flat[2], cfg) if n <= SMALL_CALL else None
     if small is not None:
         out = [small[k] for k in ("action", "C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")]
     else:
@@ -731,10 +712,7 @@ def decide_record(M: float, R: float, A: float, cfg: MDLConfig) -> _decision.Dec
     cannot take the config or the library predates the inline entry point. For ``decide``, after its
     checks and ``why_not``."""
     fn = getattr(_STATE.get("lib"), "MdlDecideSmallF32", None)
-    try:
-        plan = _small_plan(cfg)
-    except TypeError:  # unhashable leaves: checked every call
-        plan = _small_plan.__wrapped__(cfg)
+    plan = _small_plan(cfg)
     if fn is None or plan is None:
         return None
     x = np.array((M, R, A), np.float32)
@@ -760,18 +738,21 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
     same float32 bits ``pack`` gives that config alone (the same element-wise float32 arithmetic)."""
     f = np.float32
     D = cfg.D
-    col = lambda name, *shape: np.asarray(getattr(cfg, name), f).reshape((K,) + shape)  # noqa: E731
+    specs = _config.field_specs()
+
+    def col(name, *shape):  # a leaf as (K,) + its declared per-config shape, or the shape given
+        return np.asarray(getattr(cfg, name), f).reshape((K,) + (shape or specs[name].shape))
     centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = col("sigma")
     pi = np.asarray(cfg.projectors, f)
     others = pi.sum(0, dtype=f)[None] - pi
-    W = col("gains", 3)[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
+    W = col("gains")[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
     with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``_pack_uncached``
         inv = f(1.0) / (f(2.0) * sigma * sigma)
-    coef = np.repeat(col("gains", 3) - col("eps_c", 1), cfg.dims, axis=1)
+    coef = np.repeat(col("gains") - col("eps_c", 1), cfg.dims, axis=1)
     parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
-             bias, col("g_A_coeffs", 2), col("gate_coeffs", 2), col("thresholds", 3), col("n_min", 1),
+             bias, col("g_A_coeffs"), col("gate_coeffs"), col("thresholds"), col("n_min", 1),
              col("n_max", 1), np.broadcast_to(np.asarray(cfg.basis, f).ravel(), (K, D * D)), coef,
              col("eps_c", 1), np.broadcast_to(np.asarray(cfg.dims[:2], f), (K, 2))]
     out = np.concatenate([np.asarray(x, f) for x in parts], axis=1)
@@ -783,12 +764,9 @@ def sweep_supports(cfg: MDLConfig, K: int) -> bool:
     """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
         return False
-    shapes = {"sigma": (K,), "eps_c": (K,), "gains": (K, 3), "g_A_coeffs": (K, 2), "gate_coeffs": (K, 2),
-              "thresholds": (K, 3), "n_min": (K,), "n_max": (K,)}
     try:
-        if any(np.shape(getattr(cfg, f)) != s for f, s in shapes.items()):
-            return False
-        return np.shape(cfg.bias) in ((K,), (K, cfg.D))
+        return all(np.shape(getattr(cfg, f)) in [(K,) + s for s in _config.config_shapes(f, cfg.D)]
+                   for f in _config.NUMERIC_FIELDS)
     except Exception:  # noqa: BLE001 - a leaf np.shape cannot read
         return False
 
