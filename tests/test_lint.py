@@ -77,13 +77,7 @@ _FACTS = {
     "mdl_jax/pipeline/judgement_llm.py": ("(0.5 s, 1 s, 2 s, ...)",),
 }
 
-# Files other work is rewriting at the same time; each is to leave this list once its comments are
-# rewritten (the test then holds it like every other file).
-_NOT_YET = frozenset({
-    "mdl_jax/controller/config.py", "mdl_jax/controller/config_file.py", "mdl_jax/controller/sweep.py",
-    "mdl_jax/controller/tuning.py", "mdl_jax/controller/api.py", "mdl_jax/controller/validation.py",
-    "mdl_jax/controller/stream.py", "mdl_jax/controller/calibration.py", "mdl_jax/engines/native.py",
-})
+_NOT_YET: frozenset[str] = frozenset()
 
 
 def _prose(path: Path):

@@ -14,7 +14,7 @@ between two neighbouring calibration C_final values, so its middle is the thresh
 calibration record on either side (the one-dimensional maximum margin): it moves least when the split's
 records move a little, and it leans neither toward adopting (the run's lowest θ0: most Active) nor
 toward withholding. Equally wide runs go to the lowest. ``"lowest"`` is the
-rule of versions before 2026-11-30 (the first maximiser, i.e. the most Active); the configs shipped in
+rule of earlier versions (the first maximiser, i.e. the most Active); the configs shipped in
 ``pipeline/resources/calibrated/`` and the committed runs were calibrated with it and keep it.
 ``Calibration`` reports the plateau (its ends and count) and the θ0 each rule would take.
 
@@ -142,7 +142,7 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
         0.2); a finite number ≥ 0.
       grid_size: number of evenly spaced θ0 candidates in [0, 1], an int ≥ 2.
       tie_break: "middle" (default: the middle of the widest run of tied θ0) or "lowest" (the smallest
-        tied θ0, the rule before 2026-11-30); see the module docstring for why.
+        tied θ0, the earlier versions' rule); see the module docstring for why.
       engine: the engine that decides the split's records (``decide``'s ``engine``): "jax" (default),
         "native", "pallas" or "auto".
 

@@ -88,7 +88,7 @@ MAX_BYTES = 1 << 20
 _MAX_DEPTH = 8
 # The largest D a config file may set. The controller's cost grows as D² per record plus a D×D QR and
 # (3, D, D) projectors per config, so a few hundred bytes could ask for gigabytes and minutes of work.
-# 256 is 16× the paper's D = 16 (the kernels run D = 16 only). Over it: ConfigFileError
+# 256 is sixteen times the paper's D = 16 (the kernels run D = 16 only). Over it: ConfigFileError
 # naming static.D and the bound. (An MDLConfig built in Python is not bounded.)
 MAX_D = 256
 # The longest number a config file may write, in characters: any float64 written out exactly (at most

@@ -12,7 +12,7 @@ the pure-JAX engine, NaN → Opt-Out alike); the engine answers with NumPy array
 
 It runs concrete float32 signals with a config of D = 16 on JAX's CPU backend; anything else
 (traced input, float64, D ≠ 16, a GPU backend) is the pure-JAX engine's (``why_not`` says which).
-The kernel is compiled with the system C++ compiler on the first call that asks for it (≈2 s),
+The kernel is compiled with the system C++ compiler on the first call that asks for it (a few seconds),
 cached under ``$MDL_JAX_CACHE_DIR/native`` keyed by source, compiler flags, jaxlib and CPU, and
 reused; a cached library is loaded only when its bytes match the size and sha256 recorded by the
 build that wrote it (a truncated one would crash the process), else it is rebuilt. When no compiler
@@ -449,8 +449,8 @@ _CHAR = ctypes.c_char
 
 
 def _address(a: np.ndarray) -> int:
-    # A writable array's address through the buffer protocol: 0.5 µs where ``a.ctypes.data`` takes
-    # 1.5 (five per gate query: issue 25 §2, the warm per-query cost). Read-only or empty arrays,
+    # A writable array's address through the buffer protocol, cheaper than ``a.ctypes.data`` (five
+    # per gate query, a share of the warm per-query cost). Read-only or empty arrays,
     # which the protocol refuses, take ``.ctypes.data``.
     try:
         return ctypes.addressof(_CHAR.from_buffer(a))  # type: ignore[arg-type]  # ndarray exports a buffer
@@ -855,7 +855,7 @@ def sweep_engine(cfg: MDLConfig, K: int, size: int, variant: str | None = None):
     # Packed a chunk of configs at a time: the full (K, 1085) params of a 10^6-config gate grid were
     # 4 GB (and their (K, 3, 16, 16) weight matrices 3 GB more) where the kernel needs one fusion row
     # per group and an 8-float read-out row per config. Group by the fusion numbers' bytes (a dict:
-    # np.unique(axis=0) sorted 803-float rows, 23 ms at K = 441).
+    # np.unique(axis=0) would sort the 803-float rows, a cost that grows with K).
     ids: dict = {}
     group = np.empty(K, np.int64)
     fusion_rows = []

@@ -202,8 +202,8 @@ def _too_deep(value: Any, text: bytes | str) -> bool:
     """Whether ``value`` (parsed from ``text``) nests more than MAX_JSON_DEPTH objects and lists. The
     walk, without recursion, runs only where ``text`` has that many opening brackets (strings' own
     included), which rows seldom have."""
-    opens = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
-    if text.count(opens[0]) + text.count(opens[1]) <= MAX_JSON_DEPTH:
+    n = text.count(b"[") + text.count(b"{") if isinstance(text, bytes) else text.count("[") + text.count("{")
+    if n <= MAX_JSON_DEPTH:
         return False
     stack = [(value, 1)]
     while stack:
@@ -440,8 +440,9 @@ class _RowDigest:
             self._check()
 
     def _check(self) -> None:
-        if self.state() != self.expect:
-            raise GateInputError(_changed(f"IN: {self.src}'s rows", f"its first {self.expect['rows']:,} rows"))
+        expect = self.expect
+        if expect is not None and self.state() != expect:
+            raise GateInputError(_changed(f"IN: {self.src}'s rows", f"its first {expect['rows']:,} rows"))
         self.expect = None
 
     def state(self) -> dict:
@@ -1247,6 +1248,7 @@ def _stream_parts(gate, args, work: Path, man: dict, fmt: str, rows, readers: li
         # the collector off while a part's rows (a few objects each, none in a cycle) are read and
         # decided: it walked them ~every 700 allocations (see collector_paused); on again for the write
         with collector_paused(C):
+            batch: Any
             if parts is not None:
                 batch = next(parts, None)
                 if batch is None:
