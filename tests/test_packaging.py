@@ -65,7 +65,7 @@ lexical = conflict_native.status()
 texts = ["X is safe", "X is not safe", "Y is blue"]
 x = np.random.default_rng(0).uniform(size=(3, 4099)).astype(np.float32)
 cfg = MDLConfig()
-d = decide(*x, cfg)
+d = decide(*x, cfg, engine="native" if ok else "jax")  # the kernel, by name, where it builds
 ref = jax.vmap(decide_one, in_axes=(0, 0, 0, None))(*x, cfg)
 cf = np.asarray(ref.C_final)
 near = np.any(np.abs(cf[:, None] - np.asarray(cfg.thresholds, np.float32)) < 1e-5, axis=-1)

@@ -321,7 +321,14 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
             x, low = _broadcast(f"{name}, {ref}", v, values[ref].min(axis=-1))
             bad = (x > 0) & (x >= low)
         if np.any(bad):
-            out.append((name, bad, spec.what, ref))
+            # one entry a field: a config that breaks either of its rules is a bad config, so the first
+            # bad config is reported whichever rule it breaks
+            at = next((i for i, o in enumerate(out) if o[0] == name), None)
+            if at is None:
+                out.append((name, bad, spec.what, ref))
+            else:
+                prev = out[at]
+                out[at] = (name, np.asarray(prev[1] | bad), prev[2], ref)
     return out
 
 
