@@ -50,6 +50,28 @@ def _beside(lines: list[str], other: Path, summary: dict, mine: dict) -> None:
                          f"{rate(a, 'adopted_wrong'):.3f} | {rate(b, 'adopted_wrong'):.3f} |")
 
 
+def _preamble(info: dict, sessions: list) -> list[str]:
+    secs = sum(x.get("seconds", 0) for x in sessions)
+    toks = sum(x.get("tokens", 0) for x in sessions)
+    q = ", ".join(f"{k} {v}" for k, v in info.get("questions", {}).items())
+    return [
+        f"Reader: {info.get('model_id', '?')}; greedy decoding, at most "
+        f"{info.get('config', {}).get('max_new_tokens', '?')} new tokens; the project's prompts. Questions "
+        f"selected: {q} (the rates below are on the questions every system answered). Generation: "
+        f"{len(sessions)} session(s), {secs / 60:.1f} min, {toks} new tokens.",
+        "",
+        "Conditions: RGB `mixed` (true and answer-swapped snippets + noise); RAMDocs questions holding a "
+        "correct document and misinformation; ConflictNQ `mixed`, questions whose real and fake short "
+        "answers have at most four words. B3: MemoryGate at the paper's settings, task risk 0.5.",
+        "",
+        "Scoring (no judge; SQuAD normalisation): correct = a gold answer contained in the answer; exact = "
+        "the answer equals a gold answer; adopted wrong = a conflicting answer contained in it; abstained = "
+        "Opt-Out or an answer saying it does not know. Intervals: 95% percentile bootstrap over questions "
+        "(2,000 resamples); differences are paired on the same questions (`paired_difference`); MDE at 80% "
+        "power; a difference resolves when its interval excludes 0.",
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
@@ -75,9 +97,13 @@ def main(argv=None) -> int:
     summary = cr.summarise(a.out)
     info = json.loads((a.out / cr.RUN).read_text(encoding="utf-8"))
     title = f"Conflict sets, B1 / B2 / B3 — {info.get('model_id', a.model)}"
-    lines = [cr.report_markdown(summary, title)]
+    sessions = info.get("sessions", [])
+    lines = [cr.report_markdown(summary, title, preamble=_preamble(info, sessions))]
     if a.beside is not None:
         _beside(lines, a.beside, summary, {"folder": a.out})
+    notes = a.out / "NOTES.md"  # hand-written reading of the figures, kept across regenerations
+    if notes.is_file():
+        lines += ["", notes.read_text(encoding="utf-8").rstrip()]
     write_text(a.out / "REPORT.md", "\n".join(lines).rstrip() + "\n")
     print((a.out / "REPORT.md").read_text(encoding="utf-8"))
     return 0

