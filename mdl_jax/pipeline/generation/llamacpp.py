@@ -92,12 +92,18 @@ def llamacpp_available() -> bool:
 
 
 def gguf_path(model: str) -> Path | None:
-    """The GGUF file ``model`` names (the bundled one, or a path ending in .gguf), else None."""
+    """The GGUF file ``model`` names (the bundled SmolLM2; ``"bundled:qwen2.5-coder-1.5b"``, the opt-in
+    Qwen reader joined from its pinned parts and verified before use, see ``generation/qwen.py``; or a
+    path ending in .gguf), else None."""
     if model == BUNDLED:
         from mdl_jax.pipeline.generation.loading import bundled_gguf
 
         folder, name = bundled_gguf()
         return folder / name
+    from mdl_jax.pipeline.generation.qwen import QWEN, qwen_gguf
+
+    if model == QWEN:
+        return qwen_gguf()
     return Path(model) if str(model).endswith(".gguf") else None
 
 
@@ -292,7 +298,8 @@ class LlamaCppBackend(TorchScoring):
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         path = gguf_path(model)
         if path is None or not path.is_file():
-            raise ValueError(f"engine llama.cpp: model must be {BUNDLED!r} or a .gguf file, got {model!r}")
+            raise ValueError(f"engine llama.cpp: model must be {BUNDLED!r}, 'bundled:qwen2.5-coder-1.5b' or a "
+                             f".gguf file, got {model!r}")
         if not llamacpp_available():
             raise ValueError("engine llama.cpp: llama-cpp-python is not installed (pip install 'mdl-jax[llamacpp]')")
         import llama_cpp
@@ -311,7 +318,10 @@ class LlamaCppBackend(TorchScoring):
         self.threads = threads or cpu_threads()
         # the weights are in the id, so the generation cache never replays one's answers as the other's
         conv = "" if self.weights == "file" else f", Q8_0 from {have}"
-        self.model_id = (BUNDLED_ID if model == BUNDLED else str(path)) + f" [llama.cpp {llama_cpp.__version__}{conv}]"
+        from mdl_jax.pipeline.generation.qwen import QWEN, QWEN_ID
+
+        named = {BUNDLED: BUNDLED_ID, QWEN: QWEN_ID}.get(model, str(path))
+        self.model_id = named + f" [llama.cpp {llama_cpp.__version__}{conv}]"
         self.tokens_generated = 0
         self.seconds = 0.0
         self.calls = self.failed_calls = 0
