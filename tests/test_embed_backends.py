@@ -337,9 +337,12 @@ def test_importing_onnx_runtime_through_mdl_jax_writes_no_telemetry(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False"]
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*"))
-    # the control: a plain import does write them (else this test could not fail)
-    subprocess.run([sys.executable, "-c", "import onnxruntime"], timeout=120, env=env, check=True)
-    assert (tmp_path / "home" / ".cache" / "Microsoft" / "DeveloperTools" / ".onnxruntime" / "deviceid").exists()
+    # the control, in a home of its own: a plain import writes them where this build of ONNX Runtime has
+    # telemetry at all (some builds write nothing: then the check above could not fail, and we say so)
+    control = dict(env, HOME=str(tmp_path / "control"))
+    subprocess.run([sys.executable, "-c", "import onnxruntime"], timeout=120, env=control, check=True)
+    if not (tmp_path / "control" / ".cache" / "Microsoft" / "DeveloperTools" / ".onnxruntime" / "deviceid").exists():
+        pytest.skip("this build of ONNX Runtime writes no telemetry on import: nothing to turn off")
 
 
 @pytest.mark.slow

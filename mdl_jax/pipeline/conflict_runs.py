@@ -219,13 +219,13 @@ def run_chunk(items: Sequence[BenchmarkItem], actions: Sequence[int], generate: 
     rows = []
     for it, a in zip(items, actions):
         plans = _plans(it, a)
-        first_for = {}
+        first_for: dict[str | None, str] = {}
         for system in SYSTEMS:
             if (it.dataset, it.qid, SEED, system) in done:
                 continue
             c = plans[system]
             k = None if c is None else _key(c)
-            if k is not None:
+            if k is not None and c is not None:
                 todo.setdefault(k, c)
             rows.append((it, a, system, k, first_for.get(k)))
             first_for.setdefault(k, system)
