@@ -1,4 +1,4 @@
-"""How often does batching alone change an answer? (paired sampling, issue 9 item 1)
+"""How often does batching alone change an answer? (paired sampling)
 
 Each row samples from its own generator seeded by (record seed, prompt), so the random numbers a row
 draws do not depend on its batch. What can still differ is the row's logits: bf16 matmuls over a

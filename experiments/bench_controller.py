@@ -26,14 +26,14 @@ makes the native engine use the AVX2 build and XLA (the pure-JAX engine) emit AV
 the targets (the default within 1.5× of the fastest engine at N = 10^6 and within 3× for one call
 from Python; an engine earns its place at ≥ 2× the default on the work it serves).
 ``--compare-lib old.so`` also measures another build of the kernel (e.g. an earlier commit's) in
-the same rounds; it must read this tree's packed params (1,085 floats since issue 25's structured
+the same rounds; it must read this tree's packed params (1,085 floats since the structured
 fusion). ``--compare-rev REV ...`` measures earlier commits whose layout differs: each commit's
 ``mdl_jax`` is extracted (``git archive``) to a temporary folder and its own ``decide(...,
 validate=False)`` (its kernel, built from its own source with its own flags, fed its own params) runs
 in fresh processes (on the native engine where the commit has ``engine=``), interleaved round by
 round with the same child on this tree, on all cores and
 pinned to one. That is the check for "no slower than before" across a change of the params layout
-(issue 25 §1: on AVX-512 no slower than at 83c229c, the commit the issue measured):
+(on AVX-512 no slower than at 83c229c, the commit the issue measured):
 
     python -m experiments.bench_controller --no-plain-vmap --sizes 1000000 10000000 --compare-rev 83c229c
 """
@@ -67,7 +67,7 @@ from tests.reference import NumpyMDL
 # Floating-point operations per record of the kernel's arithmetic (decide_cpu.cc) with every switch on
 # (the default config), an FMA counted as 2, min/max/sub/div/sqrt as 1, integer bit tricks and
 # selects not at all: the value encoding 48 × (Gaussian exponent 4 + 2^t 16 + add 1), g_A 19, the
-# structured fusion (since issue 25: y = Q_kᵀ v_k 256 FMAs, its 16 + 5 scalings, the ε_c term 16 × 5,
+# structured fusion (y = Q_kᵀ v_k 256 FMAs, its 16 + 5 scalings, the ε_c term 16 × 5,
 # u = Σ q_i y_i 256 FMAs), tanh 16 × (odd polynomial 12 + exponent 2 + 2^t 16 + 4 for 1 - 2/(e + 1)),
 # norms and α 101, read-out 10, Lemma 1 energies 256 × 2 + 16 × 2.
 FLOP_PER_RECORD = {"value_encoding": 48 * 21, "g_A": 19, "fusion": 256 * 2 + 21 + 16 * 5 + 256 * 2,
@@ -198,8 +198,8 @@ for n in sizes if out["native"] else []:
 print(json.dumps(out))
 """
 # The verdict's margin: builds whose arithmetic is the same measured 0.97-1.00x each other at the median
-# of 5 rounds on the 2-core AVX2 VM (session 21, rounds 0.85-1.21x), and 0.66-1.04x in --quick runs of
-# HEAD against HEAD~3 here (session 22), so a median within 5% of 1 is reported as level, not as a result.
+# of 5 rounds on the 2-core AVX2 VM (rounds 0.85-1.21x), and 0.66-1.04x in --quick runs of
+# HEAD against HEAD~3 here, so a median within 5% of 1 is reported as level, not as a result.
 LEVEL = 0.95
 
 

@@ -18,7 +18,7 @@ Measured per backend:
   parity                         cosine of each text's vector with torch's (min, mean) over the bundled
                                  texts; share of gate actions equal to torch's on TruthfulQA + HaluEval
                                  rows (target ≥ 99.5 %, cosine ≥ 0.999)
-Issue 25's targets are printed beside the figures: uncached gate rows/s ≥ 2.5× today's (torch) here, and
+The targets are printed beside the figures: uncached gate rows/s ≥ 2.5× today's (torch) here, and
 the parity above. The CPU's model name and ISA flags (AVX2 / AVX-512 / AMX / BF16) are printed first:
 name them beside any figure you quote. Last line: JSON.
 """
@@ -74,7 +74,7 @@ def gate_rows() -> dict[str, list]:
     distractors are drawn from the questions loaded with it, so the first 60 rows of a 300-question load
     are other rows. The two datasets' texts differ in length (TruthfulQA's 12.9 tokens on average,
     HaluEval's knowledge passages far longer), and a backend's gain with them, so a run times both (until
-    session 24 a full run timed TruthfulQA's rows alone, ``--quick`` both)."""
+    a full run timed TruthfulQA's rows alone, ``--quick`` both)."""
     return {ds: rows[:GATE_ROWS] for ds, rows in rows_by_dataset(GATE_ROWS).items()}
 
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
           "the table's figure is all of them over the sum of the times):")
     for b in backends:
         print(f"  {b:14s} " + ", ".join(f"{k} {med(g(b, k)):6.1f} ({med(g(b, k) / g('torch', k)):4.2f}x)" for k in timed))
-    print("\nTargets (issue 25 §3):")
+    print("\nTargets:")
     for b in backends[1:]:
         r = res["backends"][b]
         print(f"  {b}: uncached gate rows/s ≥ 2.5x torch's: {r['gate_ratio_to_torch']:.2f}x "

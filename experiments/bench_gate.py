@@ -18,9 +18,9 @@ suffixed with " #i" so no record repeats another's strings (the look-up strips t
   signals     input checks and risk, the lexical conflict flags + padding (Python, per store), the
               batched JAX aggregation of M, R, φ
   decision    ``mdl_jax.decide`` on the chunk's (M, R, A) and the output columns
-Targets (issue 17): memory flat from 10^4 to 10^6 (peak RSS ratio ≤ 1.1), time linear (seconds per
+Targets: memory flat from 10^4 to 10^6 (peak RSS ratio ≤ 1.1), time linear (seconds per
 record ratio ≤ 1.2: wall time, and apart the process's CPU time, which other jobs' load inflates
-little), decision stage ≥ 10^6 queries/s with cached embeddings; (issue 25) ≥ 5×10^4 rows/s cached for
+little), decision stage ≥ 10^6 queries/s with cached embeddings; ≥ 5×10^4 rows/s cached for
 ``columns``, ``decide_batch`` (10^5 rows; GateDecision objects) and ``mdl-jax gate`` (5×10^4 JSONL rows
 of TruthfulQA stores, texts in the SQLite cache, a run over its first part apart: ``child_cli``). The current RSS after each chunk is
 reported too (its max): the peak of every size is set by the setup (imports, compilation, the warm-up
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
         print(f"{target:50s} {measured:54s} {'' if ok is None else 'met' if ok else 'NOT met'}")
 
     print()
-    row("target (issue 17)", "measured", None)
+    row("target", "measured", None)
     row(f"memory flat {span}: peak RSS ratio ≤ 1.1",
         f"{lo['peak_rss_mb']:.0f} -> {hi['peak_rss_mb']:.0f} MB, ×{rss_ratio:.3f}", met["memory_flat"])
     row("  RSS after the chunks, max (no target)",
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
         f"{cpu_rec[0] * 1e6:.1f} -> {cpu_rec[-1] * 1e6:.1f} µs per record, ×{lin_cpu:.2f}", met["time_linear_cpu"])
     row("decision stage ≥ 1,000,000 queries/s",
         f"{dec:,.0f} /s (slowest size ≥ {sizes[1 if len(sizes) > 1 else 0]:.0e})", met["decision_1e6_per_s"])
-    row("cached rows/s ≥ 50,000 (issue 25): columns",
+    row("cached rows/s ≥ 50,000: columns",
         f"{hi['records_per_s']:,.0f} /s at {sizes[-1]:.0e}", met["columns_5e4_rows_per_s"])
     row("  decide_batch", f"{batch['records_per_s']:,.0f} /s at {n_rows:.0e}", met["decide_batch_5e4_rows_per_s"])
     row("  mdl-jax gate (SQLite cache, first part apart)",

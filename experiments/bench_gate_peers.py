@@ -13,7 +13,7 @@
 Cold: every text new to the embedding cache (a fresh cache folder per component; the model is loaded
 before timing). Warm: the same queries again, every text cached. Components alternate per query (peer,
 MDL, then MDL, peer on the next) so load changes hit both; figures are medians of per-query times (ms),
-and the ratio MDL / peer of those medians. Targets (issue 25 §2): warm ≤ 1.2x the filter's, cold ≤ 1x.
+and the ratio MDL / peer of those medians. Targets: warm ≤ 1.2x the filter's, cold ≤ 1x.
 The CPU and its ISA flags are printed first. Last line: JSON.
 """
 
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     print(f"{'LlamaIndex retriever scoring + SimilarityPostproc.':48s} {li['cold']['peer_with_scoring_ms']:9.2f} "
           f"{li['warm']['peer_with_scoring_ms']:9.2f}")
     print(f"{'LlamaIndex MDLNodePostprocessor':48s} {li['cold']['mdl_ms']:9.2f} {li['warm']['mdl_ms']:9.2f}")
-    print("\nTargets (issue 25 §2):")
+    print("\nTargets:")
 
     def row(name, ratio, bound):
         print(f"  {name:60s} {ratio:5.2f}x  {'met' if ratio <= bound else 'NOT met'} (≤ {bound}x)")

@@ -1,4 +1,4 @@
-"""Generation engines on this CPU in one run: tokens/s single-stream and batched (issue 25, part 4).
+"""Generation engines on this CPU in one run: tokens/s single-stream and batched.
 
     python -m experiments.bench_generation_engines [--quick] [--rounds 2] [--engines ...]
 
@@ -366,11 +366,11 @@ def main(argv=None):
             x = [max(r[e][mode] for e in mine) / max(r[q][mode] for q in peers) for r in rounds]
             pick = max(mine, key=lambda e: statistics.median(r[e][mode] for r in rounds))
             best[mode] = {"engine": pick, "ratio_min": min(x), "ratio_max": max(x), "met": min(x) >= 1}
-            print(f"target (issue 25): the backend ≥ the best peer, {mode} (its fastest engine here: {pick}): "
+            print(f"target: the backend ≥ the best peer, {mode} (its fastest engine here: {pick}): "
                   f"{min(x):.2f}-{max(x):.2f}× ({'met' if min(x) >= 1 else 'within 5%' if min(x) >= 0.95 else 'not met'})")
         res["target"] = best
         if backend_engines()[0] != "torch-float32":
-            print("(this CPU has bfloat16, so the backend's torch path runs torch-bfloat16; issue 25's target "
+            print("(this CPU has bfloat16, so the backend's torch path runs torch-bfloat16; the target "
                   "is set for a CPU without it)")
     print(json.dumps(res))
     return res

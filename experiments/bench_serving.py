@@ -1,4 +1,4 @@
-"""Short-request latency of the local model server beside a long chat prompt's prefill (issue 27 §1).
+"""Short-request latency of the local model server beside a long chat prompt's prefill.
 
     python -m experiments.bench_serving [--repo PATH] [--lines 470] [--shorts 5]
 
@@ -11,7 +11,7 @@ Starts ``python -m mdl_jax.serve`` (from ``--repo``: this checkout, or an older 
 - the long request's own time alone and with the short ones beside it (what yielding costs it);
 - let go: seconds from its client leaving mid-prefill until the long lane is idle (target 1 s).
 
-Target (issue 27): short requests keep their latency, ≤ 2× baseline, whatever long work runs beside
+Target: short requests keep their latency, ≤ 2× baseline, whatever long work runs beside
 them. Prints a table with the target beside each figure, the CPU's flags, then one JSON object as the
 last line.
 """

@@ -1,4 +1,4 @@
-"""Streaming benchmark: ``sweep_parquet`` over 10^7 and 10^8 records on disk (issue 18 §3).
+"""Streaming benchmark: ``sweep_parquet`` over 10^7 and 10^8 records on disk.
 
     python -m experiments.bench_stream [--quick] [--sizes 1e7 1e8] [--dir /tmp]
 
@@ -9,7 +9,7 @@ RSS (``ru_maxrss``) is its own, after a warm-up sweep of one pass (compilation, 
 to 10^6 take the best of three sweeps, their times being tens of milliseconds); delete the
 file. ``--quick``: 10^5 and 10^6 records in passes of 2^16 (2^18, sweep's default, otherwise).
 
-Targets (issue 18 §3: "time linear, peak memory flat"), printed beside the figures:
+Targets ("time linear, peak memory flat"), printed beside the figures:
   - time per record at the largest N within 0.8-1.25× that at the smallest (linear time);
   - peak RSS at the largest N at most 1.1× that at the smallest (flat memory).
 The sweep's own engine choice is used (``engine="auto"``). The machine's load average is printed: on

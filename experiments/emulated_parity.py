@@ -11,7 +11,7 @@ emulation, then compare. Parity only: an emulator's timings say nothing of the r
                          (the backend "auto" picked, its warnings) and what the process saw of the CPU
                          (NumPy's runtime features, torch's capability, the native kernel's variant).
 ``compare A:b B:c``      min / mean cosine of b's vectors in A to c's in B, vectors bit-equal, and the share
-                         of gate actions equal (issue 25's parity: cosine ≥ 0.999, ≥ 99.5 % of actions).
+                         of gate actions equal (parity: cosine ≥ 0.999, ≥ 99.5 % of actions).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How close can int8 matrix products bring MiniLM's vectors to float32's? A simulation, not a backend.
 
-Issue 25 §3 asks for an embedding path ≥ 2.5× torch's uncached gate rows/s with cosine ≥ 0.999 to torch's
+The target is an embedding path ≥ 2.5× torch's uncached gate rows/s with cosine ≥ 0.999 to torch's
 vectors; without bfloat16 only int8 arithmetic offers that speed, and ONNX Runtime's dynamic int8 graph
 misses the parity (min cosine 0.954, docs/benchmarks.md). This probe asks whether any common W8A8 scheme
 could meet it before anyone builds one: it quantises and dequantises ("fake quantisation") the inputs

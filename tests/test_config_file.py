@@ -1,4 +1,4 @@
-"""Config files that cannot lie (issue 19 §4): what a file says is the config decide runs, or an error
+"""Config files that cannot lie: what a file says is the config decide runs, or an error
 naming the file and the field."""
 
 from __future__ import annotations

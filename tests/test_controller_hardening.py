@@ -1,4 +1,4 @@
-"""Issue #27 §4: sweeps, config files and the API under hostile input.
+"""Sweeps, config files and the API under hostile input.
 
 Each test is a regression test for one finding of the issue (checked to fail on the code before the
 fix): ties at a threshold on every path, calibration and bootstrap-sweep memory, weights past int64's

@@ -969,7 +969,7 @@ def test_a_pass_whose_rows_were_read_before_another_threads_switch_remembers_non
     """Thread A's pass has its OpenVINO rows when thread B switches the Embedder to ONNX Runtime (B's
     switch clears the remembered vectors). A must not write its rows into the memory after that, or a
     later call (A's own rerun first) would get OpenVINO's vectors under ONNX Runtime's key. The switch
-    is made from inside A's encode: the interleaving the probe of session 26 could reach only with a
+    is made from inside A's encode: the interleaving a probe could reach only with a
     tracer, forced."""
     fakes = _fake_backends(monkeypatch)
     e = Embedder(cache_dir=tmp_path, backend="auto")
@@ -1057,7 +1057,7 @@ def test_auto_never_picks_torch_in_a_forked_child_of_an_openvino_process(tmp_pat
 
 def test_the_emulated_parity_comparison_reports_what_the_two_dumps_differ_by(tmp_path, capsys):
     """``experiments.emulated_parity compare``: the cosines of matching rows, the vectors equal to the bit,
-    the share of equal actions, and "met" only within issue 25's parity."""
+    the share of equal actions, and "met" only within the stated parity."""
     import json
 
     from experiments import emulated_parity

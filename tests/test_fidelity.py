@@ -1,4 +1,4 @@
-"""Experiment fidelity and fault handling (issues 9 and 10): paired sampling, likelihood-scored CRAG /
+"""Experiment fidelity and fault handling: paired sampling, likelihood-scored CRAG /
 Self-RAG decisions, the OpenAI backend under malformed, silent and refused servers, the out-dir lock,
 and progress / throughput on a resumed run. Real model and real local servers, except the fault
 servers (tiny http.servers that misbehave on purpose)."""

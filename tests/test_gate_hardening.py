@@ -1,4 +1,4 @@
-"""``mdl-jax gate`` under hostile input (issue #27 §3): planted symlinks are never followed, a wide row
+"""``mdl-jax gate`` under hostile input: planted symlinks are never followed, a wide row
 is bounded (MAX_MEMORIES per row, PAIR_BUDGET per aggregation step), bad text and broken files are one
 line naming the file and row with nothing left behind, the gate's own output columns in the input are
 refused, and a part is on disk before the manifest names it (the manifest's size bounded).

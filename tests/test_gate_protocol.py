@@ -1,4 +1,4 @@
-"""The gates' second protocol (issue 26 §3): every one-dimensional score fitted the way XGBoost is fitted,
+"""The gates' second protocol: every one-dimensional score fitted the way XGBoost is fitted,
 τ per dataset on the evaluation records' oracle labels, out of fold on question-grouped folds
 (``gates.out_of_fold_threshold``, ``gates.gates(...)["grouped_folds"]``), on records with known answers."""
 

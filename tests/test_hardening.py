@@ -1,4 +1,4 @@
-"""Regression tests for the adversarial audit (issue 10): each test is one reproducer, named after the
+"""Regression tests for the adversarial audit: each test is one reproducer, named after the
 property it keeps. The property-based suite over the same surface is tests/test_properties.py."""
 
 import json
@@ -206,7 +206,7 @@ def test_boolean_labels_and_bfloat16_signals_are_valid(rng):
     cal = calibrate(*bf, y)
     assert np.isfinite(cal.best_agreement) and cal.config.n_max > cal.config.n_min
     out = decide(*bf)
-    assert out.C_final.dtype == jnp.float32  # computed in float32 (issue 19 §5), never in bfloat16
+    assert out.C_final.dtype == jnp.float32  # computed in float32, never in bfloat16
     assert all(np.all(np.isfinite(np.asarray(f, np.float32))) for f in out)
 
 
@@ -280,7 +280,7 @@ def test_soft_decide_temperature_that_underflows_in_the_compute_dtype_is_rejecte
 @pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16])
 def test_half_precision_signals_decide_exactly_as_float32_on_the_same_values(dtype, rng):
     # Computed in their own dtype, 0.14% (float16) / 2.31% (bfloat16) of decisions differed from
-    # float32 on the same values (issue 19 §5). Widening is exact, so every field is now identical.
+    # float32 on the same values. Widening is exact, so every field is now identical.
     x = np.asarray(rng.uniform(size=(3, 4000)), dtype)
     wide = [jnp.asarray(v.astype(np.float32)) for v in x]
     for path in ("native", "pure_jax"):

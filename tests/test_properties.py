@@ -326,7 +326,7 @@ def _is_int(x):
 
 
 def config_violations(kw: dict) -> set:
-    """The documented domain of every field (MDLConfig's docstring and issue 10), re-stated."""
+    """The documented domain of every field (MDLConfig's docstring), re-stated."""
     D, dims, seed = kw["D"], kw["dims"], kw["qr_seed"]
     if not (_is_int(D) and D > 0):
         return {"D"}

@@ -1,4 +1,4 @@
-"""What the design can detect (issue 26): power, judge-error correction, the right constants, validity,
+"""What the design can detect: power, judge-error correction, the right constants, validity,
 and the smaller fixes (within-dataset null, near-degenerate sweep optima, † by questions). Small records
 with known answers; fast."""
 

@@ -1,4 +1,4 @@
-"""Past one device and one machine (issue 18 §3): the 2-D (batch, records) mesh, Parquet streams,
+"""Past one device and one machine: the 2-D (batch, records) mesh, Parquet streams,
 and multi-process sweeps through jax.distributed, each against the one-device, in-memory result."""
 
 import os

@@ -99,7 +99,7 @@ def assert_error(r, status: int, param="any"):
 
 GOOD = {"model": "smollm2", "messages": chat("Hi"), "max_tokens": 1}
 
-# (body, the param the error names): the 15 wrong-typed request kinds of issue 19 §3 and the ranges
+# (body, the param the error names): the 15 wrong-typed request kinds an audit sent and the ranges
 BAD = [
     ({**GOOD, "messages": "hello"}, "messages"),
     ({**GOOD, "messages": []}, "messages"),

@@ -1,4 +1,4 @@
-"""The servers under load and hostile input (issue 27 §1, §2), scaled to a 2-core machine, on
+"""The servers under load and hostile input, scaled to a 2-core machine, on
 127.0.0.1 only, every test bounded in time.
 
 Local model server (one real SmolLM2 server process, ``--header-timeout 1.5 --max-connections 200``):

@@ -378,7 +378,7 @@ def test_signals_cli_writes_the_parquet_table(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_default_norm_range_is_the_truthfulqa_calibration_split_range(embedder):
-    """Issue 9 item 4: MDLConfig's n_min / n_max are the raw-norm range over the TruthfulQA calibration
+    """MDLConfig's n_min / n_max are the raw-norm range over the TruthfulQA calibration
     split (Section 3.4), recomputed here from the data by the function that defines them."""
     from mdl_jax import MDLConfig
     from mdl_jax.pipeline.defaults import deployed_norm_range

@@ -186,7 +186,7 @@ def test_bad_labels_weights_and_signals_are_errors_naming_the_argument(data):
         sweep(M, R, A, {"sigma": 0.2})
 
 
-# --- issue 19 §5: sweep agrees with MDLConfig, its sums are exact, and N is not bounded by memory ----
+# --- sweep agrees with MDLConfig, its sums are exact, and N is not bounded by memory ----
 
 def test_sweep_and_config_grid_accept_every_config_mdlconfig_and_decide_accept(data):
     # A zero gain with ε_c = 0 (a pathway switched off) is valid for MDLConfig and decide.

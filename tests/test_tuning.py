@@ -130,7 +130,7 @@ def test_the_default_config_round_trips_through_the_parametrisation():
 @pytest.mark.slow
 def test_fields_outside_the_trained_set_come_back_bit_identical(teacher_data):
     """Frozen fields are the starting config's values exactly, even at the domain edges that the
-    free parametrisation can only approach (ε_c = 0, θ0 = 1, a zero gain): issue 19 §5 saw
+    free parametrisation can only approach (ε_c = 0, θ0 = 1, a zero gain): an audit saw
     ε_c 0 → 5e-5, θ0 1.0 → 0.99995 and a zero gain → 0.001, and NaN when every field trained from
     a zero gain with ε_c = 0. Trained fields are constrained around the frozen ones (gains above a
     frozen ε_c, n_min below a frozen n_max), so the result is a valid config."""

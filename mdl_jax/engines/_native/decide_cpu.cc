@@ -91,7 +91,7 @@ constexpr int64_t kValueEncoding = 1, kRiskInversion = 2, kRiskModulation = 4, k
 // 8 for AVX2), without intrinsics except where noted. Why not 16 lanes everywhere: built for AVX2, a
 // 64-byte type is split over two ymm registers, GCC lowered its selects and min/max lane by lane
 // (scalar vcmpltss / vminss), register pressure doubled and spilled, and the one-output-at-a-time
-// FMA chains left the core waiting: 875 cycles per record on a Zen 3 (issue 25), ~970 for that build on
+// FMA chains left the core waiting: 875 cycles per record on a Zen 3, ~970 for that build on
 // the dev VM's AVX-512 Xeon; 8 lanes and the changes marked below: ~270 there.
 typedef float vf __attribute__((vector_size(4 * L), aligned(4 * L)));
 typedef int32_t vi __attribute__((vector_size(4 * L), aligned(4 * L)));
@@ -127,7 +127,7 @@ inline vf gate_v(vf C, float g_a, float g_b, vf alpha) {
 // 2^t for float32, t in [-126, 126] (callers clamp): t = n + f with n = round(t) and |f| ≤ 1/2 by the
 // 1.5·2^23 trick, a degree-6 polynomial for 2^f (a relative fit, 3e-9 in exact arithmetic; ≈1 ulp in
 // float32), scaled by 2^n through the exponent bits. Why 2^t and not Cephes' e^x (which this kernel
-// used until issue 25): the callers fold log2(e) into a constant they multiply by anyway, and with the
+// used before): the callers fold log2(e) into a constant they multiply by anyway, and with the
 // bias 127 inside the magic number the exponent bits are one shift of the rounded sum, so 11 vector
 // operations instead of 17 (64 of them per record: the largest block of work after the fusion).
 // Folding log2(e) moves t by an ulp of |t|, a relative error ≤ 2^-24·|t|·ln 2 of 2^t, i.e. an
@@ -216,7 +216,7 @@ struct Outputs {
 // What a call derives from its Params once, before any record: the basis in every lane, and the
 // Gaussians' constant. Why a splatted copy: AVX2 has no broadcast memory operand (AVX-512 has), so
 // every Q[j][i]·v took a vbroadcastss and an FMA, 1,195 broadcasts of the 5,783 instructions a block
-// of 8 records ran (callgrind, issue 25); from a splatted copy each is one FMA with a memory operand.
+// of 8 records ran (callgrind); from a splatted copy each is one FMA with a memory operand.
 // 8 KiB (AVX2) or 16 KiB (AVX-512), in L1 while the call's records stream past.
 struct Prep {
   vf Q[D][D];  // Q[j][i] in every lane
