@@ -22,6 +22,30 @@ class DataError(ValueError):
     """A data file is missing or malformed; the message names the file and line."""
 
 
+def need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str, *,
+         expected: str = "it in every record", none_is_missing: bool = False) -> Any:
+    """``row[field]``, checked to be of ``kind``; a DataError naming the place and field otherwise.
+
+    Args:
+      row: one record of a data file.
+      field: the field to read.
+      where: the file and line (or row) the record came from, for the message.
+      kind: the type(s) the value must have.
+      expected: what the message says was expected of a missing field.
+      none_is_missing: a null value counts as missing (the hub's exports write absent fields as null).
+
+    Raises:
+      DataError: the field is missing (or null, with ``none_is_missing``) or not of ``kind``.
+    """
+    if field not in row or (none_is_missing and row[field] is None):
+        raise DataError(f"{where}: missing field {field!r}; expected {expected}")
+    v = row[field]
+    if not isinstance(v, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DataError(f"{where}: {field}: expected {names}, got {type(v).__name__}")
+    return v
+
+
 def default_data_dir() -> Path | None:
     """``$MDL_JAX_DATA_DIR``, else ``../shared/data`` beside the repository when it exists, else None.
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_records, read_records
+from mdl_jax.evaluation.datasets.files import DataError, hub_records, need, read_records
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -73,13 +73,8 @@ def local_records(path: Path, split: str | None, splits: tuple[str, ...] | None,
 
 
 def _need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
-    if field not in row or row[field] is None:
-        raise DataError(f"{where}: missing field {field!r}; expected the hub's documented schema")
-    v = row[field]
-    if not isinstance(v, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"{where}: {field}: expected {names}, got {type(v).__name__}")
-    return v
+    """``row[field]`` checked against the hub's documented schema (``files.need``; null is missing)."""
+    return need(row, field, where, kind, expected="the hub's documented schema", none_is_missing=True)
 
 
 def _strings(v: Any, where: str, field: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, read_json
+from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, need, read_json
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -43,14 +43,8 @@ POISONEDRAG_SPLITS = ("nq", "hotpotqa", "msmarco")
 
 
 def _need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
-    """``row[field]``, checked to be of ``kind``; a DataError naming the place and field otherwise."""
-    if field not in row:
-        raise DataError(f"{where}: missing field {field!r}; expected it in every record")
-    v = row[field]
-    if not isinstance(v, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"{where}: {field}: expected {names}, got {type(v).__name__}")
-    return v
+    """``row[field]``, checked to be of ``kind`` (``files.need``)."""
+    return need(row, field, where, kind)
 
 
 def _texts(values: Iterable[Any], where: str, field: str) -> list[str]:
