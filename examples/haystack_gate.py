@@ -3,7 +3,7 @@ from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 
 from mdl_jax.integrations.haystack import MDLGate
-from mdl_jax.pipeline.data import load
+from mdl_repro.pipeline.data import load
 
 items = load("truthfulqa", limit=40)  # the bundled TruthfulQA: answers become the memory store
 store = InMemoryDocumentStore()

@@ -17,10 +17,10 @@ import argparse
 import json
 import time
 
-from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.generation import LocalBackend, record_seed
-from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import chat
+from mdl_repro.pipeline.data import load
+from mdl_repro.pipeline.generation import LocalBackend, record_seed
+from mdl_repro.pipeline.stores import build_stores
 
 
 def main() -> None:

@@ -509,7 +509,7 @@ def main(argv=None) -> dict:
     # calibrated config, as an MDLConfig and as a file path; and the general path it took before the
     # one-record fast path covered concrete configs (NumPy scalars in still take it)
     from mdl_jax import load_config
-    from mdl_jax.pipeline.experiment import SHIPPED
+    from mdl_repro.pipeline.experiment import SHIPPED
 
     cal_path = SHIPPED / "smollm2-truthfulqa.json"
     cal = load_config(cal_path)

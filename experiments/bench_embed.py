@@ -55,8 +55,8 @@ GATE_ROWS = 60  # timed gate rows per dataset, the same in --quick and full runs
 
 def rows_by_dataset(n_questions: int) -> dict[str, list]:
     """(question, store memories) rows of each bundled dataset, its first ``n_questions``."""
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import StoreConfig, build_stores
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import StoreConfig, build_stores
 
     data = ROOT.parent / "shared" / "data"
     return {ds: [(s.item.question, s.texts) for s in build_stores(load(ds, data, limit=n_questions), StoreConfig(seed=0))]

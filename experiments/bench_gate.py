@@ -141,7 +141,7 @@ def child_cached(n: int, chunk: int) -> dict:
 def child_uncached(n: int) -> dict:
     """Real MiniLM, a fresh cache: TruthfulQA questions × 5 of their own and other answers."""
     from mdl_jax.gate import MemoryGate
-    from mdl_jax.pipeline.data import load
+    from mdl_repro.pipeline.data import load
 
     items = load("truthfulqa", limit=n + 5)
     qs = [it.question for it in items[:n]]
@@ -211,8 +211,8 @@ def child_cli(n: int) -> dict:
     rate over (n - 1) / (t_n - t_1) is reported too, and the whole process's. Each time is the fastest of
     two runs."""
     from mdl_jax.gate.files import CHUNK_SIZE
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import build_stores
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import build_stores
 
     stores = build_stores(load("truthfulqa"))
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _data(n: int):
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import StoreConfig, build_stores
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import StoreConfig, build_stores
 
     stores = build_stores(load("truthfulqa", ROOT.parent / "shared" / "data", limit=n), StoreConfig(seed=0))
     return [(s.item.question, s.texts[:6]) for s in stores]

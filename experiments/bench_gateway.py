@@ -70,7 +70,7 @@ def main(argv=None) -> int:
 
     cache = tempfile.mkdtemp(prefix="mdl-bench-gw-")
     env = {**os.environ, "MDL_JAX_CACHE_DIR": cache}
-    up, up_url = _start([sys.executable, "-m", "mdl_jax.serve", "--port", "0"], env, "serving")
+    up, up_url = _start([sys.executable, "-m", "mdl_repro.serve", "--port", "0"], env, "serving")
     gw = base = None
     try:
         gw_cmd = [sys.executable, "-m", "mdl_jax", "gateway", "--upstream", up_url, "--port", "0"]

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.generation import auto_dtype, bundled_gguf
-from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import chat
+from mdl_repro.pipeline.data import load
+from mdl_repro.pipeline.generation import auto_dtype, bundled_gguf
+from mdl_repro.pipeline.stores import build_stores
 
 
 def _run(tok, lm, chats, batch, sort, max_new):

@@ -10,7 +10,7 @@ of text is suppressed), for every engine:
                    with the per-row sampler (``RowSampler``), float32 weights and activations
   torch-bfloat16   the same in bf16 (what ``auto_dtype`` picks here, where the CPU has AVX512-BF16)
   ct2-int8         CTranslate2 ``Generator.generate_batch``, int8 weights (converted once from the
-                   bundled GGUF, ``mdl_jax.pipeline.generation.ct2``), its own sampler
+                   bundled GGUF, ``mdl_repro.pipeline.generation.ct2``), its own sampler
   llama.cpp-Q4_1   llama-cpp-python on the bundled GGUF file itself (Q4_1 weights); single-stream
                    through ``Llama.generate``, batched through the low-level API (one sequence per
                    prompt in one ``llama_batch``, the sampling in NumPy)
@@ -48,9 +48,9 @@ def cpu_flags() -> tuple[str, list[str]]:
 
 
 def _prompts(n: int):
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import build_stores
     from mdl_jax.prompts import chat
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import build_stores
 
     stores = build_stores(load("truthfulqa", limit=max(n, 8)))[:n]
     return [chat(s.item.question, s.texts) for s in stores]
@@ -71,7 +71,7 @@ def _batches(ids, batch):
 def _torch_engine(dtype: str):
     import torch
 
-    from mdl_jax.pipeline.generation import BUNDLED, RowSampler, load_local, row_seed
+    from mdl_repro.pipeline.generation import BUNDLED, RowSampler, load_local, row_seed
 
     tok, lm = load_local(BUNDLED, dtype)
 
@@ -98,7 +98,7 @@ def _torch_engine(dtype: str):
 def _ct2_engine():
     import ctranslate2
 
-    from mdl_jax.pipeline.generation.ct2 import ct2_model
+    from mdl_repro.pipeline.generation.ct2 import ct2_model
 
     path, tok = ct2_model()
     gen = ctranslate2.Generator(str(path), device="cpu", compute_type="int8", intra_threads=os.cpu_count() or 1)
@@ -116,7 +116,7 @@ def _ct2_engine():
 
 
 def _backend_ct2_engine():
-    from mdl_jax.pipeline.generation.ct2 import CT2Backend
+    from mdl_repro.pipeline.generation.ct2 import CT2Backend
 
     be = CT2Backend(batch_size=32)
 
@@ -130,7 +130,7 @@ def _backend_ct2_engine():
 
 
 def _backend_llama_engine():
-    from mdl_jax.pipeline.generation.llamacpp import LlamaCppBackend
+    from mdl_repro.pipeline.generation.llamacpp import LlamaCppBackend
 
     be = LlamaCppBackend(batch_size=32)
 
@@ -149,8 +149,8 @@ def _llama_engine(weights: str = "file"):
     import llama_cpp
     import numpy as np
 
-    from mdl_jax.pipeline.generation import bundled_gguf
-    from mdl_jax.pipeline.generation.llamacpp import q8_0_copy
+    from mdl_repro.pipeline.generation import bundled_gguf
+    from mdl_repro.pipeline.generation.llamacpp import q8_0_copy
 
     folder, gguf = bundled_gguf()
     path = folder / gguf if weights == "file" else q8_0_copy(folder / gguf)
@@ -281,7 +281,7 @@ def backend_engines() -> tuple[str, ...]:
     """The backend's engines on this CPU: LocalBackend's torch path runs at ``auto_dtype``'s choice (the
     same sampler and batching as torch-<dtype> here), so torch-float32 on a CPU without AVX512-BF16 or AMX
     and torch-bfloat16 on one with them; then the ctranslate2 and llama.cpp engines behind the interface."""
-    from mdl_jax.pipeline.generation import auto_dtype
+    from mdl_repro.pipeline.generation import auto_dtype
 
     return (f"torch-{auto_dtype('cpu')}", "backend-ct2", "backend-llama.cpp")
 
@@ -301,7 +301,7 @@ def main(argv=None):
         args.prompts, args.new, args.single = 16, 32, 4
     import torch
 
-    from mdl_jax.pipeline.generation import BUNDLED, load_local
+    from mdl_repro.pipeline.generation import BUNDLED, load_local
 
     name, flags = cpu_flags()
     tok, _ = load_local(BUNDLED, "float32")

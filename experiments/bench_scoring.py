@@ -64,10 +64,10 @@ def main(argv=None) -> int:
     p.add_argument("--n-questions", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.generation import LocalBackend
-    from mdl_jax.pipeline.stores import build_stores
-    from mdl_jax.pipeline.systems import CRAG_EVAL, GRADES, ISSUP, ISSUP_Q, ISUSE, ISUSE_Q
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.generation import LocalBackend
+    from mdl_repro.pipeline.stores import build_stores
+    from mdl_repro.pipeline.systems import CRAG_EVAL, GRADES, ISSUP, ISSUP_Q, ISUSE, ISUSE_Q
 
     stores = build_stores(load("truthfulqa"))[:args.n_questions]
     prompts, options = [], []

@@ -2,7 +2,7 @@
 
     python -m experiments.bench_serving [--repo PATH] [--lines 470] [--shorts 5]
 
-Starts ``python -m mdl_jax.serve`` (from ``--repo``: this checkout, or an older one to compare) on
+Starts ``python -m mdl_repro.serve`` (from ``--repo``: this checkout, or an older one to compare) on
 127.0.0.1 and measures, with the bundled SmolLM2:
 
 - baseline: a short chat request (4-word prompt, 2 tokens, greedy) alone, median of ``--shorts``;
@@ -47,7 +47,7 @@ def _cpu_flags() -> str:
 class Server:
     def __init__(self, repo: Path):
         env = {**os.environ, "PYTHONPATH": str(repo)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0"], cwd=repo,
+        self.proc = subprocess.Popen([sys.executable, "-m", "mdl_repro.serve", "--port", "0"], cwd=repo,
                                      stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if " on http://" not in line:

@@ -21,11 +21,11 @@ import time
 import jax
 import numpy as np
 
-from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
 from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.signals.embeddings import Embedder
+from mdl_repro.pipeline.data import load
+from mdl_repro.pipeline.stores import build_stores
 from tests.reference import numpy_store_signals
 
 

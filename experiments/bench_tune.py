@@ -28,7 +28,7 @@ RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jso
 
 def data():
     if RECORDS.exists():
-        from mdl_jax.analysis.oracle import load_records, oracle_labels, pooled, stratified_folds
+        from mdl_repro.analysis.oracle import load_records, oracle_labels, pooled, stratified_folds
 
         df = pooled(load_records(RECORDS)[0])
         y = oracle_labels(df)

@@ -1,5 +1,5 @@
 """B1 / B2 / B3 end to end on the conflict sets with short answers (RGB, RAMDocs, ConflictNQ), exact-match
-scoring, resumable (``mdl_jax.pipeline.conflict_runs``).
+scoring, resumable (``mdl_repro.pipeline.conflict_runs``).
 
     python -m experiments.conflict_reader OUT_DIR [--model bundled:qwen2.5-coder-1.5b] [--per-set 40]
         [--minutes 60] [--chunk 4] [--max-new-tokens 48]
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from mdl_jax._io import write_text
-from mdl_jax.pipeline import conflict_runs as cr
+from mdl_repro.pipeline import conflict_runs as cr
 
 
 def _beside(lines: list[str], other: Path, summary: dict, mine: dict) -> None:

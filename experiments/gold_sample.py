@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from mdl_jax._io import write_text
-from mdl_jax.pipeline.data import load
+from mdl_repro.pipeline.data import load
 
 SYSTEMS = ("B1", "B2", "B3")
 

@@ -9,7 +9,7 @@ and Self-RAG use). Prints, per dataset, the agreement of the argmax label with t
 agreement at the best threshold on the Yes − No log-likelihood margin chosen on the same records (an
 optimistic upper bound). Measured 2026-11-30 on the 482 gold records: argmax 0.397 (HaluEval) and 0.442
 (TruthfulQA), Yes for 0-0.4% of answers; best threshold 0.628 / 0.575. Both rule judges do better
-(``mdl_jax.analysis.judges``), which is why the ``ref`` judge uses no LLM.
+(``mdl_repro.analysis.judges``), which is why the ``ref`` judge uses no LLM.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def main(argv=None) -> int:
                             "and scores the 482 gold answers: about 5-10 minutes on a 2-core CPU. "
                             "For any OpenAI-compatible server use `mdl-jax judge GOLD --judge llm`.",
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
-    from mdl_jax.analysis.judges import dataset_items, load_gold
-    from mdl_jax.pipeline.generation import LocalBackend
+    from mdl_repro.analysis.judges import dataset_items, load_gold
+    from mdl_repro.pipeline.generation import LocalBackend
 
     g = load_gold()
     pools = dataset_items(g["dataset"])

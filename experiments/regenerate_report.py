@@ -17,10 +17,10 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from mdl_jax.analysis.analyze import analyze
-    from mdl_jax.analysis.report import write_report
-    from mdl_jax.cli.experiment import tune_step
     from mdl_jax.signals.embeddings import Embedder
+    from mdl_repro.analysis.analyze import analyze
+    from mdl_repro.analysis.report import write_report
+    from mdl_repro.cli.experiment import tune_step
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or not (Path(args[0]) / "records.jsonl").is_file():

@@ -116,14 +116,14 @@ def embedder(cache_dir):
 
 @pytest.fixture(scope="session")
 def local_backend():
-    from mdl_jax.pipeline.generation import LocalBackend
+    from mdl_repro.pipeline.generation import LocalBackend
 
     return LocalBackend(batch_size=8, max_new_tokens=12)  # the real bundled SmolLM2, loaded once
 
 
 @pytest.fixture(scope="session")
 def model_server():
-    """Base URL (``http://127.0.0.1:PORT/v1``) of one ``python -m mdl_jax.serve`` with its default
+    """Base URL (``http://127.0.0.1:PORT/v1``) of one ``python -m mdl_repro.serve`` with its default
     arguments (the bundled SmolLM2), started once per session for the tests that only need a plain
     server: each start costs ~8 s of CPU to import torch and load the model. Tests that need other
     flags (failures, limits, a restart) start their own."""
@@ -132,7 +132,7 @@ def model_server():
     from pathlib import Path
 
     pytest.importorskip("fastapi")
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_repro.serve", "--port", "0"],
                             cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
                             env=dict(os.environ))
     try:

@@ -11,10 +11,10 @@ import pytest
 
 import mdl_jax
 from mdl_jax import Action, MDLConfig
-from mdl_jax.analysis import ablation, cases, oracle, sensitivity, stats
-from mdl_jax.analysis import complementarity as cm
-from mdl_jax.analysis.analyze import analyze
 from mdl_jax.cli import main as cli_main
+from mdl_repro.analysis import ablation, cases, oracle, sensitivity, stats
+from mdl_repro.analysis import complementarity as cm
+from mdl_repro.analysis.analyze import analyze
 
 CFG = {"truthfulqa": MDLConfig(thresholds=(0.7, 0.5, 0.3)), "halueval": MDLConfig(thresholds=(0.6, 0.4, 0.2))}
 
@@ -285,7 +285,7 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
     recs = make_records(n_q=16, systems=("B1", "B2", "B3", "CRAG"))
     for r in recs:  # a second judge that disagrees on every third question: every RQ2-RQ3 output twice
         r["hallucinated_ref"] = r["hallucinated"] if r["qid"] % 3 else not r["hallucinated"]
-    from mdl_jax.pipeline.experiment import primary_family
+    from mdl_repro.pipeline.experiment import primary_family
 
     run = {"datasets": {ds: {"thresholds": list(c.thresholds), "n_min": c.n_min, "n_max": c.n_max}
                         for ds, c in CFG.items()}, "primary": primary_family("2026-01-01")}
@@ -336,7 +336,7 @@ def test_analyze_writes_every_table_and_figure(tmp_path):
 
 
 def test_latency_stages_on_recorded_signals():
-    from mdl_jax.analysis import latency
+    from mdl_repro.analysis import latency
 
     rng = np.random.default_rng(0)
     M, R, A = (rng.random(20).astype(np.float32) for _ in range(3))
@@ -377,7 +377,7 @@ def test_abstention_bins_keep_one_bin_when_every_high_risk_record_shares_its_sig
     # value; that is one closed bin, not zero bins (an IndexError in np.add.at before)
     from types import SimpleNamespace
 
-    from mdl_jax.analysis import figures
+    from mdl_repro.analysis import figures
 
     df = pd.DataFrame({"M": [0.5, 0.5, 0.5, 0.9], "R": [0.2, 0.2, 0.2, 0.7], "A": [0.85, 0.85, 0.85, 0.2]})
     scored = SimpleNamespace(action=np.array([Action.OPT_OUT, Action.ACTIVE, Action.SILENT, Action.ACTIVE]))

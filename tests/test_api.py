@@ -211,7 +211,7 @@ def test_controller_never_imports_the_pipeline_or_the_analyses():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for n in names:
-                assert not n.startswith(("mdl_jax.pipeline", "mdl_jax.analysis", "torch")), (path, n)
+                assert not n.startswith(("mdl_repro.pipeline", "mdl_repro.analysis", "torch")), (path, n)
 
 
 def test_demo_cli_prints_the_table():

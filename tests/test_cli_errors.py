@@ -301,10 +301,10 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
     readers that crashed before (reproduce's tune step, analyze's loader, tune) work."""
     import warnings
 
-    from mdl_jax.analysis.oracle import load_records
     from mdl_jax.cli import main
-    from mdl_jax.cli.experiment import tune_step
-    from mdl_jax.pipeline import records
+    from mdl_repro.analysis.oracle import load_records
+    from mdl_repro.cli.experiment import tune_step
+    from mdl_repro.pipeline import records
 
     path = _records(tmp_path / "records.jsonl")
     torn = json.dumps({"dataset": "truthfulqa", "qid": 99, "seed": 0, "system": "B1", "answer": "café"}, ensure_ascii=False)

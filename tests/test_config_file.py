@@ -124,7 +124,7 @@ def test_listed_defaults_are_the_paper_defaults_and_nothing_else(tmp_path):
 
 
 def test_shipped_and_committed_config_files_load_to_the_configs_they_state():
-    files = sorted(glob.glob(str(ROOT / "mdl_jax/pipeline/resources/calibrated/*.json"))
+    files = sorted(glob.glob(str(ROOT / "repro/mdl_repro/pipeline/resources/calibrated/*.json"))
                    + glob.glob(str(ROOT / "experiments/results/*/tuned/tuned-*.json")))
     assert len(files) >= 2
     for f in files:

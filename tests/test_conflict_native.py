@@ -68,8 +68,8 @@ def test_group_counts_are_the_sums_of_each_groups_pair_flags(groups):
 
 @pytest.mark.parametrize("dataset", ["truthfulqa", "halueval"])
 def test_native_flags_equal_python_flags_on_every_bundled_store(dataset):
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import build_stores
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import build_stores
 
     stores = [list(s.texts) for s in build_stores(load(dataset))]
     flat = [t for s in stores for t in s]

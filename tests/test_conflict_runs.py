@@ -1,4 +1,4 @@
-"""The conflict-set runner (``mdl_jax.pipeline.conflict_runs``): answers scored by hand-checked cases, the
+"""The conflict-set runner (``mdl_repro.pipeline.conflict_runs``): answers scored by hand-checked cases, the
 conflict condition each set is read in, B3's prompts (Active is B2's, Silent B1's, Supp the caution's,
 Opt-Out none) with each distinct prompt generated once, and a resumed run refusing changed inputs."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from mdl_jax.controller.decision import Action
 from mdl_jax.evaluation.datasets import BenchmarkItem, normalize_answer
-from mdl_jax.pipeline import conflict_runs as cr
 from mdl_jax.prompts import ABSTENTION, CAUTION
+from mdl_repro.pipeline import conflict_runs as cr
 
 
 @pytest.mark.parametrize("answer,gold,wrong,want", [

@@ -303,7 +303,7 @@ def test_architecture_page_names_every_layer_and_module():
     for name, _ in LAYERS:
         assert name in text, f"architecture.md: no layer {name!r}"
         assert name.split(" (")[0].split(",")[0] in svg, f"layers.svg: no layer {name!r}"
-    for path in sorted((ROOT / "mdl_jax").rglob("*.py")):
+    for path in sorted([*(ROOT / "mdl_jax").rglob("*.py"), *(ROOT / "repro" / "mdl_repro").rglob("*.py")]):
         if path.name in ("__init__.py", "__main__.py"):
             continue
         assert path.name in text, f"architecture.md does not list {path.relative_to(ROOT)}"

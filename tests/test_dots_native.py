@@ -68,8 +68,8 @@ def test_signals_match_numpys_products_and_no_bundled_gate_action_changes(embedd
     """TruthfulQA's 817 stores, the real MiniLM: M, R within 1e-6 of the NumPy products' and every
     action of the gate (Table 2's defaults, each category's A) the same."""
     from mdl_jax.gate import MemoryGate
-    from mdl_jax.pipeline.data import load
-    from mdl_jax.pipeline.stores import build_stores
+    from mdl_repro.pipeline.data import load
+    from mdl_repro.pipeline.stores import build_stores
 
     stores = build_stores(load("truthfulqa"))
     qs = [s.item.question for s in stores]

@@ -427,8 +427,8 @@ def test_auto_runs_the_fastest_backend_within_the_parity_and_the_gates_actions_e
     signals within float32 rounding of torch's (ONNX Runtime) or bfloat16's (OpenVINO)."""
     pytest.importorskip("onnxruntime")
     from mdl_jax.gate import MemoryGate
-    from mdl_jax.pipeline import data
-    from mdl_jax.pipeline.stores import StoreConfig, build_stores
+    from mdl_repro.pipeline import data
+    from mdl_repro.pipeline.stores import StoreConfig, build_stores
 
     gate = MemoryGate(cache_dir=onnx_cache)  # embedder and embed_backend left at their defaults
     rows = [(s.item.question, s.texts) for ds in ("truthfulqa", "halueval")

@@ -10,9 +10,9 @@ import pytest
 
 import mdl_jax
 from mdl_jax import MDLConfig, calibrate
-from mdl_jax.analysis import cases, oracle, sensitivity, stats
-from mdl_jax.analysis import complementarity as cm
 from mdl_jax.controller.calibration import tied_plateau
+from mdl_repro.analysis import cases, oracle, sensitivity, stats
+from mdl_repro.analysis import complementarity as cm
 
 
 def clustered(n_q=60, per_q=9, seed=0, p_adopt=0.45):
@@ -211,7 +211,7 @@ def test_a_resumed_run_keeps_the_tie_break_its_b3_records_were_decided_with(tmp_
     must calibrate the same way, while a fresh folder (or one without a calibration) gets the middle."""
     import json
 
-    from mdl_jax.pipeline.experiment import prior_tie_break
+    from mdl_repro.pipeline.experiment import prior_tie_break
 
     rj = tmp_path / "run.json"
     assert prior_tie_break(rj, "halueval") == "middle"  # no earlier run

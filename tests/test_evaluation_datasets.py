@@ -260,7 +260,7 @@ def test_a_malformed_line_is_a_data_error_naming_file_and_line(tmp_path):
 
 
 def test_the_pipeline_loader_keeps_its_public_names():
-    from mdl_jax.pipeline import data
+    from mdl_repro.pipeline import data
 
     assert data.DataError is DataError
     assert data.ENV_DATA_DIR == "MDL_JAX_DATA_DIR" and callable(data.default_data_dir)

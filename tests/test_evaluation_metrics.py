@@ -299,7 +299,7 @@ def test_bad_input_is_a_value_error_naming_the_argument(call, arg):
 
 
 def test_analysis_keeps_the_moved_names():
-    from mdl_jax.analysis import rigour, selective, stats
+    from mdl_repro.analysis import rigour, selective, stats
 
     assert stats.cluster_se is m.cluster_se and stats.mde is m.mde and stats.N_BOOT == m.N_BOOT
     assert stats.cluster_bootstrap_diff is m.cluster_bootstrap_diff

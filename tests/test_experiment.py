@@ -15,14 +15,14 @@ import pandas as pd
 import pytest
 
 from mdl_jax import Action
-from mdl_jax.analysis.report import paired_t, rates
-from mdl_jax.pipeline import records as rec_io
-from mdl_jax.pipeline import systems as sysm
-from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.generation import OpenAIBackend
-from mdl_jax.pipeline.judgement import is_refusal
-from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import ABSTENTION, CAUTION, chat
+from mdl_repro.analysis.report import paired_t, rates
+from mdl_repro.pipeline import records as rec_io
+from mdl_repro.pipeline import systems as sysm
+from mdl_repro.pipeline.data import load
+from mdl_repro.pipeline.generation import OpenAIBackend
+from mdl_repro.pipeline.judgement import is_refusal
+from mdl_repro.pipeline.stores import build_stores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_repro.serve", "--port", str(port),
                              "--fail-first", "2"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once the model is loaded
@@ -214,7 +214,7 @@ def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, ca
     assert (killed / "figure3.png").stat().st_size > 10_000
     # the analyses ran on the resumed records, and none failed (a small run once hit an IndexError)
     assert (killed / "analysis" / "ANALYSIS.md").exists() and "analyses failed" not in report
-    from mdl_jax.analysis.judges import load_gold
+    from mdl_repro.analysis.judges import load_gold
 
     # the report states the gold set it compared the judges with, as shipped now
     stated = f"shipped gold set ({len(load_gold())} answers of committed runs"
@@ -265,7 +265,7 @@ def test_the_gguf_read_parses_a_file_once_and_leaves_the_gguf_module_as_it_was(t
     """_gguf_parsed_once memoises gguf's parser and name map for one conversion only (a tiny GGUF
     written here: no model needed), and restores them even when the read fails."""
     gguf = pytest.importorskip("gguf")
-    from mdl_jax.pipeline.generation.loading import _gguf_parsed_once
+    from mdl_repro.pipeline.generation.loading import _gguf_parsed_once
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -305,7 +305,7 @@ def test_the_converted_checkpoint_of_the_bundled_gguf_loads_to_the_same_model(lo
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mdl_jax.pipeline.generation import _save_converted
+    from mdl_repro.pipeline.generation import _save_converted
 
     tok, lm = local_backend._lm()
     _save_converted(tok, lm, tmp_path / "ck")

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from mdl_jax import Action
-from mdl_jax.pipeline import records as rec_io
-from mdl_jax.pipeline import systems as sysm
-from mdl_jax.pipeline.data import load
-from mdl_jax.pipeline.experiment import OutDirInUse, lock_out_dir
-from mdl_jax.pipeline.generation import (
+from mdl_jax.prompts import chat
+from mdl_repro.pipeline import records as rec_io
+from mdl_repro.pipeline import systems as sysm
+from mdl_repro.pipeline.data import load
+from mdl_repro.pipeline.experiment import OutDirInUse, lock_out_dir
+from mdl_repro.pipeline.generation import (
     CachedBackend,
     Generation,
     GenerationCache,
@@ -29,8 +30,7 @@ from mdl_jax.pipeline.generation import (
     _RowSampler,
     record_seed,
 )
-from mdl_jax.pipeline.stores import build_stores
-from mdl_jax.prompts import chat
+from mdl_repro.pipeline.stores import build_stores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -330,7 +330,7 @@ def test_reproduce_says_so_and_exits_nonzero_when_most_calls_fail(fault_server, 
 def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tmp_path, cache_dir, cli):
     """A rerun that writes no record keeps the last working run's figures in run.json, but its exit
     status is its own: no record of it failed, so 0, even when that last run failed (exit 3)."""
-    from mdl_jax.pipeline.experiment import SHIPPED
+    from mdl_repro.pipeline.experiment import SHIPPED
 
     out = tmp_path / "run"
     local = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--no-analyses",
@@ -354,7 +354,7 @@ def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(t
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
-                               "from mdl_jax.pipeline.experiment import lock_out_dir; "
+                               "from mdl_repro.pipeline.experiment import lock_out_dir; "
                                f"f = lock_out_dir(Path({str(out)!r})); print('locked', flush=True); "
                                "time.sleep(600)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -419,7 +419,7 @@ def test_shipped_configs_are_the_committed_paper_scale_calibration():
     """The configs quick runs use are exactly what Section 3.4 gave on the calibration split of the
     committed run their note names (its run.json), so their provenance can be checked, not trusted."""
     from mdl_jax import load_config
-    from mdl_jax.pipeline.experiment import SHIPPED
+    from mdl_repro.pipeline.experiment import SHIPPED
 
     for ds in ("truthfulqa", "halueval"):
         path = SHIPPED / f"smollm2-{ds}.json"
@@ -448,7 +448,7 @@ def test_help_shows_defaults_and_the_bare_run_cost_and_names_both_seeds_apart():
 def test_old_seed_flag_still_sets_the_split_seed_with_a_warning(capsys):
     import argparse
 
-    from mdl_jax.cli import experiment as commands
+    from mdl_repro.cli import experiment as commands
 
     p = argparse.ArgumentParser()
     commands.register(p.add_subparsers())

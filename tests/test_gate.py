@@ -10,10 +10,10 @@ import pytest
 
 from mdl_jax import Action, MDLConfig, decide, save_config
 from mdl_jax.gate import SCALARS, GateDecision, MemoryGate
-from mdl_jax.pipeline import data
-from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
-from mdl_jax.pipeline.stores import build_stores
 from mdl_jax.prompts import ABSTENTION, CAUTION, chat
+from mdl_repro.pipeline import data
+from mdl_repro.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_repro.pipeline.stores import build_stores
 from tests.gate_embedders import hashed
 
 
@@ -216,7 +216,7 @@ def test_bad_construction_names_the_argument(tmp_path):
 
 def test_importing_the_gate_loads_no_torch_until_a_text_is_embedded():
     code = ("import sys; from mdl_jax.gate import MemoryGate; g = MemoryGate(); "
-            "assert 'torch' not in sys.modules and 'mdl_jax.pipeline' not in sys.modules; print('ok')")
+            "assert 'torch' not in sys.modules and 'mdl_repro.pipeline' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert isinstance(GateDecision, type)
@@ -230,10 +230,10 @@ def test_wings_import_only_downward():
 
     root = Path(__file__).resolve().parents[1] / "mdl_jax"
     forbidden = {
-        "controller": ("mdl_jax.signals", "mdl_jax.gate", "mdl_jax.integrations", "mdl_jax.pipeline"),
-        "signals": ("mdl_jax.gate", "mdl_jax.integrations", "mdl_jax.pipeline", "mdl_jax.analysis"),
-        "gate": ("mdl_jax.integrations", "mdl_jax.pipeline", "mdl_jax.analysis"),
-        "integrations": ("mdl_jax.analysis",),
+        "controller": ("mdl_jax.signals", "mdl_jax.gate", "mdl_jax.integrations", "mdl_repro.pipeline"),
+        "signals": ("mdl_jax.gate", "mdl_jax.integrations", "mdl_repro.pipeline", "mdl_repro.analysis"),
+        "gate": ("mdl_jax.integrations", "mdl_repro.pipeline", "mdl_repro.analysis"),
+        "integrations": ("mdl_repro.analysis",),
         "pipeline": ("mdl_jax.integrations",),  # the gate is a floor below: its runs decide through it
     }
     bad = []

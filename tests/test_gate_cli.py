@@ -16,7 +16,7 @@ import pytest
 
 from mdl_jax.cli import main
 from mdl_jax.gate import MemoryGate
-from mdl_jax.pipeline import data
+from mdl_repro.pipeline import data
 from tests.gate_embedders import hashed
 
 ROOT = Path(__file__).resolve().parents[1]

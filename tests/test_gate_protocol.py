@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mdl_jax.analysis import gates
-from mdl_jax.analysis.analyze import _jsonable
-from mdl_jax.analysis.oracle import question_folds, stratified_folds
+from mdl_repro.analysis import gates
+from mdl_repro.analysis.analyze import _jsonable
+from mdl_repro.analysis.oracle import question_folds, stratified_folds
 
 
 def _records(n_q: int, rng, n_seeds: int = 2, label_noise: float = 0.0):

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")
 
-from mdl_jax.pipeline.generation import (  # noqa: E402
+from mdl_repro.pipeline.generation import (  # noqa: E402
     CachedBackend,
     CT2Backend,
     GenerationCache,
@@ -21,7 +21,7 @@ from mdl_jax.pipeline.generation import (  # noqa: E402
     make_backend,
     resolve_engine,
 )
-from mdl_jax.pipeline.generation import ct2 as ct2_mod  # noqa: E402
+from mdl_repro.pipeline.generation import ct2 as ct2_mod  # noqa: E402
 
 WORDS = ("the a is of and to in what where who capital city paris france river sky blue green red "
          "answer question yes no true false memory store because it was not one two three").split()
@@ -126,9 +126,9 @@ def test_interface_matches_the_local_backend(tiny):
 
 
 def test_engine_choice(tiny, monkeypatch):
-    monkeypatch.setattr("mdl_jax.pipeline.generation.loading.auto_dtype", lambda device: "bfloat16")
+    monkeypatch.setattr("mdl_repro.pipeline.generation.loading.auto_dtype", lambda device: "bfloat16")
     assert resolve_engine("auto") == "torch"
-    monkeypatch.setattr("mdl_jax.pipeline.generation.loading.auto_dtype", lambda device: "float32")
+    monkeypatch.setattr("mdl_repro.pipeline.generation.loading.auto_dtype", lambda device: "float32")
     assert resolve_engine("auto") == "ctranslate2"
     assert resolve_engine("auto", dtype="float32") == "torch"  # a dtype asked for: the torch path
     monkeypatch.setattr(ct2_mod, "ct2_available", lambda: False)

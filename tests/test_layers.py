@@ -1,9 +1,10 @@
 """The house's layering: no import cycle between modules, and no module imports from a higher layer.
 
-Every ``import`` in every module of ``mdl_jax`` counts, function-level ones included (they are real
-dependencies, only deferred). The layers, lowest first, are the ones the README's layout table and the
-docs' Architecture page draw; a failure names both files and the imported names, so the fix (move the
-piece to the floor it belongs on) is plain.
+Every ``import`` in every module of ``mdl_jax`` (the library) and ``mdl_repro`` (the paper's reproduction,
+``repro/``) counts, function-level ones included (they are real dependencies, only deferred). The layers,
+lowest first, are the ones the docs' Architecture page draws; the reproduction's sit above all of the
+library's, so the library can never import it. A failure names both files and the imported names, so the
+fix (move the piece to the floor it belongs on) is plain.
 """
 
 from __future__ import annotations
@@ -14,29 +15,41 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mdl_jax"
+REPRO_PKG = PKG.parent / "repro" / "mdl_repro"
+
+# The old names of what moved to the reproduction: one-line stubs that import ``mdl_jax._moved``, which
+# resolves them to the moved modules only when a user imports an old name (deprecated, one release).
+ALIASES = ("mdl_jax._moved", "mdl_jax.pipeline", "mdl_jax.analysis", "mdl_jax.serving.model_server",
+           "mdl_jax.serve")
 
 # (layer, module prefixes), lowest first. A module belongs to the layer of its longest matching prefix;
 # "mdl_jax" alone is the package's __init__, which re-exports the controller.
 LAYERS = [
     ("foundation", ("mdl_jax.runtime", "mdl_jax._io", "mdl_jax._paths", "mdl_jax._timing", "mdl_jax._version",
-                    "mdl_jax.prompts")),
+                    "mdl_jax.prompts", *ALIASES)),
     ("controller", ("mdl_jax", "mdl_jax.controller")),
     ("engines", ("mdl_jax.engines",)),
     ("signals", ("mdl_jax.signals",)),
     ("gate", ("mdl_jax.gate",)),
     ("evaluation", ("mdl_jax.evaluation",)),
-    ("pipeline, serving, integrations", ("mdl_jax.pipeline", "mdl_jax.serving", "mdl_jax.integrations")),
-    ("analysis", ("mdl_jax.analysis",)),
-    ("command line", ("mdl_jax.cli", "mdl_jax.__main__", "mdl_jax.serve")),
+    ("serving, integrations", ("mdl_jax.serving", "mdl_jax.integrations")),
+    ("command line", ("mdl_jax.cli", "mdl_jax.__main__")),
+    # the reproduction (repro/), above the whole library
+    ("reproduction: pipeline, model server", ("mdl_repro", "mdl_repro._version", "mdl_repro.pipeline",
+                                              "mdl_repro.model_server")),
+    ("reproduction: analysis", ("mdl_repro.analysis",)),
+    ("reproduction: command line", ("mdl_repro.cli", "mdl_repro.serve")),
 ]
+LIBRARY = "command line"  # the highest layer of the library
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for p in PKG.rglob("*.py"):
-        parts = p.relative_to(PKG.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        mods[name] = p
+    for pkg in (PKG, REPRO_PKG):
+        for p in pkg.rglob("*.py"):
+            parts = p.relative_to(pkg.parent).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = p
     return mods
 
 
@@ -47,7 +60,7 @@ def layer_of(module: str) -> int:
     best, rank = -1, None
     for i, (_, prefixes) in enumerate(LAYERS):
         for pre in prefixes:
-            hit = module == pre or (pre != "mdl_jax" and module.startswith(pre + "."))
+            hit = module == pre or (pre not in ("mdl_jax", "mdl_repro") and module.startswith(pre + "."))
             if hit and len(pre) > best:
                 best, rank = len(pre), i
     if rank is None:
@@ -56,7 +69,7 @@ def layer_of(module: str) -> int:
 
 
 def imports_of(module: str) -> dict[str, set[str]]:
-    """{imported mdl_jax module: names imported from it} for every import statement in ``module``."""
+    """{imported first-party module: names imported from it} for every import statement in ``module``."""
     path = MODULES[module]
     is_pkg = path.name == "__init__.py"
     out: dict[str, set[str]] = {}
@@ -74,7 +87,7 @@ def imports_of(module: str) -> dict[str, set[str]]:
                 sub = f"{base}.{a.name}"
                 targets.append((sub, a.name) if sub in MODULES else (base, a.name))
         for target, name in targets:
-            if not target.startswith("mdl_jax"):
+            if not target.startswith(("mdl_jax", "mdl_repro")):
                 continue
             while target not in MODULES and "." in target:
                 target = target.rsplit(".", 1)[0]
@@ -87,7 +100,7 @@ GRAPH = {m: imports_of(m) for m in MODULES}
 
 
 def _rel(module: str) -> str:
-    return str(MODULES[module].relative_to(PKG.parent))
+    return MODULES[module].relative_to(PKG.parent).as_posix()
 
 
 def test_no_controller_module_imports_the_engines():
@@ -168,7 +181,8 @@ def test_no_import_cycles():
 def test_the_checker_sees_cycles_and_upward_imports():
     # The checks above would pass vacuously if the graph were empty or the layers misread.
     assert GRAPH["mdl_jax.cli"], "the command line imports nothing?"
-    assert layer_of("mdl_jax.cli.gate") > layer_of("mdl_jax.analysis.oracle") > layer_of("mdl_jax.gate.core")
+    assert layer_of("mdl_repro.analysis.oracle") > layer_of("mdl_jax.cli.gate") > layer_of("mdl_jax.gate.core")
+    assert GRAPH["mdl_repro.cli"] and "mdl_jax.cli.args" in GRAPH["mdl_repro.cli"]
     assert layer_of("mdl_jax.controller.api") == layer_of("mdl_jax") < layer_of("mdl_jax.signals.risk")
     saved = dict(GRAPH)
     try:
@@ -186,11 +200,39 @@ def test_the_library_never_imports_the_command_line():
     assert not users, f"the command line is imported from below by {users}"
 
 
+def test_the_library_never_imports_the_reproduction():
+    # The seam of the two distributions: ``pip install mdl-jax`` must work without mdl_repro, so no
+    # library module imports it, statically or by a name in a string, except the deprecated aliases'
+    # resolver (``mdl_jax._moved``), which imports it only when a user imports an old name.
+    library = [m for m in MODULES if m.startswith("mdl_jax")]
+    assert library and all(layer_of(m) <= layer_of("mdl_jax.cli") for m in library)
+    static = [f"{_rel(m)} imports {t}" for m in library for t in GRAPH[m] if t.startswith("mdl_repro")]
+    by_name = []
+    for m in library:
+        if m == "mdl_jax._moved":
+            continue
+        tree = ast.parse(MODULES[m].read_text(encoding="utf-8"))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        by_name += [f"{_rel(m)}:{n.lineno} names {n.value!r}" for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                    and "mdl_repro" in n.value]
+    assert not static and not by_name, "the library reaches into the reproduction:\n" + "\n".join(static + by_name)
+
+
+def test_the_reproduction_sits_above_the_whole_library():
+    top = max(layer_of(m) for m in MODULES if m.startswith("mdl_jax"))
+    assert LAYERS[top][0] == LIBRARY
+    assert all(layer_of(m) > top for m in MODULES if m.startswith("mdl_repro"))
+    assert "mdl_repro.pipeline.data" in MODULES and "mdl_repro.analysis.oracle" in MODULES
+
+
 def test_evaluation_sits_between_the_gate_and_the_pipeline():
     # The harness may use the gate and the signals; the pipeline (and the reproduction) may use the harness.
     ev = layer_of("mdl_jax.evaluation.datasets.registry")
-    assert layer_of("mdl_jax.gate.core") < ev < layer_of("mdl_jax.pipeline.data")
-    assert "mdl_jax.evaluation.datasets.files" in GRAPH["mdl_jax.pipeline.data"]
+    assert layer_of("mdl_jax.gate.core") < ev < layer_of("mdl_repro.pipeline.data")
+    assert "mdl_jax.evaluation.datasets.files" in GRAPH["mdl_repro.pipeline.data"]
 
 
 # --- private names stay in their module ----------------------------------------------------------
@@ -203,20 +245,20 @@ ROOT = PKG.parent
 _REWRITTEN_ELSEWHERE = frozenset({
     "mdl_jax/controller/config.py", "mdl_jax/controller/sweep.py", "mdl_jax/controller/api.py",
     "mdl_jax/controller/stream.py", "mdl_jax/controller/distributed.py", "mdl_jax/controller/calibration.py",
-    "mdl_jax/engines/native.py", "mdl_jax/analysis/sensitivity.py", "experiments/bench_controller.py",
+    "mdl_jax/engines/native.py", "repro/mdl_repro/analysis/sensitivity.py", "experiments/bench_controller.py",
     "experiments/bench_gpu.py", "experiments/emulated_parity.py",
 })
 
 
 def _first_party() -> dict[str, Path]:
     mods = {}
-    for top in ("mdl_jax", "experiments"):
-        for p in (ROOT / top).rglob("*.py"):
-            parts = p.relative_to(ROOT).with_suffix("").parts
+    for base, top in ((ROOT, "mdl_jax"), (ROOT, "experiments"), (ROOT / "repro", "mdl_repro")):
+        for p in (base / top).rglob("*.py"):
+            parts = p.relative_to(base).with_suffix("").parts
             mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-        for d in (ROOT / top).rglob("*"):  # packages without Python (mdl_jax/engines/_native) are modules too
+        for d in (base / top).rglob("*"):  # packages without Python (mdl_jax/engines/_native) are modules too
             if d.is_dir() and d.name != "__pycache__":
-                mods.setdefault(".".join(d.relative_to(ROOT).parts), d)
+                mods.setdefault(".".join(d.relative_to(base).parts), d)
     return mods
 
 
@@ -262,7 +304,7 @@ def private_uses(module: str, mods: dict[str, Path]) -> list[tuple[str, str]]:
 def test_no_module_uses_another_modules_private_names():
     """What sibling modules share has a public name; a leading underscore means "this module only".
 
-    Checked over mdl_jax/ and experiments/: ``from x import _y`` and ``x._y`` where x is another
+    Checked over mdl_jax/, repro/mdl_repro/ and experiments/: ``from x import _y`` and ``x._y`` where x is another
     first-party module. Importing a private *module* (``mdl_jax._io``, ``_paths``, ``_version``,
     ``_timing``, ``experiments._machine``) is allowed: the underscore there marks a module the package
     keeps to itself, and it is a module, not a name taken from one. Tests may reach inside modules."""

@@ -74,7 +74,7 @@ _NARRATION = {
 # default, a timeout, a backoff or a wait the code itself performs. Such phrases are allowed by file
 # and exact text, so a new one is a decision someone writes down here, never a loophole.
 _FACTS = {
-    "mdl_jax/pipeline/judgement_llm.py": ("(0.5 s, 1 s, 2 s, ...)",),
+    "repro/mdl_repro/pipeline/judgement_llm.py": ("(0.5 s, 1 s, 2 s, ...)",),
 }
 
 _NOT_YET: frozenset[str] = frozenset()
@@ -132,7 +132,7 @@ def test_the_narration_check_catches_each_kind(tmp_path):
     assert not [f for f in _narration(bad, "bad.py") if ":3:" in f]
     ok = tmp_path / "ok.py"
     ok.write_text('"""Backoff between tries (0.5 s, 1 s, 2 s, ...)."""\n')
-    assert _narration(ok, "mdl_jax/pipeline/judgement_llm.py") == []
+    assert _narration(ok, "repro/mdl_repro/pipeline/judgement_llm.py") == []
     assert _narration(ok, "elsewhere.py")
 
 

@@ -1,5 +1,5 @@
 """The LLM judge (``mdl-jax judge --judge llm``) end to end against a real local OpenAI-compatible server
-(``python -m mdl_jax.serve``, the bundled SmolLM2) on a few gold answers, and its failure paths: a
+(``python -m mdl_repro.serve``, the bundled SmolLM2) on a few gold answers, and its failure paths: a
 server that is down (failed verdicts with their reason, exit 3), retries after 503, replies that name
 no label (failed, never guessed)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mdl_jax.pipeline.judgement_llm import LLMJudge, verdict_from_reply
+from mdl_repro.pipeline.judgement_llm import LLMJudge, verdict_from_reply
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLD = ROOT / "mdl_jax" / "pipeline" / "resources" / "gold_labels.jsonl"
+GOLD = ROOT / "repro" / "mdl_repro" / "pipeline" / "resources" / "gold_labels.jsonl"
 
 
 def _free_port() -> int:
@@ -72,7 +72,7 @@ def test_llm_judge_grades_gold_answers_through_a_real_server_and_asks_nothing_tw
     again = json.loads((tmp_path / "gold4.judged.llm-judge.json").read_text())
     assert again["calls"] == 0 and again["cache_hits"] == 4
     # the report section reads what the command wrote
-    from mdl_jax.analysis.judges import llm_section
+    from mdl_repro.analysis.judges import llm_section
 
     assert "Wilson" in llm_section(tmp_path) and model in llm_section(tmp_path)
     # the key is never written or logged
@@ -118,7 +118,7 @@ class _Flaky(BaseHTTPRequestHandler):
 
 
 def test_retries_after_503_then_decide_by_label_likelihood(tmp_path):
-    from mdl_jax.pipeline.data import load
+    from mdl_repro.pipeline.data import load
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
     srv.seen = 0

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # What the wheel must carry besides the Python modules (pyproject.toml's package-data).
 SHIPPED = ["mdl_jax/py.typed", "mdl_jax/engines/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc",
-           "mdl_jax/pipeline/resources/gold_labels.jsonl",
-           "mdl_jax/pipeline/resources/calibrated/smollm2-truthfulqa.json",
-           "mdl_jax/pipeline/resources/calibrated/smollm2-halueval.json"]
+           "repro/mdl_repro/pipeline/resources/gold_labels.jsonl",
+           "repro/mdl_repro/pipeline/resources/calibrated/smollm2-truthfulqa.json",
+           "repro/mdl_repro/pipeline/resources/calibrated/smollm2-halueval.json"]
 
 
 def test_citation_cff_names_the_packages_version():

@@ -28,7 +28,7 @@ from hypothesis import strategies as st  # noqa: E402 - after the importorskip a
 
 from mdl_jax import Calibration, MDLConfig, calibrate, checked_decide, decide, soft_decide  # noqa: E402 - after the importorskip above
 from mdl_jax.controller.config import NUMERIC_FIELDS  # noqa: E402 - after the importorskip above
-from mdl_jax.pipeline import data, records  # noqa: E402 - after the importorskip above
+from mdl_repro.pipeline import data, records  # noqa: E402 - after the importorskip above
 
 NAMES = ("M", "R", "A")
 F32 = np.float32

@@ -1,4 +1,4 @@
-"""The opt-in Qwen reader's file (``mdl_jax.pipeline.generation.qwen``): parts are joined only into a
+"""The opt-in Qwen reader's file (``mdl_repro.pipeline.generation.qwen``): parts are joined only into a
 file whose every part and whole match their pins, a mismatch is one error naming the part or the file and
 leaves nothing behind, a verified file is trusted by its record until it changes, and the real installed
 parts join into the pinned file (slow; skipped where the ``qwen-reader`` parts are not installed)."""
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from mdl_jax.pipeline.generation import qwen
+from mdl_repro.pipeline.generation import qwen
 
 
 def _parts(tmp_path, blobs):

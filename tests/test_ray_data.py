@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _rows(n: int = 40) -> list[dict]:
     """TruthfulQA questions (the bundled copy) with memories drawn from their reference answers, some
     rows with none: every action and the empty-memories path occur."""
-    from mdl_jax.pipeline.data import load
+    from mdl_repro.pipeline.data import load
 
     items = load("truthfulqa", ROOT.parent / "shared" / "data", limit=n)
     rows = []

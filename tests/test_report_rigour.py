@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mdl_jax.analysis import rigour
+from mdl_repro.analysis import rigour
 
 
 def _design(G=100, S=3, c=0.2, seed=0):
@@ -256,7 +256,7 @@ def test_per_dataset_constant_is_not_the_pooled_majority():
 
 
 def test_stratified_null_keeps_questions_in_their_dataset():
-    from mdl_jax.analysis.complementarity import stratified_question_permutations
+    from mdl_repro.analysis.complementarity import stratified_question_permutations
 
     groups = np.repeat(np.arange(20), 3)
     strata = np.where(groups < 8, "a", "b")
@@ -267,7 +267,7 @@ def test_stratified_null_keeps_questions_in_their_dataset():
 
 
 def test_near_degenerate_sweep_optimum_is_flagged():
-    from mdl_jax.analysis.sensitivity import degenerate
+    from mdl_repro.analysis.sensitivity import degenerate
 
     msg = degenerate(np.array([0.02, 0.21, 0.30, 0.47]))  # σ = 0.05 in the paired run
     assert msg is not None and "always-reject" in msg and "47% Opt-Out" in msg
@@ -275,14 +275,14 @@ def test_near_degenerate_sweep_optimum_is_flagged():
 
 
 def test_dagger_follows_questions_not_records():
-    from mdl_jax.analysis.report import _cell
+    from mdl_repro.analysis.report import _cell
 
     assert "†" in _cell(0.5, 69, 23)      # HaluEval's high-risk cells: 69 records, 23 questions
     assert "†" not in _cell(0.5, 600, 200)
 
 
 def test_compare_systems_reports_power():
-    from mdl_jax.analysis.stats import compare_systems
+    from mdl_repro.analysis.stats import compare_systems
 
     rng = np.random.default_rng(0)
     rows = [dict(dataset="truthfulqa", qid=q, seed=s, system=sy, ok=True, A=0.5, h=float(rng.random() < 0.4))
@@ -342,7 +342,7 @@ def _family_res(diffs):
 
 
 def test_primary_family_is_holm_adjusted_and_reads_equivalence():
-    from mdl_jax.pipeline.experiment import primary_family as declared
+    from mdl_repro.pipeline.experiment import primary_family as declared
 
     dec = declared("2026-01-01")
     assert set(dec["family"]) <= set(rigour.PRIMARY_STATISTICS)
@@ -401,7 +401,7 @@ def test_run_gold_weights_recover_the_judge_on_the_runs_answers():
 
 
 def test_views_per_action_sums_to_the_whole_and_reliability_bins_cover_the_records():
-    from mdl_jax.analysis import views
+    from mdl_repro.analysis import views
 
     ev, _ = _halves_world(n_q=200)
     P = rigour.paired_frame(ev, "hallucinated")

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mdl_jax.analysis import gates, selective
-from mdl_jax.pipeline.gate_scores import load_scores, summarise
+from mdl_repro.analysis import gates, selective
+from mdl_repro.pipeline.gate_scores import load_scores, summarise
 
 
 def _ev(rows):
@@ -151,8 +151,8 @@ def test_uncertainty_summary_and_scores_file(tmp_path):
 def test_teacher_forced_logprobs_equal_a_one_sequence_forward_pass(local_backend):
     import torch
 
-    from mdl_jax.pipeline.generation import _head_fp32
-    from mdl_jax.pipeline.systems import chat
+    from mdl_repro.pipeline.generation import _head_fp32
+    from mdl_repro.pipeline.systems import chat
 
     prompts = [chat("What is the capital of France?"), chat("Who wrote Hamlet?")]
     answers = ["Paris.", "William Shakespeare wrote it."]
@@ -182,15 +182,15 @@ def test_teacher_forced_logprobs_equal_a_one_sequence_forward_pass(local_backend
 
 @pytest.fixture
 def legacy_server(model_server):
-    """The project's own OpenAI-compatible server (``python -m mdl_jax.serve``) on 127.0.0.1."""
+    """The project's own OpenAI-compatible server (``python -m mdl_repro.serve``) on 127.0.0.1."""
     return model_server
 
 
 @pytest.mark.slow
 def test_openai_backend_token_logprobs_through_legacy_completions_equal_the_local_ones(legacy_server,
                                                                                         local_backend):
-    from mdl_jax.pipeline.generation import OpenAIBackend
-    from mdl_jax.pipeline.systems import chat
+    from mdl_repro.pipeline.generation import OpenAIBackend
+    from mdl_repro.pipeline.systems import chat
 
     prompts = [chat("What is the capital of France?"), chat("Who wrote Hamlet?")]
     answers = ["Paris is the capital.", "William Shakespeare wrote it."]
@@ -225,8 +225,8 @@ def test_score_gates_cli_refuses_a_folder_without_records(tmp_path, capsys):
 def test_report_reads_table_4_with_where_each_difference_comes_from(tmp_path):
     """REPORT.md puts the decomposition under Table 4, so a reader of the table sees that B3's gain on
     the constructed records is all Opt-Out counted as safe, with the † warning for 4 questions."""
-    from mdl_jax.analysis.analyze import _jsonable
-    from mdl_jax.analysis.report import _where_from
+    from mdl_repro.analysis.analyze import _jsonable
+    from mdl_repro.analysis.report import _where_from
 
     assert _where_from(tmp_path) == []  # before the analyses ran: nothing, no crash
     (tmp_path / "analysis").mkdir()

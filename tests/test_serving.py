@@ -1,4 +1,4 @@
-"""The local model server (``python -m mdl_jax.serve``) speaks the OpenAI protocol: through the real
+"""The local model server (``python -m mdl_repro.serve``) speaks the OpenAI protocol: through the real
 ``openai`` client and raw HTTP, against one real server process (the bundled SmolLM2) per module.
 
 Properties: a wrong-typed request gets a 400 with an OpenAI error body (never a closed connection);
@@ -36,7 +36,7 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_repro.serve", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()  # printed once the model is loaded and the port bound

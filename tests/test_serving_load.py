@@ -50,7 +50,7 @@ def chat(text: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen([sys.executable, "-m", "mdl_jax.serve", "--port", "0", "--header-timeout",
+    proc = subprocess.Popen([sys.executable, "-m", "mdl_repro.serve", "--port", "0", "--header-timeout",
                              str(HEADER_TIMEOUT), "--max-connections", str(MAX_CONN)], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     line = proc.stdout.readline()
@@ -156,7 +156,7 @@ def test_a_prompt_read_in_chunks_generates_what_one_pass_does(local_backend):
 
     import torch
 
-    from mdl_jax.pipeline.generation import LocalBackend
+    from mdl_repro.pipeline.generation import LocalBackend
 
     tok, lm = local_backend._lm()
     # the bundled weights in float32 (a second load would dequantize again); torch's own .float(): a model
@@ -239,7 +239,7 @@ def test_the_lanes_and_the_prompt_counter_tokenize_at_once_without_failing(local
     tensor, you should probably activate truncation and/or padding" (the 48 500s of 2,250)."""
     import asyncio
 
-    from mdl_jax.serving.model_server import ModelServer
+    from mdl_repro.model_server import ModelServer
 
     srv = ModelServer(local_backend)
 

@@ -10,14 +10,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mdl_jax import decide
-from mdl_jax.pipeline import data
-from mdl_jax.pipeline.store_signals import compute_signals, signal_arrays
-from mdl_jax.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 from mdl_jax.signals import conflict as lexical
 from mdl_jax.signals.aggregation import aggregate_one, memory_signals, store_arrays
 from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
 from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
+from mdl_repro.pipeline import data
+from mdl_repro.pipeline.store_signals import compute_signals, signal_arrays
+from mdl_repro.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
 
 
 @pytest.fixture(scope="session")
@@ -381,7 +381,7 @@ def test_default_norm_range_is_the_truthfulqa_calibration_split_range(embedder):
     """MDLConfig's n_min / n_max are the raw-norm range over the TruthfulQA calibration
     split (Section 3.4), recomputed here from the data by the function that defines them."""
     from mdl_jax import MDLConfig
-    from mdl_jax.pipeline.defaults import deployed_norm_range
+    from mdl_repro.pipeline.defaults import deployed_norm_range
 
     lo, hi = deployed_norm_range(embedder=embedder)
     assert abs(lo - MDLConfig().n_min) < 1e-5 and abs(hi - MDLConfig().n_max) < 1e-5
@@ -393,8 +393,8 @@ def test_stores_draw_the_same_distractors_as_a_scan_of_the_pool_per_question():
     question with no usable answer and a qid that appears twice, apart."""
     import random
 
-    from mdl_jax.pipeline.data import Item
-    from mdl_jax.pipeline.stores import MemoryRecord, StoreConfig, _answers, build_stores
+    from mdl_repro.pipeline.data import Item
+    from mdl_repro.pipeline.stores import MemoryRecord, StoreConfig, _answers, build_stores
 
     items = [Item("d", q, f"question {q}?", "c", (f"right {q}", f"also right {q}"), (f"wrong {q}",))
              for q in range(12)]

@@ -1,19 +1,30 @@
 """The command line, ``mdl-jax``: the top of the house. Nothing in the library imports it.
 
-One module per command group (``experiment``: signals and reproduce; ``judge``; ``analyze``; ``tune``;
-``sweep``; ``gate``; ``score_gates``; ``gateway``; ``demo``), the argument types and the one-line error
-in ``args``. Heavy modules (signals, generation) are imported inside their subcommands so
-``mdl-jax demo`` and ``import mdl_jax`` stay light. ``reproduce`` composes the experiment pipeline and
-the analyses here, at the top, so that neither has to import the other.
+One module per command group of the library (``sweep``, ``gate``, ``gateway``, ``benchmarks``,
+``demo``), the argument types and the one-line error in ``args``. Heavy modules (signals, the gate's
+embedder) are imported inside their subcommands so ``mdl-jax demo`` and ``import mdl_jax`` stay light.
+
+Other distributions add command groups through the entry-point group ``mdl_jax.commands``: each entry
+is a function ``register(subparsers)``. The paper's reproduction (``mdl-jax-repro``, ``repro/`` in the
+repository) adds ``signals``, ``reproduce``, ``judge``, ``analyze``, ``tune`` and ``score-gates`` that
+way, so the library never imports it; without it installed those names print how to install it.
 """
 
 from __future__ import annotations
 
+import argparse
+
 from mdl_jax.cli.args import CommandError, Parser, fail, user_errors
 from mdl_jax.cli.demo import DEMO_TRIPLES, demo
 
-DESCRIPTION = ("The Memory Decision Layer: the controller (demo, sweep, tune), the experiment (signals, "
-               "reproduce, judge, analyze, score-gates) and the memory gate (gate, gateway).")
+DESCRIPTION = ("The Memory Decision Layer: the controller (demo, sweep), the memory gate (gate, gateway), the "
+               "field's benchmarks (benchmarks) and, with mdl-jax-repro installed, the paper's experiment "
+               "(signals, reproduce, judge, analyze, tune, score-gates).")
+
+ENTRY_POINTS = "mdl_jax.commands"
+# The reproduction's commands, named here only to tell a user without it installed where they went.
+REPRO_COMMANDS = ("signals", "reproduce", "judge", "analyze", "tune", "score-gates")
+REPRO_INSTALL = "pip install -e ./repro (the mdl-jax-repro distribution in the repository)"
 
 __all__ = ["CommandError", "DEMO_TRIPLES", "Parser", "demo", "fail", "main", "run", "user_errors"]
 
@@ -60,16 +71,27 @@ def main(argv=None) -> int:
 
 
 def _add_later_commands(sub) -> None:
-    """Every subcommand but ``demo``, one module of this package per command group. Each module
-    imports its heavy dependencies inside the command, so building the parser stays light."""
-    from mdl_jax.cli import analyze, benchmarks, experiment, gate, gateway, judge, score_gates, sweep, tune
+    """Every subcommand but ``demo``: the library's, one module of this package per command group, then
+    those that installed distributions register under ``mdl_jax.commands``. Each module imports its
+    heavy dependencies inside the command, so building the parser stays light."""
+    from importlib.metadata import entry_points
 
-    experiment.register(sub)
-    judge.register(sub)
-    analyze.register(sub)
-    tune.register(sub)
+    from mdl_jax.cli import benchmarks, gate, gateway, sweep
+
     gate.register(sub)
-    score_gates.register(sub)
     gateway.register(sub)
     sweep.register(sub)
     benchmarks.register(sub)
+    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        ep.load()(sub)
+    for name in REPRO_COMMANDS:
+        if name not in sub.choices:
+            p = sub.add_parser(name, help=f"(needs mdl-jax-repro: {REPRO_INSTALL})", add_help=False)
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            p.set_defaults(func=_not_installed(name))
+
+
+def _not_installed(name: str):
+    def cmd(args) -> int:
+        raise CommandError(f"{name}: this command is the paper's reproduction, which is not installed: {REPRO_INSTALL}")
+    return cmd

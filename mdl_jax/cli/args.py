@@ -160,19 +160,29 @@ def remove_if_empty(path, created: bool) -> None:
             pass
 
 
+# Exception classes that command groups outside this package (the reproduction's, registered through
+# the ``mdl_jax.commands`` entry points) add: their bad input is printed the same way.
+_EXTRA_USER_ERRORS: list[type[BaseException]] = []
+
+
+def add_user_errors(*types: type[BaseException]) -> None:
+    """Treat ``types`` as bad input in every command: one line on stderr, exit 2 (see ``user_errors``).
+
+    Args:
+      *types: exception classes a command group raises for input the user must fix.
+    """
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise TypeError(f"add_user_errors: expected exception classes, got {t!r}")
+        if t not in _EXTRA_USER_ERRORS:
+            _EXTRA_USER_ERRORS.append(t)
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception classes that mean bad input or an output the system refuses (a full disk, a
     read-only folder), printed as one line, exit 2, not a bug."""
     from mdl_jax._io import OutputError
     from mdl_jax.controller.config_file import ConfigFileError
-    from mdl_jax.pipeline.data import DataError  # stdlib-only modules: keep the CLI light
+    from mdl_jax.evaluation.datasets.files import DataError  # stdlib-only: keeps the CLI light
 
-    errs: list = [CommandError, DataError, ConfigFileError, OutputError]
-    try:
-        from mdl_jax.analysis.oracle import RecordsError
-        from mdl_jax.pipeline.judgement import JudgeInputError
-
-        errs += [RecordsError, JudgeInputError]
-    except ImportError:  # pragma: no cover - the analyses' extras are not installed
-        pass
-    return tuple(errs)
+    return (CommandError, DataError, ConfigFileError, OutputError, *_EXTRA_USER_ERRORS)

@@ -128,7 +128,7 @@ class MDLConfig:
         paper takes n_min and n_max from the calibration split: the minimum and maximum of
         ‖v_meta‖ over the calibration questions (Section 3.4). The defaults are computed the
         paper's way: over the signals of the TruthfulQA calibration split (80 questions, split seed
-        0) under the other defaults here, by ``mdl_jax.pipeline.defaults.deployed_norm_range`` (no
+        0) under the other defaults here, by ``mdl_repro.pipeline.defaults.deployed_norm_range`` (no
         LLM needed; a test recomputes and pins them). An earlier version used the range over the
         whole signal cube [0, 1]^3 (``signal_cube_norm_range``: 1.252-3.281), which left an
         uncalibrated controller Active for 64% of the cube; real signals occupy the top of that

@@ -55,7 +55,7 @@ whole set at once.
 
 The record-level helpers the analyses of records use (``rates``, ``risk_coverage``, ``auroc_weighted``,
 ``cluster_se``, ``mde``, ``cluster_bootstrap_diff``, ``question_bootstrap_weights``,
-``bootstrap_mean_ci``) live here too; ``mdl_jax.analysis`` imports them from here.
+``bootstrap_mean_ci``) live here too; ``mdl_repro.analysis`` imports them from here.
 """
 
 from __future__ import annotations

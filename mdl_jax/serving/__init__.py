@@ -1,8 +1,8 @@
-"""Servers that speak the OpenAI protocol: the local model server (``python -m mdl_jax.serve``) and
-the MDL gateway (``mdl-jax gateway``). A leaf wing: FastAPI / uvicorn / httpx (the ``serve`` extra)
-are imported here only, never by the controller or the pipeline.
+"""The MDL gateway (``mdl-jax gateway``), which speaks the OpenAI protocol. A leaf wing: FastAPI / uvicorn /
+httpx (the ``serve`` extra) are imported here only, never by the controller or the gate. The local model
+server that also speaks it is part of the paper's reproduction (``python -m mdl_repro.serve``).
 
   protocol.py      request models, OpenAI-shaped errors, limits, the body reader, server-sent events
-  model_server.py  a LocalBackend model behind /v1/chat/completions, /v1/completions, /v1/models
   gateway.py       MDL in front of any OpenAI-compatible upstream
+  model_server.py  a deprecated alias of ``mdl_repro.model_server``
 """

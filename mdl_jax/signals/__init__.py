@@ -6,7 +6,7 @@
   risk.py          A: the TruthfulQA category table and the HaluEval keyword preset (whole words)
   aggregation.py   M, R, φ for padded stores in one batched JAX pass (``memory_signals``)
 
-Both the benchmark pipeline (``mdl_jax.pipeline``) and the memory gate (``mdl_jax.gate``) import this
+Both the benchmark pipeline (``mdl_repro.pipeline``) and the memory gate (``mdl_jax.gate``) import this
 wing; it imports the controller's package only, never the pipeline, the gate or the integrations.
 """
 

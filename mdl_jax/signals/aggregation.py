@@ -5,7 +5,7 @@
       s̄_rel: mean pairwise cosine among relevant memories (cos(e_q, e_m) > 0.3)
       φ: fraction of relevant pairs the lexical detector (``conflict``) flags
 A comes from ``risk``. This is the one implementation behind both the benchmark pipeline
-(``mdl_jax.pipeline.store_signals``) and the memory gate (``mdl_jax.gate``): both call
+(``mdl_repro.pipeline.store_signals``) and the memory gate (``mdl_jax.gate``): both call
 ``memory_signals``. Stores are padded to the largest store size S and masked; embeddings are gathered
 from one matrix of unique texts. The lexical flags are computed once per store (S(S-1)/2 pairs) in
 Python and enter the JAX pass as a (B, S, S) boolean array. A store of at most ``SMALL_MEMORIES``
