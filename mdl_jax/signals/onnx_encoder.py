@@ -45,21 +45,15 @@ touched the encoder: OpenVINO's, and ONNX Runtime's too (1.32: a bare ``import o
 and ``sys.exit`` hangs in ``pthread_cond_destroy``). ``multiprocessing``'s fork workers are not
 affected, since they leave through ``os._exit``. Processes that should embed are started with ``spawn``.
 
-Telemetry: ``import openvino`` sends a usage event unless its user opted out; ``import_openvino``
-imports it without (the gate loads it by default on CPUs with bfloat16). ``import onnxruntime`` starts
-ONNX Runtime's telemetry, which writes a device id and a queue of events under the user's cache folder
-(``~/.cache/Microsoft/DeveloperTools/.onnxruntime/``); ``import_onnxruntime`` imports it with its
-telemetry off (``ORT_DISABLE_TELEMETRY=1``, unless the user set that variable), and nothing is written.
-
-Integrity: each exported file's sha256 is recorded beside it at export (``model.onnx.sha256``) and
-checked before the file is used (``digest_fault``): a graph damaged with its size kept still loads and
-gives wrong vectors, which the embedding cache would then keep as right.
+The pieces it runs on have modules of their own: ``model_folder`` (what the model folder declares:
+its pooling, where it truncates, its content hash), ``onnx_export`` (the graph's export, its int8
+quantisation and the sha256 check before each use) and ``onnx_runtimes`` (the runtimes imported
+without their telemetry, the CPU's bfloat16 kind). This module is the encoder, its batching and the
+one encoder per (folder, backend) per process; the other modules' names are importable from here too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 from collections.abc import Sequence
@@ -67,11 +61,17 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax._io import atomic_path
-from mdl_jax._paths import own_folder
+from mdl_jax.signals.model_folder import folder_hash, max_seq_length, model_pooling  # noqa: F401  (re-exported)
+from mdl_jax.signals.onnx_export import DIGEST_SUFFIX, OPSET, damaged, digest_fault, export  # noqa: F401
+from mdl_jax.signals.onnx_runtimes import (  # noqa: F401  (re-exported)
+    TELEMETRY_ENV,
+    bf16_supported,
+    cpu_bf16_kind,
+    import_onnxruntime,
+    import_openvino,
+)
 
 BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
-OPSET = 17
 TOKENS_PER_BATCH = 512  # padded tokens per ONNX Runtime call (see ``OnnxEncoder.encode``)
 _SESSIONS: dict = {}
 _LOCK = threading.Lock()
@@ -124,370 +124,6 @@ def shape_bound(max_tokens: int = 256, batch_size: int = 64) -> int:
     return len(shapes)
 
 
-def _folder_hash(path: Path) -> str:
-    """sha256 over the model folder's files that define the graph and the tokenizer (names + bytes)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"):
-            h.update(str(p.relative_to(path)).encode())
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-    return h.hexdigest()[:16]
-
-
-_MODULES_REPRODUCED = ("Transformer", "Pooling", "Normalize")  # what ``encode`` below does in NumPy
-_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # < 6's names
-
-
-def model_pooling(path: Path) -> str:
-    """The model's pooling mode ("mean" or "cls"), after checking that this module reproduces the model's
-    whole sentence-transformers pipeline; else a ValueError that says what it does not reproduce.
-
-    Reproduced: a Transformer, one Pooling of mean or CLS (the flags of sentence-transformers < 6 or
-    its ``pooling_mode`` of 6+), an optional Normalize (``encode`` normalises anyway). Not: any other
-    module (Dense, a second pooling, ...), more than one pooling mode at once, a default prompt, or a
-    lower-casing the tokenizer does not do itself. Without this check such a model's vectors would come
-    out silently different from torch's (a probe found a Dense 384→128 model embedded at 384 dims).
-    """
-    def refuse(what: str) -> ValueError:
-        return ValueError(f"embedder: backend onnx reproduces a Transformer with mean or CLS pooling "
-                          f"(and Normalize); {path} {what}")
-
-    st_cfg = path / "config_sentence_transformers.json"
-    if st_cfg.is_file() and json.loads(st_cfg.read_text()).get("default_prompt_name"):
-        raise refuse("sets a default prompt")
-    bert_cfg = path / "sentence_bert_config.json"
-    if bert_cfg.is_file() and json.loads(bert_cfg.read_text()).get("do_lower_case"):
-        raise refuse("lower-cases its texts (do_lower_case)")
-    mods = path / "modules.json"
-    if not mods.is_file():
-        return "mean"  # a plain transformers folder: sentence-transformers adds mean pooling
-    pooling = "mean"
-    for m in json.loads(mods.read_text()):
-        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in _MODULES_REPRODUCED:
-            raise refuse(f"has a {kind or 'nameless'} module")
-        if kind != "Pooling":
-            continue
-        cfg = json.loads((path / m["path"] / "config.json").read_text())
-        mode = cfg.get("pooling_mode")  # sentence-transformers 6+
-        modes = [mode] if isinstance(mode, str) else [
-            _POOLING_FLAGS.get(k, k.removeprefix("pooling_mode_")) for k, v in cfg.items()
-            if k.startswith("pooling_mode_") and v is True]
-        if len(modes) != 1 or modes[0] not in ("mean", "cls"):
-            raise refuse(f"pools by {modes or 'no mode'}")
-        pooling = modes[0]
-    return pooling
-
-
-def _max_seq_length(path: Path, tokenizer) -> int:
-    """Where sentence-transformers truncates: its config's ``max_seq_length``, else the smaller of the
-    tokenizer's ``model_max_length`` (1e30 when a tokenizer states none) and the model's position
-    embeddings, as its ``Transformer`` module takes them."""
-    st_cfg = path / "sentence_bert_config.json"
-    if st_cfg.is_file():
-        n = json.loads(st_cfg.read_text()).get("max_seq_length")
-        if n:
-            return int(n)
-    cfg = path / "config.json"
-    pos = json.loads(cfg.read_text()).get("max_position_embeddings") if cfg.is_file() else None
-    limits = [int(x) for x in (getattr(tokenizer, "model_max_length", None), pos)
-              if isinstance(x, (int, float)) and 0 < x < 1 << 31]
-    return min(limits) if limits else 512
-
-
-def bf16_supported(core=None) -> bool:
-    """Whether OpenVINO reports bfloat16 support for this CPU (the ``"openvino-bf16"`` backend runs only there).
-
-    Args:
-        core: an ``openvino.Core`` to ask (None: a new one).
-
-    Returns:
-        True when the CPU plugin lists ``BF16`` among its optimisation capabilities.
-
-    Raises:
-        ImportError: openvino is not installed (the ``openvino`` extra).
-    """
-    if core is None:
-        core = import_openvino().Core()
-    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-def cpu_bf16_kind() -> str | None:
-    """The CPU's bfloat16 matrix instructions as ``/proc/cpuinfo`` names them: ``"amx_bf16"``,
-    ``"avx512_bf16"``, or None (none, or not Linux). Read without importing OpenVINO, so "auto" can
-    decide cheaply; OpenVINO's own check (``bf16_supported``) still decides when the backend loads.
-
-    Also part of the backend's cache key (``Embedder``): AMX and AVX512-BF16 accumulate in different
-    orders, so their bfloat16 vectors differ in the last bits, and one cache must not mix them.
-    """
-    global _BF16_KIND
-    if _BF16_KIND is None:
-        flags: set[str] = set()
-        try:
-            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
-        _BF16_KIND = next((k for k in ("amx_bf16", "avx512_bf16") if k in flags), "")
-    return _BF16_KIND or None
-
-
-_BF16_KIND: str | None = None
-
-
-def import_openvino():
-    """``import openvino``, without the usage event its import sends.
-
-    ``import openvino`` runs OpenVINO's model-conversion telemetry (``openvino.tools.ovc``): unless the
-    user ran ``opt_in_out --opt_out``, it writes ``~/intel/openvino_ga_cid`` and sends a Google
-    Analytics event (seen here as a DNS query from the import). A library the gate loads by default
-    must not phone home for its user, so the first import made here runs with ``openvino_telemetry``
-    unimportable, and OpenVINO takes its own no-op stub, as it does when that package is not
-    installed. A process that imported openvino before keeps what it had; one that imports
-    ``openvino_telemetry`` itself later gets the real package.
-    """
-    import sys
-
-    if "openvino" in sys.modules:
-        return sys.modules["openvino"]
-    blocked = "openvino_telemetry" not in sys.modules
-    if blocked:
-        sys.modules["openvino_telemetry"] = None  # its import raises ImportError
-    try:
-        import openvino
-    finally:
-        if blocked and sys.modules.get("openvino_telemetry", 0) is None:
-            del sys.modules["openvino_telemetry"]
-    return openvino
-
-
-TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
-
-
-def import_onnxruntime():
-    """``import onnxruntime``, with ONNX Runtime's telemetry off.
-
-    Its import starts the telemetry, which on Linux writes a device id and a database of queued events
-    under ``$XDG_CACHE_HOME`` or ``~/.cache`` (``Microsoft/DeveloperTools/.onnxruntime/``). A library the
-    gate loads by default must not do that for its user, so the first import made here runs with
-    ``ORT_DISABLE_TELEMETRY=1`` (read once, at that import; the variable is removed again after it,
-    and ``disable_telemetry_events`` is called too). A user who set the variable keeps their setting;
-    a process that imported onnxruntime before keeps what it had.
-
-    Returns:
-        The ``onnxruntime`` module.
-
-    Raises:
-        ImportError: onnxruntime is not installed, or fails to import.
-    """
-    import sys
-
-    if sys.modules.get("onnxruntime") is not None:
-        return sys.modules["onnxruntime"]
-    ours = TELEMETRY_ENV not in os.environ
-    if ours:
-        os.environ[TELEMETRY_ENV] = "1"
-    try:
-        import onnxruntime
-    finally:
-        if ours:
-            os.environ.pop(TELEMETRY_ENV, None)
-    if ours and hasattr(onnxruntime, "disable_telemetry_events"):
-        onnxruntime.disable_telemetry_events()
-    return onnxruntime
-
-
-def _atomic_save(write, target: Path) -> None:
-    """``write(path)`` (an exporter that takes a file name) into a fresh private folder beside the
-    target, then fsync and rename (``mdl_jax._io.atomic_path``): a reader never sees half a graph,
-    and a name planted at the target or beside it is replaced, never followed."""
-    with atomic_path(target) as tmp:
-        write(str(tmp))
-
-
-DIGEST_SUFFIX = ".sha256"  # model.onnx's digest, recorded at export: model.onnx.sha256
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _record_digest(graph: Path) -> None:
-    digest = _sha256(graph)
-    _atomic_save(lambda tmp: Path(tmp).write_text(digest + "\n"), graph.with_name(graph.name + DIGEST_SUFFIX))
-
-
-def digest_fault(graph: Path) -> str | None:
-    """Why ``graph`` is not the file that was exported: its sha256 differs from the digest recorded
-    beside it at export (``model.onnx.sha256``: bit rot, flipped bytes, another file written over it),
-    or no digest was recorded; None when it matches.
-
-    A graph damaged with its size kept still parses and loads, and its vectors come out silently
-    wrong and would be cached as right, so each file is checked before use, not only parsed.
-
-    Args:
-        graph: the path of an exported ``.onnx`` file.
-
-    Returns:
-        A phrase naming what is wrong, or None.
-    """
-    try:
-        recorded = graph.with_name(graph.name + DIGEST_SUFFIX).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return "has no digest recorded at export"
-    try:
-        actual = _sha256(graph)
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    return None if actual == recorded else (f"is damaged (its sha256 {actual[:16]}… is not the digest recorded "
-                                            f"at export, {recorded[:16]}…)")
-
-
-def _verified(graph: Path, redo) -> None:
-    """Check ``graph`` against its digest; where it fails, warn and ``redo()`` (export it again), or raise
-    a ValueError naming the file where it cannot be written again (a read-only cache)."""
-    why = digest_fault(graph)
-    if why is None:
-        return
-    import warnings
-
-    try:
-        warnings.warn(f"embedder: the exported graph {graph} {why}; exporting it again", RuntimeWarning,
-                      stacklevel=3)
-        redo()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"embedder: the exported graph {graph} {why}, and it cannot be exported again "
-                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); remove it, or give a "
-                         "writable cache_dir") from e
-
-
-def export(model_path: str | Path, cache_dir: str | Path, *, int8: bool = False,
-           force: bool = False) -> Path:
-    """The ONNX graph of a local sentence-transformers folder, exported (and quantised) on first use.
-
-    Args:
-        model_path: a local model folder (``resolve_model`` gives the bundled MiniLM's).
-        cache_dir: where the graphs are kept (``<cache_dir>/onnx/<name>-<content hash>/``).
-        int8: also quantise the weights to int8 (dynamic quantisation) and return that graph.
-        force: write the graph asked for again even if it is cached (a damaged one: it is replaced
-          by an atomic rename, so a process reading it meanwhile sees the old file or the new one).
-
-    Each file written gets its sha256 recorded beside it (``model.onnx.sha256``), and a cached file is
-    checked against it before it is returned (``digest_fault``): one that differs, or has no digest, is
-    exported again with a RuntimeWarning naming it.
-
-    Returns:
-        The path of ``model.onnx`` (or ``model.int8.onnx``), its bytes those exported.
-
-    Raises:
-        ValueError: ``model_path`` is not a local folder, or its pooling is neither mean nor CLS; a graph
-          folder under ``cache_dir`` is a symlink or not ours (``own_folder``); a cached graph that
-          fails its digest where it cannot be exported again (naming the file).
-    """
-    path = Path(model_path)
-    if not path.is_dir():
-        raise ValueError(f"embedder: backend onnx needs a local model folder (the bundled MiniLM or a "
-                         f"path), got {str(model_path)!r}")
-    model_pooling(path)  # refuse an unsupported pooling before exporting anything
-    out = Path(cache_dir) / "onnx" / f"{path.name}-{_folder_hash(path)}"
-    fp32 = out / "model.onnx"
-
-    def writable() -> None:
-        # Before anything is written, both folders we make are checked to be real folders of ours: a
-        # symlink planted at either would have the graphs written (and later loaded) wherever it
-        # points. A cache that only needs reading (another account's, a read-only mount) is not.
-        own_folder(Path(cache_dir) / "onnx", what="cache_dir")
-        own_folder(out, what="cache_dir")
-
-    if fp32.is_file() and not (force and not int8):  # (the int8 graph is made from it)
-        _verified(fp32, lambda: export(model_path, cache_dir, force=True))
-    if not fp32.is_file() or (force and not int8):
-        writable()
-        import torch
-        from transformers import AutoModel
-
-        class Body(torch.nn.Module):
-            """The transformer with keyword inputs: positional order differs across transformers versions."""
-
-            def __init__(self):
-                super().__init__()
-                # eager attention: the classic MatMul-Softmax pattern that ORT's BERT optimizer fuses
-                self.m = AutoModel.from_pretrained(str(path), attn_implementation="eager").eval()
-
-            def forward(self, input_ids, attention_mask, token_type_ids):
-                return self.m(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
-
-        model = Body().eval()
-        ids = torch.ones((2, 8), dtype=torch.long)
-        names = ["input_ids", "attention_mask", "token_type_ids"]
-        dyn = {n: {0: "batch", 1: "seq"} for n in names}
-        dyn["last_hidden_state"] = {0: "batch", 1: "seq"}
-
-        def write(tmp):
-            import warnings
-
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the exporter's tracer warnings say nothing to a user
-                # the TorchScript exporter (dynamo=False): one self-contained file, no onnxscript needed
-                torch.onnx.export(model, (ids, ids, torch.zeros_like(ids)), tmp, input_names=names,
-                                  output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=OPSET,
-                                  dynamo=False)
-        _atomic_save(write, fp32)
-        _record_digest(fp32)
-    if not int8:
-        return fp32
-    q8 = out / "model.int8.onnx"
-    if q8.is_file() and not force:
-        _verified(q8, lambda: export(model_path, cache_dir, int8=True, force=True))
-    if not q8.is_file() or force:
-        import_onnxruntime()  # (its telemetry off before the quantization package imports it)
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        writable()
-        if force and damaged(fp32):  # the float32 graph it is made from is damaged too
-            export(model_path, cache_dir, force=True)
-        # per-channel weight scales: per-tensor int8 loses too much (min cosine 0.84 vs 0.97 to fp32)
-        _atomic_save(lambda tmp: quantize_dynamic(str(fp32), tmp, weight_type=QuantType.QInt8,
-                                                  per_channel=True), q8)
-        _record_digest(q8)
-    return q8
-
-
-def damaged(graph: Path) -> bool:
-    """Whether ``graph`` is not a readable ONNX model (truncated or overwritten on disk).
-
-    Args:
-        graph: the path of an ``.onnx`` file.
-
-    Returns:
-        True when ``onnx`` cannot parse it, or it lacks a graph with nodes and outputs, or an opset;
-        False otherwise, and when ``onnx`` is not installed (nothing can tell then) or runs out of
-        memory reading it. Never raises.
-    """
-    try:
-        import onnx
-    except ImportError:
-        return False
-    try:
-        m = onnx.load(str(graph), load_external_data=False)
-    except MemoryError:
-        return False
-    except Exception:  # noqa: BLE001 - DecodeError, OSError, ...: the file is not a model
-        return True
-    # protobuf parses an empty file, or one cut between two fields, as a model missing them
-    return not (m.HasField("graph") and len(m.graph.node) and len(m.graph.output) and len(m.opset_import))
-
-
 class OnnxEncoder:
     """``encode(texts, ...)`` with sentence-transformers' signature, run by ONNX Runtime or OpenVINO.
 
@@ -530,7 +166,7 @@ class OnnxEncoder:
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = model_pooling(path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.max_seq_length = _max_seq_length(path, self.tokenizer)
+        self.max_seq_length = max_seq_length(path, self.tokenizer)
         if threads is None:
             try:
                 threads = len(os.sched_getaffinity(0))
@@ -546,7 +182,7 @@ class OnnxEncoder:
             raise
         except Exception as e:  # noqa: BLE001 - the runtimes raise their own types for a bad file
             # A cached graph that is damaged on disk (truncated or overwritten: ours are written whole,
-            # see _atomic_save) is written again once, rather than failing every later process. Any
+            # see onnx_export) is written again once, rather than failing every later process. Any
             # other failure (memory, file descriptors, a runtime too old for the graph, an option)
             # is raised as it is, and the graph is left alone.
             if not damaged(self.graph):
@@ -741,5 +377,3 @@ def load(model_path: str, cache_dir: str | Path, backend: str):
             _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8",
                                          runtime="openvino-bf16" if backend == "openvino-bf16" else "onnxruntime")
         return _SESSIONS[key]
-
-_pooling = model_pooling  # the earlier private name, which tests and sibling modules still use

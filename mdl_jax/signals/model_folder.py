@@ -1,0 +1,111 @@
+"""What a local sentence-transformers folder declares, read from its files without loading it.
+
+Its own module because three pieces ask the same questions of the folder and must get the same
+answers: the exporter (``onnx_export``: is its whole pipeline one the ONNX graph reproduces, and what
+is the folder's content hash the graph is kept under), the encoder (``onnx_encoder``: its pooling, and
+where its texts are truncated) and the embedder's "auto" backend (``embeddings``: may it run without
+torch). Only JSON configs and file bytes are read: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def folder_hash(path: Path) -> str:
+    """The content hash of a model folder, which its exported graphs are kept under
+    (``<cache_dir>/onnx/<name>-<hash>/``): a changed weight or tokenizer file gets a new export.
+
+    Args:
+        path: a local model folder.
+
+    Returns:
+        The first 16 hex digits of the sha256 over the names and bytes of the files that define the
+        graph and the tokenizer (``.json``, ``.safetensors``, ``.bin``, ``.txt``, ``.model``), in
+        sorted order.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"):
+            h.update(str(p.relative_to(path)).encode())
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+_MODULES_REPRODUCED = ("Transformer", "Pooling", "Normalize")  # what ``OnnxEncoder.encode`` does in NumPy
+_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # < 6's names
+
+
+def model_pooling(path: Path) -> str:
+    """The model's pooling mode ("mean" or "cls"), after checking that the ONNX path (``onnx_encoder``)
+    reproduces the model's whole sentence-transformers pipeline; else a ValueError that says what it
+    does not reproduce.
+
+    Reproduced: a Transformer, one Pooling of mean or CLS (the flags of sentence-transformers < 6 or
+    its ``pooling_mode`` of 6+), an optional Normalize (``OnnxEncoder.encode`` normalises anyway). Not: any other
+    module (Dense, a second pooling, ...), more than one pooling mode at once, a default prompt, or a
+    lower-casing the tokenizer does not do itself. Without this check such a model's vectors would come
+    out silently different from torch's (a probe found a Dense 384→128 model embedded at 384 dims).
+    """
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"embedder: backend onnx reproduces a Transformer with mean or CLS pooling "
+                          f"(and Normalize); {path} {what}")
+
+    st_cfg = path / "config_sentence_transformers.json"
+    if st_cfg.is_file() and json.loads(st_cfg.read_text()).get("default_prompt_name"):
+        raise refuse("sets a default prompt")
+    bert_cfg = path / "sentence_bert_config.json"
+    if bert_cfg.is_file() and json.loads(bert_cfg.read_text()).get("do_lower_case"):
+        raise refuse("lower-cases its texts (do_lower_case)")
+    mods = path / "modules.json"
+    if not mods.is_file():
+        return "mean"  # a plain transformers folder: sentence-transformers adds mean pooling
+    pooling = "mean"
+    for m in json.loads(mods.read_text()):
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _MODULES_REPRODUCED:
+            raise refuse(f"has a {kind or 'nameless'} module")
+        if kind != "Pooling":
+            continue
+        cfg = json.loads((path / m["path"] / "config.json").read_text())
+        mode = cfg.get("pooling_mode")  # sentence-transformers 6+
+        modes = [mode] if isinstance(mode, str) else [
+            _POOLING_FLAGS.get(k, k.removeprefix("pooling_mode_")) for k, v in cfg.items()
+            if k.startswith("pooling_mode_") and v is True]
+        if len(modes) != 1 or modes[0] not in ("mean", "cls"):
+            raise refuse(f"pools by {modes or 'no mode'}")
+        pooling = modes[0]
+    return pooling
+
+
+def max_seq_length(path: Path, tokenizer) -> int:
+    """Where sentence-transformers truncates the folder's texts, as its ``Transformer`` module takes it.
+
+    Args:
+        path: a local model folder.
+        tokenizer: its tokenizer (only ``model_max_length`` is read; 1e30 when a tokenizer states none).
+
+    Returns:
+        Its ``sentence_bert_config.json``'s ``max_seq_length``, else the smaller of the tokenizer's
+        ``model_max_length`` and the model's ``max_position_embeddings``, else 512 (tokens).
+
+    Raises:
+        OSError, ValueError: a config file cannot be read or is not JSON.
+    """
+    st_cfg = path / "sentence_bert_config.json"
+    if st_cfg.is_file():
+        n = json.loads(st_cfg.read_text()).get("max_seq_length")
+        if n:
+            return int(n)
+    cfg = path / "config.json"
+    pos = json.loads(cfg.read_text()).get("max_position_embeddings") if cfg.is_file() else None
+    limits = [int(x) for x in (getattr(tokenizer, "model_max_length", None), pos)
+              if isinstance(x, (int, float)) and 0 < x < 1 << 31]
+    return min(limits) if limits else 512
