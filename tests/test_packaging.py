@@ -25,10 +25,12 @@ from mdl_jax._version import __version__
 ROOT = Path(__file__).resolve().parents[1]
 
 # What the wheel must carry besides the Python modules (pyproject.toml's package-data).
-SHIPPED = ["mdl_jax/py.typed", "mdl_jax/engines/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc",
-           "repro/mdl_repro/pipeline/resources/gold_labels.jsonl",
-           "repro/mdl_repro/pipeline/resources/calibrated/smollm2-truthfulqa.json",
-           "repro/mdl_repro/pipeline/resources/calibrated/smollm2-halueval.json"]
+SHIPPED = ["mdl_jax/py.typed", "mdl_jax/engines/_native/decide_cpu.cc", "mdl_jax/signals/_native/conflict.cc"]
+# What the reproduction's wheel must carry (repro/pyproject.toml's package-data).
+REPRO_SHIPPED = ["mdl_repro/py.typed", "mdl_repro/pipeline/resources/gold_labels.jsonl",
+                 "mdl_repro/pipeline/resources/calibrated/smollm2-truthfulqa.json",
+                 "mdl_repro/pipeline/resources/calibrated/smollm2-halueval.json",
+                 "mdl_repro/analysis/resources/gold_verdicts.jsonl"]
 
 
 def test_citation_cff_names_the_packages_version():
@@ -42,6 +44,16 @@ def test_the_version_is_defined_once():
     assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
     assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mdl_jax._version.__version__"}
     assert f"## [{__version__}]" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+def test_the_reproduction_is_released_at_the_librarys_version_and_pins_it():
+    from mdl_repro._version import __version__ as repro_version
+
+    meta = tomllib.loads((ROOT / "repro" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert repro_version == __version__
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mdl_repro._version.__version__"}
+    assert f"mdl-jax[experiments]=={__version__}" in meta["project"]["dependencies"]
+    assert meta["project"]["entry-points"]["mdl_jax.commands"] == {"repro": "mdl_repro.cli:register"}
 
 
 def _run(cmd, **kw):
@@ -106,7 +118,10 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     assert not missing, f"the wheel lacks {missing}"
     assert f"mdl_jax-{__version__}.dist-info/licenses/LICENSE" in names
     assert f"\nVersion: {__version__}\n" in meta and "\nLicense-Expression: MIT\n" in meta
-    assert not any(n.startswith(("tests/", "experiments/")) for n in names)
+    assert not any(n.startswith(("tests/", "experiments/", "mdl_repro/")) for n in names)
+    # the paper's reproduction is not in the library's wheel: only the deprecated aliases' stubs
+    moved = sorted(n for n in names if n.startswith(("mdl_jax/pipeline/", "mdl_jax/analysis/")))
+    assert moved == ["mdl_jax/analysis/__init__.py", "mdl_jax/pipeline/__init__.py"], moved
     with tarfile.open(sdist) as t:
         snames = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     missing = [p for p in SHIPPED + ["LICENSE", "pyproject.toml"] if p not in snames]
@@ -175,3 +190,27 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     assert [g["mdl_action"] for g in got] == [Action(int(a)).label for a in np.asarray(d.action)]
     assert got[2]["mdl_M"] == 0.0 and got[2]["mdl_action"] == "Opt-Out"  # no memories at A = 0.5
     assert got[0]["mdl_M"] > got[1]["mdl_M"]  # MiniLM: the on-topic memories are the more relevant
+
+    # The reproduction's own wheel, built the same way, joins the command line through its entry point.
+    rsrc = tmp_path / "rsrc"
+    shutil.copytree(ROOT / "repro", rsrc, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info",
+                                                                       "build"))
+    _run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist), str(rsrc)])
+    (rwhl,) = dist.glob("mdl_jax_repro-*.whl")
+    assert rwhl.name == f"mdl_jax_repro-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(rwhl) as z:
+        rnames = set(z.namelist())
+        ep = z.read(f"mdl_jax_repro-{__version__}.dist-info/entry_points.txt").decode()
+    missing = [p for p in REPRO_SHIPPED if p not in rnames]
+    assert not missing, f"the reproduction's wheel lacks {missing}"
+    assert not any(n.startswith("mdl_jax/") for n in rnames)
+    assert "[mdl_jax.commands]" in ep and "mdl_repro.cli:register" in ep
+    # (This environment's editable install of the reproduction is visible from the venv too, so what the
+    # library does without it is tested in-process: tests/test_cli.py.)
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--force-reinstall",
+          "--no-index", "--no-compile", "--quiet", str(rwhl)])
+    r = _run([str(cli), "reproduce", "--help"], cwd=tmp_path, env=env)
+    assert "--n-questions" in r.stdout
+    r = _run([str(py), "-W", "error::DeprecationWarning", "-c",
+              "import mdl_repro.pipeline.systems as m; print(m.__file__)"], cwd=tmp_path, env=env)
+    assert Path(r.stdout.strip()).is_relative_to(site)

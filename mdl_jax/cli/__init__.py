@@ -59,7 +59,11 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="decide for a handful of (M, R, A) triples and print a table")
     _add_later_commands(sub)
     try:
-        args = parser.parse_args(argv)
+        # Known args only, so that a command that is not installed can say so whatever flags follow it;
+        # every installed command still refuses what it does not know, as parse_args would.
+        args, extra = parser.parse_known_args(argv)
+        if extra and not getattr(args, "not_installed", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.cmd in (None, "demo"):
             demo()
             return 0
@@ -87,8 +91,8 @@ def _add_later_commands(sub) -> None:
     for name in REPRO_COMMANDS:
         if name not in sub.choices:
             p = sub.add_parser(name, help=f"(needs mdl-jax-repro: {REPRO_INSTALL})", add_help=False)
-            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-            p.set_defaults(func=_not_installed(name))
+            p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+            p.set_defaults(func=_not_installed(name), not_installed=True)
 
 
 def _not_installed(name: str):

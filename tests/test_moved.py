@@ -1,0 +1,81 @@
+"""The seam between the library and the paper's reproduction (``mdl_jax._moved``, ``mdl_jax.cli``): the
+old module names resolve to the moved module objects with a DeprecationWarning; the reproduction's
+commands join ``mdl-jax`` through the ``mdl_jax.commands`` entry points; and without the reproduction
+installed, both the old names and the commands say how to install it. (That nothing in the library
+imports the reproduction is ``tests/test_layers.py``'s.)"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import pytest
+
+import mdl_jax.cli as cli
+from mdl_jax import _moved
+
+
+def _forget(monkeypatch, prefix: str) -> None:
+    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_an_old_name_is_the_moved_module_itself_with_a_deprecation_warning(old, monkeypatch):
+    _forget(monkeypatch, old)
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {_moved.MOVED[old]}"):
+        mod = importlib.import_module(old)
+    assert mod is importlib.import_module(_moved.MOVED[old])
+
+
+def test_a_submodule_of_an_old_name_is_never_loaded_a_second_time(monkeypatch):
+    _forget(monkeypatch, "mdl_jax.pipeline")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from mdl_jax.pipeline import data as old_data
+        from mdl_jax.pipeline.stores import Store as OldStore
+    from mdl_repro.pipeline import data, stores
+
+    assert old_data is data and OldStore is stores.Store
+    assert sys.modules["mdl_jax.pipeline.stores"] is stores
+
+
+def test_an_old_name_without_the_reproduction_says_how_to_install_it(monkeypatch):
+    # A fake for the failure path: the reproduction made unimportable in this process.
+    _forget(monkeypatch, "mdl_jax.pipeline")
+    _forget(monkeypatch, "mdl_repro")
+    monkeypatch.setitem(sys.modules, "mdl_repro", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ModuleNotFoundError, match=r"mdl_jax.pipeline moved to mdl_repro.pipeline.*pip install"):
+            importlib.import_module("mdl_jax.pipeline")
+
+
+def test_the_reproductions_commands_join_through_their_entry_point(capsys):
+    assert cli.main(["reproduce", "--help"]) == 0
+    assert "--n-questions" in capsys.readouterr().out
+    assert cli.main(["tune", "--help"]) == 0
+
+
+@pytest.mark.parametrize("argv", [["reproduce", "--n-questions", "2"], ["judge", "x.jsonl"], ["tune"]])
+def test_without_the_reproduction_its_commands_are_one_line_naming_the_install(argv, monkeypatch, capsys):
+    # A fake for the failure path: no distribution registers commands.
+    import importlib.metadata as md
+
+    monkeypatch.setattr(md, "entry_points", lambda **kw: [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mdl-jax: error: {argv[0]}: ") and "pip install -e ./repro" in err[0]
+
+
+def test_an_added_command_groups_errors_are_bad_input_not_bugs():
+    from mdl_jax.cli.args import add_user_errors, user_errors
+    from mdl_repro.analysis.oracle import RecordsError
+    from mdl_repro.pipeline.judgement import JudgeInputError
+
+    # the entry point registers them when the command line is built
+    cli._add_later_commands(cli.Parser(prog="mdl-jax").add_subparsers())
+    assert {RecordsError, JudgeInputError} <= set(user_errors())
+    with pytest.raises(TypeError, match="expected exception classes"):
+        add_user_errors("not a class")
