@@ -34,7 +34,7 @@ def test_a_submodule_of_an_old_name_is_never_loaded_a_second_time(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from mdl_jax.pipeline import data as old_data
-        from mdl_jax.pipeline.stores import Store as OldStore
+        from mdl_jax.pipeline.stores import Store as OldStore  # type: ignore[import-not-found]
     from mdl_repro.pipeline import data, stores
 
     assert old_data is data and OldStore is stores.Store
