@@ -2,8 +2,8 @@ from haystack import Document, Pipeline
 from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 
+from mdl_jax.evaluation.datasets.paper_sets import load
 from mdl_jax.integrations.haystack import MDLGate
-from mdl_repro.pipeline.data import load
 
 items = load("truthfulqa", limit=40)  # the bundled TruthfulQA: answers become the memory store
 store = InMemoryDocumentStore()

@@ -1,8 +1,8 @@
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
+from mdl_jax.evaluation.datasets.paper_sets import load
 from mdl_jax.integrations.langchain import MDLDocumentCompressor, MiniLMEmbeddings
-from mdl_repro.pipeline.data import load
 
 items = load("truthfulqa", limit=40)  # the bundled TruthfulQA: answers become the memory store
 docs = [Document(page_content=a, metadata={"qid": it.qid, "kind": kind})

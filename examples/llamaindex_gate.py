@@ -1,8 +1,8 @@
 from llama_index.core import VectorStoreIndex
 from llama_index.core.schema import TextNode
 
+from mdl_jax.evaluation.datasets.paper_sets import load
 from mdl_jax.integrations.llamaindex import MDLNodePostprocessor, MiniLMEmbedding
-from mdl_repro.pipeline.data import load
 
 items = load("truthfulqa", limit=40)  # the bundled TruthfulQA: answers become the memory store
 nodes = [TextNode(text=a, metadata={"qid": it.qid, "kind": kind},

@@ -232,7 +232,7 @@ def test_evaluation_sits_between_the_gate_and_the_pipeline():
     # The harness may use the gate and the signals; the pipeline (and the reproduction) may use the harness.
     ev = layer_of("mdl_jax.evaluation.datasets.registry")
     assert layer_of("mdl_jax.gate.core") < ev < layer_of("mdl_repro.pipeline.data")
-    assert "mdl_jax.evaluation.datasets.files" in GRAPH["mdl_repro.pipeline.data"]
+    assert "mdl_jax.evaluation.datasets.paper_sets" in GRAPH["mdl_repro.pipeline.data"]
 
 
 # --- private names stay in their module ----------------------------------------------------------
