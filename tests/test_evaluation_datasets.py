@@ -476,3 +476,13 @@ def test_a_nomiracl_prompt_with_a_blank_question_names_the_record():
     with pytest.raises(DataError, match=r"^f\.jsonl, line 7: prompt: expected a non-blank question"):
         parse_nomiracl_prompt(prompt, 1, "f.jsonl, line 7")
     assert parse_nomiracl_prompt(prompt.replace("  ", "who?"), 1, "w") == ("who?", ("T: a passage",))
+
+
+def test_a_null_classifier_probability_is_a_data_error_naming_file_and_line(tmp_path):
+    src = ROOT / "adarague_llama8b" / "joined" / "nq_test.jsonl"
+    row = json.loads(src.read_text(encoding="utf-8").split("\n")[0])
+    row.setdefault("extra", {}).setdefault("adaptive_rag_classifier", {})["probas_ABC"] = [0.2, None, 0.5]
+    (tmp_path / "joined").mkdir()
+    _jsonl(tmp_path / "joined" / "nq_test.jsonl", [row])
+    with pytest.raises(DataError, match=r"nq_test\.jsonl, line 1: extra\.adaptive_rag_classifier\.probas_ABC"):
+        load_benchmark("adarague_llama8b", path=tmp_path, split="nq_test")

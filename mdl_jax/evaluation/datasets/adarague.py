@@ -125,7 +125,8 @@ def _str_field(row: dict, field: str, where: str) -> str:
 def _probas(p: Any, where: str) -> tuple[float, float, float] | None:
     if p is None:
         return None
-    if not isinstance(p, list) or len(p) != 3:
+    if (not isinstance(p, list) or len(p) != 3
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
         raise DataError(f"{where}: extra.adaptive_rag_classifier.probas_ABC: expected three probabilities")
     return float(p[0]), float(p[1]), float(p[2])
 
