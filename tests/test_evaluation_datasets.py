@@ -439,6 +439,7 @@ def test_meta_is_read_only_all_the_way_down():
 def _blank_question_file(tmp_path: Path, name: str, field: str = "question") -> tuple[str, Path]:
     """A copy of a shared benchmark file's first two lines, the second line's question whitespace only;
     (benchmark, path to load)."""
+    assert ROOT is not None
     src = {"ramdocs": ROOT / "ramdocs" / "RAMDocs_test.jsonl",
            "adarague_llama8b": ROOT / "adarague_llama8b" / "joined" / "nq_test.jsonl"}[name]
     rows = [json.loads(line) for line in src.read_text(encoding="utf-8").split("\n")[:2]]
