@@ -26,87 +26,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-
-# Refusals of room or rights: the user's to fix (free space, another folder), not a bug.
-_REFUSALS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
-             getattr(errno, "EDQUOT", errno.ENOSPC)}
+from mdl_jax._fs import (
+    CLOEXEC,
+    NOFOLLOW,
+    OutputError,
+    as_output_error,
+    fsync_dir,
+    is_write_error,
+    umask,
+)
 
 # The one write call of the helper's files; a test of the full-disk path replaces it here only.
 _write = os.write
-
-
-class OutputError(OSError):
-    """An output could not be written: a full disk, a quota, a read-only mount, a permission, a
-    symbolic link where a file of ours should be. The message names the path; what was there before
-    is untouched.
-
-    Attributes (those of ``OSError``): ``errno``, ``strerror``, ``filename`` (the path).
-    """
-
-    def __init__(self, path: str | os.PathLike, cause: OSError | None = None, message: str | None = None):
-        code = cause.errno if cause is not None else None
-        reason = (cause.strerror or str(cause)) if cause is not None else None
-        super().__init__(code, reason, str(path))
-        if message is None:
-            hint = {errno.ENOSPC: "the disk is full", errno.EROFS: "a read-only file system",
-                    getattr(errno, "EDQUOT", -1): "the disk quota is used up"}.get(code)
-            message = f"cannot write {path}: {reason}"
-            if hint and hint.lower() != str(reason).lower():
-                message += f" ({hint})"
-            message += "; nothing was replaced" if code in _REFUSALS else ""
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (_rebuild_output_error, (self.filename, self.errno, self.strerror, self.message))
-
-
-def _rebuild_output_error(path, code, reason, message) -> OutputError:
-    e = OutputError(path, message=message)
-    e.errno, e.strerror = code, reason
-    return e
-
-
-def _as_output_error(path, e: OSError) -> OSError:
-    return e if isinstance(e, OutputError) else OutputError(path, e)
-
-
-def fsync_dir(folder: str | os.PathLike) -> None:
-    """fsync a folder, so a rename inside it survives a power cut.
-
-    Args:
-        folder: the folder.
-
-    Raises:
-        OSError: the folder cannot be opened (a file system that cannot fsync a folder is accepted).
-    """
-    fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux says it (a change would race threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
 
 
 def _fresh_file(folder: Path, name: str) -> tuple[int, Path]:
@@ -115,7 +46,7 @@ def _fresh_file(folder: Path, name: str) -> tuple[int, Path]:
     ``O_EXCL`` makes the create fail on any existing name (a symlink, dangling or not, included), and
     ``O_NOFOLLOW`` refuses a link besides; a taken name is retried under another. The mode is
     0666 less the umask, what ``open(path, "w")`` would give."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC
     for _, candidate in zip(range(100), _names(name)):
         tmp = folder / candidate
         try:
@@ -220,7 +151,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str = "u
             path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _fresh_file(folder, path.name)
     except OSError as e:
-        raise _as_output_error(path, e) from None
+        raise as_output_error(path, e) from None
     raw = _FdWriter(fd, path)
     f: IO[Any] = io.BufferedWriter(raw, buffer_size=1 << 16)
     if mode == "w":
@@ -239,20 +170,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str = "u
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError) and not isinstance(e, OutputError) and _ours(e):
+        if isinstance(e, OSError) and not isinstance(e, OutputError) and is_write_error(e):
             raise OutputError(path, e) from None
         raise
     try:
         fsync_dir(path.parent)
     except OSError as e:
-        raise _as_output_error(path, e) from None
-
-
-def _ours(e: OSError) -> bool:
-    """An OSError of the write machinery (fsync, rename), not of the caller's block reading its input:
-    the block's own reads keep their error. Told apart by errno: a refusal of room or rights, or an
-    error no read gives."""
-    return e.errno in _REFUSALS or e.errno in (errno.EXDEV, errno.EISDIR, errno.ENOTDIR, errno.EIO)
+        raise as_output_error(path, e) from None
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
@@ -345,23 +269,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as e:
-        raise _as_output_error(path, e) from None
+        raise as_output_error(path, e) from None
     try:
         tmp = work / path.name
         yield tmp
         try:
-            fd = os.open(tmp, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+            fd = os.open(tmp, os.O_RDONLY | NOFOLLOW | CLOEXEC)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise OutputError(path, message=f"cannot write {path}: the writer made no regular file")
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~umask())
             os.replace(tmp, path)
             fsync_dir(path.parent)
         except OSError as e:
-            raise _as_output_error(path, e) from None
+            raise as_output_error(path, e) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -372,7 +296,7 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             p = os.path.join(dirpath, name)
             try:
-                fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+                fd = os.open(p, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
             except OSError as e:
                 if e.errno == errno.ELOOP:  # a link a writer made: nothing of ours to sync
                     continue
@@ -432,11 +356,11 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
         parent.mkdir(parents=True, exist_ok=True)
         tmp = _work_folder(final)
     except OSError as e:
-        raise _as_output_error(final, e) from None
+        raise as_output_error(final, e) from None
     try:
         yield tmp
         _fsync_tree(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~umask())
         _publish(tmp, final, owns, keep_existing)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -444,7 +368,7 @@ def publish_dir(final_dir: str | os.PathLike, *, owns: Callable[[str], bool] | N
             # a file of the temporary folder: name the file the user will look for
             where = final / Path(e.filename).relative_to(tmp)
             raise OutputError(where, e, e.message.replace(e.filename, str(where))) from None
-        if isinstance(e, OSError) and not isinstance(e, OutputError) and _ours(e):
+        if isinstance(e, OSError) and not isinstance(e, OutputError) and is_write_error(e):
             raise OutputError(final, e) from None
         raise
 
@@ -561,7 +485,7 @@ def open_append(path: str | os.PathLike, mode: str = "ab", *, encoding: str = "u
     """
     _check_mode(mode, ("ab", "a", "a+"))
     path = Path(path)
-    flags = (os.O_RDWR if mode == "a+" else os.O_WRONLY) | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC
+    flags = (os.O_RDWR if mode == "a+" else os.O_WRONLY) | os.O_APPEND | os.O_CREAT | NOFOLLOW | CLOEXEC
     try:
         fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as e:
@@ -602,7 +526,7 @@ def append_bytes(path: str | os.PathLike, data: bytes) -> None:
         try:
             os.fsync(f.fileno())
         except OSError as e:
-            raise _as_output_error(path, e) from None
+            raise as_output_error(path, e) from None
 
 
 def database_path(path: str | os.PathLike) -> Path:

@@ -1,4 +1,4 @@
-"""The RQ2-RQ4 analyses (mdl_jax/analysis): oracle labels, accuracies that can be counted by hand,
+"""The RQ2-RQ4 analyses (repro/mdl_repro/analysis): oracle labels, accuracies that can be counted by hand,
 statistics against scipy on the same data, `analyze` on a tiny records file, and bad input."""
 
 import json

@@ -434,3 +434,56 @@ def test_meta_is_read_only_all_the_way_down():
     with pytest.raises(TypeError):
         it.meta["baselines"]["gpt-4-azure"] = "x"
     assert isinstance(it.meta["docids"], tuple)
+
+
+def _blank_question_file(tmp_path: Path, name: str, field: str = "question") -> tuple[str, Path]:
+    """A copy of a shared benchmark file's first two lines, the second line's question whitespace only;
+    (benchmark, path to load)."""
+    assert ROOT is not None
+    src = {"ramdocs": ROOT / "ramdocs" / "RAMDocs_test.jsonl",
+           "adarague_llama8b": ROOT / "adarague_llama8b" / "joined" / "nq_test.jsonl"}[name]
+    rows = [json.loads(line) for line in src.read_text(encoding="utf-8").split("\n")[:2]]
+    rows[1][field] = " \t\n "
+    dst = tmp_path / src.relative_to(ROOT / name)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    _jsonl(dst, rows)
+    return name, tmp_path
+
+
+@pytest.mark.parametrize("name", ["ramdocs", "adarague_llama8b"])
+def test_a_whitespace_only_question_is_a_data_error_naming_file_and_line(tmp_path, name):
+    name, path = _blank_question_file(tmp_path, name)
+    split = "nq_test" if name == "adarague_llama8b" else None
+    with pytest.raises(DataError, match=r"\.jsonl, line 2: question: expected a non-blank string"):
+        load_benchmark(name, path=path, split=split)
+    assert len(load_benchmark(name, path=path, split=split, limit=1)) >= 1  # the good first line still loads
+
+
+def test_a_whitespace_only_question_in_a_users_hub_export_names_file_and_line(tmp_path):
+    _jsonl(tmp_path / "falseqa.jsonl", [
+        {"question": "Why is the sun cold?", "reference_answers": None, "should_abstain": True, "metadata_json": ""},
+        {"question": "   ", "reference_answers": None, "should_abstain": True, "metadata_json": ""}])
+    with pytest.raises(DataError, match=r"falseqa\.jsonl, line 2: question: expected a non-blank string"):
+        load_benchmark("abstentionbench", path=tmp_path / "falseqa.jsonl")
+    _jsonl(tmp_path / "unanswerable.jsonl", [{"qid": "q1", "question": "", "context": "c", "answers": []}])
+    with pytest.raises(DataError, match=r"unanswerable\.jsonl, line 1: question: expected a non-blank string"):
+        load_benchmark("faitheval", path=tmp_path, split="unanswerable")
+
+
+def test_a_nomiracl_prompt_with_a_blank_question_names_the_record():
+    from mdl_jax.evaluation.datasets.shared import parse_nomiracl_prompt
+
+    prompt = "QUESTION:\n  \n\nCONTEXTS:\n[1] T: a passage\n\nOUTPUT:"
+    with pytest.raises(DataError, match=r"^f\.jsonl, line 7: prompt: expected a non-blank question"):
+        parse_nomiracl_prompt(prompt, 1, "f.jsonl, line 7")
+    assert parse_nomiracl_prompt(prompt.replace("  ", "who?"), 1, "w") == ("who?", ("T: a passage",))
+
+
+def test_a_null_classifier_probability_is_a_data_error_naming_file_and_line(tmp_path):
+    src = ROOT / "adarague_llama8b" / "joined" / "nq_test.jsonl"
+    row = json.loads(src.read_text(encoding="utf-8").split("\n")[0])
+    row.setdefault("extra", {}).setdefault("adaptive_rag_classifier", {})["probas_ABC"] = [0.2, None, 0.5]
+    (tmp_path / "joined").mkdir()
+    _jsonl(tmp_path / "joined" / "nq_test.jsonl", [row])
+    with pytest.raises(DataError, match=r"nq_test\.jsonl, line 1: extra\.adaptive_rag_classifier\.probas_ABC"):
+        load_benchmark("adarague_llama8b", path=tmp_path, split="nq_test")

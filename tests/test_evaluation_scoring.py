@@ -109,6 +109,75 @@ def test_replay_maps_mdls_actions_to_the_recorded_answers_by_hand():
     assert rows[("IRCoT", "retrieval calls")]["value"] == 3.0
 
 
+
+def _toy_replay_inputs():
+    items = [_ada(0, "rome", "paris"), _ada(1, "paris", "rome"), _ada(2, "paris", "paris"),
+             _ada(3, "paris", "rome")]
+    acts = [int(a) for a in (Action.ACTIVE, Action.SILENT, Action.OPT_OUT, Action.SUPP)]
+    return items, _cols([0.9, 0.5, 0.1, 0.7], [0.5] * 4, acts, [0.9, 0.5, 0.1, 0.7])
+
+
+# Each field the replay reads, set to None (or holding a None) on the third item: the record is damaged,
+# and the error names the item's qid and the field, never a bare TypeError from deep inside.
+DAMAGED = [
+    ("answer_no_retrieval", {"answer_no_retrieval": None}),
+    ("answer_one_retrieval", {"answer_one_retrieval": None}),
+    ("answer_multi_retrieval", {"answer_multi_retrieval": None}),
+    ("answers", {"answers": None}),
+    ("answers", {"answers": ("paris", None)}),
+    ("group", {"group": None}),
+    ("meta['csv_rag_one_retrieve']", {"meta": {"csv_rag_one_retrieve": None}}),
+    ("classifier_probas", {"classifier_option": "A", "classifier_probas": (0.2, None, 0.5)}),
+    ("ircot_steps", {"ircot_steps": "three"}),
+    ("seakr['final_answer']", {"seakr": {"final_answer": None, "retrieval_times": 1}}),
+    ("seakr['retrieval_times']", {"seakr": {"final_answer": "paris", "retrieval_times": None}}),
+]
+
+
+@pytest.mark.parametrize(("field", "change"), DAMAGED, ids=[f"{f}={c}" for f, c in DAMAGED])
+def test_a_damaged_record_in_the_replay_is_a_value_error_naming_its_qid_and_field(field, change):
+    import dataclasses
+    import re
+
+    items, cols = _toy_replay_inputs()
+    items[2] = dataclasses.replace(items[2], **change)
+    with pytest.raises(ValueError, match=re.escape(f"items[2] (qid 'a2:passages'): {field}: expected")):
+        replay("toy_test", items, cols)
+
+
+def test_what_the_replay_reads_as_absent_is_absent_not_an_error():
+    # None where the module docstring gives None a meaning: no passages, a gate not replayed, no score,
+    # no IRCoT step count (0 calls)
+    import dataclasses
+
+    items, cols = _toy_replay_inputs()
+    plain = {p.name: p for p in replay("toy_test", items, cols).policies}
+    items = [dataclasses.replace(it, classifier_option=None, classifier_probas=None, wtr_giveup=None, seakr=None)
+             for it in items]
+    items[1] = dataclasses.replace(items[1], ircot_steps=None)
+    got = {p.name: p for p in replay("toy_test", items, cols).policies}
+    assert got["IRCoT"].calls.tolist() == [3, 0, 3, 3]
+    assert got["MDL (paper defaults)"].correct.tolist() == plain["MDL (paper defaults)"].correct.tolist()
+    with_clf = [dataclasses.replace(it, classifier_option="B", classifier_probas=None) for it in items]
+    clf = {p.name: p for p in replay("toy_test", with_clf, cols).policies}["Adaptive-RAG classifier"]
+    assert clf.retrieve_score is None and clf.calls.tolist() == [1, 1, 1, 1]
+    no_passages = [dataclasses.replace(it, memories=None) for it in items]
+    r = replay("toy_dev", no_passages, None)
+    assert "MDL (paper defaults)" not in {p.name for p in r.policies}
+    with pytest.raises(ValueError, match=r"items: a0:passages has no passages"):
+        replay("toy_test", no_passages, cols)
+    no_meta = [dataclasses.replace(it, meta=None) for it in items]
+    with pytest.raises(ValueError, match=r"items: a0:passages has no passages or no 'csv_rag_one_retrieve'"):
+        replay("toy_test", no_meta, cols)
+
+
+def test_the_replay_names_a_missing_or_short_signal_column():
+    items, cols = _toy_replay_inputs()
+    with pytest.raises(ValueError, match=r"cols: no column 'action_either'"):
+        replay("toy_test", items, {k: v for k, v in cols.items() if k != "action_either"})
+    with pytest.raises(ValueError, match=r"cols\['M'\]: expected 4 values \(one per item\), got 3"):
+        replay("toy_test", items, {**cols, "M": cols["M"][:3]})
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 def test_the_benchmark_command_scores_a_users_column_resumes_and_refuses_nothing_silently(
         cli, tmp_path, embedder, monkeypatch):

@@ -31,6 +31,13 @@ The gates, on the same questions and the same answers (paired):
 τ and the calibrated config are fitted by two-fold cross-fitting over questions (each half's fit is
 applied to the other half), so no question is decided by a fit that saw it. The fitting label is
 "retrieval does not hurt": the with-retrieval answer is right or the no-retrieval answer is wrong.
+
+Missing fields. What the loader leaves None has one meaning here: no ``memories`` is no passages; a
+gate whose inputs are None on some question (the classifier's option, When-to-Retrieve's flag, SeaKR's
+scores: they exist on the test split only) is not replayed on that data set; no classifier
+probabilities means that gate has no score (no ROC-AUC); no IRCoT step count is 0 calls. A recorded
+answer, the gold answers, the question's group, or a field inside SeaKR's scores being None is a
+damaged record, not an absent gate: a ValueError names the item (its qid) and the field.
 """
 
 from __future__ import annotations
@@ -85,6 +92,40 @@ def _policy_from_actions(name: str, action: np.ndarray, c_final: np.ndarray, cw:
     return Policy(name, correct.astype(float), answered, retrieve.astype(float), np.asarray(c_final, float))
 
 
+def _damaged(i: int, it: AdaRAGUEItem, field: str, expected: str, v: object) -> ValueError:
+    return ValueError(f"items[{i}] (qid {it.qid!r}): {field}: expected {expected}, got {v!r}"[:300])
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _check_item(i: int, it: AdaRAGUEItem, with_passages: bool) -> None:
+    """A ValueError naming the item and the field for every field the replay reads that is damaged."""
+    if not isinstance(it.group, str):
+        raise _damaged(i, it, "group", "the question's id (a string)", it.group)
+    if not isinstance(it.answers, (tuple, list)) or not all(isinstance(g, str) for g in it.answers):
+        raise _damaged(i, it, "answers", "the gold answers (a sequence of strings)", it.answers)
+    for field in ("answer_no_retrieval", "answer_one_retrieval", "answer_multi_retrieval"):
+        if not isinstance(getattr(it, field), str):
+            raise _damaged(i, it, field, "the reader's recorded answer (a string)", getattr(it, field))
+    if with_passages and not isinstance(it.meta[WITH_PASSAGES], str):
+        raise _damaged(i, it, f"meta[{WITH_PASSAGES!r}]", "the with-passages answer (a string)",
+                       it.meta[WITH_PASSAGES])
+    probas = it.classifier_probas
+    if probas is not None and not (isinstance(probas, (tuple, list)) and len(probas) == 3
+                                   and all(_number(x) for x in probas)):
+        raise _damaged(i, it, "classifier_probas", "three probabilities, or None", probas)
+    if it.ircot_steps is not None and not _number(it.ircot_steps):
+        raise _damaged(i, it, "ircot_steps", "a number of steps, or None", it.ircot_steps)
+    if it.seakr is not None and "final_answer" in it.seakr:
+        if not isinstance(it.seakr["final_answer"], str):
+            raise _damaged(i, it, "seakr['final_answer']", "SeaKR's answer (a string)", it.seakr["final_answer"])
+        calls = it.seakr.get("retrieval_times", 0)
+        if not _number(calls):
+            raise _damaged(i, it, "seakr['retrieval_times']", "a number of retrieval calls", calls)
+
+
 def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.ndarray] | None, *,
            config: MDLConfig | None = None) -> Replay:
     """Every gate of the module docstring on one AdaRAGUE data set.
@@ -102,17 +143,27 @@ def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.nd
 
     Raises:
       ValueError: ``cols`` given for items without passages or without the with-passages answer (naming
-        the first), or missing for items with them.
+        the first), or missing for items with them; ``cols`` without a column the replay reads, or of
+        another length than ``items``; an item with a damaged field (module docstring: Missing
+        fields), naming its qid and the field.
     """
     cfg = config or MDLConfig()
     with_passages = cols is not None
-    for it in items:
-        if with_passages and (not it.memories or WITH_PASSAGES not in it.meta):
+    for i, it in enumerate(items):
+        if with_passages and (not it.memories or WITH_PASSAGES not in (it.meta or {})):
             raise ValueError(f"items: {it.qid} has no passages or no {WITH_PASSAGES!r} answer; MDL's replay "
                              "needs both (HotpotQA and 2Wiki test)")
         if not with_passages and it.memories:
             raise ValueError(f"cols: expected the signal columns of {dataset}'s passages, got None")
+        _check_item(i, it, with_passages)
     n = len(items)
+    if cols is not None:
+        for key in ("M", "R", "action", "action_either", "C_final", "C_final_either"):
+            if key not in cols:
+                raise ValueError(f"cols: no column {key!r}; expected scoring.signal_columns of the items")
+            got = None if cols[key] is None else len(np.atleast_1d(np.asarray(cols[key])))
+            if got != n:
+                raise ValueError(f"cols[{key!r}]: expected {n} values (one per item), got {got}")
     golds = [it.answers for it in items]
     cwo = np.array([acc(it.answer_no_retrieval, g) for it, g in zip(items, golds)], float)
     with_key = (lambda it: str(it.meta[WITH_PASSAGES])) if with_passages else (lambda it: it.answer_one_retrieval)

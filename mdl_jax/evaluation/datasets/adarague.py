@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, iter_jsonl
+from mdl_jax.evaluation.datasets.files import DataError, iter_jsonl, need_text
 from mdl_jax.evaluation.datasets.items import BenchmarkItem, BenchmarkSpec, clean, frozen_mapping, normalize_answer
 
 ADARAGUE_DATASETS = ("nq", "squad", "trivia", "hotpotqa", "2wikimultihopqa", "musique")
@@ -125,7 +125,8 @@ def _str_field(row: dict, field: str, where: str) -> str:
 def _probas(p: Any, where: str) -> tuple[float, float, float] | None:
     if p is None:
         return None
-    if not isinstance(p, list) or len(p) != 3:
+    if (not isinstance(p, list) or len(p) != 3
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
         raise DataError(f"{where}: extra.adaptive_rag_classifier.probas_ABC: expected three probabilities")
     return float(p[0]), float(p[1]), float(p[2])
 
@@ -148,7 +149,7 @@ def _item(row: dict, where: str) -> AdaRAGUEItem:
     group = f"adarague_llama8b:{source}_{split}:{qid}"
     cond = "passages" if passages else "no_passages"
     return AdaRAGUEItem(
-        "adarague_llama8b", f"{group}:{cond}", group, clean(row.get("question")),
+        "adarague_llama8b", f"{group}:{cond}", group, need_text(row, "question", where),
         tuple(f"{t}: {x}" if t else x for t, x in passages), cond, tuple(golds), (), helps,
         not (a_no or a_one or a_multi), None, frozen_mapping(extra),
         source=source, split=split, answer_no_retrieval=no, answer_one_retrieval=one, answer_multi_retrieval=multi,

@@ -3,7 +3,7 @@
 The one place that knows the data folder: the explicit argument first, then ``MDL_JAX_DATA_DIR`` (and, for
 the benchmarks, ``MDL_JAX_BENCHMARK_DIR``), then the project's offline copy ``../shared/data`` beside the
 repository. Every defect in a file (not UTF-8, malformed JSON, a row that is not an object, a missing
-field) is a ``DataError`` that names the file, the line and what was expected.
+field, a blank question) is a ``DataError`` that names the file, the line and what was expected.
 """
 
 from __future__ import annotations
@@ -44,6 +44,31 @@ def need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str,
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise DataError(f"{where}: {field}: expected {names}, got {type(v).__name__}")
     return v
+
+
+def need_text(row: dict, field: str, where: str, *, expected: str = "it in every record",
+              none_is_missing: bool = False) -> str:
+    """``row[field]`` as a stripped string that is not blank (a question, a passage): ``need``, then the
+    blank check, so an empty or whitespace-only value is named where it is, not refused later by a
+    signal that no longer knows the file.
+
+    Args:
+      row: one record of a data file.
+      field: the field to read.
+      where: the file and line (or row) the record came from, for the message.
+      expected: what the message says was expected of a missing field.
+      none_is_missing: a null value counts as missing.
+
+    Returns:
+      The value, stripped.
+
+    Raises:
+      DataError: the field is missing, not a string, or blank (empty or whitespace only).
+    """
+    v = need(row, field, where, str, expected=expected, none_is_missing=none_is_missing)
+    if not v.strip():
+        raise DataError(f"{where}: {field}: expected a non-blank string, got {v!r}"[:300])
+    return v.strip()
 
 
 def default_data_dir() -> Path | None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_records, need, read_records
+from mdl_jax.evaluation.datasets.files import DataError, hub_records, need, need_text, read_records
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -77,6 +77,11 @@ def _need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str
     return need(row, field, where, kind, expected="the hub's documented schema", none_is_missing=True)
 
 
+def _need_text(row: dict, field: str, where: str) -> str:
+    """``row[field]`` stripped and not blank (``files.need_text``; null is missing)."""
+    return need_text(row, field, where, expected="the hub's documented schema", none_is_missing=True)
+
+
 def _strings(v: Any, where: str, field: str) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -98,7 +103,7 @@ def clasheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
     out: list[BenchmarkItem] = []
     seen: dict[str, int] = {}
     for _, where, row in records:
-        question = clean(_need(row, "question", where))
+        question = _need_text(row, "question", where)
         domain = clean(row.get("dataset"))
         truth, mod = clean(_need(row, "answer_original", where)), clean(_need(row, "answer_mod", where))
         group = f"clasheval:{domain}:{question}"
@@ -169,7 +174,7 @@ def faitheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
         rid = clean(row.get("qid") if row.get("qid") is not None else row.get("id"))
         if not rid:
             raise DataError(f"{where}: missing field 'qid' (or 'id'); expected the hub's documented schema")
-        question, context = clean(_need(row, "question", where)), clean(_need(row, "context", where))
+        question, context = _need_text(row, "question", where), clean(_need(row, "context", where))
         group = f"faitheval:{task}:{rid}"
         if task == "unanswerable":
             item = BenchmarkItem("faitheval", f"{group}:{task}", group, question, (context,), task, (), (), False,
@@ -250,7 +255,7 @@ def conflictbank_items(records: Iterable[Record]) -> list[BenchmarkItem]:
     """ConflictBank QA rows → items (see ``read_conflictbank`` for the label rule)."""
     out: list[BenchmarkItem] = []
     for i, (_, where, row) in enumerate(records):
-        question = clean(_need(row, "question", where))
+        question = _need_text(row, "question", where)
         options = [clean(o) for o in _need(row, "options", where, list)]
         truth = _option(options, clean(_need(row, "correct_option", where)), where, "correct_option")
         replaced = _option(options, clean(row.get("replace_option")), where, "replace_option")
@@ -322,7 +327,7 @@ def abstentionbench_items(records: Iterable[Record]) -> list[BenchmarkItem]:
         counts[subset] = k + 1
         group = f"abstentionbench:{subset}:{k}"
         out.append(BenchmarkItem(
-            "abstentionbench", f"{group}:no_memory", group, clean(_need(row, "question", where)), (), "no_memory",
+            "abstentionbench", f"{group}:no_memory", group, _need_text(row, "question", where), (), "no_memory",
             _strings(row.get("reference_answers"), where, "reference_answers"), (), None, flag, None,
             frozen_mapping({**meta, "subset": subset})))
     return out

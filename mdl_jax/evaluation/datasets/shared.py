@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, need, read_json
+from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, need, need_text, read_json
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -121,7 +121,7 @@ def read_rgb(path: Path, split: str | None = None, limit: int | None = None) -> 
     for n, row in _limit(iter_jsonl(src), limit):
         where = f"{src}, line {n}"
         rid = _need(row, "id", where, (int, str))
-        question = clean(_need(row, "query", where))
+        question = need_text(row, "query", where)
         answers = _rgb_answers(_need(row, "answer", where, (str, list)), where)
         fake = clean(_need(row, "fakeanswer", where))
         pos = _texts(_need(row, "positive", where, list), where, "positive")
@@ -186,7 +186,7 @@ def read_ramdocs(path: Path, split: str | None = None, limit: int | None = None)
     out: list[BenchmarkItem] = []
     for i, (n, row) in enumerate(_limit(iter_jsonl(src), limit)):
         where = f"{src}, line {n}"
-        question = clean(_need(row, "question", where))
+        question = need_text(row, "question", where)
         docs = _need(row, "documents", where, list)
         texts, types_, doc_answers = [], [], []
         for d in docs:
@@ -230,6 +230,8 @@ def parse_nomiracl_prompt(prompt: str, n_passages: int, where: str) -> tuple[str
     if q0 < 0 or c0 < q0 or end < c0:
         raise DataError(f"{where}: prompt: expected QUESTION:, CONTEXTS: and OUTPUT: sections")
     question = prompt[q0 + len("QUESTION:\n"):c0].strip()
+    if not question:
+        raise DataError(f"{where}: prompt: expected a non-blank question after QUESTION:")
     body = prompt[c0 + len("\n\nCONTEXTS:\n"):end]
     if not body.startswith("[1] "):
         raise DataError(f"{where}: prompt: expected the contexts to start with '[1] '")
@@ -325,7 +327,7 @@ def read_conflictqa(path: Path, split: str | None = None, limit: int | None = No
             for n, row in iter_jsonl(path / f"conflictQA-strategyQA-{m}.json"))
     for model, src, n, row in _limit(rows, limit):
         where = f"{src}, line {n}"
-        question = clean(_need(row, "question", where))
+        question = need_text(row, "question", where)
         gt = _need(row, "ground_truth", where, list)
         if not gt or not isinstance(gt[0], str):
             raise DataError(f"{where}: ground_truth: expected a list holding 'True' or 'False'")
@@ -392,7 +394,7 @@ def read_conflictnq(path: Path, split: str | None = None, limit: int | None = No
         where = f"{src}, line {n}"
         real, fake = _conflictnq_passages(row, "real_passages", where), _conflictnq_passages(row, "fake_passages", where)
         group = f"conflictnq:{clean(_need(row, 'id', where, (str, int)))}"
-        question = clean(_need(row, "question", where))
+        question = need_text(row, "question", where)
         answers, wrong = (clean(_need(row, "real_short_answer", where)),), (clean(_need(row, "fake_short_answer", where)),)
         meta = frozen_mapping({"split": s, "cleaned_question": clean(row.get("cleaned_question")),
                                "real_answer": clean(row.get("real_answer")), "fake_answer": clean(row.get("fake_answer"))})
@@ -438,7 +440,7 @@ def read_selfaware(path: Path, split: str | None = None, limit: int | None = Non
         answers = tuple(_texts(row.get("answer") or [], where, "answer"))
         group = f"selfaware:{clean(_need(row, 'question_id', where, (int, str)))}"
         out.append(BenchmarkItem(
-            "selfaware", f"{group}:no_memory", group, clean(_need(row, "question", where)), (), "no_memory",
+            "selfaware", f"{group}:no_memory", group, need_text(row, "question", where), (), "no_memory",
             answers, (), None, not ans, None, frozen_mapping({"source": clean(row.get("source"))})))
     return out
 
@@ -483,7 +485,7 @@ def read_retrievalqa(path: Path, split: str | None = None, limit: int | None = N
         hit = any(mentions_answer(m, gold) for m in mems)
         group = f"retrievalqa_gpt4:{clean(_need(row, 'question_id', where))}"
         out.append(BenchmarkItem(
-            "retrievalqa_gpt4", f"{group}:retrieved", group, clean(_need(row, "question", where)), mems, "retrieved",
+            "retrievalqa_gpt4", f"{group}:retrieved", group, need_text(row, "question", where), mems, "retrieved",
             gold, (), hit, not hit, None,
             frozen_mapping({"data_source": clean(row.get("data_source")), "gold_in_memory": hit})))
     return out
@@ -525,7 +527,7 @@ def read_poisonedrag(path: Path, split: str | None = None, limit: int | None = N
         mems = tuple(_texts(_need(row, "adv_texts", where, list), where, "adv_texts"))[:POISONEDRAG_MAX]
         group = f"poisonedrag_adv:{s}:{key}"
         out.append(BenchmarkItem(
-            "poisonedrag_adv", f"{group}:poisoned", group, clean(_need(row, "question", where)), mems, "poisoned",
+            "poisonedrag_adv", f"{group}:poisoned", group, need_text(row, "question", where), mems, "poisoned",
             (clean(_need(row, "correct answer", where)),), (clean(_need(row, "incorrect answer", where)),), False,
             None, False, frozen_mapping({"source": s})))
     return out

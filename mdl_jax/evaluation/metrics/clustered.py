@@ -1,0 +1,114 @@
+"""Question-clustered uncertainty for the analyses of records: standard errors, bootstrap intervals of
+means and paired differences, and the bootstrap's record weights.
+
+The analyses of records (the reproduction's ``mdl_repro.analysis``) compare systems record by
+record and need the same question-level resampling the metrics' intervals use, in the forms they
+consume: a clustered SE, a 95% interval of a mean or of a paired difference, and the multiplicities a
+weighted sweep scores exactly. They are NumPy only and take columns as they come (no checks beyond
+NumPy's), the lenient form those callers rely on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mdl_jax.evaluation.metrics.intervals import N_BOOT
+
+
+def cluster_se(d, groups) -> float:
+    """SE of mean(d) over records clustered by question: the linearised (ratio-estimator) variance.
+
+    Args:
+      d: (N,) per-record values (a paired difference).
+      groups: (N,) question ids.
+
+    Returns:
+      sqrt(Σ_g (s_g − d̄ n_g)² / N² · G / (G − 1)), s_g the question's sum, n_g its records; with equal
+      records per question, sd(question means) / √G. NaN for fewer than 2 questions.
+    """
+    d = np.asarray(d, np.float64)
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
+    if G < 2:
+        return float("nan")
+    s = np.bincount(g, weights=d, minlength=G)
+    n = np.bincount(g, minlength=G).astype(np.float64)
+    m = s.sum() / N
+    return float(np.sqrt(np.sum((s - m * n) ** 2) / N ** 2 * G / (G - 1)))
+
+
+def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
+    """95% percentile CI of mean(a) − mean(b) over paired records, resampling whole questions.
+
+    Args:
+      a: (N,) per-record values of one system.
+      b: (N,) the other system's on the same records.
+      groups: (N,) question ids.
+      n_boot: resamples.
+      seed: their seed.
+
+    Returns:
+      (lo, hi); NaN for fewer than 2 questions.
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    G = len(g_ids)
+    if G < 2:
+        return float("nan"), float("nan")
+    sum_d = np.bincount(g, weights=a - b, minlength=G)
+    cnt = np.bincount(g, minlength=G).astype(float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, G, size=(n_boot, G))
+    # multiplicity of each group per resample, then ratio of sums: one matmul, no Python loop
+    # (bincount over resample × group cells gives the same counts as np.add.at)
+    cell = (np.arange(n_boot)[:, None] * G + draws).ravel()
+    mult = np.bincount(cell, minlength=n_boot * G).reshape(n_boot, G).astype(float)
+    est = (mult @ sum_d) / (mult @ cnt)
+    lo, hi = np.percentile(est, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """Record multiplicities of a bootstrap over questions.
+
+    Each resample draws G questions with replacement from the G in ``groups``, and every record of a
+    drawn question gets that question's multiplicity, so a question's records always travel together
+    (``sweep(..., weights=...)`` scores them exactly).
+
+    Args:
+      groups: (N,) question ids.
+      n_resamples: resamples.
+      seed: their seed.
+
+    Returns:
+      (n_resamples, N) float32 multiplicities.
+    """
+    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    G = len(g_ids)
+    rng = np.random.default_rng(seed)
+    mult = rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples)
+    return mult[:, g].astype(np.float32)
+
+
+def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tuple[float, float]:
+    """95% percentile CI of mean(x).
+
+    Args:
+      x: (N,) per-record values.
+      n_boot: resamples.
+      seed: their seed.
+      groups: (N,) question ids: whole questions are resampled (use it whenever records share a
+        question); None: records are resampled with replacement.
+
+    Returns:
+      (lo, hi); NaN with fewer than 2 records (or questions).
+    """
+    x = np.asarray(x, float)
+    if groups is not None:
+        return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
+    if len(x) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    est = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1)
+    lo, hi = np.percentile(est, [2.5, 97.5])
+    return float(lo), float(hi)
