@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "mdl_jax"
 # "mdl_jax" alone is the package's __init__, which re-exports the controller.
 LAYERS = [
     ("foundation", ("mdl_jax.runtime", "mdl_jax._io", "mdl_jax._paths", "mdl_jax._timing", "mdl_jax._version",
-                    "mdl_jax.prompts")),
+                    "mdl_jax.prompts", "mdl_jax.strict_json")),
     ("controller", ("mdl_jax", "mdl_jax.controller")),
     ("engines", ("mdl_jax.engines",)),
     ("signals", ("mdl_jax.signals",)),

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
+from mdl_jax.strict_json import StrictJSONError, loads
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -125,10 +127,9 @@ def install_error_handlers(app) -> None:
 
 # --- reading a request ----------------------------------------------------------------------------
 
-def _check_strings(x, path: str = "", depth: int = 0) -> None:
-    """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here."""
-    if depth > 64:
-        raise APIError(400, "body: JSON nested deeper than 64 levels", param=path or None)
+def _check_strings(x, path: str = "") -> None:
+    """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here (``x`` is
+    nested at most MAX_JSON_DEPTH deep, which ``strict_json`` checked first)."""
     if isinstance(x, str):
         try:
             x.encode("utf-8")
@@ -137,11 +138,11 @@ def _check_strings(x, path: str = "", depth: int = 0) -> None:
                            param=path or None) from None
     elif isinstance(x, dict):
         for k, v in x.items():
-            _check_strings(k, path, depth + 1)
-            _check_strings(v, f"{path}.{k}" if path else str(k), depth + 1)
+            _check_strings(k, path)
+            _check_strings(v, f"{path}.{k}" if path else str(k))
     elif isinstance(x, list):
         for i, v in enumerate(x):
-            _check_strings(v, f"{path}[{i}]", depth + 1)
+            _check_strings(v, f"{path}[{i}]")
 
 
 # A body over the limit is read and dropped (up to this many bytes) before the 413 goes out: closing a
@@ -220,37 +221,30 @@ async def disconnected(request) -> None:
         await asyncio.sleep(0.05)  # a stray empty body message: do not spin
 
 
-class StrictJSONError(ValueError):
-    """Bytes that are not strict JSON (RFC 8259): the reason, and where when known."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-def _not_finite(s: str):
-    raise StrictJSONError(f"{s} is not a JSON number (only finite numbers are)")
-
-
-def _finite(s: str) -> float:
-    x = float(s)
-    if not math.isfinite(x):
-        raise StrictJSONError(f"the number {s[:40]} is out of range (not finite as a float)")
-    return x
+# Nesting of a request or an upstream answer: deeper is a 400 (or a 502 from the upstream).
+MAX_JSON_DEPTH = 64
 
 
 def strict_json(raw: bytes):
-    """Parse ``raw`` as strict JSON: UTF-8, no NaN / Infinity / out-of-range numbers (Python's json
-    takes them; they cannot be sent on), nesting of at most 64 levels, no lone surrogates (they pass
-    json.loads but cannot be encoded again). Raises StrictJSONError saying which."""
+    """Parse ``raw`` as strict JSON (``mdl_jax.strict_json.loads``): UTF-8, no NaN / Infinity /
+    out-of-range numbers (Python's json takes them; they cannot be sent on), nesting of at most
+    MAX_JSON_DEPTH levels, no lone surrogates (they pass json.loads but cannot be encoded again).
+
+    Args:
+      raw: the body's bytes.
+
+    Returns:
+      Its value.
+
+    Raises:
+      StrictJSONError: saying which rule the bytes break (and ``param``, where a string is not Unicode).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StrictJSONError(f"not valid UTF-8 (byte {e.start})") from None
     try:
-        obj = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
-    except RecursionError:
-        raise StrictJSONError("JSON nested too deeply") from None
+        obj = loads(text, max_depth=MAX_JSON_DEPTH)
     except StrictJSONError:
         raise
     except ValueError as e:
