@@ -266,7 +266,7 @@ class Gateway:
     def parse(self, body: bytes, what: str):
         """The upstream's JSON, strictly (no NaN, no lone surrogates, not too deep), else a 502."""
         try:
-            return strict_json(body)
+            return strict_json(body, self.limits.max_json_depth)
         except StrictJSONError as e:
             raise self.bad(f"{what} ({e})") from None
 
@@ -305,7 +305,7 @@ class Gateway:
     def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | Response:
         """An upstream error answer: 4xx back to the caller as it was (its fault); else 502."""
         try:
-            obj = strict_json(body)
+            obj = strict_json(body, self.limits.max_json_depth)
         except StrictJSONError:
             obj = None
         if 400 <= r.status_code < 500:

@@ -52,6 +52,8 @@ class Limits:
     max_prompts: int = 64               # legacy completions: prompts per request → 400
     max_logprobs: int = 20              # → 400
     # JSON numbers must be finite: NaN, Infinity and 1e999 → 400 (strict JSON; json.loads takes them)
+    max_json_depth: int = 64            # levels of objects and lists in a body (a request's → 400; an
+                                        # upstream answer's at the gateway → 502)
     # --- the local model server ---
     min_temperature: float = 1e-5       # a temperature below this (but >= 0) is greedy decoding, as
                                         # vLLM's: logits / 1e-38 overflow float32
@@ -129,7 +131,7 @@ def install_error_handlers(app) -> None:
 
 def _check_strings(x, path: str = "") -> None:
     """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here (``x`` is
-    nested at most MAX_JSON_DEPTH deep, which ``strict_json`` checked first)."""
+    nested no deeper than ``strict_json`` allowed, which it checked first)."""
     if isinstance(x, str):
         try:
             x.encode("utf-8")
@@ -203,7 +205,7 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
         await _drain(stream, DRAIN_MAX_BYTES - limits.max_body_bytes, limits)
         raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes", code="request_too_large")
     try:
-        obj = strict_json(raw)
+        obj = strict_json(raw, limits.max_json_depth)
     except StrictJSONError as e:
         raise APIError(400, f"body: {e}", param=e.param) from None
     if not isinstance(obj, dict):
@@ -221,17 +223,14 @@ async def disconnected(request) -> None:
         await asyncio.sleep(0.05)  # a stray empty body message: do not spin
 
 
-# Nesting of a request or an upstream answer: deeper is a 400 (or a 502 from the upstream).
-MAX_JSON_DEPTH = 64
-
-
-def strict_json(raw: bytes):
+def strict_json(raw: bytes, max_depth: int = LIMITS.max_json_depth):
     """Parse ``raw`` as strict JSON (``mdl_jax.strict_json.loads``): UTF-8, no NaN / Infinity /
     out-of-range numbers (Python's json takes them; they cannot be sent on), nesting of at most
-    MAX_JSON_DEPTH levels, no lone surrogates (they pass json.loads but cannot be encoded again).
+    ``max_depth`` levels, no lone surrogates (they pass json.loads but cannot be encoded again).
 
     Args:
       raw: the body's bytes.
+      max_depth: the levels of objects and lists allowed (``Limits.max_json_depth``).
 
     Returns:
       Its value.
@@ -244,7 +243,7 @@ def strict_json(raw: bytes):
     except UnicodeDecodeError as e:
         raise StrictJSONError(f"not valid UTF-8 (byte {e.start})") from None
     try:
-        obj = loads(text, max_depth=MAX_JSON_DEPTH)
+        obj = loads(text, max_depth=max_depth)
     except StrictJSONError:
         raise
     except ValueError as e:
