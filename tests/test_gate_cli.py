@@ -238,12 +238,11 @@ def test_every_input_column_reaches_parquet_whatever_its_values(tmp_path, capsys
 
 def _resume_setup(tmp_path):
     """(the arguments of a one-row gate run, its empty parts folder) for the manifest tests."""
-    import argparse
+    from mdl_jax.gate.job import GateJob
 
     src = _jsonl(tmp_path / "in.jsonl", [{"question": "q", "mems": ["m"]}])
-    args = argparse.Namespace(input=str(src), query_field="question", memories_field="mems", risk_field=None,
-                              category_field=None, risk="0.5", config=None, embedder="all-MiniLM-L6-v2",
-                              split="train", chunk_size=3, on_bad_row="error")
+    args = GateJob(input=str(src), out=str(tmp_path / "out.jsonl"), query_field="question", memories_field="mems",
+                   chunk_size=3)
     work = tmp_path / "out.jsonl.parts"
     work.mkdir()
     return args, work
@@ -252,38 +251,38 @@ def _resume_setup(tmp_path):
 def test_a_run_is_resumed_only_with_the_embedder_backend_it_started_with(tmp_path):
     """A resumed run must not mix two backends' vectors; a manifest written before the setting existed
     ran torch."""
-    from mdl_jax.gate import files
+    from mdl_jax.gate import files, manifest
 
     args, work = _resume_setup(tmp_path)
-    old = {k: v for k, v in files._fingerprint(args, "torch").items() if k != "embed_backend"}
+    old = {k: v for k, v in manifest.fingerprint(args, "torch").items() if k != "embed_backend"}
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": old,
                                                     "parts": [], "done": False}))
-    resumed = files._read_manifest(work, files._fingerprint(args, "torch"))  # read as torch, and recorded
+    resumed = manifest.read_manifest(work, manifest.fingerprint(args, "torch"))  # read as torch, and recorded
     assert resumed["args"] == {**old, "embed_backend": "torch"}
     with pytest.raises(files.GateInputError, match="embed_backend: 'torch' then, 'onnx' now.*"
                                                    "to resume it, run with --embed-backend torch"):
-        files._read_manifest(work, files._fingerprint(args, "onnx"))
+        manifest.read_manifest(work, manifest.fingerprint(args, "onnx"))
 
 
 def test_a_bfloat16_run_is_resumed_only_on_a_cpu_of_its_bfloat16_kind(tmp_path):
     """OpenVINO's bfloat16 vectors differ between AMX and AVX512-BF16 CPUs: the manifest records the kind
     (``Embedder.backend_id``), and a resume on the other kind is refused, naming it. A manifest from
     before the kind was recorded is taken as this CPU's, and records it from then on."""
-    from mdl_jax.gate import files
+    from mdl_jax.gate import files, manifest
 
     args, work = _resume_setup(tmp_path)
-    amx, avx = files._fingerprint(args, "openvino-bf16@amx_bf16"), files._fingerprint(args, "openvino-bf16@avx512_bf16")
+    amx, avx = manifest.fingerprint(args, "openvino-bf16@amx_bf16"), manifest.fingerprint(args, "openvino-bf16@avx512_bf16")
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "args": amx,
                                                     "parts": [], "done": False}))
-    assert files._read_manifest(work, amx)["args"] == amx
+    assert manifest.read_manifest(work, amx)["args"] == amx
     with pytest.raises(files.GateInputError, match="embed_backend: 'openvino-bf16@amx_bf16' then, "
                                                    "'openvino-bf16@avx512_bf16' now.*resume it on a CPU with amx_bf16"):
-        files._read_manifest(work, avx)
+        manifest.read_manifest(work, avx)
     with pytest.raises(files.GateInputError, match="resume it on a CPU with amx_bf16, with --embed-backend openvino-bf16"):
-        files._read_manifest(work, files._fingerprint(args, "onnx"))
+        manifest.read_manifest(work, manifest.fingerprint(args, "onnx"))
     (work / "manifest.json").write_text(json.dumps({"version": files.MANIFEST_VERSION, "parts": [], "done": False,
                                                     "args": {**amx, "embed_backend": "openvino-bf16"}}))
-    assert files._read_manifest(work, avx)["args"] == avx
+    assert manifest.read_manifest(work, avx)["args"] == avx
 
 
 def test_the_manifest_names_the_cpus_bfloat16_kind_of_an_openvino_embedder(tmp_path, monkeypatch):
@@ -604,9 +603,9 @@ def test_a_line_nested_at_the_bound_reaches_both_outputs(tmp_path):
 
 
 def test_a_line_past_max_line_bytes_is_a_bad_row_the_next_lines_read_as_ever(tmp_path, monkeypatch, capsys):
-    from mdl_jax.gate import files
+    from mdl_jax.gate import reading
 
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 200)
+    monkeypatch.setattr(reading, "MAX_LINE_BYTES", 200)
     rows = _my_rows(5)
     long_row = json.dumps({**rows[1], "pad": "x" * 1000})
     src = tmp_path / "in.jsonl"

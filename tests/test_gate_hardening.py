@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mdl_jax.cli import main
-from mdl_jax.gate import MemoryGate, files
+from mdl_jax.gate import MemoryGate, files, reading
 from mdl_jax.signals import aggregation
 from mdl_jax.signals.aggregation import MAX_MEMORIES, PAIR_BUDGET, memory_signals
 from tests.gate_embedders import hashed
@@ -256,7 +256,7 @@ def test_a_csv_cell_over_128_kB_is_read(tmp_path):
 
 
 def test_a_csv_cell_over_the_limit_is_one_line_naming_the_row(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(files, "CSV_FIELD_LIMIT", 1000, raising=False)
+    monkeypatch.setattr(reading, "CSV_FIELD_LIMIT", 1000)
     src = tmp_path / "in.csv"
     src.write_text('query,memories\n"ok?","[""x""]"\n"big?","[""' + "y" * 2000 + '""]"\n')
     out = tmp_path / "out.jsonl"

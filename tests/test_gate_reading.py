@@ -5,6 +5,7 @@ parts were cut at.
 
 Every run uses ``tests.gate_embedders:hashed`` (deterministic vectors, no model to load)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mdl_jax.cli import main
-from mdl_jax.gate import files
+from mdl_jax.gate import files, reading
 
 EMBED = ["--embedder", "tests.gate_embedders:hashed", "--no-progress"]
 
@@ -38,25 +39,25 @@ TRICKY = [
 
 def _as_json_alone(raw, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(files, "_orjson", None)
-        return files._decode_line(raw)
+        m.setattr(reading, "orjson", None)
+        return reading.decode_line(raw)
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, files._Bad) or isinstance(b, files._Bad):
-        return isinstance(a, files._Bad) and isinstance(b, files._Bad) and a.why == b.why
+    if isinstance(a, reading.Bad) or isinstance(b, reading.Bad):
+        return isinstance(a, reading.Bad) and isinstance(b, reading.Bad) and a.why == b.why
     return repr(a) == repr(b)  # repr tells 1 from 1.0 and True from 1, and shows nan
 
 
 @pytest.mark.parametrize("raw", TRICKY, ids=range(len(TRICKY)))
 def test_a_line_decodes_to_what_json_alone_gives(raw, monkeypatch):
-    got, want = files._decode_line(raw), _as_json_alone(raw, monkeypatch)
+    got, want = reading.decode_line(raw), _as_json_alone(raw, monkeypatch)
     assert _same(got, want), (raw[:80], got, want)
 
 
 def test_orjson_is_the_parser_in_use_where_installed():
     pytest.importorskip("orjson")
-    assert files._orjson is not None  # else the test above compares json with itself
+    assert reading.orjson is not None  # else the test above compares json with itself
 
 
 json_values = st.recursive(
@@ -68,17 +69,17 @@ json_values = st.recursive(
 @given(value=st.dictionaries(st.text(max_size=8), json_values, max_size=5), ascii_only=st.booleans())
 def test_any_json_object_decodes_to_what_json_alone_gives(value, ascii_only):
     raw = (json.dumps(value, ensure_ascii=ascii_only) + "\n").encode("utf-8", "surrogatepass")
-    got = files._decode_line(raw)
-    orjson, files._orjson = files._orjson, None
+    got = reading.decode_line(raw)
+    orjson, reading.orjson = reading.orjson, None
     try:
-        want = files._decode_line(raw)
+        want = reading.decode_line(raw)
     finally:
-        files._orjson = orjson
+        reading.orjson = orjson
     assert _same(got, want)
 
 
 def _rows_of(reader):
-    return [(i, w, v.why if isinstance(v, files._Bad) else repr(v)) for i, v, w in reader]
+    return [(i, w, v.why if isinstance(v, reading.Bad) else repr(v)) for i, v, w in reader]
 
 
 @pytest.mark.parametrize("C", [1, 2, 3, 7])
@@ -89,12 +90,12 @@ def test_the_parts_hold_the_row_readers_rows_cut_at_part_boundaries_from_any_par
     path.write_bytes(b"".join(lines) + b'{"last": "no newline"}')
     n_parts = -(-12 // C)
     for k in range(n_parts + 1):
-        parts = list(files._jsonl_parts(path, k, C))
+        parts = list(reading.jsonl_parts(path, k, C))
         assert len(parts) == n_parts - k  # a part of blank lines only is still a part (it stays empty)
         for j, part in enumerate(parts):
             assert all((k + j) * C <= i < (k + j + 1) * C for i, _, _ in part)
         flat = [r for part in parts for r in part]
-        assert _rows_of(flat) == _rows_of(files._read_jsonl(path, k * C))
+        assert _rows_of(flat) == _rows_of(reading.read_jsonl(path, k * C))
 
 
 def _rows(n):
@@ -130,8 +131,8 @@ def test_a_new_run_without_chunk_size_cuts_parts_of_CHUNK_SIZE(tmp_path, monkeyp
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in _rows(5)))
     seen = []
-    parts = files._jsonl_parts
-    monkeypatch.setattr(files, "_jsonl_parts", lambda p, k, C: (seen.append(C), parts(p, k, C))[1])
+    parts = files.jsonl_parts
+    monkeypatch.setattr(files, "jsonl_parts", lambda p, k, C: (seen.append(C), parts(p, k, C))[1])
     assert main(["gate", str(src), "--out", str(tmp_path / "o.parquet"), *EMBED]) == 0
     assert seen == [files.CHUNK_SIZE]
 
@@ -145,22 +146,18 @@ def test_a_new_run_without_chunk_size_cuts_parts_of_CHUNK_SIZE(tmp_path, monkeyp
     ({"memories": ["a"]}, "field 'query': missing"),
 ])
 def test_a_bad_row_is_refused_by_the_common_rows_fast_path_too(row, why):
-    import argparse
-
-    args = argparse.Namespace(query_field="query", memories_field="memories", category_field=None,
-                              risk_field=None, kind="jsonl")
+    args = files.RowFields(query_field="query", memories_field="memories", category_field=None,
+                           risk_field=None, kind="jsonl")
     with pytest.raises(files.GateInputError, match=why.replace("[", r"\[").replace("]", r"\]")):
         files.parse_row(row, args)
 
 
 def test_the_common_rows_fast_path_returns_what_the_general_path_does():
-    import argparse
-
     row = {"query": "is it safe?", "memories": ["it is safe", {"text": "it is not"}], "cat": "Health"}
     plain = {"query": "is it safe?", "memories": ["it is safe", "it is not"]}
-    fast = argparse.Namespace(query_field="query", memories_field="memories", category_field=None,
-                              risk_field=None, kind="jsonl")
-    general = argparse.Namespace(**{**vars(fast), "category_field": "cat"})
+    fast = files.RowFields(query_field="query", memories_field="memories", category_field=None,
+                           risk_field=None, kind="jsonl")
+    general = dataclasses.replace(fast, category_field="cat")
     assert files.parse_row(plain, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)
     assert files.parse_row(row, general) == ("is it safe?", ["it is safe", "it is not"], "Health", None)
     assert files.parse_row(row, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)

@@ -26,7 +26,7 @@ ALIASES = ("mdl_jax._moved", "mdl_jax.pipeline", "mdl_jax.analysis", "mdl_jax.se
 # "mdl_jax" alone is the package's __init__, which re-exports the controller.
 LAYERS = [
     ("foundation", ("mdl_jax.runtime", "mdl_jax._fs", "mdl_jax._io", "mdl_jax._paths", "mdl_jax._timing",
-                    "mdl_jax._version", "mdl_jax.prompts", *ALIASES)),
+                    "mdl_jax._version", "mdl_jax.prompts", "mdl_jax.strict_json", *ALIASES)),
     ("controller", ("mdl_jax", "mdl_jax.controller")),
     ("engines", ("mdl_jax.engines",)),
     ("signals", ("mdl_jax.signals",)),

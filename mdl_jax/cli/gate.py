@@ -9,9 +9,19 @@ from mdl_jax.gate import files
 from mdl_jax.signals.embeddings import EMBED_BACKENDS
 
 
-def gate_cmd(args) -> int:
+def job_from_args(args: argparse.Namespace) -> files.GateJob:
+    """The ``GateJob`` the parsed flags describe (checked as it is made: GateInputError naming the flag)."""
+    return files.GateJob(
+        input=args.input, out=args.out, query_field=args.query_field, memories_field=args.memories_field,
+        risk_field=args.risk_field, category_field=args.category_field, risk=args.risk, config=args.config,
+        embedder=args.embedder, embed_backend=args.embed_backend, cache_dir=args.cache_dir, split=args.split,
+        chunk_size=args.chunk_size, on_bad_row=args.on_bad_row, restart=args.restart,
+        no_progress=args.no_progress)
+
+
+def gate_cmd(args: argparse.Namespace) -> int:
     try:
-        return files.run(args)
+        return files.run(job_from_args(args))
     except files.GateInputError as e:
         print(f"mdl-jax: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

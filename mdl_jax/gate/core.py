@@ -23,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import math
-import numbers
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
@@ -37,8 +34,15 @@ from mdl_jax.controller.config import MDLConfig
 from mdl_jax.controller.config_file import load_config
 from mdl_jax.controller.decision import ACTION_LABELS, Action
 from mdl_jax.controller.validation import ArrayLike
+
+# the input checks live in checks.py; these names stay importable from here, where callers found them
+from mdl_jax.gate.checks import LONE_SURROGATE as LONE_SURROGATE
+from mdl_jax.gate.checks import check_query as check_query
+from mdl_jax.gate.checks import memory_texts as memory_texts
+from mdl_jax.gate.checks import surrogate_fault as surrogate_fault
+from mdl_jax.gate.checks import unit_float as unit_float
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
-from mdl_jax.signals.aggregation import MAX_MEMORIES, RELEVANCE_THRESHOLD, memory_signals
+from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, memory_signals
 from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.signals.embeddings import AUTO, DEFAULT_MODEL, Embedder, check_backend
 from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
@@ -85,16 +89,6 @@ def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
         return _CallableEmbedder(embedder)
     raise ValueError("embedder: expected a sentence-transformers model name or path, an object with "
                      f"embed(texts), or a callable texts -> (N, d) array; got {type(embedder).__name__}")
-
-
-def unit_float(name: str, x) -> float:
-    """``x`` as a float in [0, 1], else a ValueError that begins with ``name``."""
-    if type(x) is float and 0.0 <= x <= 1.0:  # the common case, without the ABC check (NaN fails it)
-        return x
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)) \
-            or not 0.0 <= float(x) <= 1.0:
-        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
-    return float(x)
 
 
 def _make_risk(risk) -> Callable[[str, str | None], float]:
@@ -148,72 +142,6 @@ def _make_config(config) -> MDLConfig:
             raise ValueError(f"config: {e}") from None
     raise ValueError(f"config: expected an MDLConfig or the path of a config file, got "
                      f"{type(config).__name__}")
-
-
-# --- input checks ------------------------------------------------------------------------------------
-
-# a lone surrogate: a code point of UTF-16's pairs standing alone, which UTF-8 cannot encode
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def surrogate_fault(text: str) -> str | None:
-    """Why ``text`` is not Unicode text (a lone surrogate, which JSON's ``\\ud800`` escapes and
-    ``surrogateescape`` decoding make: no tokenizer, UTF-8 writer, Arrow or Parquet file takes it),
-    or None. The one check behind the gate's inputs and ``mdl-jax gate``'s rows.
-
-    Args:
-      text: a string.
-
-    Returns:
-      A message naming the character and its position, or None.
-    """
-    if text.isascii():  # constant time in CPython: the common text costs no scan
-        return None
-    m = LONE_SURROGATE.search(text)
-    return None if m is None else (f"holds a lone surrogate ({m.group()!r} at character {m.start()}), "
-                                   "which is not Unicode text (it cannot be written as UTF-8)")
-
-
-def check_query(name: str, q) -> str:
-    """``q`` if it is a non-empty string of Unicode text, else a ValueError that begins with ``name``."""
-    if not isinstance(q, str) or not q.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {q!r}"[:200])
-    why = surrogate_fault(q)
-    if why:
-        raise ValueError(f"{name}: {why}")
-    return q
-
-
-def memory_texts(name: str, memories) -> list[str]:
-    """The texts of one memory list; ValueError naming ``name`` (and the item) when malformed."""
-    if type(memories) is list and len(memories) <= MAX_MEMORIES \
-            and all(type(m) is str and m and not m.isspace() and (m.isascii() or not LONE_SURROGATE.search(m))
-                    for m in memories):
-        # the common case (a list of non-blank strings; JSON rows parse to it) without the ABC checks
-        # below, which are a visible share of a bulk call's per-row cost (bench_gate)
-        # (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
-        return list(memories)
-    if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
-        raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
-                         f"got {type(memories).__name__}")
-    if len(memories) > MAX_MEMORIES:  # checked before any work: the pairwise arrays grow as S²
-        raise ValueError(f"{name}: expected at most {MAX_MEMORIES:,} memories (MAX_MEMORIES in "
-                         f"mdl_jax.signals.aggregation: the pairwise work grows as their square), "
-                         f"got {len(memories):,}")
-    texts = []
-    for j, m in enumerate(memories):
-        if isinstance(m, Mapping):
-            if "text" not in m:
-                raise ValueError(f"{name}[{j}]: a memory dict needs a 'text' field "
-                                 f"(got fields {sorted(map(str, m))})")
-            m = m["text"]
-        if not isinstance(m, str) or not m.strip():
-            raise ValueError(f"{name}[{j}]: expected a non-empty memory text, got {m!r}"[:200])
-        why = surrogate_fault(m)
-        if why:
-            raise ValueError(f"{name}[{j}]: {why}")
-        texts.append(m)
-    return texts
 
 
 def _signal_columns(M, R, A, phi, n_relevant, d: dict) -> dict[str, np.ndarray]:
@@ -497,9 +425,9 @@ class MemoryGate:
         t0 = time.perf_counter()
         qs, texts, _, A = self.check(queries, memories_lists, categories, risks)
         t["checks"] = t.get("checks", 0.0) + time.perf_counter() - t0
-        return self._columns_checked(qs, texts, A, progress=progress, timings=t)
+        return self.columns_checked(qs, texts, A, progress=progress, timings=t)
 
-    def _columns_checked(self, qs: list[str], texts: list[list[str]], A: np.ndarray, *, progress: bool = False,
+    def columns_checked(self, qs: list[str], texts: list[list[str]], A: np.ndarray, *, progress: bool = False,
                          timings: dict | None = None) -> dict[str, np.ndarray]:
         """``columns`` on what ``check`` returns (queries, texts per query, A): for ``mdl-jax gate``,
         whose row parsing has checked each row already (a second check was a tenth of its time)."""
@@ -603,11 +531,3 @@ class MemoryGate:
         texts = memory_texts("memories", memories)
         A = np.array([self.risk(query, category) if risk is None else unit_float("risk", risk)], np.float32)
         return self._decisions([query], [texts], [memories], A)[0]
-
-_check_query = check_query  # the earlier private name, which tests and sibling modules still use
-
-_memory_texts = memory_texts  # the earlier private name, which tests and sibling modules still use
-
-_collector_paused = collector_paused  # the earlier private name, which tests and sibling modules still use
-
-_unit = unit_float  # the earlier private name, which tests and sibling modules still use

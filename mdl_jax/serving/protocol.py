@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
+from mdl_jax.strict_json import StrictJSONError, loads
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -50,6 +52,8 @@ class Limits:
     max_prompts: int = 64               # legacy completions: prompts per request → 400
     max_logprobs: int = 20              # → 400
     # JSON numbers must be finite: NaN, Infinity and 1e999 → 400 (strict JSON; json.loads takes them)
+    max_json_depth: int = 64            # levels of objects and lists in a body (a request's → 400; an
+                                        # upstream answer's at the gateway → 502)
     # --- the local model server ---
     min_temperature: float = 1e-5       # a temperature below this (but >= 0) is greedy decoding, as
                                         # vLLM's: logits / 1e-38 overflow float32
@@ -125,10 +129,9 @@ def install_error_handlers(app) -> None:
 
 # --- reading a request ----------------------------------------------------------------------------
 
-def _check_strings(x, path: str = "", depth: int = 0) -> None:
-    """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here."""
-    if depth > 64:
-        raise APIError(400, "body: JSON nested deeper than 64 levels", param=path or None)
+def _check_strings(x, path: str = "") -> None:
+    """Lone surrogates pass json.loads but cannot be encoded or tokenized: refuse them here (``x`` is
+    nested no deeper than ``strict_json`` allowed, which it checked first)."""
     if isinstance(x, str):
         try:
             x.encode("utf-8")
@@ -137,11 +140,11 @@ def _check_strings(x, path: str = "", depth: int = 0) -> None:
                            param=path or None) from None
     elif isinstance(x, dict):
         for k, v in x.items():
-            _check_strings(k, path, depth + 1)
-            _check_strings(v, f"{path}.{k}" if path else str(k), depth + 1)
+            _check_strings(k, path)
+            _check_strings(v, f"{path}.{k}" if path else str(k))
     elif isinstance(x, list):
         for i, v in enumerate(x):
-            _check_strings(v, f"{path}[{i}]", depth + 1)
+            _check_strings(v, f"{path}[{i}]")
 
 
 # A body over the limit is read and dropped (up to this many bytes) before the 413 goes out: closing a
@@ -202,7 +205,7 @@ async def read_json(request, limits: Limits = LIMITS) -> dict:
         await _drain(stream, DRAIN_MAX_BYTES - limits.max_body_bytes, limits)
         raise APIError(413, f"body: over the limit of {limits.max_body_bytes} bytes", code="request_too_large")
     try:
-        obj = strict_json(raw)
+        obj = strict_json(raw, limits.max_json_depth)
     except StrictJSONError as e:
         raise APIError(400, f"body: {e}", param=e.param) from None
     if not isinstance(obj, dict):
@@ -220,37 +223,27 @@ async def disconnected(request) -> None:
         await asyncio.sleep(0.05)  # a stray empty body message: do not spin
 
 
-class StrictJSONError(ValueError):
-    """Bytes that are not strict JSON (RFC 8259): the reason, and where when known."""
+def strict_json(raw: bytes, max_depth: int = LIMITS.max_json_depth):
+    """Parse ``raw`` as strict JSON (``mdl_jax.strict_json.loads``): UTF-8, no NaN / Infinity /
+    out-of-range numbers (Python's json takes them; they cannot be sent on), nesting of at most
+    ``max_depth`` levels, no lone surrogates (they pass json.loads but cannot be encoded again).
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+    Args:
+      raw: the body's bytes.
+      max_depth: the levels of objects and lists allowed (``Limits.max_json_depth``).
 
+    Returns:
+      Its value.
 
-def _not_finite(s: str):
-    raise StrictJSONError(f"{s} is not a JSON number (only finite numbers are)")
-
-
-def _finite(s: str) -> float:
-    x = float(s)
-    if not math.isfinite(x):
-        raise StrictJSONError(f"the number {s[:40]} is out of range (not finite as a float)")
-    return x
-
-
-def strict_json(raw: bytes):
-    """Parse ``raw`` as strict JSON: UTF-8, no NaN / Infinity / out-of-range numbers (Python's json
-    takes them; they cannot be sent on), nesting of at most 64 levels, no lone surrogates (they pass
-    json.loads but cannot be encoded again). Raises StrictJSONError saying which."""
+    Raises:
+      StrictJSONError: saying which rule the bytes break (and ``param``, where a string is not Unicode).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StrictJSONError(f"not valid UTF-8 (byte {e.start})") from None
     try:
-        obj = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
-    except RecursionError:
-        raise StrictJSONError("JSON nested too deeply") from None
+        obj = loads(text, max_depth=max_depth)
     except StrictJSONError:
         raise
     except ValueError as e:

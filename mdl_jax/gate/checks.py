@@ -1,0 +1,87 @@
+"""The gate's input checks: what a query, a memory list and a risk must be, with the message naming
+the argument. ``MemoryGate``, ``mdl-jax gate``'s rows and the Ray Data component check their inputs
+with these, so that one input gets one answer wherever it enters.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Mapping, Sequence
+
+from mdl_jax.signals.aggregation import MAX_MEMORIES
+
+
+def unit_float(name: str, x) -> float:
+    """``x`` as a float in [0, 1], else a ValueError that begins with ``name``."""
+    if type(x) is float and 0.0 <= x <= 1.0:  # the common case, without the ABC check (NaN fails it)
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)) \
+            or not 0.0 <= float(x) <= 1.0:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+    return float(x)
+
+
+# a lone surrogate: a code point of UTF-16's pairs standing alone, which UTF-8 cannot encode
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def surrogate_fault(text: str) -> str | None:
+    """Why ``text`` is not Unicode text (a lone surrogate, which JSON's ``\\ud800`` escapes and
+    ``surrogateescape`` decoding make: no tokenizer, UTF-8 writer, Arrow or Parquet file takes it),
+    or None. The one check behind the gate's inputs and ``mdl-jax gate``'s rows.
+
+    Args:
+      text: a string.
+
+    Returns:
+      A message naming the character and its position, or None.
+    """
+    if text.isascii():  # constant time in CPython: the common text costs no scan
+        return None
+    m = LONE_SURROGATE.search(text)
+    return None if m is None else (f"holds a lone surrogate ({m.group()!r} at character {m.start()}), "
+                                   "which is not Unicode text (it cannot be written as UTF-8)")
+
+
+def check_query(name: str, q) -> str:
+    """``q`` if it is a non-empty string of Unicode text, else a ValueError that begins with ``name``."""
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f"{name}: expected a non-empty string, got {q!r}"[:200])
+    why = surrogate_fault(q)
+    if why:
+        raise ValueError(f"{name}: {why}")
+    return q
+
+
+def memory_texts(name: str, memories) -> list[str]:
+    """The texts of one memory list; ValueError naming ``name`` (and the item) when malformed."""
+    if type(memories) is list and len(memories) <= MAX_MEMORIES \
+            and all(type(m) is str and m and not m.isspace() and (m.isascii() or not LONE_SURROGATE.search(m))
+                    for m in memories):
+        # the common case (a list of non-blank strings; JSON rows parse to it) without the ABC checks
+        # below, which are a visible share of a bulk call's per-row cost (bench_gate)
+        # (``m.isspace()`` is ``not m.strip()`` for a non-empty m)
+        return list(memories)
+    if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
+        raise ValueError(f"{name}: expected a list of memory texts or dicts with a 'text' field, "
+                         f"got {type(memories).__name__}")
+    if len(memories) > MAX_MEMORIES:  # checked before any work: the pairwise arrays grow as S²
+        raise ValueError(f"{name}: expected at most {MAX_MEMORIES:,} memories (MAX_MEMORIES in "
+                         f"mdl_jax.signals.aggregation: the pairwise work grows as their square), "
+                         f"got {len(memories):,}")
+    texts = []
+    for j, m in enumerate(memories):
+        if isinstance(m, Mapping):
+            if "text" not in m:
+                raise ValueError(f"{name}[{j}]: a memory dict needs a 'text' field "
+                                 f"(got fields {sorted(map(str, m))})")
+            m = m["text"]
+        if not isinstance(m, str) or not m.strip():
+            raise ValueError(f"{name}[{j}]: expected a non-empty memory text, got {m!r}"[:200])
+        why = surrogate_fault(m)
+        if why:
+            raise ValueError(f"{name}[{j}]: {why}")
+        texts.append(m)
+    return texts
