@@ -56,11 +56,11 @@ def test_mesh_shape_shards_configs_first_and_records_when_the_batch_is_small():
         check_mesh_shape((0, 1), 4)
     with pytest.raises(ValueError, match="mesh_shape: expected two positive ints"):
         sweep(np.full(3, 0.5), np.full(3, 0.5), np.full(3, 0.5), MDLConfig(), mesh_shape="2x2")
-    from mdl_jax.controller.sweep import _engine_for_mesh  # a mesh asks for the jax engine
+    from mdl_jax.controller.sweep import engine_for_mesh  # a mesh asks for the jax engine
 
-    assert _engine_for_mesh("auto", (1, 2)) == "jax" and _engine_for_mesh("auto", None) == "auto"
+    assert engine_for_mesh("auto", (1, 2)) == "jax" and engine_for_mesh("auto", None) == "auto"
     with pytest.raises(ValueError, match="mesh_shape: only the jax engine runs on a device mesh"):
-        _engine_for_mesh("native", (1, 1))
+        engine_for_mesh("native", (1, 1))
 
 
 @pytest.mark.slow
