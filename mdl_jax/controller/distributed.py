@@ -95,12 +95,17 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     return _stream.finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
 
 
-def tune_many(M, R, A, adopt, **kwargs):
+def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets, seeds, config=None, settings=None,
+              mesh_shape=None, **options):
     """``tuning.tune_many`` on a (runs, records) mesh over EVERY process's devices: each device trains
     its runs on its share of the records, and the loss and gradient sums cross processes inside the
     compiled program. Every process passes the same records and arguments (unlike ``sweep``, the
     records are not split by the caller: tuning sets are small, the compute is what is shared) and
-    gets the same configs and history. ``mesh_shape`` counts global devices."""
+    gets the same configs and history. ``mesh_shape`` counts global devices; the setting keywords
+    (``steps=...``) are deprecated as there, in favour of ``settings=TuneSettings(...)``."""
     from mdl_jax.controller import tuning as _tuning
 
-    return _tuning.tune_many(M, R, A, adopt, _across_processes=True, **kwargs)
+    settings = _tuning.tune_many_settings(settings, options, "distributed.tune_many")
+    runs = _tuning.TuneRuns(train_weights, val_weights, field_sets, seeds)
+    return _tuning.train_runs(M, R, A, adopt, runs, config=config, settings=settings, mesh_shape=mesh_shape,
+                              across_processes=True)
