@@ -224,11 +224,19 @@ _tree_jit = jax.jit(_tree_body, static_argnames=("dtype",))
 
 # ------------------------------------------------------------------------------------ the signals
 
+def _standard_result_type(*args) -> np.dtype:
+    # The compute dtype is JAX's standard lattice over the signals' dtypes, by definition (see
+    # compute_dtype), whatever promotion mode the caller runs under: the signals are then cast to it
+    # explicitly, so no value is promoted implicitly and strict mode gives the same dtype as standard.
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.dtype(jnp.result_type(*args))
+
+
 @functools.lru_cache(maxsize=256)
 def _result_dtype(kinds: tuple, x64: bool) -> np.dtype:
     # kinds: a float dtype per signal, or None for a Python float (weakly typed: it takes the others' dtype)
     args = [0.0 if k is None else jax.dtypes.canonicalize_dtype(k) for k in kinds]
-    dtype = jnp.dtype(jnp.result_type(*args))
+    dtype = _standard_result_type(*args)
     return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
 
 
@@ -273,8 +281,8 @@ def compute_dtype(arrs) -> jnp.dtype:
     float32. float16 / bfloat16 signals are widened: computed in their own dtype, their rounding
     (3 and 2 significant digits) moved C_final across a threshold for 0.14% / 2.31% of uniform
     records against float32 on the same values. Widening an exactly representable value is exact."""
-    dtype = jnp.result_type(*arrs)
-    return jnp.dtype(jnp.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
+    dtype = _standard_result_type(*arrs)
+    return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
 
 
 def _run_jax(sig, dtype, cfg: MDLConfig) -> _d.Decision:

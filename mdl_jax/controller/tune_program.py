@@ -50,6 +50,16 @@ def _soft_adopt_logit(M, R, A, cfg, tau):
     return (C_final - th[0]) / tau, C_final
 
 
+def _optax_call(fn, *args):
+    """``fn(*args)`` for an optax optimiser or schedule, under JAX's standard dtype promotion.
+
+    optax's schedules and Adam's bias correction mix Python floats with the int32 step count (e.g.
+    ``1 - b1 ** count``); that promotion is the library's own choice, so it keeps JAX's standard rules
+    whatever the caller's setting, and the tuning code around it stays strict-clean."""
+    with jax.numpy_dtype_promotion("standard"):
+        return fn(*args)
+
+
 class _Carry(NamedTuple):
     params: dict
     opt_state: optax.OptState
@@ -143,10 +153,10 @@ def _train_one(run: Run, data: Records, group: Group, settings: TuneSettings):
         return jnp.sum(wt * per), z
 
     def step(carry: _Carry, k):
-        tau = temperature(k)
+        tau = _optax_call(temperature, k)
         (loss, z), grads = jax.value_and_grad(loss_fn, has_aux=True)(carry.params, tau)
         grads = grads * mask
-        updates, opt_state = opt.update(grads, carry.opt_state, carry.params)
+        updates, opt_state = _optax_call(opt.update, grads, carry.opt_state, carry.params)
         stepped = carry.params + updates
         c = from_unconstrained(unravel(stepped), base, trained)
         # Divergence (a non-finite loss, gradient, parameter or config) stops the run where it is:
@@ -170,7 +180,7 @@ def _train_one(run: Run, data: Records, group: Group, settings: TuneSettings):
                      "temperature": tau, "sigma": c.sigma, "eps_c": c.eps_c, "min_gain": jnp.min(c.gains),
                      "thresholds": c.thresholds, "n_min": c.n_min, "n_max": c.n_max}
 
-    init = _Carry(u0, opt.init(u0), u0, jnp.float32(-1.0), jnp.int32(0), jnp.int32(0),
+    init = _Carry(u0, _optax_call(opt.init, u0), u0, jnp.float32(-1.0), jnp.int32(0), jnp.int32(0),
                   jnp.bool_(False), jnp.int32(steps), jnp.int32(-1))
     final, hist = jax.lax.scan(step, init, jnp.arange(steps))
     final = final._replace(best_params=unravel(jnp.where(has_val, final.best_params, final.params)),
@@ -179,16 +189,19 @@ def _train_one(run: Run, data: Records, group: Group, settings: TuneSettings):
     # the same forward as training, so a "gates" group still never recomputes the fusion)
     cfg = from_unconstrained(final.best_params, base, trained)
     C_final = logits_of(M, R, A, cfg, 1.0)[1]
-    probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(C_final, cfg, settings.final_temperature())
+    probs = jax.vmap(_d.soft_action_probs, in_axes=(0, None, None))(
+        C_final, cfg, _optax_call(settings.final_temperature))
     hard = jax.vmap(_d.act, in_axes=(0, None))(C_final, cfg)
     differ = (jnp.argmax(probs, -1) != hard).astype(jnp.float32)
     on_train = w_train > 0
-    n_train = jnp.maximum(jnp.sum(on_train), 1)
+    # record counts as float32 (exact below 2^24) for the two shares: the float32 values JAX's implicit
+    # int32 → float32 promotion gave, written out so the program also traces under strict promotion
+    n_train = jnp.maximum(jnp.sum(on_train), 1).astype(jnp.float32)
     disagreement = jnp.sum(jnp.where(on_train, differ, 0.0)) / n_train
-    adopt_share = jnp.sum(on_train & (hard == _d.Action.ACTIVE)) / n_train
+    adopt_share = jnp.sum(on_train & (hard == _d.Action.ACTIVE)).astype(jnp.float32) / n_train
     scalars = {"best_step": final.best_step, "stopped_step": final.stopped_step,
                "diverged_step": final.diverged_step, "best_val_accuracy": final.best_val,
-               "disagreement": disagreement, "adopt_share": adopt_share.astype(jnp.float32)}
+               "disagreement": disagreement, "adopt_share": adopt_share}
     return final.best_params, hist, scalars
 
 

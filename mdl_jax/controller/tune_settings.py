@@ -99,7 +99,10 @@ class GeometricTemperature:
         object.__setattr__(self, "end", float(self.end))
 
     def __call__(self, count):
-        return self.start * (self.end / self.start) ** (count / jnp.maximum(self.steps - 1, 1))
+        # optax passes the step as an int32 count: cast it to the float the exponent is (what JAX's
+        # int / int division did implicitly), so the schedule also traces under strict dtype promotion
+        frac = jnp.asarray(count, jnp.float32) / jnp.float32(max(self.steps - 1, 1))
+        return self.start * (self.end / self.start) ** frac
 
 
 @dataclasses.dataclass(frozen=True)
