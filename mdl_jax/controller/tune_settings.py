@@ -3,7 +3,7 @@ schedule, patience, the start points' noise), ``default_optimizer`` and ``Geomet
 
 Its own module because the settings are what callers build and pass (``tune``, ``tune_many``, the
 command line), and a key of the compiled training program (frozen, hashable), apart from the
-parametrisation (``tune_params``) and the program (``tune_program``) that read them.
+program (``tune_program``) that reads them.
 ``mdl_jax.controller.tuning`` re-exports every public name here.
 """
 

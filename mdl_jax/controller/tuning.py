@@ -44,7 +44,8 @@ and the gradients are summed across them); ``tune`` is a run of one. The functio
 Four modules, one job each: ``tune_settings`` (how to train, as values), ``tune_params`` (free
 parameters ↔ a valid config), ``tune_program`` (the compiled training loop) and this one, which
 checks the records and runs, lays them out on the device mesh, gathers the results and warns about
-runs that learnt nothing. Every public name of the four is importable from here.
+runs that learnt nothing. The settings' and the parametrisation's public names, and
+``FUSION_FIELDS``, are importable from here too, as before the split.
 """
 
 from __future__ import annotations
