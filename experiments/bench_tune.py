@@ -62,13 +62,13 @@ CHILD = """
 import json, sys, time
 import numpy as np
 from experiments.bench_tune import data, runs
-from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+from mdl_jax.controller.tuning import FIELD_SETS, TuneSettings, tune_many
 M, R, A, y, folds, _ = data()
 wt, seeds = runs(y, folds)
 steps = int(sys.argv[2])
 t = time.perf_counter()
 tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[FIELD_SETS[sys.argv[1]]] * len(seeds),
-          seeds=seeds, steps=steps)
+          seeds=seeds, settings=TuneSettings(steps=steps))
 print(json.dumps({"first_s": time.perf_counter() - t}))
 """
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--field-sets", nargs="+", default=["gates", "all"])
     args = p.parse_args(argv)
     from mdl_jax import tune
-    from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+    from mdl_jax.controller.tuning import FIELD_SETS, TuneSettings, tune_many
 
     steps = 100 if args.quick else 500
     M, R, A, y, folds, src = data()
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                                text=True, check=True, cwd=Path(__file__).resolve().parents[1])
         first = json.loads(child.stdout.strip().splitlines()[-1])["first_s"]
         kw = dict(train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[FIELD_SETS[fs]] * len(seeds),
-                  seeds=seeds, steps=steps)
+                  seeds=seeds, settings=TuneSettings(steps=steps))
         tune_many(M, R, A, y, **kw)  # compiled in this process too
         t = time.perf_counter()
         tune_many(M, R, A, y, **kw)

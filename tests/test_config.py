@@ -31,7 +31,7 @@ def test_every_consumer_view_equals_the_declarations():
     cfg = MDLConfig()
     children = jax.tree.leaves(cfg, is_leaf=lambda x: isinstance(x, tuple))  # a tuple field is one child
     assert [np.shape(x) for x in children] == [np.shape(getattr(cfg, f)) for f in leaves]
-    assert config_mod._flatten(cfg)[1] == tuple(getattr(cfg, f) for f in statics)
+    assert config_mod.flatten(cfg)[1] == tuple(getattr(cfg, f) for f in statics)
     # the config file: one key per field, in its part
     d = config_file.config_to_dict(cfg)
     assert tuple(d["numeric"]) == leaves and tuple(d["static"]) == statics
@@ -68,11 +68,11 @@ def test_a_value_outside_its_declared_range_fails_alike_alone_and_in_a_sweep_bat
     with the same rule (the batch check names the config's index too)."""
     with pytest.raises(ValueError, match=rf"^{field}: expected ") as alone:
         MDLConfig(**{field: value})
-    batch = sweep._with_leaves(MDLConfig(), {
+    batch = sweep.with_leaves(MDLConfig(), {
         f: np.stack([np.asarray(getattr(MDLConfig(), f), np.float32), np.asarray(
             value if f == field else getattr(MDLConfig(), f), np.float32)]) for f in config_mod.NUMERIC_FIELDS})
     with pytest.raises(ValueError, match=rf"^{field}: expected ") as batched:
-        sweep._check_batch(batch, 2)
+        sweep.check_batch(batch, 2)
     rule = str(alone.value).split(": expected ")[1].split(", got")[0].split(" (")[0]
     assert rule in str(batched.value) and "config 1 of the batch" in str(batched.value)
 

@@ -285,7 +285,7 @@ def test_a_kernel_that_fails_to_compile_is_an_error_by_name_and_a_warned_fallbac
     # name the error itself; under "auto" decide answers from the pure-JAX engine, warning once.
     monkeypatch.delenv(fused.ENV_SWITCH, raising=False)
     monkeypatch.setattr(fused, "on_gpu_backend", lambda: True)
-    monkeypatch.setattr(api, "_backend", lambda: "gpu")
+    monkeypatch.setattr(api, "default_backend", lambda: "gpu")
 
     def broken(*a, **k):
         raise RuntimeError("Triton compilation failed (fake)")

@@ -25,7 +25,7 @@ TUNE_SHAPES = [(1, 1), (2, 2)]
 SETUP = (
     "import numpy as np\n"
     "from mdl_jax import MDLConfig, config_grid, decide, sweep, bootstrap_weights\n"
-    "from mdl_jax.controller.tuning import tune_many, FIELD_SETS\n"
+    "from mdl_jax.controller.tuning import tune_many, FIELD_SETS, TuneSettings\n"
     f"N = {N}\n"
     "rng = np.random.default_rng(5); M, R, A = rng.uniform(size=(3, N)).astype(np.float32)\n"
     "adopt = rng.integers(0, 2, N)\n"
@@ -38,7 +38,7 @@ SETUP = (
     "    return np.concatenate([r.accuracy.ravel(), r.counts.ravel(), r.mean_C_final.ravel()])\n"
     "def tune_row(shape):\n"
     "    cfgs, h = tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt), seeds=[0, 1, 2],\n"
-    "                        steps=30, field_sets=[FIELD_SETS['gates']] * 3, mesh_shape=shape)\n"
+    "                        settings=TuneSettings(steps=30), field_sets=[FIELD_SETS['gates']] * 3, mesh_shape=shape)\n"
     "    return np.concatenate([np.ravel([c.gate_coeffs + c.thresholds + (c.sigma,) for c in cfgs]),\n"
     "                           h['train_accuracy'][:, -1]])\n"
 )
@@ -56,11 +56,11 @@ def test_mesh_shape_shards_configs_first_and_records_when_the_batch_is_small():
         check_mesh_shape((0, 1), 4)
     with pytest.raises(ValueError, match="mesh_shape: expected two positive ints"):
         sweep(np.full(3, 0.5), np.full(3, 0.5), np.full(3, 0.5), MDLConfig(), mesh_shape="2x2")
-    from mdl_jax.controller.sweep import _engine_for_mesh  # a mesh asks for the jax engine
+    from mdl_jax.controller.sweep import engine_for_mesh  # a mesh asks for the jax engine
 
-    assert _engine_for_mesh("auto", (1, 2)) == "jax" and _engine_for_mesh("auto", None) == "auto"
+    assert engine_for_mesh("auto", (1, 2)) == "jax" and engine_for_mesh("auto", None) == "auto"
     with pytest.raises(ValueError, match="mesh_shape: only the jax engine runs on a device mesh"):
-        _engine_for_mesh("native", (1, 1))
+        engine_for_mesh("native", (1, 1))
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, sweep
+from mdl_jax.controller import passes
 from mdl_jax.controller import sweep as sweep_mod
 from mdl_jax.engines import native
 
@@ -30,7 +31,7 @@ def data():
     return M, R, A, rng.integers(0, 2, N)
 
 
-_per_record = jax.jit(jax.vmap(sweep_mod._over_records, in_axes=(None, None, None, 0)))
+_per_record = jax.jit(jax.vmap(passes._over_records, in_axes=(None, None, None, 0)))
 
 
 def assert_engines_agree(M, R, A, adopt, cfgs, weights=None, record_chunk=sweep_mod.RECORD_CHUNK,
@@ -41,7 +42,7 @@ def assert_engines_agree(M, R, A, adopt, cfgs, weights=None, record_chunk=sweep_
     those); mean C_final within float rounding. Most (config, weight) cells must have no such record,
     so the exact part of the claim is really exercised."""
     nat = sweep(M, R, A, cfgs, adopt=adopt, weights=weights, engine="native", record_chunk=record_chunk)
-    batch, K, _ = sweep_mod._as_batch(cfgs)
+    batch, K, _ = sweep_mod.as_batch(cfgs)
     cf, act = (np.asarray(x) for x in _per_record(*(np.asarray(x, np.float32) for x in (M, R, A)), batch))
     th = np.asarray(batch.thresholds, np.float32).reshape(K, 3)
     near = (np.abs(cf[:, :, None] - th[:, None, :]) < 1e-5).any(-1)                  # (K, N)
@@ -94,7 +95,7 @@ def _concat(batches):
         if f == "bias":
             parts = [np.broadcast_to(x.reshape(len(x), -1), (len(x), 16)) for x in parts]
         leaves[f] = np.concatenate(parts)
-    return sweep_mod._with_leaves(batches[0], leaves)
+    return sweep_mod.with_leaves(batches[0], leaves)
 
 
 def test_native_sweep_equals_the_jax_engine_on_every_kind_of_grid(data):

@@ -12,7 +12,7 @@ import pytest
 from mdl_jax import MDLConfig, decide, load_config, save_config, soft_decide, tune
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.controller.config_file import ConfigFileError
-from mdl_jax.controller.tuning import FIELD_SETS, from_unconstrained, to_unconstrained, tune_many
+from mdl_jax.controller.tuning import FIELD_SETS, TuneSettings, from_unconstrained, to_unconstrained, tune_many
 
 # The signal-cube normalisation (C never clips), so every record carries information about the gates;
 # with the deployed n_min/n_max many uniform records have C clipped to 0 or 1.
@@ -139,7 +139,8 @@ def test_fields_outside_the_trained_set_come_back_bit_identical(teacher_data):
     for base in (MDLConfig(eps_c=0.0, gains=(1.0, 0.0, 0.5), thresholds=(1.0, 0.4, 0.0)),):
         wt = np.ones((len(sets), 300), np.float32)
         configs, hist = tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt),
-                                  field_sets=sets, seeds=[1] * len(sets), config=base, steps=8)
+                                  field_sets=sets, seeds=[1] * len(sets), config=base,
+                                  settings=TuneSettings(steps=8))
         assert np.all(np.isfinite(hist["loss"])) and np.all(hist["diverged_step"] == -1)
         for fields, cfg in zip(sets, configs):
             for f in NUMERIC_FIELDS:
@@ -252,7 +253,7 @@ def test_one_program_trains_folds_seeds_and_field_sets_like_separate_runs(teache
     wv = np.zeros_like(wt)
     sets = [FIELD_SETS["gates"]] * 3 + [("gate_coeffs", "thresholds", "sigma")] * 3
     configs, hist = tune_many(M, R, A, y, train_weights=wt, val_weights=wv, field_sets=sets,
-                              seeds=[0, 1, 2, 0, 1, 2], steps=40)
+                              seeds=[0, 1, 2, 0, 1, 2], settings=TuneSettings(steps=40))
     assert len(configs) == 6 and hist["loss"].shape == (6, 40)
     for b in (0, 4):
         one = tune(M, R, A, y, fields=sets[b], weights=wt[b], steps=40, seed=[0, 1, 2, 0, 1, 2][b])

@@ -70,14 +70,33 @@ def test_a_given_optimizer_and_temperature_schedule_are_the_ones_used(data):
     assert np.any(moved.history["thresholds"] != moved.history["thresholds"][0])
 
 
-def test_tune_many_takes_the_same_settings(data):
+def test_tune_many_takes_the_settings_value_and_its_old_keywords_train_alike_with_a_deprecation_warning(data):
     M, R, A, y, _ = data
     wt = np.ones((2, len(M)))
     kw = dict(train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[FIELD_SETS["gates"]] * 2, seeds=[0, 1])
-    a = tune_many(M, R, A, y, settings=TuneSettings(steps=6, init_noise=0.2), **kw)
-    b = tune_many(M, R, A, y, steps=6, init_noise=0.2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = tune_many(M, R, A, y, settings=TuneSettings(steps=6, init_noise=0.2), **kw)
+    with pytest.warns(DeprecationWarning, match=r"^tune_many: setting keywords \(init_noise=\.\.\., steps=\.\.\.\) "
+                      r"are deprecated; pass settings=TuneSettings\("):
+        b = tune_many(M, R, A, y, steps=6, init_noise=0.2, **kw)
     assert a[0] == b[0]
-    np.testing.assert_array_equal(a[1]["loss"], b[1]["loss"])
+    for k in a[1]:
+        np.testing.assert_array_equal(a[1][k], b[1][k], err_msg=k)
+
+
+def test_tune_many_and_the_runs_value_below_it_train_alike(data):
+    """``train_runs`` (the runs as one ``TuneRuns`` value) is what ``tune_many`` and ``tune`` call."""
+    from mdl_jax.controller.tuning import TuneRuns, train_runs
+
+    M, R, A, y, val = data
+    settings = TuneSettings(steps=5)
+    w_train = np.where(val > 0, 0.0, 1.0)
+    one = tune(M, R, A, y, val=val, settings=settings)
+    runs = train_runs(M, R, A, y, TuneRuns(w_train[None], val[None], [FIELD_SETS["gates"]], [0]), settings=settings)
+    assert runs[0][0] == one.config
+    with pytest.raises(TypeError, match=r"^settings: expected TuneSettings"):
+        train_runs(M, R, A, y, TuneRuns(w_train[None], val[None], [FIELD_SETS["gates"]], [0]), settings={"steps": 5})
 
 
 def test_a_warning_about_the_step_size_names_the_given_optimizer(data):

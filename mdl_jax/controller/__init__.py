@@ -7,7 +7,12 @@
                   of mdl_jax/engines/, loaded by name on request)
   calibration.py  Section 3.4: n_min / n_max and θ from a calibration split
   sweep.py        config grids × all records in one compiled program (sweep, config_grid, ...)
+  batches.py      batches of configs: config_grid, stack_configs, their checks (re-exported by sweep)
+  passes.py       the sweep's pass machinery: engines, the device mesh, exact sums (Reducer)
   tuning.py       gradient tuning that keeps the paper's invariants (tune, tune_many)
+  tune_settings.py  TuneSettings, default_optimizer, GeometricTemperature (re-exported by tuning)
+  tune_params.py  free parameters ↔ a config that keeps the invariants (re-exported by tuning)
+  tune_program.py the compiled training loop of B runs (lax.scan, vmapped, on the mesh)
   mesh.py         the 2-D (configs or runs, records) device mesh of sweeps and tuning
   stream.py       sweep_parquet: records streamed from Parquet through sweep's passes
   distributed.py  sweeps and tuning across processes and machines (jax.distributed)

@@ -29,7 +29,7 @@ from jax.experimental import checkify
 
 from mdl_jax.controller import config as _config_mod
 from mdl_jax.controller import decision as _d
-from mdl_jax.controller.config import MDLConfig, _is_concrete
+from mdl_jax.controller.config import MDLConfig, is_concrete
 from mdl_jax.controller.validation import (
     ArrayLike,
     as_float_array,
@@ -86,7 +86,8 @@ def cannot_run(engine: str, why: str) -> ValueError:
 
 
 @functools.cache
-def _backend() -> str:
+def default_backend() -> str:
+    """JAX's default backend ("cpu", "gpu", ...), asked once: what ``engine="auto"`` chooses by."""
     # Fixed for the life of a process once JAX's backends exist; asked only by engine="auto".
     return jax.default_backend()
 
@@ -161,7 +162,7 @@ def _pack(cfg: MDLConfig, x64: bool) -> tuple[_Structure, np.ndarray]:
     dt = np.dtype(np.float64 if x64 else np.float32)
     leaves = [np.asarray(getattr(cfg, f), dt) for f in _config_mod.NUMERIC_FIELDS]
     buf = np.concatenate([leaf.ravel() for leaf in leaves]) if leaves else np.zeros(0, dt)
-    return _Structure(_config_mod._flatten(cfg)[1], tuple(leaf.shape for leaf in leaves), dt.name), buf
+    return _Structure(_config_mod.flatten(cfg)[1], tuple(leaf.shape for leaf in leaves), dt.name), buf
 
 
 def _unpack(structure: _Structure, buf) -> MDLConfig:
@@ -170,12 +171,12 @@ def _unpack(structure: _Structure, buf) -> MDLConfig:
         size = int(np.prod(shape, dtype=np.int64))
         leaves.append(buf[at:at + size].reshape(shape))
         at += size
-    return _config_mod._unflatten(structure.aux, leaves)
+    return _config_mod.unflatten(structure.aux, leaves)
 
 
 def _plan_uncached(cfg: MDLConfig, x64: bool) -> _Plan | None:
     # A config with arrays for leaves: packed every call; one with traced leaves: None.
-    if not all(_is_concrete(x) for x in jax.tree.leaves(cfg)):
+    if not all(is_concrete(x) for x in jax.tree.leaves(cfg)):
         return None
     structure, buf = _pack(cfg, x64)
     return _Plan(structure, buf, _program(structure, structure.packed, True))
@@ -223,11 +224,19 @@ _tree_jit = jax.jit(_tree_body, static_argnames=("dtype",))
 
 # ------------------------------------------------------------------------------------ the signals
 
+def _standard_result_type(*args) -> np.dtype:
+    # The compute dtype is JAX's standard lattice over the signals' dtypes, by definition (see
+    # compute_dtype), whatever promotion mode the caller runs under: the signals are then cast to it
+    # explicitly, so no value is promoted implicitly and strict mode gives the same dtype as standard.
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.dtype(jnp.result_type(*args))
+
+
 @functools.lru_cache(maxsize=256)
 def _result_dtype(kinds: tuple, x64: bool) -> np.dtype:
     # kinds: a float dtype per signal, or None for a Python float (weakly typed: it takes the others' dtype)
     args = [0.0 if k is None else jax.dtypes.canonicalize_dtype(k) for k in kinds]
-    dtype = jnp.dtype(jnp.result_type(*args))
+    dtype = _standard_result_type(*args)
     return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
 
 
@@ -272,8 +281,8 @@ def compute_dtype(arrs) -> jnp.dtype:
     float32. float16 / bfloat16 signals are widened: computed in their own dtype, their rounding
     (3 and 2 significant digits) moved C_final across a threshold for 0.14% / 2.31% of uniform
     records against float32 on the same values. Widening an exactly representable value is exact."""
-    dtype = jnp.result_type(*arrs)
-    return jnp.dtype(jnp.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
+    dtype = _standard_result_type(*arrs)
+    return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
 
 
 def _run_jax(sig, dtype, cfg: MDLConfig) -> _d.Decision:
@@ -345,13 +354,13 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         if validate and not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
             for n, x in zip(_NAMES, (M, R, A)):
                 check_unit_interval(n, x)
-        cfg = _DEFAULT if config is None else _config(config)
+        cfg = _DEFAULT if config is None else resolve_config(config)
         x64 = bool(jax.config.jax_enable_x64)
         plan = _plan(cfg, x64)
         if plan is not None:   # (Python floats are float64 under x64, float32 without: the packed dtype)
             return plan.scalar(np.array((M, R, A), plan.structure.packed), plan.buf)
     else:
-        cfg = _config(config)
+        cfg = resolve_config(config)
     sig, dtype, _ = _prepare(M, R, A, validate)
     return _run_jax(sig, dtype, cfg)
 
@@ -359,9 +368,9 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
 def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decision:
     """``decide`` on a named engine or "auto": the same checks, then the engine, or for "auto" the
     pure-JAX program where no engine can run the call."""
-    cfg = _DEFAULT if config is None else _config(config)
+    cfg = _DEFAULT if config is None else resolve_config(config)
     if (type(M) is float and type(R) is float and type(A) is float and engine != "pallas"
-            and not jax.config.jax_enable_x64 and (engine == "native" or _backend() == "cpu")):
+            and not jax.config.jax_enable_x64 and (engine == "native" or default_backend() == "cpu")):
         # One record from Python on the CPU kernel: its inline path, without the array machinery.
         if validate and not (0.0 <= M <= 1.0 and 0.0 <= R <= 1.0 and 0.0 <= A <= 1.0):
             for n, x in zip(_NAMES, (M, R, A)):
@@ -396,7 +405,7 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
 
 def _auto_engines() -> tuple[str, ...]:
     # Which engine "auto" tries on this backend: the CPU kernel on the CPU, the fused kernel on a GPU.
-    backend = _backend()
+    backend = default_backend()
     if backend == "cpu":
         return ("native",)
     if backend in ("gpu", "cuda"):
@@ -421,7 +430,9 @@ def _checked_impl(M, R, A, cfg):
 _checked_jit = jax.jit(checkify.checkify(_checked_impl, errors=checkify.user_checks))
 
 
-def _config(config) -> MDLConfig:
+def resolve_config(config) -> MDLConfig:
+    """The single ``MDLConfig`` that ``decide``'s and ``calibrate``'s ``config`` argument means: the
+    defaults for None, a file loaded from a path, a config checked (TypeError / ValueError naming it)."""
     if config is None:
         return _DEFAULT
     if isinstance(config, (str, os.PathLike)):
@@ -446,7 +457,7 @@ def _check_single(cfg: MDLConfig) -> None:
     (vmap or grad over the config: a tuple of tracers, say) are not checked."""
     for f in _config_mod.NUMERIC_FIELDS:
         v = getattr(cfg, f)
-        if not _is_concrete(v):
+        if not is_concrete(v):
             continue
         got, want = np.shape(v), _config_mod.config_shapes(f, cfg.D)
         if got not in want:
@@ -515,7 +526,7 @@ def checked_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         unreadable config (as ``decide``).
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
-    cfg = _config(config)
+    cfg = resolve_config(config)
     return _checked_jit(*_signals(M, R, A)[0], cfg)
 
 
@@ -555,7 +566,7 @@ def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         batched or unreadable config (as ``decide``).
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
-    cfg = _config(config)
+    cfg = resolve_config(config)
     for n, x in zip(_NAMES, (M, R, A)):
         if validate and not is_traced(x):
             check_unit_interval(n, x)

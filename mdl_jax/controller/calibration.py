@@ -159,7 +159,7 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
     Warns:
       UserWarning: when the best agreement is a constant classifier's (``constant``).
     """
-    cfg = api._config(config)
+    cfg = api.resolve_config(config)
     api.check_engine(engine)
     for n, x in (("M", M), ("R", R), ("A", A)):
         check_unit_interval(n, x)

@@ -216,7 +216,7 @@ class MDLConfig:
     @property
     def projectors(self) -> np.ndarray:
         """Π_k as a (3, D, D) float64 array: QR-orthogonal, or the identity under the ablation."""
-        return _projectors(self.D, self.dims, self.qr_seed, self.subspaces)
+        return projector_stack(self.D, self.dims, self.qr_seed, self.subspaces)
 
     @property
     def basis(self) -> np.ndarray:
@@ -334,7 +334,7 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
 
 def _real(name: str, value) -> np.ndarray | None:
     """The field as a float64 array, or None when any of its leaves is traced (not checkable)."""
-    if not _is_concrete(value):
+    if not is_concrete(value):
         return None
     try:
         arr = np.asarray(value)
@@ -436,7 +436,15 @@ def per_config_cache(fn: Callable | None = None, *, maxsize: int = 64, unhashabl
     return wrapper
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
+    """True when no leaf of ``x`` is a JAX tracer (its values can be read and checked now).
+
+    Args:
+      x: any pytree (a config, an array, a number).
+
+    Returns:
+      False inside ``jit`` / ``vmap`` / ``grad`` for a traced leaf, else True.
+    """
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
@@ -450,7 +458,18 @@ def _qr_basis(D: int, seed: int) -> np.ndarray:
 
 
 @functools.cache
-def _projectors(D: int, dims: tuple[int, int, int], seed: int, subspaces: str) -> np.ndarray:
+def projector_stack(D: int, dims: tuple[int, int, int], seed: int, subspaces: str) -> np.ndarray:
+    """Π_k of a config's static fields, cached: what ``MDLConfig.projectors`` returns.
+
+    Args:
+      D: the value-vector dimension.
+      dims: (d_wm, d_r, d_a), summing to D.
+      seed: the QR seed.
+      subspaces: "qr" or "identity" (the ablation).
+
+    Returns:
+      A read-only (3, D, D) float64 array.
+    """
     if subspaces == "identity":
         # Ablation "w/o orthogonal subspaces": every Π_k is the identity, so eq. (1) gives
         # W_k = (s_k + 2 ε_c) I and Lemma 1 no longer holds (each 'energy' is the full ‖v‖²).
@@ -463,11 +482,30 @@ def _projectors(D: int, dims: tuple[int, int, int], seed: int, subspaces: str) -
     return out
 
 
-def _flatten(cfg: MDLConfig):
+def flatten(cfg: MDLConfig) -> tuple[tuple, tuple]:
+    """A config's pytree split: (numeric leaves in ``NUMERIC_FIELDS`` order, static fields in
+    ``STATIC_FIELDS`` order). The static tuple is hashable and compares two configs' structure.
+
+    Args:
+      cfg: a single config or a batch.
+
+    Returns:
+      (leaves, static fields).
+    """
     return tuple(getattr(cfg, f) for f in _NUMERIC), tuple(getattr(cfg, f) for f in _STATIC)
 
 
-def _unflatten(aux, children) -> MDLConfig:
+def unflatten(aux, children) -> MDLConfig:
+    """A config from ``flatten``'s parts, without ``__post_init__``'s checks: the leaves may be tracers,
+    placeholders or a batch (callers that hold concrete values check them their own way).
+
+    Args:
+      aux: the static fields, as ``flatten(cfg)[1]``.
+      children: the numeric leaves, in ``NUMERIC_FIELDS`` order.
+
+    Returns:
+      An ``MDLConfig``.
+    """
     obj = object.__new__(MDLConfig)  # skip __post_init__: leaves may be tracers or placeholders
     for f, v in zip(_NUMERIC, children):
         object.__setattr__(obj, f, v)
@@ -476,7 +514,7 @@ def _unflatten(aux, children) -> MDLConfig:
     return obj
 
 
-jax.tree_util.register_pytree_node(MDLConfig, _flatten, _unflatten)
+jax.tree_util.register_pytree_node(MDLConfig, flatten, unflatten)
 
 NUMERIC_FIELDS = _NUMERIC
 STATIC_FIELDS = _STATIC

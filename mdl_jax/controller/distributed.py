@@ -24,6 +24,7 @@ import numpy as np
 
 from mdl_jax.controller import stream as _stream
 from mdl_jax.controller import sweep as _sw
+from mdl_jax.controller.passes import result_from_state
 from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
 
 
@@ -43,7 +44,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
 
 def combine(state: dict) -> dict:
-    """Every process's reducer state (``sweep._Reducer.state``) summed, in process order: the same
+    """Every process's reducer state (``passes.Reducer.state``) summed, in process order: the same
     dict on every process. One ``process_allgather`` of the states' bytes."""
     from jax.experimental import multihost_utils
 
@@ -70,9 +71,9 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
     processes' rows, on every process. With one process it is ``sweep``."""
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call once per batch")
-    state, w2d, batched, _ = _sw._sweep_state(M, R, A, configs, adopt=adopt, weights=weights,
-                                              record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape)
-    return _sw._finish(combine(state), has_adopt=adopt is not None, w2d=w2d, batched=batched)
+    state, w2d, batched, _ = _sw.sweep_state(M, R, A, configs, adopt=adopt, weights=weights,
+                                             record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape)
+    return result_from_state(combine(state), has_adopt=adopt is not None, w2d=w2d, batched=batched)
 
 
 def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int = 0, seed: int = 0,
@@ -84,9 +85,9 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     the split does not change the weights)."""
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call once per batch")
-    pf, _ = _stream._open(path, columns)
+    pf, _ = _stream.open_parquet(path, columns)
     share = _stream.row_group_share(pf, jax.process_index(), jax.process_count())
-    state, w2d, batched, has_adopt = _stream._parquet_state(
+    state, w2d, batched, has_adopt = _stream.parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
     state = combine(state)
@@ -94,12 +95,17 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     return _stream.finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
 
 
-def tune_many(M, R, A, adopt, **kwargs):
+def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets, seeds, config=None, settings=None,
+              mesh_shape=None, **options):
     """``tuning.tune_many`` on a (runs, records) mesh over EVERY process's devices: each device trains
     its runs on its share of the records, and the loss and gradient sums cross processes inside the
     compiled program. Every process passes the same records and arguments (unlike ``sweep``, the
     records are not split by the caller: tuning sets are small, the compute is what is shared) and
-    gets the same configs and history. ``mesh_shape`` counts global devices."""
+    gets the same configs and history. ``mesh_shape`` counts global devices; the setting keywords
+    (``steps=...``) are deprecated as there, in favour of ``settings=TuneSettings(...)``."""
     from mdl_jax.controller import tuning as _tuning
 
-    return _tuning.tune_many(M, R, A, adopt, _across_processes=True, **kwargs)
+    settings = _tuning.tune_many_settings(settings, options, "distributed.tune_many")
+    runs = _tuning.TuneRuns(train_weights, val_weights, field_sets, seeds)
+    return _tuning.train_runs(M, R, A, adopt, runs, config=config, settings=settings, mesh_shape=mesh_shape,
+                              across_processes=True)

@@ -5,7 +5,7 @@
 
 The file is read row group by row group in batches (pyarrow ``ParquetFile.iter_batches``), the
 records are cut into passes of ``record_chunk`` and every pass goes through the same pass machinery as
-``sweep`` (``sweep._Reducer``: the engine chosen by ``engine``, the 2-D device mesh, exact integer
+``sweep`` (``passes.Reducer``: the engine chosen by ``engine``, the 2-D device mesh, exact integer
 sums), so memory holds one pass and one batch whatever the number of records.
 
 Bootstrap for a stream. ``sweep``'s ``bootstrap_weights`` draws N times from N records, which needs N
@@ -26,7 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.controller import sweep as _sw
+from mdl_jax.controller.batches import as_batch, check_batch
 from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.passes import (
+    Reducer,
+    check_pass_options,
+    engine_for_mesh,
+    pass_layout,
+    passes_on_mesh,
+    result_from_state,
+)
 from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
 
 # Rows per block of Poisson draws (see the module docstring).
@@ -81,8 +90,21 @@ class _PoissonBlocks:
         return out
 
 
-def _open(path, columns):
-    """(ParquetFile, {role: column name}) with every named column present (ValueError otherwise)."""
+def open_parquet(path, columns: dict | None):
+    """A Parquet file of records and the columns that play each role.
+
+    Args:
+      path: the file, as ``sweep_parquet``'s.
+      columns: {role: column name} or None, as ``sweep_parquet``'s.
+
+    Returns:
+      (pyarrow ``ParquetFile``, {role: column name}) with every named column present.
+
+    Raises:
+      ValueError: a missing or unreadable file, a bad ``columns``, or a named column the file lacks.
+      TypeError: ``path`` not a path.
+      ImportError: pyarrow is not installed.
+    """
     try:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover - pyarrow is in the [signals] extra
@@ -169,19 +191,33 @@ def row_group_share(pf, process: int, n_processes: int) -> list[int]:
     return [i for i in range(len(rows)) if owner[i] == process]
 
 
-def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress,
-                   row_groups=None):
-    """The reducer state of ``sweep_parquet`` over ``row_groups`` (all when None): (state, W-axis?,
-    batched?, labels?). A share without rows gives zero sums."""
-    _sw._check_common(record_chunk, engine)
-    engine = _sw._engine_for_mesh(engine, mesh_shape)
+def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress,
+                  row_groups=None):
+    """``sweep_parquet``'s checks and passes over ``row_groups`` (all when None), before the sums become
+    a result (the multi-process sweep adds every process's state first). A share without rows gives
+    zero sums.
+
+    Args:
+      path, configs, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress: as
+        ``sweep_parquet``.
+      row_groups: the row groups to read (``row_group_share``), or None for all.
+
+    Returns:
+      (``Reducer`` state, whether there is a W axis, whether ``configs`` was a batch, whether the file
+      has labels).
+
+    Raises:
+      ValueError, TypeError, ImportError: as ``sweep_parquet``.
+    """
+    check_pass_options(record_chunk, engine)
+    engine = engine_for_mesh(engine, mesh_shape)
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise ValueError(f"bootstrap: expected an int ≥ 0 (Poisson resamples; 0 = none), got {bootstrap!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: expected an int ≥ 0, got {seed!r}")
-    pf, cols = _open(path, columns)
-    cfg, K, batched = _sw._as_batch(configs)
-    _sw._check_batch(cfg, K)
+    pf, cols = open_parquet(path, columns)
+    cfg, K, batched = as_batch(configs)
+    check_batch(cfg, K)
     n_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     if sum(n_rows) == 0:
         raise ValueError(f"path: {str(path)!r} holds no records")
@@ -196,11 +232,10 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
     record_chunk = _sw.bounded_chunk(record_chunk, K, W, "bootstrap" if bootstrap else "configs",
                                      reserved=cache if keep else 0)
     draws = _PoissonBlocks(W, seed, keep)
-    _, size, shape = _sw._pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
+    _, size, shape = pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
     names = list(dict.fromkeys(cols.values()))
-    token = _sw._MESH_SHAPE.set(shape)
-    try:
-        red = _sw._Reducer(cfg, K, W, size, engine)
+    with passes_on_mesh(shape):
+        red = Reducer(cfg, K, W, size, engine)
         buf: list[tuple] = []
         held = 0
 
@@ -239,8 +274,6 @@ def _parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, eng
                 if held >= size:
                     flush(False)
         flush(True)
-    finally:
-        _sw._MESH_SHAPE.reset(token)
     return red.state(), bool(bootstrap), batched, "adopt" in cols
 
 
@@ -283,7 +316,7 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
     """
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
-    state, w2d, batched, has_adopt = _parquet_state(
+    state, w2d, batched, has_adopt = parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
         engine=engine, mesh_shape=mesh_shape, progress=progress)
     check_resamples(state, bootstrap, columns)
@@ -308,4 +341,4 @@ def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepRe
     if np.any(state["wsum"] <= 0):
         raise ValueError("weight: every weight vector needs a positive total; "
                          f"totals {state['total'].tolist()}")
-    return _sw._finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+    return result_from_state(state, has_adopt=has_adopt, w2d=w2d, batched=batched)

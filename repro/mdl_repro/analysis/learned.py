@@ -36,7 +36,7 @@ import numpy as np
 from mdl_jax import MDLConfig, calibrate, decide, save_config
 from mdl_jax._io import publish_dir, write_text
 from mdl_jax.controller.config import NUMERIC_FIELDS
-from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+from mdl_jax.controller.tuning import FIELD_SETS, TuneSettings, tune_many
 from mdl_jax.signals.risk import HIGH_RISK
 from mdl_repro.pipeline import ENGINE
 
@@ -140,7 +140,8 @@ def learned_table(records, out=None, *, steps: int = 500, seeds=(0, 1, 2), field
     t0 = time.perf_counter()
     configs, hist = tune_many(M, R, A, y, train_weights=np.stack(wt), val_weights=np.stack(wv),
                               field_sets=[FIELD_SETS[fs] for fs, _, _ in runs],
-                              seeds=[s for _, _, s in runs], config=start, steps=steps)
+                              seeds=[s for _, _, s in runs], config=start,
+                              settings=TuneSettings(steps=steps))
     train_s = time.perf_counter() - t0
     say(f"trained in {train_s:.1f} s")
 

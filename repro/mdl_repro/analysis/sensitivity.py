@@ -259,7 +259,7 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
     import jax
     import jax.numpy as jnp
 
-    from mdl_jax.controller.config import _projectors
+    from mdl_jax.controller.config import projector_stack
     from mdl_repro.analysis.oracle import calibration_split
 
     base = configs[sorted(configs)[0]]
@@ -269,7 +269,7 @@ def qr_bases(df, labels: dict, cal, configs, seeds=QR_SEEDS, default: int = 42) 
     if len(splits) != len(datasets):
         return {"skipped": "the QR-basis study recalibrates on the calibration split; this run has none"}
     all_seeds = sorted(set(seeds) | {default})
-    pis = jnp.asarray(np.stack([_projectors(base.D, base.dims, s, base.subspaces) for s in all_seeds]),
+    pis = jnp.asarray(np.stack([projector_stack(base.D, base.dims, s, base.subspaces) for s in all_seeds]),
                       jnp.float32)
     ds = np.searchsorted(datasets, df["dataset"].to_numpy())
     sig = [jnp.asarray(df[k].to_numpy(np.float32)) for k in ("M", "R", "A")]
