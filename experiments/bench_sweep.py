@@ -41,7 +41,7 @@ import numpy as np
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
 from mdl_jax.controller import api
-from mdl_jax.engines import native
+from mdl_jax.engines import native_sweep
 
 RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
 
@@ -136,13 +136,13 @@ def main(argv=None) -> int:
                 for e in ("jax", *engines, "auto")}
 
         def native_unfolded(cfgs=cfgs, w=w):
-            # the native engine without folding records that share (M, R, A) (see native.DEDUP): what
+            # the native engine without folding records that share (M, R, A) (see native_sweep.DEDUP): what
             # the kernel alone gains; these 3,600 records hold 400 distinct triples
-            native.DEDUP = False
+            native_sweep.DEDUP = False
             try:
                 return sweep(M, R, A, cfgs, adopt=y, weights=w, engine="native")
             finally:
-                native.DEDUP = True
+                native_sweep.DEDUP = True
 
         runs["native_unfolded"] = native_unfolded
         for fn in runs.values():

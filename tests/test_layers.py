@@ -203,8 +203,7 @@ ROOT = PKG.parent
 _REWRITTEN_ELSEWHERE = frozenset({
     "mdl_jax/controller/config.py", "mdl_jax/controller/sweep.py", "mdl_jax/controller/api.py",
     "mdl_jax/controller/stream.py", "mdl_jax/controller/distributed.py", "mdl_jax/controller/calibration.py",
-    "mdl_jax/engines/native.py", "mdl_jax/analysis/sensitivity.py", "experiments/bench_controller.py",
-    "experiments/bench_gpu.py", "experiments/emulated_parity.py",
+    "mdl_jax/analysis/sensitivity.py",
 })
 
 
