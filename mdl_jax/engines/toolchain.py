@@ -63,7 +63,7 @@ def verified(lib: Path) -> bool:
 
     Loading a library that was cut short maps pages past the end of the file (see the module's
     docstring), so a library is loaded only after its bytes match the record that its build wrote
-    after finishing. Hashing ~100 kB costs well under a millisecond, once per process.
+    after finishing; it is hashed once per process.
     """
     try:
         want = record_path(lib).read_text()
