@@ -366,11 +366,11 @@ def main(argv=None) -> int:
           f"apart)  peak RSS {unc['peak_rss_mb']:.0f} MB  embedder backend {unc['embed_backend']} (the "
           f"gate's default 'auto')", flush=True)
     alone = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
-    eng = _spawn(["--child", f"engines:{10 ** 5 if args.quick else 10 ** 6}", "--chunk", str(args.chunk)])
-    print(engines_line(eng), flush=True)
     print(f"decision stage alone (10^6): {alone['per_s_total']:,.0f}/s over the total, "
           f"{alone['per_s_median_chunk']:,.0f}/s median chunk, {alone['per_s_best_chunk']:,.0f}/s best chunk",
           flush=True)
+    eng = _spawn(["--child", f"engines:{10 ** 5 if args.quick else 10 ** 6}", "--chunk", str(args.chunk)])
+    print(engines_line(eng), flush=True)
     n_rows = sizes[-1] if args.quick else 10 ** 5
     batch = _spawn(["--child", f"batch:{n_rows}", "--chunk", str(args.chunk)])
     print(f"decide_batch {n_rows:>9,d}: {batch['records_per_s']:>9,.0f} rec/s (GateDecision objects; "

@@ -443,3 +443,22 @@ def test_bench_controller_compare_rev_measures_the_named_tree_in_its_own_process
     assert set(row["ratio_rounds"]) == {"4096", "one_core"}
     assert all(np.isfinite(r) and r > 0 for rs in row["ratio_rounds"].values() for r in rs)
     assert out["isa"]["HEAD"] == out["isa"]["this tree"] == native.isa()
+
+
+def test_bench_gate_reports_every_engine_beside_the_default_or_why_it_cannot_run():
+    # bench_gate times the decision stage on each engine in one process, as ratios to the default; an
+    # engine that cannot run here (the fused kernel without a GPU) is named with its reason, not dropped.
+    from experiments import bench_gate
+
+    r = bench_gate.child_engines(2048, 512, rounds=2)
+    assert r["engines"][0] == "jax" and r["engines"][-1] == "auto" and "native" in r["engines"]
+    assert set(r["engines"]) | set(r["unavailable"]) == {"jax", "native", "pallas", "auto"}
+    if jax.default_backend() == "cpu":
+        assert "GPU" in r["unavailable"]["pallas"]
+    assert r["speed_vs_default"]["jax"] == 1.0
+    assert all(np.isfinite(v) and v > 0 for v in r["speed_vs_default"].values())
+    line = bench_gate.engines_line(r)
+    for e in r["engines"][1:]:
+        assert f"{e!r} " in line
+    for e, why in r["unavailable"].items():
+        assert f"{e!r}: not available: {why}" in line
