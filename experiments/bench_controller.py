@@ -7,7 +7,7 @@ All measured in one run on the same inputs: (a) the NumPy per-decision reference
 the paper reports 40.1 µs per decision), (b) one call of ``decide`` on a single record from Python on
 the default engine ("jax") and on every engine that runs here ("native" on the CPU, "pallas" on a
 GPU, "auto"), next to a plain ``jit(decide_one)``, (c) batched throughput of ``decide`` at several N
-on each engine, next to the pure-JAX program of a config pytree (``api._decide_jit``) and the
+on each engine, next to the default's program without value checks (``validate=False``) and the
 plain ``jit(vmap(decide_one))`` form, and next to every ISA variant of the kernel this CPU runs
 (``native.decide_variant``: AVX-512 and AVX2 on an AVX-512 CPU), (d) each variant on one core: CPU
 time per record at N = 10^6, in cycles of the measured clock, against the FMA bound of the kernel's
@@ -109,9 +109,8 @@ def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict
     rng = np.random.default_rng(1)
     xs = [jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3)]
     cfg = MDLConfig()
-    P, fl = native.params(cfg), native.flags(cfg)
     targets = {v: native.load_variant(v)["decide"] for v in variants}
-    libs = {v: native._VARIANTS[v]["lib"] for v in variants}
+    libs = {v: native.variant_library(v) for v in variants}
     for lib in libs.values():
         lib.MdlClockHz.restype = ctypes.c_double
         lib.MdlClockHz.argtypes = [ctypes.c_int64]
@@ -121,7 +120,7 @@ def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict
         for lib in libs.values():
             lib.MdlSetMaxThreads(1)
         def call(v):
-            return native._decide_variant_jit(*xs, P, target=targets[v], flags=fl, dims=cfg.dims)
+            return native.decide_ffi(targets[v], xs[0], xs[1], xs[2], cfg)
 
         for v in variants:
             jax.block_until_ready(call(v))
@@ -144,7 +143,7 @@ def _one_core(variants: list[str], n: int, rounds: int, min_time: float) -> dict
     out = {"n": n, "clock_ghz": clock / 1e9, "clock_ghz_range": [min(hz) / 1e9, max(hz) / 1e9],
            "flop_per_record": flop, "fma_pipe_lanes": width}
     for v in variants:
-        lanes = native._VARIANTS[v]["lanes"]
+        lanes = native.load_variant(v)["lanes"]
         bound = flop / (FMA_UNITS * 2 * min(lanes, width))
         cyc = [t * clock for t in per[v]]
         out[v] = {"lanes": lanes, "cpu_ns_per_record": statistics.median(per[v]) * 1e9,
@@ -383,13 +382,17 @@ def _throughputs(fns: dict, n: int, rounds: int, min_time: float) -> dict:
     return {k: (statistics.median(v), max(v), v, cpu[k]) for k, v in per.items()}
 
 
-def _engines_here(cfg: MDLConfig) -> list[str]:
-    """The engines ``decide`` can run here besides the default (named engines first, then "auto")."""
-    out = []
+def _engines_here(cfg: MDLConfig) -> tuple[list[str], dict[str, str]]:
+    """(the engines ``decide`` can run here besides the default: named engines first, then "auto";
+    {engine: why it cannot run here} for the others)."""
+    out, missing = [], {}
     for name in ("native", "pallas"):
-        if api.engine_module(name).why_not(cfg, ()) is None:
+        why = api.engine_module(name).why_not(cfg, ())
+        if why is None:
             out.append(name)
-    return out + ["auto"]
+        else:
+            missing[name] = why
+    return out + ["auto"], missing
 
 
 def _engines_vs_default(res: dict) -> dict:
@@ -399,7 +402,9 @@ def _engines_vs_default(res: dict) -> dict:
     work it serves; the default should be within 1.5× of the fastest engine at N = 10^6 and within
     3× for one call."""
     out: dict = {"single_time_ratio": {}, "batched_speed_ratio": {}}
-    print("engines beside the default (engine='jax'):")
+    print(f"engines beside the default (engine='jax'), on {res['cpu_model']} ({res['cpu_flags_line']}):")
+    for e, why in res["engines_unavailable"].items():
+        print(f"  {e}: not available: {why}")
     d1 = res["single_call_us_median"]
     for e, us in res["single_engines_us_median"].items():
         out["single_time_ratio"][e] = us / d1
@@ -459,6 +464,7 @@ def main(argv=None) -> dict:
     res: dict = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                  "cpu_model": _cpu_model(), "cpu_flags": sorted(flags),
                  "cpu_flags_shown": {f: f in flags for f in FLAGS_SHOWN},
+                 "cpu_flags_line": " ".join(f for f in FLAGS_SHOWN if f in flags) or "-",
                  "xla_flags": os.environ.get("XLA_FLAGS", ""),
                  "cpus": os.cpu_count(), "usable_cpus": native.usable_cpus(), "backend": jax.default_backend(),
                  "jax": jax.__version__, "native_kernel": native_ok, "native_load_s": time.perf_counter() - t,
@@ -497,7 +503,7 @@ def main(argv=None) -> dict:
     m, r, a = recs[0]
     jax.block_until_ready(decide(m, r, a))
     reps = 2000 if args.quick else 10000
-    engines = _engines_here(cfg)
+    engines, res["engines_unavailable"] = _engines_here(cfg)
     res["engines"] = engines
     single: dict[str, Callable[..., Any]] = {"decide": lambda: jax.block_until_ready(decide(m, r, a))}
     for eng in engines:
@@ -538,14 +544,13 @@ def main(argv=None) -> dict:
     # (c) batched throughput
     plain = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))
     res["batched"] = {}
-    P = native.params(cfg)
     for n in sizes:
         x0, x1, x2 = (jnp.asarray(rng.uniform(size=n).astype(np.float32)) for _ in range(3))
         xs = (x0, x1, x2)
         fns: dict[str, Callable[..., Any]] = {
             "decide": lambda xs=xs: decide(xs[0], xs[1], xs[2], cfg),
-            "decide_unvalidated": lambda xs=xs: decide(xs[0], xs[1], xs[2], cfg, validate=False),
-            "pure_jax_chunked": lambda xs=xs: api._decide_jit(*xs, cfg),
+            # the default's compiled program without the value checks: what every ratio is taken against
+            "pure_jax_chunked": lambda xs=xs: decide(xs[0], xs[1], xs[2], cfg, validate=False),
         }
         for eng in engines:
             fns["decide_" + eng] = lambda xs=xs, eng=eng: decide(xs[0], xs[1], xs[2], cfg, engine=eng)
@@ -555,9 +560,9 @@ def main(argv=None) -> dict:
         targets = {v: native.load_variant(v)["decide"] for v in variants}
         targets.update(compare)
         for v, tg in targets.items():
-            fns["kernel_" + v] = lambda xs=xs, tg=tg: native._decide_variant_jit(
-                *xs, P, target=tg, flags=native.flags(cfg), dims=cfg.dims)
+            fns["kernel_" + v] = lambda xs=xs, tg=tg: native.decide_ffi(tg, xs[0], xs[1], xs[2], cfg)
         got = _throughputs(fns, n, rounds, min_time)
+        got["decide_unvalidated"] = got["pure_jax_chunked"]
         row = {k: v[0] for k, v in got.items()}
         row["best"] = {k: v[1] for k, v in got.items()}
         row["rounds"] = {k: v[2] for k, v in got.items()}
@@ -611,8 +616,8 @@ def main(argv=None) -> dict:
     print(f"{'plain jit(decide_one), one record (median)':46s} {res['plain_jit_single_us_median']:11.1f} µs")
     print(f"{'trivial jitted call (dispatch floor)':46s} {res['trivial_jit_dispatch_us_median']:11.1f} µs")
     for n, row in res["batched"].items():
-        print(f"{'decide, N=' + n:46s} {row['decide']:11.3e} /s  (unvalidated {row['decide_unvalidated']:.2e};"
-              f" pure JAX {row['pure_jax_chunked']:.2e} = {row['ratio_vs_pure_jax']:.1f}×; plain vmap "
+        print(f"{'decide, N=' + n:46s} {row['decide']:11.3e} /s  (pure JAX unvalidated"
+              f" {row['pure_jax_chunked']:.2e} = {row['ratio_vs_pure_jax']:.1f}×; plain vmap "
               f"{row.get('plain_vmap', float('nan')):.2e} = {row['ratio_vs_plain_vmap']:.1f}×; "
               f"{row['ratio_vs_numpy']:.0f}× NumPy)")
         for k in [k for k in row if k.startswith("kernel_") and k in row["ratio_rounds_vs_pure_jax"]]:

@@ -18,6 +18,10 @@ suffixed with " #i" so no record repeats another's strings (the look-up strips t
   signals     input checks and risk, the lexical conflict flags + padding (Python, per store), the
               batched JAX aggregation of M, R, φ
   decision    ``mdl_jax.decide`` on the chunk's (M, R, A) and the output columns
+The decision stage's work is also timed on every engine that runs here beside the pure-JAX default
+("jax"; "native" and "auto" on the CPU, "pallas" on a GPU, an engine that cannot run named with its
+reason), interleaved in one process, as ratios to the default: the gate itself asks for "auto". The
+CPU's model and flags are printed first.
 Targets: memory flat from 10^4 to 10^6 (peak RSS ratio ≤ 1.1), time linear (seconds per
 record ratio ≤ 1.2: wall time, and apart the process's CPU time, which other jobs' load inflates
 little), decision stage ≥ 10^6 queries/s with cached embeddings; ≥ 5×10^4 rows/s cached for
@@ -41,7 +45,10 @@ import time
 
 import numpy as np
 
+from experiments._machine import cpu_flags, cpu_model
+
 D = 384
+FLAGS_SHOWN = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "amx_tile")
 N_QUERIES = 10_000
 GROUP = 4
 ADJ = ("safe", "legal", "healthy", "effective", "real", "true", "possible", "dangerous")
@@ -183,6 +190,54 @@ def child_decision(n: int, chunk: int) -> dict:
             "per_s_median_chunk": chunk / float(np.median(times)), "per_s_best_chunk": chunk / min(times)}
 
 
+def child_engines(n: int, chunk: int, rounds: int = 5) -> dict:
+    """The decision stage's work on every engine that runs here beside the default: ``decide`` on
+    chunks of ``chunk`` (M, R, A) triples (the gate's padded chunk shape) with the gate's config, n
+    records an engine a round, engines interleaved round by round. Each engine's rate is the median
+    round's, its ratio to the default the median of the per-round ratios; an engine that cannot run
+    here is reported with ``why_not``'s reason. The gate itself calls ``engine="auto"``."""
+    from mdl_jax import decide
+    from mdl_jax.controller import api
+    from mdl_jax.gate import MemoryGate
+
+    cfg = MemoryGate(embedder=lambda t: np.ones((len(t), 2))).config
+    rng = np.random.default_rng(0)
+    M, R, A = (rng.random(chunk, dtype=np.float32) for _ in range(3))
+    missing = {}
+    engines = ["jax"]
+    for e in ("native", "pallas"):
+        why = api.engine_module(e).why_not(cfg, (M, R, A))
+        if why is None:
+            engines.append(e)
+        else:
+            missing[e] = why
+    engines.append("auto")
+    for e in engines:  # compile and warm
+        decide(M, R, A, cfg, engine=e)
+    per: dict = {e: [] for e in engines}
+    calls = max(1, n // chunk)
+    for r in range(rounds):
+        for e in engines[r % len(engines):] + engines[:r % len(engines)]:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                np.asarray(decide(M, R, A, cfg, engine=e).action)
+            per[e].append(calls * chunk / (time.perf_counter() - t0))
+    ratios = {e: float(np.median([a / b for a, b in zip(per[e], per["jax"])])) for e in engines}
+    return {"n": calls * chunk, "chunk": chunk, "rounds": rounds, "engines": engines, "unavailable": missing,
+            "per_s": {e: float(np.median(v)) for e, v in per.items()}, "per_s_rounds": per,
+            "speed_vs_default": ratios}
+
+
+def engines_line(r: dict) -> str:
+    """One line: every engine's decision rate beside the default, as ratios measured in the same run."""
+    d = r["per_s"]["jax"]
+    parts = [f"default 'jax' {d:,.0f}/s"] + [
+        f"{e!r} {r['per_s'][e]:,.0f}/s ({r['speed_vs_default'][e]:.2f}× the default)"
+        for e in r["engines"] if e != "jax"] + [f"{e!r}: not available: {why}" for e, why in r["unavailable"].items()]
+    return (f"decision stage by engine ({r['n']:,} rows in chunks of {r['chunk']:,}, {r['rounds']} interleaved "
+            f"rounds, ratios per round): " + "; ".join(parts))
+
+
 def child_batch(n: int, chunk: int) -> dict:
     """``MemoryGate.decide_batch`` (one ``GateDecision`` per row) on the cached synthetic rows."""
     from mdl_jax.gate import MemoryGate
@@ -268,18 +323,23 @@ def main(argv=None) -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--decision-only", action="store_true", help="only the decision stage, 10^6 rows")
     args = ap.parse_args(argv)
-    if args.decision_only:
-        r = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
-        print(f"decision stage alone: {r['per_s_total']:,.0f}/s over the total, {r['per_s_median_chunk']:,.0f}/s "
-              f"median chunk, {r['per_s_best_chunk']:,.0f}/s best chunk (target ≥ 1,000,000/s)")
-        print(json.dumps({"bench": "gate-decision", "load_average": os.getloadavg()[0], **r}))
-        return 0
     if args.child:
         kind, n = args.child.split(":")
         res = (child_cached(int(n), args.chunk) if kind == "cached" else child_decision(int(n), args.chunk)
                if kind == "decision" else child_batch(int(n), args.chunk) if kind == "batch"
+               else child_engines(int(n), args.chunk) if kind == "engines"
                else child_cli(int(n)) if kind == "cli" else child_uncached(int(n)))
         print(json.dumps(res))
+        return 0
+    print(f"CPU: {cpu_model()}; flags: {' '.join(cpu_flags(FLAGS_SHOWN)) or '-'}", flush=True)
+    if args.decision_only:
+        eng = _spawn(["--child", "engines:1000000", "--chunk", str(args.chunk)])
+        print(engines_line(eng), flush=True)
+        r = _spawn(["--child", "decision:1000000", "--chunk", str(args.chunk)])
+        print(f"decision stage alone: {r['per_s_total']:,.0f}/s over the total, {r['per_s_median_chunk']:,.0f}/s "
+              f"median chunk, {r['per_s_best_chunk']:,.0f}/s best chunk (target ≥ 1,000,000/s)")
+        print(json.dumps({"bench": "gate-decision", "load_average": os.getloadavg()[0], "cpu_model": cpu_model(),
+                          "cpu_flags": cpu_flags(FLAGS_SHOWN), "engines": eng, **r}))
         return 0
     sizes = [10 ** 3, 10 ** 4] if args.quick else [10 ** 4, 10 ** 5, 10 ** 6]
     n_unc = args.uncached or (40 if args.quick else 200)
@@ -309,6 +369,8 @@ def main(argv=None) -> int:
     print(f"decision stage alone (10^6): {alone['per_s_total']:,.0f}/s over the total, "
           f"{alone['per_s_median_chunk']:,.0f}/s median chunk, {alone['per_s_best_chunk']:,.0f}/s best chunk",
           flush=True)
+    eng = _spawn(["--child", f"engines:{10 ** 5 if args.quick else 10 ** 6}", "--chunk", str(args.chunk)])
+    print(engines_line(eng), flush=True)
     n_rows = sizes[-1] if args.quick else 10 ** 5
     batch = _spawn(["--child", f"batch:{n_rows}", "--chunk", str(args.chunk)])
     print(f"decide_batch {n_rows:>9,d}: {batch['records_per_s']:>9,.0f} rec/s (GateDecision objects; "
@@ -363,7 +425,8 @@ def main(argv=None) -> int:
         f"{cli['records_per_s']:,.0f} /s at {cli['n']:.0e}" if cli["records_per_s"] is not None
         else f"n = {cli['n']:.0e} too small to resolve: run without --quick", met["cli_5e4_rows_per_s"])
     summary = {"bench": "gate", "load_average": os.getloadavg()[0], "chunk": args.chunk,
-               "cached": cached, "uncached": unc, "decision_alone": alone, "decide_batch": batch, "cli": cli, "peak_rss_ratio": rss_ratio,
+               "cpu_model": cpu_model(), "cpu_flags": cpu_flags(FLAGS_SHOWN),
+               "cached": cached, "uncached": unc, "decision_alone": alone, "engines": eng, "decide_batch": batch, "cli": cli, "peak_rss_ratio": rss_ratio,
                "rss_after_chunks_ratio": live_ratio, "time_per_record_ratio": lin,
                "cpu_time_per_record_ratio": lin_cpu,
                "decision_per_s_min": dec, "targets": targets, "met": met}

@@ -3,13 +3,13 @@
     PYTHONPATH=. python3 -m experiments.bench_gpu [--n 100000000] [--parity-n 1000000] [--reps 5]
     python -m experiments.bench_gpu --allow-cpu --n 100000 --parity-n 10000   # smoke test, no GPU
 
-(1) Parity: the same records decided on the CPU (``decide``: the native kernel; and the pure-JAX
-    path) and on the GPU: the fused Pallas kernel (``mdl_jax.engines.fused``, what ``decide`` runs
+(1) Parity: the same records decided on the CPU (the native kernel; and the pure-JAX default) and
+    on the GPU: the fused Pallas kernel (``mdl_jax.engines.fused``, what ``decide`` runs
     there) and the pure-JAX path (every product at HIGHEST precision; the same graph at DEFAULT
     precision, TF32 matmuls, beside it to show what HIGHEST buys). Target: every float within 1e-5
     of the CPU, 0 actions differing.
-(2) Throughput at N = 10^8 on the device, in one run: the fused kernel alone, ``decide`` validated and
-    unvalidated (the fused kernel on a GPU), the pure-JAX (XLA) path validated and unvalidated, and
+(2) Throughput at N = 10^8 on the device, in one run: the fused kernel alone, ``decide`` (the pure-JAX
+    default) validated and unvalidated, ``decide(..., engine="auto")`` (the fused kernel on a GPU), and
     plain ``jit(vmap(decide_one))``. Targets: ``decide`` ≥ 10^10/s validated, ≥ 4× plain vmap. Then
     the kernel at a few block sizes × warps (its defaults are a guess until measured here), and with
     TF32x3 products (opt-in; its parity is measured in (1)).
@@ -40,9 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax import MDLConfig, decide, decide_one
-from mdl_jax.controller import api
 from mdl_jax.controller import decision as _decision
-from mdl_jax.controller.validation import check_unit_interval
 from mdl_jax.engines import fused, native
 
 FLOATS = ("C", "alpha", "C_final", "v_meta", "energies", "norm", "g_A")
@@ -72,7 +70,7 @@ def _with_precision(precision):
         saved = _decision.PRECISION
         _decision.PRECISION = precision
         try:
-            return api._decide_shaped(M, R, A, cfg)
+            return jax.vmap(decide_one, in_axes=(0, 0, 0, None))(M, R, A, cfg)
         finally:
             _decision.PRECISION = saved
     return jax.jit(f)
@@ -216,14 +214,15 @@ def _main(argv=None) -> dict:
     ref: dict = {}
 
     def parity_xla():
-        ref["pure"] = api._decide_jit(*xc, cfg)
+        # the default's program unvalidated; on the committed CPU arrays it runs on the CPU
+        ref["pure"] = decide(*xc, cfg, validate=False)
         # The native kernel, placed on the CPU explicitly: on a GPU machine decide() runs on the GPU.
         ref["native"] = ref["pure"]
         if native.load():
-            ref["native"] = native._native_jit(*xc, jax.device_put(native.pack(cfg), cpu),
-                                            flags=native.flags(cfg), dims=cfg.dims)
+            with jax.default_device(cpu):
+                ref["native"] = native.decide_variant(native.isa(), *xc, cfg)
         res["native_kernel"] = native.status()
-        dev_hi = api._decide_jit(*xd, cfg)
+        dev_hi = decide(*xd, cfg, validate=False)
         par["cpu_native_vs_device_highest"] = _max_diffs(ref["native"], dev_hi)
         par["cpu_pure_jax_vs_device_highest"] = _max_diffs(ref["pure"], dev_hi)
         par["cpu_pure_jax_vs_device_default_precision"] = _max_diffs(
@@ -267,11 +266,6 @@ def _main(argv=None) -> dict:
     Mf, Rf, Af = M[:n_fused], R[:n_fused], A[:n_fused]
     plain = jax.jit(jax.vmap(decide_one, in_axes=(0, 0, 0, None)))
 
-    def xla_validated():
-        for name, v in (("M", M), ("R", R), ("A", A)):
-            check_unit_interval(name, v)
-        return api._decide_jit(M, R, A, cfg)
-
     def rate(key, fn, n, fused_section=False):
         def run():
             thr[key] = _rate(fn, n, args.reps)
@@ -287,8 +281,6 @@ def _main(argv=None) -> dict:
     res["decide_path"] = ("fused" if on_gpu and fused.failed() is None and fused.mode() != "off"
                           else "native" if not on_gpu and native.status().get("ok") else "xla")
     res["fused_failed"] = fused.failed()
-    rate("xla_path", xla_validated, args.n)
-    rate("xla_path_unvalidated", lambda: api._decide_jit(M, R, A, cfg), args.n)
     rate("plain_vmap", lambda: plain(M, R, A, cfg), args.n)
     if "fused_kernel" in thr and "plain_vmap" in thr:
         thr["ratio_fused_kernel_vs_plain_vmap"] = thr["fused_kernel"] / thr["plain_vmap"]
@@ -403,7 +395,7 @@ def _print(res: dict, args, K: int, sweep_n: int) -> None:
             line += f"   target ≤ 1e-5, 0 differing: {'met' if ok else 'NOT met'}"
         print(line)
     thr = res["throughput"]
-    rows = ("fused_kernel", "decide", "decide_unvalidated", "xla_path", "xla_path_unvalidated", "plain_vmap")
+    rows = ("fused_kernel", "decide", "decide_unvalidated", "decide_auto", "plain_vmap")
     for k in rows:
         n = res["n_fused"] if k == "fused_kernel" else res["n"]
         v = thr.get(k)

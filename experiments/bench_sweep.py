@@ -13,15 +13,15 @@ resamples as weighted sums, so it also reports controller evaluations per second
   - sweep: ``mdl_jax.sweep`` on every engine that runs here beside the default, engine="jax" (the
     pure-JAX program): "native" (the CPU kernel), "pallas" (the fused GPU kernel, on a GPU) and
     "auto", warm in interleaved rounds (median), each as a ratio to the default (an engine earns its
-    place at ≥ 2× the default), and the native and jax engines' first call in a fresh process with
-    its peak RSS;
+    place at ≥ 2× the default; one that cannot run here is named with its reason), and the native and
+    jax engines' first call in a fresh process with its peak RSS;
     the native engine also without folding records that share (M, R, A) (these records hold 400
     distinct triples of 3,600), to show what the kernel alone gains;
   - nested vmap: the README's pattern, ``jax.vmap`` over ``MDLConfig(sigma=s)`` around
     ``decide(..., validate=False)`` on the explicitly resampled records (36,000), then accuracy;
   - Python loop: one ``decide`` call per config (the default engine) on the resampled records, accuracy
     in NumPy; and the same loop on the 3,600 records with the resamples as NumPy weights.
-Prints a table, then one JSON object as the last line.
+Prints the CPU's model and flags, a table, then one JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from experiments._machine import cpu_flags, cpu_model
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
 from mdl_jax.controller import api
-from mdl_jax.engines import native
+from mdl_jax.engines import native_sweep
 
+FLAGS_SHOWN = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "amx_tile")
 RECORDS = Path(__file__).parent / "results" / "paper-scale-200x3" / "records.jsonl"
 
 
@@ -123,26 +125,32 @@ def main(argv=None) -> int:
     W = 10
     load_before = __import__("os").getloadavg()
     res = {"records": source, "n_records": N, "resamples": W, "configs": size, "rounds": rounds,
-           "devices": jax.device_count(), "jax": jax.__version__}
+           "devices": jax.device_count(), "jax": jax.__version__, "cpu_model": cpu_model(),
+           "cpu_flags": cpu_flags(FLAGS_SHOWN)}
     rows = []
     for name in ("sigma", "gates"):
         cfgs, w = workload(name, size, N)
         K = size
         decisions = K * W * N
+        whys = {e: api.engine_module(e).sweep_why_not(cfgs, K) for e in ("native", "pallas")}
+        if whys["native"] is not None:
+            raise SystemExit(f"bench_sweep: the native engine cannot run here ({whys['native']}): nothing to "
+                             "measure beside the default")
+        engines = [e for e, why in whys.items() if why is None]
+        res.setdefault("engines_unavailable", {}).update({e: why for e, why in whys.items() if why is not None})
         fc = first_call(name, size, "native")
         fc_jax = first_call(name, size, "jax")
-        engines = ["native"] + [e for e in ("pallas",) if api.engine_module(e).sweep_why_not(cfgs, K) is None]
         runs: dict[str, Callable[..., Any]] = {e: (lambda e=e, cfgs=cfgs, w=w: sweep(M, R, A, cfgs, adopt=y, weights=w, engine=e))
                 for e in ("jax", *engines, "auto")}
 
         def native_unfolded(cfgs=cfgs, w=w):
-            # the native engine without folding records that share (M, R, A) (see native.DEDUP): what
+            # the native engine without folding records that share (M, R, A) (see native_sweep.DEDUP): what
             # the kernel alone gains; these 3,600 records hold 400 distinct triples
-            native.DEDUP = False
+            native_sweep.DEDUP = False
             try:
                 return sweep(M, R, A, cfgs, adopt=y, weights=w, engine="native")
             finally:
-                native.DEDUP = True
+                native_sweep.DEDUP = True
 
         runs["native_unfolded"] = native_unfolded
         for fn in runs.values():
@@ -212,6 +220,8 @@ def main(argv=None) -> int:
             keep = "" if e == "auto" else (f"; keep it (≥ 2× the default)? {'yes' if ratio >= 2 else 'NO'}")
             rows.append((f"{label}: engine={e!r} beside the default 'jax'", f"{statistics.median(per[e]):.3f} s",
                          f"{ratio:.2f}× the default's speed{keep}"))
+        for e, why in res.get("engines_unavailable", {}).items():
+            rows.append((f"{label}: engine={e!r} beside the default 'jax'", "–", f"not available: {why}"))
         rows.append((f"{label}: engine='native', records not folded", f"{r['native_unfolded_warm_s']:.3f} s",
                      f"{r['native_unfolded_vs_jax']:.1f}× the jax engine ({r['distinct_records']} distinct (M, R, A) "
                      f"of {N}; folded by default)"))
@@ -236,6 +246,7 @@ def main(argv=None) -> int:
     print(f"sweep benchmark: {size} configs × {W} resamples × {N} records ({source}), "
           f"{jax.device_count()} device(s), {len(os.sched_getaffinity(0))} CPUs, jax {jax.__version__}; "
           f"load average {load_before[0]:.1f} before, {res['load_after'][0]:.1f} after")
+    print(f"CPU: {res['cpu_model']}; flags: {' '.join(res['cpu_flags']) or '-'}")
     width = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{width}}  {b:>16}  {c}")

@@ -35,7 +35,7 @@ def dump(out: str, backends: list[str]) -> None:
 
     rows, texts, _, _ = run_data(60)
     arrays: dict[str, np.ndarray] = {}
-    info: dict = {"n_texts": len(texts), "n_rows": len(rows), "numpy": native._numpy_features(),
+    info: dict = {"n_texts": len(texts), "n_rows": len(rows), "numpy": native.numpy_features(),
                   "native_isa": native.isa(), "backends": {}}
     try:
         import torch

@@ -1089,7 +1089,7 @@ def _xgetbv_library(tmp_path, name: str, ecx: str = "0"):
         pytest.skip("needs a C compiler, objdump and readelf")
     from mdl_jax.engines import native
 
-    if platform.machine() != "x86_64" or not native._numpy_features().get("AVX"):  # (AVX: OSXSAVE and the OS's
+    if platform.machine() != "x86_64" or not native.numpy_features().get("AVX"):  # (AVX: OSXSAVE and the OS's
         pytest.skip("xgetbv needs an x86-64 CPU with OSXSAVE")                      # YMM state, by CPUID)
     src = tmp_path / f"{name}.c"
     src.write_text("unsigned ecx_arg = 0;\nunsigned xcr0_low(void) { unsigned a, d; "

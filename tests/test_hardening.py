@@ -15,7 +15,7 @@ import pytest
 
 from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
 from mdl_jax.controller.config import NUMERIC_FIELDS
-from mdl_jax.engines import native
+from mdl_jax.engines import kernel, native, toolchain
 from mdl_repro.pipeline import data, records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def good_library():
     """A complete kernel library and its record, built once (skipped without a compiler)."""
-    if native._compiler() is None:
+    if toolchain.compiler() is None:
         pytest.skip("no C++ compiler: the kernel cache is not used")
     assert native.load(), native.status()
     # Start XLA's CPU backend with this library's handler now: handlers registered before the
@@ -35,7 +35,7 @@ def good_library():
     decide(np.full(20, 0.5, np.float32), 0.5, 0.5)
     path = native.library_path()
     assert native.verified(path)
-    return path.read_bytes(), native._record_path(path).read_text()
+    return path.read_bytes(), toolchain.record_path(path).read_text()
 
 
 @pytest.mark.parametrize("size", [4_000, 20_000, 60_000])
@@ -43,12 +43,12 @@ def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monk
     # A cache cut short by a full disk: the library keeps its record (written by the build that
     # finished) but not its bytes. Loading it would be SIGBUS on the first decide; it must be rebuilt.
     lib_bytes, record = good_library
-    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(kernel, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
     path = native.library_path()
     path.parent.mkdir(parents=True)
     path.write_bytes(lib_bytes[:size])
-    native._record_path(path).write_text(record)
+    toolchain.record_path(path).write_text(record)
     assert not native.verified(path)
 
     built, loaded = [], []
@@ -56,18 +56,18 @@ def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monk
     def fake_build(out):  # the real compiler is tested below; here: what a finished build leaves
         built.append(out)
         out.write_bytes(lib_bytes)
-        native._record_path(out).write_text(record)
+        toolchain.record_path(out).write_text(record)
         return out
 
-    real_load = native.ctypes.cdll.LoadLibrary
+    real_load = kernel.ctypes.cdll.LoadLibrary
 
     def spy_load(name):  # refuse (instead of crashing pytest) if a short library reaches dlopen
         loaded.append(Path(name).stat().st_size)
         assert Path(name).stat().st_size == len(lib_bytes), "a truncated library was loaded"
         return real_load(name)
 
-    monkeypatch.setattr(native, "build", fake_build)
-    monkeypatch.setattr(native.ctypes.cdll, "LoadLibrary", spy_load)
+    monkeypatch.setattr(kernel, "build", fake_build)
+    monkeypatch.setattr(kernel.ctypes.cdll, "LoadLibrary", spy_load)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # it recovers: no fallback warning
         assert native.load()
@@ -79,10 +79,10 @@ def test_truncated_kernel_library_does_not_kill_a_fresh_process(good_library, tm
     # The reproducer end to end, with the real compiler: before the fix this process died of SIGBUS.
     lib_bytes, record = good_library
     env = {**os.environ, "MDL_JAX_CACHE_DIR": str(tmp_path)}
-    code = ("from mdl_jax.engines import native; import pathlib, sys; "
+    code = ("from mdl_jax.engines import native, toolchain; import pathlib, sys; "
             "p = native.library_path(); p.parent.mkdir(parents=True); "
             f"p.write_bytes(pathlib.Path(sys.argv[1]).read_bytes()[:60_000]); "
-            f"native._record_path(p).write_text({record!r}); "
+            f"toolchain.record_path(p).write_text({record!r}); "
             "import numpy as np; from mdl_jax import decide; "
             "d = decide(np.full(40, 0.5, np.float32), 0.5, 0.5, engine='native'); "
             "assert native.status()['ok'], native.status(); "
@@ -101,8 +101,8 @@ def test_kernel_build_writes_library_and_record_atomically(good_library, tmp_pat
     native.build(out)
     assert native.verified(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.so", "k.so.sha256"]  # no temporaries left
-    assert native._elf_complete(out.read_bytes())
-    assert not any(native._elf_complete(lib_bytes[:n]) for n in (64, 4_000, len(lib_bytes) - 1))
+    assert toolchain.elf_complete(out.read_bytes())
+    assert not any(toolchain.elf_complete(lib_bytes[:n]) for n in (64, 4_000, len(lib_bytes) - 1))
 
 
 # --- 2. Records ----------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_half_precision_signals_decide_exactly_as_float32_on_the_same_values(dty
 def test_nan_signal_is_opt_out_on_every_path_when_unvalidated(kernel, monkeypatch):
     if kernel == "pure_jax":
         monkeypatch.setenv(native.ENV_SWITCH, "0")
-    elif native._compiler() is None or not native.load():
+    elif toolchain.compiler() is None or not native.load():
         pytest.skip("no native kernel on this machine")
     x = np.array([np.nan, 0.5, 0.9, 0.1, 0.5] * 7, np.float32)  # 35: two full blocks and a tail
     M, R, A = x, np.roll(x, 1), np.roll(x, 2)

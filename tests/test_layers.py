@@ -239,15 +239,6 @@ def test_evaluation_sits_between_the_gate_and_the_pipeline():
 
 ROOT = PKG.parent
 
-# Modules whose shared pieces still go by private names across files (the engines' variants the
-# benches time, the projectors the sensitivity analysis reads): each leaves this list when its pieces
-# get public names, and the test then holds it.
-_REWRITTEN_ELSEWHERE = frozenset({
-    "mdl_jax/engines/native.py", "experiments/bench_controller.py",
-    "experiments/bench_gpu.py", "experiments/emulated_parity.py",
-})
-
-
 def _first_party() -> dict[str, Path]:
     mods = {}
     for base, top in ((ROOT, "mdl_jax"), (ROOT, "experiments"), (ROOT / "repro", "mdl_repro")):
@@ -309,8 +300,7 @@ def test_no_module_uses_another_modules_private_names():
     mods = _first_party()
     rel = {m: p.relative_to(ROOT).as_posix() for m, p in mods.items()}
     bad = sorted(f"{rel[m]} uses {d}.{name}" for m, p in mods.items() if p.suffix == ".py"
-                 and rel[m] not in _REWRITTEN_ELSEWHERE
-                 for d, name in private_uses(m, mods) if rel.get(d) not in _REWRITTEN_ELSEWHERE)
+                 for d, name in private_uses(m, mods))
     assert not bad, "private names used across modules (give the shared piece a public name):\n" + "\n".join(bad)
 
 

@@ -18,7 +18,9 @@ import pytest
 from mdl_jax import MDLConfig, decide
 from mdl_jax.controller import api
 from mdl_jax.controller.decision import Decision
-from mdl_jax.engines import native
+from mdl_jax.engines import cpu as engine_cpu
+from mdl_jax.engines import kernel as engine_kernel
+from mdl_jax.engines import native, toolchain
 from tests.reference import NumpyMDL
 
 FIELDS = Decision._fields
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    if native._compiler() is None:
+    if toolchain.compiler() is None:
         pytest.skip("no C++ compiler on this machine: the native engine cannot run here")
     assert native.load(), native.status()  # a machine with a compiler must build it
 
@@ -205,7 +207,7 @@ def test_what_the_kernel_cannot_run_is_a_one_line_error_by_name_and_pure_jax_und
 
 def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path):
     # Failure path: no compiler and an empty cache. decide must warn once and still answer.
-    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(engine_kernel, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -233,7 +235,7 @@ def test_kernel_rejects_a_malformed_params_buffer():
     assert native.load()
     p, _, _ = native._small_plan(MDLConfig())
     one = np.zeros(1, np.float32).ctypes.data
-    assert native._STATE["lib"].MdlDecideSmallF32(one, one, one, p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
+    assert native.loaded_library().MdlDecideSmallF32(one, one, one, p.ctypes.data, 1, 31, 4, 6, *([0] * 8)) == 1
 
 
 def test_zero_norm_v_meta_gives_no_nan_in_the_kernel():
@@ -262,7 +264,7 @@ def test_gpu_check_script_runs_on_cpu():
 
 @pytest.mark.slow
 def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(engine_kernel, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
     path = native.library_path()
     path.parent.mkdir(parents=True)
@@ -328,8 +330,8 @@ def test_every_isa_variant_matches_pure_jax_and_the_default_variant_bit_for_bit(
 def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
     zen3 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi1 bmi2 f16c".split())
     monkeypatch.delenv(native.ENV_ISA, raising=False)
-    monkeypatch.setattr(native, "_x86", lambda: True)
-    monkeypatch.setattr(native, "cpu_flags", lambda: zen3)
+    monkeypatch.setattr(engine_cpu, "is_x86", lambda: True)
+    monkeypatch.setattr(engine_cpu, "cpu_flags", lambda: zen3)
     assert native.available_isas() == ("avx2", "native") and native.isa() == "avx2"
     monkeypatch.setenv(native.ENV_ISA, "avx512")
     with pytest.raises(native.NativeBuildError, match="cannot run it .no avx512f"):
@@ -337,7 +339,7 @@ def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
     monkeypatch.setenv(native.ENV_ISA, "sse9")
     with pytest.raises(native.NativeBuildError, match="expected auto or one of"):
         native.isa()
-    monkeypatch.setattr(native, "cpu_flags", lambda: zen3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    monkeypatch.setattr(engine_cpu, "cpu_flags", lambda: zen3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"})
     monkeypatch.setenv(native.ENV_ISA, "auto")
     assert native.isa() == "avx512"
     monkeypatch.setenv(native.ENV_ISA, "AVX2")
@@ -354,19 +356,19 @@ def test_a_flag_cpuinfo_lists_but_the_process_cannot_run_is_not_built_for(monkey
     call would die of SIGILL), and a cache key apart from the host's build."""
     monkeypatch.delenv(native.ENV_ISA, raising=False)
     listed = native.cpu_flags()
-    monkeypatch.setattr(native, "_numpy_features", lambda: {"AVX2": True, "FMA3": True, "AVX512F": False,
+    monkeypatch.setattr(engine_cpu, "numpy_features", lambda: {"AVX2": True, "FMA3": True, "AVX512F": False,
                                                             "AVX512BW": False, "AVX512DQ": False, "AVX512VL": False})
     native.cpu_flags.cache_clear()
     try:
         assert not {"avx512f", "avx512bw", "avx512dq", "avx512vl"} & native.cpu_flags()
         assert {"avx2", "fma"} & listed <= native.cpu_flags()
-        if native._x86() and {"avx2", "fma"} <= listed:
+        if engine_cpu.is_x86() and {"avx2", "fma"} <= listed:
             assert native.isa() == "avx2"
         if "avx512f" in listed:  # an AVX-512 host: the key says what was left out
-            assert "|not avx512bw avx512dq avx512f avx512vl" in native._cpu_signature()
+            assert "|not avx512bw avx512dq avx512f avx512vl" in engine_cpu.cpu_signature()
     finally:
         native.cpu_flags.cache_clear()
-    monkeypatch.setattr(native, "_numpy_features", lambda: {})  # a NumPy that does not say: cpuinfo alone
+    monkeypatch.setattr(engine_cpu, "numpy_features", lambda: {})  # a NumPy that does not say: cpuinfo alone
     native.cpu_flags.cache_clear()
     try:
         assert native.cpu_flags() == listed
@@ -441,3 +443,22 @@ def test_bench_controller_compare_rev_measures_the_named_tree_in_its_own_process
     assert set(row["ratio_rounds"]) == {"4096", "one_core"}
     assert all(np.isfinite(r) and r > 0 for rs in row["ratio_rounds"].values() for r in rs)
     assert out["isa"]["HEAD"] == out["isa"]["this tree"] == native.isa()
+
+
+def test_bench_gate_reports_every_engine_beside_the_default_or_why_it_cannot_run():
+    # bench_gate times the decision stage on each engine in one process, as ratios to the default; an
+    # engine that cannot run here (the fused kernel without a GPU) is named with its reason, not dropped.
+    from experiments import bench_gate
+
+    r = bench_gate.child_engines(2048, 512, rounds=2)
+    assert r["engines"][0] == "jax" and r["engines"][-1] == "auto" and "native" in r["engines"]
+    assert set(r["engines"]) | set(r["unavailable"]) == {"jax", "native", "pallas", "auto"}
+    if jax.default_backend() == "cpu":
+        assert "GPU" in r["unavailable"]["pallas"]
+    assert r["speed_vs_default"]["jax"] == 1.0
+    assert all(np.isfinite(v) and v > 0 for v in r["speed_vs_default"].values())
+    line = bench_gate.engines_line(r)
+    for e in r["engines"][1:]:
+        assert f"{e!r} " in line
+    for e, why in r["unavailable"].items():
+        assert f"{e!r}: not available: {why}" in line

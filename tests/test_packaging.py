@@ -82,8 +82,8 @@ ref = jax.vmap(decide_one, in_axes=(0, 0, 0, None))(*x, cfg)
 cf = np.asarray(ref.C_final)
 near = np.any(np.abs(cf[:, None] - np.asarray(cfg.thresholds, np.float32)) < 1e-5, axis=-1)
 print(json.dumps({
-    "file": mdl_jax.__file__, "source": str(native._SOURCE), "ok": ok, "status": native.status(),
-    "threads": native.threads_used()[0], "compiler": native._compiler() is not None,
+    "file": mdl_jax.__file__, "source": str(native.SOURCE), "ok": ok, "status": native.status(),
+    "threads": native.threads_used()[0], "compiler": native.compiler() is not None,
     "max_diff": {f: float(np.max(np.abs(np.asarray(getattr(d, f)) - np.asarray(getattr(ref, f)))))
                  for f in ("C", "alpha", "C_final", "v_meta", "norm", "g_A")},
     "actions_equal": bool(np.array_equal(np.asarray(d.action)[~near], np.asarray(ref.action)[~near])),

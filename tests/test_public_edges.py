@@ -168,9 +168,9 @@ def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(
     # A 10^5-config gate grid held (K, 1085) packed params and (K, 3, 16, 16) weight matrices at once
     # (750 MB for 10 records); now packed _PACK_CHUNK configs at a time. Chunks of 3 here, so fusion
     # groups (σ) span chunk ends and recur in later chunks: the sums must not change.
-    from mdl_jax.engines import native
+    from mdl_jax.engines import native_sweep
 
-    monkeypatch.setattr(native, "_PACK_CHUNK", 3)
+    monkeypatch.setattr(native_sweep, "_PACK_CHUNK", 3)
     r = np.random.default_rng(4)
     M, R, A = (r.random(30).astype(np.float32) for _ in range(3))
     adopt = r.random(30) < 0.5

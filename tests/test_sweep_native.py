@@ -11,12 +11,13 @@ import pytest
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, sweep
 from mdl_jax.controller import passes
 from mdl_jax.controller import sweep as sweep_mod
-from mdl_jax.engines import native
+from mdl_jax.engines import kernel as engine_kernel
+from mdl_jax.engines import native, native_sweep, toolchain
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    if native._compiler() is None:
+    if toolchain.compiler() is None:
         pytest.skip("no C++ compiler on this machine: sweep runs the jax engine")
     assert native.load(), native.status()
 
@@ -126,11 +127,11 @@ def test_native_sweep_weights_int_float_one_and_many(data, monkeypatch):
     big = np.full((2, N), 30_000, np.int64)   # row totals 3e7 > 2^24: int32 sums
     big[1, ::3] = 7
     modes = []
-    real = native._weight_mode
-    monkeypatch.setattr(native, "_weight_mode", lambda w: modes.append(real(w)) or modes[-1])
+    real = native_sweep._weight_mode
+    monkeypatch.setattr(native_sweep, "_weight_mode", lambda w: modes.append(real(w)) or modes[-1])
     for w in [None, bootstrap_weights(N, 4, seed=3), big, rng.uniform(0, 2.5, (3, N))]:
         assert_engines_agree(M, R, A, adopt, cfgs, weights=w)
-    assert set(modes) == {native._INTEGRAL, native._INT32, native._DOUBLE}
+    assert set(modes) == {native_sweep._INTEGRAL, native_sweep._INT32, native_sweep._DOUBLE}
 
 
 def test_native_integer_counts_are_exact_past_float32s_2_to_the_24(data):
@@ -173,7 +174,7 @@ def test_the_native_sweep_is_deterministic_and_ignores_the_thread_count(data):
     cfgs = config_grid(MDLConfig(), sigma=np.linspace(0.05, 0.5, 20), g_a=[0.2, 0.7])
     w = np.random.default_rng(4).uniform(0, 1, (2, N))
     a = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
-    lib = native._STATE["lib"]
+    lib = native.loaded_library()
     try:
         lib.MdlSetMaxThreads(1)
         b = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
@@ -207,7 +208,7 @@ def test_auto_picks_native_on_the_cpu_and_the_default_is_jax(data, monkeypatch):
 
 def test_auto_falls_back_to_jax_with_one_warning_when_the_kernel_cannot_be_built(data, monkeypatch, tmp_path):
     M, R, A, adopt = data
-    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(engine_kernel, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -240,11 +241,11 @@ def test_records_with_the_same_signals_are_decided_once_with_the_same_result(mon
     M, R, A = np.tile(rng.uniform(size=(3, 250)).astype(np.float32), 3)
     adopt = rng.integers(0, 2, 750)
     w = bootstrap_weights(750, 3, seed=2)
-    m, _, _, w2 = native._split_weights(M, R, A, adopt, w.astype(np.float32), dedup=True)
+    m, _, _, w2 = native_sweep._split_weights(M, R, A, adopt, w.astype(np.float32), dedup=True)
     assert len(m) == 250 and w2.shape == (2, 3, 250) and w2.sum() == w.sum()
     cfgs = config_grid(MDLConfig(), sigma=[0.1, 0.3], g_a=[0.2, 0.6])
     folded = assert_engines_agree(M, R, A, adopt, cfgs, weights=w)
-    monkeypatch.setattr(native, "DEDUP", False)
+    monkeypatch.setattr(native_sweep, "DEDUP", False)
     plain = sweep(M, R, A, cfgs, adopt=adopt, weights=w, engine="native")
     for f in ("accuracy", "counts"):
         assert np.array_equal(getattr(folded, f), getattr(plain, f)), f

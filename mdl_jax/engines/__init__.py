@@ -1,9 +1,15 @@
 """Faster implementations of the controller, each loaded only when a caller names it.
 
-  native.py   the CPU kernel (``_native/decide_cpu.cc``) for ``decide`` and ``sweep``: built with the
-              system C++ compiler on first use, cached, registered with XLA's FFI; and the build
-              machinery the signals' C++ helpers share
-  fused.py    the fused Pallas (Triton) GPU kernel for ``decide`` and ``sweep``
+  native.py        the native CPU engine's front: ``decide`` on the C++ kernel (``_native/decide_cpu.cc``)
+                   and the names callers use, re-exported from the modules below
+  native_sweep.py  the native engine of ``sweep``: configs × records in one kernel call per pass
+  kernel.py        the kernel's library in this process: built on first use, loaded, registered with
+                   XLA's FFI
+  packing.py       a config as the kernel's float32 params buffer (also read by the fused kernel)
+  cpu.py           what this CPU and process can run: flags, the ISA variant, usable CPUs
+  toolchain.py     build machinery (compile, verify, cache, load a C++ library), shared with the
+                   signals' C++ helpers
+  fused.py         the fused Pallas (Triton) GPU kernel for ``decide`` and ``sweep``
 
 ``decide``, ``sweep`` and ``calibrate`` take ``engine=``: "jax" (the default, the pure-JAX definition in
 ``mdl_jax.controller``), "native", "pallas" (this package's fused kernel) or "auto" (the fastest that can

@@ -8,7 +8,7 @@ the Lemma 1 energies — and writes each output once (112 bytes in and out per r
 
 It computes what ``decision.decide_one`` computes, for D = 16 and any numeric config and ablation
 switches, with the same float32 arithmetic in the same order where it matters: the config is packed
-like the native CPU kernel's (``native.pack``: W_k from eq. (1) with weight_matrices' operations, the
+like the native CPU kernel's (``packing.pack``: W_k from eq. (1) with weight_matrices' operations, the
 centres from the same ``jnp.linspace``), every product is a float32 ``jnp.dot`` at HIGHEST precision
 (Triton's IEEE mode, not TF32), exp and tanh are libdevice's. ``tests/test_fused.py`` checks parity
 with ``decide_one`` in Pallas interpret mode on the CPU, and that the kernels lower to Triton IR for
@@ -45,7 +45,7 @@ import numpy as np
 
 from mdl_jax.controller import decision as _decision
 from mdl_jax.controller.config import MDLConfig
-from mdl_jax.engines import native
+from mdl_jax.engines import packing
 
 ENV_SWITCH = "MDL_JAX_FUSED"
 D = 16
@@ -124,10 +124,10 @@ def supports(cfg: MDLConfig) -> bool:
     try:
         return _supports_cached(cfg)
     except TypeError:  # unhashable leaves (arrays): asked every call
-        return native.supports(cfg)
+        return packing.supports(cfg)
 
 
-_supports_cached = functools.lru_cache(maxsize=64)(native.supports)
+_supports_cached = functools.lru_cache(maxsize=64)(packing.supports)
 
 
 def _arrays_on_gpu(arrays) -> bool:
@@ -225,7 +225,7 @@ def sweep_why_not(cfg: MDLConfig, K: int) -> str | None:
 def pack_batch(cfg: MDLConfig, K: int | None):
     """float32 (mats (K, 4, D, D), vecs (K, 2, D), scal (K, D)) for one config (K None → K = 1) or a
     batch. mats: W_wmᵀ, W_rᵀ, W_aᵀ (so that v @ W_kᵀ = W_k v) and the basis Q; vecs: centres, bias;
-    scal: the ``_NEG_INV_2S2`` ... slots. The arithmetic is ``native.pack``'s (weight_matrices' order)."""
+    scal: the ``_NEG_INV_2S2`` ... slots. The arithmetic is ``packing.pack``'s (weight_matrices' order)."""
     f = np.float32
     k = 1 if K is None else K
 

@@ -76,7 +76,7 @@ def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray
     m, S = idx.shape
     cos = np.empty((m, S), np.float64)
     upper = np.empty((m, S * (S - 1) // 2), np.float64)
-    a = _native._address  # (a third of .ctypes.data's cost per address, and a gate query takes five)
+    a = _native.address  # (a third of .ctypes.data's cost per address, and a gate query takes five)
     if m and S and _STATE["fn"](a(U), U.shape[0], U.shape[1], a(idx), a(Q), m, S, a(cos), a(upper)) != 0:
         raise ValueError(f"step_dots: an index outside U's {U.shape[0]} rows")
     return cos, upper
