@@ -302,7 +302,7 @@ def _main(argv=None) -> dict:
 
     # (3) sweep and (4) tuning on the device (random records: only speed is measured)
     from mdl_jax import bootstrap_weights, config_grid, sweep
-    from mdl_jax.controller.tuning import FIELD_SETS, tune_many
+    from mdl_jax.controller.tuning import FIELD_SETS, TuneSettings, tune_many
 
     rng = np.random.default_rng(1)
     Ms, Rs, As = rng.uniform(size=(3, 3600)).astype(np.float32)
@@ -370,7 +370,7 @@ def _main(argv=None) -> dict:
         for fs in ("gates", "all"):
             def tune(fs=fs):
                 kw = dict(train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[FIELD_SETS[fs]] * 15,
-                          seeds=[0] * 5 + [1] * 5 + [2] * 5, steps=args.tune_steps)
+                          seeds=[0] * 5 + [1] * 5 + [2] * 5, settings=TuneSettings(steps=args.tune_steps))
                 t = time.perf_counter()
                 tune_many(Ms, Rs, As, ys, **kw)
                 first = time.perf_counter() - t
