@@ -103,7 +103,7 @@ def _narration(path: Path, rel: str) -> list[str]:
 
 
 def test_package_comments_carry_no_timings_ratios_issue_numbers_or_machines():
-    """Comments and docstrings in mdl_jax/ say why the code is as it is, never how fast it ran, where,
+    """Comments and docstrings in mdl_jax/ and repro/mdl_repro/ say why the code is as it is, never how fast it ran, where,
     or in which ticket: such a figure is true of one machine on one day and goes stale on the next.
     The measured numbers live in docs/benchmarks.md and the CHANGELOG.
 
@@ -115,11 +115,22 @@ def test_package_comments_carry_no_timings_ratios_issue_numbers_or_machines():
     measurement and may not. Dimensions written with a spaced × (``21 × 21``, ``2×2``) are shapes, not
     ratios, and pass."""
     found = []
-    for path in sorted((ROOT / "mdl_jax").rglob("*.py")):
+    for path in sorted([*(ROOT / "mdl_jax").rglob("*.py"), *(ROOT / "repro" / "mdl_repro").rglob("*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         if rel not in _NOT_YET:
             found += _narration(path, rel)
     assert not found, "narration in comments (say why; numbers go to docs/benchmarks.md):\n" + "\n".join(found)
+
+
+# The most lines one module of the library may have: a module a reader takes in at one sitting, with one
+# job. The reproduction (repro/) is the paper's code, held to the layering but not to this.
+MODULE_LINES = 600
+
+
+def test_no_module_of_the_library_is_longer_than_a_sitting():
+    long = sorted(f"{p.relative_to(ROOT).as_posix()}: {n} lines" for p in (ROOT / "mdl_jax").rglob("*.py")
+                  if (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_LINES)
+    assert not long, f"library modules over {MODULE_LINES} lines (split by job):\n" + "\n".join(long)
 
 
 def test_the_narration_check_catches_each_kind(tmp_path):
