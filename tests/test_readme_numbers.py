@@ -85,7 +85,8 @@ def test_the_readme_results_claim_no_direction_the_run_cannot_resolve():
 # ------------------------------------------------------------------ docs/results.md
 
 DOC = ROOT / "docs" / "results.md"
-RUNS = ("paper-scale-200x3-paired", "paired-30x2", "paper-scale-200x3", "tqa-halu-100x2")
+RUNS = ("paper-scale-200x3-paired", "paired-30x2", "paper-scale-200x3", "tqa-halu-100x2", "rq1-qwen1.5b",
+        "rq1-smollm2")
 # a word that states a direction; where one is used the sentence must carry an interval that excludes 0
 DIRECTION = re.compile(r"\b(higher|lower|lowers|below|above|beats?|exceeds?|outperforms?|worse|better)\b"
                        r"|hallucinates (more|less)", re.I)
