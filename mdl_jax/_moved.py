@@ -47,12 +47,18 @@ def import_moved(new: str, old: str):
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str):
         self.new = new
+        self.spec = None
 
     def create_module(self, spec):
-        return import_moved(self.new, spec.name)
+        module = import_moved(self.new, spec.name)
+        self.spec = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # the moved module ran already, under its new name
+        # The moved module ran already, under its new name. The import system has just set its
+        # __spec__ to the alias's; give it back its own, so reload, pickling and tools see the module
+        # as what it is.
+        module.__spec__ = self.spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):

@@ -39,6 +39,7 @@ def test_a_submodule_of_an_old_name_is_never_loaded_a_second_time(monkeypatch):
 
     assert old_data is data and OldStore is stores.Store
     assert sys.modules["mdl_jax.pipeline.stores"] is stores
+    assert stores.__spec__.name == stores.__name__ == "mdl_repro.pipeline.stores"  # still itself
 
 
 def test_an_old_name_without_the_reproduction_says_how_to_install_it(monkeypatch):
