@@ -24,7 +24,7 @@ MOVED = {
     "mdl_jax.serving.model_server": "mdl_repro.model_server",
     "mdl_jax.serve": "mdl_repro.serve",
 }
-INSTALL = "pip install -e ./repro (the mdl-jax-repro distribution in the repository)"
+INSTALL = "pip install -e ./repro from the repository's root (the mdl-jax-repro distribution)"
 
 
 def _target(name: str) -> str | None:
@@ -90,7 +90,15 @@ def alias(old: str) -> None:
 
 
 def run_as_main(old: str) -> int:
-    """``python -m OLD`` for a moved command module: a one-line warning, then the moved module's ``main()``."""
+    """``python -m OLD`` for a moved module: a one-line warning, then the moved module's ``main()``; without
+    the reproduction installed, one error line naming the install and exit status 2."""
     new = MOVED[old]
     print(f"mdl-jax: warning: python -m {old} is deprecated; use python -m {new}", file=sys.stderr)
-    return import_moved(new, old).main()
+    try:
+        module = import_moved(new, old)
+    except ModuleNotFoundError as e:
+        if e.name != old:
+            raise
+        print(f"mdl-jax: error: {e}", file=sys.stderr)
+        return 2
+    return module.main()

@@ -487,3 +487,27 @@ def test_a_null_classifier_probability_is_a_data_error_naming_file_and_line(tmp_
     _jsonl(tmp_path / "joined" / "nq_test.jsonl", [row])
     with pytest.raises(DataError, match=r"nq_test\.jsonl, line 1: extra\.adaptive_rag_classifier\.probas_ABC"):
         load_benchmark("adarague_llama8b", path=tmp_path, split="nq_test")
+
+
+@pytest.mark.slow  # a fresh Python process importing `datasets`
+def test_the_paper_sets_offline_without_a_local_copy_are_one_error_naming_where_to_point(tmp_path):
+    # The hub really is unreachable (HF_HUB_OFFLINE): what a user without a network and without
+    # ../shared/data meets, and the message must tell them what to pass. This checkout has the shared
+    # copy beside it, so the lookup is told it found none (a fake for the failure path only).
+    import os
+    import subprocess
+    import sys
+
+    code = ("from mdl_jax.evaluation.datasets import paper_sets\n"
+            "from mdl_jax.evaluation.datasets.files import DataError\n"
+            "paper_sets.find_local = lambda dataset, data_dir: None\n"
+            "try:\n    paper_sets.load('truthfulqa')\n"
+            "except DataError as e:\n    print('DataError:', e)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.pop("MDL_JAX_DATA_DIR", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("DataError: truthfulqa: no local copy") and "--data-dir" in line, line
+    assert "MDL_JAX_DATA_DIR" in line and "TruthfulQA.csv" in line, line

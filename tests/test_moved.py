@@ -80,3 +80,24 @@ def test_an_added_command_groups_errors_are_bad_input_not_bugs():
     assert {RecordsError, JudgeInputError} <= set(user_errors())
     with pytest.raises(TypeError, match="expected exception classes"):
         add_user_errors("not a class")
+
+
+@pytest.mark.parametrize("old", ["mdl_jax.serve", "mdl_jax.serving.model_server"])
+def test_python_m_an_old_name_without_the_reproduction_is_one_line_and_exit_2(old, monkeypatch, capsys):
+    # A fake for the failure path, as above; `python -m mdl_jax.serve` runs exactly this.
+    _forget(monkeypatch, "mdl_repro")
+    monkeypatch.setitem(sys.modules, "mdl_repro", None)
+    assert _moved.run_as_main(old) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"mdl-jax: warning: python -m {old} is deprecated")
+    assert len(err) == 2 and err[1].startswith(f"mdl-jax: error: {old} moved to") and "pip install" in err[1]
+
+
+@pytest.mark.slow  # a fresh Python process
+def test_python_m_an_old_name_runs_the_moved_command():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "mdl_jax.serving.model_server", "--help"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "usage: python -m mdl_repro.serve" in r.stdout, r.stderr[-2000:]
+    assert "deprecated; use python -m mdl_repro.model_server" in r.stderr

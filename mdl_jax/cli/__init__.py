@@ -24,7 +24,7 @@ DESCRIPTION = ("The Memory Decision Layer: the controller (demo, sweep), the mem
 ENTRY_POINTS = "mdl_jax.commands"
 # The reproduction's commands, named here only to tell a user without it installed where they went.
 REPRO_COMMANDS = ("signals", "reproduce", "judge", "analyze", "tune", "score-gates")
-REPRO_INSTALL = "pip install -e ./repro (the mdl-jax-repro distribution in the repository)"
+REPRO_INSTALL = "pip install -e ./repro from the repository's root (the mdl-jax-repro distribution)"
 
 __all__ = ["CommandError", "DEMO_TRIPLES", "Parser", "demo", "fail", "main", "run", "user_errors"]
 

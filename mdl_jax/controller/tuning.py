@@ -254,7 +254,10 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     """``tune_many``'s work, its runs and settings as two values.
 
     Args:
-      M, R, A, adopt: as ``tune_many``.
+      M: (N,) relevance, as ``tune_many``.
+      R: (N,) reliability, as ``tune_many``.
+      A: (N,) task risk, as ``tune_many``.
+      adopt: (N,) binary oracle labels, as ``tune_many``.
       runs: the B runs (``TuneRuns``).
       config: the starting ``MDLConfig``; the paper's defaults when None.
       settings: ``TuneSettings``; the defaults when None.

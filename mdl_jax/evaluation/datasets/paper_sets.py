@@ -238,7 +238,14 @@ def load(dataset: str, data_dir: str | Path | None = None, *, path: str | Path |
                                 if k in ds.column_names and k != v})
     else:
         name, config, split = HUB[dataset]
-        ds = datasets.load_dataset(name, config, split=split)
+        try:
+            ds = datasets.load_dataset(name, config, split=split)
+        except (ConnectionError, OSError) as e:
+            # Offline with no local copy: the one thing to do is point at one, so say where we looked.
+            raise DataError(f"{dataset}: no local copy (looked in data_dir / --data-dir, ${ENV_DATA_DIR} and "
+                            f"../shared/data beside the repository) and the hub copy {name!r} cannot be "
+                            f"reached ({type(e).__name__}); pass --data-dir or set {ENV_DATA_DIR} to a folder "
+                            f"holding {FILE_STEMS[dataset]}.csv / .jsonl") from e
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     items = []
