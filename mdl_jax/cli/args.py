@@ -186,3 +186,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mdl_jax.evaluation.datasets.files import DataError  # stdlib-only: keeps the CLI light
 
     return (CommandError, DataError, ConfigFileError, OutputError, *_EXTRA_USER_ERRORS)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that shows an argument's default where it has one: never "(default: None)", which says
+    nothing (the help text says what an unset option means), nor on a required argument."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.required:
+            return action.help
+        return super()._get_help_string(action)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdl_jax.cli.args import DefaultsHelpFormatter
 from mdl_jax.gate import files
 from mdl_jax.signals.embeddings import EMBED_BACKENDS
 
@@ -31,7 +32,7 @@ def register(sub) -> None:
     p = sub.add_parser("gate", help="the memory gate over a JSONL / Parquet / CSV file or a Hugging "
                                     "Face dataset: decision columns beside the input's",
                        description=files.__doc__.split("\n\n")[0] + f" Cost: {files.COST}.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("input", metavar="IN", help="a .jsonl / .parquet / .csv file, a dataset folder, "
                                                "or a Hugging Face dataset name")
     p.add_argument("--out", required=True, help="OUT.parquet or OUT.jsonl")
@@ -43,16 +44,16 @@ def register(sub) -> None:
                    help="a field holding the category, for a category table (--risk truthfulqa / JSON)")
     p.add_argument("--risk", default="0.5", help="A for every row: a number in [0, 1], 'truthfulqa', "
                                                  "'halueval', or a JSON file {category: risk}")
-    p.add_argument("--config", default=None, help="an MDL config file (save_config); default: Table 2")
+    p.add_argument("--config", default=None, help="an MDL config file (save_config); unset: the paper's Table 2")
     p.add_argument("--embedder", default="all-MiniLM-L6-v2",
                    help="a sentence-transformers name or path, or module:function (texts -> (N, d))")
     p.add_argument("--embed-backend", default="auto",
                    choices=EMBED_BACKENDS,
                    help="what runs a named embedder: auto = OpenVINO bfloat16 on a CPU with AMX or "
-                        "AVX512-BF16 (~3.5x torch's speed, within the parity), else ONNX Runtime float32 "
-                        "(torch's vectors to float32 rounding, 1.5-2.7x), where installed (the signals extra); "
+                        "AVX512-BF16 (within the parity), else ONNX Runtime float32 (torch's vectors to float32 "
+                        "rounding), where installed (the signals extra; their speeds: docs/benchmarks.md); "
                         "else torch")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (default $MDL_JAX_CACHE_DIR or "
+    p.add_argument("--cache-dir", default=None, help="embedding cache (unset: $MDL_JAX_CACHE_DIR or "
                                                      "~/.cache/mdl_jax)")
     p.add_argument("--split", default="train", help="the split of a Hugging Face dataset")
     p.add_argument("--chunk-size", type=int, default=None,
