@@ -84,9 +84,14 @@ def in_short(summary: dict, metrics: dict) -> str:
     n_q = cfg.get("n_questions")
     seeds = len(cfg.get("seeds") or [])
     sets = sorted({k.split("/")[0] for k in metrics})
+    systems = cfg.get("systems") or ["B1", "B2", "B3"]
+    what = {"B1": "without memories (B1)", "B2": "with every retrieved memory injected (B2)",
+            "B3": "with MDL deciding whether to inject them (B3)"}
+    asked = [what[s] for s in ("B1", "B2", "B3") if s in systems]
+    asked_text = (", ".join(asked[:-1]) + ", and " + asked[-1] if len(asked) > 2
+                  else " and ".join(asked)) or "with none of B1, B2, B3"
     ran = (f"This run asked {summary.get('model')} {n_q} questions from each of {', '.join(sets)} under "
-           f"{seeds} seed(s): without memories (B1), with every retrieved memory injected (B2), and with "
-           "MDL deciding whether to inject them (B3).")
+           f"{seeds} seed(s): {asked_text}.")
     rates = "; ".join(
         f"{ds}: " + ", ".join(f"{s} {metrics[f'{ds}/{s}']['overall']:.2f}" for s in ("B1", "B2", "B3")
                               if f"{ds}/{s}" in metrics)
@@ -395,9 +400,11 @@ def write_report(out, summary: dict, *, embedder=None, analysis_md: str | None =
             "# MDL end-to-end hallucination experiment (RQ1)", "",
             "## In short", "", in_short(summary, metrics), "",
             f"Model: {summary.get('model')}; embeddings: {cfg.get('embed_model')}; seeds: {cfg.get('seeds')}; "
-            f"evaluated questions per dataset: {cfg.get('n_questions')}; CRAG / Self-RAG on "
-            f"{cfg.get('baseline_datasets')} for "
-            f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s).",
+            f"evaluated questions per dataset: {cfg.get('n_questions')}; " + (
+                f"CRAG / Self-RAG on {cfg.get('baseline_datasets')} for "
+                f"{min(cfg.get('baseline_seeds') or 0, len(cfg.get('seeds') or []))} seed(s)."
+                if {"CRAG", "SelfRAG"} & set(cfg.get("systems") or ["CRAG", "SelfRAG"])
+                else "CRAG / Self-RAG not run."),
             f"Generation: {summary.get('tokens_generated')} tokens in {summary.get('generation_seconds', 0):.0f} s "
             f"of generation ({_fmt(summary.get('tokens_per_s'))} tokens/s of the whole pipeline, summed over "
             "every run into this folder, resumed ones included; label scoring not counted: "
