@@ -101,3 +101,16 @@ def test_python_m_an_old_name_runs_the_moved_command():
                        text=True, timeout=300)
     assert r.returncode == 0 and "usage: python -m mdl_repro.serve" in r.stdout, r.stderr[-2000:]
     assert "deprecated; use python -m mdl_repro.model_server" in r.stderr
+
+
+def test_a_reproduction_that_does_not_load_leaves_the_library_commands_working(monkeypatch, capsys):
+    # A real entry point whose module does not exist: what a half-removed install looks like.
+    import importlib.metadata as md
+
+    ep = md.EntryPoint(name="repro", value="mdl_repro_missing_module:register", group=cli.ENTRY_POINTS)
+    monkeypatch.setattr(md, "entry_points", lambda **kw: [ep])
+    assert cli.main(["demo"]) == 0
+    capsys.readouterr()
+    assert cli.main(["reproduce", "--n-questions", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "installed but does not load" in err[0] and "mdl_repro_missing_module" in err[0]

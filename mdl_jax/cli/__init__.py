@@ -86,16 +86,23 @@ def _add_later_commands(sub) -> None:
     gateway.register(sub)
     sweep.register(sub)
     benchmarks.register(sub)
+    broken = []
     for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        ep.load()(sub)
+        try:
+            ep.load()(sub)
+        except Exception as e:  # a broken install must not take the library's own commands down with it
+            broken.append(f"{ep.value}: {type(e).__name__}: {e}")
     for name in REPRO_COMMANDS:
         if name not in sub.choices:
             p = sub.add_parser(name, help=f"(needs mdl-jax-repro: {REPRO_INSTALL})", add_help=False)
             p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
-            p.set_defaults(func=_not_installed(name), not_installed=True)
+            p.set_defaults(func=_not_installed(name, broken), not_installed=True)
 
 
-def _not_installed(name: str):
+def _not_installed(name: str, broken: list[str]):
     def cmd(args) -> int:
+        if broken:
+            raise CommandError(f"{name}: the paper's reproduction is installed but does not load "
+                               f"({'; '.join(broken)}); reinstall it: {REPRO_INSTALL}")
         raise CommandError(f"{name}: this command is the paper's reproduction, which is not installed: {REPRO_INSTALL}")
     return cmd
