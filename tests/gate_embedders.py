@@ -18,3 +18,8 @@ def slow(texts):
     """``hashed``, 0.1 s per call: a chunk takes long enough to be killed mid-run."""
     time.sleep(0.1)
     return hashed(texts)
+
+
+def broken(texts):
+    """An embedder that fails on its first call: a run that crashes before any part is written."""
+    raise RuntimeError("embedder down")
