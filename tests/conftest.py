@@ -28,17 +28,18 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # widening. Scoped to these modules, not the whole suite: the other modules drive the pipeline, the
 # signals and the gate, which mix NumPy and JAX values of several dtypes by design. (Tuning calls
 # optax, whose schedules and bias corrections mix Python floats with int32 step counts: those calls
-# keep JAX's standard rules inside the library, tune_program._optax_call.)
+# keep JAX's standard rules inside the library, tune_program._optax_call.) A controller test that
+# belongs, by its module, in another file keeps the strict rules by its mark, strict_dtype_promotion.
 STRICT_DTYPE_MODULES = frozenset({
-    "test_api", "test_config_file", "test_controller_hardening", "test_decision", "test_native",
-    "test_properties", "test_public_edges", "test_sweep", "test_sweep_native", "test_tuning",
-    "test_tuning_settings",
+    "test_api", "test_config_file", "test_decision", "test_native", "test_properties", "test_sweep",
+    "test_sweep_native", "test_tuning", "test_tuning_settings",
 })
 
 
 @pytest.fixture(autouse=True)
 def _strict_dtype_promotion(request):
-    if request.module.__name__.rsplit(".", 1)[-1] in STRICT_DTYPE_MODULES:
+    if (request.module.__name__.rsplit(".", 1)[-1] in STRICT_DTYPE_MODULES
+            or request.node.get_closest_marker("strict_dtype_promotion") is not None):
         with jax.numpy_dtype_promotion("strict"):
             yield
     else:
@@ -174,7 +175,7 @@ def cli(monkeypatch, capsys):
 LLM_FILES = ("test_experiment", "test_fidelity", "test_selective", "test_llm_judge", "test_generation_engines",
              "test_serving", "test_serving_load")
 LONG_FILES = ("test_tuning", "test_native", "test_docs", "test_scale", "test_decision", "test_lint",
-              "test_analysis", "test_ray_data", "test_hardening", "test_packaging")
+              "test_analysis", "test_ray_data", "test_packaging")
 
 
 def _group(item) -> str:

@@ -1,13 +1,19 @@
 """The public edge: shapes, batching, bad input, checked mode, the soft decision and calibration."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mdl_jax
-from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, soft_decide
+from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, decide_one, soft_decide, stack_configs, sweep
+from mdl_jax.controller import api
+from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import NUMERIC_FIELDS
+from mdl_jax.engines import fused, native, toolchain
+from tests.peak_rss import PEAK_RSS_FUNCS, peak_growth_mb
 from tests.reference import NumpyMDL
 
 CFG = MDLConfig()
@@ -308,3 +314,300 @@ def test_the_kernels_old_module_names_are_deprecated_aliases_of_the_engines():
         assert mod is importlib.import_module(new)
     with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
         mdl_jax.controller.nonesuch  # noqa: B018
+
+
+# --- bad input: labels, shapes, dtypes, temperatures, NaN unvalidated ---------------------------------------
+
+
+def test_calibrate_scalar_labels_or_signals_raise_value_error_naming_the_argument(rng):
+    M, R, A = rng.uniform(size=(3, 20))
+    y = (M > 0.5).astype(int)
+    with pytest.raises(ValueError, match=r"^adopt: expected a 1-d"):
+        calibrate(M, R, A, 1)
+    with pytest.raises(ValueError, match=r"^M: expected a 1-d"):
+        calibrate(0.5, 0.5, 0.5, y)
+    with pytest.raises(ValueError, match=r"^adopt: expected binary labels.*adopt\[3\]"):
+        calibrate(M, R, A, np.where(np.arange(20) == 3, np.nan, y))
+    with pytest.raises(ValueError, match=r"^adopt: .*dtype <U"):
+        calibrate(M, R, A, np.array(["yes"] * 20))
+
+
+def test_boolean_labels_and_bfloat16_signals_are_valid(rng):
+    M, R, A = rng.uniform(size=(3, 60)).astype(np.float32)
+    y = (M > 0.5) & (A < 0.6)
+    as_int = calibrate(M, R, A, y.astype(np.int32))
+    as_bool = calibrate(M, R, A, y)
+    assert as_bool.config.thresholds == as_int.config.thresholds
+    bf = [jnp.asarray(x, jnp.bfloat16) for x in (M, R, A)]
+    cal = calibrate(*bf, y)
+    assert np.isfinite(cal.best_agreement) and cal.config.n_max > cal.config.n_min
+    out = decide(*bf)
+    assert out.C_final.dtype == jnp.float32  # computed in float32, never in bfloat16
+    assert all(np.all(np.isfinite(np.asarray(f, np.float32))) for f in out)
+
+
+def test_first_offending_index_is_named_whatever_is_wrong_with_it():
+    M = np.full(10_000_000, 0.5, np.float32)
+    M[5] = 1.5
+    M[9_000_000] = np.nan
+    with pytest.raises(ValueError, match=r"^M: expected values in \[0, 1\]; M\[5\] = "):
+        decide(M, 0.5, 0.5)
+    small = np.array([0.5, np.inf, -1.0])
+    with pytest.raises(ValueError, match=r"^R: expected finite values in \[0, 1\]; R\[1\] = "):
+        decide(0.5, small, 0.5)
+    err, _ = checked_decide(0.5, 0.5, np.array([0.5, -1.0, np.nan]))
+    assert err.get().startswith("A: expected") and "flat index 1" in err.get()
+
+
+@pytest.mark.parametrize("where", ["eager", "jit"])
+@pytest.mark.parametrize("fn", [decide, checked_decide, soft_decide], ids=lambda f: f.__name__)
+def test_shape_mismatch_raises_everywhere_naming_the_argument(fn, where):
+    col, row = np.full((4, 1), 0.5, np.float32), np.full(4, 0.5, np.float32)
+    call = (lambda m, r: fn(m, r, 0.5)) if where == "eager" else jax.jit(lambda m, r: fn(m, r, 0.5))
+    with pytest.raises(ValueError, match=r"^R: expected shape \(4, 1\)"):
+        call(col, row)
+    # 0-d values broadcast on every path
+    out = call(col, np.float32(0.5))
+    leaf = out[1].C_final if fn is checked_decide else (out if fn is soft_decide else out.C_final)
+    assert leaf.shape[:2] == (4, 1)
+
+
+def test_checked_decide_on_empty_arrays_gives_an_empty_decision():
+    e = np.zeros(0, np.float32)
+    err, out = checked_decide(e, e, e)
+    assert err.get() is None
+    assert out.action.shape == (0,) and out.v_meta.shape == (0, 16) and out.energies.shape == (0, 3)
+    err, out = checked_decide(np.zeros((2, 0)), 0.5, 0.5)
+    assert err.get() is None and out.C_final.shape == (2, 0)
+
+
+@pytest.mark.parametrize("fn", [decide, checked_decide, soft_decide], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("arg", ["M", "R", "A"])
+def test_complex_signals_are_rejected_naming_the_argument(fn, arg):
+    vals = {"M": 0.5, "R": 0.5, "A": 0.5, arg: np.array([0.5 + 0.5j, 0.2])}
+    with pytest.raises((TypeError, ValueError), match=rf"^{arg}: .*complex"):
+        fn(**vals)
+    if fn is decide:
+        with pytest.raises(ValueError, match=rf"^{arg}: .*complex"):
+            decide(**vals, validate=False)  # never silently dropped, even unvalidated
+
+
+@pytest.mark.parametrize("t", [0.0, -0.02, np.nan, np.inf, "0.02"])
+def test_soft_decide_rejects_a_temperature_outside_its_domain(t):
+    with pytest.raises(ValueError, match=r"^temperature:"):
+        soft_decide(0.8, 0.7, 0.2, temperature=t)
+
+
+def test_soft_decide_temperature_that_underflows_in_the_compute_dtype_is_rejected():
+    h = np.float16(0.5)
+    with pytest.raises(ValueError, match=r"^temperature: .*float32"):
+        soft_decide(h, h, h, temperature=1e-46)  # 0 in float32: (C_final - θ) / 0 is NaN
+    for x in (h, np.float32(0.5)):  # float16 signals are computed in float32, where 1e-9 is > 0
+        p = soft_decide(x, 0.5, 0.5, temperature=1e-9)
+        assert p.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(p)))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16])
+def test_half_precision_signals_decide_exactly_as_float32_on_the_same_values(dtype, rng):
+    # Computed in their own dtype, 0.14% (float16) / 2.31% (bfloat16) of decisions differed from
+    # float32 on the same values. Widening is exact, so every field is now identical.
+    x = np.asarray(rng.uniform(size=(3, 4000)), dtype)
+    wide = [jnp.asarray(v.astype(np.float32)) for v in x]
+    for path in ("native", "pure_jax"):
+        half = decide(*x) if path == "native" else jax.jit(decide)(*x)
+        ref = decide(*wide) if path == "native" else jax.jit(decide)(*wide)
+        assert half.C_final.dtype == jnp.float32
+        for f in half._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(half, f)), np.asarray(getattr(ref, f)), err_msg=f)
+    checked = checked_decide(*x)[1]
+    assert checked.C_final.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("kernel", ["native", "pure_jax"])
+def test_nan_signal_is_opt_out_on_every_path_when_unvalidated(kernel, monkeypatch):
+    if kernel == "pure_jax":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    elif toolchain.compiler() is None or not native.load():
+        pytest.skip("no native kernel on this machine")
+    x = np.array([np.nan, 0.5, 0.9, 0.1, 0.5] * 7, np.float32)  # 35: two full blocks and a tail
+    M, R, A = x, np.roll(x, 1), np.roll(x, 2)
+    out = decide(M, R, A, validate=False, engine="native" if kernel == "native" else "jax")
+    nan_any = np.isnan(M) | np.isnan(R) | np.isnan(A)
+    assert np.all(np.asarray(out.action)[nan_any] == Action.OPT_OUT)
+    ref = decide(np.where(nan_any, 0.5, M), np.where(nan_any, 0.5, R), np.where(nan_any, 0.5, A))
+    np.testing.assert_array_equal(np.asarray(out.action)[~nan_any], np.asarray(ref.action)[~nan_any])
+    assert int(decide(np.nan, 0.5, 0.5, validate=False).action) == Action.OPT_OUT
+    assert int(decide(float("nan"), 0.5, 0.5, MDLConfig(), validate=False).action) == Action.OPT_OUT
+
+
+def test_64_bit_integer_signals_are_not_wrapped_to_int32():
+    """Without x64 JAX wrapped int64 2^62 to int32 0, a valid signal: checked_decide passed it."""
+    from mdl_jax import checked_decide
+
+    half = np.full(2, 0.5, np.float32)
+    for M in (np.array([2**62, 0], np.int64), np.array([2**63 + 1, 0], np.uint64)):
+        err, _ = checked_decide(M, half, half)
+        assert err.get() is not None and "M[flat index 0]" in err.get()
+        with pytest.raises(ValueError, match=r"M\[0\]"):
+            decide(M, half, half)
+
+
+def test_decide_takes_big_endian_arrays_and_equals_native_byte_order():
+    # A '>f4' array (a binary file, FITS, the network) was refused as "expected a number or an array
+    # of real numbers" because JAX does not take a non-native byte order.
+    r = np.random.default_rng(0)
+    M, R, A = (r.random(37).astype(np.float32) for _ in range(3))
+    got = decide(M.astype(">f4"), R.astype(">f8"), A, MDLConfig())
+    want = decide(M, R.astype(np.float64), A, MDLConfig())
+    for f in got._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
+
+
+# --- ties at a threshold: the same action on every path -----------------------------------------------------
+
+
+# Records whose C and α every path computes exactly: no value encoding (v = s·1, no exp), fusion gains
+# so large that every |z_i| > 20 and tanh saturates to ±1 (‖v_meta‖ = 4, C = (4 - 0)/(4 - 0) = 1),
+# M = 0.5 (‖v_wm‖ = 2), so α = Σ sign(z_i)/16 exactly. The only rounding left is the gate's
+# g_a + g_b·α, which a compiler may contract into one FMA (one rounding instead of two) in some
+# paths and not others: XLA:CPU does inside a jitted fusion, never between eager ops, and g++ did in
+# the native kernel. θ0 = θ1 = θ2 = that C_final with two roundings (what eager decide_one and NumPy
+# compute), so every path must say Active (ties take the higher action).
+_TIE_BIAS = tuple(float(x) for x in -np.linspace(5, 455, 16))
+
+
+_TIE_BASE = MDLConfig(value_encoding=False, eps_c=0.0, gains=(300.0, 300.0, 300.0), n_min=0.0, n_max=4.0,
+                      bias=_TIE_BIAS)
+
+
+def _tie_records(n=12, seed=0):
+    W = np.asarray(_d.weight_matrices(_TIE_BASE, jnp.float32), np.float64)
+    recs = []
+    for R in np.linspace(0.0, 1.0, 41, dtype=np.float32):
+        for A in np.linspace(0.0, 1.0, 41, dtype=np.float32):
+            sa = 1.0 - float(A)
+            z = (0.5 + 0.5 * sa) * W[0].sum(1) * 0.5 + W[1].sum(1) * float(R) + W[2].sum(1) * sa + _TIE_BIAS
+            # α = Σ sign/16 whose numerator is not a power of two (3/4, 5/8, 3/8: g_b·α is inexact)
+            if np.min(np.abs(z)) > 20 and abs(int(np.sign(z).sum())) // 2 not in (0, 1, 2, 4, 8):
+                recs.append((np.float32(0.5), R, A, np.float32(np.sign(z).sum() / 16)))
+    rng = np.random.default_rng(seed)
+    pick = [recs[i] for i in rng.choice(len(recs), n, replace=False)]
+    cfgs, x = [], []
+    for m, r, a, alpha in pick:
+        for _ in range(10_000):   # gates where one FMA rounds below the two roundings: a contracting path says Supp
+            g_a, g_b = np.float32(rng.uniform(0.8, 1.0)), np.float32(rng.uniform(0.3, 1.0))   # C_final > 0
+            c_final = np.float32(g_a + np.float32(g_b * alpha))   # two roundings (NumPy never contracts)
+            fma = np.float32(np.float64(g_b) * np.float64(alpha) + np.float64(g_a))   # (exact product)
+            if fma < c_final:
+                break
+        else:
+            raise AssertionError(f"no gate found for α = {alpha}")
+        th = float(c_final)
+        cfgs.append(_TIE_BASE.replace(gate_coeffs=(float(g_a), float(g_b)), thresholds=(th, th, th)))
+        x.append((m, r, a))
+    return np.array(x, np.float32).T, cfgs
+
+
+@pytest.mark.slow
+def test_ties_on_a_threshold_take_the_same_action_on_every_path(monkeypatch):
+    """C_final exactly on θ0 = θ1 = θ2 is Active on eager decide_one, jitted decide_one, decide (every
+    engine: the pure-JAX default, native, pallas in interpret mode) and the three sweep engines."""
+    monkeypatch.setenv(fused.ENV_SWITCH, "interpret")   # the pallas engine by name on this CPU
+    x, cfgs = _tie_records()
+    n = len(cfgs)
+    paths = {"eager decide_one": [], "jit decide_one": [], "decide (native)": [], "decide (pure JAX)": [],
+             "decide (default)": [], "fused (interpret)": []}
+    jit_one = jax.jit(decide_one)
+    for i, cfg in enumerate(cfgs):
+        m, r, a = (jnp.float32(v) for v in x[:, i])
+        one = decide_one(m, r, a, cfg)
+        assert float(one.C) == 1.0 and float(one.C_final) == cfg.thresholds[0]   # the construction holds
+        paths["eager decide_one"].append(int(one.action))
+        paths["jit decide_one"].append(int(jit_one(m, r, a, cfg).action))
+        col = [x[k, i:i + 1] for k in range(3)]
+        paths["decide (native)"].append(int(decide(*col, cfg, engine="native").action[0]))
+        paths["decide (default)"].append(int(decide(*col, cfg).action[0]))
+        paths["decide (pure JAX)"].append(int(api._decide_jit(*map(jnp.asarray, col), cfg).action[0]))
+        paths["fused (interpret)"].append(int(decide(*col, cfg, engine="pallas").action[0]))
+    # one sweep per engine: config k against record k alone (weight vector k selects record k)
+    batch, eye = stack_configs(cfgs), np.eye(n, dtype=np.float32)
+    for engine in ("jax", "native", "pallas"):
+        res = sweep(*x, batch, weights=eye, engine=engine)
+        paths[f"sweep {engine}"] = [int(np.argmax(res.counts[k, k])) for k in range(n)]
+    wrong = {p: int(np.sum(np.asarray(acts) != 0)) for p, acts in paths.items()}
+    assert all(v == 0 for v in wrong.values()), f"records off Active (of {n}) per path: {wrong}"
+
+
+def test_a_float64_threshold_is_compared_in_float32_on_every_path():
+    """θ0 = 0.7 (a float64 in the config) with C_final = float32(0.7) < 0.7: a tie in float32, the
+    dtype every path computes in, so Active (a float64 comparison would say Supp)."""
+    cfg = MDLConfig(alpha_gating=False, n_min=0.0, n_max=1e-3, thresholds=(0.7, 0.4, 0.2), gains=(1.0, 0.7, 0.5))
+    cfg = cfg.replace(alpha_gating=True, gate_coeffs=(0.7, 0.0))
+    x = np.full((3, 4), 0.5, np.float32)
+    for out in (decide(*x, cfg), decide(*x, cfg, engine="native"), api._decide_jit(*map(jnp.asarray, x), cfg),
+                fused.decide(*map(jnp.asarray, x), cfg, interpret=True)):
+        assert np.all(np.asarray(out.C_final) == np.float32(0.7)) and np.all(np.asarray(out.action) == 0)
+
+
+# --- calibration: memory linear in N, equal to the comparison matrix ----------------------------------------
+
+
+_CALIBRATE_MEMORY = PEAK_RSS_FUNCS + """
+    import sys, warnings
+    import numpy as np
+    from mdl_jax.controller.calibration import calibrate
+    warnings.simplefilter("ignore")
+    N = int(sys.argv[1])
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(3, N)).astype(np.float32)
+    lab = rng.uniform(size=N) < 0.5
+    calibrate(*x[:, :100], lab[:100])
+    base = reset_peak()
+    calibrate(*x, lab)
+    print(hwm() - base)
+"""
+
+
+def test_calibrate_memory_is_linear_in_n():
+    """The 1,001-point grid was a (1001, N) comparison matrix: +400 MB at N = 10^5 (+3.9 GB at
+    10^6). Counted from one sort, the growth is two decide calls' outputs (~112 B a record) and the
+    sort: under 80 MB at N = 10^5 (~400 MB before)."""
+    grew = peak_growth_mb(_CALIBRATE_MEMORY, 100_000)
+    assert grew < 80, f"calibrate at N = 1e5 grew the peak RSS by {grew:.0f} MB"
+
+
+def _old_grid_agreement(C_final, adopt, grid):
+    pred = C_final[None, :] >= grid[:, None]
+    return jnp.mean(pred == adopt[None, :].astype(bool), axis=1)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "ties", "on the grid", "constant"])
+def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
+    from mdl_jax.controller import calibration as cal
+
+    rng = np.random.default_rng(7)
+    N = 3001
+    c = rng.uniform(size=N).astype(np.float32)
+    if kind == "ties":
+        c = (np.round(c * 7) / 7).astype(np.float32)
+    elif kind == "on the grid":   # C_final exactly on grid values: the ≥ at every tie
+        c = np.linspace(0, 1, 1001)[rng.integers(0, 1001, N)].astype(np.float32)
+    elif kind == "constant":
+        c = np.full(N, 0.5, np.float32)
+    lab = rng.uniform(size=N) < 0.4
+    grid = jnp.asarray(np.linspace(0, 1, 1001), jnp.float32)
+    new = np.asarray(cal.grid_agreement(c, lab, grid))
+    old = np.asarray(jax.jit(_old_grid_agreement)(c, lab, grid))
+    assert new.dtype == old.dtype and np.array_equal(new, old)
+    if kind != "uniform":
+        return
+    # the whole calibration, plateau and tie outputs included, on real signals
+    x = rng.uniform(size=(3, 400)).astype(np.float32)
+    y = rng.uniform(size=400) < 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # a random split may warn of a constant optimum
+        a = cal.calibrate(*x, y)
+        monkeypatch.setattr(cal, "grid_agreement", jax.jit(_old_grid_agreement))
+        b = cal.calibrate(*x, y)
+    assert np.array_equal(a.agreement, b.agreement)
+    assert a[3:] == b[3:] and a.config == b.config

@@ -322,3 +322,14 @@ def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tm
     err = capsys.readouterr().err
     assert "Traceback" not in err and (tmp_path / "tuned" / "TUNED.md").is_file()
 
+
+def test_cli_prints_a_data_error_as_one_line_and_exits_2(tmp_path, capsys):
+    from mdl_jax.cli import main
+
+    (tmp_path / "halueval_qa.jsonl").write_bytes(b"")
+    rc = main(["signals", "--data-dir", str(tmp_path), "--datasets", "halueval",
+               "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "s.parquet")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("mdl-jax: error: ") and "halueval_qa.jsonl: no records" in err
+    assert "Traceback" not in err

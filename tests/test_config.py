@@ -11,12 +11,14 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mdl_jax import config_grid, decide
 from mdl_jax.controller import api, config_file, sweep, tuning
 from mdl_jax.controller import config as config_mod
-from mdl_jax.controller.config import MDLConfig, field_specs, per_config_cache
+from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig, field_specs, per_config_cache
 from mdl_jax.engines import native
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,3 +171,71 @@ def test_per_config_cache_keeps_a_hashable_configs_result_and_recomputes_an_unha
     with pytest.raises(TypeError, match="the function's own"):
         fails(cfg)
     assert len(calls) == 4  # raised once, not retried as if the config were unhashable
+
+
+# --- values outside a field's domain ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("eps_c", np.nan), ("bias", np.nan), ("gains", (np.nan, 0.7, 0.5)), ("thresholds", (0.6, np.nan, 0.2)),
+    ("n_max", np.inf), ("n_min", -np.inf), ("sigma", np.inf), ("g_A_coeffs", (0.5, np.nan)),
+    ("gate_coeffs", (np.inf, 0.7)), ("eps_c", 0.5), ("eps_c", -0.1), ("gains", (1.0, -0.7, 0.5)),
+    ("thresholds", (1.2, 0.4, 0.2)), ("thresholds", (0.6, 0.4, -0.1)), ("dims", [5, 5, 6]),
+    ("qr_seed", -1), ("qr_seed", 1.5), ("sigma", "0.2"), ("sigma", True), ("sigma", None),
+    ("gains", (1.0, 0.7)), ("bias", 1 + 2j), ("D", True),
+])
+def test_config_fields_outside_their_domain_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        MDLConfig(**{field: value})
+
+
+def test_config_eps_c_must_stay_below_the_smallest_gain():
+    # Theorem 1's condition, with eps_c = 0 (no leakage) allowed for any gains ≥ 0
+    with pytest.raises(ValueError, match=r"^eps_c: .*min\(gains\)"):
+        MDLConfig(gains=(1.0, 0.7, 0.1), eps_c=0.1)
+    MDLConfig(gains=(0.0, 0.0, 0.0), eps_c=0.0)
+
+
+def test_batched_config_is_checked_elementwise_and_names_the_field():
+    K = 5
+    sig = np.full(K, 0.2)
+    sig[3] = np.nan
+    with pytest.raises(ValueError, match=r"^sigma: .*finite"):
+        MDLConfig(sigma=sig)
+    th = np.tile([0.6, 0.4, 0.2], (K, 1))
+    th[2] = [0.2, 0.4, 0.6]
+    with pytest.raises(ValueError, match=r"^thresholds: .*θ0 ≥ θ1 ≥ θ2.*index \(2,\)"):
+        MDLConfig(thresholds=th)
+    with pytest.raises(ValueError, match=r"^eps_c: .*index \(1,\)"):
+        MDLConfig(eps_c=np.array([0.1, 0.6, 0.1, 0.1, 0.1]))
+    with pytest.raises(ValueError, match=r"^n_max: .*index \(4,\)"):
+        MDLConfig(n_min=np.ones(K), n_max=np.array([2, 2, 2, 2, 1.0]))
+    base = MDLConfig()
+    batch = {f: np.broadcast_to(np.asarray(getattr(base, f)), (K,) + np.shape(getattr(base, f)))
+             for f in NUMERIC_FIELDS}
+    good = MDLConfig(**{**batch, "sigma": np.linspace(0.1, 0.3, K)})  # checked as a batch, and valid
+    out = jax.vmap(lambda c: decide(0.8, 0.7, 0.2, c, validate=False).C_final)(good)
+    assert out.shape == (K,) and np.all(np.isfinite(np.asarray(out)))
+
+
+def test_traced_config_leaves_are_not_checked():
+    # inside vmap/grad the values are unknown: construction must not try to read them
+    f = jax.grad(lambda e: decide(0.8, 0.7, 0.2, MDLConfig(eps_c=e), validate=False).C_final)
+    assert np.isfinite(float(f(jnp.float32(0.1))))
+    vm = jax.vmap(lambda s: MDLConfig(sigma=s, n_max=s + 3.0).sigma)(jnp.array([-1.0, np.nan]))
+    assert vm.shape == (2,)
+
+
+@pytest.mark.strict_dtype_promotion
+def test_a_sigma_whose_square_is_subnormal_is_rejected_naming_sigma():
+    # σ = 1e-30 (and anything below 2^-63) was accepted: the pure-JAX path returned NaN v_meta,
+    # energies and g_A (XLA flushes the subnormal σ² to 0, so (s - c)²/(2σ²) = 0/0 at a centre) and
+    # the native kernel a different, finite decision (action ACTIVE against OPT_OUT).
+    with pytest.raises(ValueError, match=r"^sigma: .*2\^-63"):
+        MDLConfig(sigma=np.nextafter(2.0 ** -63, 0))
+    for sigma in (1e-30, 1e-19):
+        with pytest.raises(ValueError, match=r"^sigma: .*2\^-63"):
+            MDLConfig(sigma=sigma)
+        with pytest.raises(ValueError, match=r"^sigma: .*2\^-63.*config 1 of the batch"):
+            config_grid(MDLConfig(), sigma=[0.1, sigma])
+    MDLConfig(sigma=2.0 ** -63)

@@ -148,3 +148,77 @@ def test_decide_rejects_a_config_batch_or_a_bias_of_the_wrong_length_naming_the_
         with pytest.raises(ValueError, match=rf"^config\.{field}: expected one config's value"):
             decide(M, R, A, cfg)
     decide(M, R, A, MDLConfig(bias=(0.1,) * 16))  # one per component of v_meta is one config
+
+
+# --- duplicate keys, a huge D, huge numbers, new content under an old size and mtime ------------------------
+
+
+def _config_text(**static) -> str:
+    from mdl_jax.controller.config_file import config_to_dict
+
+    d = config_to_dict(MDLConfig())
+    d["static"].update(static)
+    return json.dumps(d, indent=1)
+
+
+def _refused(tmp_path, text: str, match: str, capsys):
+    from mdl_jax import load_config
+    from mdl_jax.cli import main
+    from mdl_jax.controller.config_file import ConfigFileError
+
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(ConfigFileError, match=match):
+        load_config(path)
+    with pytest.raises(ConfigFileError, match=match):
+        decide(0.5, 0.5, 0.5, str(path))
+    records = tmp_path / "r.parquet"
+    if not records.exists():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"M": [0.5], "R": [0.5], "A": [0.5]}), records)
+    assert main(["sweep", str(records), "--grid", "g_a=0.3", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdl-jax: error: sweep:") and len(err.splitlines()) == 1 and str(path) in err
+
+
+def test_a_duplicate_key_in_a_config_file_is_refused(tmp_path, capsys):
+    text = _config_text().replace('"numeric": {', '"numeric": {\n  "thresholds": [0.9, 0.8, 0.7],', 1)
+    assert json.loads(text)["numeric"]["thresholds"] == [0.6, 0.4, 0.2]   # JSON alone: the last wins
+    _refused(tmp_path, text, r"thresholds: stated twice", capsys)
+
+
+def test_a_config_file_d_over_max_d_is_refused(tmp_path, capsys):
+    from mdl_jax.controller.config_file import MAX_D, config_from_bytes
+
+    text = _config_text(D=4096, dims=[1000, 1000, 2096])
+    assert len(text) < 2000
+    _refused(tmp_path, text, rf"static\.D: 4096 is over .* {MAX_D}", capsys)
+    # D = MAX_D itself loads
+    assert config_from_bytes(_config_text(D=MAX_D, dims=[100, 100, MAX_D - 200]).encode()).D == MAX_D
+
+
+def test_a_5000_digit_number_in_a_config_file_is_refused_naming_the_bound(tmp_path, capsys):
+    text = _config_text().replace('"qr_seed": 42', '"qr_seed": ' + "4" * 5000)
+    _refused(tmp_path, text, r"a number of 5,000 characters .* at most 800", capsys)
+    text = _config_text().replace('"n_min": 2.179652452468872', '"n_min": 2.' + "1" * 5000)
+    _refused(tmp_path, text, r"a number of 5,002 characters", capsys)
+
+
+def test_a_config_file_replaced_with_its_size_and_mtime_kept_is_read_anew(tmp_path):
+    from mdl_jax import save_config
+
+    path = tmp_path / "c.json"
+    hi, lo = MDLConfig(thresholds=(0.9, 0.8, 0.7)), MDLConfig(thresholds=(0.1, 0.0, 0.0))
+    save_config(lo, path)
+    text_lo = path.read_text()
+    save_config(hi, path)
+    st = os.stat(path)
+    assert len(path.read_text()) == len(text_lo)
+    x = np.full(3, 0.5, np.float32)
+    assert int(decide(0.5, 0.5, 0.5, str(path)).action) == 3 and int(decide(x, x, x, str(path)).action[0]) == 3
+    path.write_text(text_lo)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))   # cp -p / rsync -t / tar x
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert int(decide(0.5, 0.5, 0.5, str(path)).action) == 0 and int(decide(x, x, x, str(path)).action[0]) == 0

@@ -320,3 +320,28 @@ def test_the_converted_checkpoint_of_the_bundled_gguf_loads_to_the_same_model(lo
     with torch.no_grad():
         assert torch.equal(lm(**x).logits, lm2(**x).logits)
     assert (tok2.eos_token, tok2.pad_token or tok2.eos_token) == (tok.eos_token, tok.pad_token)
+
+
+# --- records: a torn or foreign line is skipped with a warning ----------------------------------------------
+
+
+def _rec(qid, **kw):
+    return {"dataset": "truthfulqa", "qid": qid, "seed": 0, "system": "B3", "answer": "Ça va — oui", **kw}
+
+
+def test_torn_multibyte_last_line_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
+    p = tmp_path / "rec_io.jsonl"
+    rec_io.RecordWriter(p).append([_rec(0), _rec(1)])
+    torn = json.dumps(_rec(2), ensure_ascii=False).encode()
+    cut = torn.index("Ç".encode()) + 1  # inside the two-byte character
+    with open(p, "ab") as f:
+        f.write(b"null\n[1, 2]\n3\n\"text\"\n{\"dataset\": \"x\"}\n"
+                b"{\"dataset\": [1], \"qid\": 1, \"seed\": 0, \"system\": \"B3\"}\n\xff\xfe\n")
+        f.write(torn[:cut])
+    with pytest.warns(RuntimeWarning, match=r"skipped 8 line\(s\)"):
+        got = rec_io.load(p)
+    assert set(got) == {rec_io.key(_rec(0)), rec_io.key(_rec(1))}
+    # resume: the writer ends the torn line and the redone record is read back
+    rec_io.RecordWriter(p).append([_rec(2)])
+    with pytest.warns(RuntimeWarning):
+        assert rec_io.key(_rec(2)) in rec_io.load(p)

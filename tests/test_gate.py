@@ -11,9 +11,11 @@ import pytest
 from mdl_jax import Action, MDLConfig, decide, save_config
 from mdl_jax.gate import SCALARS, GateDecision, MemoryGate
 from mdl_jax.prompts import ABSTENTION, CAUTION, chat
+from mdl_jax.signals.aggregation import MAX_MEMORIES, memory_signals
 from mdl_repro.pipeline import data
 from mdl_repro.pipeline.store_signals import compute_signals, signal_arrays
 from mdl_repro.pipeline.stores import build_stores
+from tests import gate_rows
 from tests.gate_embedders import hashed
 
 
@@ -289,3 +291,14 @@ def test_a_bulk_decide_batch_leaves_the_collector_as_it_found_it():
         gc.enable()
     small = [d for i in range(0, n, 64) for d in gate.decide_batch(qs[i:i + 64], ms[i:i + 64])]
     assert small == big
+
+
+def test_the_library_refuses_a_store_over_MAX_MEMORIES_before_any_work():
+    gate = MemoryGate(embedder=hashed)
+    wide = gate_rows.wide(MAX_MEMORIES + 1)
+    with pytest.raises(ValueError, match=r"^memories_lists\[0\]: expected at most 1,000 memories"):
+        gate.decide_batch([wide["query"]], [wide["memories"]])
+    with pytest.raises(ValueError, match=r"^memories: expected at most"):
+        gate.decide(wide["query"], wide["memories"])
+    with pytest.raises(ValueError, match=r"^stores\[1\]: expected at most"):
+        memory_signals(["a", "b"], [["x"], wide["memories"]], gate.embedder)

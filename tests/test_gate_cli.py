@@ -5,6 +5,7 @@ naming file, row and field, or are skipped and counted."""
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -12,11 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from mdl_jax.cli import main
-from mdl_jax.gate import MemoryGate
+from mdl_jax.gate import MemoryGate, files, reading
+from mdl_jax.signals.aggregation import MAX_MEMORIES
 from mdl_repro.pipeline import data
+from tests import gate_rows
 from tests.gate_embedders import hashed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -726,3 +731,274 @@ def test_a_csv_memories_cell_nested_100000_deep_is_a_bad_row(tmp_path, capsys):
     assert main(["gate", str(src), "--out", str(out), *FIELDS, "--on-bad-row", "skip", *HASHED]) == 0
     assert "row 2: field 'mems': expected a JSON list of memories in the CSV cell" in capsys.readouterr().err
     assert [r["mdl_row"] for r in _strict(out.read_text())] == [0, 2]
+
+
+# --- hostile input: planted symlinks, wide rows, bad text, broken files, the gate's own columns, durability ---
+
+
+def _gate(src, out, *extra):
+    return main(["gate", str(src), "--out", str(out), *HASHED, *extra])
+
+
+def _err_line(capsys):
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mdl-jax: error:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def _parts(out):
+    return out.with_name(out.name + ".parts")
+
+
+@pytest.fixture
+def victim(tmp_path):
+    v = tmp_path / "victim.txt"
+    v.write_text("the user's precious file\n")
+    return v
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_symlink_planted_at_OUT_tmp_is_never_followed(tmp_path, victim, suffix):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / f"out{suffix}"
+    (tmp_path / f"out{suffix}.tmp").symlink_to(victim)
+    assert _gate(src, out) == 0
+    assert victim.read_text() == "the user's precious file\n"
+    assert out.is_file() and not out.is_symlink() and len(out.read_bytes()) > 0
+
+
+def test_a_symlink_planted_at_the_manifests_temp_name_is_never_followed(tmp_path, victim):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / "out.jsonl"
+    _parts(out).mkdir()
+    (_parts(out) / "manifest.json.tmp").symlink_to(victim)
+    (_parts(out) / "part-000000.jsonl.tmp").symlink_to(victim)
+    assert _gate(src, out, "--chunk-size", "2") == 0
+    assert victim.read_text() == "the user's precious file\n"
+    assert [json.loads(ln)["id"] for ln in out.read_text().splitlines()] == list(range(5))
+    assert not _parts(out).exists()
+
+
+def test_a_symlink_planted_at_the_lock_is_refused_not_truncated(tmp_path, victim, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / "out.jsonl"
+    _parts(out).mkdir()
+    (_parts(out) / "lock").symlink_to(victim)
+    assert _gate(src, out) == 2
+    assert "lock is a symbolic link" in _err_line(capsys)
+    assert victim.read_text() == "the user's precious file\n"
+    assert not out.exists()
+
+
+def test_a_parts_folder_that_is_a_symlink_is_refused(tmp_path, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / "out.jsonl"
+    theirs = tmp_path / "someone_elses_folder"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("keep")
+    _parts(out).symlink_to(theirs, target_is_directory=True)
+    assert _gate(src, out) == 2
+    assert "symbolic link or not a folder" in _err_line(capsys)
+    assert sorted(p.name for p in theirs.iterdir()) == ["keep.txt"]
+    assert not out.exists()
+
+
+def test_a_parts_folder_others_can_write_is_refused(tmp_path, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / "out.jsonl"
+    _parts(out).mkdir()
+    _parts(out).chmod(0o777)
+    assert _gate(src, out) == 2
+    assert "is writable by other users" in _err_line(capsys)
+    assert _parts(out).is_dir() and not out.exists()
+
+
+def test_a_manifest_that_is_not_ours_is_one_line_and_left_alone(tmp_path, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(5))
+    out = tmp_path / "out.jsonl"
+    _parts(out).mkdir()
+    (_parts(out) / "manifest.json").write_text("{not json")
+    assert _gate(src, out) == 2
+    assert "is not a manifest" in _err_line(capsys)
+    assert (_parts(out) / "manifest.json").read_text() == "{not json"
+
+
+def test_a_row_over_MAX_MEMORIES_is_one_line_naming_the_row_or_skipped(tmp_path, capsys):
+    rows = gate_rows.rows(3) + [gate_rows.wide(MAX_MEMORIES + 1)] + gate_rows.rows(2, 3)
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    assert _gate(src, out) == 2
+    line = _err_line(capsys)
+    assert f"{src}, line 4: field 'memories': expected at most {MAX_MEMORIES:,} memories" in line
+    assert f"got {MAX_MEMORIES + 1:,}" in line and not _parts(out).exists() and not out.exists()
+    assert _gate(src, out, "--on-bad-row", "skip") == 0
+    got = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["id"] for r in got] == [0, 1, 2, 3, 4] and [r["mdl_row"] for r in got] == [0, 1, 2, 4, 5]
+    assert "1 bad rows skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field", ["query", "memory", "passed-through"])
+def test_a_lone_surrogate_is_one_line_naming_the_row_or_a_skipped_row(tmp_path, capsys, field):
+    bad = {"query": '"is \\ud800 safe?"', "memory": '["fine", "a \\udfff memory"]',
+           "passed-through": '"x"'}
+    query = bad["query"] if field == "query" else '"q?"'
+    mems = bad["memory"] if field == "memory" else '["m"]'
+    note = '{"k": ["ok", "\\ud83d"]}' if field == "passed-through" else '"n"'
+    line = f'{{"id": 1, "query": {query}, "memories": {mems}, "note": {note}}}'
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(gate_rows.rows(1)[0]) + "\n" + line + "\n" + json.dumps(gate_rows.rows(1, 2)[0]) + "\n")
+    for suffix in (".jsonl", ".parquet"):
+        out = tmp_path / f"out{suffix}"
+        assert _gate(src, out) == 2
+        msg = _err_line(capsys)
+        want = {"query": "field 'query'", "memory": "field 'memories'[1]", "passed-through": "field 'note'['k'][1]"}
+        assert f"{src}, line 2: {want[field]}: holds a lone surrogate" in msg
+        assert not _parts(out).exists() and not out.exists()
+        assert _gate(src, out, "--on-bad-row", "skip") == 0
+        assert "1 bad rows skipped" in capsys.readouterr().err
+        got = (pq.read_table(out).to_pylist() if suffix == ".parquet"
+               else [json.loads(ln) for ln in out.read_text().splitlines()])
+        assert [r["mdl_row"] for r in got] == [0, 2]
+
+
+def test_a_csv_cell_over_128_kB_is_read(tmp_path):
+    import csv
+
+    src = tmp_path / "in.csv"
+    big = json.dumps(["a memory that is long " * 10_000, "a short one"])  # ~220 kB in one cell
+    with open(src, "w", newline="") as f:
+        csv.writer(f).writerows([["query", "memories"], ["is it safe?", big], ["another?", '["x"]']])
+    out = tmp_path / "out.jsonl"
+    assert _gate(src, out) == 0
+    got = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["mdl_row"] for r in got] == [0, 1] and json.loads(got[0]["memories"])[1] == "a short one"
+
+
+def test_a_csv_cell_over_the_limit_is_one_line_naming_the_row(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(reading, "CSV_FIELD_LIMIT", 1000)
+    src = tmp_path / "in.csv"
+    src.write_text('query,memories\n"ok?","[""x""]"\n"big?","[""' + "y" * 2000 + '""]"\n')
+    out = tmp_path / "out.jsonl"
+    assert _gate(src, out, "--on-bad-row", "skip") == 2
+    msg = _err_line(capsys)
+    assert f"{src}, row 2: not readable as CSV" in msg and "CSV_FIELD_LIMIT = 1,000" in msg
+    assert not _parts(out).exists() and not out.exists()
+    import csv
+    assert csv.field_size_limit() == 131072  # the process-wide limit is put back
+
+
+def _parquet(path, n=40, group=10):
+    pq.write_table(pa.Table.from_pylist(gate_rows.rows(n)), path, row_group_size=group, compression="snappy")
+    return path
+
+
+def test_a_truncated_parquet_input_is_one_line_naming_the_file(tmp_path, capsys):
+    src = _parquet(tmp_path / "in.parquet")
+    data = src.read_bytes()
+    src.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out.jsonl"
+    assert _gate(src, out) == 2
+    assert f"IN: {src}: not a readable Parquet file" in _err_line(capsys)
+    assert not _parts(out).exists() and not out.exists()
+
+
+def test_a_parquet_input_corrupt_mid_file_is_one_line_naming_the_rows(tmp_path, capsys):
+    """The footer reads, the third row group's pages do not: two parts were written; the error names
+    rows 21-30 and nothing is left behind."""
+    src = _parquet(tmp_path / "in.parquet")
+    col = pq.ParquetFile(src).metadata.row_group(2).column(0)
+    data = bytearray(src.read_bytes())
+    data[col.data_page_offset: col.data_page_offset + col.total_compressed_size] = \
+        b"\xab" * col.total_compressed_size
+    src.write_bytes(bytes(data))
+    out = tmp_path / "out.parquet"
+    assert _gate(src, out, "--chunk-size", "10") == 2
+    msg = _err_line(capsys)
+    assert f"IN: {src}, rows 21-30: not readable as Parquet" in msg and "truncated or overwritten" in msg
+    assert not _parts(out).exists() and not out.exists()
+
+
+def test_a_crash_before_any_part_leaves_nothing_behind(tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(3))
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError, match="embedder down"):
+        main(["gate", str(src), "--out", str(out), "--embedder", "tests.gate_embedders:broken",
+              "--no-progress"])
+    assert not _parts(out).exists() and not out.exists()
+
+
+@pytest.mark.parametrize("column", ["mdl_action", "mdl_row", "mdl_C_final", "mdl_n_relevant"])
+def test_an_input_with_the_gates_output_columns_is_refused(tmp_path, capsys, column):
+    rows = [{**r, column: "Active"} for r in gate_rows.rows(4)]
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    assert _gate(src, out, "--on-bad-row", "skip") == 2
+    msg = _err_line(capsys)
+    assert f"{src}, line 1: field {column!r} is one of the gate's output columns" in msg
+    assert not _parts(out).exists() and not out.exists()
+
+
+def test_re_gating_a_gated_file_is_refused(tmp_path, capsys):
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(4))
+    once = tmp_path / "once.jsonl"
+    assert _gate(src, once) == 0
+    assert _gate(once, tmp_path / "twice.jsonl") == 2
+    assert "field 'mdl_row' is one of the gate's output columns" in _err_line(capsys)
+    written = json.loads(once.read_text().splitlines()[0])
+    assert set(files.OUT_COLUMNS) == {k for k in written if k.startswith("mdl_")}  # the list is complete
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_part_and_its_folder_are_fsynced_before_the_manifest_names_it(tmp_path, monkeypatch, suffix):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync-dir" if stat.S_ISDIR(st.st_mode) else "fsync",
+                       os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        a, b = str(a), str(b)
+        named = ([p["file"] for p in json.loads(Path(a).read_text())["parts"] if p["n_rows"]]
+                 if b.endswith("manifest.json") else None)
+        events.append(("replace", a, b, named))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(7))
+    out = tmp_path / f"out{suffix}"
+    assert _gate(src, out, "--chunk-size", "2") == 0
+    work = str(_parts(out))
+    manifests = [i for i, e in enumerate(events) if e[0] == "replace" and e[2].endswith("manifest.json")]
+    assert len(manifests) == 5  # four parts and the final "done"
+    for i in manifests:
+        tmp = events[i][1]
+        assert os.path.dirname(tmp) == work and ("fsync", tmp) in events[:i]  # a fresh temp, fsynced
+        assert events[i + 1] == ("fsync-dir", work)
+        for name in events[i][3]:
+            part = os.path.join(work, name)
+            j = next(j for j, e in enumerate(events) if e[0] == "replace" and e[2] == part)
+            assert j < i and ("fsync", events[j][1]) in events[:j]   # the part's bytes, on disk
+            assert ("fsync-dir", work) in events[j + 1:i]             # and its name, before the manifest
+    final = next(j for j, e in enumerate(events) if e[0] == "replace" and e[2] == str(out))
+    assert ("fsync", events[final][1]) in events[:final] and events[final + 1] == ("fsync-dir", str(tmp_path))
+
+
+def test_the_manifest_keeps_at_most_MAX_BAD_MESSAGES_and_counts_the_rest(tmp_path, monkeypatch, capsys):
+    rows = gate_rows.rows(3) + [{"id": i, "query": "", "memories": ["m"]} for i in range(250)]
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    seen = {}
+    real = files._summary
+    monkeypatch.setattr(files, "_summary", lambda man, o: (seen.update(man=man), real(man, o)))
+    assert _gate(src, out, "--on-bad-row", "skip", "--chunk-size", "10") == 0
+    man = seen["man"]
+    assert sum(len(p["bad"]) for p in man["parts"]) <= 100
+    assert sum(len(p["bad"]) for p in man["parts"]) == files.MAX_BAD_MESSAGES
+    assert sum(p["n_bad"] for p in man["parts"]) == 250
+    assert len(json.dumps(man)) < 40_000
+    err = capsys.readouterr().err
+    assert "3 rows decided" in err and "250 bad rows skipped" in err and "... and 245 more" in err

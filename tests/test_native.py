@@ -462,3 +462,88 @@ def test_bench_gate_reports_every_engine_beside_the_default_or_why_it_cannot_run
         assert f"{e!r} " in line
     for e, why in r["unavailable"].items():
         assert f"{e!r}: not available: {why}" in line
+
+
+# --- the kernel cache: a truncated or half-written library is rebuilt, never loaded -------------------------
+
+
+@pytest.fixture(scope="module")
+def good_library():
+    """A complete kernel library and its record, built once (skipped without a compiler)."""
+    if toolchain.compiler() is None:
+        pytest.skip("no C++ compiler: the kernel cache is not used")
+    assert native.load(), native.status()
+    # Start XLA's CPU backend with this library's handler now: handlers registered before the
+    # backend starts are only applied then, and the reloads below (other paths, other addresses)
+    # must meet an already registered handler, as they would in any process that ran decide.
+    decide(np.full(20, 0.5, np.float32), 0.5, 0.5)
+    path = native.library_path()
+    assert native.verified(path)
+    return path.read_bytes(), toolchain.record_path(path).read_text()
+
+
+@pytest.mark.parametrize("size", [4_000, 20_000, 60_000])
+def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monkeypatch, tmp_path):
+    # A cache cut short by a full disk: the library keeps its record (written by the build that
+    # finished) but not its bytes. Loading it would be SIGBUS on the first decide; it must be rebuilt.
+    lib_bytes, record = good_library
+    monkeypatch.setattr(kernel, "_STATE", {})
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
+    path = native.library_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(lib_bytes[:size])
+    toolchain.record_path(path).write_text(record)
+    assert not native.verified(path)
+
+    built, loaded = [], []
+
+    def fake_build(out):  # the real compiler is tested below; here: what a finished build leaves
+        built.append(out)
+        out.write_bytes(lib_bytes)
+        toolchain.record_path(out).write_text(record)
+        return out
+
+    real_load = engine_kernel.ctypes.cdll.LoadLibrary
+
+    def spy_load(name):  # refuse (instead of crashing pytest) if a short library reaches dlopen
+        loaded.append(Path(name).stat().st_size)
+        assert Path(name).stat().st_size == len(lib_bytes), "a truncated library was loaded"
+        return real_load(name)
+
+    monkeypatch.setattr(kernel, "build", fake_build)
+    monkeypatch.setattr(engine_kernel.ctypes.cdll, "LoadLibrary", spy_load)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # it recovers: no fallback warning
+        assert native.load()
+    assert built == [path] and loaded == [len(lib_bytes)]
+
+
+@pytest.mark.slow
+def test_truncated_kernel_library_does_not_kill_a_fresh_process(good_library, tmp_path):
+    # The reproducer end to end, with the real compiler: before the fix this process died of SIGBUS.
+    lib_bytes, record = good_library
+    env = {**os.environ, "MDL_JAX_CACHE_DIR": str(tmp_path)}
+    code = ("from mdl_jax.engines import native, toolchain; import pathlib, sys; "
+            "p = native.library_path(); p.parent.mkdir(parents=True); "
+            f"p.write_bytes(pathlib.Path(sys.argv[1]).read_bytes()[:60_000]); "
+            f"toolchain.record_path(p).write_text({record!r}); "
+            "import numpy as np; from mdl_jax import decide; "
+            "d = decide(np.full(40, 0.5, np.float32), 0.5, 0.5, engine='native'); "
+            "assert native.status()['ok'], native.status(); "
+            "assert native.verified(p) and p.stat().st_size > 60_000; print(int(d.action[0]))")
+    src = tmp_path / "good.so"
+    src.write_bytes(lib_bytes)
+    proc = subprocess.run([sys.executable, "-c", code, str(src)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_kernel_build_writes_library_and_record_atomically(good_library, tmp_path):
+    lib_bytes, _ = good_library
+    out = tmp_path / "k.so"
+    native.build(out)
+    assert native.verified(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.so", "k.so.sha256"]  # no temporaries left
+    assert toolchain.elf_complete(out.read_bytes())
+    assert not any(toolchain.elf_complete(lib_bytes[:n]) for n in (64, 4_000, len(lib_bytes) - 1))

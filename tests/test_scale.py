@@ -247,3 +247,14 @@ def test_sweep_command_writes_one_csv_row_per_config_equal_to_sweep_parquet(reco
     np.testing.assert_allclose([float(r[2]) for r in rows[1:]], want.accuracy, atol=1e-6)
     np.testing.assert_allclose([float(r[3]) for r in rows[1:]], want.counts[:, 0] / want.total, atol=1e-6)
     assert "wrote" in capsys.readouterr().err
+
+
+@pytest.mark.strict_dtype_promotion
+@pytest.mark.parametrize("address", ["notahost", "host:", ":1234", "host:port", 1234])
+def test_initialize_rejects_an_address_without_host_and_port_naming_the_argument(address):
+    # jax.distributed.initialize("notahost", ...) died in an IndexError inside JAX. The check runs
+    # before any JAX state is touched, so this process stays usable.
+    from mdl_jax.controller import distributed
+
+    with pytest.raises(ValueError, match=r"^coordinator_address: expected 'HOST:PORT'"):
+        distributed.initialize(address, num_processes=1, process_id=0)

@@ -2,6 +2,11 @@
 the real MiniLM model (loaded once per session) on real rows of both datasets."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -10,14 +15,21 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mdl_jax import decide
+from mdl_jax.gate import MemoryGate
+from mdl_jax.signals import aggregation
 from mdl_jax.signals import conflict as lexical
-from mdl_jax.signals.aggregation import aggregate_one, memory_signals, store_arrays
+from mdl_jax.signals.aggregation import MAX_MEMORIES, PAIR_BUDGET, aggregate_one, memory_signals, store_arrays
 from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
 from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
 from mdl_repro.pipeline import data
 from mdl_repro.pipeline.store_signals import compute_signals, signal_arrays
 from mdl_repro.pipeline.stores import Item, MemoryRecord, Store, StoreConfig, build_stores, split_calibration
+from tests import gate_rows
+from tests.gate_embedders import hashed
+from tests.xla_cache import without_cache
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -728,3 +740,108 @@ def test_flags_among_possibly_relevant_memories_give_the_same_signal_bits():
     got, ref = lexical.pair_flags_among(texts, keep[0]), pair_flags(texts)
     assert all(got[i][j] == (ref[i][j] and keep[0][i] and keep[0][j]) for i in range(4) for j in range(4))
     assert lexical.pair_flags_among(texts, keep[1]) == [[False] * 4 for _ in range(4)]
+
+
+# --- data files: malformed ones are a DataError naming file, line and expectation ---------------------------
+
+
+HALU = {"knowledge": "k", "question": "q?", "right_answer": "r", "hallucinated_answer": "h"}
+
+
+TQA_HEADER = "Type,Category,Question,Best Answer,Correct Answers,Incorrect Answers,Source"
+
+
+TQA_ROW = "Adversarial,Misconceptions,Q?,B,C1; C2,I1; I2,S"
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("halueval_qa.jsonl", b"", r"halueval_qa\.jsonl: no records; expected one JSON object per line"),
+    ("halueval_qa.jsonl", b"\n  \n\n", r"halueval_qa\.jsonl: no records"),
+    ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\n\xff\xfe\n",
+     r"halueval_qa\.jsonl, line 2: bytes that are not UTF-8 .*expected a UTF-8 text file"),
+    ("halueval_qa.jsonl", json.dumps({**HALU, "question": None}).encode(),
+     r"line 1: question: expected a non-empty string, got None"),
+    ("halueval_qa.jsonl", json.dumps({**HALU, "knowledge": 3}).encode(), r"line 1: knowledge: expected .*got 3"),
+    ("halueval_qa.jsonl", json.dumps({**HALU, "right_answer": ["r"]}).encode(), r"line 1: right_answer: .*\['r'\]"),
+    ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\n[1, 2]\n", r"line 2: expected a JSON object, got an array"),
+    ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\nnull\n", r"line 2: expected a JSON object, got null"),
+    ("TruthfulQA.csv", b"", r"TruthfulQA\.csv: empty file; expected a CSV header"),
+    ("TruthfulQA.csv", (TQA_HEADER + "\n").encode(), r"TruthfulQA\.csv: a header and no data rows"),
+    ("TruthfulQA.csv", (TQA_HEADER + "\n" + TQA_ROW.replace("Misconceptions", "") + "\n").encode(),
+     r"line 2: category: expected a non-empty string, got ''"),
+    ("TruthfulQA.csv", (TQA_HEADER + "\n" + TQA_ROW + "\n" + TQA_HEADER + "\n" + TQA_ROW + "\n").encode(),
+     r"line 3: a repeated header row; expected a question"),
+    ("TruthfulQA.csv", (TQA_HEADER + "\n" + TQA_ROW + "\n").encode() + b"A,Cat,Q\xe9?,B,C,I,S\n",
+     r"line 3: bytes that are not UTF-8"),
+])
+def test_malformed_data_file_is_a_data_error_naming_file_line_and_expectation(tmp_path, name, content, match):
+    (tmp_path / name).write_bytes(content)
+    ds = "halueval" if name.startswith("halu") else "truthfulqa"
+    with pytest.raises(data.DataError, match=match):
+        data.load(ds, tmp_path)
+
+
+def test_valid_small_files_load_with_blank_lines_and_a_byte_order_mark(tmp_path):
+    (tmp_path / "TruthfulQA.csv").write_bytes(("\ufeff" + TQA_HEADER + "\n\n" + TQA_ROW + "\n\n").encode())
+    (tmp_path / "halueval_qa.jsonl").write_text("\n" + json.dumps(HALU) + "\n\n" + json.dumps(HALU) + "\n")
+    tqa = data.load("truthfulqa", tmp_path)
+    assert len(tqa) == 1 and tqa[0].correct == ("B", "C1", "C2") and tqa[0].incorrect == ("I1", "I2")
+    assert len(data.load("halueval", tmp_path)) == 2 and len(data.load("halueval", tmp_path, limit=1)) == 1
+
+
+# --- a wide store: each aggregation step within PAIR_BUDGET -------------------------------------------------
+
+
+def test_one_wide_store_does_not_pad_its_step_to_its_width(monkeypatch):
+    """A step holding one store of MAX_MEMORIES among 15 of three used to be padded to (16, S, S):
+    16·10^6 elements. Every step now stays within PAIR_BUDGET, and the signals are those of each
+    store alone."""
+    seen = []
+    real = aggregation.aggregate
+
+    def spy(q, mem, mask, flags, threshold):
+        seen.append(flags.shape)
+        return real(q, mem, mask, flags, threshold)
+
+    gate = MemoryGate(embedder=hashed)
+    rows = gate_rows.rows(5) + [gate_rows.wide(MAX_MEMORIES)] + gate_rows.rows(10, 5)
+    qs, ms = [r["query"] for r in rows], [r["memories"] for r in rows]
+    monkeypatch.setattr(aggregation, "aggregate", spy)
+    got = memory_signals(qs, ms, gate.embedder)
+    assert seen and all(b * s * s2 <= PAIR_BUDGET for b, s, s2 in seen), seen
+    alone = [memory_signals([q], [m], gate.embedder) for q, m in zip(qs, ms)]
+    for k in got:
+        np.testing.assert_allclose(got[k], [a[k][0] for a in alone], atol=1e-6, err_msg=k)
+
+
+_PEAK = textwrap.dedent("""
+    import json
+    from mdl_jax.gate import MemoryGate
+    from mdl_jax.signals.aggregation import MAX_MEMORIES
+    from tests.gate_embedders import hashed
+    from tests import gate_rows
+
+    def peak_mb():  # this process's own peak RSS (getrusage's ru_maxrss survives exec: the parent's)
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+
+    gate = MemoryGate(embedder=hashed)
+    small = gate_rows.rows(16)
+    gate.columns([r["query"] for r in small], [r["memories"] for r in small])
+    before = peak_mb()
+    rows = gate_rows.rows(5) + [gate_rows.wide(MAX_MEMORIES)] + gate_rows.rows(10, 5)
+    cols = gate.columns([r["query"] for r in rows], [r["memories"] for r in rows])
+    print(json.dumps({"before_mb": before, "peak_mb": peak_mb(), "n": len(cols["action"])}))
+""")
+
+
+def test_a_chunk_with_a_row_of_MAX_MEMORIES_stays_within_a_modest_peak():
+    """Measured (peak RSS of a fresh process, over its peak after a chunk of small rows): one row of
+    1,000 memories among 15 small ones added ~225 MB when its chunk was padded to (16, S, S), ~60 MB
+    now (most of it the lexical flags' Python lists and the new shape's compilation)."""
+    r = subprocess.run([sys.executable, "-c", _PEAK], cwd=ROOT, capture_output=True, text=True,
+                       env={**without_cache(os.environ), "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    assert m["n"] == 16
+    assert m["peak_mb"] - m["before_mb"] < 150, m

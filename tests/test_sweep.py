@@ -4,10 +4,14 @@ bootstrap weights equal explicit resampling, clear errors, and the same result s
 
 import jax
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, stack_configs, sweep
 from mdl_jax.controller.config import NUMERIC_FIELDS
+from mdl_jax.controller.stream import sweep_parquet
+from tests.peak_rss import PEAK_RSS_FUNCS, peak_growth_mb
 
 N = 300
 
@@ -247,3 +251,216 @@ def test_chunking_the_records_gives_the_unchunked_result(data, weights):
         np.testing.assert_allclose(part.mean_C_final, whole.mean_C_final, rtol=1e-6)
     with pytest.raises(ValueError, match=r"^record_chunk: expected a positive int"):
         sweep(M, R, A, batch, record_chunk=0)
+
+
+# --- memory bound, huge integer weights, corrupt pages ------------------------------------------------------
+
+
+_SWEEP_MEMORY = PEAK_RSS_FUNCS + """
+    import sys
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    from mdl_jax.cli import main
+    from mdl_jax.controller import sweep as sw
+    N, W, bound, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(3, N)).astype(np.float32)
+    pq.write_table(pa.table({"M": x[0], "R": x[1], "A": x[2], "adopt": rng.uniform(size=N) < 0.5}), path)
+    sw.MEMORY_BOUND = bound
+    args = ["sweep", path, "--grid", "g_a=0.2,0.4", "--out", path + ".csv", "--bootstrap"]
+    assert main(args + ["2"]) == 0
+    base = reset_peak()
+    assert main(args + [str(W)]) == 0
+    print(hwm() - base)
+"""
+
+
+def test_bootstrap_sweep_memory_stays_under_the_bound(tmp_path):
+    """`mdl-jax sweep --bootstrap W` held W × 2^18 records' weights per pass, in several copies (7 GB at
+    W = 1000). Passes are now cut to MEMORY_BOUND: at 64 MiB, 2^16 records and W = 64 grow the peak by
+    ~50 MB (137 MB before)."""
+    bound = 64 << 20
+    grew = peak_growth_mb(_SWEEP_MEMORY, 1 << 16, 64, bound, tmp_path / "r.parquet")
+    assert grew < 1.3 * bound / 2**20 + 8, f"peak RSS grew by {grew:.0f} MB under a {bound >> 20} MiB bound"
+
+
+def test_bounded_passes_give_the_same_bootstrap_sweep(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mdl_jax import config_grid
+    from mdl_jax.controller import sweep as sw
+    from mdl_jax.controller.stream import sweep_parquet
+
+    rng = np.random.default_rng(3)
+    N = 70_000   # two Poisson blocks: passes cross a block boundary
+    x = rng.uniform(size=(3, N)).astype(np.float32)
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"M": x[0], "R": x[1], "A": x[2], "adopt": rng.uniform(size=N) < 0.5}), path,
+                   row_group_size=30_000)
+    grid = config_grid(g_a=[0.2, 0.4])
+    ref = sweep_parquet(path, grid, bootstrap=16, seed=5, engine="native")
+    monkeypatch.setattr(sw, "MEMORY_BOUND", 8 << 20)   # passes of ~6,000 records, the block kept
+    assert sw.bounded_chunk(sw.RECORD_CHUNK, 2, 16) < 10_000
+    got = sweep_parquet(path, grid, bootstrap=16, seed=5, engine="native")
+    assert np.array_equal(got.accuracy, ref.accuracy) and np.array_equal(got.counts, ref.counts)
+    np.testing.assert_allclose(got.mean_C_final, ref.mean_C_final, rtol=1e-6)
+
+
+def test_a_sweep_too_big_for_the_bound_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mdl_jax.cli import main
+    from mdl_jax.controller import sweep as sw
+
+    x = np.random.default_rng(0).uniform(size=(3, 50)).astype(np.float32)
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"M": x[0], "R": x[1], "A": x[2]}), path)
+    monkeypatch.setattr(sw, "MEMORY_BOUND", 1 << 20)
+    assert main(["sweep", str(path), "--grid", "g_a=0:1:50", "--bootstrap", "200"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdl-jax: error: sweep: bootstrap:") and "MEMORY_BOUND" in err and len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match="weights: .*memory bound"):
+        sweep(*x, stack_configs([MDLConfig()] * 50), weights=np.ones((200, 50), np.float32))
+
+
+@pytest.mark.parametrize("engine", ["jax", "native"])
+def test_weights_of_2_to_the_62_and_uint64_2_to_the_63_sum_exactly(engine):
+    x = np.random.default_rng(0).uniform(size=(3, 12)).astype(np.float32)
+    adopt = np.arange(12) % 2
+    one = sweep(*x, MDLConfig(), adopt=adopt, engine=engine)
+    for w in (np.full(12, 2**62, np.int64), np.full((2, 12), 2**63 + 1, np.uint64)):
+        res = sweep(*x, MDLConfig(), adopt=adopt, weights=w, engine=engine)
+        acc = np.asarray(res.accuracy).reshape(-1)
+        assert np.all(np.isfinite(acc)) and np.allclose(acc, one.accuracy)
+        np.testing.assert_allclose(np.asarray(res.counts).reshape(-1, 4) / float(w.flat[0]),
+                                   np.broadcast_to(one.counts, (acc.size, 4)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("offset", [20, 30, 50, 100])
+def test_a_corrupt_parquet_page_is_one_error_line(tmp_path, offset, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mdl_jax.cli import main
+    from mdl_jax.controller.stream import sweep_parquet
+
+    x = np.random.default_rng(0).uniform(size=(3, 5000)).astype(np.float32)
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"M": x[0], "R": x[1], "A": x[2]}), path, compression="snappy")
+    start = pq.ParquetFile(path).metadata.row_group(0).column(1).data_page_offset
+    data = bytearray(path.read_bytes())
+    for i in range(start + offset, start + offset + 16):   # the page header or the snappy stream of R
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="row group 0 cannot be read"):
+        sweep_parquet(path, MDLConfig())
+    assert main(["sweep", str(path), "--grid", "g_a=0.3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdl-jax: error: sweep: path:") and len(err.splitlines()) == 1
+
+
+# --- the sweep command, Poisson resamples, Parquet columns and grids ----------------------------------------
+
+
+def _parquet(path, n, seed=0):
+    r = np.random.default_rng(seed)
+    pq.write_table(pa.table({"M": r.random(n), "R": r.random(n), "A": r.random(n), "adopt": r.random(n) < 0.5}),
+                   path)
+    return path
+
+
+def test_sweep_command_creates_the_missing_folders_of_out(tmp_path, capsys):
+    # --out passes ``out_file`` (a creatable path) but the command used to open() it directly: a
+    # FileNotFoundError traceback, exit 1, after the whole sweep had run.
+    from mdl_jax.cli import main
+
+    out = tmp_path / "new" / "deeper" / "grid.csv"
+    assert main(["sweep", str(_parquet(tmp_path / "r.parquet", 20)), "--grid", "sigma=0.1,0.2",
+                 "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_sweep_command_failing_leaves_no_output_folder_behind(tmp_path, capsys):
+    from mdl_jax.cli import main
+
+    out = tmp_path / "new" / "grid.csv"
+    assert main(["sweep", str(_parquet(tmp_path / "r.parquet", 20)), "--grid", "sigma=0,0.2",
+                 "--out", str(out)]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_sweep_command_refuses_a_grid_too_large_for_memory_in_one_line(tmp_path, capsys):
+    # --grid g_a=0:1:100000 --grid g_b=0:1:100000 (10^10 configs) died in a 74.5 GiB MemoryError
+    # traceback; a COUNT of 10^9 allocated 8 GB at parse time.
+    from mdl_jax.cli import main
+
+    path = str(_parquet(tmp_path / "r.parquet", 10))
+    for grid in (["g_a=0:1:100000", "g_b=0:1:100000"], ["sigma=0.1:1:1000000000"]):
+        argv = ["sweep", path] + [x for g in grid for x in ("--grid", g)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep:") and "10,000,000" in err[0], err
+
+
+def test_an_empty_poisson_resample_is_an_error_naming_bootstrap_not_weight(tmp_path, capsys):
+    # One record, 10 Poisson(1) resamples: some draw nothing (seed 0: 3 of them). The error named the
+    # "weight" column, which the caller never gave.
+    path = _parquet(tmp_path / "one.parquet", 1)
+    with pytest.raises(ValueError, match=r"^bootstrap: 3 of 10 Poisson resamples drew no record"):
+        sweep_parquet(path, MDLConfig(), bootstrap=10, seed=0)
+    from mdl_jax.cli import main
+
+    assert main(["sweep", str(path), "--grid", "sigma=0.1", "--bootstrap", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep: bootstrap:")
+    # a weight column of zeros is still the weight column's error
+    pq.write_table(pa.table({"M": [0.5], "R": [0.5], "A": [0.5], "w": [0.0]}), tmp_path / "w.parquet")
+    with pytest.raises(ValueError, match=r"^weight:"):
+        sweep_parquet(tmp_path / "w.parquet", MDLConfig(), columns={"weight": "w"}, bootstrap=2)
+
+
+def test_poisson_weights_for_few_rows_hold_no_full_block_of_every_resample():
+    # --bootstrap W drew a (W, 2^16) int64 block per 2^16 rows even for a 1-row file: 5 GB at W = 10^4.
+    # Row by row the same generator gives the same numbers (the weights are unchanged) in O(2^16) memory.
+    import tracemalloc
+
+    from mdl_jax.controller.stream import POISSON_BLOCK, poisson_weights
+
+    want = np.random.default_rng([5, 1]).poisson(1.0, (4, POISSON_BLOCK))[:, 10:20]
+    np.testing.assert_array_equal(poisson_weights(POISSON_BLOCK + 10, POISSON_BLOCK + 20, 4, seed=5), want)
+    tracemalloc.start()
+    try:
+        poisson_weights(0, 1, 200, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, peak   # the (200, 2^16) int64 block alone was 105 MB
+
+
+def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
+    # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
+    # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").
+    r = np.random.default_rng(0)
+    n = 50
+    M, R, A = r.random(n), r.random(n), r.random(n)
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"M": M, "R": R, "A": A, "w": np.full(n, 2 ** 62, np.int64)}), path)
+    with pytest.raises(ValueError, match=r"^columns: role 'M' cannot be dropped"):
+        sweep_parquet(path, MDLConfig(), columns={"M": None})
+    res = sweep_parquet(path, MDLConfig(), columns={"weight": "w"}, bootstrap=3, seed=0)
+    from mdl_jax.controller.stream import poisson_weights
+
+    w = poisson_weights(0, n, 3, seed=0).astype(np.float64) * 2.0 ** 62
+    want = sweep(M, R, A, MDLConfig(), weights=w)
+    np.testing.assert_allclose(res.total, want.total, rtol=1e-12)
+    np.testing.assert_allclose(res.counts, want.counts, rtol=1e-6)
+    assert np.all(res.total > 0)
+
+
+def test_a_grid_of_bias_vectors_of_the_wrong_length_names_bias_and_d():
+    # config_grid(bias=[np.zeros(5)]) failed inside NumPy: "could not broadcast input array from shape
+    # (1,5) into shape (1,16)", naming neither the field nor D.
+    with pytest.raises(ValueError, match=r"^bias: expected scalars or vectors of D = 16 values, got shape \(1, 5\)"):
+        config_grid(MDLConfig(), bias=[np.zeros(5)])
+    assert config_grid(MDLConfig(), bias=[np.zeros(16), np.ones(16)]).bias.shape == (2, 16)

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from mdl_jax import MDLConfig, bootstrap_weights, config_grid, sweep
-from mdl_jax.controller import passes
+from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
+from mdl_jax.controller import api, passes
 from mdl_jax.controller import sweep as sweep_mod
 from mdl_jax.engines import kernel as engine_kernel
 from mdl_jax.engines import native, native_sweep, toolchain
@@ -286,3 +286,49 @@ def test_every_isa_variant_sweeps_as_the_default_one(variant, data, monkeypatch)
     monkeypatch.setattr(native, "sweep_engine", lambda *a, **k: real(*a, variant=variant))
     got = sweep(M2, R2, A2, cfgs, adopt=a2, record_chunk=1500, engine="native")
     assert np.array_equal(got.counts, ref.counts)
+
+
+# --- extreme σ and config packing in chunks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sigma", [2.0 ** -63, 1e30])
+def test_decide_and_the_native_sweep_at_extreme_sigma_warn_nothing_and_equal_pure_jax(sigma):
+    # Packing the native kernel's params computed 1/(2σ²) in NumPy: a RuntimeWarning (an exception
+    # under warnings-as-errors) for a valid σ = 1e30, where the pure-JAX path is silent.
+    from mdl_jax.controller import decision
+
+    c = np.asarray(decision.centres(MDLConfig(), np.float32))
+    M = np.concatenate([c, [0.2, 0.5]]).astype(np.float32)   # exactly at the centres, and between
+    R, A = np.roll(M, 3), np.roll(M, 7)
+    cfg = MDLConfig(sigma=sigma)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = decide(M, R, A, cfg, engine="native")
+        res = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="native")
+    want = api._decide_jit(M, R, A, cfg)
+    for f in got._fields:
+        g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+        assert np.all(np.isfinite(g)) and np.all(np.isfinite(w)), f
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=f)
+    ref = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="jax")
+    np.testing.assert_array_equal(res.counts, ref.counts)
+    np.testing.assert_allclose(res.mean_C_final, ref.mean_C_final, atol=1e-6)
+
+
+def test_the_native_sweep_packs_configs_in_chunks_with_groups_across_chunk_ends(monkeypatch):
+    # A 10^5-config gate grid held (K, 1085) packed params and (K, 3, 16, 16) weight matrices at once
+    # (750 MB for 10 records); now packed _PACK_CHUNK configs at a time. Chunks of 3 here, so fusion
+    # groups (σ) span chunk ends and recur in later chunks: the sums must not change.
+    from mdl_jax.engines import native_sweep
+
+    monkeypatch.setattr(native_sweep, "_PACK_CHUNK", 3)
+    r = np.random.default_rng(4)
+    M, R, A = (r.random(30).astype(np.float32) for _ in range(3))
+    adopt = r.random(30) < 0.5
+    g = config_grid(MDLConfig(), g_a=[0.1, 0.5, 0.9, 0.3], sigma=[0.05, 0.2], bias=[0.0, 0.3])   # K = 16
+    w = r.integers(0, 3, (2, 30))
+    got = sweep(M, R, A, g, adopt=adopt, engine="native", weights=w)
+    want = sweep(M, R, A, g, adopt=adopt, engine="jax", weights=w)
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_array_equal(got.accuracy, want.accuracy)
+    np.testing.assert_allclose(got.mean_C_final, want.mean_C_final, atol=1e-6)
