@@ -1,6 +1,6 @@
 """MDLConfig's field declarations: each fact about a field is written once, beside the field, and every
 consumer (validation, the config file, the sweep's batches, the native kernel's shape checks, tuning's
-static set) reads it from there."""
+static set) reads it from there; and a value outside a field's domain is a ValueError naming the field."""
 
 from __future__ import annotations
 

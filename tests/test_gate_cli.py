@@ -1,6 +1,8 @@
 """``mdl-jax gate``: every input format gives the gate's decisions beside the input's columns; a run
 killed with SIGKILL resumes without losing or doubling a row; bad rows stop the run with one line
-naming file, row and field, or are skipped and counted."""
+naming file, row and field, or are skipped and counted; hostile input (planted symbolic links, rows
+over MAX_MEMORIES, lone surrogates, huge CSV cells, broken Parquet, the gate's own columns) is refused
+in one line with nothing left behind, and a part is on disk before the manifest names it."""
 
 import json
 import os

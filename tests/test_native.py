@@ -1,7 +1,7 @@
 """The native CPU engine (mdl_jax/engines/native.py, _native/decide_cpu.cc), called by name
 (``decide(..., engine="native")``): parity with the pure-JAX definition, batch-size invariance, every
-ablation, the ISA variants (AVX-512 / AVX2), what "auto" does with it, and the one-line error when it
-cannot run."""
+ablation, the ISA variants (AVX-512 / AVX2), what "auto" does with it, the one-line error when it
+cannot run, and a kernel cache cut short that is rebuilt, never loaded."""
 
 import os
 import re

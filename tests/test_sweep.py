@@ -1,5 +1,6 @@
 """The sweep engine: equal to a Python loop over ``decide`` for every numeric field and ablation,
-bootstrap weights equal explicit resampling, clear errors, and the same result sharded."""
+bootstrap weights equal explicit resampling, clear errors, and the same result sharded; the memory
+bound, huge integer weights, corrupt Parquet pages and the ``sweep`` command under hostile input."""
 
 
 import jax
