@@ -487,7 +487,7 @@ def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monk
     # A cache cut short by a full disk: the library keeps its record (written by the build that
     # finished) but not its bytes. Loading it would be SIGBUS on the first decide; it must be rebuilt.
     lib_bytes, record = good_library
-    monkeypatch.setattr(kernel, "_STATE", {})
+    monkeypatch.setattr(engine_kernel, "_STATE", {})
     monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
     path = native.library_path()
     path.parent.mkdir(parents=True)
@@ -510,7 +510,7 @@ def test_truncated_kernel_library_is_rebuilt_not_loaded(size, good_library, monk
         assert Path(name).stat().st_size == len(lib_bytes), "a truncated library was loaded"
         return real_load(name)
 
-    monkeypatch.setattr(kernel, "build", fake_build)
+    monkeypatch.setattr(engine_kernel, "build", fake_build)
     monkeypatch.setattr(engine_kernel.ctypes.cdll, "LoadLibrary", spy_load)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # it recovers: no fallback warning
