@@ -203,21 +203,8 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, make_parents: bool = Tr
 
 def write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8",
                make_parents: bool = True) -> Path:
-    """Write ``text`` to ``path`` whole or not at all (``atomic_open``), encoded as ``encoding``.
-
-    Args:
-        path: the file.
-        text: its text.
-        encoding: the encoding.
-        make_parents: create ``path``'s missing folders.
-
-    Returns:
-        ``path`` as a ``Path``.
-
-    Raises:
-        OutputError: as ``atomic_open``; ``path`` is untouched.
-        TypeError: ``text`` is not a str.
-    """
+    """``write_bytes`` of ``text`` encoded as ``encoding``; a ``text`` that is not a str raises
+    TypeError (naming it), and everything else is as ``write_bytes``."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a str, got {type(text).__name__}")
     return write_bytes(path, text.encode(encoding), make_parents=make_parents)

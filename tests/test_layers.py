@@ -68,6 +68,16 @@ def layer_of(module: str) -> int:
     return rank
 
 
+def imported_from(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a ``from ... import`` in ``module`` reads from (relative
+    imports resolved against ``module``'s package)."""
+    if not node.level:
+        return node.module or ""
+    pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+    pkg = pkg[:len(pkg) - (node.level - 1)]
+    return ".".join(pkg + ([node.module] if node.module else []))
+
+
 def imports_of(module: str) -> dict[str, set[str]]:
     """{imported first-party module: names imported from it} for every import statement in ``module``."""
     path = MODULES[module]
@@ -78,11 +88,7 @@ def imports_of(module: str) -> dict[str, set[str]]:
         if isinstance(node, ast.Import):
             targets = [(a.name, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = module.split(".") if is_pkg else module.split(".")[:-1]
-                pkg = pkg[:len(pkg) - (node.level - 1)]
-                base = ".".join(pkg + ([node.module] if node.module else []))
+            base = imported_from(module, is_pkg, node)
             for a in node.names:
                 sub = f"{base}.{a.name}"
                 targets.append((sub, a.name) if sub in MODULES else (base, a.name))
@@ -269,11 +275,7 @@ def private_uses(module: str, mods: dict[str, Path]) -> list[tuple[str, str]]:
                 if a.name in mods:
                     bound[a.asname or a.name] = a.name if a.asname else a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = module.split(".") if is_pkg else module.split(".")[:-1]
-                pkg = pkg[:len(pkg) - (node.level - 1)]
-                base = ".".join(pkg + ([node.module] if node.module else []))
+            base = imported_from(module, is_pkg, node)
             if base not in mods:
                 continue
             for a in node.names:

@@ -94,6 +94,18 @@ print(json.dumps({
 """
 
 
+def _wheel_files(whl: Path, shipped, dist_info_file: str) -> tuple[set[str], str]:
+    """(the wheel's file names, the text of one of its dist-info files), after checking it holds every
+    path in ``shipped``."""
+    with zipfile.ZipFile(whl) as z:
+        names = set(z.namelist())
+        dist_info = whl.name.split("-py3-")[0] + ".dist-info"
+        text = z.read(f"{dist_info}/{dist_info_file}").decode()
+    missing = [p for p in shipped if p not in names]
+    assert not missing, f"{whl.name} lacks {missing}"
+    return names, text
+
+
 @pytest.mark.slow
 def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     # Build from a copy of what the sdist is made of: setuptools writes build/ and *.egg-info beside
@@ -111,11 +123,7 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     (whl,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
     assert whl.name == f"mdl_jax-{__version__}-py3-none-any.whl"
 
-    with zipfile.ZipFile(whl) as z:
-        names = set(z.namelist())
-        meta = z.read(f"mdl_jax-{__version__}.dist-info/METADATA").decode()
-    missing = [p for p in SHIPPED if p not in names]
-    assert not missing, f"the wheel lacks {missing}"
+    names, meta = _wheel_files(whl, SHIPPED, "METADATA")
     assert f"mdl_jax-{__version__}.dist-info/licenses/LICENSE" in names
     assert f"\nVersion: {__version__}\n" in meta and "\nLicense-Expression: MIT\n" in meta
     assert not any(n.startswith(("tests/", "experiments/", "mdl_repro/")) for n in names)
@@ -198,11 +206,7 @@ def test_the_wheel_installed_outside_the_checkout_runs(tmp_path):
     _run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist), str(rsrc)])
     (rwhl,) = dist.glob("mdl_jax_repro-*.whl")
     assert rwhl.name == f"mdl_jax_repro-{__version__}-py3-none-any.whl"
-    with zipfile.ZipFile(rwhl) as z:
-        rnames = set(z.namelist())
-        ep = z.read(f"mdl_jax_repro-{__version__}.dist-info/entry_points.txt").decode()
-    missing = [p for p in REPRO_SHIPPED if p not in rnames]
-    assert not missing, f"the reproduction's wheel lacks {missing}"
+    rnames, ep = _wheel_files(rwhl, REPRO_SHIPPED, "entry_points.txt")
     assert not any(n.startswith("mdl_jax/") for n in rnames)
     assert "[mdl_jax.commands]" in ep and "mdl_repro.cli:register" in ep
     # (This environment's editable install of the reproduction is visible from the venv too, so what the

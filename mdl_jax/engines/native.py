@@ -232,13 +232,10 @@ def decide_variant(variant: str, M, R, A, cfg: MDLConfig | None = None) -> _deci
 
     Args:
       variant: one of ``available_isas()`` (loaded with ``load_variant`` on first use).
-      M: relevance, an array of shape S (float32 JAX arrays pass without a copy).
-      R: reliability, as ``M``.
-      A: task risk, as ``M``.
-      cfg: a config ``supports`` accepts; the defaults when None.
+      M, R, A, cfg: as ``decide_ffi``.
 
     Returns:
-      The ``Decision`` as JAX arrays (fields S, v_meta S + (16,), energies S + (3,)).
+      As ``decide_ffi``.
 
     Raises:
       NativeBuildError: the variant cannot run on this CPU or does not build.

@@ -263,6 +263,25 @@ class Gateway:
             raise too_big from None
         return bytes(buf)
 
+    async def send(self, request, method: str, url: str, body) -> httpx.Response:
+        """The upstream's answer to ``body``, its body not yet read (the caller closes it); a call
+        that fails raises ``failed``'s error."""
+        try:
+            req = self.client().build_request(method, url, json=body, headers=self.headers(request))
+            return await self.client().send(req, stream=True)
+        except httpx.HTTPError as e:
+            raise self.failed(e) from None
+
+    async def read_and_close(self, r: httpx.Response) -> bytes:
+        """``read``, with ``r`` closed after, however it ends (a body that fails mid-way raises
+        ``failed``'s error)."""
+        try:
+            return await self.read(r)
+        except httpx.HTTPError as e:
+            raise self.failed(e) from None
+        finally:
+            await r.aclose()
+
     def parse(self, body: bytes, what: str):
         """The upstream's JSON, strictly (no NaN, no lone surrogates, not too deep), else a 502."""
         try:
@@ -278,18 +297,8 @@ class Gateway:
         a client that left raises ClientGone."""
 
         async def fetch() -> tuple[httpx.Response, bytes]:
-            try:
-                req = self.client().build_request(method, self.upstream + path, json=json_body,
-                                                  headers=self.headers(request))
-                r = await self.client().send(req, stream=True)
-            except httpx.HTTPError as e:
-                raise self.failed(e) from None
-            try:
-                return r, await self.read(r)
-            except httpx.HTTPError as e:
-                raise self.failed(e) from None
-            finally:
-                await r.aclose()
+            r = await self.send(request, method, self.upstream + path, json_body)
+            return r, await self.read_and_close(r)
 
         r, body = await self.bounded(request, fetch(), self.deadline())
         if r.status_code != 200:
@@ -431,19 +440,10 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
 
     async def open_stream() -> tuple[httpx.Response, bytes | None]:
         """The upstream's response, open when it is a stream; else closed, with its body."""
-        try:
-            req = gw.client().build_request("POST", url, json=body, headers=gw.headers(request))
-            r = await gw.client().send(req, stream=True)
-        except httpx.HTTPError as e:
-            raise gw.failed(e) from None
+        r = await gw.send(request, "POST", url, body)
         if r.status_code == 200 and r.headers.get("content-type", "").startswith("text/event-stream"):
             return r, None
-        try:
-            return r, await gw.read(r)
-        except httpx.HTTPError as e:
-            raise gw.failed(e) from None
-        finally:
-            await r.aclose()
+        return r, await gw.read_and_close(r)
 
     r, raw = await gw.bounded(request, open_stream(), deadline)
     if raw is not None:

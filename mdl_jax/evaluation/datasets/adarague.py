@@ -24,6 +24,12 @@ ADARAGUE_SPLITS = tuple(f"{d}_{s}" for d in ADARAGUE_DATASETS for s in ("test", 
 ADARAGUE_MAX = 15
 
 
+def _need_str(prediction: object) -> str:
+    if not isinstance(prediction, str):
+        raise TypeError(f"prediction: expected a string, got {type(prediction).__name__}")
+    return prediction
+
+
 def acc(prediction: str, golds: Sequence[str]) -> int:
     """The report's Acc: 1 when any SQuAD-normalised gold answer is a non-empty substring of the
     SQuAD-normalised prediction, else 0 (the repository's ``calculate_acc``).
@@ -38,9 +44,7 @@ def acc(prediction: str, golds: Sequence[str]) -> int:
     Raises:
         TypeError: ``prediction`` is not a string.
     """
-    if not isinstance(prediction, str):
-        raise TypeError(f"prediction: expected a string, got {type(prediction).__name__}")
-    p = normalize_answer(prediction)
+    p = normalize_answer(_need_str(prediction))
     return int(any(g and g in p for g in (normalize_answer(x) for x in golds)))
 
 
@@ -60,19 +64,9 @@ def acc_tok(prediction: str, golds: Sequence[str]) -> int:
     punctuation to spaces, articles dropped, and some gold answer's tokens must occur as a contiguous run of
     the prediction's tokens.
 
-    Args:
-        prediction: the reader's answer.
-        golds: the gold answers.
-
-    Returns:
-        1 or 0.
-
-    Raises:
-        TypeError: ``prediction`` is not a string.
+    Args, returns and raises: as ``acc``.
     """
-    if not isinstance(prediction, str):
-        raise TypeError(f"prediction: expected a string, got {type(prediction).__name__}")
-    t = _tokens(prediction)
+    t = _tokens(_need_str(prediction))
     for g in golds:
         a = _tokens(g)
         if a and any(t[i:i + len(a)] == a for i in range(len(t) - len(a) + 1)):

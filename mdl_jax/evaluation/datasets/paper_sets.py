@@ -22,12 +22,11 @@ import csv
 import dataclasses
 import functools
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 # The data folder, its error type and the UTF-8 reader are shared with the benchmark loaders, one floor down.
-from mdl_jax.evaluation.datasets.files import ENV_DATA_DIR, DataError, default_data_dir
+from mdl_jax.evaluation.datasets.files import ENV_DATA_DIR, DataError, default_data_dir, iter_jsonl
 from mdl_jax.evaluation.datasets.files import read_text as _read_text
 
 HUB = {
@@ -118,20 +117,7 @@ def _read_csv(path: Path, dataset: str) -> list[tuple[int, dict]]:
 def _read_jsonl(path: Path, dataset: str) -> list[tuple[int, dict]]:
     """(line, object with canonical field names) for every non-blank line."""
     rows = []
-    # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings
-    # may hold raw
-    for n, line in enumerate(_read_text(path).split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object "
-                            "per line") from None
-        if not isinstance(obj, dict):
-            kind = {type(None): "null", list: "an array", str: "a string", bool: "a boolean"}.get(
-                type(obj), "a number")
-            raise DataError(f"{path}, line {n}: expected a JSON object, got {kind}")
+    for n, obj in iter_jsonl(path):
         _check_columns(path, dataset, list(obj), line=n)
         row = {COLUMNS[dataset].get(k, k): v for k, v in obj.items()}
         if all(row[f] in (f, *(k for k, c in COLUMNS[dataset].items() if c == f)) for f in REQUIRED[dataset]):

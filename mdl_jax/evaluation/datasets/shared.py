@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,15 @@ def _limit(rows: Iterable, limit: int | None) -> Iterator:
 
 def _splits(split: str | None, names: tuple[str, ...]) -> tuple[str, ...]:
     return names if split is None else (split,)
+
+
+def _split_rows(split: str | None, names: tuple[str, ...], file_of: Callable[[str], Path],
+                limit: int | None) -> Iterator[tuple[str, int, dict, str]]:
+    """(split name, line number, row, "<file>, line <n>") over the named splits' JSON-lines files in
+    order, at most ``limit`` rows counted across them."""
+    rows = ((s, n, row, f"{file_of(s)}, line {n}") for s in _splits(split, names)
+            for n, row in iter_jsonl(file_of(s)))
+    return _limit(rows, limit)
 
 
 def _short_hash(text: str) -> str:
@@ -265,11 +274,8 @@ def read_nomiracl(path: Path, split: str | None = None, limit: int | None = None
         One item per query.
     """
     out: list[BenchmarkItem] = []
-    rows = ((sub, path / sub / "en.test.vanilla_prompt.jsonl", n, row)
-            for sub in _splits(split, NOMIRACL_SPLITS)
-            for n, row in iter_jsonl(path / sub / "en.test.vanilla_prompt.jsonl"))
-    for sub, src, n, row in _limit(rows, limit):
-        where = f"{src}, line {n}"
+    for sub, _n, row, where in _split_rows(split, NOMIRACL_SPLITS,
+                                          lambda s: path / s / "en.test.vanilla_prompt.jsonl", limit):
         docids = _need(row, "docids", where, list)
         question, passages = parse_nomiracl_prompt(_need(row, "prompt", where), len(docids), where)
         relevant = sub == "relevant"
@@ -322,11 +328,8 @@ def read_conflictqa(path: Path, split: str | None = None, limit: int | None = No
         Three items per row, conditions in the order both, memory, counter.
     """
     out: list[BenchmarkItem] = []
-    rows = ((m, path / f"conflictQA-strategyQA-{m}.json", n, row)
-            for m in _splits(split, CONFLICTQA_MODELS)
-            for n, row in iter_jsonl(path / f"conflictQA-strategyQA-{m}.json"))
-    for model, src, n, row in _limit(rows, limit):
-        where = f"{src}, line {n}"
+    for model, n, row, where in _split_rows(split, CONFLICTQA_MODELS,
+                                            lambda m: path / f"conflictQA-strategyQA-{m}.json", limit):
         question = need_text(row, "question", where)
         gt = _need(row, "ground_truth", where, list)
         if not gt or not isinstance(gt[0], str):
@@ -387,11 +390,7 @@ def read_conflictnq(path: Path, split: str | None = None, limit: int | None = No
         Three items per question, conditions in the order real, fake, mixed.
     """
     out: list[BenchmarkItem] = []
-    rows = ((s, path / f"conflict_nq_{s}.jsonl", n, row)
-            for s in _splits(split, CONFLICTNQ_SPLITS)
-            for n, row in iter_jsonl(path / f"conflict_nq_{s}.jsonl"))
-    for s, src, n, row in _limit(rows, limit):
-        where = f"{src}, line {n}"
+    for s, _n, row, where in _split_rows(split, CONFLICTNQ_SPLITS, lambda s: path / f"conflict_nq_{s}.jsonl", limit):
         real, fake = _conflictnq_passages(row, "real_passages", where), _conflictnq_passages(row, "fake_passages", where)
         group = f"conflictnq:{clean(_need(row, 'id', where, (str, int)))}"
         question = need_text(row, "question", where)
