@@ -40,14 +40,10 @@ from mdl_repro.pipeline.generation.base import (
     BUNDLED,
     BUNDLED_ID,
     MAX_NEW_TOKENS,
-    TEMPERATURE,
-    TOP_P,
-    Chat,
     Generation,
     per_prompt_limits,
 )
-from mdl_repro.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
-from mdl_repro.pipeline.generation.sampling import row_seed, seed_list
+from mdl_repro.pipeline.generation.local import IdsGeneration, TorchScoring, cpu_threads
 
 ENGINES = ("torch", "ctranslate2", "llama.cpp", "auto")
 _SEED_LOCK = threading.Lock()
@@ -138,7 +134,7 @@ def _call_seed(row_seeds: Sequence[int]) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
-class CT2Backend(TorchScoring):
+class CT2Backend(IdsGeneration, TorchScoring):
     """Sampled generation through CTranslate2 (int8 weights) on this CPU; scoring through torch.
 
     Same interface as ``LocalBackend``: ``generate``, ``score``, ``token_logprobs``, ``top_logprobs``,
@@ -197,25 +193,10 @@ class CT2Backend(TorchScoring):
 
     # -- generation ---------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
-                 temperature: float = TEMPERATURE, top_p: float = TOP_P, stop=None,
-                 on_token=None, min_new_tokens: int = 0) -> list[Generation]:
-        """One text per prompt, as ``LocalBackend.generate`` (a chat or a raw string per prompt; one
-        ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt;
-        ``on_token(i, token_id)`` a true return ends prompt i's text at that token)."""
-        tok = self._load()
-        ids = prompt_ids(tok, prompts)
-        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
-        return self._generate_ids(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
+    def tokenizer(self):
+        return self._load()
 
-    def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
-                     temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
-        """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
-        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
-        return self._generate_ids([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
-                                  None, None, min_new_tokens)
-
-    def _generate_ids(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
+    def _generate_rows(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
         tok = self._load()
         n = len(ids)
         caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)

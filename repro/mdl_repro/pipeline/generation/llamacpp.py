@@ -59,21 +59,17 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
 
 from mdl_repro.pipeline.generation.base import (
     BUNDLED,
     BUNDLED_ID,
     MAX_NEW_TOKENS,
-    TEMPERATURE,
-    TOP_P,
-    Chat,
     Generation,
     per_prompt_limits,
 )
-from mdl_repro.pipeline.generation.local import TorchScoring, cpu_threads, prompt_ids
-from mdl_repro.pipeline.generation.sampling import row_seed, sample_rows, seed_list
+from mdl_repro.pipeline.generation.local import IdsGeneration, TorchScoring, cpu_threads
+from mdl_repro.pipeline.generation.sampling import sample_rows
 
 WEIGHTS = ("auto", "file", "q8_0")
 Q8_0 = 7  # LLAMA_FTYPE_MOSTLY_Q8_0: the type the copy is made in, and the one a file needs no copy from
@@ -280,7 +276,7 @@ def _free(llama_cpp, box):
         llama_cpp.llama_model_free(box["model"])
 
 
-class LlamaCppBackend(TorchScoring):
+class LlamaCppBackend(IdsGeneration, TorchScoring):
     """Sampled generation through llama.cpp on a GGUF file, paired sampling as ``LocalBackend``'s;
     scoring through torch. Same interface as ``LocalBackend`` (and ``CT2Backend``'s
     ``min_new_tokens``: the end of text is suppressed before it)."""
@@ -344,25 +340,10 @@ class LlamaCppBackend(TorchScoring):
 
     # -- generation ---------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
-                 temperature: float = TEMPERATURE, top_p: float = TOP_P, stop=None,
-                 on_token=None, min_new_tokens: int = 0) -> list[Generation]:
-        """One text per prompt, as ``LocalBackend.generate`` (a chat or a raw string per prompt; one
-        ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt, the
-        text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
-        tok, _ = self._load()
-        ids = prompt_ids(tok, prompts)
-        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
-        return self._generate(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
+    def tokenizer(self):
+        return self._load()[0]
 
-    def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
-                     temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
-        """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
-        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
-        return self._generate([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
-                              None, None, min_new_tokens)
-
-    def _generate(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
+    def _generate_rows(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens):
         n = len(ids)
         caps, stops = per_prompt_limits(max_new_tokens, stop, n, self.max_new_tokens)
         if not n:

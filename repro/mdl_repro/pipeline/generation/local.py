@@ -453,6 +453,36 @@ def prompt_ids(tok, prompts: Sequence[Chat]) -> list[list[int]]:
     return [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
 
+class IdsGeneration:
+    """``generate`` and ``generate_ids`` for the engines that generate from token ids (``CT2Backend``,
+    ``LlamaCppBackend``): both seed each row by (seed, its prompt's ids) and hand the rows to the
+    engine's ``_generate_rows``; ``tokenizer()`` gives the model's tokenizer."""
+
+    def tokenizer(self):
+        raise NotImplementedError
+
+    def _generate_rows(self, ids, seeds, max_new_tokens, temperature, top_p, stop, on_token,
+                       min_new_tokens) -> list[Generation]:
+        raise NotImplementedError
+
+    def generate(self, prompts: Sequence[Chat], *, seed, max_new_tokens=None,
+                 temperature: float = TEMPERATURE, top_p: float = TOP_P, stop=None,
+                 on_token=None, min_new_tokens: int = 0) -> list[Generation]:
+        """One text per prompt, as ``LocalBackend.generate`` (a chat or a raw string per prompt; one
+        ``max_new_tokens`` for all or one per prompt; ``stop`` one list of stop strings per prompt, the
+        text ends before the first; ``on_token(i, token_id)`` a true return ends prompt i's text)."""
+        ids = prompt_ids(self.tokenizer(), prompts)
+        seeds = [row_seed(s, p) for s, p in zip(seed_list(seed, len(prompts)), prompts)]
+        return self._generate_rows(ids, seeds, max_new_tokens, temperature, top_p, stop, on_token, min_new_tokens)
+
+    def generate_ids(self, ids: Sequence[Sequence[int]], *, seed, max_new_tokens=None,
+                     temperature: float = TEMPERATURE, top_p: float = TOP_P, min_new_tokens: int = 0):
+        """``generate`` on prompts already tokenised (lists of token ids), rows seeded by (seed, ids)."""
+        seeds = [row_seed(s, list(p)) for s, p in zip(seed_list(seed, len(ids)), ids)]
+        return self._generate_rows([list(p) for p in ids], seeds, max_new_tokens, temperature, top_p,
+                                   None, None, min_new_tokens)
+
+
 class TorchScoring:
     """Scoring for the engines that only generate (``CT2Backend``, ``LlamaCppBackend``): label scores and
     teacher-forced log-probabilities are not generation, so they go to a ``LocalBackend`` on the same
