@@ -11,7 +11,7 @@ on each engine, next to the default's program without value checks (``validate=F
 plain ``jit(vmap(decide_one))`` form, and next to every ISA variant of the kernel this CPU runs
 (``native.decide_variant``: AVX-512 and AVX2 on an AVX-512 CPU), (d) each variant on one core: CPU
 time per record at N = 10^6, in cycles of the measured clock, against the FMA bound of the kernel's
-arithmetic (``FLOP_PER_RECORD`` below). Throughputs are measured in interleaved rounds (the dev VM is
+arithmetic (``FLOP_PER_RECORD`` below). Throughputs are measured in interleaved rounds (a shared machine is
 noisy, ±10-30% from minute to minute) and the median round is reported, the range and the best in
 the JSON. Prints the CPU's flags, a table with each target beside its figure, then one JSON object
 as the last line.

@@ -10,7 +10,7 @@ the same uniform (M, R, A) records, N = 10^7 by default, validated (``decide``) 
 (``validate=False``), median of several calls after a warm-up. The machine's load average (before
 and after) is printed beside the figures: on a shared machine the scaling measured is depressed.
 
-Targets: ≥ 1.8× from 1 to 2 cores on the 2-core dev VM; ≥ 2×10^8 decisions/s at
+Targets: ≥ 1.8× from 1 to 2 cores on a 2-core machine; ≥ 2×10^8 decisions/s at
 N = 10^7 on 16 cores (the H200 machine's CPUs). Prints a table, then one JSON object as the last line.
 """
 

@@ -6,8 +6,7 @@ run.json, without generating anything (the generation cache of a committed run i
 
 It runs what `reproduce` runs after its records are complete: `mdl-jax analyze`, `mdl-jax tune` (runs
 with ≥ 500 pooled records) and the report writer, with the run's own run.json (its calibrated configs
-are kept; nothing is recalibrated). About 2 min 10 s for paper-scale-200x3-paired on the 2-core dev VM
-under a load of ~8 (analyze 77 s, tune 49 s, report 3 s with a warm embedding cache).
+are kept; nothing is recalibrated).
 """
 
 import json

@@ -133,6 +133,44 @@ def test_no_module_of_the_library_is_longer_than_a_sitting():
     assert not long, f"library modules over {MODULE_LINES} lines (split by job):\n" + "\n".join(long)
 
 
+# Everywhere else the project speaks (its docs, changelog, experiments, tests, committed run notes): no
+# pointer into the tracker, no work session, no nickname of a machine of ours. Timings may stand there (the
+# docs are where they belong); the CPU is named by its model and flags, never "the dev VM".
+_TRACKER = {"issue": _NARRATION["issue"], "session": re.compile(r"\bsessions?\s*\d+", re.I),
+            "machine": re.compile(r"\bdev (?:VM|CPU|machine)\b", re.I)}
+
+
+def _project_texts() -> list[Path]:
+    tracked = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.toml", "*.yml", "*.yaml", "*.sh", "*.cfg"],
+                             cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode:
+        pytest.skip("not a git checkout: the tracked files are not known")
+    return [ROOT / f for f in tracked.stdout.splitlines() if f != "tests/test_lint.py" and (ROOT / f).is_file()]
+
+
+def _tracker_refs(path: Path, rel: str) -> list[str]:
+    return [f"{rel}:{n}: {kind} {m.group(0)!r}"
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            for kind, rx in _TRACKER.items() for m in rx.finditer(line)]
+
+
+def test_the_project_names_no_issue_numbers_sessions_or_our_machines():
+    """The docs, changelog, experiments and tests describe the project, not how its work was organised:
+    ``issue #25``, ``session 21`` and ``the dev VM`` mean nothing to a reader and go stale."""
+    found = [f for p in _project_texts() for f in _tracker_refs(p, p.relative_to(ROOT).as_posix())]
+    assert not found, "name the change, the CPU (model and flags), not the ticket or session:\n" + "\n".join(found)
+
+
+def test_the_tracker_check_catches_each_kind(tmp_path):
+    bad = tmp_path / "bad.md"
+    bad.write_text("Issue #25 §3, session 21: faster on the dev VM.\nsessions 25-26; issue 7\n")
+    found = _tracker_refs(bad, "bad.md")
+    assert {f.split()[1] for f in found} == set(_TRACKER) and len(found) == 5, found
+    ok = tmp_path / "ok.md"
+    ok.write_text("One plain model server per test session; ONNX Runtime sessions; an issue tracker.\n")
+    assert _tracker_refs(ok, "ok.md") == []
+
+
 def test_the_narration_check_catches_each_kind(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('"""Runs in 12.5 µs on the dev VM (issue 16), 2.3× as fast since session 20."""\n'
