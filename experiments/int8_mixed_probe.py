@@ -1,4 +1,4 @@
-"""The int8 candidate that could pass §3's parity, built and measured: per-token int8 MatMuls with float32
+"""The int8 candidate that could pass the embedding target's parity, built and measured: per-token int8 MatMuls with float32
 outlier channels, and float32 for short texts. An experiment, not a backend.
 
 ``int8_parity_probe`` found (by simulation) that no W8A8 scheme reaches a minimum cosine of 0.999 to
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
         print(f"{n:26s} {med(speed[n]):7.0f} ({sr:4.2f}x) {med(g(n, 'all')):7.1f} ({gr:4.2f}x) "
               f"{cos.min():8.5f} {cos.mean():9.6f} {100 * same:8.2f}%   " +
               ", ".join(f"{k} {grk[k]:4.2f}x" for k in timed))
-    print("\nIssue 25 §3's targets: gate rows/s ≥ 2.5x torch's, min cosine ≥ 0.999, actions equal ≥ 99.5%:")
+    print("\nThe embedding speed targets: gate rows/s ≥ 2.5x torch's, min cosine ≥ 0.999, actions equal ≥ 99.5%:")
     for n in names[1:]:
         v = res["variants"][n]
         ok = [v["gate_ratio"] >= 2.5, v["min_cos"] >= 0.999, v["actions_equal"] >= 0.995]

@@ -23,7 +23,7 @@ PROMPT = ("Question: {q}\nCorrect answer: {c}\nA wrong answer: {i}\n\nCandidate 
 def main(argv=None) -> int:
     import argparse
 
-    # Parse before anything heavy: `--help` must describe the job, not start it (19 §6).
+    # Parse before anything heavy: `--help` must describe the job, not start it.
     argparse.ArgumentParser(prog="python -m experiments.llm_judge_check",
                             description=__doc__.split("\n\n", 2)[0] + " Loads the bundled SmolLM2 "
                             "and scores the 482 gold answers: about 5-10 minutes on a 2-core CPU. "

@@ -277,7 +277,7 @@ def test_bad_input_through_the_real_entry_point(case, tmp_path):
 
 
 def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
-    """19 §6: analyze had no description or cost, tune showed no defaults."""
+    """Every subcommand's --help describes its job and its cost and shows its defaults."""
     from mdl_jax.cli import main
 
     for cmd, cost in (("analyze", "minutes"), ("tune", "minute"), ("judge", "Cost"), ("reproduce", "minutes")):
@@ -296,7 +296,7 @@ def test_llm_judge_check_help_does_not_start_the_job():
 
 @pytest.mark.slow
 def test_one_reader_keeps_every_record_of_a_file_torn_inside_a_utf8_character(tmp_path, capsys):
-    """19 §1: a records line torn inside a UTF-8 character, JSON non-records and a non-JSON line are
+    """A records line torn inside a UTF-8 character, JSON non-records and a non-JSON line are
     skipped with ONE warning per file by every consumer; every complete record is kept, and the
     readers that crashed before (reproduce's tune step, analyze's loader, tune) work."""
     import warnings

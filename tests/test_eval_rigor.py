@@ -30,7 +30,7 @@ def clustered(n_q=60, per_q=9, seed=0, p_adopt=0.45):
     return df, y
 
 
-# -------------------------------------------------------------------------------- §2: no leakage
+# -------------------------------------------------------------------------------- no leakage
 
 def test_question_folds_never_split_a_question_and_stay_stratified():
     df, y = clustered(n_q=80)
@@ -79,7 +79,7 @@ def test_question_bootstrap_weights_move_whole_questions():
     assert (w.sum(1) == 30 * 9).all()
 
 
-# -------------------------------------------------------------------------------- §3: ties
+# -------------------------------------------------------------------------------- ties
 
 def test_tie_break_takes_the_middle_of_the_widest_tied_run():
     agreement = np.full(101, 0.4)
@@ -179,7 +179,7 @@ def test_cases_need_both_judges_to_agree():
     assert "ref judge: hallucinated" in cases.cases_md(picked)
 
 
-# -------------------------------------------------------------------------------- §4: QR bases
+# -------------------------------------------------------------------------------- QR bases
 
 def test_qr_study_reproduces_calibrate_and_decide_at_each_seed():
     df, y = clustered(n_q=40, per_q=3)

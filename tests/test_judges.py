@@ -298,7 +298,7 @@ def test_agreement_markdown(gold_agreement):
 
 
 def test_gold_split_regrouped_by_question_shares_no_question_between_dev_and_test():
-    """16 §7: the shipped split is by record (43 questions straddle it); ``question_split`` moves every
+    """The shipped split is by record (43 questions straddle it); ``question_split`` moves every
     answer of a question with a dev answer to dev, and leaves the shipped column as it is."""
     from mdl_repro.analysis.judges import load_gold, question_split
 

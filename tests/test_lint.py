@@ -136,7 +136,8 @@ def test_no_module_of_the_library_is_longer_than_a_sitting():
 # Everywhere else the project speaks (its docs, changelog, experiments, tests, committed run notes): no
 # pointer into the tracker, no work session, no nickname of a machine of ours. Timings may stand there (the
 # docs are where they belong); the CPU is named by its model and flags, never "the dev VM".
-_TRACKER = {"issue": _NARRATION["issue"], "session": re.compile(r"\bsessions?\s*\d+", re.I),
+_TRACKER = {"issue": re.compile(r"(?:\b|(?<=\\n))issues?\s*#?\d+|(?<!RFC )\b\d{1,3} §\d", re.I),
+            "session": re.compile(r"\bsessions?\s*\d+", re.I),
             "machine": re.compile(r"\bdev (?:VM|CPU|machine)\b", re.I)}
 
 
@@ -163,11 +164,13 @@ def test_the_project_names_no_issue_numbers_sessions_or_our_machines():
 
 def test_the_tracker_check_catches_each_kind(tmp_path):
     bad = tmp_path / "bad.md"
-    bad.write_text("Issue #25 §3, session 21: faster on the dev VM.\nsessions 25-26; issue 7\n")
+    bad.write_text("Issue #25 §3, session 21: faster on the dev VM.\nsessions 25-26; issue 7\n"
+                   'print("\\nIssue 25 targets"); see 19 §6\n')
     found = _tracker_refs(bad, "bad.md")
-    assert {f.split()[1] for f in found} == set(_TRACKER) and len(found) == 5, found
+    assert {f.split()[1] for f in found} == set(_TRACKER) and len(found) == 7, found
     ok = tmp_path / "ok.md"
-    ok.write_text("One plain model server per test session; ONNX Runtime sessions; an issue tracker.\n")
+    ok.write_text("One plain model server per test session; ONNX Runtime sessions; an issue tracker; "
+                  "RFC 9112 §6.1; RFC 793 §3; docs/benchmarks.md §4.\n")
     assert _tracker_refs(ok, "ok.md") == []
 
 

@@ -622,7 +622,7 @@ def _aurc_set(name: str) -> str:
 
 
 def gates_md(res_by_judge: dict) -> str:
-    """The §5 table, one block per judge."""
+    """The gates table, one block per judge."""
     lines = ["Rows: each gate per dataset on the paired (question, seed) records. Decision accuracy: "
              "adopt ⇔ inject (MDL: Active) against Section 5.3's oracle labels of the pooled B1/B2/B3 "
              "records, 95% CI by question bootstrap. Overall / high-risk: the end-to-end hallucination "

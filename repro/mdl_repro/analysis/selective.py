@@ -129,7 +129,7 @@ def unpaired_note(ev) -> str | None:
 
 
 def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
-    """Every §1 number for one dataset's paired frame ``p`` (see ``paired``)."""
+    """Every selective-prediction number for one dataset's paired frame ``p`` (see ``paired``)."""
     from mdl_jax.signals.risk import HIGH_RISK
 
     h1, h2, h3 = (p[f"h_{s}"].to_numpy(np.float64) for s in ("B1", "B2", "B3"))
@@ -179,7 +179,7 @@ def dataset_summary(p, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, se
 
 
 def selective(ev, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: int = 0) -> dict:
-    """§1 for every dataset × judge of the evaluated records ``ev`` (``oracle.load_records``)."""
+    """The selective-prediction numbers for every dataset × judge of the evaluated records ``ev`` (``oracle.load_records``)."""
     res: dict = {"tau": tau, "n_draws": n_draws, "by": {}, "paired_share": paired_share(ev),
                  "unpaired_note": unpaired_note(ev)}
     for judge in JUDGES:
@@ -242,7 +242,7 @@ def where_from(s: dict) -> str:
 
 
 def selective_md(res: dict) -> str:
-    """The §1 tables (per judge and dataset) as Markdown."""
+    """The selective-prediction tables (per judge and dataset) as Markdown."""
     tau = res["tau"]
     lines = [f"Paired (question, seed) records. Overall = the paper's rate (an abstention counted safe); "
              f"coverage = share answered (Opt-Out abstains); selective risk = hallucination among the "
