@@ -69,9 +69,13 @@ def _split_rows(split: str | None, names: tuple[str, ...], file_of: Callable[[st
                 limit: int | None) -> Iterator[tuple[str, int, dict, str]]:
     """(split name, line number, row, "<file>, line <n>") over the named splits' JSON-lines files in
     order, at most ``limit`` rows counted across them."""
-    rows = ((s, n, row, f"{file_of(s)}, line {n}") for s in _splits(split, names)
-            for n, row in iter_jsonl(file_of(s)))
-    return _limit(rows, limit)
+    def rows() -> Iterator[tuple[str, int, dict, str]]:
+        for s in _splits(split, names):
+            src = file_of(s)  # once per split, not per row
+            for n, row in iter_jsonl(src):
+                yield s, n, row, f"{src}, line {n}"
+
+    return _limit(rows(), limit)
 
 
 def _short_hash(text: str) -> str:
