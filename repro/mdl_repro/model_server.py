@@ -421,6 +421,14 @@ class ModelServer:
                            param="model", code="model_not_found")
         return model
 
+    async def read_request(self, request, kind):
+        """A generation request's checked body and the model it names: the authorisation, the JSON
+        body parsed into ``kind`` (a request model of ``protocol``), its unsupported fields refused."""
+        self.auth(request)
+        req = parse(kind, await read_json(request, self.limits))
+        req.unsupported()
+        return req, self.check_model(req.model)
+
     def injected_failure(self) -> None:
         self.requests += 1
         if self.to_fail > 0:
@@ -542,10 +550,7 @@ def make_app(srv: ModelServer):
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        srv.auth(request)
-        req = parse(ChatRequest, await read_json(request, srv.limits))
-        req.unsupported()
-        name = srv.check_model(req.model)
+        req, name = await srv.read_request(request, ChatRequest)
         if req.stream and req.logprobs:
             raise APIError(400, "logprobs: not supported with stream", param="logprobs")
         if req.top_logprobs and not req.logprobs:
@@ -580,10 +585,7 @@ def make_app(srv: ModelServer):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        srv.auth(request)
-        req = parse(CompletionRequest, await read_json(request, srv.limits))
-        req.unsupported()
-        name = srv.check_model(req.model)
+        req, name = await srv.read_request(request, CompletionRequest)
         if req.stream:
             raise APIError(400, "stream: not supported on /v1/completions (use /v1/chat/completions)",
                            param="stream")
