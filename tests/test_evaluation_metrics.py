@@ -292,10 +292,41 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"t": 0.5}), "thresholds"),
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", higher_is="up"), "higher_is"),
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], correct_with="y"), "correct_without"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds=np.nan), "thresholds"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds="abc"),  # type: ignore[arg-type]
+     "thresholds"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"s": [0.5]}),  # type: ignore[dict-item]
+     "thresholds\\['s'\\]"),
+    (lambda: m.evaluate({0: [0.1, 0.2], 1: [0, 1]}, gates=[0], label=2), "label: no column 2"),
+    (lambda: m.risk_coverage([1, 0, 1], [0.1, 0.2]), "score"),
+    (lambda: m.risk_coverage([1, 0, 1], [0.1, np.nan, 0.3]), "score"),
+    (lambda: m.rates([1, 0, 1], [True, False]), "answered"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=pd.Series(["a", np.nan, "b"])), "groups.*index 1"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=np.array(["a", None, "b"], object)), "groups"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=np.array(["a", 1, "b"], object)), "groups"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], level="0.9"),  # type: ignore[arg-type]
+     "level"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], seed=-1), "seed"),
+    (lambda: m.mde_for(1.0, 10.0), "n_groups"),  # type: ignore[arg-type]
+    (lambda: m.mde_for(-1.0, 50), "se"),
+    (lambda: m.auroc([1, 2, 3], pd.array([True, None, False], dtype="boolean")), "label.*index 1"),
+    (lambda: m.bootstrap_mean_ci([1.0, 2.0], n_boot=0), "n_boot"),
+    (lambda: m.cluster_bootstrap_diff([1, 0, 1], [0, 1], [1, 2, 3]), "b"),
+    (lambda: m.question_bootstrap_weights([], 3), "groups"),
 ])
 def test_bad_input_is_a_value_error_naming_the_argument(call, arg):
     with pytest.raises(ValueError, match=arg):
         call()
+
+
+def test_evaluate_reads_a_frames_integer_column_labels_and_a_paired_difference_takes_series():
+    s, y = np.r_[0.1, 0.9, 0.4, 0.7], np.r_[0, 1, 0, 1]
+    frame = m.evaluate(pd.DataFrame({0: s, 1: y}), gates=[0], label=1, n_boot=20)
+    by_name = m.evaluate({"s": s, "y": y}, gates={0: "s"}, label="y", n_boot=20, as_frame=True)
+    assert frame["value"].tolist() == by_name["value"].tolist()
+    series = m.paired_difference(m.coverage, pd.Series([1, 0, 1, 0]), [1, 1, 0, 0], n_boot=50)
+    arrays = m.paired_difference(m.coverage, (np.r_[1, 0, 1, 0],), (np.r_[1, 1, 0, 0],), n_boot=50)
+    assert series == arrays
 
 
 def test_analysis_keeps_the_moved_names():

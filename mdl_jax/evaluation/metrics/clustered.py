@@ -4,15 +4,17 @@ means and paired differences, and the bootstrap's record weights.
 The analyses of records (the reproduction's ``mdl_repro.analysis``) compare systems record by
 record and need the same question-level resampling the metrics' intervals use, in the forms they
 consume: a clustered SE, a 95% interval of a mean or of a paired difference, and the multiplicities a
-weighted sweep scores exactly. They are NumPy only and take columns as they come (no checks beyond
-NumPy's), the lenient form those callers rely on.
+weighted sweep scores exactly. They are NumPy only and take columns as they come (any dtype NumPy
+reads as numbers), the lenient form those callers rely on; the resample count, the columns' lengths
+and an empty set of questions are checked, each a ValueError naming the argument.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.evaluation.metrics.intervals import N_BOOT
+from mdl_jax.evaluation.metrics.columns import column
+from mdl_jax.evaluation.metrics.intervals import N_BOOT, check_boot, check_seed
 
 
 def cluster_se(d, groups) -> float:
@@ -50,8 +52,11 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
     Returns:
       (lo, hi); NaN for fewer than 2 questions.
     """
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    check_boot(n_boot, 0.95)
+    check_seed(seed)
+    a = np.asarray(column(a, "a"), float)
+    b = np.asarray(column(b, "b", len(a)), float)
+    g_ids, g = np.unique(column(groups, "groups", len(a)), return_inverse=True)
     G = len(g_ids)
     if G < 2:
         return float("nan"), float("nan")
@@ -83,8 +88,12 @@ def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.nd
     Returns:
       (n_resamples, N) float32 multiplicities.
     """
-    g_ids, g = np.unique(np.asarray(groups), return_inverse=True)
+    check_boot(n_resamples, 0.95)
+    check_seed(seed)
+    g_ids, g = np.unique(column(groups, "groups"), return_inverse=True)
     G = len(g_ids)
+    if G == 0:
+        raise ValueError("groups: expected at least one question id")
     rng = np.random.default_rng(seed)
     mult = rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples)
     return mult[:, g].astype(np.float32)
@@ -103,7 +112,9 @@ def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tu
     Returns:
       (lo, hi); NaN with fewer than 2 records (or questions).
     """
-    x = np.asarray(x, float)
+    check_boot(n_boot, 0.95)
+    check_seed(seed)
+    x = np.asarray(column(x, "x"), float)
     if groups is not None:
         return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
     if len(x) < 2:

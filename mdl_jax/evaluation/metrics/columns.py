@@ -58,10 +58,19 @@ def numeric(a: np.ndarray, name: str) -> np.ndarray:
         try:
             return a.astype(np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected numbers, got values such as {a[0]!r}") from None
+            bad = next(i for i, x in enumerate(a) if not _is_number(x))
+            raise ValueError(f"{name}: expected numbers, got {a[bad]!r} at index {bad}") from None
     if a.dtype.kind not in "iuf":
         raise ValueError(f"{name}: expected numbers, got dtype {a.dtype}")
     return a.astype(np.float64)
+def _is_number(x) -> bool:
+    try:
+        float(x)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def binary(x, name: str, n: int | None = None) -> np.ndarray:
     """(N,) bool from a bool or 0/1 column; anything else is a ValueError naming ``name``."""
     a = column(x, name, n)

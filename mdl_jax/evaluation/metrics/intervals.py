@@ -18,6 +18,7 @@ of its table is recomputed on the same draws.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -108,18 +109,41 @@ def question_layout(groups, n: int) -> Layout:
     """The records of each question in ``groups`` ((N,) ids; None: every record its own question).
 
     Raises:
-      ValueError: ``groups`` not 1-D of ``n`` values, or holding NaN.
+      ValueError: ``groups`` not 1-D of ``n`` values, holding a missing id (NaN, None, pandas' NA) or
+        ids of mixed kinds (numbers beside strings), naming the first such record.
     """
     if groups is None:
         inv = np.arange(n)
     else:
         g = column(groups, "groups", n)
+        if g.dtype.kind == "O":
+            g = _object_ids(g)
         if g.dtype.kind == "f" and np.isnan(g).any():
-            raise ValueError("groups: expected a question id per record, got NaN")
+            raise ValueError(f"groups: expected a question id per record, got NaN at index "
+                             f"{int(np.flatnonzero(np.isnan(g))[0])}")
         _, inv = np.unique(g, return_inverse=True)
         inv = inv.reshape(-1)
     sizes = np.bincount(inv, minlength=int(inv.max()) + 1 if n else 0)
     return Layout(np.argsort(inv, kind="stable"), np.cumsum(sizes) - sizes, sizes)
+
+
+def _object_ids(g: np.ndarray) -> np.ndarray:
+    # Question ids held as Python objects (a pandas object or string column): a missing id would
+    # otherwise reach np.unique's sort as a TypeError, and numbers beside strings cannot be sorted.
+    kinds = set()
+    for i, x in enumerate(g):
+        if x is None or (isinstance(x, float | np.floating) and x != x) or type(x).__name__ == "NAType":
+            raise ValueError(f"groups: expected a question id per record, got a missing id ({x!r}) at index {i}")
+        if isinstance(x, str | bytes):
+            kinds.add("strings")
+        elif isinstance(x, numbers.Real):
+            kinds.add("numbers")
+        else:
+            raise ValueError(f"groups: expected question ids as strings or numbers, got {type(x).__name__} "
+                             f"at index {i}")
+    if len(kinds) > 1:
+        raise ValueError("groups: expected question ids of one kind (all strings or all numbers), got both")
+    return g
 
 
 def resamples(lay: Layout, n_boot: int, seed: int) -> Iterator[np.ndarray]:
@@ -149,12 +173,22 @@ def check_boot(n_boot: int, level: float) -> None:
     """A ValueError naming ``n_boot`` (not a positive int) or ``level`` (not in (0, 1))."""
     if isinstance(n_boot, bool) or not isinstance(n_boot, int | np.integer) or n_boot < 1:
         raise ValueError(f"n_boot: expected a positive integer, got {n_boot!r}")
-    if not 0 < level < 1:
+    if isinstance(level, bool) or not isinstance(level, float | int | np.floating | np.integer) or not 0 < level < 1:
         raise ValueError(f"level: expected a confidence level in (0, 1), got {level!r}")
 
 
+def check_seed(seed: int) -> None:
+    """A ValueError naming ``seed`` when it is not a non-negative integer (NumPy's generators need one)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+
+
 def _columns(columns: Sequence, name: str, n: int | None = None) -> list[np.ndarray]:
+    # One column (an array, a pandas Series, a list of numbers) or a sequence of columns: a sequence
+    # whose items are themselves scalars is one column.
     if isinstance(columns, np.ndarray) and columns.ndim == 1:
+        columns = (columns,)
+    elif not isinstance(columns, np.ndarray | str) and np.ndim(next(iter(columns), [])) == 0:
         columns = (columns,)
     cols = list(columns)
     if not cols:
@@ -178,7 +212,14 @@ def mde_for(se: float, n_groups: int) -> float:
     Returns:
       (t_{0.975, G−1} + t_{0.80, G−1}) · SE for G < 30 questions (the SE is itself estimated from few
       units, so z would understate it), ``mde(se)`` from 30 on; NaN for G < 2.
+
+    Raises:
+      ValueError: ``se`` negative or not a number; ``n_groups`` not an integer.
     """
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int | np.integer):
+        raise ValueError(f"n_groups: expected a whole number of questions, got {n_groups!r}")
+    if not isinstance(se, float | int | np.floating | np.integer) or se < 0:
+        raise ValueError(f"se: expected a non-negative standard error, got {se!r}")
     if n_groups < 2:
         return NAN
     if n_groups < MIN_GROUPS_Z:
@@ -206,10 +247,11 @@ def bootstrap(metric: Callable[..., float], *columns, groups=None, n_boot: int =
       ``Estimate(value, lo, hi, n, n_groups)``; lo, hi NaN with fewer than 2 questions.
 
     Raises:
-      ValueError: no column, columns of different lengths or not 1-D, a NaN group, a bad ``n_boot`` or
-        ``level``; and whatever ``metric`` raises on its columns.
+      ValueError: no column, columns of different lengths or not 1-D, a missing group, a bad ``n_boot``,
+        ``seed`` or ``level``; and whatever ``metric`` raises on its columns.
     """
     check_boot(n_boot, level)
+    check_seed(seed)
     cols = _columns(columns, "columns")
     n = len(cols[0])
     lay = question_layout(groups, n)
@@ -246,6 +288,7 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
       ValueError: as ``bootstrap``, for either gate's columns.
     """
     check_boot(n_boot, level)
+    check_seed(seed)
     a = _columns(cols_a, "cols_a")
     n = len(a[0])
     b = _columns(cols_b, "cols_b", n)

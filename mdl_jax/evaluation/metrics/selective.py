@@ -22,7 +22,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mdl_jax.evaluation.metrics.columns import Kernel, binary, correct_and_abstained, mean_or_nan, score_column
+from mdl_jax.evaluation.metrics.columns import (
+    Kernel,
+    binary,
+    column,
+    correct_and_abstained,
+    mean_or_nan,
+    numeric,
+    score_column,
+)
 
 
 def rates(h, answered) -> dict:
@@ -35,10 +43,13 @@ def rates(h, answered) -> dict:
     Returns:
       {"n", "answered", "coverage", "selective_risk" (hallucinated among the answered), "overall"
       (hallucinated / N, an abstention counted safe)}; NaN where a denominator is 0.
+
+    Raises:
+      ValueError: a column not 1-D, ``answered`` not binary or of another length than ``h``.
     """
-    h = np.asarray(h, np.float64)
-    a = np.asarray(answered, bool)
+    h = numeric(column(h, "h"), "h")
     n = len(h)
+    a = binary(answered, "answered", n)
     hits = float(np.sum(np.where(a, h, 0.0)))
     return {"n": int(n), "answered": int(a.sum()), "coverage": float(a.mean()) if n else float("nan"),
             "selective_risk": hits / a.sum() if a.any() else float("nan"),
@@ -71,10 +82,13 @@ def risk_coverage(h, score) -> Curve:
 
     Returns:
       ``Curve``; AURC NaN for N = 0.
+
+    Raises:
+      ValueError: a column not 1-D, ``score`` of another length than ``h`` or not finite.
     """
-    h = np.asarray(h, np.float64)
-    s = np.asarray(score, np.float64)
+    h = numeric(column(h, "h"), "h")
     n = len(h)
+    s = score_column(score, "score", n)
     if n == 0:
         return Curve(np.zeros(0), np.zeros(0), float("nan"))
     order = np.argsort(-s, kind="stable")

@@ -8,6 +8,8 @@ recomputes them all on the same resampled questions, so two gates' intervals com
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,18 +30,33 @@ from mdl_jax.evaluation.metrics.selective import aurc_of, coverage_of, selective
 
 
 def _get(table, key, what: str, n: int | None) -> np.ndarray:
-    if isinstance(key, str):
-        if key not in table:
+    # A column name (a string, any other scalar key such as a DataFrame's integer label, or a tuple
+    # label the table holds) is looked up; anything else is taken as the column's values.
+    if isinstance(key, str) or np.ndim(key) == 0 or (isinstance(key, tuple) and _has(table, key)):
+        if not _has(table, key):
             raise ValueError(f"{what}: no column {key!r} in the table (columns: {sorted(map(str, table))})")
         key = table[key]
     return column(key, what, n)
+
+
+def _has(table, key) -> bool:
+    try:
+        return key in table
+    except TypeError:  # an unhashable key
+        return False
+
+
+def _threshold(thr, what: str) -> float:
+    if isinstance(thr, bool) or not isinstance(thr, numbers.Real) or not math.isfinite(thr):
+        raise ValueError(f"{what}: expected a finite number, got {thr!r}")
+    return float(thr)
 
 
 def _take(table, key, what: str, n: int) -> np.ndarray | None:
     return None if key is None else _get(table, key, what, n)
 
 
-def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, groups=None, correct=None,
+def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, groups=None, correct=None,
              correct_with=None, correct_without=None, thresholds: float | Mapping[str, float] | None = None,
              higher_is: str | Mapping[str, str] = "positive", rule: str = "adarague", n_boot: int = N_BOOT,
              seed: int = 0, level: float = 0.95, as_frame: bool | None = None):
@@ -66,7 +83,8 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
 
     Args:
       table: a mapping of column name → (N,) array, or a pandas DataFrame.
-      gates: {gate name: column name or (N,) array}, or a sequence of column names (named after them).
+      gates: {gate name: column name or (N,) array}, or a sequence of column names (named after them); a
+        name is any key of the table (a DataFrame's integer or tuple labels too).
       label: column name or (N,) binary array: 1 = should not adopt / should abstain.
       groups: column name or (N,) question ids; None: every record its own question.
       correct: column name or (N,) binary: the answer given when answering is right.
@@ -127,7 +145,8 @@ def evaluate(table, *, gates: Mapping[str, Any] | Sequence[str], label=None, gro
         s = score_column(col, what, n, hi)
         thr = thresholds.get(name) if isinstance(thresholds, Mapping) else thresholds
         if thr is not None:
-            dec = s >= sign * float(thr)
+            dec = s >= sign * _threshold(thr, f"thresholds[{name!r}]" if isinstance(thresholds, Mapping)
+                                         else "thresholds")
         elif np.isin(s * sign, (0.0, 1.0)).all():  # a binary column: its own decision (1 = positive)
             dec = (s * sign == 1.0) if sign > 0 else (s * sign == 0.0)
         else:
