@@ -81,6 +81,34 @@ def test_score_gates_on_known_labels_and_a_users_own_column_in_the_same_table():
         score_gates("toy", items, _cols(M, np.full(n, 0.5), action, c_final), extra={"my gate": mine[:3]})
 
 
+def test_a_gate_without_a_fitted_threshold_has_no_decision_rows_not_a_constant_ones():
+    # every calibration row says "adopt": no τ can be fitted, so the threshold gates (similarity, R alone,
+    # a user's column) keep their ranking metrics and have no decision, instead of "always adopt"'s numbers
+    n = 300
+    cal = calibration_split(np.array([f"q{i}" for i in range(n)]), salt="toy")
+    rng = np.random.default_rng(1)
+    adopt = np.where(cal, True, rng.uniform(size=n) < 0.5)
+    M = np.where(adopt, rng.uniform(0.5, 1, n), rng.uniform(0, 0.6, n))
+    action = np.full(n, int(Action.SILENT))
+    s = score_gates("toy", _items(n, adopt), _cols(M, np.full(n, 0.5), action, M), extra={"mine": -M},
+                    fit_mdl=False)
+    assert {g.name: g.fitted.get("tau", 0) for g in s.gates if "tau" in g.fitted} == {
+        "similarity (top-1)": None, "R alone": None, "mine": None}
+    by = {(r["gate"], r["metric"]): r for r in metric_table(s, n_boot=50)}
+    for gate in ("similarity (top-1)", "R alone", "mine"):
+        assert (gate, "AUROC") in by
+        for metric in ("decision accuracy", "withheld", "accuracy − MDL (paper defaults)"):
+            assert (gate, metric) not in by, (gate, metric)
+    assert ("always adopt", "decision accuracy") in by
+
+
+def test_the_replay_leaves_out_a_fitted_gate_with_too_few_questions_to_fit():
+    items, cols = _toy_replay_inputs()   # four questions: two per half, below the fitting minimum
+    names = {p.name for p in replay("toy_test", items, cols).policies}
+    assert "MDL (paper defaults)" in names
+    assert not names & {"similarity (top-1)", "MDL calibrated", "MDL calibrated, never abstain"}
+
+
 def _ada(i: int, no: str, with_: str, gold: str = "paris") -> AdaRAGUEItem:
     return AdaRAGUEItem("adarague_llama8b", f"a{i}:passages", f"a{i}", f"q{i}", ("passage",), "passages",
                         (gold,), meta={"csv_rag_one_retrieve": with_}, answer_no_retrieval=no,

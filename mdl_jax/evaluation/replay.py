@@ -31,6 +31,8 @@ The gates, on the same questions and the same answers (paired):
 τ and the calibrated config are fitted by two-fold cross-fitting over questions (each half's fit is
 applied to the other half), so no question is decided by a fit that saw it. The fitting label is
 "retrieval does not hurt": the with-retrieval answer is right or the no-retrieval answer is wrong.
+Where a half has fewer than ``MIN_CALIBRATION`` questions or one label, there is nothing to fit: the
+fitted gate is left out (it is not replaced by a constant rule or the defaults under its name).
 
 Missing fields. What the loader leaves None has one meaning here: no ``memories`` is no passages; a
 gate whose inputs are None on some question (the classifier's option, When-to-Retrieve's flag, SeaKR's
@@ -207,33 +209,39 @@ def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.nd
     R = np.asarray(cols["R"], np.float32)
     A = np.full(n, 0.5, np.float32)
 
-    def cross_fit_threshold(score: np.ndarray) -> np.ndarray:
+    def cross_fit_threshold(score: np.ndarray) -> np.ndarray | None:
         retrieve = np.zeros(n, bool)
         for train in (fold, ~fold):
-            tau = fit_threshold(score[train], fit_label[train])  # None: too few rows, one label
-            retrieve[~train] = True if tau is None else score[~train] >= tau
+            tau = fit_threshold(score[train], fit_label[train])
+            if tau is None:  # too few rows or one label: no τ, so no policy (not "always retrieve")
+                return None
+            retrieve[~train] = score[~train] >= tau
         return retrieve
 
     r_sim = cross_fit_threshold(M.astype(float))
-    pol.append(Policy("similarity (top-1)", np.where(r_sim, cw, cwo), yes, r_sim.astype(float), M.astype(float)))
+    if r_sim is not None:
+        pol.append(Policy("similarity (top-1)", np.where(r_sim, cw, cwo), yes, r_sim.astype(float),
+                          M.astype(float)))
     act, act_e = np.asarray(cols["action"]), np.asarray(cols["action_either"])
+    mdl = [("MDL (paper defaults)", act, cols["C_final"]),
+           ("MDL + answer detector", act_e, cols["C_final_either"])]
     cal_action = np.empty(n, np.int32)
     cal_c = np.empty(n, np.float32)
     for train in (fold, ~fold):
         y = fit_label[train]
         if not (~train).any():
             continue
-        fitted = cfg  # a half too small or with one label: nothing to fit, the defaults decide
-        if len(y) >= MIN_CALIBRATION and y.any() and not y.all():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fitted = calibrate(M[train], R[train], A[train], y, cfg).config
+        if len(y) < MIN_CALIBRATION or y.all() or not y.any():
+            break  # a half too small or with one label: nothing to fit, so no calibrated policy
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = calibrate(M[train], R[train], A[train], y, cfg).config
         d = decide(M[~train], R[~train], A[~train], fitted)
         cal_action[~train] = np.asarray(d.action)
         cal_c[~train] = np.asarray(d.C_final)
-    for name, a, c in (("MDL (paper defaults)", act, cols["C_final"]),
-                       ("MDL + answer detector", act_e, cols["C_final_either"]),
-                       ("MDL calibrated", cal_action, cal_c)):
+    else:
+        mdl.append(("MDL calibrated", cal_action, cal_c))
+    for name, a, c in mdl:
         pol.append(_policy_from_actions(name, a, c, cw, cwo))
         pol.append(_policy_from_actions(f"{name}, never abstain", a, c, cw, cwo, abstain=False))
     return Replay(dataset, groups, cwo, cw, tuple(pol))

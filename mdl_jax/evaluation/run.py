@@ -59,10 +59,11 @@ ALL = READER_FREE + REPLAY
 
 SIGNAL_KEYS = ("M", "R", "phi", "C_final", "action", "M_either", "R_either", "phi_either", "C_final_either",
                "action_either")
-# The code that turns texts into signals besides the embedder and the config: a change to a detector
-# within one version must not reuse signals computed by the old one.
+# The code that turns texts into signals and decisions besides the embedder and the config: a change to
+# a detector or to the controller within one version must not reuse columns computed by the old one.
 _SIGNAL_SOURCES = ("signals/conflict.py", "signals/answer_conflict.py", "signals/aggregation.py",
-                   "evaluation/scoring.py")
+                   "evaluation/scoring.py", "controller/decision.py", "controller/api.py", "gate/core.py",
+                   "engines/_native/decide_cpu.cc")
 
 
 def _cache_key(items, gate) -> str | None:
@@ -288,7 +289,9 @@ def _report(free: dict[str, tuple[list, list, bool]], rep: dict[str, list], meta
               "`decision accuracy` counts a memory set as right when the gate adopts it (MDL: Active) exactly where "
               "its label says it should; `withheld` is the share not adopted; AUROC and AUPRC rank the sets by "
               "the gate's score against \"do not adopt\" (— where the evaluated rows hold one label only); the "
-              "last column is the paired difference in decision accuracy from MDL with the paper's defaults.", ""]
+              "last column is the paired difference in decision accuracy from MDL with the paper's defaults. "
+              "A fitted gate (a τ, a calibrated or tuned config) has no decision (—) where its calibration "
+              "rows were fewer than 5 or held one label: there was nothing to fit.", ""]
         for name, (rows, conds, drawn) in free.items():
             n = rows[0]["n"] if rows else 0
             ng = rows[0]["n_groups"] if rows else 0

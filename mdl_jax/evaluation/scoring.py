@@ -84,7 +84,8 @@ def calibration_split(groups: Sequence[str] | np.ndarray, share: float = CALIBRA
 def fit_threshold(adopt_score, adopt) -> float | None:
     """τ maximising the agreement of "adopt iff adopt_score ≥ τ" with ``adopt`` (the calibration rule of
     the practitioners' gates: every distinct score and +inf are candidates; ties between equally good cuts
-    go to the median tied candidate). None when fewer than ``MIN_CALIBRATION`` rows or one label only.
+    go to the median tied candidate). None when fewer than ``MIN_CALIBRATION`` rows or one label only:
+    the gate then has no decision (``Gate.withhold`` None), not a constant one.
 
     Args:
       adopt_score: (N,) finite numbers, higher = adopt.
@@ -114,12 +115,13 @@ def fit_threshold(adopt_score, adopt) -> float | None:
 
 @dataclass(frozen=True)
 class Gate:
-    """One gate's result on every row: ``score`` (higher = do not adopt) and ``withhold`` (its decision),
-    ``abstain`` where the gate can abstain (None otherwise), and what was fitted (``fitted``)."""
+    """One gate's result on every row: ``score`` (higher = do not adopt) and ``withhold`` (its decision;
+    None for a fitted gate whose τ could not be fitted, so that only its ranking is scored), ``abstain``
+    where the gate can abstain (None otherwise), and what was fitted (``fitted``)."""
 
     name: str
     score: np.ndarray
-    withhold: np.ndarray
+    withhold: np.ndarray | None
     abstain: np.ndarray | None = None
     fitted: Mapping[str, Any] = field(default_factory=dict)
 
@@ -228,8 +230,10 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
     cols["A"] = np.full(n, RISK, np.float32)
 
     def threshold_gate(name: str, adopt_score: np.ndarray) -> Gate:
+        # No τ (too few calibration rows, or one label): no decision to score, as for the fitted MDL
+        # configs; substituting a constant rule would report it under this gate's name.
         tau = fit_threshold(adopt_score[cal & labelled], adopt[cal & labelled])
-        withhold = np.zeros(n, bool) if tau is None else adopt_score < tau
+        withhold = None if tau is None else adopt_score < tau
         return Gate(name, -adopt_score.astype(np.float64), withhold, None, {"tau": tau})
 
     M, R = (np.asarray(cols[k], np.float64) for k in ("M", "R"))
@@ -294,7 +298,8 @@ def metric_table(s: Scored, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
 
     Returns:
       A list of {"dataset", "gate", "metric", "value", "lo", "hi", "n", "n_groups"} rows; AUROC and AUPRC
-      are NaN (no interval) where the evaluation rows hold one label only.
+      are NaN (no interval) where the evaluation rows hold one label only. A gate without a decision
+      (``Gate.withhold`` None: its τ could not be fitted) has its ranking metrics only.
     """
     ev = ~s.calibration & ~np.isnan(s.dont_adopt)
     dont = s.dont_adopt[ev].astype(bool)
@@ -318,13 +323,13 @@ def metric_table(s: Scored, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
                 put(g.name, metric, metrics.bootstrap(fn, a, y, groups=s.group[ab_rows], n_boot=n_boot, seed=seed))
         if not ev.any():
             continue
-        w = g.withhold[ev]
+        w = None if g.withhold is None else g.withhold[ev]
         for metric, (kind, fn) in METRICS.items():
-            if kind == "score" and not both:
+            if (kind == "score" and not both) or (kind != "score" and w is None):
                 continue
             cols = {"label": (w, dont), "none": (w,), "score": (g.score[ev], dont)}[kind]
             put(g.name, metric, metrics.bootstrap(fn, *cols, groups=groups, n_boot=n_boot, seed=seed))
-        if g is not ref:
+        if g is not ref and w is not None and ref.withhold is not None:
             d = metrics.paired_difference(_accuracy, (w, dont), (ref.withhold[ev], dont), groups,
                                           n_boot=n_boot, seed=seed)
             rows.append({"dataset": s.dataset, "gate": g.name, "metric": "accuracy − MDL (paper defaults)",
