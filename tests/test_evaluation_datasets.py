@@ -198,6 +198,19 @@ def test_limit_reads_the_first_questions_with_all_their_memory_sets():
     assert _load("conflictnq", limit=2, split="val") == _load("conflictnq", split="val")[:6]
 
 
+@pytest.mark.parametrize("name", ["nomiracl_en", "selfaware", "poisonedrag_adv", "conflictnq",
+                                  "conflictqa_strategyqa"])
+def test_a_limited_read_takes_every_split_in_turn(name):
+    """A smoke test's limit sees each split (and both of SelfAware's blocks), not only the first one's rows."""
+    parts = {"nomiracl_en": lambda it: it.condition, "selfaware": lambda it: it.should_abstain,
+             "poisonedrag_adv": lambda it: it.meta["source"], "conflictnq": lambda it: it.meta["split"],
+             "conflictqa_strategyqa": lambda it: it.meta["model"]}[name]
+    full = _load(name)
+    limited = _load(name, limit=16)
+    assert {parts(it) for it in limited} == {parts(it) for it in full}
+    assert all(it in full for it in limited)
+
+
 def test_split_selects_one_part():
     assert {it.meta["source"] for it in _load("poisonedrag_adv", split="msmarco")} == {"msmarco"}
     assert {it.meta["model"] for it in _load("conflictqa_strategyqa", split="palm2", limit=5)} == {"palm2"}

@@ -12,6 +12,7 @@ metrics.csv and the loaders name them) and one column of scores per gate (higher
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import sys
@@ -58,10 +59,15 @@ def register(sub) -> None:
     from mdl_jax.signals.embeddings import EMBED_BACKENDS
     p = sub.add_parser("benchmarks", help="MDL and the compared gates on the field's conflict, abstention and "
                                           "adaptive-retrieval benchmarks: tables, plots, REPORT.md")
-    p.add_argument("names", nargs="*", metavar="NAME", choices=list(ALL) + [[]],
-                   help=f"data sets (default: all): {', '.join(ALL)}")
+    def name(v: str) -> str:
+        # checked here, not by argparse's choices: with nargs="*" those also test the empty default
+        if v not in ALL:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(ALL)}; got {v!r}")
+        return v
+
+    p.add_argument("names", nargs="*", metavar="NAME", type=name, help=f"data sets (default: all): {', '.join(ALL)}")
     p.add_argument("--out", type=out_dir, required=True, help="the run folder (a rerun resumes)")
-    p.add_argument("--limit", type=positive_int, help="questions per data set (a smoke test)")
+    p.add_argument("--limit", type=positive_int, help="questions per data set, taken in turn from its splits (a smoke test)")
     p.add_argument("--data-dir", type=existing_dir, help="the benchmarks folder (default: the shared copy)")
     p.add_argument("--gate-scores", type=existing_file, help="a CSV of your own gates' scores (qid + columns)")
     p.add_argument("--config", type=config_file, help="an MDL config file (default: the paper's Table 2)")

@@ -78,7 +78,8 @@ def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: i
         name: a registry name (``BENCHMARKS``; ``BENCHMARKS[name].label_rule`` states its labels).
         path: the benchmark's folder in its upstream layout (for hub-only benchmarks: an export of the hub
             rows, one file or a folder of ``<split>.jsonl`` files).
-        limit: read only the first ``limit`` source rows (questions), each with all its memory sets.
+        limit: read only ``limit`` source rows (questions), each with all its memory sets: the first ones
+            of a one-file set, taken in turn from each split (file) of one with several.
         split: one of the benchmark's splits (``BENCHMARKS[name].splits``), or None for all.
 
     Returns:

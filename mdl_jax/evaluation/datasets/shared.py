@@ -65,17 +65,35 @@ def _splits(split: str | None, names: tuple[str, ...]) -> tuple[str, ...]:
     return names if split is None else (split,)
 
 
+def _in_turn(parts: Iterable[Iterator], limit: int | None) -> Iterator:
+    """The parts' items one after the other (no ``limit``), or at most ``limit`` of them taken from the
+    parts in turn, one from each, so a limited read (a smoke test) sees every split and not only the
+    first one's rows."""
+    if limit is None:
+        return itertools.chain.from_iterable(parts)
+
+    def turns() -> Iterator:
+        live = list(parts)
+        while live:
+            for it in list(live):
+                try:
+                    yield next(it)
+                except StopIteration:
+                    live.remove(it)
+
+    return itertools.islice(turns(), limit)
+
+
 def _split_rows(split: str | None, names: tuple[str, ...], file_of: Callable[[str], Path],
                 limit: int | None) -> Iterator[tuple[str, int, dict, str]]:
-    """(split name, line number, row, "<file>, line <n>") over the named splits' JSON-lines files in
-    order, at most ``limit`` rows counted across them."""
-    def rows() -> Iterator[tuple[str, int, dict, str]]:
-        for s in _splits(split, names):
-            src = file_of(s)  # once per split, not per row
-            for n, row in iter_jsonl(src):
-                yield s, n, row, f"{src}, line {n}"
+    """(split name, line number, row, "<file>, line <n>") over the named splits' JSON-lines files: each
+    file in order, or at most ``limit`` rows taken from the splits in turn (``_in_turn``)."""
+    def rows(s: str) -> Iterator[tuple[str, int, dict, str]]:
+        src = file_of(s)  # once per split, not per row
+        for n, row in iter_jsonl(src):
+            yield s, n, row, f"{src}, line {n}"
 
-    return _limit(rows(), limit)
+    return _in_turn((rows(s) for s in _splits(split, names)), limit)
 
 
 def _short_hash(text: str) -> str:
@@ -272,7 +290,7 @@ def read_nomiracl(path: Path, split: str | None = None, limit: int | None = None
     Args:
         path: the folder holding ``relevant/`` and ``non_relevant/``.
         split: ``"relevant"``, ``"non_relevant"``, or None for both (relevant first).
-        limit: the number of queries to read, counted across the subsets in that order.
+        limit: the number of queries to read, taken from the subsets in turn (one from each).
 
     Returns:
         One item per query.
@@ -326,7 +344,7 @@ def read_conflictqa(path: Path, split: str | None = None, limit: int | None = No
         path: the folder holding ``conflictQA-strategyQA-<model>.json``.
         split: one model (``"chatgpt"``, ``"gpt4"``, ``"llama2-70b"``, ``"llama2-7b"``, ``"palm2"``,
             ``"qwen7b"``, ``"vicuna33b"``, ``"vicuna7b"``), or None for all in that order.
-        limit: the number of rows to read, counted across the files in that order.
+        limit: the number of rows to read, taken from the files in turn (one from each).
 
     Returns:
         Three items per row, conditions in the order both, memory, counter.
@@ -388,7 +406,7 @@ def read_conflictnq(path: Path, split: str | None = None, limit: int | None = No
     Args:
         path: the folder holding ``conflict_nq_test.jsonl`` and ``conflict_nq_val.jsonl``.
         split: ``"test"``, ``"val"``, or None for both (test first).
-        limit: the number of questions to read, counted across the splits in that order.
+        limit: the number of questions to read, taken from the splits in turn (one from each).
 
     Returns:
         Three items per question, conditions in the order real, fake, mixed.
@@ -425,7 +443,8 @@ def read_selfaware(path: Path, split: str | None = None, limit: int | None = Non
     Args:
         path: the folder holding ``SelfAware.json``.
         split: unused; None.
-        limit: the number of questions to read, in file order.
+        limit: the number of questions to read, taken in turn from the answerable and the unanswerable
+            ones (each in file order).
 
     Returns:
         One item per question.
@@ -434,11 +453,17 @@ def read_selfaware(path: Path, split: str | None = None, limit: int | None = Non
     doc = read_json(src)
     if not isinstance(doc, dict) or not isinstance(doc.get("example"), list):
         raise DataError(f"{src}: expected an object with an 'example' list")
-    out: list[BenchmarkItem] = []
-    for i, row in _limit(enumerate(doc["example"]), limit):
-        where = f"{src}, example {i}"
+    rows = list(enumerate(doc["example"]))
+    for i, row in rows:
         if not isinstance(row, dict):
-            raise DataError(f"{where}: expected an object")
+            raise DataError(f"{src}, example {i}: expected an object")
+    # The file holds the answerable questions first, then the unanswerable ones: a limited read takes
+    # from the two blocks in turn, as from a set's splits, so that it holds both labels.
+    blocks = [(r for r in rows if r[1].get("answerable") is not False),
+              (r for r in rows if r[1].get("answerable") is False)]
+    out: list[BenchmarkItem] = []
+    for i, row in (rows if limit is None else _in_turn(blocks, limit)):
+        where = f"{src}, example {i}"
         ans = _need(row, "answerable", where, bool)
         answers = tuple(_texts(row.get("answer") or [], where, "answer"))
         group = f"selfaware:{clean(_need(row, 'question_id', where, (int, str)))}"
@@ -507,25 +532,24 @@ def read_poisonedrag(path: Path, split: str | None = None, limit: int | None = N
     Args:
         path: the folder holding ``nq.json``, ``hotpotqa.json`` and ``msmarco.json``.
         split: ``"nq"``, ``"hotpotqa"``, ``"msmarco"``, or None for all three in that order.
-        limit: the number of questions to read, counted across the files in that order.
+        limit: the number of questions to read, taken from the files in turn (one from each).
 
     Returns:
         One item per question, in each file's key order.
     """
 
-    def rows() -> Iterator[tuple[str, Path, str, dict]]:
-        for s in _splits(split, POISONEDRAG_SPLITS):
-            src = path / f"{s}.json"
-            doc = read_json(src)
-            if not isinstance(doc, dict):
-                raise DataError(f"{src}: expected an object of questions keyed by id")
-            for key, row in doc.items():
-                if not isinstance(row, dict):
-                    raise DataError(f"{src}, {key}: expected an object")
-                yield s, src, key, row
+    def rows(s: str) -> Iterator[tuple[str, Path, str, dict]]:
+        src = path / f"{s}.json"
+        doc = read_json(src)
+        if not isinstance(doc, dict):
+            raise DataError(f"{src}: expected an object of questions keyed by id")
+        for key, row in doc.items():
+            if not isinstance(row, dict):
+                raise DataError(f"{src}, {key}: expected an object")
+            yield s, src, key, row
 
     out: list[BenchmarkItem] = []
-    for s, src, key, row in _limit(rows(), limit):
+    for s, src, key, row in _in_turn((rows(s) for s in _splits(split, POISONEDRAG_SPLITS)), limit):
         where = f"{src}, {key}"
         mems = tuple(_texts(_need(row, "adv_texts", where, list), where, "adv_texts"))[:POISONEDRAG_MAX]
         group = f"poisonedrag_adv:{s}:{key}"
