@@ -303,7 +303,7 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.rates([1, 0, 1], [True, False]), "answered"),
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=pd.Series(["a", np.nan, "b"])), "groups.*index 1"),
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=np.array(["a", None, "b"], object)), "groups"),
-    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=np.array(["a", 1, "b"], object)), "groups"),
+    (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], groups=np.array(["a", 1, "b"], object)), "groups.*ordered"),
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], level="0.9"),  # type: ignore[arg-type]
      "level"),
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], seed=-1), "seed"),
@@ -327,6 +327,31 @@ def test_evaluate_reads_a_frames_integer_column_labels_and_a_paired_difference_t
     series = m.paired_difference(m.coverage, pd.Series([1, 0, 1, 0]), [1, 1, 0, 0], n_boot=50)
     arrays = m.paired_difference(m.coverage, (np.r_[1, 0, 1, 0],), (np.r_[1, 1, 0, 0],), n_boot=50)
     assert series == arrays
+
+
+def test_integer_gate_keys_name_their_gate_everywhere_and_two_keys_of_one_name_are_refused():
+    df = pd.DataFrame({0: np.r_[0.1, 0.9, 0.4, 0.7], 1: [0, 1, 0, 1], "0": [0.2, 0.3, 0.4, 0.5]})
+    out = m.evaluate(df, gates=[0], label=1, thresholds={0: 0.5}, higher_is={0: "positive"}, n_boot=10)
+    assert set(out["gate"]) == {"0"} and "coverage" in set(out["metric"])
+    with pytest.raises(ValueError, match="gates: two gates named '0'"):
+        m.evaluate(df, gates=[0, "0"], label=1, n_boot=10)
+    with pytest.raises(ValueError, match="thresholds: names no gate"):
+        m.evaluate(df, gates=[0], label=1, thresholds={0: 0.5, "x": 0.5, 3: 0.2}, n_boot=10)
+
+
+def test_columns_given_as_an_iterator_are_all_read_and_any_orderable_question_ids_work():
+    w, y, v = np.r_[1, 0, 1, 0], np.r_[1, 1, 0, 0], np.r_[0, 0, 1, 1]
+    acc = lambda a, b: float(np.mean(a == b))  # noqa: E731
+    assert (m.paired_difference(acc, (c for c in (w, y)), iter((v, y)), n_boot=20)
+            == m.paired_difference(acc, (w, y), (v, y), n_boot=20))
+    s, lab = np.r_[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], np.r_[0, 1, 0, 1, 0, 1]
+    tuples = pd.Series([("d", 1), ("d", 1), ("d", 2), ("d", 2), ("e", 1), ("e", 1)])
+    assert m.bootstrap(m.auroc, s, lab, groups=tuples, n_boot=20) == m.bootstrap(
+        m.auroc, s, lab, groups=[0, 0, 1, 1, 2, 2], n_boot=20)
+    with pytest.raises(ValueError, match="groups: expected question ids that can be ordered"):
+        m.bootstrap(m.auroc, s, lab, groups=np.array(["a", "a", b"b", b"b", "c", "c"], object))
+    with pytest.raises(ValueError, match="n_resamples"):
+        m.question_bootstrap_weights(["a", "b"], 0)
 
 
 def test_analysis_keeps_the_moved_names():

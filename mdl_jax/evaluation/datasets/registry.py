@@ -79,7 +79,9 @@ def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: i
         path: the benchmark's folder in its upstream layout (for hub-only benchmarks: an export of the hub
             rows, one file or a folder of ``<split>.jsonl`` files).
         limit: read only ``limit`` source rows (questions), each with all its memory sets: the first ones
-            of a one-file set, taken in turn from each split (file) of one with several.
+            of a one-file set; for the shared conflict and abstention sets with several splits (files),
+            taken from the splits in turn; AdaRAGUE and the hub-only sets count across their splits in
+            order (``mdl-jax benchmarks`` reads AdaRAGUE one split at a time).
         split: one of the benchmark's splits (``BENCHMARKS[name].splits``), or None for all.
 
     Returns:

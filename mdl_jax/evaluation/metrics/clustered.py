@@ -88,7 +88,8 @@ def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.nd
     Returns:
       (n_resamples, N) float32 multiplicities.
     """
-    check_boot(n_resamples, 0.95)
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int | np.integer) or n_resamples < 1:
+        raise ValueError(f"n_resamples: expected a positive integer, got {n_resamples!r}")
     check_seed(seed)
     g_ids, g = np.unique(column(groups, "groups"), return_inverse=True)
     G = len(g_ids)

@@ -18,7 +18,6 @@ of its table is recomputed on the same draws.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -110,7 +109,7 @@ def question_layout(groups, n: int) -> Layout:
 
     Raises:
       ValueError: ``groups`` not 1-D of ``n`` values, holding a missing id (NaN, None, pandas' NA) or
-        ids of mixed kinds (numbers beside strings), naming the first such record.
+        ids that cannot be ordered against each other (numbers beside strings).
     """
     if groups is None:
         inv = np.arange(n)
@@ -121,7 +120,11 @@ def question_layout(groups, n: int) -> Layout:
         if g.dtype.kind == "f" and np.isnan(g).any():
             raise ValueError(f"groups: expected a question id per record, got NaN at index "
                              f"{int(np.flatnonzero(np.isnan(g))[0])}")
-        _, inv = np.unique(g, return_inverse=True)
+        try:
+            _, inv = np.unique(g, return_inverse=True)
+        except TypeError:
+            raise ValueError("groups: expected question ids that can be ordered against each other (all "
+                             "strings, all numbers, ...), got a mix") from None
         inv = inv.reshape(-1)
     sizes = np.bincount(inv, minlength=int(inv.max()) + 1 if n else 0)
     return Layout(np.argsort(inv, kind="stable"), np.cumsum(sizes) - sizes, sizes)
@@ -129,20 +132,10 @@ def question_layout(groups, n: int) -> Layout:
 
 def _object_ids(g: np.ndarray) -> np.ndarray:
     # Question ids held as Python objects (a pandas object or string column): a missing id would
-    # otherwise reach np.unique's sort as a TypeError, and numbers beside strings cannot be sorted.
-    kinds = set()
+    # otherwise reach np.unique's sort as a bare TypeError.
     for i, x in enumerate(g):
         if x is None or (isinstance(x, float | np.floating) and x != x) or type(x).__name__ == "NAType":
             raise ValueError(f"groups: expected a question id per record, got a missing id ({x!r}) at index {i}")
-        if isinstance(x, str | bytes):
-            kinds.add("strings")
-        elif isinstance(x, numbers.Real):
-            kinds.add("numbers")
-        else:
-            raise ValueError(f"groups: expected question ids as strings or numbers, got {type(x).__name__} "
-                             f"at index {i}")
-    if len(kinds) > 1:
-        raise ValueError("groups: expected question ids of one kind (all strings or all numbers), got both")
     return g
 
 
@@ -188,8 +181,10 @@ def _columns(columns: Sequence, name: str, n: int | None = None) -> list[np.ndar
     # whose items are themselves scalars is one column.
     if isinstance(columns, np.ndarray) and columns.ndim == 1:
         columns = (columns,)
-    elif not isinstance(columns, np.ndarray | str) and np.ndim(next(iter(columns), [])) == 0:
-        columns = (columns,)
+    elif not isinstance(columns, np.ndarray | str):
+        columns = list(columns)   # once: an iterator of columns is read here, not consumed by the test
+        if columns and np.ndim(columns[0]) == 0:
+            columns = (columns,)
     cols = list(columns)
     if not cols:
         raise ValueError(f"{name}: expected at least one column")

@@ -46,6 +46,16 @@ def _has(table, key) -> bool:
         return False
 
 
+def _by_name(per_gate: Mapping, what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    keys: dict[str, Any] = {}
+    for k, v in per_gate.items():
+        if str(k) in out:
+            raise ValueError(f"{what}: two gates named {str(k)!r} (the keys {keys[str(k)]!r} and {k!r})")
+        out[str(k)], keys[str(k)] = v, k
+    return out
+
+
 def _threshold(thr, what: str) -> float:
     if isinstance(thr, bool) or not isinstance(thr, numbers.Real) or not math.isfinite(thr):
         raise ValueError(f"{what}: expected a finite number, got {thr!r}")
@@ -113,11 +123,16 @@ def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, gro
     check_boot(n_boot, level)
     check_rule(rule)
     if not isinstance(gates, Mapping):
-        if isinstance(gates, str):
-            gates = [gates]
-        gates = {str(g): g for g in gates}
+        gates = {g: g for g in ([gates] if isinstance(gates, str) else gates)}
+    # A gate's name is the string of its key (a DataFrame's integer label 0 names gate "0"), in gates and
+    # in the per-gate mappings alike; two keys with one string would be two gates of one name.
+    gates = _by_name(gates, "gates")
     if not gates:
         raise ValueError("gates: expected at least one gate column")
+    if isinstance(thresholds, Mapping):
+        thresholds = _by_name(thresholds, "thresholds")
+    if isinstance(higher_is, Mapping):
+        higher_is = _by_name(higher_is, "higher_is")
     for what, per_gate in (("thresholds", thresholds), ("higher_is", higher_is)):
         if isinstance(per_gate, Mapping) and set(per_gate) - set(gates):
             raise ValueError(f"{what}: names no gate in gates: {sorted(set(per_gate) - set(gates))}")
