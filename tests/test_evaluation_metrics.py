@@ -307,6 +307,7 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], level="0.9"),  # type: ignore[arg-type]
      "level"),
     (lambda: m.bootstrap(m.auroc, [1, 2, 3], [0, 1, 1], seed=-1), "seed"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", seed=-1), "seed"),
     (lambda: m.mde_for(1.0, 10.0), "n_groups"),  # type: ignore[arg-type]
     (lambda: m.mde_for(-1.0, 50), "se"),
     (lambda: m.auroc([1, 2, 3], pd.array([True, None, False], dtype="boolean")), "label.*index 1"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from mdl_jax.evaluation.metrics.columns import column
-from mdl_jax.evaluation.metrics.intervals import N_BOOT, check_boot, check_seed
+from mdl_jax.evaluation.metrics.intervals import N_BOOT, check_boot, check_count, check_seed
 
 
 def cluster_se(d, groups) -> float:
@@ -51,6 +51,9 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
 
     Returns:
       (lo, hi); NaN for fewer than 2 questions.
+
+    Raises:
+      ValueError: a column not 1-D or of another length than ``a``, a bad ``n_boot`` or ``seed``.
     """
     check_boot(n_boot, 0.95)
     check_seed(seed)
@@ -87,9 +90,11 @@ def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.nd
 
     Returns:
       (n_resamples, N) float32 multiplicities.
+
+    Raises:
+      ValueError: ``groups`` empty or not 1-D, a bad ``n_resamples`` or ``seed``.
     """
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int | np.integer) or n_resamples < 1:
-        raise ValueError(f"n_resamples: expected a positive integer, got {n_resamples!r}")
+    check_count(n_resamples, "n_resamples")
     check_seed(seed)
     g_ids, g = np.unique(column(groups, "groups"), return_inverse=True)
     G = len(g_ids)
@@ -112,6 +117,9 @@ def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tu
 
     Returns:
       (lo, hi); NaN with fewer than 2 records (or questions).
+
+    Raises:
+      ValueError: ``x`` (or ``groups``) not 1-D or of unequal lengths, a bad ``n_boot`` or ``seed``.
     """
     check_boot(n_boot, 0.95)
     check_seed(seed)

@@ -63,6 +63,8 @@ def numeric(a: np.ndarray, name: str) -> np.ndarray:
     if a.dtype.kind not in "iuf":
         raise ValueError(f"{name}: expected numbers, got dtype {a.dtype}")
     return a.astype(np.float64)
+
+
 def _is_number(x) -> bool:
     try:
         float(x)

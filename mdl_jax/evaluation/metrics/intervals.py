@@ -18,6 +18,7 @@ of its table is recomputed on the same draws.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -116,7 +117,7 @@ def question_layout(groups, n: int) -> Layout:
     else:
         g = column(groups, "groups", n)
         if g.dtype.kind == "O":
-            g = _object_ids(g)
+            _refuse_missing_ids(g)
         if g.dtype.kind == "f" and np.isnan(g).any():
             raise ValueError(f"groups: expected a question id per record, got NaN at index "
                              f"{int(np.flatnonzero(np.isnan(g))[0])}")
@@ -130,13 +131,12 @@ def question_layout(groups, n: int) -> Layout:
     return Layout(np.argsort(inv, kind="stable"), np.cumsum(sizes) - sizes, sizes)
 
 
-def _object_ids(g: np.ndarray) -> np.ndarray:
+def _refuse_missing_ids(g: np.ndarray) -> None:
     # Question ids held as Python objects (a pandas object or string column): a missing id would
     # otherwise reach np.unique's sort as a bare TypeError.
     for i, x in enumerate(g):
         if x is None or (isinstance(x, float | np.floating) and x != x) or type(x).__name__ == "NAType":
             raise ValueError(f"groups: expected a question id per record, got a missing id ({x!r}) at index {i}")
-    return g
 
 
 def resamples(lay: Layout, n_boot: int, seed: int) -> Iterator[np.ndarray]:
@@ -164,16 +164,22 @@ def percentile_interval(est: np.ndarray, level: float) -> tuple[float, float]:
 
 def check_boot(n_boot: int, level: float) -> None:
     """A ValueError naming ``n_boot`` (not a positive int) or ``level`` (not in (0, 1))."""
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int | np.integer) or n_boot < 1:
-        raise ValueError(f"n_boot: expected a positive integer, got {n_boot!r}")
-    if isinstance(level, bool) or not isinstance(level, float | int | np.floating | np.integer) or not 0 < level < 1:
+    check_count(n_boot, "n_boot")
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
         raise ValueError(f"level: expected a confidence level in (0, 1), got {level!r}")
+
+
+def check_count(value: int, name: str, least: int = 1) -> None:
+    """A ValueError naming ``name`` when ``value`` is not an integer (Python's or NumPy's, not a bool) of
+    at least ``least``: a resample count (1), a seed (0)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(least, f"an integer ≥ {least}")
+        raise ValueError(f"{name}: expected {kind}, got {value!r}")
 
 
 def check_seed(seed: int) -> None:
     """A ValueError naming ``seed`` when it is not a non-negative integer (NumPy's generators need one)."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    check_count(seed, "seed", 0)
 
 
 def _columns(columns: Sequence, name: str, n: int | None = None) -> list[np.ndarray]:
@@ -211,9 +217,9 @@ def mde_for(se: float, n_groups: int) -> float:
     Raises:
       ValueError: ``se`` negative or not a number; ``n_groups`` not an integer.
     """
-    if isinstance(n_groups, bool) or not isinstance(n_groups, int | np.integer):
+    if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral):
         raise ValueError(f"n_groups: expected a whole number of questions, got {n_groups!r}")
-    if not isinstance(se, float | int | np.floating | np.integer) or se < 0:
+    if isinstance(se, bool) or not isinstance(se, numbers.Real) or se < 0:
         raise ValueError(f"se: expected a non-negative standard error, got {se!r}")
     if n_groups < 2:
         return NAN
@@ -267,7 +273,8 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
 
     Args:
       metric: a function of columns returning a float.
-      cols_a: gate a's columns for ``metric`` (a sequence of (N,) arrays, or one array).
+      cols_a: gate a's columns for ``metric``: a sequence (or iterator) of (N,) columns, or one column
+        (an array, a pandas Series, a list of numbers).
       cols_b: gate b's columns, the same records in the same order.
       groups: (N,) question ids; None: every record its own question.
       n_boot: resamples.

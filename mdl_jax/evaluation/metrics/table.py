@@ -20,6 +20,7 @@ from mdl_jax.evaluation.metrics.columns import NAN, binary, check_rule, column, 
 from mdl_jax.evaluation.metrics.intervals import (
     N_BOOT,
     check_boot,
+    check_seed,
     percentile_interval,
     question_layout,
     resamples,
@@ -117,10 +118,11 @@ def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, gro
     Raises:
       ValueError: no gate; no label, correct or correct_with/correct_without to score against; a column
         name not in the table; lengths that differ; a non-binary label or correctness column; a NaN or
-        infinite score; an unknown ``higher_is`` or ``rule``; a bad ``n_boot`` or ``level`` — each naming
-        the argument.
+        infinite score; a threshold that is not a finite number; two gate keys of one name; an unknown
+        ``higher_is`` or ``rule``; a bad ``n_boot``, ``seed`` or ``level`` — each naming the argument.
     """
     check_boot(n_boot, level)
+    check_seed(seed)
     check_rule(rule)
     if not isinstance(gates, Mapping):
         gates = {g: g for g in ([gates] if isinstance(gates, str) else gates)}
