@@ -28,8 +28,8 @@ import os
 
 import numpy as np
 
-from mdl_jax._timing import summary as _summary
-from mdl_jax._timing import time_calls as _time_calls
+from mdl_repro.timing import summary as _summary
+from mdl_repro.timing import time_calls as _time_calls
 
 PAPER_TABLE8 = {  # µs, mean over 100,000 runs (paper); share in %
     "signal aggregation": 98.5, "value encoding": 24.6, "risk modulation + fusion": 8.0,

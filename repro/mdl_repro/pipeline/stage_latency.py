@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from mdl_jax._timing import summary as _summary
-from mdl_jax._timing import time_calls as _time_calls
+from mdl_repro.timing import summary as _summary
+from mdl_repro.timing import time_calls as _time_calls
 
 
 def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int = 3) -> dict:
