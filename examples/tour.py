@@ -27,7 +27,9 @@ from mdl_jax import (
 rng = np.random.default_rng(0)
 N = 400
 M, R, A = rng.uniform(0, 1, (3, N)).astype(np.float32)
-adopt = rng.uniform(size=N) < M * R * (1 - 0.5 * A)   # synthetic oracle labels: adopt ⇔ Active
+# synthetic oracle labels: a hidden controller (other gates and thresholds) with 10% of labels flipped
+hidden = MDLConfig(gate_coeffs=(0.8, 0.2), thresholds=(0.5, 0.3, 0.1))
+adopt = (np.asarray(decide(M, R, A, hidden).action) == 0) ^ (rng.uniform(size=N) < 0.1)
 print(f"{N} records, {adopt.mean():.0%} labelled adopt")
 
 d = decide(0.85, 0.80, 0.20)

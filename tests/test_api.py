@@ -398,6 +398,15 @@ def test_soft_decide_rejects_a_temperature_outside_its_domain(t):
         soft_decide(0.8, 0.7, 0.2, temperature=t)
 
 
+@pytest.mark.parametrize("t", [[0.02, 0.03], np.full(5, 0.02), np.array([1e-3, 0.5, 5.0]), np.array([0.02])])
+def test_soft_decide_takes_one_temperature_not_one_per_record_or_threshold(t):
+    M = np.array([0.1, 0.5, 0.9, 0.3, 0.7], np.float32)
+    with pytest.raises(ValueError, match=r"^temperature: expected one number \(0-d\), got shape"):
+        soft_decide(M, M, M, temperature=t)
+    with pytest.raises(ValueError, match=r"^temperature: expected one number"):  # at trace time too
+        jax.jit(lambda tau: soft_decide(M, M, M, temperature=tau))(jnp.asarray(t))
+
+
 def test_soft_decide_temperature_that_underflows_in_the_compute_dtype_is_rejected():
     h = np.float16(0.5)
     with pytest.raises(ValueError, match=r"^temperature: .*float32"):
@@ -581,6 +590,11 @@ def _old_grid_agreement(C_final, adopt, grid):
     return jnp.mean(pred == adopt[None, :].astype(bool), axis=1)
 
 
+def _old_grid_counts(C_final, adopt, grid):
+    pred = C_final[None, :] >= grid[:, None]
+    return jnp.sum(pred == adopt[None, :].astype(bool), axis=1, dtype=jnp.int32)
+
+
 @pytest.mark.parametrize("kind", ["uniform", "ties", "on the grid", "constant"])
 def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
     from mdl_jax.controller import calibration as cal
@@ -599,6 +613,7 @@ def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
     new = np.asarray(cal.grid_agreement(c, lab, grid))
     old = np.asarray(jax.jit(_old_grid_agreement)(c, lab, grid))
     assert new.dtype == old.dtype and np.array_equal(new, old)
+    assert np.array_equal(np.asarray(cal.grid_counts(c, lab, grid)), np.asarray(jax.jit(_old_grid_counts)(c, lab, grid)))
     if kind != "uniform":
         return
     # the whole calibration, plateau and tie outputs included, on real signals
@@ -607,7 +622,24 @@ def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # a random split may warn of a constant optimum
         a = cal.calibrate(*x, y)
-        monkeypatch.setattr(cal, "grid_agreement", jax.jit(_old_grid_agreement))
+        monkeypatch.setattr(cal, "grid_counts", jax.jit(_old_grid_counts))
         b = cal.calibrate(*x, y)
     assert np.array_equal(a.agreement, b.agreement)
     assert a[3:] == b[3:] and a.config == b.config
+
+
+def test_calibrate_chooses_on_exact_counts_where_float32_shares_coincide(monkeypatch):
+    """Above 2**24 records two agreement counts can round to one float32 share; θ0 and ``constant``
+    are decided on the counts. Shown on 3 records with counts that float32 shares of N = 2**25 tie."""
+    from mdl_jax.controller import calibration as cal
+
+    n_big = 2 ** 25
+    big = jnp.asarray([n_big // 4, 3 * n_big // 4 - 1, 3 * n_big // 4], jnp.int32)   # θ0 = 1.0 has one more
+    assert np.asarray(cal._share(big, n_big))[1] == np.asarray(cal._share(big, n_big))[2]
+    monkeypatch.setattr(cal, "grid_counts", lambda c, a, g: big)
+    monkeypatch.setattr(cal, "_share", lambda counts, n: cal.jnp.asarray(counts, jnp.float32) / n_big)
+    x = np.full((3, 4), 0.5, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = cal.calibrate(*x, np.array([1, 0, 1, 0]), grid_size=3)
+    assert c.config.thresholds[0] == 1.0 and c.n_tied == 1

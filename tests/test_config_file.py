@@ -150,6 +150,18 @@ def test_decide_rejects_a_config_batch_or_a_bias_of_the_wrong_length_naming_the_
     decide(M, R, A, MDLConfig(bias=(0.1,) * 16))  # one per component of v_meta is one config
 
 
+def test_save_config_writes_nothing_that_load_config_would_refuse(tmp_path):
+    from mdl_jax.controller.config_file import MAX_D
+
+    for cfg, match in ((MDLConfig(bias=(0.1, 0.2)), r"^bias: expected a single config's shape, one of \[\(\), \(16,\)\]"),
+                       (MDLConfig(D=MAX_D + 4, dims=(MAX_D // 2, MAX_D // 2, 4)), rf"^D: a config file holds D ≤ {MAX_D}")):
+        with pytest.raises(ValueError, match=match):
+            save_config(cfg, tmp_path / "c.json")
+        assert not (tmp_path / "c.json").exists()
+    big = MDLConfig(D=MAX_D, dims=(MAX_D // 2, MAX_D // 4, MAX_D // 4))   # the largest a file holds round-trips
+    assert load_config(save_config(big, tmp_path / "big.json")) == big
+
+
 # --- duplicate keys, a huge D, huge numbers, new content under an old size and mtime ------------------------
 
 

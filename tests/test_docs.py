@@ -131,6 +131,12 @@ def test_every_block_is_run_or_says_why_not(page):
 
 # ---------------------------------------------------------------------------- running the blocks
 
+# An example the library warns about (a tuned controller that is a constant, a calibration no better
+# than ignoring the signals) would teach the reader a broken result as a normal one: it fails here.
+_NO_WARNINGS = pytest.mark.filterwarnings("error::RuntimeWarning", "error::UserWarning")
+
+
+@_NO_WARNINGS
 @pytest.mark.parametrize(("page", "block"), _all_blocks())
 def test_block_runs(page, block, docs_env):
     if block["kind"] == "not-run":
@@ -142,6 +148,7 @@ def _program_pages():
     return [p for p in PAGES if _page_blocks(p)[0] is not None]
 
 
+@_NO_WARNINGS
 @pytest.mark.parametrize("page", _program_pages())
 @pytest.mark.slow
 def test_program_page_is_its_file_and_its_fast_part_runs(page, docs_env):
@@ -161,6 +168,7 @@ def test_program_page_is_its_file_and_its_fast_part_runs(page, docs_env):
             break
 
 
+@_NO_WARNINGS
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _program_pages())
 def test_program_file_runs_whole(page, docs_env):
@@ -187,6 +195,38 @@ def test_example_files_run(path, docs_env):
     with contextlib.redirect_stdout(out):
         runpy.run_path(str(ROOT / path), run_name="__main__")
     assert out.getvalue().strip(), f"{path} printed nothing"
+
+
+def _docstring_modules() -> list[str]:
+    return sorted(p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+                  for p in (ROOT / "mdl_jax").rglob("*.py") if ">>>" in p.read_text(encoding="utf-8"))
+
+
+@_NO_WARNINGS
+@pytest.mark.slow
+@pytest.mark.parametrize("module", _docstring_modules())
+def test_docstring_examples_run(module, tmp_path, monkeypatch):
+    """Every docstring's Examples run (lines marked ``+SKIP`` apart), given what such examples take as
+    the caller's own: a labelled split ``M, R, A, adopt`` of ``N`` records and a ``val_mask``."""
+    import doctest
+    import importlib
+
+    import numpy as np
+
+    from mdl_jax import MDLConfig, decide
+
+    monkeypatch.chdir(tmp_path)   # an example that writes a file writes it here
+    rng = np.random.default_rng(0)
+    N = 200
+    M, R, A = rng.uniform(size=(3, N)).astype(np.float32)
+    hidden = MDLConfig(gate_coeffs=(0.8, 0.2), thresholds=(0.5, 0.3, 0.1))
+    adopt = (np.asarray(decide(M, R, A, hidden).action) == 0) ^ (rng.uniform(size=N) < 0.1)
+    given = {"M": M, "R": R, "A": A, "adopt": adopt, "N": N, "val_mask": np.arange(N) % 4 == 0}
+    report = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in doctest.DocTestFinder().find(importlib.import_module(module), module, extraglobs=given):
+        runner.run(test, out=report.write)
+    assert runner.failures == 0, report.getvalue()
 
 
 def test_slow_blocks_exist_only_where_a_model_is_needed():

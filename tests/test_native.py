@@ -178,6 +178,9 @@ def test_corners_and_empty_input_give_finite_output():
     assert_parity(out, _pure(M, R, A, MDLConfig()), MDLConfig())
     empty = _engine(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert empty.v_meta.shape == (0, 16) and empty.energies.shape == (0, 3)
+    # NumPy fields as with records: code that writes into the answer works for an empty batch too
+    assert all(type(getattr(empty, f)) is np.ndarray for f in FIELDS)
+    assert empty.action.dtype == np.int32 and _engine(np.zeros((2, 0), np.float32), 0.5, 0.5).C.shape == (2, 0)
     nan = np.array([np.nan, 0.5], np.float32)
     assert np.array_equal(_engine(nan, nan[::-1], 0.5, validate=False).action, [3, 3])  # Opt-Out
 

@@ -234,6 +234,18 @@ def test_tune_input_it_cannot_train_on_is_a_value_error_naming_the_argument(teac
         tune(M, R, A, y, steps=3, learning_rate=float("inf"))
 
 
+def test_no_training_record_left_is_a_value_error_naming_the_weights(teacher_data):
+    M, R, A, y = (x[:100] for x in teacher_data)
+    n = len(M)
+    for kw in ({"weights": np.zeros(n)}, {"val": np.ones(n)}):
+        with pytest.raises(ValueError, match=r"^train_weights: expected at least one training record"):
+            tune(M, R, A, y, steps=3, **kw)
+    wt = np.stack([np.ones(n), np.zeros(n)]).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^train_weights: .* got none in run 1"):
+        tune_many(M, R, A, y, train_weights=wt, val_weights=np.zeros_like(wt), field_sets=[("gate_coeffs",)] * 2,
+                  seeds=[0, 0], settings=TuneSettings(steps=3))
+
+
 def test_early_stopping_keeps_the_best_validation_step(teacher_data):
     M, R, A, y = teacher_data
     val = (np.arange(len(M)) % 4 == 0).astype(np.float32)

@@ -306,7 +306,7 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
       >>> Action(int(d.action)).label, float(d.C_final)  # doctest: +SKIP
       >>> decide([0.9, 0.1], [0.8, 0.5], 0.3).action.shape   # a batch; 0-d A broadcasts
       (2,)
-      >>> d = decide(M, R, A, engine="auto")            # doctest: +SKIP  (the fastest engine here)
+      >>> d = decide(M, R, A, engine="auto")  # the fastest engine here   # doctest: +SKIP
 
     Args:
       M: relevance, a scalar or an array of shape ``S`` of real numbers (ints, float16/bfloat16/32/64)
@@ -386,10 +386,13 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
         why = "traced input (a caller's jit, vmap or grad) runs on the pure-JAX engine only"
     elif dtype != jnp.float32:
         why = f"the kernels compute in float32, and these signals are {dtype.name}"
-    elif 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig)):
-        why = "no records"   # nothing for a kernel to do: the program answers with empty fields
+    # No records: the CPU kernel answers with empty NumPy fields as it would with records; the fused
+    # kernel is not launched for nothing; where neither runs, the program answers, with no error.
+    empty = why is None and 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig))
     names = (_auto_engines() if engine == "auto" else (engine,)) if why is None else ()
     for name in names:
+        if empty and name != "native":
+            continue
         mod = engine_module(name)
         reason = mod.why_not(cfg, sig)
         if reason is None:
@@ -398,7 +401,7 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
                 return out
             reason = mod.why_not(cfg, sig) or "it failed on this call"
         why = reason
-    if engine not in ("auto", "jax") and why is not None and why != "no records":
+    if engine not in ("auto", "jax") and why is not None and not empty:
         raise cannot_run(engine, why)
     return _run_jax(sig, dtype, cfg)
 
@@ -562,7 +565,7 @@ def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
 
     Raises:
       ValueError: a signal outside [0, 1] (with ``validate``), of a non-real dtype or a shape that
-        does not broadcast; ``temperature`` not a finite number > 0 in the signals' dtype; a
+        does not broadcast; ``temperature`` not one finite number > 0 in the signals' dtype; a
         batched or unreadable config (as ``decide``).
       TypeError: ``config`` is neither an ``MDLConfig``, a path nor None.
     """
@@ -583,6 +586,11 @@ def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
 
 
 def _check_temperature(temperature, dtype) -> None:
+    # One τ for every record and threshold: a (3,) array would otherwise broadcast against the three
+    # thresholds (one τ each) and an (N,) one fail inside vmap. Shapes are static, so this holds at
+    # trace time too.
+    if np.ndim(temperature) != 0:
+        raise ValueError(f"temperature: expected one number (0-d), got shape {np.shape(temperature)}")
     if is_traced(temperature):
         return
     try:

@@ -86,20 +86,31 @@ class Calibration(NamedTuple):
 
 
 @jax.jit
-def grid_agreement(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax.Array:
-    """Agreement of 'adopt iff C_final ≥ θ' with the labels, for every θ in ``grid``: (G,)."""
+def grid_counts(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax.Array:
+    """How many records 'adopt iff C_final ≥ θ' agrees with the labels on, for every θ in ``grid``:
+    (G,) int32 (exact below 2**31 records)."""
     # Counted from one sort instead of a (G, N) comparison matrix (3.9 GB more at N = 10^6, G = 1001):
     # records with C_final < θ are a prefix of the sorted order, found by searchsorted; the adopt labels'
     # cumulative count over that order splits the prefix by label. Memory is O(N + G), and the counts
-    # (and so the float32 means count / N) are exactly the matrix's.
-    n = C_final.shape[0]
+    # are exactly the matrix's.
     order = jnp.argsort(C_final)
     lab = adopt.astype(bool)[order].astype(jnp.int32)
     below = jnp.searchsorted(C_final[order], grid.astype(C_final.dtype), side="left")   # #{C_final < θ}
     adopt_below = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lab)])[below]
-    agree = (jnp.sum(lab) - adopt_below) + (below - adopt_below)   # adopt ∧ ≥ θ, plus ¬adopt ∧ < θ
+    return (jnp.sum(lab) - adopt_below) + (below - adopt_below)   # adopt ∧ ≥ θ, plus ¬adopt ∧ < θ
+
+
+@jax.jit
+def _share(counts: jax.Array, n: int) -> jax.Array:
     dt = jnp.mean(jnp.zeros((1,), bool)).dtype                    # what the mean of booleans was
-    return agree.astype(dt) / jnp.asarray(n, dt)
+    return counts.astype(dt) / jnp.asarray(n, dt)
+
+
+def grid_agreement(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax.Array:
+    """Agreement of 'adopt iff C_final ≥ θ' with the labels, for every θ in ``grid``: (G,), the
+    ``grid_counts`` over N as the mean of the comparison matrix would give it (float32 without x64,
+    where counts over 2**24 records apart can round to one value: compare ``grid_counts``)."""
+    return _share(grid_counts(C_final, adopt, grid), C_final.shape[0])
 
 
 TIE_BREAKS = ("middle", "lowest")
@@ -108,7 +119,7 @@ TIE_BREAKS = ("middle", "lowest")
 def tied_plateau(agreement, tie_break: str = "middle") -> tuple[int, np.ndarray]:
     """(index of the chosen θ0, indices of every grid value tied at the best agreement).
 
-    ``agreement`` (G,) over an ascending grid; ties are exact (agreement is a count / N). "middle":
+    ``agreement`` (G,) over an ascending grid, compared exactly (``calibrate`` passes the counts). "middle":
     the middle (lower middle for an even count) of the widest run of consecutive tied indices, the
     lowest such run when several are equally wide; "lowest": the first tied index."""
     agreement = np.asarray(agreement)
@@ -193,15 +204,16 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
     grid = np.linspace(0.0, 1.0, grid_size)  # float64, so θ0 is an exact grid value like 0.6
     # scored in at least float32: in bfloat16 neighbouring grid values 0.001 apart would coincide
     c_final = c_final.astype(jnp.promote_types(c_final.dtype, jnp.float32))
-    agreement = np.asarray(grid_agreement(c_final, jnp.asarray(labels),
-                                          jnp.asarray(grid, c_final.dtype)))
-    best, tied = tied_plateau(agreement, tie_break)
+    counts = grid_counts(c_final, jnp.asarray(labels), jnp.asarray(grid, c_final.dtype))
+    agreement = np.asarray(_share(counts, c_final.shape[0]))
+    # θ0 and its ties are chosen on the exact counts: above 2**24 records two counts can share a float32
+    counts = np.asarray(counts)
+    best, tied = tied_plateau(counts, tie_break)
     theta0 = float(grid[best])
     thresholds = (theta0, max(theta0 - offset, 0.0), max(theta0 - 2 * offset, 0.0))
-    # agreement × N is a count (float32 rounding aside): compare counts with the constant classifiers'
     lab = np.asarray(labels).astype(bool).ravel()
     n_rec = lab.size
-    best_count = round(float(agreement[best]) * n_rec)
+    best_count = int(counts[best])
     constant = ("always adopt" if best_count == int(lab.sum()) else
                 "never adopt" if best_count == n_rec - int(lab.sum()) else None)
     adopt_share = float(np.mean(np.asarray(c_final) >= np.asarray(theta0, np.asarray(c_final).dtype)))
@@ -212,7 +224,7 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
     return Calibration(cfg.replace(thresholds=thresholds), grid, agreement, float(agreement[best]),
                        plateau=(float(grid[tied[0]]), float(grid[tied[-1]])), n_tied=int(len(tied)),
                        tie_break=tie_break, theta0_lowest=float(grid[tied[0]]),
-                       theta0_middle=float(grid[tied_plateau(agreement, "middle")[0]]),
+                       theta0_middle=float(grid[tied_plateau(counts, "middle")[0]]),
                        constant=constant,
                        adopt_share=adopt_share, opt_out_possible=bool(thresholds[2] > 0))
 

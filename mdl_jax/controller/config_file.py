@@ -58,16 +58,23 @@ def config_to_dict(cfg: MDLConfig) -> dict:
 
     Raises:
       TypeError: ``cfg`` is not an ``MDLConfig``.
-      ValueError: ``cfg`` is a batch of configs (naming the first batched field).
+      ValueError: ``cfg`` is a batch of configs (naming the first batched field), or has a D over
+        ``MAX_D``: nothing is written that ``load_config`` would refuse.
     """
     if not isinstance(cfg, MDLConfig):
         raise TypeError(f"cfg: expected an MDLConfig, got {type(cfg).__name__}")
     numeric = {}
     for f in NUMERIC_FIELDS:
         a = np.asarray(getattr(cfg, f), dtype=np.float64)
-        if a.ndim > max(len(shape) for shape in config_shapes(f, cfg.D)):
+        shapes = config_shapes(f, cfg.D)
+        if a.ndim > max(len(shape) for shape in shapes):
             raise ValueError(f"{f}: expected a single config, got a batch (shape {a.shape})")
+        if a.shape not in shapes:   # e.g. a (2,) bias: a batch of two scalar biases, which no file holds
+            raise ValueError(f"{f}: expected a single config's shape, one of {list(shapes)} for D={cfg.D}, "
+                             f"got shape {a.shape}")
         numeric[f] = _plain(a)
+    if cfg.D > MAX_D:   # what load_config would refuse is not written
+        raise ValueError(f"D: a config file holds D ≤ {MAX_D} (config_file.MAX_D), got {cfg.D}")
     static = {f: (list(getattr(cfg, f)) if f in _TUPLE_STATIC else getattr(cfg, f)) for f in STATIC_FIELDS}
     return {"format": FORMAT, "version": VERSION, "numeric": numeric, "static": static}
 
@@ -238,7 +245,8 @@ def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = N
 
     Raises:
       TypeError: ``cfg`` is not an ``MDLConfig``.
-      ValueError: ``cfg`` is a batch of configs.
+      ValueError: ``cfg`` is a batch of configs, or has a D over ``MAX_D`` (what ``load_config``
+        would refuse is not written).
       OutputError: (an ``OSError``) the file or its folder cannot be written (a full disk, a
         read-only mount); the message names ``path``, and a file already there is untouched.
     """

@@ -165,7 +165,8 @@ def uncontracted(p):
     # one FMA (one rounding) inside a jitted fusion but not between eager ops, so jitted and eager
     # decide_one, the kernels and the sweep put a C_final that lies on θ on different sides of it. A
     # select LLVM cannot fold is not an fmul, so nothing contracts across it (a no-op: p == p unless NaN,
-    # and NaN stays NaN). The native and fused kernels round the same product alone too.
+    # and NaN stays NaN). The native and fused kernels round the same product alone too. (Sums that XLA
+    # vectorises differently per shape still move C_final by a few ulps: docs/guides/how-decide-runs.md.)
     return jnp.where(p == p, p, jnp.nan)
 
 

@@ -283,7 +283,8 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
     """``sweep`` over the records of a Parquet file, streamed: memory is one pass, not N.
 
     Examples:
-      >>> res = sweep_parquet("records.parquet", config_grid(g_a=np.linspace(0, 1, 21)), bootstrap=10)
+      >>> grid = config_grid(MDLConfig(), g_a=np.linspace(0, 1, 21))   # doctest: +SKIP
+      >>> res = sweep_parquet("records.parquet", grid, bootstrap=10)  # your file   # doctest: +SKIP
       >>> res.accuracy.shape       # doctest: +SKIP
       (21, 10)
 

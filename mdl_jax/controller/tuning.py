@@ -98,7 +98,8 @@ class TuneResult(NamedTuple):
     """``config``: the tuned config. ``history``: per-step arrays ("loss", "train_accuracy",
     "val_accuracy", "temperature", and the constrained "sigma", "eps_c", "min_gain", "thresholds",
     "n_min", "n_max" after each step) and scalars ("best_step", "stopped_step", "best_val_accuracy",
-    "disagreement": share of training records where soft argmax ≠ hard action at the end).
+    "diverged_step", "disagreement": share of training records where soft argmax ≠ hard action at the
+    end, "adopt_share": share of training records decided Active).
 
     Attributes:
       config: the tuned ``MDLConfig``: the kept parameters (those of the best validation accuracy,
@@ -115,13 +116,13 @@ class TuneResult(NamedTuple):
         accuracy at ``best_step``), ``"stopped_step"`` (int32: the step at which early stopping,
         ``patience`` steps without a better validation accuracy, or divergence stopped the run;
         ``steps`` when it never stopped), ``"diverged_step"`` (int32: the step whose update was
-        not finite or broke an invariant and was not applied; −1: never) and ``"disagreement"``
+        not finite or broke an invariant and was not applied; −1: never), ``"disagreement"``
         (float32: share of training records where the soft argmax at the final temperature ≠ the
         hard action, for the kept parameters) and ``"adopt_share"`` (float32: share of training
-        records the kept parameters decide Active; 0 or 1 is warned about). After ``stopped_step`` the run no longer moves:
-        every later entry scores the same frozen parameters (the accuracies and field values
-        repeat; ``"loss"`` still changes because τ keeps annealing), so only steps up to
-        ``stopped_step`` describe training.
+        records the kept parameters decide Active; 0 or 1 is warned about). After
+        ``stopped_step`` the run no longer moves: every later entry scores the same frozen
+        parameters (the accuracies and field values repeat; ``"loss"`` still changes because τ
+        keeps annealing), so only steps up to ``stopped_step`` describe training.
     """
 
     config: MDLConfig
@@ -334,6 +335,9 @@ def _check_labels(y, wt) -> None:
     B = len(wt)
     for b in range(B):
         on = np.asarray(wt[b]) > 0
+        if not on.any():
+            raise ValueError("train_weights: expected at least one training record (a weight > 0), got none"
+                             + (f" in run {b}" if B > 1 else "") + " (tune: every record has weight 0 or is in val)")
         if np.all(y_np[on]) or not np.any(y_np[on]):
             which = "adopt (1)" if y_np[on][0] else "reject (0)"
             raise ValueError(f"adopt: expected both labels among the training records, got {int(on.sum())} "
