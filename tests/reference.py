@@ -4,9 +4,15 @@ Section 3 / Algorithm 1, in float64, sharing nothing with mdl_jax but the QR bas
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
+from mdl_jax.controller import api
 from mdl_jax.controller.config import MDLConfig
+
+# The pure-JAX definition as one jitted function of (signals, config pytree), without decide's checks,
+# packing or engines: what the engines' parity tests compare with.
+decide_definition = jax.jit(api._decide_shaped)
 
 
 class NumpyMDL:

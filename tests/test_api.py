@@ -14,7 +14,7 @@ from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.engines import fused, native, toolchain
 from tests.peak_rss import PEAK_RSS_FUNCS, peak_growth_mb
-from tests.reference import NumpyMDL
+from tests.reference import NumpyMDL, decide_definition
 
 CFG = MDLConfig()
 
@@ -59,7 +59,7 @@ def test_chunked_batch_path_matches_reference(path):
     # decide runs on the CPU), with a ragged last chunk.
     n = mdl_jax.controller.api.CHUNK * 2 + 123
     x = np.random.default_rng(3).uniform(size=(3, n)).astype(np.float32)
-    out = decide(*x) if path == "decide" else mdl_jax.controller.api._decide_jit(*map(jnp.asarray, x), CFG)
+    out = decide(*x) if path == "decide" else decide_definition(*map(jnp.asarray, x), CFG)
     ref = NumpyMDL()
     for i in [0, 1, mdl_jax.controller.api.CHUNK - 1, mdl_jax.controller.api.CHUNK, n - 124, n - 1]:
         r = ref.decide(*(float(v) for v in x[:, i]))
@@ -258,7 +258,6 @@ def test_an_unknown_engine_is_a_value_error_naming_the_choices():
 
 
 def test_configs_of_one_structure_share_one_compiled_program(rng):
-    from mdl_jax.controller import api
 
     x = rng.uniform(size=(3, 37)).astype(np.float32)
     cfgs = [MDLConfig(sigma=s, thresholds=(t, 0.4, 0.2), qr_seed=4321)
@@ -269,7 +268,7 @@ def test_configs_of_one_structure_share_one_compiled_program(rng):
     assert prog._cache_size() == 0
     for c in cfgs:
         got = decide(*x, c)
-        want = api._decide_jit(*map(jnp.asarray, x), c)
+        want = decide_definition(*map(jnp.asarray, x), c)
         for f in got._fields:
             np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
     assert prog._cache_size() == 1   # three configs, one executable (their numbers are an argument)
@@ -536,7 +535,7 @@ def test_ties_on_a_threshold_take_the_same_action_on_every_path(monkeypatch):
         col = [x[k, i:i + 1] for k in range(3)]
         paths["decide (native)"].append(int(decide(*col, cfg, engine="native").action[0]))
         paths["decide (default)"].append(int(decide(*col, cfg).action[0]))
-        paths["decide (pure JAX)"].append(int(api._decide_jit(*map(jnp.asarray, col), cfg).action[0]))
+        paths["decide (pure JAX)"].append(int(decide_definition(*map(jnp.asarray, col), cfg).action[0]))
         paths["fused (interpret)"].append(int(decide(*col, cfg, engine="pallas").action[0]))
     # one sweep per engine: config k against record k alone (weight vector k selects record k)
     batch, eye = stack_configs(cfgs), np.eye(n, dtype=np.float32)
@@ -553,7 +552,7 @@ def test_a_float64_threshold_is_compared_in_float32_on_every_path():
     cfg = MDLConfig(alpha_gating=False, n_min=0.0, n_max=1e-3, thresholds=(0.7, 0.4, 0.2), gains=(1.0, 0.7, 0.5))
     cfg = cfg.replace(alpha_gating=True, gate_coeffs=(0.7, 0.0))
     x = np.full((3, 4), 0.5, np.float32)
-    for out in (decide(*x, cfg), decide(*x, cfg, engine="native"), api._decide_jit(*map(jnp.asarray, x), cfg),
+    for out in (decide(*x, cfg), decide(*x, cfg, engine="native"), decide_definition(*map(jnp.asarray, x), cfg),
                 fused.decide(*map(jnp.asarray, x), cfg, interpret=True)):
         assert np.all(np.asarray(out.C_final) == np.float32(0.7)) and np.all(np.asarray(out.action) == 0)
 

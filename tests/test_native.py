@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, decide
-from mdl_jax.controller import api
 from mdl_jax.controller.decision import Decision
 from mdl_jax.engines import cpu as engine_cpu
 from mdl_jax.engines import kernel as engine_kernel
 from mdl_jax.engines import native, toolchain
-from tests.reference import NumpyMDL
+from tests.reference import NumpyMDL, decide_definition
 
 FIELDS = Decision._fields
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +34,7 @@ def kernel():
 
 
 def _pure(M, R, A, cfg):
-    return api._decide_jit(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), cfg)
+    return decide_definition(*(jnp.asarray(x, jnp.float32) for x in (M, R, A)), cfg)
 
 
 def _native(M, R, A, cfg):

@@ -371,6 +371,18 @@ def _parquet(path, n, seed=0):
     return path
 
 
+def test_sweep_command_reports_the_files_records_under_bootstrap_too(tmp_path, capsys):
+    # with --bootstrap it printed a resample's mean weight total (4,997 for 5,000 rows) as the record count
+    from mdl_jax.cli import main
+
+    path = _parquet(tmp_path / "r.parquet", 500)
+    for extra, configs in (([], "2 configs"), (["--bootstrap", "3"], "2 configs"), (["--grid", "sigma=0.2"], "2 configs")):
+        assert main(["sweep", str(path), "--grid", "g_a=0.2,0.4", "--out", str(tmp_path / "o.csv"), *extra]) == 0
+        assert f"({configs} × 500 records)" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--grid", "g_a=0.2", "--out", str(tmp_path / "o.csv"), "--bootstrap", "3"]) == 0
+    assert "(1 config × 500 records)" in capsys.readouterr().err
+
+
 def test_sweep_command_creates_the_missing_folders_of_out(tmp_path, capsys):
     # --out passes ``out_file`` (a creatable path) but the command used to open() it directly: a
     # FileNotFoundError traceback, exit 1, after the whole sweep had run.

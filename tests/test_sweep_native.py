@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from mdl_jax import MDLConfig, bootstrap_weights, config_grid, decide, sweep
-from mdl_jax.controller import api, passes
+from mdl_jax.controller import passes
 from mdl_jax.controller import sweep as sweep_mod
 from mdl_jax.engines import kernel as engine_kernel
 from mdl_jax.engines import native, native_sweep, toolchain
+from tests.reference import decide_definition
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -305,7 +306,7 @@ def test_decide_and_the_native_sweep_at_extreme_sigma_warn_nothing_and_equal_pur
         warnings.simplefilter("error")
         got = decide(M, R, A, cfg, engine="native")
         res = sweep(M, R, A, config_grid(MDLConfig(), sigma=[sigma, 0.1]), engine="native")
-    want = api._decide_jit(M, R, A, cfg)
+    want = decide_definition(M, R, A, cfg)
     for f in got._fields:
         g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
         assert np.all(np.isfinite(g)) and np.all(np.isfinite(w)), f

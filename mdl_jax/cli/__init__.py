@@ -56,7 +56,10 @@ def main(argv=None) -> int:
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     parser = Parser(prog="mdl-jax", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="cmd")
-    sub.add_parser("demo", help="decide for a handful of (M, R, A) triples and print a table")
+    sub.add_parser("demo", help="decide for a handful of (M, R, A) triples and print a table",
+                   description="Decides seven named (M, R, A) cases, one or more of each action, with the default "
+                               "config and prints action, C, α, C_final and each subspace's share of ‖v_meta‖². "
+                               "Cost: a second or two (compiling the controller).")
     _add_later_commands(sub)
     try:
         # Known args only, so that a command that is not installed can say so whatever flags follow it;

@@ -189,10 +189,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` that shows an argument's default where it has one: never "(default: None)", which says
-    nothing (the help text says what an unset option means), nor on a required argument."""
+    """``--help`` that shows an argument's default where it has one: never "(default: None)" or
+    "(default: [])", which say nothing (the help text says what an unset option means), nor on a
+    required argument, nor twice where the help text states its default in words."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.required:
+        if action.default is None or action.default == [] or action.required or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)

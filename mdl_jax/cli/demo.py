@@ -26,7 +26,7 @@ def demo(out=sys.stdout) -> None:
     d = decide(M, R, A, cfg, engine="auto")
     head = (f"{'case':36s} {'M':>5s} {'R':>5s} {'A':>5s}  {'action':8s} {'C':>6s} {'alpha':>6s} "
             f"{'C_final':>7s}  {'E_wm':>5s} {'E_r':>5s} {'E_a':>5s}")
-    print("MDL controller, paper defaults (Table 2): θ = "
+    print("MDL controller, default config (the paper's Table 2; n_min, n_max calibrated as Section 3.4): θ = "
           f"{tuple(cfg.thresholds)}, n = [{cfg.n_min:.3f}, {cfg.n_max:.3f}]", file=out)
     print("E_k = share of ‖v_meta‖² in subspace k (Lemma 1 attribution)\n", file=out)
     print(head, file=out)

@@ -44,7 +44,7 @@ def register(sub) -> None:
                    help="a field holding the category, for a category table (--risk truthfulqa / JSON)")
     p.add_argument("--risk", default="0.5", help="A for every row: a number in [0, 1], 'truthfulqa', "
                                                  "'halueval', or a JSON file {category: risk}")
-    p.add_argument("--config", default=None, help="an MDL config file (save_config); unset: the paper's Table 2")
+    p.add_argument("--config", default=None, help="an MDL config file (save_config); unset: the paper's defaults, MDLConfig()")
     p.add_argument("--embedder", default="all-MiniLM-L6-v2",
                    help="a sentence-transformers name or path, or module:function (texts -> (N, d))")
     p.add_argument("--embed-backend", default="auto",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdl_jax.cli.args import DefaultsHelpFormatter
+
 
 def _port(s: str) -> int:
     try:
@@ -57,12 +59,12 @@ def register(sub) -> None:
                     "memories in the request's \"mdl\" field, the messages for the action go upstream, "
                     "Opt-Out answers without calling it. Starts in a few seconds (loads MiniLM); "
                     "stop with Ctrl-C.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--upstream", required=True, type=_upstream,
                    help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8123/v1")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=8300, help="port (0: any free one)")
-    p.add_argument("--config", default=None, help="an MDL config JSON file (default: the paper's Table 2)")
+    p.add_argument("--config", default=None, help="an MDL config JSON file (default: the paper's defaults, MDLConfig())")
     p.add_argument("--risk", type=_risk, default=0.5,
                    help="A when a request gives none: a number in [0, 1] or a preset (truthfulqa, halueval)")
     p.add_argument("--embedder", default=None, help="sentence-transformers name or path (default: bundled MiniLM)")

@@ -15,7 +15,16 @@ import sys
 
 import numpy as np
 
-from mdl_jax.cli.args import CommandError, config_file, existing_file, nonneg_int, out_file, positive_int, seed_int
+from mdl_jax.cli.args import (
+    CommandError,
+    DefaultsHelpFormatter,
+    config_file,
+    existing_file,
+    nonneg_int,
+    out_file,
+    positive_int,
+    seed_int,
+)
 
 # The most configs one command sweeps: 10^7 configs' leaves alone are ~1.8 GB on the host (a typo
 # such as 0:1:100000 twice asked for 10^10, a 74.5 GiB allocation and a MemoryError traceback).
@@ -63,7 +72,7 @@ def register(sub) -> None:
                                    "file, streamed in passes (memory is one pass, not the file). Cost: "
                                    "about K × N / (10^6-10^7) seconds on a 2-core CPU for K configs and "
                                    "N records.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("records", type=existing_file, help="Parquet file with columns M, R, A (and adopt)")
     p.add_argument("--grid", type=grid_axis, action="append", required=True,
                    help="FIELD=V1,V2,... or FIELD=START:STOP:COUNT, repeatable (e.g. g_a=0:1:21 sigma=0.1,0.2)")
@@ -128,7 +137,11 @@ def sweep_cmd(args) -> int:
         # created); made only now, after the sweep, so a failed sweep leaves nothing behind. Written
         # whole or not at all: a full disk leaves the previous file as it was.
         write_text(args.out, text)
-        print(f"wrote {args.out} ({len(values)} configs × {int(np.asarray(total).mean()):,} records)",
+        import pyarrow.parquet as pq
+
+        # the file's rows (res.total is a resample's weight total under --bootstrap, not a row count)
+        n_rows = pq.ParquetFile(args.records).metadata.num_rows
+        print(f"wrote {args.out} ({len(values):,} config{'s' * (len(values) != 1)} × {n_rows:,} records)",
               file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -135,10 +135,6 @@ def _decide_shaped(M, R, A, cfg: MDLConfig) -> _d.Decision:
     return jax.tree.map(lambda t: t.reshape(shape + t.shape[1:]), out)
 
 
-# The definition as one jitted function of (signals, config pytree): what the engines' parity tests compare with.
-_decide_jit = jax.jit(_decide_shaped)
-
-
 # ------------------------------------------------------------------------------------ the compiled program
 
 class _Structure(NamedTuple):
@@ -196,9 +192,7 @@ def _plan(cfg: MDLConfig, x64: bool) -> _Plan | None:
 
 
 def _program_body(M, R, A, buf, structure: _Structure, dtype: str):
-    cfg = _unpack(structure, buf)
-    M, R, A = (jnp.asarray(x).astype(dtype) for x in (M, R, A))
-    return _decide_shaped(M, R, A, cfg)
+    return _tree_body(M, R, A, _unpack(structure, buf), dtype)
 
 
 def _scalar_body(x, buf, structure: _Structure, dtype: str):
@@ -315,8 +309,8 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         input is a ValueError, always.
       R: reliability, as ``M``.
       A: task risk, as ``M`` (the controller inverts it: s_A = 1 − A).
-      config: an ``MDLConfig``, or the path of a config file (``save_config``; read once per file
-        version); the paper's Table 2 defaults when None. Its numeric fields may be traced
+      config: an ``MDLConfig``, or the path of a config file (``save_config``; read on every call,
+        parsed once per content); the paper's defaults when None. Its numeric fields may be traced
         (vmap/grad over the config).
       validate: check concrete inputs for NaN, ±inf and values outside [0, 1] (ValueError naming the
         argument and its first bad index). ``validate=False`` skips only these value checks, for
@@ -386,8 +380,8 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
         why = "traced input (a caller's jit, vmap or grad) runs on the pure-JAX engine only"
     elif dtype != jnp.float32:
         why = f"the kernels compute in float32, and these signals are {dtype.name}"
-    # No records: the CPU kernel answers with empty NumPy fields as it would with records; the fused
-    # kernel is not launched for nothing; where neither runs, the program answers, with no error.
+    # No records: the CPU kernel answers (NumPy, as with records), the fused kernel is not launched for
+    # nothing, and where neither runs the program answers, without an error.
     empty = why is None and 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig))
     names = (_auto_engines() if engine == "auto" else (engine,)) if why is None else ()
     for name in names:
@@ -586,9 +580,7 @@ def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
 
 
 def _check_temperature(temperature, dtype) -> None:
-    # One τ for every record and threshold: a (3,) array would otherwise broadcast against the three
-    # thresholds (one τ each) and an (N,) one fail inside vmap. Shapes are static, so this holds at
-    # trace time too.
+    # One τ (shapes are static: checked at trace time too); a (3,) τ would broadcast over the thresholds
     if np.ndim(temperature) != 0:
         raise ValueError(f"temperature: expected one number (0-d), got shape {np.shape(temperature)}")
     if is_traced(temperature):

@@ -103,7 +103,8 @@ class MDLConfig:
     Frozen: change fields with ``replace``. Numeric fields are pytree leaves (traceable numbers:
     ``jax.vmap`` / ``jax.grad`` run over them, and a batch of configs, built by ``config_grid`` or
     ``stack_configs``, holds them with a leading axis K); static fields choose shapes and branches
-    at trace time and are part of the jit cache key. The defaults are the paper's. Each field's kind,
+    at trace time and are part of the jit cache key. The defaults are the paper's (n_min and n_max by
+    its Section 3.4 rule on this project's calibration split: see ``n_min``). Each field's kind,
     shape and range are declared beside it (``FieldSpec``, read through ``field_specs()``).
 
     Examples:

@@ -237,8 +237,9 @@ class GateDecision:
 
     @property
     def messages(self) -> list[dict] | None:
-        """[system, user] messages for the query alone under this action (the benchmark's prompts);
-        None for Opt-Out, whose answer is ``abstention`` without a model call."""
+        """[system, user] messages for this query under this action (the benchmark's prompts: the
+        memories for Active and Supp, with Supp's caution); None for Opt-Out, whose answer is
+        ``abstention`` without a model call."""
         if self.action == Action.OPT_OUT:
             return None
         return chat(self.query, self.texts if self.injects else (), caution=self.action == Action.SUPP)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from mdl_jax.cli.args import config_file, existing_dir, out_dir
+from mdl_jax.cli.args import DefaultsHelpFormatter, config_file, existing_dir, out_dir
 
 ANALYZE_COST = ("about 1-2 minutes for the 3,600 pooled records of a paper-scale run on this 2-core "
                 "CPU (the sweeps and XGBoost dominate); --latency adds loading MiniLM and SmolLM2")
@@ -22,7 +21,7 @@ def register(sub) -> None:
                                    "Tables 6, 7, 8, 10, Figures 4-6, the sweeps, question-level statistics) "
                                    "and write the tables, figures, analysis.json and ANALYSIS.md. No LLM is "
                                    f"called. A bare run takes {ANALYZE_COST}.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("records", help="records.jsonl of a reproduce run (run.json beside it is used)")
     p.add_argument("--out", default=None, type=out_dir,
                    help="output folder (None: analysis/ beside RECORDS)")

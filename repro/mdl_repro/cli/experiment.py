@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mdl_jax.cli.args import (
     CommandError,
+    DefaultsHelpFormatter,
     config_file,
     existing_dir,
     nonneg_int,
@@ -58,7 +59,7 @@ def register(sub) -> None:
                        description="Build the memory stores and the M, R, A signals table (Parquet). "
                                    "No LLM. A bare run embeds every memory of both datasets with "
                                    f"MiniLM: {SIGNALS_COST}.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     _common(p)
     p.add_argument("--limit", type=positive_int, default=None, help="first N questions per dataset (None: all)")
     p.add_argument("--n-calibration", type=nonneg_int, default=80,
@@ -100,7 +101,7 @@ def _register_reproduce(sub, common) -> None:
         description="Run the end-to-end hallucination experiment (paper Section 5.2) and write "
                     "records.jsonl, REPORT.md, tables and Figure 3 into --out; rerun to resume. "
                     + BARE_RUN_COST.format(minutes=BARE_RUN_MINUTES) + ".",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     common(p)
     p.add_argument("--out", default="out/reproduce", type=out_dir,
                    help="output dir (one run at a time; a rerun resumes it)")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
-
 from mdl_jax.cli.args import (
     CommandError,
+    DefaultsHelpFormatter,
     existing_dir,
     existing_file,
     nonneg_int,
@@ -35,7 +34,7 @@ def register(sub) -> None:
                     "each answer against the dataset's references through any OpenAI-compatible "
                     "chat-completions server (repro/mdl_repro/pipeline/judgement_llm.py) and reports its "
                     "agreement with the shipped gold set. Cost: " + JUDGE_COST + ".",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("input", metavar="IN.jsonl", type=existing_file,
                    help="records to judge (e.g. a run's records.jsonl, or the gold set)")
     p.add_argument("--out", default=None, type=out_file,

@@ -6,17 +6,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mdl_jax.cli.args import DefaultsHelpFormatter, positive_int
+
 
 def register(sub) -> None:
     """Add ``score-gates`` to the ``mdl-jax`` subcommands."""
     p = sub.add_parser("score-gates", help="score a run's B1 answers (teacher-forced log-probs), "
                                             "self-evaluation and best memory cosine for the "
-                                            "practitioners' gates -> RUN_DIR/gate_scores.jsonl (resumable)")
+                                            "practitioners' gates -> RUN_DIR/gate_scores.jsonl (resumable)",
+                       description="Scores every B1 and calibration answer of a reproduce run for the gates "
+                                   "`mdl-jax analyze` compares with MDL: teacher-forced log-probabilities (no new "
+                                   "generation), self-evaluation by label likelihood and the best memory cosine. "
+                                   "Cost: one teacher-forced forward pass of the run's model per answer and one "
+                                   "embedding per memory, no generation; resumable.",
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("run_dir", help="a reproduce run's folder (records.jsonl, run.json)")
     p.add_argument("--data-dir", default=None, help="dataset files (default: the run's, else ../shared/data)")
-    p.add_argument("--cache-dir", default=None, help="embedding cache")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--limit", type=int, default=None, help="score at most this many new answers")
+    p.add_argument("--cache-dir", default=None, help="embedding cache (default: $MDL_JAX_CACHE_DIR or the user cache)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="answers per forward pass")
+    p.add_argument("--limit", type=positive_int, default=None, help="score at most this many new answers (default: all)")
     p.set_defaults(func=score_cmd)
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from mdl_jax.cli.args import out_dir, positive_int, seed_int
+from mdl_jax.cli.args import DefaultsHelpFormatter, out_dir, positive_int, seed_int
 
 
 def register(sub) -> None:
@@ -19,7 +18,7 @@ def register(sub) -> None:
                                    "tuned-<field set>.json. Needs at least 5 records of each oracle label. "
                                    "A bare run on the 3,600 records of a paper-scale run takes about a "
                                    "minute here (2-core CPU).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("records", help="records.jsonl of a reproduce run")
     p.add_argument("--out", default=None, type=out_dir,
                    help="output folder (None: tuned/ beside RECORDS)")
