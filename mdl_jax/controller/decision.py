@@ -117,7 +117,8 @@ def risk_gain(v_a: jax.Array, cfg: MDLConfig) -> jax.Array:
 
 
 def fuse(M, R, A, cfg: MDLConfig):
-    """Stages 1-3: encode the signals (risk inverted: s_A = 1 - A) and fuse. Returns (v_meta, v_wm, g_A)."""
+    """The first two stages: encode the signals (risk inverted: s_A = 1 - A) and fuse them. Returns
+    (v_meta, v_wm, g_A)."""
     s_a = 1.0 - A if cfg.risk_inversion else A
     v_wm, v_r, v_a = encode(M, cfg), encode(R, cfg), encode(s_a, cfg)
     g_A = risk_gain(v_a, cfg)
