@@ -1,6 +1,11 @@
-"""A paper-style NumPy implementation, one decision at a time: the parity reference for the JAX
-controller and the baseline the controller benchmark compares against. Written straight from
-Section 3 / Algorithm 1, in float64, sharing nothing with mdl_jax but the QR basis."""
+"""Two references the parity tests compare with.
+
+``NumpyMDL``: a paper-style NumPy implementation, one decision at a time, the independent reference for
+the JAX controller and the baseline the controller benchmark compares against; written straight from
+Section 3 / Algorithm 1, in float64, sharing nothing with mdl_jax but the QR basis.
+
+``decide_definition``: the library's own pure-JAX definition as one jitted program, without
+``decide``'s checks, packing or engines: what the engines (native, pallas) must agree with."""
 
 from __future__ import annotations
 

@@ -160,6 +160,14 @@ def test_save_config_writes_nothing_that_load_config_would_refuse(tmp_path):
         assert not (tmp_path / "c.json").exists()
     big = MDLConfig(D=MAX_D, dims=(MAX_D // 2, MAX_D // 4, MAX_D // 4))   # the largest a file holds round-trips
     assert load_config(save_config(big, tmp_path / "big.json")) == big
+    for cfg, note, err, match in ((MDLConfig(), 123, TypeError, r"^note: expected a string or None, got int"),
+                                  (MDLConfig(), "x" * 2**20, ValueError, r"^save_config: not written, load_config would refuse"),
+                                  (MDLConfig(qr_seed=10**900), None, ValueError, r"^save_config: .* a number of 901 characters")):
+        with pytest.raises(err, match=match):
+            save_config(cfg, tmp_path / "c.json", note=note)
+        assert not (tmp_path / "c.json").exists()
+    numpy_ints = MDLConfig(D=np.int64(16), qr_seed=np.int64(3))   # NumPy ints are written as JSON ints
+    assert load_config(save_config(numpy_ints, tmp_path / "n.json")) == MDLConfig(qr_seed=3)
 
 
 # --- duplicate keys, a huge D, huge numbers, new content under an old size and mtime ------------------------

@@ -180,6 +180,10 @@ def test_corners_and_empty_input_give_finite_output():
     # NumPy fields as with records: code that writes into the answer works for an empty batch too
     assert all(type(getattr(empty, f)) is np.ndarray for f in FIELDS)
     assert empty.action.dtype == np.int32 and _engine(np.zeros((2, 0), np.float32), 0.5, 0.5).C.shape == (2, 0)
+    wide = MDLConfig(D=32, dims=(16, 8, 8))   # what the kernel cannot run is an error with or without records
+    for n in (3, 0):
+        with pytest.raises(ValueError, match=r"^engine='native' cannot run here: .*D = 32"):
+            _engine(*np.full((3, n), 0.5, np.float32), wide)
     nan = np.array([np.nan, 0.5], np.float32)
     assert np.array_equal(_engine(nan, nan[::-1], 0.5, validate=False).action, [3, 3])  # Opt-Out
 

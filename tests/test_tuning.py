@@ -237,8 +237,8 @@ def test_tune_input_it_cannot_train_on_is_a_value_error_naming_the_argument(teac
 def test_no_training_record_left_is_a_value_error_naming_the_weights(teacher_data):
     M, R, A, y = (x[:100] for x in teacher_data)
     n = len(M)
-    for kw in ({"weights": np.zeros(n)}, {"val": np.ones(n)}):
-        with pytest.raises(ValueError, match=r"^train_weights: expected at least one training record"):
+    for kw in ({"weights": np.zeros(n)}, {"val": np.ones(n)}, {"weights": np.arange(n) % 2, "val": np.arange(n) % 2}):
+        with pytest.raises(ValueError, match=r"^weights, val: expected at least one training record \(weight > 0, not in val\)"):
             tune(M, R, A, y, steps=3, **kw)
     wt = np.stack([np.ones(n), np.zeros(n)]).astype(np.float32)
     with pytest.raises(ValueError, match=r"^train_weights: .* got none in run 1"):

@@ -380,22 +380,22 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
         why = "traced input (a caller's jit, vmap or grad) runs on the pure-JAX engine only"
     elif dtype != jnp.float32:
         why = f"the kernels compute in float32, and these signals are {dtype.name}"
-    # No records: the CPU kernel answers (NumPy, as with records), the fused kernel is not launched for
-    # nothing, and where neither runs the program answers, without an error.
-    empty = why is None and 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig))
+    # No records: as with records, a named engine that cannot run here is an error and the CPU kernel
+    # answers (NumPy); the fused kernel, able to run, is not launched for nothing: the program answers.
+    empty = 0 in jnp.broadcast_shapes(*(np.shape(x) for x in sig))
     names = (_auto_engines() if engine == "auto" else (engine,)) if why is None else ()
     for name in names:
-        if empty and name != "native":
-            continue
         mod = engine_module(name)
         reason = mod.why_not(cfg, sig)
+        if reason is None and empty and name != "native":
+            break
         if reason is None:
             out = mod.decide_engine(*sig, cfg, strict=engine != "auto")
             if out is not None:
                 return out
             reason = mod.why_not(cfg, sig) or "it failed on this call"
         why = reason
-    if engine not in ("auto", "jax") and why is not None and not empty:
+    if engine not in ("auto", "jax") and why is not None:
         raise cannot_run(engine, why)
     return _run_jax(sig, dtype, cfg)
 
@@ -580,17 +580,16 @@ def soft_decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
 
 
 def _check_temperature(temperature, dtype) -> None:
-    # One τ (shapes are static: checked at trace time too); a (3,) τ would broadcast over the thresholds
-    if np.ndim(temperature) != 0:
-        raise ValueError(f"temperature: expected one number (0-d), got shape {np.shape(temperature)}")
-    if is_traced(temperature):
+    # One τ, its shape checked at trace time too: a (3,) τ would broadcast over the three thresholds
+    if is_traced(temperature) and np.ndim(temperature) == 0:
         return
     try:
         t = np.asarray(temperature)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):   # a ragged list, a tracer of another shape, an object NumPy cannot read
         t = np.asarray(None)
-    if not is_real_dtype(t.dtype):
-        raise ValueError(f"temperature: expected a finite number > 0, got {temperature!r}")
+    if not is_real_dtype(t.dtype) or t.ndim != 0:
+        got = f"shape {t.shape}" if t.ndim and is_real_dtype(t.dtype) else repr(temperature)
+        raise ValueError(f"temperature: expected one finite number > 0, got {got}")
     # > 0 where it is used: 1e-9 is 0 in float16, and (C_final - θ) / 0 is NaN at a threshold
     with np.errstate(over="ignore", invalid="ignore"):
         in_dtype = t.astype(jnp.dtype(dtype)).astype(np.float64)

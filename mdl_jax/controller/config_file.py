@@ -46,6 +46,11 @@ def _plain(v):
     return [float(x) for x in a.reshape(-1)]
 
 
+def _json_scalar(v):
+    # NumPy's ints and bools (MDLConfig(D=np.int64(16)) is a config) as the JSON kinds they stand for
+    return bool(v) if isinstance(v, np.bool_) else int(v) if isinstance(v, np.integer) else v
+
+
 def config_to_dict(cfg: MDLConfig) -> dict:
     """The config as plain JSON-able values: what ``save_config`` writes.
 
@@ -75,7 +80,8 @@ def config_to_dict(cfg: MDLConfig) -> dict:
         numeric[f] = _plain(a)
     if cfg.D > MAX_D:   # what load_config would refuse is not written
         raise ValueError(f"D: a config file holds D ≤ {MAX_D} (config_file.MAX_D), got {cfg.D}")
-    static = {f: (list(getattr(cfg, f)) if f in _TUPLE_STATIC else getattr(cfg, f)) for f in STATIC_FIELDS}
+    static = {f: ([_json_scalar(x) for x in getattr(cfg, f)] if f in _TUPLE_STATIC else _json_scalar(getattr(cfg, f)))
+              for f in STATIC_FIELDS}
     return {"format": FORMAT, "version": VERSION, "numeric": numeric, "static": static}
 
 
@@ -244,18 +250,30 @@ def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = N
       The path written, as a ``Path``.
 
     Raises:
-      TypeError: ``cfg`` is not an ``MDLConfig``.
-      ValueError: ``cfg`` is a batch of configs, or has a D over ``MAX_D`` (what ``load_config``
-        would refuse is not written).
+      TypeError: ``cfg`` is not an ``MDLConfig``; ``note`` is not a string.
+      ValueError: ``cfg`` is a batch of configs, or anything ``load_config`` would refuse in the
+        file (a D over ``MAX_D``, a note past ``MAX_BYTES``, a number past ``MAX_NUMBER_CHARS``):
+        nothing is written.
       OutputError: (an ``OSError``) the file or its folder cannot be written (a full disk, a
         read-only mount); the message names ``path``, and a file already there is untouched.
     """
     from mdl_jax._io import write_text
 
     d = config_to_dict(cfg)
+    if note is not None and not isinstance(note, str):
+        raise TypeError(f"note: expected a string or None, got {type(note).__name__}")
     if note:
         d["note"] = note
-    return write_text(Path(path), _dumps(d) + "\n")
+    text = _dumps(d) + "\n"
+    # The file is read back here before it is written: what load_config would refuse (a note past
+    # MAX_BYTES, a static number past MAX_NUMBER_CHARS, ...) is an error now, not a file that fails later.
+    try:
+        if len(text.encode("utf-8")) > MAX_BYTES:
+            raise ConfigFileError(f"{len(text.encode('utf-8'))} bytes; a config file is at most {MAX_BYTES} bytes")
+        config_from_bytes(text.encode("utf-8"), source="the file to write")
+    except ConfigFileError as e:
+        raise ValueError(f"save_config: not written, load_config would refuse it: {e}") from None
+    return write_text(Path(path), text)
 
 
 def read_config_bytes(path: str | os.PathLike) -> bytes:

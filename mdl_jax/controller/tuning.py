@@ -337,7 +337,7 @@ def _check_labels(y, wt) -> None:
         on = np.asarray(wt[b]) > 0
         if not on.any():
             raise ValueError("train_weights: expected at least one training record (a weight > 0), got none"
-                             + (f" in run {b}" if B > 1 else "") + " (tune: every record has weight 0 or is in val)")
+                             + (f" in run {b}" if B > 1 else ""))
         if np.all(y_np[on]) or not np.any(y_np[on]):
             which = "adopt (1)" if y_np[on][0] else "reject (0)"
             raise ValueError(f"adopt: expected both labels among the training records, got {int(on.sum())} "
@@ -508,7 +508,8 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
       ValueError: naming the argument: signals outside [0, 1], not 1-d or of different lengths,
         fewer than ``MIN_RECORDS`` (5) records; labels that are not binary, or of one class only
         among the training records; ``weights`` or ``val`` not of shape (N,), or negative or
-        non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left;
+        non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left
+        (every weight 0, or every record in ``val``);
         an unknown or empty ``fields``; ``steps`` not a positive int, ``learning_rate`` not finite
         and > 0, ``temperature`` not two positive numbers, ``patience`` not an int ≥ 0, ``seed``
         outside [0, 2**64).
@@ -535,6 +536,8 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
     if v.shape != (N,):
         raise ValueError(f"val: expected shape ({N},), got {np.shape(val)}")
     w_train = np.where(v > 0, 0.0, w)
+    if np.all(np.isfinite(w)) and np.all(w >= 0) and not np.any(w_train > 0):   # bad weights: named below
+        raise ValueError("weights, val: expected at least one training record (weight > 0, not in val), got none")
     configs, hist = train_runs(M, R, A, adopt, TuneRuns(w_train[None], v[None], [tuple(fields)], [seed]),
                                config=config, settings=settings)
     return TuneResult(configs[0], {k: x[0] for k, x in hist.items()})

@@ -32,9 +32,6 @@ def score_cmd(args) -> int:
     from mdl_repro.analysis.oracle import RecordsError
     from mdl_repro.pipeline.gate_scores import SCORES_FILE, score_run
 
-    if args.batch_size < 1:
-        print(f"mdl-jax: error: --batch-size: expected an int ≥ 1, got {args.batch_size}", file=sys.stderr)
-        return 2
     if not (Path(args.run_dir) / "records.jsonl").is_file():
         print(f"mdl-jax: error: run_dir: {args.run_dir} has no records.jsonl", file=sys.stderr)
         return 2
