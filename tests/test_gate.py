@@ -148,6 +148,40 @@ def test_risk_assessors(gate):
         MemoryGate(_lookup, risk=lambda q, c: 1.5).decide("q", mems)
 
 
+def test_a_category_that_cannot_be_one_is_named_and_a_missing_one_is_none():
+    """A pandas table's empty category cell (NaN) is "no category" for the preset; an int is an error
+    naming the category (it crashed in str.strip); a batch's bad category names its row."""
+    mems = CASES[Action.ACTIVE][0]
+    tqa = MemoryGate(_lookup, risk="truthfulqa")
+    assert tqa.decide("q", mems, category=float("nan")).scalars["A"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"^category: expected a string or None for the 'truthfulqa' risk preset, got 5"):
+        tqa.decide("q", mems, category=5)
+    with pytest.raises(ValueError, match=r"^categories\[1\]: expected a string or None .* got 5"):
+        tqa.decide_batch(["q", "q"], [mems, mems], ["Health", 5])
+    table = MemoryGate(_lookup, risk={"medical": 0.85})
+    with pytest.raises(ValueError, match=r"^categories\[2\]: 'sports' is not in the risk table"):
+        table.columns(["q"] * 3, [mems] * 3, ["medical", "medical", "sports"])
+    with pytest.raises(ValueError, match=r"^categories: expected None or 2 values \(one per query\), got generator"):
+        table.decide_batch(["q", "q"], [mems, mems], (c for c in ("medical", "medical")))
+
+
+def test_a_risk_past_a_doubles_range_is_a_value_error_and_to_dict_is_json():
+    import datetime
+    import uuid
+    from decimal import Decimal
+
+    mems = CASES[Action.ACTIVE][0]
+    gate = MemoryGate(_lookup)
+    with pytest.raises(ValueError, match=r"^risk: expected a number in \[0, 1\], got 1000"):
+        gate.decide("q", mems, risk=10**400)
+    meta = {"text": mems[0], "vec": np.array([0.1, 0.2]), "id": uuid.UUID(int=7), "price": Decimal("1.5"),
+            "tags": {"a"}, "raw": b"xy", "at": datetime.date(2026, 1, 2), "n": np.int64(3)}
+    d = gate.decide("q", [meta, *mems[1:]]).to_dict()
+    back = json.loads(json.dumps(d))["memories"][0]
+    assert back == {"text": mems[0], "vec": [0.1, 0.2], "id": str(uuid.UUID(int=7)), "price": "1.5", "tags": ["a"],
+                    "raw": "b'xy'", "at": "2026-01-02", "n": 3}
+
+
 def test_config_object_and_file(tmp_path, gate):
     mems, A = CASES[Action.SUPP]
     strict = MDLConfig(thresholds=(0.99, 0.98, 0.97))

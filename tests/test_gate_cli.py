@@ -6,6 +6,7 @@ in one line with nothing left behind, and a part is on disk before the manifest 
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -1004,3 +1005,25 @@ def test_the_manifest_keeps_at_most_MAX_BAD_MESSAGES_and_counts_the_rest(tmp_pat
     assert len(json.dumps(man)) < 40_000
     err = capsys.readouterr().err
     assert "3 rows decided" in err and "250 bad rows skipped" in err and "... and 245 more" in err
+
+
+def test_rows_that_crashed_the_command_are_bad_rows(tmp_path, capsys):
+    """A Parquet string that is not UTF-8, an int category for the "truthfulqa" preset and a risk past a
+    double's range each ended the command with a traceback (exit 1), --on-bad-row skip or not."""
+    vals = [b"What is the capital?", b"bad \xff query", b"And the river?"]
+    offsets = np.cumsum([0] + [len(v) for v in vals]).astype(np.int32)
+    q = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(vals))])
+    src = tmp_path / "bad_utf8.parquet"
+    pq.write_table(pa.table({"question": q, "mems": pa.array([["capital paris"], ["x"], ["the seine"]])}), src)
+    assert _gate(src, tmp_path / "a.jsonl", *FIELDS) == 2
+    assert re.search(r"bad_utf8\.parquet, row 2: a string that is not UTF-8", _err_line(capsys))
+    assert _gate(src, tmp_path / "b.jsonl", *FIELDS, "--on-bad-row", "skip") == 0
+    assert "2 rows decided" in capsys.readouterr().err
+    rows = [{"question": "q capital", "mems": ["capital a"], "cat": 5, "A": 0.5},
+            {"question": "q river", "mems": ["river b"], "cat": "Health", "A": 10 ** 400}]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _gate(src, tmp_path / "c.jsonl", *FIELDS, "--risk", "truthfulqa", "--category-field", "cat") == 2
+    assert "line 1: field 'cat': category: expected a string or None" in _err_line(capsys)
+    assert _gate(src, tmp_path / "d.jsonl", *FIELDS, "--risk-field", "A") == 2
+    assert re.search(r"line 2: field 'A': expected a number in \[0, 1\], got 1000", _err_line(capsys))

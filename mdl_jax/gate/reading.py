@@ -306,10 +306,21 @@ def read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, obje
         if i + n <= start:
             i += n
             continue
-        for j, row in enumerate(batch.to_pylist()):
+        try:
+            rows = batch.to_pylist()
+        except UnicodeDecodeError:   # a string column holding bytes that are not UTF-8: row by row
+            rows = [_parquet_row(batch, j) for j in range(n)]
+        for j, row in enumerate(rows):
             if i + j >= start:
                 yield i + j, row, f"row {i + j + 1}"
         i += n
+
+
+def _parquet_row(batch, j: int):
+    try:
+        return batch.slice(j, 1).to_pylist()[0]
+    except UnicodeDecodeError as e:
+        return Bad(f"a string that is not UTF-8 ({one_line(e)})")
 
 
 class RowDigest:

