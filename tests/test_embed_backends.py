@@ -518,10 +518,10 @@ def test_auto_falls_back_from_openvino_to_onnx_with_a_warning_when_openvino_fail
 
     real = onnx_encoder.load
 
-    def no_openvino(path, cache, backend):
+    def no_openvino(path, cache, backend, model_id=None):
         if backend == "openvino-bf16":
             raise RuntimeError("openvino: the CPU plugin failed to compile")
-        return real(path, onnx_cache, backend)
+        return real(path, onnx_cache, backend, model_id)
 
     monkeypatch.setattr(onnx_encoder, "load", no_openvino)
     monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
@@ -573,12 +573,12 @@ def _openvino_fails_at_inference(monkeypatch, onnx_cache, good: int = 0, on_onnx
 
     real = onnx_encoder.load
 
-    def load(path, cache, backend):
+    def load(path, cache, backend, model_id=None):
         if backend == "openvino-bf16":
             return _FailsAtInference(good)
         if on_onnx_load is not None:
             on_onnx_load()
-        return real(path, onnx_cache, backend)
+        return real(path, onnx_cache, backend, model_id)
 
     monkeypatch.setattr(onnx_encoder, "load", load)
     _a_bf16_cpu_with_openvino(monkeypatch)
@@ -923,8 +923,8 @@ def _fake_backends(monkeypatch, **fail):
     from mdl_jax.signals import embeddings, onnx_encoder
 
     fakes = {b: _Fake(b, fail.get(b.replace("-", "_"), lambda texts: False)) for b in _WHICH}
-    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: fakes[backend])
-    monkeypatch.setattr(embeddings, "load_model", lambda path, device: fakes["torch"])
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend, model_id=None: fakes[backend])
+    monkeypatch.setattr(embeddings, "load_model", lambda path, device, model_id=None: fakes["torch"])
     _a_bf16_cpu_with_openvino(monkeypatch)
     return fakes
 

@@ -152,10 +152,15 @@ def test_a_category_that_cannot_be_one_is_named_and_a_missing_one_is_none():
     """A pandas table's empty category cell (NaN) is "no category" for the preset; an int is an error
     naming the category (it crashed in str.strip); a batch's bad category names its row."""
     mems = CASES[Action.ACTIVE][0]
+    import pandas as pd
+
     tqa = MemoryGate(_lookup, risk="truthfulqa")
-    assert tqa.decide("q", mems, category=float("nan")).scalars["A"] == pytest.approx(0.5)
-    with pytest.raises(ValueError, match=r"^category: expected a string or None for the 'truthfulqa' risk preset, got 5"):
-        tqa.decide("q", mems, category=5)
+    for missing in (None, float("nan"), np.float32("nan"), pd.NA, pd.NaT):
+        assert tqa.decide("q", mems, category=missing).scalars["A"] == pytest.approx(0.5)
+    assert tqa.decide("q", mems, category=np.str_("Health")).scalars["A"] == pytest.approx(0.85)
+    for bad in (5, 0, False):
+        with pytest.raises(ValueError, match=rf"^category: expected a string or None for the 'truthfulqa' risk preset, got {bad}"):
+            tqa.decide("q", mems, category=bad)
     with pytest.raises(ValueError, match=r"^categories\[1\]: expected a string or None .* got 5"):
         tqa.decide_batch(["q", "q"], [mems, mems], ["Health", 5])
     table = MemoryGate(_lookup, risk={"medical": 0.85})
@@ -176,10 +181,12 @@ def test_a_risk_past_a_doubles_range_is_a_value_error_and_to_dict_is_json():
         gate.decide("q", mems, risk=10**400)
     meta = {"text": mems[0], "vec": np.array([0.1, 0.2]), "id": uuid.UUID(int=7), "price": Decimal("1.5"),
             "tags": {"a"}, "raw": b"xy", "at": datetime.date(2026, 1, 2), "n": np.int64(3)}
+    meta |= {"f": np.float64(0.25), "s": np.str_("x"), "when": np.array(["2026-01-02"], "datetime64[D]")}
     d = gate.decide("q", [meta, *mems[1:]]).to_dict()
     back = json.loads(json.dumps(d))["memories"][0]
     assert back == {"text": mems[0], "vec": [0.1, 0.2], "id": str(uuid.UUID(int=7)), "price": "1.5", "tags": ["a"],
-                    "raw": "b'xy'", "at": "2026-01-02", "n": 3}
+                    "raw": "b'xy'", "at": "2026-01-02", "n": 3, "f": 0.25, "s": "x", "when": ["2026-01-02"]}
+    assert all(type(v) in (str, int, float, list) for v in d["memories"][0].values())   # built-in kinds only
 
 
 def test_config_object_and_file(tmp_path, gate):

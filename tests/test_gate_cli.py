@@ -325,7 +325,7 @@ def _auto_on_a_bf16_cpu(monkeypatch, openvino_good: int) -> None:
 
     from mdl_jax.signals import embeddings, onnx_encoder
 
-    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn(
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend, model_id=None: _StandIn(
         openvino_good if backend == "openvino-bf16" else None))
     monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: "avx512_bf16")
     monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
@@ -353,7 +353,7 @@ def test_a_backend_that_fails_mid_run_stops_the_run_before_a_part_mixes_two_back
     assert not out.exists()
     # the same command again (a new process: nothing marked failed), OpenVINO well this time: it resumes
     monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
-    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend: _StandIn())
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend, model_id=None: _StandIn())
     assert main(["gate", str(tmp_path / "in.jsonl"), "--out", str(out), *FIELDS,
                  "--cache-dir", str(tmp_path / "cache"), "--chunk-size", "3", "--no-progress"]) == 0
     assert len(out.read_text().splitlines()) == 6
@@ -1016,7 +1016,7 @@ def test_rows_that_crashed_the_command_are_bad_rows(tmp_path, capsys):
     src = tmp_path / "bad_utf8.parquet"
     pq.write_table(pa.table({"question": q, "mems": pa.array([["capital paris"], ["x"], ["the seine"]])}), src)
     assert _gate(src, tmp_path / "a.jsonl", *FIELDS) == 2
-    assert re.search(r"bad_utf8\.parquet, row 2: a string that is not UTF-8", _err_line(capsys))
+    assert re.search(r"bad_utf8\.parquet, row 2: column .question.: a string that is not UTF-8", _err_line(capsys))
     assert _gate(src, tmp_path / "b.jsonl", *FIELDS, "--on-bad-row", "skip") == 0
     assert "2 rows decided" in capsys.readouterr().err
     rows = [{"question": "q capital", "mems": ["capital a"], "cat": 5, "A": 0.5},

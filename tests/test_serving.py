@@ -577,3 +577,21 @@ def test_gateway_survives_its_upstream_being_killed_and_recovers(upstream, gatew
     upstream.restart()
     r = _gw(gateway, case="Active")
     assert r.model_extra["mdl"]["upstream"] and r.choices[0].message.content
+
+
+def test_a_gate_check_error_names_the_requests_own_field():
+    """The gate checks a batch of one (``categories[0]``, ``memories_lists[0][1]``); the gateway's 400
+    names the field as the request sent it (a table gate's unknown category is ``mdl.category``)."""
+    from mdl_jax.gate import MemoryGate
+    from mdl_jax.serving.gateway import as_request_error
+    from tests.gate_embedders import hashed
+
+    gate = MemoryGate(embedder=hashed, risk={"medical": 0.85})
+    for args, want in (((["q"], [["m"]], ["sports"], [None]), ("mdl.category: 'sports' is not in the risk table", "mdl.category")),
+                       ((["q"], [["m", "a \ud800"]], [None], [0.5]), ("mdl.memories[1]: holds a lone surrogate", "mdl.memories")),
+                       ((["q"], [["m"]], [None], [1.5]), ("mdl.risk: expected a number in [0, 1], got 1.5", "mdl.risk"))):
+        with pytest.raises(ValueError) as e:
+            gate.check(*args)
+        message, param = as_request_error(e.value)
+        assert message.startswith(want[0]) and param == want[1], (message, param)
+    assert as_request_error(ValueError("something else")) == ("mdl: something else", "mdl")

@@ -866,3 +866,38 @@ def test_a_local_model_folders_cache_key_follows_its_content(tmp_path):
     after = resolve_model(str(folder))[1]
     assert after != before and Embedder(str(folder), cache_dir=str(tmp_path / "c"), backend="onnx").model_id == after + "#onnx"
     assert resolve_model("all-MiniLM-L6-v2")[1] == "sentence-transformers/all-MiniLM-L6-v2"   # the bundled copy: the hub's id
+    # what the model is made of counts, links followed; a trainer's other folders and files do not
+    (folder / "checkpoint-500").mkdir()
+    (folder / "checkpoint-500" / "config.json").write_text("{}")
+    (folder / "train.log").write_text("step 1")
+    assert resolve_model(str(folder))[1] == after
+    pooling = tmp_path / "pooling_cls"
+    shutil.move(str(folder / "1_Pooling"), pooling)
+    (folder / "1_Pooling").symlink_to(pooling, target_is_directory=True)
+    assert resolve_model(str(folder))[1] == after
+    cfg = pooling / "config.json"
+    cfg.write_text(cfg.read_text().replace('"pooling_mode_cls_token": false', '"pooling_mode_cls_token": true'))
+    assert resolve_model(str(folder))[1] != after
+
+
+def test_a_model_folder_that_cannot_be_read_is_a_model_load_error(tmp_path, monkeypatch):
+    from mdl_jax.signals import model_folder
+    from mdl_jax.signals.embedding_models import ModelLoadError, resolve_model
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").symlink_to(tmp_path / "gone.json")   # listed, not readable
+    (tmp_path / "gone.json").write_text("{}")
+    (folder / "model.safetensors").mkdir()   # a name the hash reads that is no file: skipped
+    real = resolve_model(str(folder))[1]
+    (tmp_path / "gone.json").unlink()
+    assert resolve_model(str(folder))[1] != real   # a dangling link is not a model file
+    (folder / "vocab.txt").write_text("x")
+
+    def unreadable(path):   # another user's 0600 file (root, who runs CI, reads every file)
+        raise PermissionError(13, "Permission denied", str(path / "vocab.txt"))
+
+    monkeypatch.setattr(model_folder, "folder_hash", unreadable)
+    with pytest.raises(ModelLoadError, match=r"^embedder: .*model: cannot read the model folder to key its cache "
+                                             r"\(PermissionError: .*vocab\.txt"):
+        resolve_model(str(folder))

@@ -77,7 +77,8 @@ def _cache_key(items, gate) -> str | None:
     pkg = Path(__file__).resolve().parents[1]
     for rel in _SIGNAL_SOURCES:
         h.update((pkg / rel).read_bytes())
-    h.update(f"{__version__}\0{getattr(emb, 'model_name', '')}\0{backend}\0{gate.config!r}\0"
+    # the embedder's cache id: a local folder's carries its content hash (a fine-tune in place is new)
+    h.update(f"{__version__}\0{getattr(emb, 'model_id', '')}\0{backend}\0{gate.config!r}\0"
              f"{gate.relevance_threshold!r}\0".encode())
     for it in items:
         h.update(json.dumps([it.qid, it.question, list(it.memories)], ensure_ascii=False).encode())

@@ -22,7 +22,11 @@ def unit_float(name: str, x) -> float:
     except OverflowError:   # an int past a double's range
         f = None
     if f is None or not math.isfinite(f) or not 0.0 <= f <= 1.0:
-        raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}"[:300])
+        try:
+            got = repr(x)[:200]
+        except ValueError:   # an int past Python's 4,300-digit str limit
+            got = "an int of more than 4,300 digits"
+        raise ValueError(f"{name}: expected a number in [0, 1], got {got}")
     return f
 
 

@@ -91,9 +91,19 @@ def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
                      f"embed(texts), or a callable texts -> (N, d) array; got {type(embedder).__name__}")
 
 
+def _missing(c) -> bool:
+    # None, NaN of any float type, NaT, pandas' NA: what a table's empty cell reads as
+    if c is None:
+        return True
+    try:
+        return bool(c != c)
+    except (TypeError, ValueError):   # pandas' NA (its comparisons are NA, whose truth is an error), an array
+        return type(c).__name__ == "NAType"
+
+
 def _category_text(c) -> str:
-    # The preset's category: None, or NaN (a table's empty cell, as pandas reads it), is "no category"
-    if c is None or (isinstance(c, float) and c != c):
+    # The preset's category: a missing one is "no category" (the table's default)
+    if not isinstance(c, str) and _missing(c):
         return ""
     if not isinstance(c, str):
         raise ValueError(f"category: expected a string or None for the 'truthfulqa' risk preset, got {c!r}")
@@ -167,19 +177,28 @@ def _signal_columns(M, R, A, phi, n_relevant, d: dict) -> dict[str, np.ndarray]:
 
 
 def _jsonable(x):
-    # A memory's metadata as JSON kinds: arrays (a stored vector) and sets as lists, dates in ISO form,
-    # anything else JSON has no kind for (a UUID, a Decimal, bytes) as its str()
-    if x is None or isinstance(x, (str, bool, int, float)):
+    # A memory's metadata as JSON kinds (built-in types: any JSON writer takes them): NumPy scalars as
+    # Python's, arrays, sets and other sequences (a stored vector, a pandas Series) as lists, dates in
+    # ISO form, anything else JSON has no kind for (a UUID, a Decimal, bytes) as its str()
+    if isinstance(x, np.datetime64):
+        return str(np.datetime_as_string(x))
+    if isinstance(x, np.ndarray) and x.dtype.kind == "M":
+        return np.datetime_as_string(x).tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if x is None or type(x) in (str, bool, int, float):
         return x
+    if isinstance(x, (str, int, float)):   # a subclass (an IntEnum, a str subclass): the plain value
+        return str(x) if isinstance(x, str) else float(x) if isinstance(x, float) else int(x)
     if isinstance(x, Mapping):
         return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.ndarray, np.generic)):
-        return _jsonable(x.tolist())
     if hasattr(x, "isoformat"):
         return x.isoformat()
-    return str(x)
+    if hasattr(x, "tolist"):   # NumPy arrays, pandas Series, torch tensors
+        return _jsonable(x.tolist())
+    if isinstance(x, (bytes, bytearray)) or not hasattr(x, "__iter__"):
+        return str(x)
+    return [_jsonable(v) for v in x]
 
 
 # --- the decision --------------------------------------------------------------------------------

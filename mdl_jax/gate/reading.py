@@ -317,10 +317,20 @@ def read_parquet(path: Path, start: int, chunk: int) -> Iterator[tuple[int, obje
 
 
 def _parquet_row(batch, j: int):
+    row = batch.slice(j, 1)
     try:
-        return batch.slice(j, 1).to_pylist()[0]
+        return row.to_pylist()[0]
     except UnicodeDecodeError as e:
-        return Bad(f"a string that is not UTF-8 ({one_line(e)})")
+        bad = [name for name, col in zip(row.schema.names, row.columns) if not _utf8(col)]
+        return Bad(f"column {bad[0] if bad else '?'!r}: a string that is not UTF-8 ({one_line(e)})")
+
+
+def _utf8(col) -> bool:
+    try:
+        col.to_pylist()
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 class RowDigest:
@@ -387,7 +397,7 @@ def read_hf(src: str, kind: str, split: str, start: int, on_open=None,
         raise GateInputError(f"IN: cannot load the dataset {src!r} ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:300]})") from None
     i = start if digest is None else 0
-    for row in rows:
+    for row in _decoded(rows, src, i):
         if digest is not None:
             digest.add(row)
             if i < start:
@@ -399,6 +409,22 @@ def read_hf(src: str, kind: str, split: str, start: int, on_open=None,
         i += 1
     if digest is not None:
         digest.end()
+
+
+def _decoded(rows, src: str, first: int) -> Iterator:
+    # ``datasets`` decodes a batch's strings at once: one that is not UTF-8 ends the read (the batch's
+    # other rows cannot be had either), as one line naming the row, never a traceback
+    it, at = iter(rows), first
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:
+            raise GateInputError(f"IN: {src}, near row {at + 1}: a string that is not UTF-8 ({one_line(e)}); "
+                                 "give the Parquet file itself as IN to skip such rows") from None
+        at += 1
+        yield row
 
 
 def iter_rows(src: str, kind: str, *, start: int = 0, split: str = "train", chunk: int = 1024,

@@ -149,7 +149,7 @@ class BoundedEmbedder:
             return self._source.model
         from mdl_jax.signals.embeddings import load_model  # one copy of the weights per process
 
-        return load_model(self.load_path, self.device or "cpu")
+        return load_model(self.load_path, self.device or "cpu", self.model_id)
 
     def embed(self, texts: Sequence[str], desc: str = "embedding") -> np.ndarray:
         texts = [str(t) for t in texts]

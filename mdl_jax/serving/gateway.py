@@ -137,6 +137,18 @@ class _Decoder:
         return bytes(out)
 
 
+def as_request_error(e: ValueError) -> tuple[str, str]:
+    """(message, param) of a ``MemoryGate.check`` error for one request, its field named as the request
+    names it: ``categories[0]`` is ``mdl.category``, ``memories_lists[0][i]`` ``mdl.memories[i]``."""
+    field, sep, why = str(e).partition(":")
+    renamed = {"queries[0]": "messages", "categories[0]": "mdl.category", "risks[0]": "mdl.risk"}.get(field)
+    if renamed is None and field.startswith("memories_lists[0]"):
+        renamed = "mdl.memories" + field[len("memories_lists[0]"):]
+    if renamed is None or not sep:
+        return f"mdl: {e}", "mdl"
+    return f"{renamed}:{why}", renamed.partition("[")[0]
+
+
 class Gateway:
     """MDL in front of one upstream: the gate, the upstream's address, the limits, the HTTP client.
 
@@ -373,7 +385,8 @@ def make_app(gw: Gateway):
         try:
             gw.gate.check([query], [mems], [req.mdl.category], [req.mdl.risk])
         except ValueError as e:
-            raise APIError(400, f"mdl: {e}", param="mdl") from None
+            message, param = as_request_error(e)
+            raise APIError(400, message, param=param) from None
         d, took, rows = await gw.decisions().decide(query, mems, req.mdl.category, req.mdl.risk)
         timing = {"x-mdl-decision-ms": f"{1e3 * took:.2f}", "x-mdl-decision-batch": str(rows)}
         messages = d.build_messages([m.model_dump(exclude_none=True) for m in req.messages])

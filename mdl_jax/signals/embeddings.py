@@ -285,12 +285,12 @@ class Embedder:
     def _load(self):
         if self._model is None:
             if self.backend == "torch":
-                self._model = load_model(self.load_path, self.device or "cpu")
+                self._model = load_model(self.load_path, self.device or "cpu", self._base_id)
             else:
                 from mdl_jax.signals import onnx_encoder
 
                 try:
-                    self._model = onnx_encoder.load(self.load_path, self.cache_dir, self.backend)
+                    self._model = onnx_encoder.load(self.load_path, self.cache_dir, self.backend, self._base_id)
                 except ImportError as e:
                     extra = "openvino" if self.backend.startswith("openvino") else "onnx"
                     import importlib.util

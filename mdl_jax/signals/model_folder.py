@@ -13,29 +13,52 @@ import hashlib
 import json
 from pathlib import Path
 
+_MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".txt", ".model")
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files of a model folder that define its graph and tokenizer, in sorted order: the top
+    level's (``.json``, ``.safetensors``, ``.bin``, ``.txt``, ``.model``) and those of the module
+    folders its ``modules.json`` names (``1_Pooling``, ...), links followed. Other folders (a trainer's
+    ``checkpoint-*``) are not the model's.
+
+    Raises:
+        OSError: the folder or a file cannot be listed or read.
+    """
+    if not path.is_dir():
+        return []
+    folders = [path]
+    modules = path / "modules.json"
+    if modules.is_file():
+        try:
+            listed = json.loads(modules.read_text(encoding="utf-8"))
+            folders += [path / m["path"] for m in listed if isinstance(m, dict) and m.get("path")]
+        except (ValueError, TypeError):
+            pass   # not the modules' list: sentence-transformers will say so when it loads
+    files = {f for d in folders if d.is_dir() for f in d.iterdir()
+             if f.suffix in _MODEL_SUFFIXES and f.is_file()}
+    return sorted(files)
+
 
 def folder_hash(path: Path) -> str:
-    """The content hash of a model folder, which its exported graphs are kept under
-    (``<cache_dir>/onnx/<name>-<hash>/``): a changed weight or tokenizer file gets a new export.
+    """The content hash of a model folder, which its exported graphs and its embedding cache id are
+    kept under (``<cache_dir>/onnx/<name>-<hash>/``): a changed weight or tokenizer file gets a new one.
 
     Args:
         path: a local model folder.
 
     Returns:
-        The first 16 hex digits of the sha256 over the names and bytes of the files that define the
-        graph and the tokenizer (``.json``, ``.safetensors``, ``.bin``, ``.txt``, ``.model``), in
-        sorted order.
+        The first 16 hex digits of the sha256 over the names and bytes of ``model_files``.
 
     Raises:
         OSError: a file cannot be read.
     """
     h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"):
-            h.update(str(p.relative_to(path)).encode())
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+    for p in model_files(path):
+        h.update(str(p.relative_to(path)).encode())
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()[:16]
 
 

@@ -369,9 +369,10 @@ class OnnxEncoder:
         return vecs
 
 
-def load(model_path: str, cache_dir: str | Path, backend: str):
-    """One encoder per (folder, backend) per process, shared like the torch models."""
-    key = (str(model_path), backend)
+def load(model_path: str, cache_dir: str | Path, backend: str, model_id: str | None = None):
+    """One encoder per (folder, backend, cache id) per process, shared like the torch models: a
+    folder's new version (a new ``model_id``) is loaded anew."""
+    key = (str(model_path), backend, model_id)
     with _LOCK:
         if key not in _SESSIONS:
             _SESSIONS[key] = OnnxEncoder(model_path, cache_dir, int8=backend == "onnx-int8",
