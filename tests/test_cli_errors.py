@@ -213,6 +213,8 @@ CASES = [
                  "--on-bad-row", "skip", "--embedder", "tests.gate_embedders:hashed", "--no-progress"])[1],
      "no rows to decide (3 bad rows skipped; the first: ", ["o.jsonl", "o.jsonl.parts"]),
     ("gateway-bad-upstream", lambda t: ["gateway", "--upstream", "notaurl"], "--upstream", []),
+    ("gateway-upstream-query", lambda t: ["gateway", "--upstream", "http://127.0.0.1:9/v1?api-version=1"],
+     "without ?query or #fragment, got 'http://127.0.0.1:9/v1?api-version=1'", []),
     ("gateway-embedder-missing-folder",
      lambda t: ["gateway", "--upstream", "http://127.0.0.1:9", "--embedder", f"{t}/no-model"],
      "no-model: no such model folder", []),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mdl_jax import Action
+from mdl_jax import Action, MDLConfig
 from mdl_jax.gate import MemoryGate
 from mdl_jax.prompts import CAUTION
 from tests.test_gate import CASES, _lookup
@@ -90,6 +90,25 @@ def test_components_check_their_settings_at_construction():
             make(embedder=_lookup, risk=2.0)
         with pytest.raises(ValueError, match=r"config: .*config\.json: cannot read"):
             make(embedder=_lookup, config="/nonexistent/config.json")
+
+
+@pytest.mark.parametrize("cls", [MDLDocumentCompressor, MDLNodePostprocessor, MDLGate])
+def test_a_setting_changed_after_construction_takes_effect_or_is_refused(cls):
+    """The gate was built once: a risk set later read 0.99 on the field while the gate decided with 0.2
+    (and injected where a component built with 0.99 abstains); a bad value was taken silently."""
+    mems, _ = CASES[Action.ACTIVE]
+    c = cls(embedder=_lookup, risk=0.2)
+    c.risk = 0.99
+    assert c.risk == 0.99 and c.gate.decide("q", mems).scalars["A"] == pytest.approx(0.99)
+    assert c.gate.decide("q", mems).action == cls(embedder=_lookup, risk=0.99).gate.decide("q", mems).action
+    with pytest.raises(ValueError, match=r"^risk: expected a number in \[0, 1\], got 7"):
+        c.risk = 7
+    assert c.risk == 0.99 and c.gate.decide("q", mems).scalars["A"] == pytest.approx(0.99)   # nothing changed
+    before = c.gate.decide("q", mems, risk=0.0).action
+    c.config = strict = MDLConfig(thresholds=(1.0, 1.0, 1.0))
+    after = c.gate.decide("q", mems, risk=0.0).action
+    assert after == Action.OPT_OUT != before and after == cls(embedder=_lookup, config=strict).gate.decide(
+        "q", mems, risk=0.0).action
 
 
 @pytest.mark.slow

@@ -490,6 +490,10 @@ def test_gateway_streams_with_the_decision_on_the_first_chunk(gateway):
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
             plain.choices[0].message.content
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == plain.choices[0].finish_reason
+        # include_usage: the last chunk has no choices and the usage (an abstention's: zeros, no model call)
+        counted = list(_gw(gateway, case=case, max_tokens=6, stream=True, stream_options={"include_usage": True}))
+        assert not counted[-1].choices and counted[-1].usage.total_tokens == (0 if case == "Opt-Out" else
+                                                                              plain.usage.total_tokens)
 
 
 def test_gateway_50_concurrent_requests_lose_and_mix_up_nothing(gateway):

@@ -427,6 +427,23 @@ class Hostile(BaseHTTPRequestHandler):
                       b"data: this is not json\n\ndata: [DONE]\n\n", "text/event-stream")
         elif m == "empty-sse":
             self.send(b": nothing here\n\nevent: ping\n\n", "text/event-stream")
+        elif m == "cr-sse":   # the SSE format's third line end, a lone CR
+            self.send(b'data: {"id": "c", "choices": [{"index": 0, "delta": {"content": "o"}}]}\r\r'
+                      b"data: [DONE]\r", "text/event-stream")
+        elif m == "error-first-sse":
+            self.send(b'data: {"error": {"message": "a warning"}}\n\n'
+                      b'data: {"id": "c", "choices": [{"index": 0, "delta": {"content": "o"}}]}\n\n'
+                      b"data: [DONE]\n\n", "text/event-stream")
+        elif m == "flood-sse":   # one event of 1.2 million empty data lines (7 MB, under the stream's 8 MiB)
+            self.send(b"data:\n" * 1_200_000 + b"\ndata: [DONE]\n\n", "text/event-stream")
+        elif m == "rate-limited":
+            body = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'
+            self.send_response(429)
+            for k, v in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                         ("Retry-After", "17"), ("x-ratelimit-remaining-requests", "0"), ("Set-Cookie", "s=1")):
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self.send(done + b"}")
 
@@ -506,6 +523,34 @@ def test_gateway_garbage_server_sent_events_end_in_an_openai_error_event(gateway
             events = [x[6:] for x in r.iter_lines() if x.startswith("data: ")]
         assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events
         assert "mdl" in json.loads(events[0]) or m == "empty-sse", events  # the decision went upstream
+
+
+def test_gateway_reads_every_sse_line_end_puts_the_decision_on_the_first_answer_and_bounds_an_event(gateway):
+    """A lone CR ends a line too (SSE's third line end); an upstream's error event first does not take
+    the decision away from the answer after it; a flood of empty data lines is an event over the limit
+    (each used to count 0 bytes, and summing the lines per line made one event quadratic in time)."""
+    url, _, log, _, _ = gateway
+
+    def events(m):
+        with httpx.stream("POST", url + "/chat/completions", timeout=60, json={
+                "model": m, "messages": chat(Q), "stream": True, "mdl": MDL}) as r:
+            return [json.loads(x[6:]) if x[6:] != "[DONE]" else "[DONE]" for x in r.iter_lines()
+                    if x.startswith("data: ")]
+
+    cr = events("cr-sse")
+    assert cr[-1] == "[DONE]" and cr[0]["choices"][0]["delta"]["content"] == "o" and "mdl" in cr[0], cr
+    first = events("error-first-sse")
+    assert "error" in first[0] and "mdl" not in first[0] and "mdl" in first[1] and first[2] == "[DONE]", first
+    flood = events("flood-sse")
+    assert flood[-1] == "[DONE]" and "sent an event over" in flood[-2]["error"]["message"], flood
+    assert "Traceback" not in log.read_text()
+
+
+def test_gateway_passes_an_upstream_4xx_with_its_retry_headers(gateway):
+    r = _post(gateway[0], "rate-limited")
+    assert r.status_code == 429 and r.json()["error"]["message"] == "slow down", r.text[:200]
+    assert r.headers["retry-after"] == "17" and r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "set-cookie" not in r.headers   # only what says when to come back, not the upstream's session
 
 
 def _hwm_kb(pid: int) -> int:

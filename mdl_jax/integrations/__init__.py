@@ -28,9 +28,22 @@ def decision_metadata(d: GateDecision) -> dict:
 
 
 def build_gate(embedder, risk, conflict, config, cache_dir, embed_backend="auto") -> MemoryGate:
-    """The gate behind a component's fields (built once, on first use)."""
+    """The gate behind a component's fields (built at construction, and again when one is set)."""
     return MemoryGate(embedder=embedder, risk=risk, conflict=conflict, config=config, cache_dir=cache_dir,
                       embed_backend=embed_backend)
+
+
+# The component fields the gate is built from: setting one builds the gate anew (``rebuilt_gate``), so a
+# field never says one thing while the gate decides with another.
+GATE_FIELDS = ("embedder", "risk", "conflict", "config", "cache_dir", "embed_backend")
+
+
+def rebuilt_gate(component, name: str, value) -> MemoryGate:
+    """The gate of ``component``'s fields with ``name`` set to ``value``; raises (changing nothing) where
+    ``MemoryGate`` refuses the value."""
+    fields = {f: getattr(component, f) for f in GATE_FIELDS}
+    fields[name] = value
+    return build_gate(**fields)
 
 
 METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

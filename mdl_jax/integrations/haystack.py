@@ -20,7 +20,7 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import build_gate, decision_metadata
+from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, rebuilt_gate
 
 
 @component
@@ -56,6 +56,16 @@ class MDLGate:
         self.embed_backend = embed_backend
         self.gate = build_gate(embedder, risk, conflict, config, cache_dir, embed_backend)
         self.last_decision: GateDecision | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A gate setting takes effect: the gate is built anew (and checked) before the field changes.
+        # (object's: @component makes a new class of this one, where super() without arguments fails.)
+        if name in GATE_FIELDS and getattr(self, "gate", None) is not None:
+            gate = rebuilt_gate(self, name, value)
+            object.__setattr__(self, name, value)
+            object.__setattr__(self, "gate", gate)
+            return
+        object.__setattr__(self, name, value)
 
     @component.output_types(documents=list[Document], decision=dict)
     def run(self, query: str, documents: list[Document], category: str | None = None,

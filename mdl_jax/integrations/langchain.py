@@ -23,7 +23,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision, MemoryGate
-from mdl_jax.integrations import build_gate, decision_metadata
+from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, rebuilt_gate
 from mdl_jax.signals.embeddings import Embedder
 
 
@@ -74,6 +74,15 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
         # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
         self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir,
                                  self.embed_backend)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A gate setting takes effect: the gate is built anew (and checked) before the field changes
+        if name in GATE_FIELDS and getattr(self, "_gate", None) is not None:
+            gate = rebuilt_gate(self, name, value)
+            super().__setattr__(name, value)
+            self._gate = gate
+            return
+        super().__setattr__(name, value)
 
     @property
     def gate(self) -> MemoryGate:

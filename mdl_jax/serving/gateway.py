@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import zlib
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -159,13 +160,15 @@ class Gateway:
       timeout: seconds one whole upstream call may take (default ``limits.upstream_timeout_s``).
 
     Raises:
-      ValueError: ``upstream`` is not an http(s) URL, or ``timeout`` is not a number > 0.
+      ValueError: ``upstream`` is not an http(s) base URL (a query or fragment would stand before the
+        paths the gateway appends), or ``timeout`` is not a number > 0.
     """
 
     def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float | None = None):
         u = urlsplit(upstream)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"upstream: expected an http(s) URL like http://127.0.0.1:8123/v1, got {upstream!r}")
+        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+            raise ValueError(f"upstream: expected an http(s) base URL like http://127.0.0.1:8123/v1, without "
+                             f"?query or #fragment, got {upstream!r}")
         timeout = limits.upstream_timeout_s if timeout is None else timeout
         if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
             raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
@@ -330,8 +333,10 @@ class Gateway:
         except StrictJSONError:
             obj = None
         if 400 <= r.status_code < 500:
-            if isinstance(obj, dict):
-                return JSONResponse(obj, status_code=r.status_code)
+            if isinstance(obj, dict):   # with what tells the client when to come back (a 429's Retry-After)
+                kept = {k: v for k, v in r.headers.items() if k.lower() in _PASSED_HEADERS
+                        or k.lower().startswith("x-ratelimit-")}
+                return JSONResponse(obj, status_code=r.status_code, headers=kept)
             return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
         try:
             msg = str(obj["error"]["message"])[:200]
@@ -339,6 +344,11 @@ class Gateway:
             msg = body[:200].decode("utf-8", "replace")
         return APIError(502, f"upstream {self.where} answered HTTP {r.status_code}: {msg}",
                         "upstream_error", code="upstream_error")
+
+
+# An upstream 4xx's headers the caller gets with its body (and every x-ratelimit-*): when to retry, and
+# the upstream's id of the request for its logs
+_PASSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
 
 def make_app(gw: Gateway):
@@ -427,18 +437,29 @@ def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
             "mdl": info}, headers=timing)
 
+    # stream_options.include_usage: as OpenAI streams it, "usage": null on each chunk and a last chunk
+    # of no choices carrying it (zeros: no model was called)
+    options = (req.model_extra or {}).get("stream_options")
+    usage = isinstance(options, dict) and options.get("include_usage") is True
+
     def chunk(delta, finish=None, **extra):
         return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-                    **extra})
+                    **({"usage": None} if usage else {}), **extra})
 
     async def events():
         yield chunk({"role": "assistant", "content": ""}, mdl=info)
         yield chunk({"content": text})
         yield chunk({}, "stop")
+        if usage:
+            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                       "choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
         yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, info: dict, timing: dict):
@@ -468,16 +489,18 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
             raise err
         return err
 
-    def event(data: bytes, first: bool) -> tuple[bytes, bool]:
-        """One upstream event's data → what the client gets, and whether it was [DONE]."""
+    def event(data: bytes, first: bool) -> tuple[bytes, bool, bool]:
+        """One upstream event's data → what the client gets, whether it was [DONE], and whether it
+        carries the ``mdl`` object (the first event that is not an error does)."""
         if data.strip() == b"[DONE]":
-            return sse("[DONE]"), True
+            return sse("[DONE]"), True, False
         ev = gw.parse(data, "sent an event that is not a JSON object")
         if not isinstance(ev, dict):
             raise gw.bad("sent an event that is not a JSON object")
-        if first and "error" not in ev:
+        carries = first and "error" not in ev
+        if carries:
             ev["mdl"] = info
-        return sse(ev), False
+        return sse(ev), False, carries
 
     async def arriving() -> AsyncIterator[bytes]:
         """The stream's decoded chunks until the call's deadline (then a 502 error)."""
@@ -494,32 +517,40 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
 
     async def events():
         limit_ev = gw.limits.max_event_bytes
-        buf, data, first, done = b"", [], True, False
+        # size: the bytes of the event being read, each data line and its separator (an empty data line
+        # counts 1: a flood of them is an event over the limit, not free). Lines end at CRLF, LF or CR
+        # (the SSE format's three); the buffer is read by position, so a chunk costs time linear in it.
+        buf, data, size, first, done, seen = b"", [], 0, True, False, False
         try:
             async for chunk in arriving():
                 buf += chunk
+                pos = 0
                 while not done:
-                    i = buf.find(b"\n")
-                    if i < 0:
-                        if len(buf) > limit_ev:
+                    m = _LINE_END.search(buf, pos)
+                    if m is None or (m.group() == b"\r" and m.end() == len(buf)):  # a CR may precede an LF
+                        if len(buf) - pos > limit_ev:
                             raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
                         break
-                    line, buf = buf[:i].rstrip(b"\r"), buf[i + 1:]
+                    line, pos = buf[pos:m.start()], m.end()
                     if line.startswith(b"data:"):
                         data.append(line[5:].removeprefix(b" "))
-                        if sum(map(len, data)) > limit_ev:
+                        size += len(data[-1]) + 1
+                        if size > limit_ev:
                             raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
                     elif not line and data:  # a blank line ends an event
-                        out, done = event(b"\n".join(data), first)
-                        data, first = [], False
+                        out, done, carried = event(b"\n".join(data), first)
+                        data, size, first, seen = [], 0, first and not carried, True
                         yield out
+                buf = buf[pos:]
                 if done:
                     return
+            if buf.endswith(b"\r") and buf[:-1].startswith(b"data:"):  # a last line a lone CR ended
+                data.append(buf[5:-1].removeprefix(b" "))
             if data:  # the last event without its blank line
-                out, done = event(b"\n".join(data), first)
+                out, done, _ = event(b"\n".join(data), first)
                 yield out
             if not done:
-                raise gw.bad("ended the stream without [DONE]" if not first else
+                raise gw.bad("ended the stream without [DONE]" if seen or data else
                              "ended the stream without sending an event")
         except TooLarge:
             yield sse(gw.bad(f"sent a stream over {gw.limits.max_upstream_bytes} bytes "
