@@ -46,4 +46,23 @@ def rebuilt_gate(component, name: str, value) -> MemoryGate:
     return build_gate(**fields)
 
 
+class LiveGateFields:
+    """For a pydantic component whose fields are the gate's settings and whose private ``_gate`` is the
+    gate built from them: setting a field of ``GATE_FIELDS`` builds the gate anew, checked before the
+    field changes (a refused value changes nothing)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in GATE_FIELDS and getattr(self, "_gate", None) is not None:
+            gate = rebuilt_gate(self, name, value)
+            super().__setattr__(name, value)
+            self._gate = gate
+            return
+        super().__setattr__(name, value)
+
+    @property
+    def gate(self) -> MemoryGate:
+        """The ``MemoryGate`` behind the fields."""
+        return self._gate
+
+
 METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

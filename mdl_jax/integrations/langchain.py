@@ -22,12 +22,12 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
-from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision, MemoryGate
-from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, rebuilt_gate
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.integrations import LiveGateFields, build_gate, decision_metadata
 from mdl_jax.signals.embeddings import Embedder
 
 
-class MDLDocumentCompressor(BaseDocumentCompressor):
+class MDLDocumentCompressor(LiveGateFields, BaseDocumentCompressor):
     """Keeps the retrieved documents when MDL injects them (Active / Supp), drops them otherwise.
 
     Fields are ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
@@ -75,19 +75,6 @@ class MDLDocumentCompressor(BaseDocumentCompressor):
         self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir,
                                  self.embed_backend)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # A gate setting takes effect: the gate is built anew (and checked) before the field changes
-        if name in GATE_FIELDS and getattr(self, "_gate", None) is not None:
-            gate = rebuilt_gate(self, name, value)
-            super().__setattr__(name, value)
-            self._gate = gate
-            return
-        super().__setattr__(name, value)
-
-    @property
-    def gate(self) -> MemoryGate:
-        """The ``MemoryGate`` behind the fields."""
-        return self._gate
 
     @property
     def last_decision(self) -> GateDecision | None:

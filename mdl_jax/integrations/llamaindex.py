@@ -21,12 +21,12 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import PrivateAttr
 
-from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision, MemoryGate
-from mdl_jax.integrations import GATE_FIELDS, METADATA_KEYS, build_gate, decision_metadata, rebuilt_gate
+from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
+from mdl_jax.integrations import METADATA_KEYS, LiveGateFields, build_gate, decision_metadata
 from mdl_jax.signals.embeddings import Embedder
 
 
-class MDLNodePostprocessor(BaseNodePostprocessor):
+class MDLNodePostprocessor(LiveGateFields, BaseNodePostprocessor):
     """Keeps the retrieved nodes when MDL injects them (Active / Supp), drops them otherwise.
 
     Fields: ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
@@ -75,19 +75,6 @@ class MDLNodePostprocessor(BaseNodePostprocessor):
         """LlamaIndex's name of the component (for serialisation)."""
         return "MDLNodePostprocessor"
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # A gate setting takes effect: the gate is built anew (and checked) before the field changes
-        if name in GATE_FIELDS and getattr(self, "_gate", None) is not None:
-            gate = rebuilt_gate(self, name, value)
-            super().__setattr__(name, value)
-            self._gate = gate
-            return
-        super().__setattr__(name, value)
-
-    @property
-    def gate(self) -> MemoryGate:
-        """The ``MemoryGate`` behind the fields."""
-        return self._gate
 
     @property
     def last_decision(self) -> GateDecision | None:
