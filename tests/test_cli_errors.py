@@ -215,6 +215,8 @@ CASES = [
     ("gateway-bad-upstream", lambda t: ["gateway", "--upstream", "notaurl"], "--upstream", []),
     ("gateway-upstream-query", lambda t: ["gateway", "--upstream", "http://127.0.0.1:9/v1?api-version=1"],
      "without ?query or #fragment, got 'http://127.0.0.1:9/v1?api-version=1'", []),
+    ("gateway-upstream-empty-query", lambda t: ["gateway", "--upstream", "http://127.0.0.1:9/v1?"],
+     "without ?query or #fragment, got 'http://127.0.0.1:9/v1?'", []),
     ("gateway-embedder-missing-folder",
      lambda t: ["gateway", "--upstream", "http://127.0.0.1:9", "--embedder", f"{t}/no-model"],
      "no-model: no such model folder", []),

@@ -104,6 +104,11 @@ def test_a_setting_changed_after_construction_takes_effect_or_is_refused(cls):
     with pytest.raises(ValueError, match=r"^risk: expected a number in \[0, 1\], got 7"):
         c.risk = 7
     assert c.risk == 0.99 and c.gate.decide("q", mems).scalars["A"] == pytest.approx(0.99)   # nothing changed
+    if cls is not MDLGate:   # pydantic's copy with an update gets its own gate
+        copied = c.model_copy(update={"risk": 0.3})
+        assert copied.gate.decide("q", mems).scalars["A"] == pytest.approx(0.3) and c.risk == 0.99
+        with pytest.raises(ValueError, match=r"^risk: expected a number in \[0, 1\]"):
+            c.model_copy(update={"risk": 7})
     before = c.gate.decide("q", mems, risk=0.0).action
     c.config = strict = MDLConfig(thresholds=(1.0, 1.0, 1.0))
     after = c.gate.decide("q", mems, risk=0.0).action

@@ -436,11 +436,38 @@ class Hostile(BaseHTTPRequestHandler):
                       b"data: [DONE]\n\n", "text/event-stream")
         elif m == "flood-sse":   # one event of 1.2 million empty data lines (7 MB, under the stream's 8 MiB)
             self.send(b"data:\n" * 1_200_000 + b"\ndata: [DONE]\n\n", "text/event-stream")
+        elif m == "blank-flood-sse":   # 7 MB of blank lines, no event
+            self.send(b"\n" * 7_000_000 + b"data: [DONE]\n\n", "text/event-stream")
+        elif m in ("limit-sse", "limit-plus-one-sse"):   # one data line of exactly max_event_bytes, or one more
+            n = (1 << 20) - len(b'{"choices": [], "x": ""}') + (m == "limit-plus-one-sse")
+            self.send(b'data: {"choices": [], "x": "' + b"a" * n + b'"}\n\ndata: [DONE]\n\n', "text/event-stream")
+        elif m == "error-null-sse":
+            self.send(b'data: {"id": "c", "error": null, "choices": [{"index": 0, "delta": {"content": "o"}}]}\n\n'
+                      b"data: [DONE]\n\n", "text/event-stream")
+        elif m == "split-sse":   # one event of two data lines, its CRLFs split across writes
+            parts = [b'data: {"id": "c",\r', b'\ndata: "choices": [{"index": 0, "delta": {"content": "o"}}]}\r',
+                     b"\n\r", b"\ndata: [DONE]\r", b"\n\r\n"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(sum(map(len, parts))))
+            self.end_headers()
+            for part in parts:
+                self.wfile.write(part)
+                self.wfile.flush()
+                time.sleep(0.05)
+        elif m == "rate-limited-html":
+            body = b"<html>429 Too Many Requests</html>"
+            self.send_response(429)
+            for k, v in (("Content-Type", "text/html"), ("Content-Length", str(len(body))), ("Retry-After", "5")):
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
         elif m == "rate-limited":
             body = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'
             self.send_response(429)
             for k, v in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-                         ("Retry-After", "17"), ("x-ratelimit-remaining-requests", "0"), ("Set-Cookie", "s=1")):
+                         ("Retry-After", "17"), ("Retry-After", "18"), ("x-ratelimit-remaining-requests", "0"),
+                         ("Set-Cookie", "s=1")):
                 self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
@@ -543,14 +570,26 @@ def test_gateway_reads_every_sse_line_end_puts_the_decision_on_the_first_answer_
     assert "error" in first[0] and "mdl" not in first[0] and "mdl" in first[1] and first[2] == "[DONE]", first
     flood = events("flood-sse")
     assert flood[-1] == "[DONE]" and "sent an event over" in flood[-2]["error"]["message"], flood
+    blank = events("blank-flood-sse")
+    assert "lines that are no event" in blank[-2]["error"]["message"], blank
+    exact, over = events("limit-sse"), events("limit-plus-one-sse")   # the limit counts the event's data
+    assert "mdl" in exact[0] and exact[1] == "[DONE]", exact[0].keys()
+    assert "sent an event over" in over[-2]["error"]["message"], over
+    split = events("split-sse")   # a CR that ends a write and the LF that opens the next are one line end
+    assert split[0]["choices"][0]["delta"]["content"] == "o" and "mdl" in split[0] and split[1] == "[DONE]", split
+    null = events("error-null-sse")   # {"error": null} is an answer's chunk: it carries the decision
+    assert "mdl" in null[0] and null[-1] == "[DONE]", null
     assert "Traceback" not in log.read_text()
 
 
 def test_gateway_passes_an_upstream_4xx_with_its_retry_headers(gateway):
     r = _post(gateway[0], "rate-limited")
     assert r.status_code == 429 and r.json()["error"]["message"] == "slow down", r.text[:200]
-    assert r.headers["retry-after"] == "17" and r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert r.headers["retry-after"] == "17" and r.headers["x-ratelimit-remaining-requests"] == "0"   # the first value
     assert "set-cookie" not in r.headers   # only what says when to come back, not the upstream's session
+    html = _post(gateway[0], "rate-limited-html")   # a proxy's text body: OpenAI's shape, the status and header kept
+    assert html.status_code == 429 and html.headers["retry-after"] == "5", html.text[:200]
+    assert html.json()["error"]["type"] == "rate_limit_error", html.text[:200]
 
 
 def _hwm_kb(pid: int) -> int:

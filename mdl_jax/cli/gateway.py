@@ -22,7 +22,7 @@ def _upstream(s: str) -> str:
     from urllib.parse import urlsplit
 
     u = urlsplit(s)
-    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+    if u.scheme not in ("http", "https") or not u.hostname or "?" in s or "#" in s:
         # a query or fragment would end up before the paths the gateway appends (/chat/completions)
         raise argparse.ArgumentTypeError(f"expected an http(s) base URL like http://127.0.0.1:8123/v1, without "
                                          f"?query or #fragment, got {s!r}")

@@ -59,6 +59,14 @@ class LiveGateFields:
             return
         super().__setattr__(name, value)
 
+    def model_copy(self, *, update=None, deep: bool = False):
+        """Pydantic's copy; one whose ``update`` sets a gate setting gets its own gate, built from its
+        fields (pydantic's copy takes neither ``__setattr__`` nor validation: it would share this gate)."""
+        copy = super().model_copy(update=update, deep=deep)  # type: ignore[misc]
+        if update and set(update) & set(GATE_FIELDS):
+            copy._gate = build_gate(**{f: getattr(copy, f) for f in GATE_FIELDS})
+        return copy
+
     @property
     def gate(self) -> MemoryGate:
         """The ``MemoryGate`` behind the fields."""

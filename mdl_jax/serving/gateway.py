@@ -166,7 +166,7 @@ class Gateway:
 
     def __init__(self, gate, upstream: str, limits: Limits = LIMITS, timeout: float | None = None):
         u = urlsplit(upstream)
-        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        if u.scheme not in ("http", "https") or not u.hostname or "?" in upstream or "#" in upstream:
             raise ValueError(f"upstream: expected an http(s) base URL like http://127.0.0.1:8123/v1, without "
                              f"?query or #fragment, got {upstream!r}")
         timeout = limits.upstream_timeout_s if timeout is None else timeout
@@ -326,18 +326,22 @@ class Gateway:
             raise self.bad(what)
         return out
 
-    def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | Response:
+    def upstream_status(self, r: httpx.Response, body: bytes) -> APIError | JSONResponse:
         """An upstream error answer: 4xx back to the caller as it was (its fault); else 502."""
         try:
             obj = strict_json(body, self.limits.max_json_depth)
         except StrictJSONError:
             obj = None
         if 400 <= r.status_code < 500:
-            if isinstance(obj, dict):   # with what tells the client when to come back (a 429's Retry-After)
-                kept = {k: v for k, v in r.headers.items() if k.lower() in _PASSED_HEADERS
-                        or k.lower().startswith("x-ratelimit-")}
-                return JSONResponse(obj, status_code=r.status_code, headers=kept)
-            return APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}")
+            # with what tells the client when to come back (a 429's Retry-After): a header's first value
+            kept: dict[str, str] = {}
+            for k, v in r.headers.multi_items():
+                if k.lower() in _PASSED_HEADERS or k.lower().startswith("x-ratelimit-"):
+                    kept.setdefault(k.lower(), v)
+            if not isinstance(obj, dict):   # a text or HTML body (a proxy's): OpenAI's shape, the status kept
+                obj = APIError(r.status_code, f"upstream {self.where}: HTTP {r.status_code}",
+                               "rate_limit_error" if r.status_code == 429 else "invalid_request_error").body()
+            return JSONResponse(obj, status_code=r.status_code, headers=kept)
         try:
             msg = str(obj["error"]["message"])[:200]
         except (KeyError, TypeError):
@@ -497,7 +501,7 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
         ev = gw.parse(data, "sent an event that is not a JSON object")
         if not isinstance(ev, dict):
             raise gw.bad("sent an event that is not a JSON object")
-        carries = first and "error" not in ev
+        carries = first and ev.get("error") is None   # {"error": null} is an answer's chunk
         if carries:
             ev["mdl"] = info
         return sse(ev), False, carries
@@ -517,35 +521,49 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
 
     async def events():
         limit_ev = gw.limits.max_event_bytes
-        # size: the bytes of the event being read, each data line and its separator (an empty data line
-        # counts 1: a flood of them is an event over the limit, not free). Lines end at CRLF, LF or CR
-        # (the SSE format's three); the buffer is read by position, so a chunk costs time linear in it.
-        buf, data, size, first, done, seen = b"", [], 0, True, False, False
+        # Lines end at CRLF, LF or a lone CR (the SSE format's three). The buffer is read by position and
+        # each byte is scanned once, so a chunk costs time linear in its size. ``size``: the current
+        # event's data as it will be joined (its lines and the LFs between them); ``junk``: the bytes of
+        # the other lines since the last event (comments, ids, blank lines): each bounded by
+        # ``max_event_bytes``, so no flood of lines stalls the loop. A CR that ends a chunk ends its line
+        # at once; an LF that opens the next chunk is then its pair, not a blank line.
+        buf, pos, look = bytearray(), 0, 0
+        data: list[bytes] = []
+        size = junk = 0
+        first, done, seen, after_cr = True, False, False, False
         try:
             async for chunk in arriving():
                 buf += chunk
-                pos = 0
+                if after_cr and len(buf) > pos:
+                    pos, after_cr = pos + (buf[pos:pos + 1] == b"\n"), False
+                    look = max(look, pos)
                 while not done:
-                    m = _LINE_END.search(buf, pos)
-                    if m is None or (m.group() == b"\r" and m.end() == len(buf)):  # a CR may precede an LF
-                        if len(buf) - pos > limit_ev:
+                    m = _LINE_END.search(buf, look)
+                    if m is None:
+                        look = len(buf)
+                        pending = len(buf) - pos - len(b"data: ")   # the least the unfinished line adds
+                        if pending > 0 and size + (1 if data else 0) + pending > limit_ev:
                             raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
                         break
-                    line, pos = buf[pos:m.start()], m.end()
+                    line, pos = bytes(buf[pos:m.start()]), m.end()
+                    look, after_cr = pos, m.group() == b"\r" and pos == len(buf)
                     if line.startswith(b"data:"):
                         data.append(line[5:].removeprefix(b" "))
-                        size += len(data[-1]) + 1
+                        size += len(data[-1]) + (1 if len(data) > 1 else 0)
                         if size > limit_ev:
                             raise gw.bad(f"sent an event over {limit_ev} bytes (the gateway's limit)")
                     elif not line and data:  # a blank line ends an event
                         out, done, carried = event(b"\n".join(data), first)
-                        data, size, first, seen = [], 0, first and not carried, True
+                        data, size, junk, first, seen = [], 0, 0, first and not carried, True
                         yield out
-                buf = buf[pos:]
+                    else:
+                        junk += len(line) + 1
+                        if junk > limit_ev:
+                            raise gw.bad(f"sent over {limit_ev} bytes of lines that are no event (the gateway's limit)")
+                del buf[:pos]
+                look, pos = look - pos, 0
                 if done:
                     return
-            if buf.endswith(b"\r") and buf[:-1].startswith(b"data:"):  # a last line a lone CR ended
-                data.append(buf[5:-1].removeprefix(b" "))
             if data:  # the last event without its blank line
                 out, done, _ = event(b"\n".join(data), first)
                 yield out
