@@ -87,8 +87,16 @@ class Calibration(NamedTuple):
 
 @jax.jit
 def grid_counts(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax.Array:
-    """How many records 'adopt iff C_final ≥ θ' agrees with the labels on, for every θ in ``grid``:
-    (G,) int32 (int64 under x64; exact below 2**31 records)."""
+    """How many records 'adopt iff C_final ≥ θ' agrees with the labels on, for every θ in ``grid``.
+
+    Args:
+      C_final: (N,) the records' C_final.
+      adopt: (N,) binary oracle labels.
+      grid: (G,) thresholds θ.
+
+    Returns:
+      (G,) int32 counts (int64 under x64; exact below 2**31 records).
+    """
     # Counted from one sort instead of a (G, N) comparison matrix (3.9 GB more at N = 10^6, G = 1001):
     # records with C_final < θ are a prefix of the sorted order, found by searchsorted; the adopt labels'
     # cumulative count over that order splits the prefix by label. Memory is O(N + G), and the counts

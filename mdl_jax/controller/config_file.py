@@ -265,12 +265,13 @@ def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = N
     if note:
         d["note"] = note
     text = _dumps(d) + "\n"
+    data = text.encode("utf-8")
     # The file is read back here before it is written: what load_config would refuse (a note past
     # MAX_BYTES, a static number past MAX_NUMBER_CHARS, ...) is an error now, not a file that fails later.
     try:
-        if len(text.encode("utf-8")) > MAX_BYTES:
-            raise ConfigFileError(f"{len(text.encode('utf-8'))} bytes; a config file is at most {MAX_BYTES} bytes")
-        config_from_bytes(text.encode("utf-8"), source="the file to write")
+        if len(data) > MAX_BYTES:
+            raise ConfigFileError(f"{len(data)} bytes; a config file is at most {MAX_BYTES} bytes")
+        config_from_bytes(data, source="the file to write")
     except ConfigFileError as e:
         raise ValueError(f"save_config: not written, load_config would refuse it: {e}") from None
     return write_text(Path(path), text)

@@ -103,11 +103,11 @@ def _missing(c) -> bool:
 
 def _category_text(c) -> str:
     # The preset's category: a missing one is "no category" (the table's default)
-    if not isinstance(c, str) and _missing(c):
+    if isinstance(c, str):
+        return c
+    if _missing(c):
         return ""
-    if not isinstance(c, str):
-        raise ValueError(f"category: expected a string or None for the 'truthfulqa' risk preset, got {c!r}")
-    return c
+    raise ValueError(f"category: expected a string or None for the 'truthfulqa' risk preset, got {c!r}")
 
 
 def _make_risk(risk) -> Callable[[str, str | None], float]:

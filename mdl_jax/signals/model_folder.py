@@ -22,6 +22,12 @@ def model_files(path: Path) -> list[Path]:
     folders its ``modules.json`` names (``1_Pooling``, ...), links followed. Other folders (a trainer's
     ``checkpoint-*``) are not the model's.
 
+    Args:
+        path: a local model folder.
+
+    Returns:
+        The files' paths under ``path`` (empty when ``path`` is not a folder).
+
     Raises:
         OSError: the folder or a file cannot be listed or read.
     """
