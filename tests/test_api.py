@@ -432,20 +432,33 @@ def test_half_precision_signals_decide_exactly_as_float32_on_the_same_values(dty
 
 
 @pytest.mark.parametrize("kernel", ["native", "pure_jax"])
-def test_nan_signal_is_opt_out_on_every_path_when_unvalidated(kernel, monkeypatch):
+@pytest.mark.parametrize("theta2", [0.2, 0.0], ids=["default-thresholds", "theta2-zero"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_nan_or_infinite_signal_is_opt_out_on_every_path_when_unvalidated(kernel, theta2, bad, monkeypatch):
+    # θ2 = 0: the pure-JAX path reads a NaN v_meta's norm as 0, so C_final = 0 ≥ θ2 said Silent before
+    # the rule; an infinite signal reached the most trusting action on the native kernel.
     if kernel == "pure_jax":
         monkeypatch.setenv(native.ENV_SWITCH, "0")
     elif toolchain.compiler() is None or not native.load():
         pytest.skip("no native kernel on this machine")
-    x = np.array([np.nan, 0.5, 0.9, 0.1, 0.5] * 7, np.float32)  # 35: two full blocks and a tail
+    cfg = MDLConfig(thresholds=(0.6, 0.4, theta2))
+    engine = "native" if kernel == "native" else "jax"
+    x = np.array([bad, 0.5, 0.9, 0.1, 0.5] * 7, np.float32)  # 35: two full blocks and a tail
     M, R, A = x, np.roll(x, 1), np.roll(x, 2)
-    out = decide(M, R, A, validate=False, engine="native" if kernel == "native" else "jax")
-    nan_any = np.isnan(M) | np.isnan(R) | np.isnan(A)
-    assert np.all(np.asarray(out.action)[nan_any] == Action.OPT_OUT)
-    ref = decide(np.where(nan_any, 0.5, M), np.where(nan_any, 0.5, R), np.where(nan_any, 0.5, A))
-    np.testing.assert_array_equal(np.asarray(out.action)[~nan_any], np.asarray(ref.action)[~nan_any])
-    assert int(decide(np.nan, 0.5, 0.5, validate=False).action) == Action.OPT_OUT
-    assert int(decide(float("nan"), 0.5, 0.5, MDLConfig(), validate=False).action) == Action.OPT_OUT
+    out = decide(M, R, A, cfg, validate=False, engine=engine)
+    bad_any = ~(np.isfinite(M) & np.isfinite(R) & np.isfinite(A))
+    assert np.all(np.asarray(out.action)[bad_any] == Action.OPT_OUT)
+    ref = decide(np.where(bad_any, 0.5, M), np.where(bad_any, 0.5, R), np.where(bad_any, 0.5, A), cfg)
+    np.testing.assert_array_equal(np.asarray(out.action)[~bad_any], np.asarray(ref.action)[~bad_any])
+    # the read-out of such a record is the pure-JAX path's on every engine: C = α = C_final = ‖v_meta‖ = 0
+    for f in ("C", "alpha", "C_final", "norm"):
+        assert np.all(np.asarray(getattr(out, f))[bad_any] == 0.0), f
+    for i in range(3):
+        one = [0.5, 0.5, 0.5]
+        one[i] = float(bad)
+        assert int(decide(*one, cfg, validate=False, engine=engine).action) == Action.OPT_OUT
+        assert int(decide(*map(np.float32, one), cfg, validate=False, engine=engine).action) == Action.OPT_OUT
+        assert int(decide_one(*map(jnp.float32, one), cfg).action) == Action.OPT_OUT
 
 
 def test_64_bit_integer_signals_are_not_wrapped_to_int32():

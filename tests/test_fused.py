@@ -78,11 +78,14 @@ def test_fused_kernel_matches_decide_one_for_drawn_configs(sigma, eps, gains, ga
     _assert_parity(fused.decide(*x, cfg, interpret=True, block=128), _plain(*x, cfg), cfg)
 
 
-def test_a_nan_signal_is_opt_out_on_the_fused_kernel():
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_a_nan_or_infinite_signal_is_opt_out_on_the_fused_kernel(bad):
     x = _signals(128)
-    x[0, 7], x[1, 8], x[2, 9] = np.nan, np.nan, np.nan
-    act = np.asarray(fused.decide(*x, MDLConfig(), interpret=True, block=128).action)
-    assert np.all(act[7:10] == 3)
+    x[0, 7], x[1, 8], x[2, 9] = bad, bad, bad
+    for theta2 in (0.2, 0.0):   # C_final 0 on θ2 = 0 is Opt-Out too (decide_one's rule)
+        act = np.asarray(fused.decide(*x, MDLConfig(thresholds=(0.6, 0.4, theta2)), interpret=True,
+                                      block=128).action)
+        assert np.all(act[7:10] == 3)
 
 
 def test_packed_config_rows_are_the_weight_matrices_of_eq1():

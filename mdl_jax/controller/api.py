@@ -316,8 +316,8 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
         argument and its first bad index). ``validate=False`` skips only these value checks, for
         callers that checked already: dtype and shape are still checked. For values outside [0, 1]
         the output is then unspecified (any action; fields may be non-finite) but has the shapes
-        and dtypes below, with one exception that every engine keeps: a NaN in any signal gives
-        ``Action.OPT_OUT``, the safe action.
+        and dtypes below, with one exception that every engine keeps: a NaN or ±inf in any signal
+        gives ``Action.OPT_OUT``, the safe action, whatever the config's thresholds.
       engine: "jax" (default): the pure-JAX program, on any backend, for any input (traced, float64).
         "native": the CPU kernel of ``mdl_jax.engines.native`` (concrete float32 signals, D = 16,
         JAX's CPU backend; built with the system C++ compiler on first use); it answers with NumPy

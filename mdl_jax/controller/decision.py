@@ -35,7 +35,7 @@ class Action(enum.IntEnum):
       ACTIVE: 0, C_final ≥ θ0: inject the memories.
       SUPP: 1, θ0 > C_final ≥ θ1: inject them with a caution instruction.
       SILENT: 2, θ1 > C_final ≥ θ2: answer without the memories.
-      OPT_OUT: 3, C_final < θ2 (or a NaN signal): abstain explicitly, no model call.
+      OPT_OUT: 3, C_final < θ2 (or a NaN or ±inf signal): abstain explicitly, no model call.
     """
 
     ACTIVE = 0    # inject the memories
@@ -210,7 +210,12 @@ def decide_one(M: jax.Array, R: jax.Array, A: jax.Array, cfg: MDLConfig) -> Deci
     v_meta, v_wm, g_A = fuse(M, R, A, cfg)
     C, alpha, n = read_out(v_meta, v_wm, cfg)
     C_final = gate(C, alpha, cfg)
-    return Decision(act(C_final, cfg), C, alpha, C_final, v_meta, energies(v_meta, cfg), n, g_A)
+    # A NaN or ±inf signal is Opt-Out, the safe action, whatever the config: safe_norm reads the NaN
+    # v_meta such a signal gives as a norm of 0, so C_final is 0, which a θ2 of 0 would call Silent
+    # (and a config whose weights keep an infinite signal's v_meta finite could call it anything).
+    finite = jnp.isfinite(M) & jnp.isfinite(R) & jnp.isfinite(A)
+    action = jnp.where(finite, act(C_final, cfg), jnp.int32(Action.OPT_OUT))
+    return Decision(action, C, alpha, C_final, v_meta, energies(v_meta, cfg), n, g_A)
 
 
 def soft_action_probs(C_final, cfg: MDLConfig, temperature=0.02) -> jax.Array:

@@ -13,8 +13,11 @@ the same ``SweepResult``, equal to one process sweeping all the records (integer
     res = distributed.sweep(M_mine, R_mine, A_mine, grid, adopt=adopt_mine)   # arrays: each its own rows
 
 Sums travel as raw bytes (int64 and float64 viewed as uint32 words), so they cross processes exactly
-without JAX's 64-bit mode. A process that fails (bad input) before the collective leaves the others
-waiting in it: check inputs on every process the same way (they are, when all read the same file).
+without JAX's 64-bit mode. Before the sums, every process says how its own part went in one small
+collective (``agree``): where one process met bad input in its rows (a value out of range in its row
+groups), every process raises, the others with a ``ValueError`` naming that process and its error,
+instead of waiting in a collective it never joins; sums of different sizes (processes that were given
+different configs, resamples or weight vectors) are refused the same way.
 """
 
 from __future__ import annotations
@@ -43,6 +46,55 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
 
 
+# One process's status in ``agree``: a failed flag, its sums' size in words, and its error's text.
+_STATUS_WORDS = 128
+_STATUS_ERRORS = (ValueError, TypeError, ImportError, OSError)
+
+
+def agree(compute):
+    """``compute()`` on this process, then one collective in which every process says whether its
+    call failed and how large its sums are, so that all go on to ``combine`` or all raise.
+
+    Args:
+      compute: the process's own part, returning a tuple whose first item is its reducer state.
+
+    Returns:
+      What ``compute`` returned, once every process's part succeeded with sums of one size.
+
+    Raises:
+      The process's own error where its part failed; elsewhere a ``ValueError`` naming the first
+      failed process and its error, or saying that the processes' sums differ in size.
+    """
+    from jax.experimental import multihost_utils
+
+    try:
+        out, err = compute(), None
+    except _STATUS_ERRORS as e:
+        out, err = None, e
+    status = np.zeros(_STATUS_WORDS, np.uint32)
+    text = b"" if err is None else f"{type(err).__name__}: {err}".encode()[:(_STATUS_WORDS - 3) * 4]
+    status[0] = err is not None
+    status[1] = 0 if err is not None else _words(out[0]).size
+    status[2] = len(text)
+    status.view(np.uint8)[12:12 + len(text)] = np.frombuffer(text, np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(status, tiled=False)).reshape(-1, _STATUS_WORDS)
+    if err is not None:
+        raise err
+    for p, row in enumerate(every):
+        if row[0]:
+            said = row.view(np.uint8)[12:12 + int(row[2])].tobytes().decode("utf-8", "replace")
+            raise ValueError(f"process {p} of {len(every)} failed on its share, so no process can combine "
+                             f"the sums: {said}")
+    if len({int(row[1]) for row in every}) != 1:
+        raise ValueError("configs: the processes' sums differ in size (processes given different configs, "
+                         "bootstrap resamples or weight vectors); every process must pass the same")
+    return out
+
+
+def _words(state: dict) -> np.ndarray:
+    return np.concatenate([np.ascontiguousarray(state[k]).reshape(-1).view(np.uint32) for k in sorted(state)])
+
+
 def combine(state: dict) -> dict:
     """Every process's reducer state (``passes.Reducer.state``) summed, in process order: the same
     dict on every process. One ``process_allgather`` of the states' bytes."""
@@ -50,7 +102,7 @@ def combine(state: dict) -> dict:
 
     keys = sorted(state)
     arrays = [np.ascontiguousarray(state[k]) for k in keys]
-    words = np.concatenate([a.reshape(-1).view(np.uint32) for a in arrays])
+    words = _words(state)
     every = np.asarray(multihost_utils.process_allgather(words, tiled=False)).reshape(-1, words.size)
     out, at = {}, 0
     for k, a in zip(keys, arrays):
@@ -71,8 +123,9 @@ def sweep(M, R, A, configs, *, adopt=None, weights=None, record_chunk: int = REC
     processes' rows, on every process. With one process it is ``sweep``."""
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call once per batch")
-    state, w2d, batched, _ = _sw.sweep_state(M, R, A, configs, adopt=adopt, weights=weights,
-                                             record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape)
+    state, w2d, batched, _ = agree(lambda: _sw.sweep_state(
+        M, R, A, configs, adopt=adopt, weights=weights, record_chunk=record_chunk, engine=engine,
+        mesh_shape=mesh_shape))
     return result_from_state(combine(state), has_adopt=adopt is not None, w2d=w2d, batched=batched)
 
 
@@ -85,11 +138,15 @@ def sweep_parquet(path, configs, *, columns: dict | None = None, bootstrap: int 
     the split does not change the weights)."""
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call once per batch")
-    pf, _ = _stream.open_parquet(path, columns)
-    share = _stream.row_group_share(pf, jax.process_index(), jax.process_count())
-    state, w2d, batched, has_adopt = _stream.parquet_state(
-        path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
-        engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
+
+    def mine():
+        pf, _ = _stream.open_parquet(path, columns)
+        share = _stream.row_group_share(pf, jax.process_index(), jax.process_count())
+        return _stream.parquet_state(
+            path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
+            engine=engine, mesh_shape=mesh_shape, progress=progress, row_groups=share)
+
+    state, w2d, batched, has_adopt = agree(mine)
     state = combine(state)
     _stream.check_resamples(state, bootstrap, columns)
     return _stream.finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)

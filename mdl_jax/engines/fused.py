@@ -326,9 +326,9 @@ def _controller(m, r, a, mat_ref, vec_ref, scal_ref, st: Structure, outputs: boo
     C_final = C * (sc(_G_A) + _decision.uncontracted(sc(_G_B) * alpha)) if st.alpha_gating else C
     action = (3 - (C_final >= sc(_TH0)).astype(jnp.int32) - (C_final >= sc(_TH1)).astype(jnp.int32)
               - (C_final >= sc(_TH2)).astype(jnp.int32))
-    # A NaN signal is Opt-Out, as on the pure-JAX path; Triton's min/max drop NaN (minnum), so the
-    # lanes are caught at the input, as the native kernel does.
-    action = jnp.where((m != m) | (r != r) | (a != a), 3, action)
+    # A NaN or ±inf signal is Opt-Out, as decide_one rules; Triton's min/max drop NaN (minnum), so the
+    # lanes are caught at the input, as the native kernel does (x − x is NaN exactly for NaN and ±inf).
+    action = jnp.where(((m - m) != (m - m)) | ((r - r) != (r - r)) | ((a - a) != (a - a)), 3, action)
     if not outputs:
         return C_final, action
     if st.qr:

@@ -14,7 +14,7 @@ names callers use, re-exported from the modules that do one job each:
   native_sweep.py  the sweep engine: configs × records in one kernel call per pass
 
 The kernel computes what ``decision.decide_one`` computes (tests/test_native.py: every float within
-2e-6 of the pure-JAX engine, NaN → Opt-Out alike); the engine answers with NumPy arrays. It runs
+2e-6 of the pure-JAX engine, NaN and ±inf → Opt-Out alike); the engine answers with NumPy arrays. It runs
 concrete float32 signals with a config of D = 16 on JAX's CPU backend; anything else (traced input,
 float64, D ≠ 16, a GPU backend) is the pure-JAX engine's (``why_not`` says which). A call of at most
 ``SMALL_CALL`` records runs inline on the caller's thread through ctypes, NumPy to NumPy, without

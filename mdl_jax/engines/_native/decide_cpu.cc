@@ -246,7 +246,7 @@ __attribute__((always_inline)) inline void fuse(const Params& P, const Prep& q, 
 
   // Stage 1, value encoding: v_k[j] = s_k + exp(-(s_k - c_j)² / 2σ²), as 2^(k2·d²) (see exp2_v). The
   // clamp at 2^-126 keeps the exponent bits finite (σ small, or an unvalidated s far outside [0, 1])
-  // and turns a NaN signal into a finite number (such lanes are Opt-Out, see decide_block).
+  // and turns a NaN or ±inf signal into a finite number (such lanes are Opt-Out, see decide_block).
   vf v[3][D];
   if (flags & kValueEncoding) {
     const vf k2 = splat(q.k2), lo = splat(-126.0f);
@@ -367,18 +367,26 @@ void decide_block(const Params& P, const Prep& q, int64_t flags, const float* Mp
   Fused f;
   fuse(P, q, flags, s, f);
   const vf* vm = f.vm;
-  const vf sq = f.sq, n = f.n, gA = f.gA;
+  const vf sq = f.sq, gA = f.gA;
+  vf n = f.n;
   const vf zero = splat(0.0f), one = splat(1.0f);
   // C (eq. 2), gate and action.
   vf C = vmax(vmin((n - P.n_min) / (P.n_max - P.n_min), one), zero);
-  const vf alpha = f.alpha;
+  vf alpha = f.alpha;
   vf Cf = (flags & kAlphaGating) ? gate_v(C, P.g_a, P.g_b, alpha) : C;
   // Comparisons give -1 (true) / 0 per lane, so 3 + Σ (Cf ≥ θ_k) counts down from Opt-Out.
   vi act = 3 + (Cf >= P.theta[0]) + (Cf >= P.theta[1]) + (Cf >= P.theta[2]);
-  // A NaN signal is Opt-Out, as on the pure-JAX path (where NaN reaches C_final and fails every
-  // threshold). Here the clamps before exp2_v and tanh_v's select turn NaN into finite numbers before C_final,
-  // so the lanes are caught at the input (decide(..., validate=False) documents this promise).
-  act = (s[0] != s[0]) | (s[1] != s[1]) | (s[2] != s[2]) ? vi{} + 3 : act;
+  // A NaN or ±inf signal is Opt-Out, as decide_one rules (decide(..., validate=False) documents the
+  // promise), with the C, α, C_final and ‖v_meta‖ of 0 that the pure-JAX path reads off the NaN v_meta
+  // such a signal gives. Here the clamps before exp2_v and tanh_v's select turn such values into finite
+  // numbers first, so the lanes are caught at the input: s − s is NaN exactly for NaN and ±inf.
+  const vi bad = ((s[0] - s[0]) != (s[0] - s[0])) | ((s[1] - s[1]) != (s[1] - s[1])) |
+                 ((s[2] - s[2]) != (s[2] - s[2]));
+  act = bad ? vi{} + 3 : act;
+  C = bad ? zero : C;
+  alpha = bad ? zero : alpha;
+  Cf = bad ? zero : Cf;
+  n = bad ? zero : n;
 
   // Lemma 1 attribution: energy of v_meta in each subspace = squared norm of its basis coordinates.
   vf e[3];
