@@ -553,3 +553,140 @@ def test_kernel_build_writes_library_and_record_atomically(good_library, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.so", "k.so.sha256"]  # no temporaries left
     assert toolchain.elf_complete(out.read_bytes())
     assert not any(toolchain.elf_complete(lib_bytes[:n]) for n in (64, 4_000, len(lib_bytes) - 1))
+
+
+# --- the library cache: only this user's folder, only regular files, only complete libraries ------------
+
+
+_TINY = 'extern "C" int MdlTiny() { return 7; }\n'
+
+
+@pytest.fixture
+def tiny_source(tmp_path):
+    """A one-function C++ source: builds in well under a second (skipped without a compiler)."""
+    if toolchain.compiler() is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "tiny.cc"
+    src.write_text(_TINY)
+    return src
+
+
+def _tiny_flags():
+    return ["-O1", "-shared", "-fPIC"]
+
+
+def _fake_compiler(tmp_path, body: str) -> str:
+    script = tmp_path / "fake-cxx"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_linked_cache_folder_is_judged_by_the_folder_it_leads_to(tiny_source, tmp_path):
+    # A cache shared through a link works when the folder it leads to is this user's alone (made so);
+    # a link to a folder someone else owns is refused before anything is read or built there.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o777)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "native").symlink_to(elsewhere)
+    out = tmp_path / "cache" / "native" / "tiny.so"
+    lib = toolchain.load_library(out, lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
+    assert lib.MdlTiny() == 7 and elsewhere.stat().st_mode & 0o022 == 0 and (elsewhere / "tiny.so").is_file()
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return   # handing a folder to another user takes root
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    (tmp_path / "cache2").mkdir()
+    (tmp_path / "cache2" / "native").symlink_to(theirs)
+    with pytest.raises(native.NativeBuildError, match=r"native library cache .*belongs to another user"):
+        toolchain.load_library(tmp_path / "cache2" / "native" / "tiny.so",
+                               lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
+    assert list(theirs.iterdir()) == []
+
+
+def test_a_group_writable_cache_folder_is_made_private_before_use(tiny_source, tmp_path):
+    folder = tmp_path / "native"
+    folder.mkdir()
+    folder.chmod(0o777)
+    lib = toolchain.load_library(folder / "tiny.so", lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
+    assert lib.MdlTiny() == 7 and folder.stat().st_mode & 0o022 == 0
+
+
+def test_a_record_that_is_not_text_or_not_a_file_is_not_verified_and_never_waited_on(tiny_source, tmp_path):
+    out = toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny.so")
+    assert toolchain.verified(out)
+    record = toolchain.record_path(out)
+    record.write_bytes(b"\xff\xfe garbage\n")     # not UTF-8: "not verified", no UnicodeDecodeError
+    assert not toolchain.verified(out)
+    record.unlink()
+    os.mkfifo(record)                               # a FIFO: read it and the process waits forever
+    proc = subprocess.run([sys.executable, "-c", "import sys, pathlib; from mdl_jax.engines import toolchain; "
+                           "print(toolchain.verified(pathlib.Path(sys.argv[1])))", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+    record.unlink()
+    record.symlink_to(tmp_path / "elsewhere.sha256")   # a link is not followed, even to the right text
+    (tmp_path / "elsewhere.sha256").write_bytes(toolchain._record(out.read_bytes()))
+    assert not toolchain.verified(out)
+    # and the library is rebuilt over them: the link replaced, its target untouched
+    toolchain.load_library(out, lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
+    assert toolchain.verified(out) and not record.is_symlink()
+    assert (tmp_path / "elsewhere.sha256").read_bytes() == toolchain._record(out.read_bytes())
+
+
+def test_a_cut_short_library_under_a_matching_record_is_not_verified(tiny_source, tmp_path):
+    # A record rewritten to match a truncated library (a cache "repaired" by hand): loading it would be
+    # SIGBUS on the first call into a missing page, so the ELF check runs at load time too.
+    out = toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny.so")
+    short = out.read_bytes()[:2000]
+    out.write_bytes(short)
+    toolchain.record_path(out).write_bytes(toolchain._record(short))
+    assert not toolchain.verified(out)
+
+
+def test_a_compiler_that_leaves_no_library_is_a_one_line_error(tiny_source, tmp_path, monkeypatch):
+    garbage = _fake_compiler(tmp_path, 'while [ "$1" != "-o" ]; do shift; done; printf garbage > "$2"\n')
+    monkeypatch.setenv("CXX", garbage)
+    with pytest.raises(native.NativeBuildError, match=r"^the C\+\+ compiler \(fake-cxx\) left no complete library"):
+        toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny.so")
+    failing = _fake_compiler(tmp_path, 'echo "tiny.cc:1:1: note: in this file" >&2\n'
+                             'echo "tiny.cc:2:5: error: expected something" >&2\necho "1 error" >&2\nexit 1\n')
+    monkeypatch.setenv("CXX", failing)
+    with pytest.raises(native.NativeBuildError) as e:
+        toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny.so")
+    assert str(e.value) == ("the C++ compiler failed (fake-cxx tiny.cc, exit 1): tiny.cc:2:5: error: "
+                            "expected something")
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == []   # nothing left behind
+
+
+def test_cxx_is_the_compiler_command_as_a_shell_splits_it(tiny_source, tmp_path, monkeypatch):
+    log = tmp_path / "wrapper.log"
+    real = toolchain.compiler()
+    wrapper = _fake_compiler(tmp_path, f'echo "$@" >> {log}\nexec "$@"\n')   # as ccache: CXX="ccache g++"
+    monkeypatch.setenv("CXX", f"{wrapper} {real}")
+    assert toolchain.compiler() == f"{wrapper} {real}"
+    out = toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny.so")
+    assert toolchain.verified(out) and real in log.read_text()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert toolchain.compiler() is None   # never another compiler behind the user's back
+    with pytest.raises(native.NativeBuildError, match=r"\$CXX is '.*no-such-compiler', which names no program"):
+        toolchain.compile_library(tiny_source, _tiny_flags(), tmp_path / "native" / "tiny2.so")
+
+
+def test_a_killed_builds_temporaries_are_removed_by_the_next_build(tiny_source, tmp_path):
+    import time
+
+    folder = tmp_path / "native"
+    folder.mkdir()
+    old_dir, old_file, fresh = folder / ".tiny.so.x1.tmp", folder / "tmpab12.so", folder / ".tiny.so.x2.tmp"
+    old_dir.mkdir()
+    (old_dir / "tiny.so").write_bytes(b"half")
+    old_file.write_bytes(b"half")
+    fresh.mkdir()   # a build running now, in another process: not touched
+    hour_ago = time.time() - 2 * 3600
+    for p in (old_dir, old_file):
+        os.utime(p, (hour_ago, hour_ago))
+    toolchain.compile_library(tiny_source, _tiny_flags(), folder / "tiny.so")
+    assert sorted(p.name for p in folder.iterdir()) == [".tiny.so.x2.tmp", "tiny.so", "tiny.so.sha256"]

@@ -36,7 +36,14 @@ import jax
 
 from mdl_jax._paths import default_cache_dir
 from mdl_jax.engines import cpu
-from mdl_jax.engines.toolchain import ENV_SWITCH, NativeBuildError, compile_library, compiler, enabled, verified
+from mdl_jax.engines.toolchain import (
+    ENV_SWITCH,
+    NativeBuildError,
+    compile_library,
+    compiler,
+    enabled,
+    load_library,
+)
 
 TARGET = "mdl_decide_f32"
 SWEEP_TARGET = "mdl_sweep_f32"
@@ -92,16 +99,7 @@ def load() -> bool:
         try:
             variant = cpu.isa()
             path = library_path()
-            if not verified(path):
-                # Missing, cut short, foreign, or from before records existed: never load it.
-                build(path)
-            try:
-                lib = ctypes.cdll.LoadLibrary(str(path))
-            except OSError:
-                # Complete but not loadable here (e.g. copied from another machine): rebuild it once
-                # before giving up.
-                build(path)
-                lib = ctypes.cdll.LoadLibrary(str(path))
+            lib = load_library(path, lambda out: build(out))
             _register(lib, TARGET, SWEEP_TARGET)
             _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
         except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
@@ -157,9 +155,7 @@ def load_variant(variant: str) -> dict:
         if variant not in cpu.available_isas():
             raise NativeBuildError(f"the {variant} variant does not run on this CPU ({platform.machine()})")
         path = library_path(variant=variant)
-        if not verified(path):
-            build(path, variant)
-        lib = ctypes.cdll.LoadLibrary(str(path))
+        lib = load_library(path, lambda out: build(out, variant))
         d, w = f"{TARGET}_{variant}", f"{SWEEP_TARGET}_{variant}"
         _register(lib, d, w)
         _VARIANTS[variant] = {"lib": lib, "path": str(path), "decide": d, "sweep": w,

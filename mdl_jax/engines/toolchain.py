@@ -17,16 +17,20 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
+import stat
 import struct
 import subprocess
-import tempfile
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from mdl_jax._paths import default_cache_dir
+from mdl_jax._io import CLOEXEC, NOFOLLOW, atomic_path, write_bytes
+from mdl_jax._paths import ENV_CACHE, default_cache_dir, own_folder
 
 ENV_SWITCH = "MDL_JAX_NATIVE"
 
@@ -42,11 +46,29 @@ def enabled() -> bool:
 
 
 def compiler() -> str | None:
-    """The C++ compiler the builds use: ``$CXX``, else g++, c++ or clang++ on the PATH; None if none."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
+    """The C++ compiler command the builds use, as one string: ``$CXX`` where it is set (split as a
+    shell would, so ``ccache g++`` works; its program must be on the PATH, else None: a ``$CXX`` that
+    names nothing is not replaced by another compiler behind the user's back), else g++, c++ or
+    clang++ on the PATH; None if none."""
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        try:
+            words = shlex.split(cxx)
+        except ValueError:
+            return None
+        program = shutil.which(words[0]) if words else None
+        return shlex.join([program, *words[1:]]) if program else None
+    for name in ("g++", "c++", "clang++"):
+        if shutil.which(name):
             return shutil.which(name)
     return None
+
+
+def _no_compiler() -> str:
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        return f"$CXX is {cxx!r}, which names no program on the PATH"
+    return "no C++ compiler found (tried $CXX, g++, c++, clang++)"
 
 
 def record_path(lib: Path) -> Path:
@@ -54,23 +76,53 @@ def record_path(lib: Path) -> Path:
     return lib.with_name(lib.name + ".sha256")
 
 
-def _record(data: bytes) -> str:
-    return f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
+def _record(data: bytes) -> bytes:
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode()
+
+
+# A record is one short line; a library is a few hundred KB. Nothing larger is read into memory.
+_RECORD_MAX = 256
+_LIBRARY_MAX = 256 << 20
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of the regular file at ``path``; None for anything else (missing, unreadable, a
+    symbolic link, which is not followed, a FIFO or device, which is not waited on) or anything over
+    ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
 
 
 def verified(lib: Path) -> bool:
-    """True when ``lib`` is exactly the library its build recorded (size and sha256).
+    """True when ``lib`` is exactly the library its build recorded (size and sha256) and a complete one.
 
     Loading a library that was cut short maps pages past the end of the file (see the module's
     docstring), so a library is loaded only after its bytes match the record that its build wrote
-    after finishing; it is hashed once per process.
+    after finishing; it is hashed once per process. A record or library that is not a regular file
+    (a link, a FIFO) or cannot be read is "not verified": the library is built again.
     """
-    try:
-        want = record_path(lib).read_text()
-        data = lib.read_bytes()
-    except OSError:
-        return False
-    return want == _record(data)
+    want = _read_regular(record_path(lib), _RECORD_MAX)
+    data = None if want is None else _read_regular(lib, _LIBRARY_MAX)
+    return data is not None and want == _record(data) and library_complete(data)
 
 
 def elf_complete(data: bytes) -> bool:
@@ -92,11 +144,67 @@ def elf_complete(data: bytes) -> bool:
     return True
 
 
+def library_complete(data: bytes) -> bool:
+    """A library this platform can load whole: on Linux an ELF file (``elf_complete``); elsewhere
+    (Mach-O, PE) only not empty."""
+    if sys.platform.startswith("linux"):
+        return data[:4] == b"\x7fELF" and elf_complete(data)
+    return bool(data) and elf_complete(data)
+
+
+def cache_folder(folder: Path) -> Path:
+    """``folder`` (made if missing) checked as a folder of this user's alone: a library in it is code
+    this process runs, and a record beside it proves only that the two agree, so whoever could write
+    there could run code here (``mdl_jax._paths.own_folder``). A link at ``folder`` (a cache shared
+    between checkouts) is judged by the folder it leads to: who can write that is what matters.
+
+    Raises:
+      NativeBuildError: the folder (where a link leads) is not a folder, is another user's, or cannot
+        be made.
+    """
+    try:
+        return own_folder(folder.resolve() if folder.is_symlink() else folder,
+                          what=f"the native library cache (${ENV_CACHE}/native)")
+    except ValueError as e:
+        raise NativeBuildError(str(e)) from None
+
+
+# A build takes at most the compiler's timeout (``compile_library``'s); temporaries older than this
+# were left by a build that was killed, and are removed by the next build in the folder.
+_STALE_S = 3600
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    now = time.time()
+    for p in folder.iterdir():
+        name = p.name
+        if not ((name.startswith(".") and name.endswith(".tmp")) or (name.startswith("tmp") and ".so" in name)):
+            continue
+        try:
+            st = os.lstat(p)
+            if now - st.st_mtime < _STALE_S:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except OSError:
+            continue  # another build removed it first
+
+
+def _compiler_error(stderr: str) -> str:
+    # the compiler's first line that names an error (else its last line), for a one-line message
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no output")
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
 def compile_library(source: Path, flags: list[str], out: Path) -> Path:
     """Compile the C++ ``source`` with ``flags`` into the shared library ``out``, atomically, with its
     size/sha256 record beside it.
 
-    Both files are written under temporary names and renamed into place, so ``out`` is only ever a
+    The compiler writes into a fresh private folder (``mdl_jax._io.atomic_path``: no one can plant a
+    name there), and the library and its record are renamed into place, so ``out`` is only ever a
     complete library or absent. The record is renamed first: a library whose record is missing or
     stale (a concurrent build, a crash between the renames) fails ``verified`` and is rebuilt,
     never loaded.
@@ -104,43 +212,52 @@ def compile_library(source: Path, flags: list[str], out: Path) -> Path:
     Args:
       source: the C++ file.
       flags: the compiler's flags (optimisation, ISA, include folders).
-      out: where the library goes; its folder is made if missing.
+      out: where the library goes; its folder is made if missing and must be this user's alone
+        (``cache_folder``).
 
     Returns:
       ``out``.
 
     Raises:
-      NativeBuildError: no compiler, the compiler failed, or it left an incomplete library.
+      NativeBuildError: no compiler, the folder is not this user's alone, the compiler failed, or it
+        left an incomplete library.
     """
     cxx = compiler()
     if cxx is None:
-        raise NativeBuildError("no C++ compiler found (tried $CXX, g++, c++, clang++)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    tmp_record = tmp + ".sha256"
-    cmd = [cxx, *flags, "-o", tmp, str(source)]
-    try:
+        raise NativeBuildError(_no_compiler())
+    cache_folder(out.parent)
+    _remove_stale_temporaries(out.parent)
+    with atomic_path(out) as tmp:
+        cmd = [*shlex.split(cxx), *flags, "-o", str(tmp), str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:
-            raise NativeBuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-        data = Path(tmp).read_bytes()
-        if not elf_complete(data):
-            raise NativeBuildError(f"{' '.join(cmd)} left an incomplete library ({len(data)} bytes; "
-                                   "is the disk full?)")
-        with open(tmp_record, "w") as f:
-            f.write(_record(data))
-            f.flush()
-            os.fsync(f.fileno())
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())  # the bytes are on disk before either name points at them
-        os.replace(tmp_record, record_path(out))
-        os.replace(tmp, out)
-    finally:
-        for t in (tmp, tmp_record):
-            if os.path.exists(t):
-                os.unlink(t)
+            raise NativeBuildError(f"the C++ compiler failed ({Path(cmd[0]).name} {source.name}, exit "
+                                   f"{proc.returncode}): {_compiler_error(proc.stderr)}")
+        data = _read_regular(tmp, _LIBRARY_MAX) or b""
+        if not library_complete(data):
+            raise NativeBuildError(f"the C++ compiler ({Path(cmd[0]).name}) left no complete library "
+                                   f"({len(data)} bytes; is the disk full?)")
+        write_bytes(record_path(out), _record(data))
     return out
+
+
+def load_library(path: Path, build: Callable[[Path], Path]) -> ctypes.CDLL:
+    """The library at ``path``, loaded only when its folder is this user's alone (``cache_folder``) and
+    its bytes match the record its build wrote (``verified``); ``build(path)`` makes it first when they
+    do not (missing, cut short, foreign), and once more when a complete library does not load here
+    (built on another machine).
+
+    Raises:
+      NativeBuildError: as ``cache_folder`` and ``build``; OSError: it does not load even when built.
+    """
+    cache_folder(path.parent)
+    if not verified(path):
+        build(path)
+    try:
+        return ctypes.cdll.LoadLibrary(str(path))
+    except OSError:
+        build(path)
+        return ctypes.cdll.LoadLibrary(str(path))
 
 
 def source_library_path(source: Path, flags: list[str], stem: str, cache_dir: Path | None = None) -> Path:
@@ -153,10 +270,9 @@ def source_library_path(source: Path, flags: list[str], stem: str, cache_dir: Pa
 
 def load_source_library(source: Path, flags: list[str], path: Path) -> ctypes.CDLL:
     """The library at ``path`` (``source_library_path``), built from ``source`` first unless its bytes
-    match the record its build wrote (``verified``): a missing, cut-short or foreign file is never loaded."""
-    if not verified(path):
-        compile_library(source, flags, path)
-    return ctypes.cdll.LoadLibrary(str(path))
+    match the record its build wrote (``load_library``): a missing, cut-short or foreign file is never
+    loaded."""
+    return load_library(path, lambda out: compile_library(source, flags, out))
 
 
 def load_once(state: dict, lock: threading.Lock, load: Callable[[], dict], what: str, fallback: str) -> bool:
