@@ -682,6 +682,89 @@ def test_a_cache_whose_pages_are_damaged_is_set_aside_by_the_read_that_meets_it(
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]) == 1
 
 
+def test_a_link_at_the_cache_file_or_a_planted_file_is_not_opened(tmp_path):
+    """A symbolic link at ``embeddings.sqlite`` would have SQLite create or write a database wherever it
+    points; another user's file in a folder others may write could hold any vectors. Neither is
+    opened: the process caches in memory, with a warning that says why."""
+    import os
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"")
+    for target in (victim, tmp_path / "made-elsewhere.db"):
+        folder = tmp_path / f"cache-{target.name}"
+        folder.mkdir()
+        (folder / "embeddings.sqlite").symlink_to(target)
+        with pytest.warns(RuntimeWarning, match="it is a symbolic link .*in memory only"):
+            c = EmbeddingCache(folder / "embeddings.sqlite")
+        c.put("m", ["hello"], np.ones((1, 4), np.float32))
+        assert len(c.get("m", ["hello"])) == 1   # still a working cache, in memory
+    assert victim.read_bytes() == b"" and not (tmp_path / "made-elsewhere.db").exists()
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return   # handing a file to another user takes root
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)   # like /tmp: anyone may create names in it
+    planted = EmbeddingCache(shared / "embeddings.sqlite")
+    planted.put("m", ["hello"], np.full((1, 4), 9.0, np.float32))
+    planted.close()
+    os.chown(shared / "embeddings.sqlite", 65534, 65534)
+    with pytest.warns(RuntimeWarning, match="belongs to another user .* in a folder others may write"):
+        c = EmbeddingCache(shared / "embeddings.sqlite")
+    assert c.get("m", ["hello"]) == {}
+
+
+def test_a_missing_cache_folder_is_made_private(tmp_path):
+    import os
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    old = os.umask(0)
+    try:
+        EmbeddingCache(tmp_path / "a" / "b" / "embeddings.sqlite").close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700 and (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+
+
+def test_setting_a_damaged_cache_aside_never_sets_aside_the_one_rebuilt_in_its_place(tmp_path, monkeypatch):
+    """Two processes meet the same damaged file: the first sets it aside and builds a new one; the
+    second, whose open failed on the old file, must go on with the new one, not set it aside too (its
+    rows would be lost)."""
+    import warnings
+
+    from mdl_jax.signals import embedding_cache as ec
+
+    db = tmp_path / "embeddings.sqlite"
+    db.write_bytes(b"not a database, " * 512)
+    real_open = ec.EmbeddingCache._open_writable
+    state = {"first": True}
+
+    def open_then_lose_the_race(self):
+        if state.pop("first", False):
+            try:
+                return real_open(self)
+            except ec.sqlite3.DatabaseError:
+                # meanwhile the other process sets the damaged file aside and builds a healthy one
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    other = ec.EmbeddingCache(tmp_path / "other.sqlite")
+                other.put("m", ["kept"], np.ones((1, 4), np.float32))
+                other.close()
+                db.rename(tmp_path / "embeddings.sqlite.corrupt-by-the-other")
+                (tmp_path / "other.sqlite").rename(db)
+                raise
+        return real_open(self)
+
+    monkeypatch.setattr(ec.EmbeddingCache, "_open_writable", open_then_lose_the_race)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # nothing of ours is set aside: no warning
+        c = ec.EmbeddingCache(db)
+    assert len(c.get("m", ["kept"])) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == ["embeddings.sqlite.corrupt-by-the-other"]
+
+
 def _read_only(folder):
     """Make ``folder`` unwritable to this process (as root, whom modes do not stop: immutable);
     returns the undo, or skips where neither can be done."""
@@ -901,3 +984,17 @@ def test_a_model_folder_that_cannot_be_read_is_a_model_load_error(tmp_path, monk
     with pytest.raises(ModelLoadError, match=r"^embedder: .*model: cannot read the model folder to key its cache "
                                              r"\(PermissionError: .*vocab\.txt"):
         resolve_model(str(folder))
+
+
+def test_two_folders_whose_files_concatenate_alike_hash_apart(tmp_path):
+    # {config.json, vocab.txt} against one config.json holding both files' names and bytes: a hash
+    # over names and bytes run together could not tell them apart (another model's vectors served)
+    from mdl_jax.signals.model_folder import folder_hash
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "config.json").write_text('{"x": 1}')
+    (a / "vocab.txt").write_text("hello")
+    (b / "config.json").write_text('{"x": 1}vocab.txthello')
+    assert folder_hash(a) != folder_hash(b)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -52,7 +54,11 @@ class EmbeddingCache:
     A damaged file (not a database, or one whose pages are malformed: overwritten, truncated) is set
     aside as ``embeddings.sqlite.corrupt-<UTC time>-<pid>`` (its ``-wal`` and ``-shm`` with it) with a
     RuntimeWarning naming both, and a new cache is built in its place, when it is opened or whenever a
-    read or a write meets the damage: its vectors are embedded again, never served wrong or failed on.
+    read or a write meets the damage: its vectors are embedded again, never failed on. (That is the
+    damage SQLite detects: it keeps no checksum of a row's bytes, so a bit flipped inside a stored
+    vector is served as it is; a row of the wrong size is never served.) A symbolic link at the file's
+    name, or another user's file in a folder others may write, is not opened (the vectors are cached
+    in memory, with a RuntimeWarning saying why); missing folders are made ours alone (mode 0700).
     A cache this process cannot write (a read-only folder or file, a read-only mount, another
     account's) is opened read-only: its vectors are read as before and new ones are not stored (one
     RuntimeWarning says so). Where there is neither, the vectors are cached in memory for the process.
@@ -72,16 +78,22 @@ class EmbeddingCache:
     # -- opening, and what to do with a damaged or unwritable file ------------------------------------
     def _open(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _make_private_folders(self.path.parent)
         except OSError:
             pass  # a folder that cannot be made: nothing to read either, see below
+        untrusted = _untrusted(self.path)
+        if untrusted:
+            return self._in_memory(untrusted)
         for _ in range(2):
+            # the file as it was when it failed to open: only that one is set aside, never one that
+            # another process built in its place meanwhile
+            seen = _inode(self.path)
             try:
                 return self._open_writable()
             except sqlite3.DatabaseError as e:
                 code = _sqlite_code(e)
                 if code in _SQLITE_CORRUPT:
-                    if self._set_aside(e):
+                    if self._set_aside(e, seen):
                         continue  # a new file in its place
                     return self._in_memory(f"it is damaged ({e}) and cannot be set aside")
                 if code not in _SQLITE_NO_WRITE:
@@ -90,7 +102,8 @@ class EmbeddingCache:
         return self._in_memory("it is damaged again after being rebuilt")
 
     def _open_writable(self) -> sqlite3.Connection:
-        db = sqlite3.connect(str(self.path), check_same_thread=False)
+        # nofollow: a link put at the name after the check above is refused, not written through
+        db = sqlite3.connect(f"file:{quote(str(self.path))}?nofollow=1", uri=True, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives the process being killed (resumable runs), not a power cut
@@ -111,12 +124,11 @@ class EmbeddingCache:
     def _open_read_only(self, why: BaseException) -> sqlite3.Connection:
         """The cache as it is, read-only (``mode=ro``; ``immutable=1`` where SQLite cannot make the
         WAL's shared-memory file beside it either); in memory where there is nothing to read."""
-        from urllib.parse import quote
-
         if not self.path.is_file():
             return self._in_memory(f"it cannot be created ({why})")
         for mode in ("mode=ro", "mode=ro&immutable=1"):
-            db = sqlite3.connect(f"file:{quote(str(self.path))}?{mode}", uri=True, check_same_thread=False)
+            db = sqlite3.connect(f"file:{quote(str(self.path))}?{mode}&nofollow=1", uri=True,
+                                 check_same_thread=False)
             try:
                 names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 if not {"emb", "dims"} <= names:
@@ -144,8 +156,9 @@ class EmbeddingCache:
         db.execute("CREATE TABLE dims (model TEXT PRIMARY KEY, dim INTEGER)")
         return db
 
-    def _set_aside(self, err: BaseException) -> bool:
-        """Move the damaged file (and its WAL files) aside; False where it cannot be moved."""
+    def _set_aside(self, err: BaseException, seen: tuple[int, int] | None) -> bool:
+        """Move the damaged file (and its WAL files) aside, if the name still holds ``seen`` (the file
+        found damaged); False where it cannot be moved."""
         import time
         import warnings
 
@@ -154,7 +167,7 @@ class EmbeddingCache:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
                                     f"-{os.getpid()}")
         # another process may have set it aside and built a new one already: that one is not touched
-        if getattr(self, "_inode", None) is not None and _inode(self.path) != self._inode:
+        if seen is not None and _inode(self.path) != seen:
             return True
         try:
             os.rename(self.path, aside)
@@ -177,7 +190,7 @@ class EmbeddingCache:
         with a new one; other errors are raised as they are."""
         if _sqlite_code(err) not in _SQLITE_CORRUPT:
             raise err
-        if self._inode is None or not self._set_aside(err):
+        if self._inode is None or not self._set_aside(err, self._inode):
             if getattr(self, "_db", None) is not None:
                 self._db.close()
             self._db = self._in_memory(f"it is damaged ({err}) and cannot be set aside")
@@ -261,6 +274,32 @@ class EmbeddingCache:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _make_private_folders(folder: Path) -> None:
+    # missing folders are made ours alone (mode 0700), as mdl_jax._paths.own_folder makes them
+    for p in [*reversed(folder.parents), folder]:
+        if not os.path.lexists(p):
+            p.mkdir(mode=0o700, exist_ok=True)
+
+
+def _untrusted(path: Path) -> str | None:
+    """Why the database at ``path`` must not be opened, or None: a symbolic link at its name (SQLite
+    would write through it), or a file of another user's in a folder that others than its owner may
+    write (anyone could have put it there, with any vectors). Another user's file in a folder only
+    they may write is a shared read-only cache, and is read."""
+    try:
+        st = os.lstat(path)
+        folder = os.stat(path.parent)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link (remove it and a new cache is made)"
+    mine = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+    if not mine and (folder.st_mode & 0o022 or folder.st_uid != st.st_uid):
+        return (f"it belongs to another user (uid {st.st_uid}) in a folder others may write, so anyone "
+                "could have planted its vectors; use a cache folder of your own")
+    return None
 
 
 def _inode(path: Path) -> tuple[int, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 _MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".txt", ".model")
@@ -54,15 +55,20 @@ def folder_hash(path: Path) -> str:
         path: a local model folder.
 
     Returns:
-        The first 16 hex digits of the sha256 over the names and bytes of ``model_files``.
+        The first 16 hex digits of the sha256 over the names and bytes of ``model_files``, each
+        prefixed by its length.
 
     Raises:
         OSError: a file cannot be read.
     """
     h = hashlib.sha256()
     for p in model_files(path):
-        h.update(str(p.relative_to(path)).encode())
+        # each name and each file's bytes prefixed by its length: without, a file whose bytes end in
+        # the next file's name and bytes would hash like the two of them
+        name = str(p.relative_to(path)).encode()
+        h.update(len(name).to_bytes(8, "little") + name)
         with open(p, "rb") as f:
+            h.update(os.fstat(f.fileno()).st_size.to_bytes(8, "little"))
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()[:16]
