@@ -235,6 +235,56 @@ def test_two_processes_through_jax_distributed_equal_one_process(records, tmp_pa
             at += n
 
 
+BAD_SHARE_WORKER = (
+    "import sys\n"
+    "from mdl_jax.controller import distributed\n"
+    "pid, port, path, case = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]\n"
+    "distributed.initialize(f'127.0.0.1:{port}', num_processes=2, process_id=pid, initialization_timeout=60)\n"
+    "from mdl_jax import config_grid\n"
+    "grid = config_grid(g_a=[0.1, 0.5, 0.9][:3 - pid] if case == 'configs' else [0.1, 0.5])\n"
+    "try:\n"
+    "    distributed.sweep_parquet(path, grid, engine='jax')\n"
+    "except ValueError as e:\n"
+    "    print('ValueError:', e); sys.exit(3)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["bad row", "configs"])
+def test_a_process_failing_on_its_share_fails_every_process_in_one_line(records, tmp_path, case):
+    """A value out of range in the second process's row groups (or processes given different configs):
+    the failing process raised and the other waited in the sums' collective until a timeout killed
+    it (or gloo aborted the job in C++); now every process raises a ValueError that says why."""
+    _, M, R, A, adopt, _ = records
+    path = tmp_path / "bad.parquet"
+    M = M.copy()
+    if case == "bad row":
+        M[-5] = 2.0   # in the last row group: the second process's share
+    _write(path, M, R, A, adopt)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", BAD_SHARE_WORKER, str(i), str(port), str(path), case],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        res = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    said = [out.strip().splitlines()[-1] if out.strip() else err[-2000:] for out, err in res]
+    assert [p.returncode for p in procs] == [3, 3], said
+    if case == "bad row":
+        assert said[1] == f"ValueError: M: expected values in [0, 1]; row {len(M) - 5} has 2.0"
+        assert said[0].startswith("ValueError: process 1 of 2 failed on its share") and "row" in said[0]
+    else:
+        assert all("the processes' sums differ in size" in x for x in said), said
+
+
 def test_sweep_command_writes_one_csv_row_per_config_equal_to_sweep_parquet(records, tmp_path, capsys):
     from mdl_jax.cli import main
 

@@ -3,6 +3,9 @@ bootstrap weights equal explicit resampling, clear errors, and the same result s
 bound, huge integer weights, corrupt Parquet pages and the ``sweep`` command under hostile input."""
 
 
+import re
+from pathlib import Path
+
 import jax
 import numpy as np
 import pyarrow as pa
@@ -403,6 +406,57 @@ def test_sweep_command_failing_leaves_no_output_folder_behind(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_sweep_command_never_writes_over_its_own_input(tmp_path, cli):
+    # --out naming RECORDS (or a link to it) renamed the CSV over the Parquet file, then read it again
+    # for the row count: the data gone and a pyarrow traceback
+    import shutil
+
+    path = _parquet(tmp_path / "r.parquet", 50)
+    keep = path.read_bytes()
+    (tmp_path / "link.parquet").symlink_to(path)
+    cfg = tmp_path / "base.json"
+    from mdl_jax import MDLConfig, save_config
+
+    save_config(MDLConfig(), cfg)
+    for out, what in ((path, "RECORDS"), (tmp_path / "link.parquet", "RECORDS"), (cfg, "--config")):
+        rc, _, err = cli(["sweep", path, "--grid", "g_a=0.5", "--config", cfg, "--out", out])
+        assert rc == 2 and err.strip().splitlines() == [
+            f"mdl-jax: error: --out {str(out)!r} is the {what} file; it would be replaced by the output"]
+    assert path.read_bytes() == keep and (tmp_path / "link.parquet").is_symlink()
+    shutil.copy(path, tmp_path / "copy.parquet")   # a copy is another file: written as asked
+    assert cli(["sweep", path, "--grid", "g_a=0.5", "--out", tmp_path / "copy.parquet"])[0] == 0
+
+
+def test_sweep_command_refuses_a_device_or_fifo_as_out(tmp_path, cli):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path = _parquet(tmp_path / "r.parquet", 20)
+    for out in (fifo, "/dev/null"):
+        rc, _, err = cli(["sweep", path, "--grid", "g_a=0.5", "--out", out])
+        assert rc == 2 and "is not a regular file" in err and len(err.strip().splitlines()) == 1, err
+    assert fifo.is_fifo() and Path("/dev/null").is_char_device()
+
+
+def test_sweep_command_printing_to_a_full_disk_is_one_line(tmp_path, cli, monkeypatch):
+    import errno
+    import sys
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    path = _parquet(tmp_path / "r.parquet", 20)
+    monkeypatch.setattr(sys, "stdout", Full())
+    from mdl_jax.cli import main
+
+    assert main(["sweep", str(path), "--grid", "g_a=0.5"]) == 2
+
+
 def test_sweep_command_refuses_a_grid_too_large_for_memory_in_one_line(tmp_path, capsys):
     # --grid g_a=0:1:100000 --grid g_b=0:1:100000 (10^10 configs) died in a 74.5 GiB MemoryError
     # traceback; a COUNT of 10^9 allocated 8 GB at parse time.
@@ -477,3 +531,100 @@ def test_a_grid_of_bias_vectors_of_the_wrong_length_names_bias_and_d():
     with pytest.raises(ValueError, match=r"^bias: expected scalars or vectors of D = 16 values, got shape \(1, 5\)"):
         config_grid(MDLConfig(), bias=[np.zeros(5)])
     assert config_grid(MDLConfig(), bias=[np.zeros(16), np.ones(16)]).bias.shape == (2, 16)
+
+
+# --- weights at float64's edges, batches of the wrong shape, grids that contradict themselves -------------
+
+
+def test_subnormal_and_tiny_weights_give_the_results_of_the_same_weights_scaled_up():
+    # 1e-310: the per-vector scale 2^1030 was inf, and every result NaN
+    rng = np.random.default_rng(4)
+    M, R, A = rng.uniform(size=(3, 500)).astype(np.float32)
+    adopt = rng.uniform(size=500) < 0.5
+    grid = config_grid(g_a=[0.3, 0.8])
+    for w in (np.full(500, 1e-310), rng.uniform(size=500) * 1e-300):
+        got = sweep(M, R, A, grid, adopt=adopt, weights=w)
+        want = sweep(M, R, A, grid, adopt=adopt, weights=w / w.max())
+        np.testing.assert_allclose(got.accuracy, want.accuracy, rtol=1e-6)
+        np.testing.assert_allclose(got.mean_C_final, want.mean_C_final, rtol=1e-6)
+        np.testing.assert_allclose(got.counts / got.total, want.counts / want.total, rtol=1e-5)
+
+
+def test_a_weight_column_whose_total_overflows_is_an_error_naming_it(tmp_path):
+    # sweep refused such weights; sweep_parquet answered NaN and inf (and the command exited 0)
+    r = np.random.default_rng(0)
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"M": r.random(100), "R": r.random(100), "A": r.random(100),
+                             "w": np.full(100, 1e307)}), path)
+    with pytest.raises(ValueError, match=r"^weight: the weights' total overflows float64"):
+        sweep_parquet(path, config_grid(g_a=[0.5]), columns={"weight": "w"})
+
+
+def test_a_damaged_page_with_a_checksum_is_an_error_not_other_counts(tmp_path):
+    r = np.random.default_rng(1)
+    path = tmp_path / "crc.parquet"
+    pq.write_table(pa.table({"M": r.random(4000), "R": r.random(4000), "A": r.random(4000)}), path,
+                   write_page_checksum=True, compression="NONE")
+    data = bytearray(path.read_bytes())
+    at = data.find(np.float64(pq.read_table(path).column("M")[2000].as_py()).tobytes())
+    assert at > 0
+    data[at + 3] ^= 0x10   # one bit of one value inside M's page: still a number in [0, 1]
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"row group 0 cannot be read; the file is damaged .*(CRC|checksum)"):
+        sweep_parquet(path, config_grid(g_a=[0.5]))
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("thresholds", np.tile([0.6, 0.4], (3, 1)), "thresholds: expected 3 values per config of the batch, got shape (3, 2)"),
+    ("gains", np.ones((3, 4)), "gains: expected 3 values per config of the batch, got shape (3, 4)"),
+])
+@pytest.mark.parametrize("engine", ["jax", "native"])
+def test_a_batch_leaf_of_the_wrong_length_is_named(field, value, said, engine):
+    # a (K, 2) thresholds ran silently with wrong actions; a (K, 4) gains failed deep in the program
+    from mdl_jax.controller.batches import with_leaves
+    from mdl_jax.controller.config import NUMERIC_FIELDS
+
+    grid = config_grid(g_a=[0.3, 0.5, 0.7])
+    batch = with_leaves(grid, {**{f: getattr(grid, f) for f in NUMERIC_FIELDS}, field: value})
+    x = np.full((3, 10), 0.5, np.float32)
+    with pytest.raises(ValueError, match=re.escape(said)):
+        sweep(*x, batch, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["jax", "native"])
+def test_a_batch_with_python_list_leaves_sweeps_as_with_arrays(engine):
+    from mdl_jax.controller.batches import with_leaves
+    from mdl_jax.controller.config import NUMERIC_FIELDS
+
+    grid = config_grid(g_a=[0.3, 0.5, 0.7])
+    leaves = {f: getattr(grid, f) for f in NUMERIC_FIELDS}
+    listed = with_leaves(grid, {**leaves, "sigma": [0.2, 0.3, 0.4]})
+    arrays = with_leaves(grid, {**leaves, "sigma": np.array([0.2, 0.3, 0.4], np.float32)})
+    x = np.random.default_rng(2).uniform(size=(3, 300)).astype(np.float32)
+    np.testing.assert_array_equal(sweep(*x, listed, engine=engine).counts, sweep(*x, arrays, engine=engine).counts)
+
+
+def test_a_grid_with_a_component_and_its_whole_field_is_refused():
+    # one axis silently overrode the other: configs labelled g_a = 0.5 that were not
+    for kw in (dict(gate_coeffs=[(0.3, 0.7), (0.1, 0.9)], g_a=[0.5]), dict(theta0=[0.6], thresholds=[(0.7, 0.4, 0.2)])):
+        with pytest.raises(ValueError, match="a component and its whole field in one grid"):
+            config_grid(**kw)
+    assert config_grid(g_a=[0.5], g_b=[0.2, 0.3]).sigma.shape == (2,)   # two components of one field: fine
+
+
+def test_a_grid_past_the_machines_memory_is_refused_before_allocating(monkeypatch):
+    from mdl_jax.controller import batches
+
+    monkeypatch.setattr(batches, "_physical_memory", lambda: 1 << 30)
+    with pytest.raises(ValueError, match=r"^axes: 10,000,000 configs .* need about 3\.7 GiB to build, over this "
+                                         r"machine's 1\.0 GiB"):
+        config_grid(sigma=np.linspace(0.1, 1, 10_000), g_a=np.linspace(0, 1, 1_000))
+
+
+def test_no_weight_vectors_and_stacked_batches_are_errors_naming_the_argument():
+    x = np.full((3, 8), 0.5, np.float32)
+    with pytest.raises(ValueError, match=r"^weights: expected shape \(W, 8\) with W ≥ 1"):
+        sweep(*x, config_grid(g_a=[0.5]), weights=np.zeros((0, 8)))
+    grid = config_grid(g_a=[0.3, 0.5])
+    with pytest.raises(ValueError, match=r"^configs\[0\]: expected a single config, got a batch of 2"):
+        stack_configs([grid, grid])

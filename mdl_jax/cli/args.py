@@ -112,6 +112,11 @@ def _creatable(text: str, want_dir: bool) -> str:
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
         if not want_dir and p.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file path")
+        if not want_dir and not p.is_file():
+            # a device or FIFO (/dev/null, /dev/stdout) would be replaced by a regular file, as every
+            # output is written to a fresh name and renamed over its path
+            raise argparse.ArgumentTypeError(f"{text!r} is not a regular file (a device, FIFO or socket is "
+                                             "never replaced; leave out the option to print, or name a file)")
         if not os.access(p, os.W_OK):
             raise argparse.ArgumentTypeError(f"{text!r} is not writable")
         return text
@@ -134,6 +139,37 @@ def out_dir(text: str) -> str:
 def out_file(text: str) -> str:
     """An output file that can be written (checked, not created)."""
     return _creatable(text, False)
+
+
+def refuse_same_file(out: str | None, **inputs: str | None) -> None:
+    """A ``CommandError`` when the output file ``out`` is one of the command's input files (the same
+    file, through any link): writing it would replace the input before, or while, it is read.
+
+    Args:
+      out: the output path, or None (no file output).
+      inputs: {what the input is called on the command line: its path, or None}.
+    """
+    import os
+
+    if not out or not os.path.exists(out):
+        return
+    for name, path in inputs.items():
+        if path and os.path.exists(path) and os.path.samefile(out, path):
+            raise CommandError(f"--out {out!r} is the {name} file; it would be replaced by the output")
+
+
+def write_stdout(text: str) -> None:
+    """``text`` to standard output, flushed: a refusal (a full disk, a closed pipe) is one
+    ``OutputError`` line, not a traceback."""
+    import sys
+
+    from mdl_jax._io import OutputError
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise OutputError("<standard output>", e) from None
 
 
 def config_file(text: str) -> str:

@@ -25,6 +25,7 @@ from mdl_jax.cli.args import (
     existing_file,
     out_dir,
     positive_int,
+    write_stdout,
 )
 
 
@@ -106,5 +107,5 @@ def run(args) -> int:
         if isinstance(e, UnicodeError):
             raise
         raise CommandError(str(e)) from None
-    print(report)
+    write_stdout(f"{report}\n")
     return 0

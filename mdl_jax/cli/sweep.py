@@ -23,7 +23,9 @@ from mdl_jax.cli.args import (
     nonneg_int,
     out_file,
     positive_int,
+    refuse_same_file,
     seed_int,
+    write_stdout,
 )
 
 # The most configs one command sweeps: 10^7 configs' leaves alone are ~1.8 GB on the host (a typo
@@ -92,6 +94,7 @@ def sweep_cmd(args) -> int:
     from mdl_jax.controller.decision import Action
     from mdl_jax.controller.stream import sweep_parquet
 
+    refuse_same_file(args.out, RECORDS=args.records, **{"--config": args.config})
     base = load_config(args.config) if args.config else MDLConfig()
     names = [n for n, _ in args.grid]
     if len(set(names)) != len(names):
@@ -131,18 +134,18 @@ def sweep_cmd(args) -> int:
                                for k in range(len(values))]
     text = "\n".join(lines) + "\n"
     if args.out:
+        import pyarrow.parquet as pq
+
         from mdl_jax._io import write_text
 
+        # the file's rows (res.total is a resample's weight total under --bootstrap, not a row count)
+        n_rows = pq.ParquetFile(args.records).metadata.num_rows
         # --out may name a file in folders that do not exist yet (``out_file`` checks that they can be
         # created); made only now, after the sweep, so a failed sweep leaves nothing behind. Written
         # whole or not at all: a full disk leaves the previous file as it was.
         write_text(args.out, text)
-        import pyarrow.parquet as pq
-
-        # the file's rows (res.total is a resample's weight total under --bootstrap, not a row count)
-        n_rows = pq.ParquetFile(args.records).metadata.num_rows
         print(f"wrote {args.out} ({len(values):,} config{'s' * (len(values) != 1)} × {n_rows:,} records)",
               file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        write_stdout(text)
     return 0

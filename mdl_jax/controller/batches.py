@@ -10,6 +10,7 @@ names are re-exported by ``mdl_jax.controller.sweep``, where they were first def
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +27,18 @@ _SIZES = {f: s.shape[0] for f, s in _config.field_specs().items() if s.leaf and 
 _OR_D = tuple(f for f, s in _config.field_specs().items() if s.leaf and s.or_d_vector)
 # Names for one component of a vector field, so a grid can vary it alone.
 COMPONENTS = _config.components()
+
+
+# Bytes per config that config_grid holds at its peak (float64 leaves broadcast, indices, the float32
+# batch: about 340 measured); the batch it returns keeps about 60.
+_GRID_BYTES = 400
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _leaf(cfg: MDLConfig, f: str) -> np.ndarray:
@@ -84,6 +97,15 @@ def check_batch(configs: MDLConfig, K: int) -> None:
         shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
         raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
 
+    # Each leaf's per-config shape, as the field declares it (a (K, 2) thresholds would otherwise be
+    # read as two thresholds and a default, or fail deep inside the program)
+    for f in NUMERIC_FIELDS:
+        shape = _leaf(configs, f).shape[1:]
+        want = (_SIZES[f],) if f in _SIZES else ()
+        if shape != want and not (f in _OR_D and shape == (configs.D,)):
+            said = f"{want[0]} values" if want else "one value" + (f" or D = {configs.D}" if f in _OR_D else "")
+            raise ValueError(f"{f}: expected {said} per config of the batch, got shape "
+                             f"{_leaf(configs, f).shape} for {K} configs")
     # The declared ranges, read once by config.field_violations; each leaf as (K, per-config values)
     values = {f: _leaf(configs, f).reshape(K, -1) for f in NUMERIC_FIELDS}
     values = {f: (v if f in _SIZES else v[:, 0] if v.shape[1] == 1 else v) for f, v in values.items()}
@@ -111,6 +133,11 @@ def as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:
     K = batch_size(cfg)
     if K is None:
         return stack_configs([cfg]), 1, False
+    # every leaf as one array: a Python list is a pytree of many leaves to JAX's tree functions
+    leaves = {f: getattr(cfg, f) for f in NUMERIC_FIELDS}
+    if any(isinstance(v, (list, tuple)) for v in leaves.values()):
+        cfg = with_leaves(cfg, {f: np.asarray(v, np.float32) if isinstance(v, (list, tuple)) else v
+                                for f, v in leaves.items()})
     return cfg, K, True
 
 
@@ -131,8 +158,8 @@ def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
         K = len(configs); static fields from ``configs[0]``.
 
     Raises:
-      ValueError: no configs; static fields that differ (naming the index); a field whose shape
-        differs between configs.
+      ValueError: no configs; a batch among them or static fields that differ (naming the index); a
+        field whose shape differs between configs.
       TypeError: an entry that is not an ``MDLConfig`` (naming the index).
     """
     configs = list(configs)
@@ -142,6 +169,9 @@ def stack_configs(configs: Sequence[MDLConfig]) -> MDLConfig:
     for i, c in enumerate(configs):
         if not isinstance(c, MDLConfig):
             raise TypeError(f"configs[{i}]: expected an MDLConfig, got {type(c).__name__}")
+        if batch_size(c) is not None:
+            raise ValueError(f"configs[{i}]: expected a single config, got a batch of {batch_size(c)}; "
+                             "stack single configs (a list of batches sweeps as they are: sweep(..., [b1, b2]))")
         if _config.flatten(c)[1] != _config.flatten(first)[1]:
             raise ValueError(f"configs[{i}]: static fields (D, dims, qr_seed, ablations) differ from "
                              "configs[0]; sweep them as separate batches")
@@ -198,7 +228,9 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     Raises:
       ValueError: no keywords; an unknown name; a list that is empty, not real numbers, of the wrong
         rank or tuple length, or not finite (naming the keyword and index); a config of the product
-        outside its domain (naming the field and the config's index); a batched ``base``.
+        outside its domain (naming the field and the config's index); a batched ``base``; a
+        component beside its whole field (``g_a`` and ``gate_coeffs``); a grid whose build (about
+        400 bytes a config) would not fit in this machine's memory.
       TypeError: ``base`` is not an ``MDLConfig``.
     """
     base = base if base is not None else MDLConfig()
@@ -233,7 +265,16 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
             raise ValueError(f"{name}: expected finite values; {name}[{i}] = {vals[i]!r}")
         names.append(name)
         values.append(arr)
-    K = int(np.prod([len(v) for v in values]))
+    for name in names:   # a component beside its whole field: one axis would silently set the other
+        if name in COMPONENTS and COMPONENTS[name][0] in names:
+            raise ValueError(f"{name}, {COMPONENTS[name][0]}: a component and its whole field in one grid; "
+                             f"vary {name} alone or {COMPONENTS[name][0]} alone")
+    K = int(np.prod([len(v) for v in values], dtype=np.float64))
+    need, have = K * _GRID_BYTES, _physical_memory()
+    if have and need > have:   # it would be killed for memory part-way, not fail
+        raise ValueError(f"axes: {K:,} configs (the product of the axes' lengths) need about "
+                         f"{need / 2**30:.1f} GiB to build, over this machine's {have / 2**30:.1f} GiB of "
+                         "memory; split the grid over several sweeps")
     leaves = {f: np.broadcast_to(_leaf(base, f), (K,) + _leaf(base, f).shape).copy()
               for f in NUMERIC_FIELDS}
     for f in _OR_D:  # a vector bias anywhere (the grid's or the base's): every config's as (D,)

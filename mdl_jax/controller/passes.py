@@ -208,7 +208,8 @@ def _engine(name: str, cfg: MDLConfig, K: int, size: int):
 
 
 def _device_weights(w: np.ndarray):
-    """One pass's (W, n) weights as the engines take them: (device weights, per-row scale, exact?).
+    """One pass's (W, n) weights as the engines take them: (device weights, per-row power-of-two
+    exponent they were scaled by, exact?).
 
     Integer weights (bootstrap multiplicities, none at all) whose pass totals fit int32 stay integers,
     so counts and the number correct are exact however large N is; below 2^24 every partial sum is an
@@ -216,18 +217,22 @@ def _device_weights(w: np.ndarray):
     Other weights are scaled per row by a power of two so the largest is in [1, 2), which keeps float32
     sums finite (finite float64 weights whose float32 total overflowed gave NaN before) and is undone
     exactly on the host. Scaling per pass or per sweep gives the same sums: powers of two commute
-    with float32 rounding."""
+    with float32 rounding. The scale is kept as an exponent and applied with ``ldexp``: as a float,
+    2^1030 (the scale of weights near 1e-310) is inf."""
     W = w.shape[0]
+    none = np.zeros(W, np.int64)
     if w.dtype.kind in "biu" or np.all(w == np.floor(w)):
-        tot = w.sum(1, dtype=np.float64)
+        with np.errstate(over="ignore"):   # an inf total is no int32 one (and the result refuses it)
+            tot = w.sum(1, dtype=np.float64)
         if tot.max(initial=0) < 2**24:
-            return w.astype(np.float32), np.ones(W), True
+            return w.astype(np.float32), none, True
         if tot.max() < 2**31:
-            return w.astype(np.int32), np.ones(W), True
+            return w.astype(np.int32), none, True
     w = w.astype(np.float64)
     top = w.max(1)
-    scale = np.where(top > 0, 2.0 ** -np.floor(np.log2(np.where(top > 0, top, 1.0))), 1.0)   # exact
-    return (w * scale[:, None]).astype(np.float32), scale, False
+    _, exponent = np.frexp(np.where(top > 0, top, 1.0))   # top = m·2^e, m in [0.5, 1)
+    shift = (1 - exponent).astype(np.int64)
+    return np.ldexp(w, shift[:, None]).astype(np.float32), shift, False   # exact
 
 
 class Reducer:
@@ -251,8 +256,9 @@ class Reducer:
     def add(self, M, R, A, lab, w) -> None:
         """One pass: (n,) float32 signals in [0, 1], (n,) bool labels, (W, n) weights; n ≤ size."""
         n = len(M)
-        wd, scale, exact = _device_weights(w)
-        self.s["total"] += w.sum(1, dtype=np.float64)
+        wd, shift, exact = _device_weights(w)
+        with np.errstate(over="ignore"):
+            self.s["total"] += w.sum(1, dtype=np.float64)
         if n < self.size:
             pad = self.size - n
             M, R, A = (np.concatenate([x, np.full(pad, 0.5, np.float32)]) for x in (M, R, A))
@@ -263,12 +269,17 @@ class Reducer:
         if exact:
             s["int_correct"] += np.asarray(c).astype(np.int64)
             s["int_counts"] += np.asarray(k).astype(np.int64)
-        else:
-            s["float_correct"] += np.asarray(c, np.float64) / scale
-            s["float_counts"] += np.asarray(k, np.float64) / scale[:, None]
-        s["cf"] += np.asarray(m, np.float64) / scale
-        # the weights as the device summed them (float32-rounded), so ratios divide like by like
-        s["wsum"] += wd.astype(np.float64).sum(1) / scale
+            s["cf"] += np.asarray(m, np.float64)
+            s["wsum"] += wd.astype(np.float64).sum(1)
+            return
+        # float weights whose total passes float64's range (a stream's weight column, checked only
+        # as it is read) end in inf sums, which the result's check refuses by name: no warning here
+        with np.errstate(over="ignore"):
+            s["float_correct"] += np.ldexp(np.asarray(c, np.float64), -shift)
+            s["float_counts"] += np.ldexp(np.asarray(k, np.float64), -shift[:, None])
+            s["cf"] += np.ldexp(np.asarray(m, np.float64), -shift)
+            # the weights as the device summed them (float32-rounded), so ratios divide like by like
+            s["wsum"] += np.ldexp(wd.astype(np.float64).sum(1), -shift)
 
     def state(self) -> dict:
         return self.s

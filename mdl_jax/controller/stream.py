@@ -115,7 +115,9 @@ def open_parquet(path, columns: dict | None):
     if not p.is_file():
         raise ValueError(f"path: no such file: {str(path)!r}")
     try:
-        pf = pq.ParquetFile(p)
+        # pages written with a CRC are checked against it (free for files without): a flipped bit
+        # inside a page that still decodes would otherwise move the counts with no error
+        pf = pq.ParquetFile(p, page_checksum_verification=True)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a file that is not Parquet
         raise ValueError(f"path: {str(path)!r} is not a readable Parquet file ({e})") from None
     have = pf.schema_arrow.names
@@ -342,4 +344,7 @@ def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepRe
     if np.any(state["wsum"] <= 0):
         raise ValueError("weight: every weight vector needs a positive total; "
                          f"totals {state['total'].tolist()}")
+    if not np.all(np.isfinite(state["total"])):
+        raise ValueError("weight: the weights' total overflows float64 (as sweep's weights: a vector's "
+                         "total must be finite); scale the weight column down")
     return result_from_state(state, has_adopt=has_adopt, w2d=w2d, batched=batched)

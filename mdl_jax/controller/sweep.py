@@ -136,8 +136,8 @@ def _weights(weights, N: int):
         raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
     w2d = w.ndim == 2
     w = w.reshape((1, -1) if w.ndim == 1 else tuple(w.shape))   # (tuple(): numpy's stubs misread .shape here)
-    if w.ndim != 2 or w.shape[1] != N:
-        raise ValueError(f"weights: expected shape (W, {N}) or ({N},), got {np.shape(weights)}")
+    if w.ndim != 2 or w.shape[1] != N or w.shape[0] == 0:
+        raise ValueError(f"weights: expected shape (W, {N}) with W ≥ 1, or ({N},), got {np.shape(weights)}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("weights: expected finite, non-negative weights")
     with np.errstate(over="ignore"):
