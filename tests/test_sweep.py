@@ -628,3 +628,17 @@ def test_no_weight_vectors_and_stacked_batches_are_errors_naming_the_argument():
     grid = config_grid(g_a=[0.3, 0.5])
     with pytest.raises(ValueError, match=r"^configs\[0\]: expected a single config, got a batch of 2"):
         stack_configs([grid, grid])
+
+
+def test_sweep_command_labels_each_config_by_the_float32_it_swept(tmp_path, cli):
+    # .6g printed 0.1000001, 0.1000002 and 0.10000031 all as 0.1, and 1e-300 (swept as 0) as 1e-300
+    path = _parquet(tmp_path / "r.parquet", 20)
+    rc, out, err = cli(["sweep", path, "--grid", "g_a=0.1000001,0.1000002,0.10000031,1e-300,0.5", "--grid", "sigma=0.2"])
+    assert rc == 0, err
+    assert [ln.split(",")[0] for ln in out.splitlines()[1:]] == ["0.1000001", "0.1000002", "0.10000031", "0", "0.5"]
+
+
+def test_sweep_command_takes_each_column_role_once(tmp_path, cli):
+    path = _parquet(tmp_path / "r.parquet", 20)
+    rc, _, err = cli(["sweep", path, "--grid", "g_a=0.5", "--column", "M=R", "--column", "M=A"])
+    assert rc == 2 and err.strip() == "mdl-jax: error: sweep: --column: each role once, got M=R, M=A"

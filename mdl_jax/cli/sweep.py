@@ -56,6 +56,14 @@ def grid_axis(text: str) -> tuple[str, list[float]]:
     return name.strip(), vals
 
 
+def _label(v: np.float32) -> str:
+    if v == 0:
+        return "0"
+    if 1e-4 <= abs(v) < 1e16:
+        return np.format_float_positional(v, unique=True, trim="-")
+    return np.format_float_scientific(v, unique=True, trim="-")
+
+
 def column_map(text: str) -> tuple[str, str]:
     """``ROLE=COLUMN`` for a role of ``sweep_parquet``."""
     from mdl_jax.controller.stream import ROLES
@@ -99,6 +107,9 @@ def sweep_cmd(args) -> int:
     names = [n for n, _ in args.grid]
     if len(set(names)) != len(names):
         raise CommandError(f"sweep: --grid: each field once, got {names}")
+    roles = [r for r, _ in args.column]
+    if len(set(roles)) != len(roles):
+        raise CommandError(f"sweep: --column: each role once, got {', '.join(f'{r}={c}' for r, c in args.column)}")
     K = int(np.prod([len(v) for _, v in args.grid], dtype=np.float64))
     if K > MAX_CONFIGS:
         raise CommandError(f"sweep: --grid: {K:,} configs (the product of the axes' lengths) is over the "
@@ -130,8 +141,10 @@ def sweep_cmd(args) -> int:
         mean_cf = np.asarray(res.mean_C_final)
     head += [f"share_{a.name}" for a in Action] + ["mean_C_final"]
     cols += [share[:, i] for i in range(4)] + [mean_cf]
-    lines = [",".join(head)] + [",".join([f"{v:.6g}" for v in values[k]] + [f"{c[k]:.6f}" for c in cols])
-                               for k in range(len(values))]
+    # each grid value as the float32 the config holds, in the fewest digits that name it: distinct
+    # values never print alike, and a value float32 cannot hold shows as what was swept
+    labels = [[_label(np.float32(v)) for v in row] for row in values]
+    lines = [",".join(head)] + [",".join(labels[k] + [f"{c[k]:.6f}" for c in cols]) for k in range(len(values))]
     text = "\n".join(lines) + "\n"
     if args.out:
         import pyarrow.parquet as pq
