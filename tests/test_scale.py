@@ -2,9 +2,11 @@
 and multi-process sweeps through jax.distributed, each against the one-device, in-memory result."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -308,3 +310,124 @@ def test_initialize_rejects_an_address_without_host_and_port_naming_the_argument
 
     with pytest.raises(ValueError, match=r"^coordinator_address: expected 'HOST:PORT'"):
         distributed.initialize(address, num_processes=1, process_id=0)
+
+
+# --- a streamed sweep's checkpoint: resumed to the same bits, never onto other inputs ---------------------
+
+
+def _interrupted(monkeypatch, after: int):
+    """Reducer.add raising after ``after`` passes (a process killed part-way), checkpointing every pass."""
+    from mdl_jax.controller import checkpoint, passes
+
+    monkeypatch.setattr(checkpoint, "EVERY_S", 0.0)
+    real, calls = passes.Reducer.add, {"n": 0}
+
+    def add(self, *a):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(passes.Reducer, "add", add)
+    return lambda: monkeypatch.setattr(passes.Reducer, "add", real)
+
+
+@pytest.mark.parametrize("engine", ["jax", "native"])
+def test_a_sweep_stopped_part_way_resumes_from_its_checkpoint_to_the_same_bits(records, tmp_path, monkeypatch, engine):
+    from mdl_jax.controller import passes
+
+    path = records[0]
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.6], sigma=[0.15, 0.2])
+    want = sweep_parquet(path, grid, bootstrap=3, seed=2, record_chunk=2048, engine=engine)
+    ckpt = tmp_path / "progress.npz"
+    restore = _interrupted(monkeypatch, after=4)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parquet(path, grid, bootstrap=3, seed=2, record_chunk=2048, engine=engine, checkpoint=ckpt)
+    restore()
+    assert ckpt.is_file()
+    real, seen = passes.Reducer.add, []
+    monkeypatch.setattr(passes.Reducer, "add", lambda self, *a: (seen.append(len(a[0])), real(self, *a))[1])
+    got = sweep_parquet(path, grid, bootstrap=3, seed=2, record_chunk=2048, engine=engine, checkpoint=ckpt)
+    for f in want._fields:
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    assert len(seen) == -(-len(records[1]) // 2048) - 4    # the four passes kept were not run again
+    assert not ckpt.exists()                                # done: the progress is removed
+
+
+def test_a_checkpoint_of_other_inputs_is_refused_saying_what_changed(records, tmp_path, monkeypatch):
+    import shutil
+
+    src = tmp_path / "r.parquet"
+    shutil.copy(records[0], src)
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.6])
+    ckpt = tmp_path / "progress.npz"
+    restore = _interrupted(monkeypatch, after=2)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
+    restore()
+    kept = ckpt.read_bytes()
+    for call, what in (
+            (lambda: sweep_parquet(src, grid, bootstrap=4, record_chunk=2048, checkpoint=ckpt),
+             "bootstrap (3 then, 4 now)"),
+            (lambda: sweep_parquet(src, config_grid(MDLConfig(), g_a=[0.2, 0.7]), bootstrap=3, record_chunk=2048,
+                                   checkpoint=ckpt), "the configs"),
+            (lambda: sweep_parquet(src, grid, bootstrap=3, record_chunk=1024, checkpoint=ckpt), "pass (2048 then, 1024 now)")):
+        with pytest.raises(ValueError, match=rf"^checkpoint: .* is the progress of a sweep of other inputs: .*{re.escape(what)}"):
+            call()
+    _, M, R, A, adopt, weight = records
+    M = M.copy()
+    M[7] = 0.5 if M[7] != 0.5 else 0.25   # one record changed, the file rewritten in place
+    _write(src, M, R, A, adopt, weight)
+    with pytest.raises(ValueError, match=r"the Parquet file's content changed"):
+        sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
+    assert ckpt.read_bytes() == kept   # a refusal changes nothing
+    ckpt.write_bytes(b"PK\x03\x04 damaged")
+    with pytest.raises(ValueError, match=r"^checkpoint: .* is not a readable sweep checkpoint"):
+        sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
+    ckpt.unlink()
+    os.mkfifo(ckpt)
+    with pytest.raises(ValueError, match=r"^checkpoint: .* is not a regular file"):
+        sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
+
+
+KILLED_SWEEP = (
+    "import sys, time\n"
+    "from mdl_jax.controller import checkpoint, passes\n"
+    "checkpoint.EVERY_S = 0.0\n"
+    "real = passes.Reducer.add\n"
+    "def slow(self, *a):\n"
+    "    time.sleep(0.2)   # slow enough to be killed part-way\n"
+    "    return real(self, *a)\n"
+    "passes.Reducer.add = slow\n"
+    "from mdl_jax.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.slow
+def test_the_sweep_command_killed_resumes_from_its_checkpoint(records, tmp_path, cli):
+    import signal
+    import time
+
+    path, out = records[0], tmp_path / "grid.csv"
+    argv = ["sweep", str(path), "--grid", "g_a=0.2,0.6", "--bootstrap", "2", "--record-chunk", "2048", "--out", str(out)]
+    progress = Path(f"{out}.progress.npz")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SWEEP, *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not progress.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert progress.is_file() and not out.exists()
+    rc, _, err = cli(argv)
+    assert rc == 0, err
+    assert not progress.exists()
+    uninterrupted = tmp_path / "again.csv"
+    assert cli([*argv[:-1], str(uninterrupted)])[0] == 0
+    assert out.read_text() == uninterrupted.read_text()

@@ -141,12 +141,13 @@ def out_file(text: str) -> str:
     return _creatable(text, False)
 
 
-def refuse_same_file(out: str | None, **inputs: str | None) -> None:
+def refuse_same_file(out: str | None, *, what: str = "--out", **inputs: str | None) -> None:
     """A ``CommandError`` when the output file ``out`` is one of the command's input files (the same
     file, through any link): writing it would replace the input before, or while, it is read.
 
     Args:
       out: the output path, or None (no file output).
+      what: the option that names ``out``, for the message.
       inputs: {what the input is called on the command line: its path, or None}.
     """
     import os
@@ -155,7 +156,7 @@ def refuse_same_file(out: str | None, **inputs: str | None) -> None:
         return
     for name, path in inputs.items():
         if path and os.path.exists(path) and os.path.samefile(out, path):
-            raise CommandError(f"--out {out!r} is the {name} file; it would be replaced by the output")
+            raise CommandError(f"{what} {out!r} is the {name} file; it would be replaced by the output")
 
 
 def write_stdout(text: str) -> None:

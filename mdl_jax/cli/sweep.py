@@ -93,6 +93,11 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_int, default=0, help="the resamples' seed")
     p.add_argument("--record-chunk", type=positive_int, default=1 << 18, help="records per pass")
     p.add_argument("--out", type=out_file, default=None, help="CSV file (default: print to stdout)")
+    p.add_argument("--checkpoint", type=out_file, default=None,
+                   help="keep the sweep's progress in this file (every minute): the same command after a "
+                        "kill resumes from it, and refuses if the file's content, the grid or an option "
+                        "changed; removed when the sweep is done (default: OUT.progress.npz with --out, "
+                        "none without)")
     p.set_defaults(func=sweep_cmd)
 
 
@@ -102,7 +107,10 @@ def sweep_cmd(args) -> int:
     from mdl_jax.controller.decision import Action
     from mdl_jax.controller.stream import sweep_parquet
 
+    checkpoint = args.checkpoint or (f"{args.out}.progress.npz" if args.out else None)
     refuse_same_file(args.out, RECORDS=args.records, **{"--config": args.config})
+    refuse_same_file(checkpoint, what="--checkpoint", RECORDS=args.records,
+                     **{"--config": args.config, "--out": args.out})
     base = load_config(args.config) if args.config else MDLConfig()
     names = [n for n, _ in args.grid]
     if len(set(names)) != len(names):
@@ -118,7 +126,7 @@ def sweep_cmd(args) -> int:
         grid = config_grid(base, **dict(args.grid))
         res = sweep_parquet(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
                             seed=args.seed, record_chunk=args.record_chunk, engine="auto",
-                            progress=sys.stderr.isatty())
+                            progress=sys.stderr.isatty(), checkpoint=checkpoint)
     except ValueError as e:
         raise CommandError(f"sweep: {e}") from None
     values = np.stack(np.meshgrid(*[v for _, v in args.grid], indexing="ij"), -1).reshape(-1, len(names))

@@ -15,6 +15,7 @@
   tune_program.py the compiled training loop of B runs (lax.scan, vmapped, on the mesh)
   mesh.py         the 2-D (configs or runs, records) device mesh of sweeps and tuning
   stream.py       sweep_parquet: records streamed from Parquet through sweep's passes
+  checkpoint.py   a streamed sweep's progress on disk: resumed to the same bits, never onto other inputs
   distributed.py  sweeps and tuning across processes and machines (jax.distributed)
   config_file.py  versioned JSON config files (save_config, load_config)
 

@@ -21,6 +21,7 @@ layout or how rows are split between processes, and ``poisson_weights(0, N, W, s
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,7 +195,7 @@ def row_group_share(pf, process: int, n_processes: int) -> list[int]:
 
 
 def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress,
-                  row_groups=None):
+                  row_groups=None, checkpoint=None):
     """``sweep_parquet``'s checks and passes over ``row_groups`` (all when None), before the sums become
     a result (the multi-process sweep adds every process's state first). A share without rows gives
     zero sums.
@@ -203,6 +204,7 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
       path, configs, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress: as
         ``sweep_parquet``.
       row_groups: the row groups to read (``row_group_share``), or None for all.
+      checkpoint: as ``sweep_parquet``'s (only with every row group: ``row_groups`` None).
 
     Returns:
       (``Reducer`` state, whether there is a W axis, whether ``configs`` was a batch, whether the file
@@ -236,13 +238,33 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     draws = _PoissonBlocks(W, seed, keep)
     _, size, shape = pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
     names = list(dict.fromkeys(cols.values()))
+    ckpt = None
+    if checkpoint is not None:
+        from mdl_jax import __version__
+        from mdl_jax.controller import checkpoint as _ckpt
+
+        options = {"columns": cols, "bootstrap": int(bootstrap), "seed": int(seed), "pass": int(size),
+                   "engine": engine, "mesh": list(shape), "mdl_jax": __version__}
+        ckpt = _ckpt.Checkpoint(checkpoint, {"file": _ckpt.file_digest(path), "configs": _ckpt.configs_digest(cfg),
+                                             "options": options})
     with passes_on_mesh(shape):
         red = Reducer(cfg, K, W, size, engine)
         buf: list[tuple] = []
         held = 0
+        # rows of the stream added in whole passes (passes start at multiples of ``size``): where a
+        # resumed sweep starts reading, and what a checkpoint records
+        added = 0
+        resumed = ckpt.load() if ckpt is not None else None
+        if resumed is not None:
+            sums, added = resumed
+            if set(sums) != set(red.s) or any(sums[k].shape != red.s[k].shape for k in sums):
+                raise ValueError(f"checkpoint: {str(checkpoint)!r} holds sums of another shape; remove it "
+                                 "to start over")
+            red.s = {k: sums[k].astype(red.s[k].dtype) for k in red.s}
+        last_save = time.monotonic()
 
         def flush(final: bool):
-            nonlocal buf, held
+            nonlocal buf, held, added
             if not buf:
                 return
             parts = [np.concatenate(x, axis=-1) if len(buf) > 1 else x[0] for x in zip(*buf)]
@@ -251,13 +273,22 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
                 red.add(parts[0][:n], parts[1][:n], parts[2][:n], parts[3][:n], parts[4][:, :n])
                 parts = [x[..., n:] for x in parts]
                 held -= n
+                added += n
             buf = [tuple(parts)] if held else []
 
         from tqdm.auto import tqdm
 
+        skip_to = added   # rows before it are in the loaded sums (0 for a fresh sweep)
         for g in tqdm(groups, desc="sweep", unit="row group", disable=not progress):
             row = int(starts[g])
+            if row + n_rows[g] <= skip_to:
+                continue
             for batch in _read_batches(pf, path, g, batch_size=int(record_chunk), columns=names):
+                if row + batch.num_rows <= skip_to:
+                    row += batch.num_rows
+                    continue
+                if row < skip_to:
+                    batch, row = batch.slice(skip_to - row), skip_to
                 n = batch.num_rows
                 M, R, A = (_column(batch, cols[k], k, row) for k in ("M", "R", "A"))
                 lab = (_column(batch, cols["adopt"], "adopt", row) if "adopt" in cols
@@ -275,13 +306,17 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
                 row += n
                 if held >= size:
                     flush(False)
+                    if ckpt is not None and time.monotonic() - last_save >= _ckpt.EVERY_S:
+                        ckpt.save(red.state(), added)
+                        last_save = time.monotonic()
         flush(True)
     return red.state(), bool(bootstrap), batched, "adopt" in cols
 
 
 def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict | None = None,
                   bootstrap: int = 0, seed: int = 0, record_chunk: int = RECORD_CHUNK, engine: str = "jax",
-                  mesh_shape: tuple[int, int] | None = None, progress: bool = False) -> SweepResult:
+                  mesh_shape: tuple[int, int] | None = None, progress: bool = False,
+                  checkpoint: str | os.PathLike | None = None) -> SweepResult:
     """``sweep`` over the records of a Parquet file, streamed: memory is one pass, not N.
 
     Examples:
@@ -303,6 +338,11 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
       engine: as ``sweep``'s.
       mesh_shape: as ``sweep``'s.
       progress: a tqdm bar over row groups (off by default, like every library call here).
+      checkpoint: a file to keep the sweep's progress in (``mdl_jax.controller.checkpoint``): written
+        every minute or so at a pass boundary, read first, so the same call after a kill resumes
+        where it left off (the same result to the bit), and removed when the sweep is done; None
+        (default): none. A checkpoint of other inputs (another file content, configs or option) is
+        a ValueError saying what changed. Costs one read of the file up front (its sha256).
 
     Returns:
       ``SweepResult`` as ``sweep``'s, with a W axis after K when ``bootstrap`` > 0.
@@ -321,9 +361,14 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
         raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
     state, w2d, batched, has_adopt = parquet_state(
         path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
-        engine=engine, mesh_shape=mesh_shape, progress=progress)
+        engine=engine, mesh_shape=mesh_shape, progress=progress, checkpoint=checkpoint)
     check_resamples(state, bootstrap, columns)
-    return finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+    result = finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+    if checkpoint is not None:
+        from mdl_jax.controller.checkpoint import Checkpoint
+
+        Checkpoint(checkpoint, {}).remove()
+    return result
 
 
 def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:

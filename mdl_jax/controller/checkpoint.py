@@ -1,0 +1,111 @@
+"""A streamed sweep's progress on disk, so a run stopped part-way resumes, and never onto other inputs.
+
+A checkpoint is one ``.npz`` file (NumPy's format, read with ``allow_pickle=False``) holding the
+reducer's sums after whole passes, the row where the next pass starts, and what the sums depend on:
+the sha256 of the Parquet file's bytes, a digest of the configs, and the options (columns, resamples
+and their seed, pass size, engine, mesh, the library's version). ``sweep_parquet`` writes it whole or
+not at all (``mdl_jax._io``) at a pass boundary once ``EVERY_S`` seconds have passed since the last,
+and removes it when the sweep is done. Passes are cut at fixed offsets of the record stream, so a
+resumed sweep adds the same passes as an uninterrupted one: the result is the same to the bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from mdl_jax.controller import config as _config
+from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
+
+# Seconds between checkpoints: the work a kill loses at most (besides one pass), against the cost of
+# writing the sums (K × W × 8 words of 8 bytes, bounded with the pass by ``sweep.MEMORY_BOUND``).
+EVERY_S = 60.0
+_FORMAT = 1
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (read in 1 MiB blocks: memory stays flat)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def configs_digest(cfg: MDLConfig) -> str:
+    """sha256 of a batch's numeric leaves (shape and float32 bytes, field by field) and static fields."""
+    h = hashlib.sha256()
+    for f in NUMERIC_FIELDS:
+        a = np.ascontiguousarray(np.asarray(getattr(cfg, f), np.float32))
+        h.update(f"{f}{a.shape}".encode() + a.tobytes())
+    h.update(repr(_config.flatten(cfg)[1]).encode())
+    return h.hexdigest()
+
+
+class Checkpoint:
+    """The progress file of one streamed sweep.
+
+    Args:
+      path: the checkpoint file (``.npz``).
+      inputs: {"file": the Parquet file's digest, "configs": the configs' digest, "options": a dict
+        of JSON values}: what the sums depend on; a checkpoint of other inputs is refused.
+    """
+
+    def __init__(self, path: str | os.PathLike, inputs: dict):
+        self.path = Path(path)
+        self.inputs = json.loads(json.dumps(inputs))   # as it reads back: tuples become lists
+
+    def load(self) -> tuple[dict, int] | None:
+        """(the sums, the row the next pass starts at) of a checkpoint of these inputs; None when there
+        is none.
+
+        Raises:
+          ValueError: naming ``checkpoint``: the file is not a checkpoint of this library (damaged, or
+            something else), or one of other inputs (saying which changed).
+        """
+        if not os.path.lexists(self.path):
+            return None
+        if not self.path.is_file():   # a FIFO would hang the read, a folder fail it obscurely
+            raise ValueError(f"checkpoint: {str(self.path)!r} is not a regular file; remove it or name another")
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                sums = {k.removeprefix("s_"): z[k] for k in z.files if k.startswith("s_")}
+        except (OSError, ValueError, KeyError, UnicodeError, zipfile.BadZipFile, EOFError) as e:
+            raise ValueError(f"checkpoint: {str(self.path)!r} is not a readable sweep checkpoint ({e}); "
+                             "remove it to start over") from None
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"checkpoint: {str(self.path)!r} is of another format ({meta.get('format')!r}); "
+                             "remove it to start over")
+        changed = [what for what, key in (("the Parquet file's content", "file"), ("the configs", "configs"))
+                   if meta.get(key) != self.inputs[key]]
+        old, new = meta.get("options", {}), self.inputs["options"]
+        changed += [f"{k} ({old.get(k)!r} then, {new.get(k)!r} now)" for k in sorted(set(old) | set(new))
+                    if old.get(k) != new.get(k)]
+        if changed:
+            raise ValueError(f"checkpoint: {str(self.path)!r} is the progress of a sweep of other inputs: "
+                             f"{'; '.join(changed)} changed. Remove it to start over")
+        return sums, int(meta["row"])
+
+    def save(self, sums: dict, row: int) -> None:
+        """The sums after every pass before ``row``, written whole or not at all."""
+        from mdl_jax._io import write_bytes
+
+        meta = {"format": _FORMAT, **self.inputs, "row": int(row)}
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                 **{f"s_{k}": np.asarray(v) for k, v in sums.items()})
+        write_bytes(self.path, buf.getvalue())
+
+    def remove(self) -> None:
+        """The sweep is done: its progress is no longer needed."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
