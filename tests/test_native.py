@@ -593,6 +593,12 @@ def test_a_linked_cache_folder_is_judged_by_the_folder_it_leads_to(tiny_source, 
     out = tmp_path / "cache" / "native" / "tiny.so"
     lib = toolchain.load_library(out, lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
     assert lib.MdlTiny() == 7 and elsewhere.stat().st_mode & 0o022 == 0 and (elsewhere / "tiny.so").is_file()
+    (tmp_path / "cache3").mkdir()
+    (tmp_path / "cache3" / "native").symlink_to(tmp_path / "nowhere" / "deeper")
+    with pytest.raises(native.NativeBuildError, match=r"is a link to nothing"):
+        toolchain.load_library(tmp_path / "cache3" / "native" / "tiny.so",
+                               lambda p: toolchain.compile_library(tiny_source, _tiny_flags(), p))
+    assert not (tmp_path / "nowhere").exists()   # never made wherever a dangling link points
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return   # handing a folder to another user takes root
     theirs = tmp_path / "theirs"

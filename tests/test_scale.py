@@ -354,6 +354,43 @@ def test_a_sweep_stopped_part_way_resumes_from_its_checkpoint_to_the_same_bits(r
     assert not ckpt.exists()                                # done: the progress is removed
 
 
+def test_a_resumed_sweep_with_huge_integer_weights_gives_the_same_bits(records, tmp_path, monkeypatch):
+    # int64 weights near 2^62 were multiplied in float64 or int64 per batch, and a resumed sweep's
+    # batches are cut at the checkpoint: the total differed in its last bits
+    _, M, R, A, adopt, weight = records
+    path = tmp_path / "big.parquet"
+    _write(path, M, R, A, adopt, weight.astype(np.int64) * (1 << 58) + np.arange(len(M)) % 7)
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.6])
+    opts = dict(columns={"weight": "w"}, bootstrap=3, record_chunk=3000)
+    want = sweep_parquet(path, grid, **opts)
+    ckpt = tmp_path / "progress.npz"
+    restore = _interrupted(monkeypatch, after=3)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parquet(path, grid, checkpoint=ckpt, **opts)
+    restore()
+    got = sweep_parquet(path, grid, checkpoint=ckpt, **opts)
+    for f in want._fields:
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+
+
+def test_a_checkpoint_made_on_another_engine_is_refused(records, tmp_path, monkeypatch):
+    # "auto" took the native kernel, then (MDL_JAX_NATIVE=0, another machine) the pure-JAX program: the
+    # resumed sums would match neither engine's
+    from mdl_jax.engines import kernel, toolchain
+
+    if toolchain.compiler() is None or not kernel.load():
+        pytest.skip("no native kernel here")
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.6])
+    ckpt = tmp_path / "progress.npz"
+    restore = _interrupted(monkeypatch, after=2)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parquet(records[0], grid, record_chunk=2048, engine="auto", checkpoint=ckpt)
+    restore()
+    monkeypatch.setenv("MDL_JAX_NATIVE", "0")
+    with pytest.raises(ValueError, match=r"engine \('native-\w+' then, 'jax' now\) changed"):
+        sweep_parquet(records[0], grid, record_chunk=2048, engine="auto", checkpoint=ckpt)
+
+
 def test_a_checkpoint_of_other_inputs_is_refused_saying_what_changed(records, tmp_path, monkeypatch):
     import shutil
 
@@ -384,6 +421,15 @@ def test_a_checkpoint_of_other_inputs_is_refused_saying_what_changed(records, tm
     ckpt.write_bytes(b"PK\x03\x04 damaged")
     with pytest.raises(ValueError, match=r"^checkpoint: .* is not a readable sweep checkpoint"):
         sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
+    import io
+    import json
+
+    for meta in ([1, 2], {"format": 1, "row": "3"}):   # made by hand: a ValueError, never a KeyError
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        ckpt.write_bytes(buf.getvalue())
+        with pytest.raises(ValueError, match=r"^checkpoint: .* is not a readable sweep checkpoint"):
+            sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
     ckpt.unlink()
     os.mkfifo(ckpt)
     with pytest.raises(ValueError, match=r"^checkpoint: .* is not a regular file"):
@@ -431,3 +477,36 @@ def test_the_sweep_command_killed_resumes_from_its_checkpoint(records, tmp_path,
     uninterrupted = tmp_path / "again.csv"
     assert cli([*argv[:-1], str(uninterrupted)])[0] == 0
     assert out.read_text() == uninterrupted.read_text()
+
+
+def test_the_sweep_command_keeps_its_progress_until_the_csv_is_written(records, tmp_path, cli, monkeypatch):
+    # the progress was removed before the CSV was written: a full disk then lost the whole sweep
+    from mdl_jax import _io
+    from mdl_jax.controller import checkpoint
+
+    monkeypatch.setattr(checkpoint, "EVERY_S", 0.0)
+    out = tmp_path / "grid.csv"
+    argv = ["sweep", records[0], "--grid", "g_a=0.2,0.6", "--record-chunk", "4096", "--out", out]
+    real = _io.write_text
+
+    def full(path, text, **kw):
+        raise _io.OutputError(path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(_io, "write_text", full)
+    rc, _, err = cli(argv)
+    assert rc == 2 and "No space left on device" in err
+    assert Path(f"{out}.progress.npz").is_file() and not out.exists()
+    monkeypatch.setattr(_io, "write_text", real)
+    assert cli(argv)[0] == 0 and out.is_file() and not Path(f"{out}.progress.npz").exists()
+    rc, _, err = cli([*argv, "--checkpoint", out])
+    assert rc == 2 and "--checkpoint and --out name one file" in err
+
+
+def test_the_sweep_command_refuses_an_out_that_leads_into_dev_or_proc(records, tmp_path, cli):
+    # /dev/stdout redirected to a file passed as a regular file, and the CSV replaced the link
+    link = tmp_path / "stdout-link"
+    link.symlink_to("/proc/self/fd/1")
+    for out in (link, "/dev/stdout"):
+        rc, _, err = cli(["sweep", records[0], "--grid", "g_a=0.5", "--out", out])
+        assert rc == 2 and "names a device or a process's file descriptor" in err, err
+    assert link.is_symlink()

@@ -713,6 +713,10 @@ def test_a_link_at_the_cache_file_or_a_planted_file_is_not_opened(tmp_path):
     with pytest.warns(RuntimeWarning, match="belongs to another user .* in a folder others may write"):
         c = EmbeddingCache(shared / "embeddings.sqlite")
     assert c.get("m", ["hello"]) == {}
+    private = tmp_path / "private"   # only its owner (or we) could have put it there: read as it is
+    private.mkdir(mode=0o755)
+    (shared / "embeddings.sqlite").rename(private / "embeddings.sqlite")
+    assert len(EmbeddingCache(private / "embeddings.sqlite").get("m", ["hello"])) == 1
 
 
 def test_a_missing_cache_folder_is_made_private(tmp_path):

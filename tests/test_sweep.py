@@ -439,7 +439,7 @@ def test_sweep_command_refuses_a_device_or_fifo_as_out(tmp_path, cli):
     assert fifo.is_fifo() and Path("/dev/null").is_char_device()
 
 
-def test_sweep_command_printing_to_a_full_disk_is_one_line(tmp_path, cli, monkeypatch):
+def test_sweep_command_printing_to_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     import errno
     import sys
 
@@ -455,6 +455,9 @@ def test_sweep_command_printing_to_a_full_disk_is_one_line(tmp_path, cli, monkey
     from mdl_jax.cli import main
 
     assert main(["sweep", str(path), "--grid", "g_a=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mdl-jax: error: cannot write <standard output>: No space left on device (the disk is full); "
+                   "nothing was replaced"], err
 
 
 def test_sweep_command_refuses_a_grid_too_large_for_memory_in_one_line(tmp_path, capsys):
@@ -642,3 +645,23 @@ def test_sweep_command_takes_each_column_role_once(tmp_path, cli):
     path = _parquet(tmp_path / "r.parquet", 20)
     rc, _, err = cli(["sweep", path, "--grid", "g_a=0.5", "--column", "M=R", "--column", "M=A"])
     assert rc == 2 and err.strip() == "mdl-jax: error: sweep: --column: each role once, got M=R, M=A"
+
+
+def test_grid_values_past_float32_and_bool_signal_columns_are_named(tmp_path):
+    # 1e39 became inf in the float32 batch and the error spoke of gate_coeffs = (inf, 0.7)
+    with pytest.raises(ValueError, match=r"^g_a: expected values a float32 holds .*g_a\[1\] = 1e\+39"):
+        config_grid(g_a=[0.5, 1e39])
+    path = tmp_path / "b.parquet"   # sweep and decide refuse bool signals; the stream took them as 0/1
+    pq.write_table(pa.table({"M": np.array([True, False]), "R": [0.5, 0.5], "A": [0.5, 0.5]}), path)
+    with pytest.raises(ValueError, match=r"^M: expected numbers, got bool"):
+        sweep_parquet(path, config_grid(g_a=[0.5]))
+
+
+def test_bfloat16_weights_are_taken_as_bfloat16_signals_are():
+    import jax.numpy as jnp
+
+    x = np.random.default_rng(5).uniform(size=(3, 64)).astype(np.float32)
+    w = np.arange(64) % 3
+    got = sweep(*x, config_grid(g_a=[0.4, 0.8]), weights=w.astype(jnp.bfloat16))
+    want = sweep(*x, config_grid(g_a=[0.4, 0.8]), weights=w.astype(np.float32))
+    np.testing.assert_array_equal(got.counts, want.counts)

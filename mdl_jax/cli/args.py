@@ -99,6 +99,22 @@ def existing_dir(text: str) -> str:
     return text
 
 
+def _names_a_device(text: str) -> bool:
+    """Does ``text``, or a link on the way from it, lead into /dev or /proc? (/dev/stdout is a link to
+    /proc/self/fd/1, itself a link to whatever stdout is: a regular file when redirected, and a
+    rename over the name would replace the link, not write the file.)"""
+    import os
+
+    path = os.path.abspath(text)
+    for _ in range(40):   # the kernel's own limit on links followed
+        if (path == "/dev" or path.startswith(("/dev/", "/proc/"))) and not path.startswith("/dev/shm/"):
+            return True   # (/dev/shm is a file system of files, written as any other)
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return True
+
+
 def _creatable(text: str, want_dir: bool) -> str:
     import os
     from pathlib import Path
@@ -107,6 +123,9 @@ def _creatable(text: str, want_dir: bool) -> str:
     kind = "folder" if want_dir else "file"
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a {kind} path, got {text!r}")
+    if not want_dir and _names_a_device(text):
+        raise argparse.ArgumentTypeError(f"{text!r} names a device or a process's file descriptor (/dev, "
+                                         "/proc), never replaced; leave out the option to print, or name a file")
     if p.exists():
         if want_dir and not p.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")

@@ -11,6 +11,7 @@ whatever the file's size.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -96,18 +97,21 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", type=out_file, default=None,
                    help="keep the sweep's progress in this file (every minute): the same command after a "
                         "kill resumes from it, and refuses if the file's content, the grid or an option "
-                        "changed; removed when the sweep is done (default: OUT.progress.npz with --out, "
-                        "none without)")
+                        "changed; removed once the CSV is written. Costs one more read of RECORDS (its "
+                        "sha256) (default: OUT.progress.npz with --out, none without)")
     p.set_defaults(func=sweep_cmd)
 
 
 def sweep_cmd(args) -> int:
     """``mdl-jax sweep``: bad input (grid, file, column, values) is one ``mdl-jax: error:`` line."""
     from mdl_jax import MDLConfig, config_grid, load_config
+    from mdl_jax.controller.checkpoint import Checkpoint
     from mdl_jax.controller.decision import Action
-    from mdl_jax.controller.stream import sweep_parquet
+    from mdl_jax.controller.stream import sweep_parquet_kept
 
     checkpoint = args.checkpoint or (f"{args.out}.progress.npz" if args.out else None)
+    if checkpoint and args.out and os.path.abspath(checkpoint) == os.path.abspath(args.out):
+        raise CommandError("sweep: --checkpoint and --out name one file; the CSV would replace the progress")
     refuse_same_file(args.out, RECORDS=args.records, **{"--config": args.config})
     refuse_same_file(checkpoint, what="--checkpoint", RECORDS=args.records,
                      **{"--config": args.config, "--out": args.out})
@@ -124,9 +128,9 @@ def sweep_cmd(args) -> int:
                            f"command's {MAX_CONFIGS:,}; split the grid over several commands")
     try:
         grid = config_grid(base, **dict(args.grid))
-        res = sweep_parquet(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
-                            seed=args.seed, record_chunk=args.record_chunk, engine="auto",
-                            progress=sys.stderr.isatty(), checkpoint=checkpoint)
+        res = sweep_parquet_kept(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
+                                 seed=args.seed, record_chunk=args.record_chunk, engine="auto", mesh_shape=None,
+                                 progress=sys.stderr.isatty(), checkpoint=checkpoint)
     except ValueError as e:
         raise CommandError(f"sweep: {e}") from None
     values = np.stack(np.meshgrid(*[v for _, v in args.grid], indexing="ij"), -1).reshape(-1, len(names))
@@ -162,11 +166,13 @@ def sweep_cmd(args) -> int:
         # the file's rows (res.total is a resample's weight total under --bootstrap, not a row count)
         n_rows = pq.ParquetFile(args.records).metadata.num_rows
         # --out may name a file in folders that do not exist yet (``out_file`` checks that they can be
-        # created); made only now, after the sweep, so a failed sweep leaves nothing behind. Written
-        # whole or not at all: a full disk leaves the previous file as it was.
+        # created). Written whole or not at all: a full disk leaves the previous file as it was, and
+        # the progress in place (removed only after), so the same command finishes at once.
         write_text(args.out, text)
         print(f"wrote {args.out} ({len(values):,} config{'s' * (len(values) != 1)} × {n_rows:,} records)",
               file=sys.stderr)
     else:
         write_stdout(text)
+    if checkpoint:
+        Checkpoint(checkpoint, {}).remove()
     return 0

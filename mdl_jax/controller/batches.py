@@ -263,6 +263,10 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
         if not np.all(np.isfinite(arr)):
             i = int(np.argwhere(~np.isfinite(arr.reshape(len(arr), -1)).all(1))[0][0])
             raise ValueError(f"{name}: expected finite values; {name}[{i}] = {vals[i]!r}")
+        if np.any(np.abs(arr) > np.finfo(np.float32).max):   # the batch is float32: it would be inf
+            i = int(np.argwhere((np.abs(arr) > np.finfo(np.float32).max).reshape(len(arr), -1).any(1))[0][0])
+            raise ValueError(f"{name}: expected values a float32 holds (|v| ≤ 3.4e38, the configs' dtype); "
+                             f"{name}[{i}] = {vals[i]!r}")
         names.append(name)
         values.append(arr)
     for name in names:   # a component beside its whole field: one axis would silently set the other

@@ -17,6 +17,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,17 @@ from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 # writing the sums (K × W × 8 words of 8 bytes, bounded with the pass by ``sweep.MEMORY_BOUND``).
 EVERY_S = 60.0
 _FORMAT = 1
+
+
+def versions() -> dict:
+    """The versions whose arithmetic the sums depend on: this library's, JAX's, jaxlib's and NumPy's."""
+    import jax
+    import jaxlib
+
+    from mdl_jax._version import __version__
+
+    return {"mdl_jax": __version__, "jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", ""),
+            "numpy": np.__version__}
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -77,6 +89,8 @@ class Checkpoint:
             with np.load(self.path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 sums = {k.removeprefix("s_"): z[k] for k in z.files if k.startswith("s_")}
+            if not isinstance(meta, dict) or type(meta.get("row")) is not int or meta["row"] < 0:
+                raise ValueError("its record of progress is not one")
         except (OSError, ValueError, KeyError, UnicodeError, zipfile.BadZipFile, EOFError) as e:
             raise ValueError(f"checkpoint: {str(self.path)!r} is not a readable sweep checkpoint ({e}); "
                              "remove it to start over") from None
@@ -85,7 +99,8 @@ class Checkpoint:
                              "remove it to start over")
         changed = [what for what, key in (("the Parquet file's content", "file"), ("the configs", "configs"))
                    if meta.get(key) != self.inputs[key]]
-        old, new = meta.get("options", {}), self.inputs["options"]
+        old, new = meta.get("options"), self.inputs["options"]
+        old = old if isinstance(old, dict) else {}
         changed += [f"{k} ({old.get(k)!r} then, {new.get(k)!r} now)" for k in sorted(set(old) | set(new))
                     if old.get(k) != new.get(k)]
         if changed:
@@ -98,9 +113,10 @@ class Checkpoint:
         from mdl_jax._io import write_bytes
 
         meta = {"format": _FORMAT, **self.inputs, "row": int(row)}
+        arrays: dict[str, Any] = {f"s_{k}": np.asarray(v) for k, v in sums.items()}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         buf = io.BytesIO()
-        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                 **{f"s_{k}": np.asarray(v) for k, v in sums.items()})
+        np.savez(buf, **arrays)   # (the sums once more in memory while it is written)
         write_bytes(self.path, buf.getvalue())
 
     def remove(self) -> None:

@@ -181,26 +181,27 @@ def _jax_engine(cfg: MDLConfig, K: int, size: int):
 
 
 def _engine(name: str, cfg: MDLConfig, K: int, size: int):
-    """The pass function for ``engine=name`` (``ENGINES``); a named engine that cannot run the batch
-    here is a ValueError saying why."""
+    """(the engine that runs, as a checkpoint names it: "jax", "pallas" or "native-<ISA variant>", its
+    pass function) for ``engine=name`` (``ENGINES``; "auto" resolved); a named engine that cannot run
+    the batch here is a ValueError saying why."""
     name = "pallas" if name == "fused" else name
     if name == "jax":
-        return _jax_engine(cfg, K, size)
+        return "jax", _jax_engine(cfg, K, size)
     if name == "pallas" or (name == "auto" and _api.engine_module("pallas").sweep_usable(cfg)):
         fused = _api.engine_module("pallas")
         why = fused.sweep_why_not(cfg, K)
         if why is not None:
             raise _api.cannot_run("pallas", why)
-        return fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
+        return "pallas", fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
     if name == "native" or (name == "auto" and _api.default_backend() == "cpu"):
         native = _api.engine_module("native")
         why = native.sweep_why_not(cfg, K)
         if why is None:
-            return native.sweep_engine(cfg, K, size)
+            return f"native-{native.status().get('isa', 'unknown')}", native.sweep_engine(cfg, K, size)
         if name == "native":
             raise _api.cannot_run("native", why)
     if name == "auto":
-        return _jax_engine(cfg, K, size)
+        return "jax", _jax_engine(cfg, K, size)
     raise ValueError(f"engine: expected one of {ENGINES}, got {name!r}")
 
 
@@ -248,7 +249,7 @@ class Reducer:
 
     def __init__(self, cfg: MDLConfig, K: int, W: int, size: int, engine: str):
         self.K, self.W, self.size = K, W, size
-        self.run_pass = _engine(engine, cfg, K, size)
+        self.engine, self.run_pass = _engine(engine, cfg, K, size)
         self.s = {"int_correct": np.zeros((K, W), np.int64), "int_counts": np.zeros((K, W, 4), np.int64),
                   "float_correct": np.zeros((K, W)), "float_counts": np.zeros((K, W, 4)),
                   "cf": np.zeros((K, W)), "wsum": np.zeros(W), "total": np.zeros(W)}

@@ -167,7 +167,8 @@ def _column(batch, name: str, role: str, row0: int) -> np.ndarray:
         i = int(np.flatnonzero(np.asarray(col.is_null()))[0])
         raise ValueError(f"{name}: expected a value in every row; row {row0 + i} is null")
     x = col.to_numpy(zero_copy_only=False)
-    if x.dtype.kind not in "biuf":
+    if x.dtype.kind not in "biuf" or (x.dtype.kind == "b" and role in ("M", "R", "A")):
+        # (a bool signal is refused as sweep and decide refuse it: True is no relevance)
         raise ValueError(f"{name}: expected numbers, got {col.type} (row {row0})")
     if role in ("M", "R", "A"):
         bad = ~((x >= 0) & (x <= 1))
@@ -239,16 +240,17 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     _, size, shape = pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
     names = list(dict.fromkeys(cols.values()))
     ckpt = None
-    if checkpoint is not None:
-        from mdl_jax import __version__
-        from mdl_jax.controller import checkpoint as _ckpt
-
-        options = {"columns": cols, "bootstrap": int(bootstrap), "seed": int(seed), "pass": int(size),
-                   "engine": engine, "mesh": list(shape), "mdl_jax": __version__}
-        ckpt = _ckpt.Checkpoint(checkpoint, {"file": _ckpt.file_digest(path), "configs": _ckpt.configs_digest(cfg),
-                                             "options": options})
     with passes_on_mesh(shape):
         red = Reducer(cfg, K, W, size, engine)
+        if checkpoint is not None:
+            from mdl_jax.controller import checkpoint as _ckpt
+
+            # the engine that runs ("auto" resolved, the kernel's ISA variant) and the versions that
+            # compute: passes of another would not add up to the same bits
+            options = {"columns": cols, "bootstrap": int(bootstrap), "seed": int(seed), "pass": int(size),
+                       "engine": red.engine, "mesh": list(shape), **_ckpt.versions()}
+            ckpt = _ckpt.Checkpoint(checkpoint, {"file": _ckpt.file_digest(path),
+                                                 "configs": _ckpt.configs_digest(cfg), "options": options})
         buf: list[tuple] = []
         held = 0
         # rows of the stream added in whole passes (passes start at multiples of ``size``): where a
@@ -298,8 +300,12 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
                     w = _column(batch, cols["weight"], "weight", row)[None]
                 if bootstrap:
                     p = draws(row, row + n)
-                    if w.dtype.kind in "iu" and float(w.max(initial=0)) * float(p.max(initial=0)) >= 2.0 ** 62:
-                        w = w.astype(np.float64)   # an int64 product would wrap to negative weights
+                    if w.dtype.kind in "iu" and float(w.max(initial=0)) >= 2.0 ** 53:
+                        # past 2^53 the product in float64 (an int64 one could wrap to negative weights);
+                        # below, the int64 product is exact and float64 would give the same value, so a
+                        # record's weight does not depend on the batch it is read in (a resumed sweep's
+                        # batches are cut elsewhere)
+                        w = w.astype(np.float64)
                     w = p * w
                 buf.append((M, R, A, lab, w))
                 held += n
@@ -359,16 +365,28 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
     """
     if isinstance(configs, (list, tuple)):
         raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
-    state, w2d, batched, has_adopt = parquet_state(
-        path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
-        engine=engine, mesh_shape=mesh_shape, progress=progress, checkpoint=checkpoint)
-    check_resamples(state, bootstrap, columns)
-    result = finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
+    result = sweep_parquet_kept(path, configs, columns=columns, bootstrap=bootstrap, seed=seed,
+                                record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape,
+                                progress=progress, checkpoint=checkpoint)
     if checkpoint is not None:
         from mdl_jax.controller.checkpoint import Checkpoint
 
         Checkpoint(checkpoint, {}).remove()
     return result
+
+
+def sweep_parquet_kept(path, configs, *, columns, bootstrap, seed, record_chunk, engine, mesh_shape, progress,
+                       checkpoint) -> SweepResult:
+    """``sweep_parquet`` that leaves its checkpoint in place: for a caller that has more to do before
+    the progress may go (``mdl-jax sweep`` writes its CSV first, then removes it). Arguments, result
+    and errors as ``sweep_parquet``'s."""
+    if isinstance(configs, (list, tuple)):
+        raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
+    state, w2d, batched, has_adopt = parquet_state(
+        path, configs, columns=columns, bootstrap=bootstrap, seed=seed, record_chunk=record_chunk,
+        engine=engine, mesh_shape=mesh_shape, progress=progress, checkpoint=checkpoint)
+    check_resamples(state, bootstrap, columns)
+    return finish(state, has_adopt=has_adopt, w2d=w2d, batched=batched)
 
 
 def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:

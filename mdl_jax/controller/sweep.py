@@ -80,7 +80,7 @@ from mdl_jax.controller.passes import (
     passes_on_mesh,
     result_from_state,
 )
-from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, is_real_dtype
 
 __all__ = [
     "COMPONENTS", "ENGINES", "MEMORY_BOUND", "MIN_PASS", "NUMERIC_FIELDS", "RECORD_CHUNK", "SweepResult",
@@ -132,6 +132,8 @@ def _weights(weights, N: int):
     if weights is None:
         return np.ones((1, N), np.int32), np.full(1, float(N)), False
     w = np.asarray(weights)
+    if w.dtype.kind == "V" and is_real_dtype(w.dtype):   # bfloat16 (ml_dtypes: NumPy kind 'V'), as signals take it
+        w = w.astype(np.float32)
     if w.dtype.kind not in "biuf":
         raise ValueError(f"weights: expected real numbers, got dtype {w.dtype}")
     w2d = w.ndim == 2

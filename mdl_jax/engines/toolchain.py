@@ -160,13 +160,16 @@ def cache_folder(folder: Path) -> Path:
 
     Raises:
       NativeBuildError: the folder (where a link leads) is not a folder, is another user's, or cannot
-        be made.
+        be made; a link that leads nowhere.
     """
+    what = f"the native library cache (${ENV_CACHE}/native)"
+    if folder.is_symlink() and not folder.exists():   # never made wherever a dangling link points
+        raise NativeBuildError(f"{what}: {folder} is a link to nothing ({os.readlink(folder)}); remove it "
+                               f"or set ${ENV_CACHE} to a folder of your own")
     try:
-        return own_folder(folder.resolve() if folder.is_symlink() else folder,
-                          what=f"the native library cache (${ENV_CACHE}/native)")
+        return own_folder(folder.resolve() if folder.is_symlink() else folder, what=what)
     except ValueError as e:
-        raise NativeBuildError(str(e)) from None
+        raise NativeBuildError(f"{e}; or set ${ENV_CACHE} to a folder of your own") from None
 
 
 # A build takes at most the compiler's timeout (``compile_library``'s); temporaries older than this

@@ -285,9 +285,9 @@ def _make_private_folders(folder: Path) -> None:
 
 def _untrusted(path: Path) -> str | None:
     """Why the database at ``path`` must not be opened, or None: a symbolic link at its name (SQLite
-    would write through it), or a file of another user's in a folder that others than its owner may
-    write (anyone could have put it there, with any vectors). Another user's file in a folder only
-    they may write is a shared read-only cache, and is read."""
+    would write through it), or a file of another user's that someone else could have put there (a
+    folder group or others may write, or a third user's). Another user's file in a folder only they
+    (or we) may write is a shared read-only cache, and is read."""
     try:
         st = os.lstat(path)
         folder = os.stat(path.parent)
@@ -295,10 +295,16 @@ def _untrusted(path: Path) -> str | None:
         return None
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link (remove it and a new cache is made)"
-    mine = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
-    if not mine and (folder.st_mode & 0o022 or folder.st_uid != st.st_uid):
+    me = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_uid == me:
+        return None
+    # another user's file: trusted where only its owner or we could have put it there
+    if folder.st_mode & 0o022:
         return (f"it belongs to another user (uid {st.st_uid}) in a folder others may write, so anyone "
                 "could have planted its vectors; use a cache folder of your own")
+    if folder.st_uid not in (me, st.st_uid):
+        return (f"it belongs to another user (uid {st.st_uid}) in a folder of a third (uid {folder.st_uid}); "
+                "use a cache folder of your own")
     return None
 
 
