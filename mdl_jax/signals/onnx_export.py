@@ -36,11 +36,8 @@ DIGEST_SUFFIX = ".sha256"  # model.onnx's digest, recorded at export: model.onnx
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _record_digest(graph: Path) -> None:
