@@ -226,6 +226,45 @@ def test_sigkill_and_resume_gives_exactly_the_uninterrupted_records(tmp_path, ca
     assert all(f"RQ{i}" in short for i in range(1, 5))
 
 
+@pytest.mark.slow
+def test_a_rerun_onto_other_inputs_is_refused_and_the_run_keeps_its_whole_config(tmp_path, cache_dir, cli):
+    """A rerun into an --out reused its records whatever the data, model or generation settings (a
+    cap of 8 tokens beside records capped at 12; questions of another file under the old qids), and
+    the analyses rebuilt B3's config from θ, n_min, n_max over the paper's defaults, whatever config the
+    run decided with."""
+    import dataclasses
+    import shutil
+
+    from mdl_jax import load_config, save_config
+    from mdl_repro.pipeline.experiment import SHIPPED
+
+    out = tmp_path / "run"
+    custom = dataclasses.replace(load_config(SHIPPED / "smollm2-halueval.json"), gate_coeffs=(0.9, 0.1),
+                                 bias=0.15, gains=(0.5, 1.0, 1.0))
+    save_config(custom, tmp_path / "custom.json")
+    argv = ["reproduce", "--datasets", "halueval", "--n-questions", "2", "--systems", "B1", "B3",
+            "--max-new-tokens", "12", "--batch-size", "2", "--config", str(tmp_path / "custom.json"), "--out", str(out)]
+    rc, _, err = cli(argv, MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 0, err[-2000:]
+    analysis = json.loads((out / "analysis" / "analysis.json").read_text())
+    assert analysis["b3_recorded_action_agreement"] == 1.0           # scored with the config that ran
+    assert analysis["configs"]["halueval"]["whole"] is True
+    n = len((out / "records.jsonl").read_text().splitlines())
+    tweak = ["--max-new-tokens", "8"]
+    rc, _, err = cli([*argv[:-2], *tweak, "--out", str(out)], MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 2 and "holds records made from other inputs: max_new_tokens (12 then, 8 now) changed" in err, err
+    data = tmp_path / "data"   # the same file name, other questions under the same qids
+    data.mkdir()
+    from mdl_repro.pipeline.data import find_local
+
+    rows = find_local("halueval", None).read_text().splitlines()
+    (data / "halueval_qa.jsonl").write_text("\n".join(reversed(rows)) + "\n")
+    rc, _, err = cli([*argv[:-2], "--data-dir", str(data), "--out", str(out)], MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 2 and "the halueval data changed" in err, err
+    assert len((out / "records.jsonl").read_text().splitlines()) == n   # nothing added
+    shutil.rmtree(data)
+
+
 def test_torn_last_line_is_ignored_and_fixed(tmp_path):
     w = rec_io.RecordWriter(tmp_path / "r.jsonl")
     w.append([{"dataset": "d", "qid": 1, "seed": 0, "system": "B1", "failed": False}])

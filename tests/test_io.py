@@ -621,3 +621,42 @@ def test_analyze_replaces_its_previous_folder_whole_and_owns_every_name_it_write
     assert [n for n in names if not analysis_file(n)] == []
     assert (out / "ANALYSIS.md").read_text() != "old ANALYSIS.md\n"
     assert sorted(os.listdir(tmp_path)) == ["analysis", "records.jsonl", "run.json"]
+
+
+def test_a_gate_scores_row_after_a_torn_line_is_kept(tmp_path):
+    # the scores file was appended to as it was: a killed run's torn last line swallowed the next row
+    import json
+
+    from mdl_repro.pipeline.gate_scores import _Appender
+
+    path = tmp_path / "gate_scores.jsonl"
+    path.write_text('{"system": "B1", "qid": 1}\n{"system": "B1", "qi')
+    w = _Appender(path)
+    w.write([{"system": "B2", "qid": 2}])
+    w.close()
+    lines = path.read_text().splitlines()
+    assert lines[1] == '{"system": "B1", "qi' and json.loads(lines[2]) == {"system": "B2", "qid": 2}
+
+
+def test_judge_never_writes_over_its_input(tmp_path, cli):
+    src = tmp_path / "one.jsonl"
+    src.write_text('{"dataset": "truthfulqa", "qid": 5, "answer": "yes"}\n')
+    (tmp_path / "link.jsonl").symlink_to(src)
+    for out in (src, tmp_path / "link.jsonl"):
+        rc, _, err = cli(["judge", src, "--out", out])
+        assert rc == 2 and "is the IN.jsonl file" in err, err
+    assert src.read_text() == '{"dataset": "truthfulqa", "qid": 5, "answer": "yes"}\n'
+
+
+def test_score_gates_refuses_a_run_of_another_model(tmp_path, cli):
+    # it scored with the bundled SmolLM2 whatever model had answered (its help said "the run's model")
+    import json
+
+    base = {"dataset": "truthfulqa", "qid": 0, "seed": 0, "answer": "x", "failed": False, "hallucinated": False,
+            "M": 0.5, "R": 0.5, "A": 0.5, "C": 0.5, "alpha": 0.5, "C_final": 0.5}
+    (tmp_path / "records.jsonl").write_text("".join(
+        json.dumps({**base, "system": s, "action": "ACTIVE" if s == "B3" else None}) + "\n" for s in ("B1", "B2", "B3")))
+    (tmp_path / "run.json").write_text(json.dumps({"model": "Qwen/Qwen2.5-Coder-1.5B-Instruct [float32]",
+                                                   "config": {}}))
+    rc, _, err = cli(["score-gates", tmp_path])
+    assert rc == 2 and "the run's answers are from Qwen/Qwen2.5-Coder-1.5B-Instruct" in err, err

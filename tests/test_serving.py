@@ -154,6 +154,31 @@ def test_every_wrong_typed_or_out_of_range_request_gets_a_400_naming_its_field(s
         assert e.value.body["param"] == param
 
 
+def test_an_empty_completions_prompt_is_a_400_naming_prompt(server):
+    # alone it reached generation and came back a 500 with a torch error; batched with others, a 200
+    with raw(server, 60) as h:
+        for body in ({"model": "smollm2", "prompt": "", "max_tokens": 2},
+                     {"model": "smollm2", "prompt": ["Hello", ""], "max_tokens": 2},
+                     {"model": "smollm2", "prompt": "", "max_tokens": 0, "echo": True, "logprobs": 1}):
+            err = assert_error(h.post("/completions", json=body), 400, "prompt")
+            assert "empty prompt" in err["message"]
+
+
+def test_a_request_is_refused_whole_before_any_of_its_prompts_is_queued():
+    # a 64-prompt request meeting a queue with room for 40 queued 40 of them, then answered 503: the
+    # 40 ran for a client told "busy". The check is for the whole request now.
+    from types import SimpleNamespace
+
+    from mdl_jax.serving.protocol import APIError
+    from mdl_repro.model_server import ModelServer
+
+    srv = SimpleNamespace(queued=lambda: 472, limits=SimpleNamespace(max_queue=512))
+    ModelServer.check_queue(srv, 40)   # fits exactly
+    with pytest.raises(APIError) as e:
+        ModelServer.check_queue(srv, 41)
+    assert e.value.status == 503 and "472 prompts queued of at most 512, and this request has 41" in str(e.value)
+
+
 def test_unknown_model_is_404_and_models_are_listed(server):
     c = client(server)
     assert {"smollm2", "bundled:smollm2"} <= {m.id for m in c.models.list()}

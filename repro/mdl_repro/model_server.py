@@ -467,9 +467,12 @@ class ModelServer:
     def queued(self) -> int:
         return sum(len(lane.jobs) for lane in self.lanes.values()) + len(self.score_lane.jobs)
 
-    def check_queue(self) -> None:
-        if self.queued() >= self.limits.max_queue:
-            raise APIError(503, f"server busy: {self.limits.max_queue} requests already queued",
+    def check_queue(self, n: int = 1) -> None:
+        """503 unless ``n`` more prompts fit the queue: a request is refused whole, before any of its
+        prompts is queued (one queued and then refused would run for a client told "busy")."""
+        if self.queued() + n > self.limits.max_queue:
+            raise APIError(503, f"server busy: {self.queued()} prompts queued of at most "
+                                f"{self.limits.max_queue}, and this request has {n}",
                            "server_error", code="overloaded")
 
     def enqueue(self, job: Job) -> Job:
@@ -596,11 +599,15 @@ def make_app(srv: ModelServer):
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         counts = [await srv.count(p) for p in prompts]
         for n in counts:
+            if n == 0:   # nothing to continue or score (generation failed on it with a 500)
+                raise APIError(400, "prompt: expected at least one token, got an empty prompt", param="prompt")
             srv.check_context(n, mt, "prompt")
         srv.injected_failure()
         choices, jobs, n_completion = [], [], 0
         if mt == 0:
             scoring = req.logprobs is not None and bool(req.echo)
+            if scoring:
+                srv.check_queue(len(prompts))
             sjobs = [srv.enqueue_score(ScoreJob(p, req.logprobs or 0)) for p in prompts] if scoring else []
             try:
                 scored = await until_answered(srv, request, sjobs) if sjobs else []
@@ -617,6 +624,7 @@ def make_app(srv: ModelServer):
                 choices.append({"index": i, "text": p if req.echo else "", "logprobs": lp,
                                 "finish_reason": "length"})
         else:
+            srv.check_queue(len(prompts))
             for p, n in zip(prompts, counts):
                 jobs.append(srv.enqueue(Job(p, 0 if req.seed is None else req.seed, mt,
                                             srv.temperature(req.temperature),

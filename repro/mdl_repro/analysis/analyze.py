@@ -313,7 +313,8 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
                      "n_questions": int(len(np.unique(qid))), "repeats": _repeats(df),
                      "judges": list(judges),
                      "configs": {k: {"source": v.source, "thresholds": [float(t) for t in v.config.thresholds],
-                                     "n_min": float(v.config.n_min), "n_max": float(v.config.n_max)}
+                                     "n_min": float(v.config.n_min), "n_max": float(v.config.n_max),
+                                     **({"whole": True} if v.whole else {})}
                                  for k, v in rc.items()}}
         for j, yj in labels.items():
             res.setdefault("by_judge", {})[j] = _headline_numbers(df, yj, sc, qid)
@@ -660,8 +661,10 @@ def _report(res: dict, md: dict, figs: dict, out: Path) -> str:
         "numbers are printed beside ours as the paper's. Every RQ2–RQ3 number is given under the oracle labels "
         f"of each judge the records carry ({', '.join(f'`{j}`' for j in js)}).", "",
         oracle_par, "",
-        "**Which config scores the records:** the calibrated config of the run, per dataset (each record "
-        "with its own dataset's θ, n_min, n_max; every other field the paper's Table 2):", cfg_lines,
+        ("**Which config scores the records:** the config B3 decided with, per dataset, as run.json "
+         "records it whole:" if all(c.get("whole") for c in res["configs"].values()) else
+         "**Which config scores the records:** the calibrated config of the run, per dataset (each record "
+         "with its own dataset's θ, n_min, n_max; every other field the paper's Table 2):"), cfg_lines,
         f"Recomputed B3 actions agree with the recorded ones on {res['b3_recorded_action_agreement']:.1%} of "
         "B3 records.", "",
         "## Headline, beside the paper, under each judge", "", _judge_table(res), "",

@@ -132,6 +132,7 @@ def degenerate(action) -> str | None:
 class RunConfig(NamedTuple):
     config: MDLConfig
     source: str  # where it came from: "run.json", "recalibrated", "MDLConfig() defaults"
+    whole: bool = False  # run.json held the whole config (not only θ, n_min, n_max over Table 2)
 
 
 def calibration_split(cal, dataset: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -153,9 +154,22 @@ def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
             run = json.loads(rp.read_text()).get("datasets", {}) or {}
         except json.JSONDecodeError:
             run = {}
+    else:
+        import warnings
+
+        warnings.warn(f"analyze: no run.json beside {records_path}: B3 is scored with a config recalibrated "
+                      "on the records' calibration split, or the paper's defaults, which may not be the one "
+                      "the run decided with (see the agreement with the recorded actions)", RuntimeWarning,
+                      stacklevel=2)
     out = {}
     for ds in sorted(df["dataset"].unique()):
         d = run.get(ds) or {}
+        if isinstance(d.get("mdl_config"), dict):   # the whole config B3 decided with
+            from mdl_jax.controller.config_file import config_from_dict
+
+            out[ds] = RunConfig(config_from_dict(d["mdl_config"], f"{rp}: datasets.{ds}.mdl_config"),
+                                "run.json", True)
+            continue
         if all(d.get(k) is not None for k in ("thresholds", "n_min", "n_max")):
             out[ds] = RunConfig(MDLConfig(thresholds=tuple(float(t) for t in d["thresholds"]),
                                           n_min=float(d["n_min"]), n_max=float(d["n_max"])), "run.json")

@@ -12,8 +12,9 @@ def register(sub) -> None:
     from mdl_repro.analysis.oracle import RecordsError
     from mdl_repro.cli import analyze, experiment, judge, score_gates, tune
     from mdl_repro.pipeline.judgement import JudgeInputError
+    from mdl_repro.pipeline.records import OtherInputs
 
-    add_user_errors(RecordsError, JudgeInputError)
+    add_user_errors(RecordsError, JudgeInputError, OtherInputs)
     experiment.register(sub)
     judge.register(sub)
     analyze.register(sub)

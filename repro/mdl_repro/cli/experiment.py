@@ -168,9 +168,11 @@ def reproduce_cmd(args) -> int:
 
     calibration = ("run" if args.recalibrate else args.config if args.config else
                    "shipped" if args.backend == "local" and args.llm is None else "run")
-    cfg = RunConfig(out=Path(args.out), datasets=tuple(args.datasets), n_questions=args.n_questions,
-                    seeds=tuple(args.seeds), systems=tuple(args.systems),
-                    baseline_datasets=tuple(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
+    # a value given twice is one (the report counted "--seeds 0 0" as two seeds of one seed's records)
+    once = lambda xs: tuple(dict.fromkeys(xs))  # noqa: E731
+    cfg = RunConfig(out=Path(args.out), datasets=once(args.datasets), n_questions=args.n_questions,
+                    seeds=once(args.seeds), systems=once(args.systems),
+                    baseline_datasets=once(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
                     store_seed=args.split_seed, calibration=calibration)
@@ -257,7 +259,7 @@ def _remove_empty_run(out: Path, top: Path) -> None:
     """Undo what a run that failed on bad input before its first record created: the lock, the empty
     generation cache and records file, the folder itself (only files this run makes, only if empty)."""
     for name in (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
-                 "records.jsonl"):
+                 "records.jsonl", "inputs.json"):
         f = out / name
         if f.is_file() and (name != "records.jsonl" or f.stat().st_size == 0):
             f.unlink()

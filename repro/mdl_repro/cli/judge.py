@@ -12,6 +12,7 @@ from mdl_jax.cli.args import (
     out_file,
     positive_float,
     positive_int,
+    refuse_same_file,
 )
 from mdl_repro.pipeline.judgement import JUDGES, judge_records, read_answers
 
@@ -84,6 +85,7 @@ def judge_cmd(args) -> int:
 
     src = Path(args.input)
     out = Path(args.out) if args.out else src.with_name(src.name.removesuffix(".jsonl") + ".judged.jsonl")
+    refuse_same_file(str(out), **{"IN.jsonl": str(src)})
     llm = None
     if "llm" in args.judge:
         missing = [f for f, v in (("--base-url", args.base_url), ("--model", args.model)) if not v]

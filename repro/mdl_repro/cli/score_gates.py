@@ -17,7 +17,8 @@ def register(sub) -> None:
                        description="Scores every B1 and calibration answer of a reproduce run for the gates "
                                    "`mdl-jax analyze` compares with MDL: teacher-forced log-probabilities (no new "
                                    "generation), self-evaluation by label likelihood and the best memory cosine. "
-                                   "Cost: one teacher-forced forward pass of the run's model per answer and one "
+                                   "The run's model must be the bundled SmolLM2 (another model's run is refused). "
+                                   "Cost: one teacher-forced forward pass of SmolLM2 per answer and one "
                                    "embedding per memory, no generation; resumable.",
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("run_dir", help="a reproduce run's folder (records.jsonl, run.json)")

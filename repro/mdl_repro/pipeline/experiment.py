@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax._io import write_text
+from mdl_jax.controller.config_file import config_to_dict
 from mdl_repro.pipeline import ENGINE
 from mdl_repro.pipeline import records as rec_io
 from mdl_repro.pipeline import systems as sysm
 from mdl_repro.pipeline.generation import CachedBackend, GenerationCache, record_seed
+from mdl_repro.pipeline.records import OtherInputs
 
 CALIBRATION = "calibration"
 
@@ -59,6 +61,56 @@ class RunConfig:
 
 class OutDirInUse(RuntimeError):
     """Another process holds the out dir's lock."""
+
+
+# What the records of an out dir were made from, beyond their keys (dataset, qid, seed, system): a
+# resumed run reuses a record only when these are the same (``check_inputs``).
+INPUTS = "inputs.json"
+
+
+def run_inputs(cfg: RunConfig, backend, embedder, data: dict[str, list]) -> dict:
+    """The inputs a record depends on: the model and its generation settings, the embedder, the store
+    and split seed, the calibration split's size, where B3's config comes from (a file by its content)
+    and each dataset's questions (by a digest of their items)."""
+    engine = getattr(backend, "engine", "torch")
+    calibration: str | dict = cfg.calibration
+    if calibration not in ("run", "shipped"):
+        calibration = {"config file": hashlib.sha256(Path(calibration).read_bytes()).hexdigest()}
+    return {
+        "model": backend.model_id, "engine": engine if isinstance(engine, str) else "torch",
+        "max_new_tokens": int(backend.max_new_tokens), "embedder": getattr(embedder, "model_id", str(embedder)),
+        "split_seed": int(cfg.store_seed), "n_calibration": int(cfg.n_calibration), "calibration": calibration,
+        "data": {ds: hashlib.sha256(json.dumps([dataclasses.astuple(i) for i in items],
+                                               ensure_ascii=False).encode()).hexdigest()
+                 for ds, items in data.items()},
+    }
+
+
+def check_inputs(out: Path, now: dict, has_records: bool) -> None:
+    """Refuse (``OtherInputs``, naming what changed) to add to an out dir whose records were made from
+    other inputs; else record ``now`` (datasets new to the run are added to what it holds).
+
+    An out dir with records but no record of its inputs (written before they were recorded) is taken
+    as it is, once: its inputs are recorded from this run on."""
+    before = read_json(out / INPUTS)
+    if isinstance(before, dict):
+        changed = [k for k in sorted(set(before) | set(now)) if k != "data" and before.get(k) != now.get(k)]
+        old_data = before.get("data") if isinstance(before.get("data"), dict) else {}
+        changed += [f"the {ds} data" for ds in sorted(set(old_data) & set(now["data"]))
+                    if old_data[ds] != now["data"][ds]]
+        if changed:
+            said = "; ".join(f"{k} ({before.get(k)!r} then, {now.get(k)!r} now)" if k in now else k
+                             for k in changed)
+            raise OtherInputs(f"reproduce: --out {str(out)!r} holds records made from other inputs: {said} "
+                              "changed; use another --out, or remove this one to start over")
+        now = {**now, "data": {**old_data, **now["data"]}}
+    elif has_records:
+        import warnings
+
+        warnings.warn(f"reproduce: {out} has records but no record of the inputs they were made from "
+                      f"(written by an earlier version); they are taken as made from this run's, which "
+                      f"{INPUTS} records from now on", RuntimeWarning, stacklevel=2)
+    write_text(out / INPUTS, json.dumps(now, indent=2, ensure_ascii=False))
 
 
 def lock_out_dir(out: Path):
@@ -198,9 +250,9 @@ class Experiment:
         from mdl_repro.pipeline.stores import StoreConfig, build_stores
 
         cfg = self.cfg
-        plan, keys = [], set()
+        plan, keys, data = [], set(), {}
         for ds in cfg.datasets:
-            items = load(ds, cfg.data_dir)
+            items = data[ds] = load(ds, cfg.data_dir)
             stores_all = build_stores(items, StoreConfig(seed=cfg.store_seed))
             cal, ev = select_questions(items, cfg.n_questions, cfg.n_calibration, cfg.store_seed)
             by_qid = {s.item.qid: s for s in stores_all}
@@ -217,6 +269,7 @@ class Experiment:
             if cfg.calibration == "run":
                 keys |= {(ds, s.item.qid, 0, CALIBRATION) for s in cal_st}
             keys |= {(ds, s.item.qid, seed, system) for s in ev_st for seed, system in units}
+        check_inputs(self.out, run_inputs(cfg, self.backend, self.embedder, data), bool(self.done))
         # The bar counts this plan's records: those already on disk (a resumed run) start it, records
         # of other plans in the same out dir do not, so it ends at exactly total/total.
         done = sum(1 for k in keys if k in self.done and not self.done[k].get("failed"))
@@ -260,6 +313,8 @@ class Experiment:
                 "tie_break": calib.tie_break if calib else None,
                 "thresholds": [float(t) for t in mcfg.thresholds],
                 "n_min": float(mcfg.n_min), "n_max": float(mcfg.n_max),
+                # the whole config B3 decided with: the analyses score the records with it
+                "mdl_config": config_to_dict(mcfg),
                 "eval_qids": [s.item.qid for s in ev_st],
             }
         bar.close()

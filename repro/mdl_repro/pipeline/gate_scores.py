@@ -79,11 +79,21 @@ class _Appender:
 
         self.path = path
         self.f = open_append(path, "ab")
+        # a torn last line (a killed run) would glue onto the first row written now: end it first
+        size = os.fstat(self.f.fileno()).st_size
+        if size:
+            with open(path, "rb") as r:
+                r.seek(size - 1)
+                if r.read(1) != b"\n":
+                    self.write_bytes(b"\n")
 
     def write(self, rows) -> None:
+        self.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+
+    def write_bytes(self, data: bytes) -> None:
         from mdl_jax._io import OutputError
 
-        self.f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+        self.f.write(data)
         self.f.flush()
         try:
             os.fsync(self.f.fileno())
@@ -111,7 +121,8 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     """Score what the gates need for every B1 and calibration record and every question of a run;
     append to ``run_dir/gate_scores.jsonl``. Returns counts {"answers", "questions", "seconds"}.
 
-    ``limit``: score at most this many new answers (a quick check); None for all.
+    ``limit``: score at most this many new answers (a quick check); None for all. ``backend`` None:
+    the bundled SmolLM2, for a run of that model only (another model's run is a ``RecordsError``).
     """
     from tqdm.auto import tqdm
 
@@ -122,8 +133,10 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     recs_path = run_dir / "records.jsonl"
     ev, cal = load_records(recs_path)
     run: dict = {}
+    model = None
     if (run_dir / "run.json").is_file():
-        run = json.loads((run_dir / "run.json").read_text()).get("config", {}) or {}
+        whole = json.loads((run_dir / "run.json").read_text())
+        run, model = whole.get("config", {}) or {}, whole.get("model")
     store_seed = int(run.get("store_seed", 0) or 0)
     data_dir = data_dir or run.get("data_dir")
     path = run_dir / SCORES_FILE
@@ -145,7 +158,14 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
                            f"{data_dir!r}); the gate scores need the run's questions")
     if backend is None:
         from mdl_repro.pipeline.generation import LocalBackend
+        from mdl_repro.pipeline.generation.base import BUNDLED_ID
 
+        if isinstance(model, str) and not model.startswith(BUNDLED_ID):
+            # the gates score the answering model's own log-probabilities: another model's would be
+            # a different gate, and nothing in a row says which model scored it
+            raise RecordsError(f"{run_dir / 'run.json'}: the run's answers are from {model}; score-gates "
+                               "scores with the bundled SmolLM2 only (from Python: score_run(run_dir, "
+                               "backend=...) with the run's model)")
         backend = LocalBackend(batch_size=batch_size)
     out = _Appender(path)
     t_all = time.perf_counter()

@@ -26,6 +26,11 @@ def key(rec: dict) -> tuple:
     return tuple(rec[k] for k in KEY)
 
 
+class OtherInputs(ValueError):
+    """An out dir holds records made from other inputs (data, model, generation settings, ...) than
+    the run that would add to them (``experiment.check_inputs``)."""
+
+
 class RecordWriter:
     """Appends records to a records file, each chunk fsynced (``mdl_jax._io.append_bytes``: opened
     without following a symbolic link, a regular file only).
