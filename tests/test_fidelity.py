@@ -333,15 +333,16 @@ def test_rerun_with_nothing_to_do_exits_zero_after_a_failed_run(fault_server, tm
     from mdl_repro.pipeline.experiment import SHIPPED
 
     out = tmp_path / "run"
-    local = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--no-analyses",
-             "--out", out]
-    rc, _, err = cli(local + ["--n-questions", "1"], MDL_JAX_CACHE_DIR=cache_dir)
+    # one model throughout (a rerun onto another model is refused): the served "m", answering well,
+    # then failing every call, then answering well again
+    served = ["reproduce", "--datasets", "halueval", "--systems", "B1", "--max-new-tokens", "8", "--no-analyses",
+              "--backend", "openai", "--llm", "m", "--config", SHIPPED / "smollm2-halueval.json", "--out", out]
+    rc, _, err = cli(served + ["--n-questions", "1"], MDL_JAX_CACHE_DIR=cache_dir,
+                     MDL_JAX_OPENAI_BASE_URL=fault_server("ok"))
     assert rc == 0, err[-2000:]
-    rc, _, err = cli(local + ["--n-questions", "2", "--backend", "openai", "--llm", "m",
-                              "--config", SHIPPED / "smollm2-halueval.json"],
-                     MDL_JAX_OPENAI_BASE_URL=fault_server("no-choices"))
+    rc, _, err = cli(served + ["--n-questions", "2"], MDL_JAX_OPENAI_BASE_URL=fault_server("no-choices"))
     assert rc == 3 and "1 of 1 records of this run failed" in err
-    rc, _, err = cli(local + ["--n-questions", "1"])
+    rc, _, err = cli(served + ["--n-questions", "1"], MDL_JAX_OPENAI_BASE_URL=fault_server("ok"))
     assert rc == 0, err[-2000:]
     run = json.loads((out / "run.json").read_text())
     assert run["report_rewritten"] is True and run["this_run"]["records_failed"] == 1

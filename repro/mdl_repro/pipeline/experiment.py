@@ -74,8 +74,8 @@ def run_inputs(cfg: RunConfig, backend, embedder, data: dict[str, list]) -> dict
     and each dataset's questions (by a digest of their items)."""
     engine = getattr(backend, "engine", "torch")
     calibration: str | dict = cfg.calibration
-    if calibration not in ("run", "shipped"):
-        calibration = {"config file": hashlib.sha256(Path(calibration).read_bytes()).hexdigest()}
+    if cfg.calibration not in ("run", "shipped"):
+        calibration = {"config file": hashlib.sha256(Path(cfg.calibration).read_bytes()).hexdigest()}
     return {
         "model": backend.model_id, "engine": engine if isinstance(engine, str) else "torch",
         "max_new_tokens": int(backend.max_new_tokens), "embedder": getattr(embedder, "model_id", str(embedder)),
@@ -95,7 +95,7 @@ def check_inputs(out: Path, now: dict, has_records: bool) -> None:
     before = read_json(out / INPUTS)
     if isinstance(before, dict):
         changed = [k for k in sorted(set(before) | set(now)) if k != "data" and before.get(k) != now.get(k)]
-        old_data = before.get("data") if isinstance(before.get("data"), dict) else {}
+        old_data: dict = before["data"] if isinstance(before.get("data"), dict) else {}
         changed += [f"the {ds} data" for ds in sorted(set(old_data) & set(now["data"]))
                     if old_data[ds] != now["data"][ds]]
         if changed:
