@@ -7,8 +7,9 @@ from pathlib import Path
 
 from mdl_jax.cli.args import DefaultsHelpFormatter, config_file, existing_dir, out_dir
 
-ANALYZE_COST = ("about 1-2 minutes for the 3,600 pooled records of a paper-scale run on this 2-core "
-                "CPU (the sweeps and XGBoost dominate); --latency adds loading MiniLM and SmolLM2")
+ANALYZE_COST = ("about 15 seconds on an idle 2-core CPU for the 4,560 records of a paper-scale run (3,600 "
+                "pooled B1/B2/B3), more under load (the sweeps and XGBoost dominate); --latency adds "
+                "loading MiniLM and SmolLM2")
 
 
 def register(sub) -> None:
