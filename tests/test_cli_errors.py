@@ -284,7 +284,7 @@ def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
     """Every subcommand's --help describes its job and its cost and shows its defaults."""
     from mdl_jax.cli import main
 
-    for cmd, cost in (("analyze", "minutes"), ("tune", "minute"), ("judge", "Cost"), ("reproduce", "minutes")):
+    for cmd, cost in (("analyze", "seconds"), ("tune", "minute"), ("judge", "Cost"), ("reproduce", "minutes")):
         assert main([cmd, "--help"]) == 0
         out = capsys.readouterr().out
         assert cost in out, cmd
