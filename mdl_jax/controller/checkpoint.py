@@ -3,7 +3,8 @@
 A checkpoint is one ``.npz`` file (NumPy's format, read with ``allow_pickle=False``) holding the
 reducer's sums after whole passes, the row where the next pass starts, and what the sums depend on:
 the sha256 of the Parquet file's bytes, a digest of the configs, and the options (columns, resamples
-and their seed, pass size, engine, mesh, the library's version). ``sweep_parquet`` writes it whole or
+and their seed, pass size, the engine that runs with its ISA variant, mesh, and the versions of
+mdl-jax, JAX, jaxlib and NumPy). ``sweep_parquet`` writes it whole or
 not at all (``mdl_jax._io``) at a pass boundary once ``EVERY_S`` seconds have passed since the last,
 and removes it when the sweep is done. Passes are cut at fixed offsets of the record stream, so a
 resumed sweep adds the same passes as an uninterrupted one: the result is the same to the bit.
@@ -25,7 +26,7 @@ from mdl_jax.controller import config as _config
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 
 # Seconds between checkpoints: the work a kill loses at most (besides one pass), against the cost of
-# writing the sums (K × W × 8 words of 8 bytes, bounded with the pass by ``sweep.MEMORY_BOUND``).
+# writing the sums (about 8 × 8 bytes per config and weight vector, held once more while written).
 EVERY_S = 60.0
 _FORMAT = 1
 

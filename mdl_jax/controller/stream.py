@@ -239,6 +239,8 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     draws = _PoissonBlocks(W, seed, keep)
     _, size, shape = pass_layout(K, max(min(mine, int(record_chunk)), 1), record_chunk, mesh_shape)
     names = list(dict.fromkeys(cols.values()))
+    if checkpoint is not None and row_groups is not None:   # a share's rows are not the stream's
+        raise ValueError("checkpoint: a sweep of a share of the row groups keeps none (the multi-process sweep)")
     ckpt = None
     with passes_on_mesh(shape):
         red = Reducer(cfg, K, W, size, engine)
