@@ -741,6 +741,15 @@ def main(argv=None) -> int:
         p.error(f"--header-timeout: expected seconds in (0, 3600], got {args.header_timeout}")
     if not 1 <= args.max_connections <= 1 << 20:
         p.error(f"--max-connections: expected >= 1, got {args.max_connections}")
+    try:
+        import torch
+
+        torch.device(args.device)
+    except (RuntimeError, ValueError):
+        p.error(f"--device: expected a torch device (cpu, cuda, cuda:0, mps), got {args.device!r}")
+    if args.model.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(args.model)):
+        p.error(f"--model: {args.model}: no such model folder (a local path; a Hugging Face id looks like "
+                "'org/name')")
     limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens, body_timeout_s=args.body_timeout,
                                  header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     try:
@@ -754,7 +763,8 @@ def main(argv=None) -> int:
                           api_key=args.api_key or os.environ.get("MDL_JAX_SERVE_API_KEY") or None)
     except (OSError, ValueError, RuntimeError) as e:  # no such model, no weights, a bad device
         sock.close()
-        print(f"mdl_repro.serve: error: --model {args.model}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
+        print(f"mdl_repro.serve: error: --model {args.model} on --device {args.device}: "
+              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 2  # loads the model before accepting requests
     host, port = sock.getsockname()[:2]
     print(f"serving {args.model} on http://{host}:{port}/v1", flush=True)

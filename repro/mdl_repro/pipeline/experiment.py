@@ -381,7 +381,7 @@ def config_for(calibration: str, dataset: str):
     if calibration == "shipped":
         path = SHIPPED / f"smollm2-{dataset}.json"
         return load_config(path), f"shipped for the bundled SmolLM2 ({path.name})"
-    return load_config(calibration), f"config file {calibration}"
+    return load_config(calibration), f"from the file {calibration}"
 
 
 def prior_tie_break(run_json: Path, dataset: str) -> str:
