@@ -624,3 +624,14 @@ def test_a_gate_check_error_names_the_requests_own_field():
         message, param = as_request_error(e.value)
         assert message.startswith(want[0]) and param == want[1], (message, param)
     assert as_request_error(ValueError("something else")) == ("mdl: something else", "mdl")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--device", "bogus"], "--device: expected a torch device (cpu, cuda, cuda:0, mps), got 'bogus'"),
+    (["--model", "/nonexistent/model"], "--model: /nonexistent/model: no such model folder"),
+])
+def test_a_bad_device_or_missing_model_folder_is_named_before_loading(argv, said):
+    # --device bogus was reported as a --model error; a missing folder as a Hugging Face id rule
+    r = subprocess.run([sys.executable, "-m", "mdl_repro.serve", *argv], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and said in r.stderr.strip().splitlines()[-1], r.stderr
