@@ -263,6 +263,36 @@ def test_a_rerun_onto_other_inputs_is_refused_and_the_run_keeps_its_whole_config
     assert rc == 2 and "the halueval data changed" in err, err
     assert len((out / "records.jsonl").read_text().splitlines()) == n   # nothing added
     shutil.rmtree(data)
+    # another dataset adds to the run, and the first keeps its entry in run.json (its config scores it)
+    rc, _, err = cli([*argv[:2], "truthfulqa", *argv[3:]], MDL_JAX_CACHE_DIR=cache_dir)
+    assert rc == 0, err[-2000:]
+    run = json.loads((out / "run.json").read_text())
+    assert set(run["datasets"]) == {"halueval", "truthfulqa"}
+    assert all("mdl_config" in d for d in run["datasets"].values())
+    analysis = json.loads((out / "analysis" / "analysis.json").read_text())
+    assert analysis["b3_recorded_action_agreement"] == 1.0
+
+
+def test_the_record_of_a_runs_inputs_compares_what_both_name(tmp_path):
+    from mdl_repro.pipeline.experiment import INPUTS, check_inputs
+    from mdl_repro.pipeline.records import OtherInputs
+
+    now = {"model": "m", "max_new_tokens": 12, "data": {"halueval": "a"}}
+    check_inputs(tmp_path, {**now, "max_new_tokens": 8}, has_records=False)
+    check_inputs(tmp_path, now, has_records=False)   # no records yet: a fresh run, whatever it recorded
+    check_inputs(tmp_path, now, has_records=True)
+    # a key only one side names (another version's) is not a change; a new dataset is added
+    check_inputs(tmp_path, {**now, "device": "cpu", "data": {"truthfulqa": "b"}}, has_records=True)
+    assert json.loads((tmp_path / INPUTS).read_text())["data"] == {"halueval": "a", "truthfulqa": "b"}
+    with pytest.raises(OtherInputs, match=r"max_new_tokens \(12 then, 8 now\); the truthfulqa data changed"):
+        check_inputs(tmp_path, {**now, "max_new_tokens": 8, "data": {"truthfulqa": "c"}}, has_records=True)
+    (tmp_path / INPUTS).write_text("[]")   # a record that is none switches nothing off
+    with pytest.raises(OtherInputs, match="is not a record of the inputs its records were made from"):
+        check_inputs(tmp_path, now, has_records=True)
+    (tmp_path / INPUTS).unlink()   # records from before inputs were recorded: taken once, with a warning
+    with pytest.warns(RuntimeWarning, match="no record of the inputs they were made from"):
+        check_inputs(tmp_path, now, has_records=True)
+    assert json.loads((tmp_path / INPUTS).read_text()) == now
 
 
 def test_torn_last_line_is_ignored_and_fixed(tmp_path):

@@ -165,18 +165,46 @@ def test_an_empty_completions_prompt_is_a_400_naming_prompt(server):
 
 
 def test_a_request_is_refused_whole_before_any_of_its_prompts_is_queued():
-    # a 64-prompt request meeting a queue with room for 40 queued 40 of them, then answered 503: the
-    # 40 ran for a client told "busy". The check is for the whole request now.
+    """A 64-prompt request meeting a queue with room for 40 queued 40 of them, then answered 503: the
+    40 ran for a client told "busy". Through the real app and its /v1/completions handler, over a
+    stand-in for the model (the queue only): the refusal comes before any prompt is queued."""
+    import asyncio
     from types import SimpleNamespace
 
-    from mdl_jax.serving.protocol import APIError
-    from mdl_repro.model_server import ModelServer
+    from mdl_jax.serving.protocol import LIMITS, CompletionRequest
+    from mdl_repro.model_server import ModelServer, make_app
 
-    srv = SimpleNamespace(queued=lambda: 472, limits=SimpleNamespace(max_queue=512))
-    ModelServer.check_queue(srv, 40)   # fits exactly
-    with pytest.raises(APIError) as e:
-        ModelServer.check_queue(srv, 41)
-    assert e.value.status == 503 and "472 prompts queued of at most 512, and this request has 41" in str(e.value)
+    queue: list = []
+    srv = SimpleNamespace(limits=LIMITS, queued=lambda: len(queue), requests=0)
+    srv.check_queue = lambda n=1: ModelServer.check_queue(srv, n)
+
+    async def read_request(request, kind):
+        return CompletionRequest(**await request.json()), "m"
+
+    async def count(prompt):
+        return 3
+
+    def enqueue(job):
+        srv.check_queue()
+        queue.append(job)
+        return job
+
+    srv.read_request, srv.count, srv.enqueue = read_request, count, enqueue
+    srv.max_tokens = lambda value, default: default if value is None else value
+    srv.check_context = lambda n, mt, param: None
+    srv.injected_failure = lambda: None
+    queue.extend([None] * (LIMITS.max_queue - 40))   # room for 40 prompts
+
+    async def post():
+        import httpx
+
+        transport = httpx.ASGITransport(app=make_app(srv))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.post("/v1/completions", json={"model": "m", "prompt": ["Hi"] * 41, "max_tokens": 4})
+
+    r = asyncio.run(post())
+    assert r.status_code == 503 and "and this request has 41" in r.json()["error"]["message"], r.text
+    assert len(queue) == LIMITS.max_queue - 40   # nothing of it was queued
 
 
 def test_unknown_model_is_404_and_models_are_listed(server):

@@ -233,6 +233,11 @@ def reproduce_cmd(args) -> int:
             # it keeps the figures of the last run that did the work instead of reporting the near-zero time of a run that did nothing.
             summary["this_run"], summary["wall_seconds"] = prev["this_run"], prev.get("wall_seconds")
             summary["report_rewritten"] = True
+        # a dataset of an earlier run into this out dir keeps its entry (its config scores its records)
+        earlier = (prev or {}).get("datasets") if isinstance(prev, dict) else None
+        if isinstance(earlier, dict):
+            summary["datasets"] = {**{k: v for k, v in earlier.items() if k not in summary["datasets"]},
+                                   **summary["datasets"]}
         write_text(cfg.out / "run.json", json.dumps(summary, indent=2))
         # tune first: the analyses score the tuned configs beside the practitioners' gates
         if not args.no_analyses:

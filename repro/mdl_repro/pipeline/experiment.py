@@ -74,8 +74,11 @@ def run_inputs(cfg: RunConfig, backend, embedder, data: dict[str, list]) -> dict
     and each dataset's questions (by a digest of their items)."""
     engine = getattr(backend, "engine", "torch")
     calibration: str | dict = cfg.calibration
-    if cfg.calibration not in ("run", "shipped"):
-        calibration = {"config file": hashlib.sha256(Path(cfg.calibration).read_bytes()).hexdigest()}
+    if cfg.calibration not in ("run", "shipped"):   # the config it holds, not its bytes' formatting
+        from mdl_jax import load_config
+
+        text = json.dumps(config_to_dict(load_config(cfg.calibration)), sort_keys=True)
+        calibration = {"config file": hashlib.sha256(text.encode()).hexdigest()}
     return {
         "model": backend.model_id, "engine": engine if isinstance(engine, str) else "torch",
         "max_new_tokens": int(backend.max_new_tokens), "embedder": getattr(embedder, "model_id", str(embedder)),
@@ -90,17 +93,23 @@ def check_inputs(out: Path, now: dict, has_records: bool) -> None:
     """Refuse (``OtherInputs``, naming what changed) to add to an out dir whose records were made from
     other inputs; else record ``now`` (datasets new to the run are added to what it holds).
 
-    An out dir with records but no record of its inputs (written before they were recorded) is taken
-    as it is, once: its inputs are recorded from this run on."""
-    before = read_json(out / INPUTS)
+    Only what both records name is compared (a version that records more still resumes a run of one
+    that recorded less). An out dir with records but no record of its inputs (written before they were
+    recorded) is taken as it is, once: its inputs are recorded from this run on. One without records
+    is a fresh run, whatever it recorded."""
+    path = out / INPUTS
+    before = read_json(path) if has_records else None
+    if has_records and os.path.lexists(path) and not isinstance(before, dict):
+        raise OtherInputs(f"reproduce: --out {str(out)!r}: {INPUTS} is not a record of the inputs its records "
+                          "were made from, so they cannot be checked; use another --out, or remove this one "
+                          "to start over")
     if isinstance(before, dict):
-        changed = [k for k in sorted(set(before) | set(now)) if k != "data" and before.get(k) != now.get(k)]
+        changed = [k for k in sorted(set(before) & set(now)) if k != "data" and before[k] != now[k]]
         old_data: dict = before["data"] if isinstance(before.get("data"), dict) else {}
         changed += [f"the {ds} data" for ds in sorted(set(old_data) & set(now["data"]))
                     if old_data[ds] != now["data"][ds]]
         if changed:
-            said = "; ".join(f"{k} ({before.get(k)!r} then, {now.get(k)!r} now)" if k in now else k
-                             for k in changed)
+            said = "; ".join(f"{k} ({before[k]!r} then, {now[k]!r} now)" if k in now else k for k in changed)
             raise OtherInputs(f"reproduce: --out {str(out)!r} holds records made from other inputs: {said} "
                               "changed; use another --out, or remove this one to start over")
         now = {**now, "data": {**old_data, **now["data"]}}
