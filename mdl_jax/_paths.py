@@ -13,6 +13,18 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "mdl_jax")
 
 
+def make_private_folders(path: Path) -> None:
+    """Create the folder ``path`` and its missing parents, each ours alone (mode 0700:
+    ``mkdir(parents=True)`` would give them the umask's); folders that exist are left as they are.
+
+    Raises:
+        OSError: a folder cannot be made (a file or a dangling link in the way, a read-only mount).
+    """
+    for p in [*reversed(path.parents), path]:
+        if not os.path.lexists(p):
+            p.mkdir(mode=0o700, exist_ok=True)
+
+
 def own_folder(path: Path, *, what: str) -> Path:
     """Create ``path`` if missing (its missing parents too, mode 0700) and check that it is a real folder of this
     user's, not a symlink someone planted: writing into a planted link writes wherever it points. A
@@ -37,10 +49,7 @@ def own_folder(path: Path, *, what: str) -> Path:
     import stat
 
     try:
-        # the missing parents too are made ours alone (mkdir(parents=True) would give them the umask's)
-        for p in [*reversed(path.parents), path]:
-            if not os.path.lexists(p):
-                p.mkdir(mode=0o700, exist_ok=True)
+        make_private_folders(path)
     except OSError as e:  # a file or a dangling link where the folder should be, a read-only mount
         raise ValueError(f"{what}: cannot create the folder {path} ({e.strerror})") from None
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)

@@ -105,7 +105,7 @@ def register(sub) -> None:
 def sweep_cmd(args) -> int:
     """``mdl-jax sweep``: bad input (grid, file, column, values) is one ``mdl-jax: error:`` line."""
     from mdl_jax import MDLConfig, config_grid, load_config
-    from mdl_jax.controller.checkpoint import Checkpoint
+    from mdl_jax.controller import checkpoint as _checkpoint
     from mdl_jax.controller.decision import Action
     from mdl_jax.controller.stream import sweep_parquet_kept
 
@@ -174,5 +174,5 @@ def sweep_cmd(args) -> int:
     else:
         write_stdout(text)
     if checkpoint:
-        Checkpoint(checkpoint, {}).remove()
+        _checkpoint.remove(checkpoint)
     return 0

@@ -99,15 +99,14 @@ def check_batch(configs: MDLConfig, K: int) -> None:
 
     # Each leaf's per-config shape, as the field declares it (a (K, 2) thresholds would otherwise be
     # read as two thresholds and a default, or fail deep inside the program)
-    for f in NUMERIC_FIELDS:
-        shape = _leaf(configs, f).shape[1:]
+    leaves = {f: _leaf(configs, f) for f in NUMERIC_FIELDS}
+    for f, a in leaves.items():
         want = (_SIZES[f],) if f in _SIZES else ()
-        if shape != want and not (f in _OR_D and shape == (configs.D,)):
+        if a.shape[1:] != want and not (f in _OR_D and a.shape[1:] == (configs.D,)):
             said = f"{want[0]} values" if want else "one value" + (f" or D = {configs.D}" if f in _OR_D else "")
-            raise ValueError(f"{f}: expected {said} per config of the batch, got shape "
-                             f"{_leaf(configs, f).shape} for {K} configs")
+            raise ValueError(f"{f}: expected {said} per config of the batch, got shape {a.shape} for {K} configs")
     # The declared ranges, read once by config.field_violations; each leaf as (K, per-config values)
-    values = {f: _leaf(configs, f).reshape(K, -1) for f in NUMERIC_FIELDS}
+    values = {f: a.reshape(K, -1) for f, a in leaves.items()}
     values = {f: (v if f in _SIZES else v[:, 0] if v.shape[1] == 1 else v) for f, v in values.items()}
     for f, mask, what, _ in _config.field_violations(values):
         # a per-coordinate field (a (K, D) bias): a config is bad if any of its values is

@@ -117,9 +117,10 @@ class Checkpoint:
         np.savez(buf, **arrays)   # (the sums once more in memory while it is written)
         write_bytes(self.path, buf.getvalue())
 
-    def remove(self) -> None:
-        """The sweep is done: its progress is no longer needed."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+
+def remove(path: str | os.PathLike) -> None:
+    """A checkpoint whose sweep is done: its progress is no longer needed (nothing where there is none)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

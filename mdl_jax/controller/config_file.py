@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import re
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -295,42 +294,21 @@ def read_config_bytes(path: str | os.PathLike) -> bytes:
       ConfigFileError: (a ValueError) the file cannot be opened or read, is not a regular file, or
         is larger than ``MAX_BYTES``.
     """
+    from mdl_jax._fs import SmallFileError, file_kind, read_small
+
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise ConfigFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigFileError(f"{path}: not a regular file ({_kind(st.st_mode)}); expected a JSON "
-                                  "config file")
-        if st.st_size > MAX_BYTES:
-            raise ConfigFileError(f"{path}: {st.st_size} bytes; a config file is at most {MAX_BYTES} "
-                                  "bytes")
-        chunks, size = [], 0
-        while size <= MAX_BYTES:  # a file growing while we read is cut off here too
-            chunk = os.read(fd, MAX_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise ConfigFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if size > MAX_BYTES:
-        raise ConfigFileError(f"{path}: more than {MAX_BYTES} bytes; a config file is at most {MAX_BYTES} bytes")
-    return b"".join(chunks)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
+        return read_small(path, MAX_BYTES)
+    except SmallFileError as e:
+        if e.kind == "unreadable":
+            raise ConfigFileError(f"{path}: cannot read ({e.reason})") from None
+        if e.kind == "not regular":
+            raise ConfigFileError(f"{path}: not a regular file ({file_kind(e.mode)}); expected a JSON "
+                                  "config file") from None
+        if e.size is not None:
+            raise ConfigFileError(f"{path}: {e.size} bytes; a config file is at most {MAX_BYTES} bytes") from None
+        raise ConfigFileError(f"{path}: more than {MAX_BYTES} bytes; a config file is at most {MAX_BYTES} "
+                              "bytes") from None
 
 
 def _depth_path(text: str, limit: int) -> str | None:

@@ -74,7 +74,7 @@ def agree(compute):
     status = np.zeros(_STATUS_WORDS, np.uint32)
     text = b"" if err is None else f"{type(err).__name__}: {err}".encode()[:(_STATUS_WORDS - 3) * 4]
     status[0] = err is not None
-    status[1] = 0 if err is not None else _words(out[0]).size
+    status[1] = 0 if err is not None else sum(np.asarray(v).nbytes for v in out[0].values()) // 4
     status[2] = len(text)
     status.view(np.uint8)[12:12 + len(text)] = np.frombuffer(text, np.uint8)
     every = np.asarray(multihost_utils.process_allgather(status, tiled=False)).reshape(-1, _STATUS_WORDS)
@@ -91,10 +91,6 @@ def agree(compute):
     return out
 
 
-def _words(state: dict) -> np.ndarray:
-    return np.concatenate([np.ascontiguousarray(state[k]).reshape(-1).view(np.uint32) for k in sorted(state)])
-
-
 def combine(state: dict) -> dict:
     """Every process's reducer state (``passes.Reducer.state``) summed, in process order: the same
     dict on every process. One ``process_allgather`` of the states' bytes."""
@@ -102,7 +98,7 @@ def combine(state: dict) -> dict:
 
     keys = sorted(state)
     arrays = [np.ascontiguousarray(state[k]) for k in keys]
-    words = _words(state)
+    words = np.concatenate([a.reshape(-1).view(np.uint32) for a in arrays])
     every = np.asarray(multihost_utils.process_allgather(words, tiled=False)).reshape(-1, words.size)
     out, at = {}, 0
     for k, a in zip(keys, arrays):

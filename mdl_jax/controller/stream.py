@@ -365,15 +365,13 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
       TypeError: ``path`` not a path; ``configs`` a list or tuple, or not an ``MDLConfig``.
       ImportError: pyarrow is not installed.
     """
-    if isinstance(configs, (list, tuple)):
-        raise TypeError("configs: expected one MDLConfig batch; call sweep_parquet once per batch")
     result = sweep_parquet_kept(path, configs, columns=columns, bootstrap=bootstrap, seed=seed,
                                 record_chunk=record_chunk, engine=engine, mesh_shape=mesh_shape,
                                 progress=progress, checkpoint=checkpoint)
     if checkpoint is not None:
-        from mdl_jax.controller.checkpoint import Checkpoint
+        from mdl_jax.controller.checkpoint import remove
 
-        Checkpoint(checkpoint, {}).remove()
+        remove(checkpoint)
     return result
 
 

@@ -29,7 +29,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from mdl_jax._io import CLOEXEC, NOFOLLOW, atomic_path, write_bytes
+from mdl_jax._fs import SmallFileError, read_small
+from mdl_jax._io import atomic_path, write_bytes
 from mdl_jax._paths import ENV_CACHE, default_cache_dir, own_folder
 
 ENV_SWITCH = "MDL_JAX_NATIVE"
@@ -88,28 +89,11 @@ _LIBRARY_MAX = 256 << 20
 def _read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of the regular file at ``path``; None for anything else (missing, unreadable, a
     symbolic link, which is not followed, a FIFO or device, which is not waited on) or anything over
-    ``limit`` bytes."""
+    ``limit`` bytes (``mdl_jax._fs.read_small``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+        return read_small(path, limit, follow_links=False)
+    except SmallFileError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else None
 
 
 def verified(lib: Path) -> bool:

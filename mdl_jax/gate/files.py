@@ -29,7 +29,6 @@ import dataclasses
 import importlib
 import os
 import shutil
-import stat
 import sys
 import warnings
 from pathlib import Path
@@ -130,20 +129,18 @@ def _risk_spec(s: str):
 
 
 def _read_small(path: str, flag: str, what: str, limit: int) -> bytes:
-    """The bytes of a small regular file (after links), opened non-blocking (a FIFO cannot hang the
-    run) and checked on the opened descriptor; GateInputError naming ``flag`` otherwise."""
+    """The bytes of a small regular file (after links; ``mdl_jax._fs.read_small``: a FIFO cannot hang
+    the run); GateInputError naming ``flag`` otherwise."""
+    from mdl_jax._fs import SmallFileError, read_small
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise GateInputError(f"{flag}: cannot read the {what} {path} ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise GateInputError(f"{flag}: the {what} {path} is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise GateInputError(f"{flag}: the {what} {path} is larger than {limit:,} bytes")
-    return data
+        return read_small(path, limit)
+    except SmallFileError as e:
+        if e.kind == "unreadable":
+            raise GateInputError(f"{flag}: cannot read the {what} {path} ({e.reason})") from None
+        if e.kind == "not regular":
+            raise GateInputError(f"{flag}: the {what} {path} is not a regular file") from None
+        raise GateInputError(f"{flag}: the {what} {path} is larger than {limit:,} bytes") from None
 
 
 def _risk_table(path: str) -> dict:

@@ -19,6 +19,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from mdl_jax._paths import make_private_folders
+
 
 def text_key(text: str) -> bytes:
     """The cache's key of a text (the ``key`` column of the ``emb`` table).
@@ -78,7 +80,7 @@ class EmbeddingCache:
     # -- opening, and what to do with a damaged or unwritable file ------------------------------------
     def _open(self) -> sqlite3.Connection:
         try:
-            _make_private_folders(self.path.parent)
+            make_private_folders(self.path.parent)
         except OSError:
             pass  # a folder that cannot be made: nothing to read either, see below
         untrusted = _untrusted(self.path)
@@ -274,13 +276,6 @@ class EmbeddingCache:
 
     def close(self) -> None:
         self._db.close()
-
-
-def _make_private_folders(folder: Path) -> None:
-    # missing folders are made ours alone (mode 0700), as mdl_jax._paths.own_folder makes them
-    for p in [*reversed(folder.parents), folder]:
-        if not os.path.lexists(p):
-            p.mkdir(mode=0o700, exist_ok=True)
 
 
 def _untrusted(path: Path) -> str | None:

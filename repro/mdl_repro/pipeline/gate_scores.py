@@ -76,24 +76,16 @@ class _Appender:
 
     def __init__(self, path: Path):
         from mdl_jax._io import open_append
+        from mdl_repro.pipeline.records import end_torn_line
 
         self.path = path
+        end_torn_line(path)  # a killed run's fragment would swallow the first row written now
         self.f = open_append(path, "ab")
-        # a torn last line (a killed run) would glue onto the first row written now: end it first
-        size = os.fstat(self.f.fileno()).st_size
-        if size:
-            with open(path, "rb") as r:
-                r.seek(size - 1)
-                if r.read(1) != b"\n":
-                    self.write_bytes(b"\n")
 
     def write(self, rows) -> None:
-        self.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
-
-    def write_bytes(self, data: bytes) -> None:
         from mdl_jax._io import OutputError
 
-        self.f.write(data)
+        self.f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
         self.f.flush()
         try:
             os.fsync(self.f.fileno())

@@ -31,6 +31,28 @@ class OtherInputs(ValueError):
     the run that would add to them (``experiment.check_inputs``)."""
 
 
+def end_torn_line(path: Path) -> None:
+    """End a line-oriented file's torn last line (a killed run's) with a newline, so the next line
+    appended is a line of its own, not glued onto the fragment (which the readers skip).
+
+    Raises:
+        OutputError: the file is a symbolic link or not a regular file (refused before any read), or
+          the newline cannot be written.
+    """
+    from mdl_jax._io import append_bytes, open_append
+
+    if not os.path.lexists(path):
+        return
+    with open_append(path, "ab") as f:  # refuses a symlink or a FIFO before any read
+        size = os.fstat(f.fileno()).st_size
+    if size:
+        with open(path, "rb") as r:
+            r.seek(-1, os.SEEK_END)
+            torn = r.read(1) != b"\n"
+        if torn:
+            append_bytes(path, b"\n")
+
+
 class RecordWriter:
     """Appends records to a records file, each chunk fsynced (``mdl_jax._io.append_bytes``: opened
     without following a symbolic link, a regular file only).
@@ -41,7 +63,7 @@ class RecordWriter:
     """
 
     def __init__(self, path: str | Path):
-        from mdl_jax._io import OutputError, append_bytes, open_append
+        from mdl_jax._io import OutputError, append_bytes
 
         self.path = Path(path)
         try:
@@ -49,16 +71,7 @@ class RecordWriter:
         except OSError as e:
             raise OutputError(self.path, e) from None
         self._append = append_bytes
-        if os.path.lexists(self.path):
-            with open_append(self.path, "ab") as f:  # refuses a symlink or a FIFO before any read
-                size = os.fstat(f.fileno()).st_size
-            # A torn last line from a killed run would glue onto our first record: end it first.
-            if size:
-                with open(self.path, "rb") as r:
-                    r.seek(-1, os.SEEK_END)
-                    torn = r.read(1) != b"\n"
-                if torn:
-                    self._append(self.path, b"\n")
+        end_torn_line(self.path)
 
     def append(self, records: Iterable[dict]) -> None:
         data = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
