@@ -84,6 +84,8 @@ class Checkpoint:
         if not self.path.is_file():   # a FIFO would hang the read, a folder fail it obscurely
             raise ValueError(f"checkpoint: {str(self.path)!r} is not a regular file; remove it or name another")
         try:
+            if not zipfile.is_zipfile(self.path):   # (NumPy would take it for a pickle and suggest loading it)
+                raise ValueError("not an .npz file")
             with np.load(self.path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 sums = {k.removeprefix("s_"): z[k] for k in z.files if k.startswith("s_")}
