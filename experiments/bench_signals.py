@@ -7,6 +7,10 @@ run on the same stores of both datasets: (a) the per-store NumPy reference (test
 (b) one jitted batched pass over all stores (amortised µs per store), (c) one jitted call on a single
 store. The lexical conflict flags feed both paths and are timed separately (µs per store). Also the
 embedding throughput for all TruthfulQA stores (fresh cache) and the cached rerun time.
+(d) ``memory_signals`` itself, per engine in interleaved rounds ("jax", the default, against "native"
+and "auto"; embeddings read from a table): one query a call, as the gateway and the framework
+components call it (median µs), and every store in one call (µs a store); an engine stays where it is
+≥ 2× the default on the work it serves.
 Prints a table, then one JSON object as the last line.
 """
 
@@ -21,7 +25,14 @@ import time
 import jax
 import numpy as np
 
-from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, aggregate, aggregate_one, store_arrays
+from mdl_jax.signals.aggregation import (
+    RELEVANCE_THRESHOLD,
+    aggregate,
+    aggregate_one,
+    memory_signals,
+    native_why_not,
+    store_arrays,
+)
 from mdl_jax.signals.conflict import pair_flags
 from mdl_jax.signals.embeddings import Embedder
 from mdl_repro.pipeline.data import load
@@ -98,6 +109,8 @@ def main(argv=None) -> dict:
         ts.append(time.perf_counter() - t0)
     res["jax_single_store_us_median"] = statistics.median(ts) * 1e6
 
+    res["engines"] = _engines(stores, dict(zip([s.item.question for s in stores], q)) | vecs, args.quick)
+
     res["ratio_batched_vs_numpy"] = res["numpy_us_per_store"] / res["jax_batched_us_per_store"]
     res["ratio_single_vs_numpy"] = res["numpy_us_per_store"] / res["jax_single_store_us_median"]
     res["targets_us"] = {"batched_per_store": 10.0, "single_store": 50.0, "paper": 98.5}
@@ -116,8 +129,56 @@ def main(argv=None) -> dict:
     ]
     for k, v in rows:
         print(f"{k:40s} {v}")
+    eng = res["engines"]
+    print(f"\nmemory_signals per engine ({eng['rounds']} interleaved rounds; ratio: the default's time over "
+          "the engine's, median of the rounds' ratios)")
+    for e, r in eng["by_engine"].items():
+        if "why_not" in r:
+            print(f"  {e:7s} not available: {r['why_not']}")
+            continue
+        print(f"  {e:7s} one query {r['one_query_us']:8.1f} µs ({r['one_query_ratio']:.2f}×)   "
+              f"all {eng['n_stores']} stores {r['bulk_us_per_store']:6.2f} µs a store ({r['bulk_ratio']:.2f}×)")
     print(json.dumps(res))
     return res
+
+
+def _engines(stores, table: dict, quick: bool) -> dict:
+    """``memory_signals`` per engine, interleaved rounds on the same stores: one query a call (the first
+    ``n_one`` stores, median µs a call) and all stores in one call (µs a store)."""
+    embedder = type("Table", (), {"embed": lambda self, texts, desc="": np.stack([table[t] for t in texts])})()
+    qs, ms = [s.item.question for s in stores], [s.texts for s in stores]
+    n_one = 200 if quick else 1000
+    rounds = 3 if quick else 5
+    engines = ["jax", "native", "auto"]
+    why = {"native": native_why_not()}
+    run = [e for e in engines if why.get(e) is None]
+    times: dict = {e: {"one": [], "bulk": []} for e in run}
+    for e in run:  # compile and build outside the timing
+        memory_signals(qs[:1], ms[:1], embedder, engine=e)
+        memory_signals(qs, ms, embedder, engine=e)
+    for _ in range(rounds):
+        for e in run:
+            ts = []
+            for b in range(n_one):
+                t0 = time.perf_counter()
+                memory_signals(qs[b:b + 1], ms[b:b + 1], embedder, engine=e)
+                ts.append(time.perf_counter() - t0)
+            times[e]["one"].append(statistics.median(ts) * 1e6)
+            t0 = time.perf_counter()
+            memory_signals(qs, ms, embedder, engine=e)
+            times[e]["bulk"].append((time.perf_counter() - t0) / len(qs) * 1e6)
+    out: dict = {"rounds": rounds, "n_one": n_one, "n_stores": len(qs), "by_engine": {}}
+    for e in engines:
+        if e not in run:
+            out["by_engine"][e] = {"why_not": why[e]}
+            continue
+        t, ref = times[e], times["jax"]
+        out["by_engine"][e] = {
+            "one_query_us": statistics.median(t["one"]), "bulk_us_per_store": statistics.median(t["bulk"]),
+            "one_query_ratio": statistics.median(a / b for a, b in zip(ref["one"], t["one"])),
+            "bulk_ratio": statistics.median(a / b for a, b in zip(ref["bulk"], t["bulk"])),
+            "rounds_one_us": t["one"], "rounds_bulk_us": t["bulk"]}
+    return out
 
 
 if __name__ == "__main__":

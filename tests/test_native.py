@@ -220,6 +220,11 @@ def test_missing_compiler_falls_back_with_one_warning(rng, monkeypatch, tmp_path
     with pytest.raises(native.NativeBuildError, match="no C\\+\\+ compiler"):
         native.build(native.library_path())
     x = rng.uniform(size=(3, 40)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named first: the error alone, no word of a fallback that does not run
+        for args in (x, (0.3, 0.4, 0.5)):
+            with pytest.raises(ValueError, match=r"^engine='native' cannot run here: the kernel could not be built"):
+                _engine(*args)
     with pytest.warns(RuntimeWarning, match="native CPU kernel unavailable"):
         out = decide(*x, engine="auto")
     with warnings.catch_warnings():

@@ -510,32 +510,95 @@ def test_a_clipped_zero_is_positive_zero_on_every_small_path():
     assert ref[1] == 0 and not np.signbit(ref[1])
 
 
-def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(monkeypatch):
-    """memory_signals on stores of ≤ SMALL_MEMORIES memories (the NumPy path, however many rows the
-    call has) matches the JAX pass on the same stores to ≤ 1e-6, for the default detector (flags of
-    the relevant memories only, analyses reused) and a custom one; empty stores included."""
-    from mdl_jax.signals import aggregation
-
-    rng = np.random.default_rng(5)
+def _table_stores(seed: int, n_stores: int = 20):
+    """(queries, stores, an embedder reading a fixed table): stores of 0-6 memories, many relevant,
+    some in conflict."""
+    rng = np.random.default_rng(seed)
     vec = rng.normal(size=(40, 16)).astype(np.float32)
     vec[1:] += 1.5 * vec[0]
     vec /= np.linalg.norm(vec, axis=1, keepdims=True)
     names = [f"the dough {i % 3} is {'not ' * (i % 2)}safe, says {i}" for i in range(40)]
     table = dict(zip(names, vec))
     embed = type("Table", (), {"embed": lambda self, texts, desc="": np.stack([table[t] for t in texts])})()
-    stores = [list(rng.choice(names[1:], size=i % 7, replace=False)) for i in range(20)]
-    queries = [names[0]] * len(stores)
+    stores = [list(rng.choice(names[1:], size=i % 7, replace=False)) for i in range(n_stores)]
+    return [names[0]] * len(stores), stores, embed
+
+
+@pytest.mark.parametrize("engine", ["native", "auto"])
+def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(engine):
+    """memory_signals on stores of ≤ SMALL_MEMORIES memories under "native" and "auto" (the NumPy path,
+    however many rows the call has) matches the default engine's JAX pass on the same stores to ≤ 1e-6,
+    for the default detector (flags of the relevant memories only, analyses reused) and a custom one;
+    empty stores included."""
+    queries, stores, embed = _table_stores(5)
     for conflict in (pair_flags, lambda t: np.asarray(pair_flags(t))):
-        with monkeypatch.context() as m:
-            m.setattr(aggregation, "SMALL_MEMORIES", -1)  # every store "large": the JAX pass
-            big = memory_signals(queries, stores, embed, conflict=conflict)
+        big = memory_signals(queries, stores, embed, conflict=conflict)
         for i in range(0, len(stores), 4):
-            small = memory_signals(queries[i:i + 4], stores[i:i + 4], embed, conflict=conflict)
+            small = memory_signals(queries[i:i + 4], stores[i:i + 4], embed, conflict=conflict, engine=engine)
             assert np.array_equal(small["n_relevant"], big["n_relevant"][i:i + 4])
             for k in ("M", "R", "phi"):
                 assert small[k].dtype == np.float32
                 np.testing.assert_allclose(small[k], big[k][i:i + 4], atol=1e-6, rtol=0)
+        bulk = memory_signals(queries * 10, stores * 10, embed, conflict=conflict, engine=engine)
+        for k in big:  # a bulk call (the C++ detector's steps) gives each row the bits it has alone
+            assert np.array_equal(bulk[k], np.tile(memory_signals(queries, stores, embed, conflict=conflict,
+                                                                   engine=engine)[k], 10)), k
     assert big["phi"].max() > 0 and (big["n_relevant"] >= 2).any()  # the detector fired
+
+
+def test_the_default_engine_builds_and_imports_no_compiled_library():
+    """``memory_signals``' default engine is the JAX pass alone: after a call, in a fresh process, no
+    engine module and neither C++ helper of the signals has been imported."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        from mdl_jax.signals.aggregation import memory_signals
+        vec = np.eye(4, dtype=np.float32)
+        table = dict(zip("abcd", vec))
+        embed = type("T", (), {"embed": lambda self, t, desc="": np.stack([table[x] for x in t])})()
+        out = memory_signals(["a"], [["b", "c", "d"]], embed)
+        assert out["n_relevant"].tolist() == [0], out
+        print(sorted(m for m in sys.modules if m.startswith(("mdl_jax.engines", "mdl_jax.signals.dots",
+                                                               "mdl_jax.signals.conflict_native"))))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+def test_an_engine_that_is_not_one_or_cannot_run_here_is_an_error_naming_it(monkeypatch, tmp_path):
+    """An unknown engine is a ValueError listing the engines; "native" with a compiler that fails (here
+    false(1), into an empty cache) is a one-line error saying why, with no warning of a fallback that
+    does not run; "auto" then goes on with NumPy's products, warning once, and answers as "jax"."""
+    import shutil
+    import warnings
+
+    from mdl_jax.signals import dots_native
+
+    queries, stores, embed = _table_stores(7, 8)
+    with pytest.raises(ValueError, match=r"^engine: expected one of \('jax', 'native', 'auto'\), got 'numpy'$"):
+        memory_signals(queries, stores, embed, engine="numpy")
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no false(1) to stand in for a broken compiler")
+    monkeypatch.setenv("CXX", false)
+    monkeypatch.setenv("MDL_JAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dots_native, "_STATE", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"^engine='native' cannot run here: the native dot products could "
+                                             r"not be built or loaded \(.*failed"):
+            memory_signals(queries, stores, embed, engine="native")
+    with pytest.warns(RuntimeWarning, match="native dot products unavailable, using NumPy's"):
+        auto = memory_signals(queries, stores, embed, engine="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        again = memory_signals(queries, stores, embed, engine="auto")
+    ref = memory_signals(queries, stores, embed)
+    for k in ref:
+        assert np.array_equal(auto[k], again[k]), k
+        np.testing.assert_allclose(auto[k], ref[k], atol=1e-6, rtol=0, err_msg=k)
 
 
 def test_recent_analyses_give_the_same_flags_and_stay_bounded(monkeypatch):

@@ -214,6 +214,10 @@ def test_auto_falls_back_to_jax_with_one_warning_when_the_kernel_cannot_be_built
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))
     cfgs = config_grid(MDLConfig(), sigma=[0.1, 0.2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named first: the error alone, no word of a fallback that does not run
+        with pytest.raises(ValueError, match="^engine='native' cannot run here: .*no C\\+\\+ compiler"):
+            sweep(M, R, A, cfgs, adopt=adopt, engine="native")
     with pytest.warns(RuntimeWarning, match="native CPU kernel unavailable"):
         out = sweep(M, R, A, cfgs, adopt=adopt, engine="auto")
     with warnings.catch_warnings():

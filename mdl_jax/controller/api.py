@@ -370,7 +370,7 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
             for n, x in zip(_NAMES, (M, R, A)):
                 check_unit_interval(n, x)
         mod = engine_module("native")
-        if mod.why_not(cfg) is None:
+        if mod.why_not(cfg, warn=engine == "auto") is None:
             out = mod.decide_record(M, R, A, cfg)
             if out is not None:
                 return out
@@ -386,14 +386,14 @@ def _decide_on_engine(engine: str, M, R, A, config, validate: bool) -> _d.Decisi
     names = (_auto_engines() if engine == "auto" else (engine,)) if why is None else ()
     for name in names:
         mod = engine_module(name)
-        reason = mod.why_not(cfg, sig)
+        reason = mod.why_not(cfg, sig, warn=engine == "auto")
         if reason is None and empty and name != "native":
             break
         if reason is None:
             out = mod.decide_engine(*sig, cfg, strict=engine != "auto")
             if out is not None:
                 return out
-            reason = mod.why_not(cfg, sig) or "it failed on this call"
+            reason = mod.why_not(cfg, sig, warn=engine == "auto") or "it failed on this call"
         why = reason
     if engine not in ("auto", "jax") and why is not None:
         raise cannot_run(engine, why)

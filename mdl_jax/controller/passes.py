@@ -189,13 +189,13 @@ def _engine(name: str, cfg: MDLConfig, K: int, size: int):
         return "jax", _jax_engine(cfg, K, size)
     if name == "pallas" or (name == "auto" and _api.engine_module("pallas").sweep_usable(cfg)):
         fused = _api.engine_module("pallas")
-        why = fused.sweep_why_not(cfg, K)
+        why = fused.sweep_why_not(cfg, K, warn=name == "auto")
         if why is not None:
             raise _api.cannot_run("pallas", why)
         return "pallas", fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
     if name == "native" or (name == "auto" and _api.default_backend() == "cpu"):
         native = _api.engine_module("native")
-        why = native.sweep_why_not(cfg, K)
+        why = native.sweep_why_not(cfg, K, warn=name == "auto")
         if why is None:
             return f"native-{native.status().get('isa', 'unknown')}", native.sweep_engine(cfg, K, size)
         if name == "native":

@@ -18,8 +18,10 @@ on the first call that asks for it, never at import time; an engine imports the 
 reverse.
 
 What an engine module provides (the contract the controller calls):
-  why_not(cfg, signals) → None, or why ``decide`` cannot run this call on it here (a short reason)
+  why_not(cfg, signals, *, warn) → None, or why ``decide`` cannot run this call on it here (a short
+                 reason); ``warn=False`` when the caller named the engine: it raises the reason, so a
+                 warning that the pure-JAX engine runs instead would be false
   decide_engine(M, R, A, cfg, *, strict) → the ``Decision`` of checked float32 signals
-  sweep_why_not(cfg, K) → None, or why ``sweep`` cannot run this batch on it here
+  sweep_why_not(cfg, K, *, warn) → None, or why ``sweep`` cannot run this batch on it here
   sweep_engine(cfg, K, size, ...) → ``sweep``'s pass function
 """

@@ -183,9 +183,9 @@ def unavailable() -> str | None:
     return None
 
 
-def why_not(cfg: MDLConfig, signals=()) -> str | None:
+def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     """Why ``decide`` cannot run this call on the engine (the process, the signals' devices, the
-    config), else None."""
+    config), else None. ``warn`` is the contract's (this engine warns only when "auto"'s call fails)."""
     why = unavailable()
     if why is not None:
         return why
@@ -212,8 +212,8 @@ def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True):
         return None
 
 
-def sweep_why_not(cfg: MDLConfig, K: int) -> str | None:
-    """Why ``sweep`` cannot run this batch on the engine here, else None."""
+def sweep_why_not(cfg: MDLConfig, K: int, *, warn: bool = True) -> str | None:
+    """Why ``sweep`` cannot run this batch on the engine here, else None (``warn``: as ``why_not``'s)."""
     why = unavailable()
     if why is None and cfg.D != D:
         why = f"the kernel takes D = {D} (this batch has D = {cfg.D})"

@@ -88,25 +88,26 @@ def build(out: Path, variant: str | None = None) -> Path:
     return compile_library(SOURCE, [*build_flags(variant), f"-I{jax.ffi.include_dir()}"], out)
 
 
-def load() -> bool:
-    """Build (once per machine) and register the kernel; True when ``decide`` may use it. A failure
-    warns once and is remembered (``status()["error"]``)."""
-    if "ok" in _STATE:
-        return _STATE["ok"]
-    with _LOCK:
-        if "ok" in _STATE:
-            return _STATE["ok"]
-        try:
-            variant = cpu.isa()
-            path = library_path()
-            lib = load_library(path, lambda out: build(out))
-            _register(lib, TARGET, SWEEP_TARGET)
-            _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
-        except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-            _STATE.update(ok=False, error=str(e))
-            warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX engine ({e}).",
-                          RuntimeWarning, stacklevel=3)
-        return _STATE["ok"]
+def load(warn: bool = True) -> bool:
+    """Build (once per machine) and register the kernel; True when ``decide`` may use it. A failure is
+    remembered (``status()["error"]``) and warned of once, on the first call with ``warn``: a caller
+    that named the engine raises the error itself and has no fallback to warn of."""
+    if "ok" not in _STATE:
+        with _LOCK:
+            if "ok" not in _STATE:
+                try:
+                    variant = cpu.isa()
+                    path = library_path()
+                    lib = load_library(path, lambda out: build(out))
+                    _register(lib, TARGET, SWEEP_TARGET)
+                    _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
+                except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+                    _STATE.update(ok=False, error=str(e))
+    if warn and not _STATE["ok"] and not _STATE.get("warned"):
+        _STATE["warned"] = True
+        warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX engine ({_STATE['error']}).",
+                      RuntimeWarning, stacklevel=3)
+    return _STATE["ok"]
 
 
 def _register(lib, decide_target: str, sweep_target: str) -> None:
@@ -175,14 +176,15 @@ def _backend() -> str:
     return jax.default_backend()
 
 
-def unavailable() -> str | None:
+def unavailable(warn: bool = True) -> str | None:
     """Why the engine cannot run in this process (switched off, not JAX's CPU backend, the kernel
-    not built or loaded), else None. Builds and loads the kernel on first use."""
+    not built or loaded), else None. Builds and loads the kernel on first use (``load``, which warns of
+    a failure once, with ``warn``)."""
     if not enabled():
         return f"{ENV_SWITCH}=0 switches it off"
     if _backend() != "cpu":
         return f"it runs on JAX's CPU backend, and the default backend here is {_backend()}"
-    if not load():
+    if not load(warn):
         return f"the kernel could not be built or loaded ({_STATE.get('error', 'unknown error')})"
     return None
 

@@ -99,17 +99,19 @@ _native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims", "target"
 _supports_cached = _config.per_config_cache(supports)
 
 
-def why_not(cfg: MDLConfig, signals=()) -> str | None:
+def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     """Why ``decide`` cannot run this call on the engine (the process, then the config), else None.
 
     Args:
       cfg: one config.
       signals: the call's signals (unused here: any concrete float32 array is read on the host).
+      warn: warn (once per process) when the kernel cannot be built: for "auto", which goes on with
+        the pure-JAX engine; a caller that named the engine raises the reason instead.
 
     Returns:
       A short reason, or None when the engine can run it.
     """
-    why = unavailable()
+    why = unavailable(warn)
     if why is not None:
         return why
     ok = _supports_cached(cfg)

@@ -25,9 +25,10 @@ _INTEGRAL, _INT32, _DOUBLE = 0, 1, 2
 _PACK_CHUNK = 4096
 
 
-def sweep_why_not(cfg: MDLConfig, K: int) -> str | None:
-    """Why ``sweep`` cannot run this batch of K configs on the engine here, else None."""
-    why = kernel.unavailable()
+def sweep_why_not(cfg: MDLConfig, K: int, *, warn: bool = True) -> str | None:
+    """Why ``sweep`` cannot run this batch of K configs on the engine here, else None (``warn``: as
+    ``native.why_not``'s)."""
+    why = kernel.unavailable(warn)
     if why is None and not packing.sweep_supports(cfg, K):
         why = "the kernel takes D = 16 and a concrete batch of configs"
     return why

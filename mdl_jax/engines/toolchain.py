@@ -262,26 +262,28 @@ def load_source_library(source: Path, flags: list[str], path: Path) -> ctypes.CD
     return load_library(path, lambda out: compile_library(source, flags, out))
 
 
-def load_once(state: dict, lock: threading.Lock, load: Callable[[], dict], what: str, fallback: str) -> bool:
+def load_once(state: dict, lock: threading.Lock, load: Callable[[], dict], what: str, fallback: str,
+              warn: bool = True) -> bool:
     """A signal-wing library's ``available()``: ``load()`` (→ the entries to keep in ``state``) runs once
     per process, under ``lock``; ``state["ok"]`` remembers the answer. ``MDL_JAX_NATIVE=0`` skips it; a
-    failed build or load warns once, naming ``what`` and the ``fallback`` that runs instead."""
-    ok = state.get("ok")
-    if ok is not None:
-        return ok
-    with lock:
-        if "ok" in state:
-            return state["ok"]
-        if not enabled():
-            state.update(ok=False, error=f"{ENV_SWITCH}=0")
-            return False
-        try:
-            state.update(ok=True, **load())
-        except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-            state.update(ok=False, error=str(e))
-            warnings.warn(f"mdl_jax: {what} unavailable, using {fallback} ({e}). Set {ENV_SWITCH}=0 to "
-                          "silence this.", RuntimeWarning, stacklevel=4)
-        return state["ok"]
+    failed build or load warns once, naming ``what`` and the ``fallback`` that runs instead, on the
+    first call with ``warn`` (a caller that names the engine says the error itself, and goes on with
+    no fallback to warn of)."""
+    if state.get("ok") is None:
+        with lock:
+            if "ok" not in state:
+                if not enabled():
+                    state.update(ok=False, error=f"{ENV_SWITCH}=0")
+                else:
+                    try:
+                        state.update(ok=True, **load())
+                    except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+                        state.update(ok=False, error=str(e), failed=True)
+    if warn and state.get("failed") and not state.get("warned"):
+        state["warned"] = True
+        warnings.warn(f"mdl_jax: {what} unavailable, using {fallback} ({state['error']}). Set {ENV_SWITCH}=0 "
+                      "to silence this.", RuntimeWarning, stacklevel=4)
+    return state["ok"]
 
 
 _CHAR = ctypes.c_char

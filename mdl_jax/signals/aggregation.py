@@ -8,13 +8,20 @@ A comes from ``risk``. This is the one implementation behind both the benchmark 
 (``mdl_repro.pipeline.store_signals``) and the memory gate (``mdl_jax.gate``): both call
 ``memory_signals``. Stores are padded to the largest store size S and masked; embeddings are gathered
 from one matrix of unique texts. The lexical flags are computed once per store (S(S-1)/2 pairs) in
-Python and enter the JAX pass as a (B, S, S) boolean array. A store of at most ``SMALL_MEMORIES``
-memories is aggregated in NumPy instead (``small_signals``: the stores of one size stacked, the
-formulas of ``aggregate_small``, the same bits in every tested row, and the JAX pass's to ≤ 1e-6; the path follows the row's
-own size, never the call's, so batching never changes a row's bits), with the default detector's flags
-computed among the relevant memories only (in C++ for calls of more than RECENT_CALL stores:
-``conflict_native``, the same flags). Deviation: the paper does not say what M is
-when every cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
+Python and enter the JAX pass as a (B, S, S) boolean array.
+
+``memory_signals`` takes ``engine=``, as the controller's functions do:
+  "jax"     (the default) every store through that one JAX pass; no compiled library is built or imported.
+  "native"  a store of at most ``SMALL_MEMORIES`` memories aggregated in NumPy (``small_signals``: the
+            stores of one size stacked, the formulas of ``aggregate_small``) with the dot products and
+            the default detector's flags in C++ (``dots_native``, ``conflict_native``: the same flags);
+            wider stores through the JAX pass. An error where those libraries cannot be built here.
+  "auto"    the small-store path of "native", with NumPy's products and the Python detector where the
+            C++ parts cannot be built (warned once): what the gate, its framework components and the
+            gateway ask for, whose calls of one query the JAX pass's dispatch and padding would dominate.
+The small-store path follows the row's own size, never the call's, so batching never changes a row's
+bits; it agrees with the JAX pass to ≤ 1e-6. Deviation: the paper does not say what M is when every
+cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
 """
 
 from __future__ import annotations
@@ -30,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from mdl_jax.signals import conflict_native, dots_native
 from mdl_jax.signals.conflict import (
     analyse,
     analyses_conflict,
@@ -42,6 +48,25 @@ from mdl_jax.signals.conflict import (
 
 RELEVANCE_THRESHOLD = 0.3
 _HI = jax.lax.Precision.HIGHEST
+ENGINES = ("jax", "native", "auto")  # memory_signals' engines (module docstring)
+
+
+@functools.cache
+def _native():
+    """The C++ parts of the small-store path, (``dots_native``, ``conflict_native``), imported on the
+    first call that may use them: the default engine imports no compiled library."""
+    from mdl_jax.signals import conflict_native, dots_native
+
+    return dots_native, conflict_native
+
+
+def native_why_not() -> str | None:
+    """Why ``memory_signals(..., engine="native")`` cannot run here (its C++ dot products or detector
+    cannot be built or loaded), else None."""
+    for lib, what in zip(_native(), ("dot products", "conflict detector")):
+        if not lib.available(warn=False):
+            return f"the native {what} could not be built or loaded ({lib.status().get('error', 'unknown error')})"
+    return None
 
 
 @dataclasses.dataclass
@@ -77,9 +102,10 @@ def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
 
 aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
 
-# A store of at most SMALL_MEMORIES memories is aggregated in NumPy by ``small_signals``, whatever the
-# call's size (a path whose bits followed the call's size would make a row's last bit depend on its batch
-# neighbours: tests/test_ray_data.py; ``small_signals``' own two paths give the same bits). For one query (a framework component, the gateway) JAX's dispatch, the
+# Under "native" and "auto", a store of at most SMALL_MEMORIES memories is aggregated in NumPy by
+# ``small_signals``, whatever the call's size (a path whose bits followed the call's size would make a
+# row's last bit depend on its batch neighbours: tests/test_ray_data.py; ``small_signals``' own two paths
+# give the same bits). For one query (a framework component, the gateway) JAX's dispatch, the
 # padding to 16 rows and the transfers back cost several times the arithmetic itself. The two paths
 # agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_signals.py); they can count a memory as
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
@@ -123,7 +149,7 @@ def aggregate_small(q: np.ndarray, mem: np.ndarray,
         return np.float32(0.0), np.float32(0.5), np.float32(0.0), 0
     native = _native_dots(q, mem)
     if native:  # the products every path of this process takes (dots_native): the same bits
-        cos64, pairs64 = dots_native.step_dots(mem, np.arange(len(mem))[None], np.asarray(q)[None])
+        cos64, pairs64 = _native()[0].step_dots(mem, np.arange(len(mem))[None], np.asarray(q)[None])
         cos32 = cos64[0].astype(np.float32)
     else:
         mem64 = np.asarray(mem, np.float64)
@@ -166,7 +192,7 @@ def _native_dots(q: np.ndarray, mem: np.ndarray) -> bool:
     the same whichever path its call took. Other dtypes (a float64 caller of ``aggregate_small``) keep
     NumPy's, which read them unrounded."""
     return (isinstance(q, np.ndarray) and isinstance(mem, np.ndarray) and q.dtype == np.float32
-            and mem.dtype == np.float32 and dots_native.available())
+            and mem.dtype == np.float32 and _native()[0].available())
 
 
 @functools.lru_cache(maxsize=SMALL_MEMORIES + 1)
@@ -186,7 +212,7 @@ def _small_row(q: np.ndarray, mem: np.ndarray, texts: Sequence[str], conflict, t
     S = len(texts)
     native = _native_dots(q, mem)
     if native:
-        cos64, pairs64 = dots_native.step_dots(mem, _ARANGE[:S][None], q[None])
+        cos64, pairs64 = _native()[0].step_dots(mem, _ARANGE[:S][None], q[None])
         cos32 = cos64[0].astype(np.float32)
     else:
         mem64 = mem.astype(np.float64)
@@ -293,7 +319,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
         # with the native products and detector, only (rows, S) and (rows, S²) ones, so a step holds d
         # times the rows and its fixed costs (dozens of NumPy calls, one detector call) are spread over
         # them. A row's bits never depend on its step.
-        wide = native and not recent and conflict is pair_flags and conflict_native.available()
+        wide = native and not recent and conflict is pair_flags and _native()[1].available()
         step = max(1, SMALL_STEP_ELEMENTS // (S * (S if wide else max(S, d))))
         for a in range(0, n_S, step):
             if not recent:
@@ -307,7 +333,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
             flat = list(itertools.chain.from_iterable(stores[b] for b in rows_l))  # the step's texts
             idx = np.fromiter(map(index.__getitem__, flat), np.intp, len(flat)).reshape(len(rows_l), S)
             if native:  # the products read U by index: no (n, S, d) copies
-                cos64, pairs64 = dots_native.step_dots(U, idx, q_emb[rows])
+                cos64, pairs64 = _native()[0].step_dots(U, idx, q_emb[rows])
                 cos32 = cos64.astype(np.float32)
             else:
                 mem = U[idx].astype(np.float64)  # (n, S, d)
@@ -333,12 +359,12 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
             s_bar = (sims.sum(1) / n_pairs).astype(np.float32)
             many_l: list[int] = list(many) if isinstance(many, range) else many.tolist()
             flagged: npt.ArrayLike
-            if conflict is pair_flags and not recent and conflict_native.available():
+            if conflict is pair_flags and not recent and _native()[1].available():
                 # every relevant memory of the step's rows, row after row: one native call
                 kept = list(itertools.compress(
                     flat if isinstance(many, range) else itertools.chain.from_iterable(stores[rows_l[k]] for k in many_l),
                     rel_m.ravel().tolist()))
-                flagged = conflict_native.group_counts(kept, nr)
+                flagged = _native()[1].group_counts(kept, nr)
             else:
                 flagged = [_flagged(stores[rows_l[k]], [j for j in range(S) if v[j]], S, conflict, analyses,
                                     recent) for k, v in zip(many_l, rel_m.tolist())]
@@ -472,7 +498,8 @@ def _steps(sizes: Sequence[int], cap: int) -> list[tuple[np.ndarray, int]]:
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
                    conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
                    threshold: float = RELEVANCE_THRESHOLD, batch: int = BATCH,
-                   progress: bool = False, timings: dict | None = None) -> dict[str, np.ndarray]:
+                   progress: bool = False, timings: dict | None = None,
+                   engine: str = "jax") -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.
 
     ``embedder.embed(texts, desc=...)`` → (N, d) unit-norm float32. Every query and every unique memory
@@ -480,10 +507,18 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     so padding memory stays bounded (see ``BATCH``). Returns {"M", "R", "phi": (B,) float32,
     "n_relevant": (B,) int32}.
     ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
-    padding) and "aggregation" (the JAX pass). A store of at most ``SMALL_MEMORIES`` memories takes
-    the NumPy path (``small_signals``) in a call of any size; there the default
-    detector's flags, computed among the relevant memories only, count under "aggregation".
+    padding) and "aggregation" (the JAX pass). ``engine``: "jax" (the default), "native" or "auto"
+    (the module docstring): under the last two a store of at most ``SMALL_MEMORIES`` memories takes the
+    NumPy path (``small_signals``) in a call of any size, where the default detector's flags, computed
+    among the relevant memories only, count under "aggregation". An unknown engine, or "native" where
+    its C++ parts cannot be built or loaded here, is a ValueError saying why.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+    if engine == "native":
+        why = native_why_not()
+        if why is not None:
+            raise ValueError(f"engine='native' cannot run here: {why}")
     if len(queries) != len(stores):
         raise ValueError(f"stores: expected one memory list per query ({len(queries)}), "
                          f"got {len(stores)}")
@@ -509,7 +544,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         t_emb = (np.zeros((1, q_emb.shape[1]), np.float32), {})
     t1 = time.perf_counter()
     t["embedding"] = t.get("embedding", 0.0) + t1 - t0
-    small = [len(s) <= SMALL_MEMORIES for s in stores]
+    small = [engine != "jax" and len(s) <= SMALL_MEMORIES for s in stores]
     if not all(small) and any(small):
         # Which path a row takes depends on the row alone (its own number of memories), never on
         # its neighbours in the call: so a row's signals are the same bits whatever it is batched
@@ -519,7 +554,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
             picked = idx.tolist()
             part = memory_signals([queries[i] for i in picked], [stores[i] for i in picked], embedder,
                                   conflict=conflict, threshold=threshold, batch=batch, progress=progress,
-                                  timings=timings)
+                                  timings=timings, engine=engine)
             for k in out:
                 out[k][idx] = part[k]
         return out

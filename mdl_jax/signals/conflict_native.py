@@ -60,13 +60,14 @@ def _load():
     return lib, handle
 
 
-def available() -> bool:
-    """True when the native detector is loaded (built on the first call); False: the Python one runs."""
+def available(warn: bool = True) -> bool:
+    """True when the native detector is loaded (built on the first call); False: the Python one runs.
+    A failed build warns once, on the first call with ``warn``."""
     def load():
         lib, handle = _load()
         return {"lib": lib, "handle": handle, "fn": lib.MdlLexFlags}
 
-    return _native.load_once(_STATE, _LOCK, load, "native conflict detector", "the Python one")
+    return _native.load_once(_STATE, _LOCK, load, "native conflict detector", "the Python one", warn)
 
 
 def _prepare(t: str) -> str:
@@ -165,7 +166,8 @@ def pair_flags(texts: Sequence[str]) -> list[list[bool]]:
 
 
 def status() -> dict:
-    """{"available": bool, "path" or "error"}: which detector runs, and why."""
-    ok = available()
+    """{"available": bool, "path" or "error"}: which detector runs, and why (a
+    failure is said here, not warned of)."""
+    ok = available(warn=False)
     return {"available": ok, **({"path": str(library_path())} if ok else {"error": _STATE.get("error", "")})}
 

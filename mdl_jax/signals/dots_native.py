@@ -39,8 +39,9 @@ def library_path(cache_dir: Path | None = None) -> Path:
     return _native.source_library_path(_SOURCE, FLAGS, "dots", cache_dir)
 
 
-def available() -> bool:
-    """True when the native products are loaded (built on the first call); False: NumPy's run."""
+def available(warn: bool = True) -> bool:
+    """True when the native products are loaded (built on the first call); False: NumPy's run.
+    A failed build warns once, on the first call with ``warn``."""
     def load():
         fn = _native.load_source_library(_SOURCE, FLAGS, library_path()).MdlSmallDots
         fn.restype = ctypes.c_int64
@@ -48,7 +49,7 @@ def available() -> bool:
                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         return {"fn": fn}
 
-    return _native.load_once(_STATE, _LOCK, load, "native dot products", "NumPy's")
+    return _native.load_once(_STATE, _LOCK, load, "native dot products", "NumPy's", warn)
 
 
 def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -83,6 +84,7 @@ def step_dots(U: np.ndarray, idx: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray
 
 
 def status() -> dict:
-    """{"available": bool, "path" or "error"}: which products run, and why."""
-    ok = available()
+    """{"available": bool, "path" or "error"}: which products run, and why (a
+    failure is said here, not warned of)."""
+    ok = available(warn=False)
     return {"available": ok, **({"path": str(library_path())} if ok else {"error": _STATE.get("error", "")})}

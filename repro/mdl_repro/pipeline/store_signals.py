@@ -29,7 +29,8 @@ def compute_signals(stores: Sequence[Store], embedder, *, progress: bool = False
     if not stores:
         raise ValueError("stores: expected at least one store")
     sig = memory_signals([s.item.question for s in stores], [s.texts for s in stores], embedder,
-                         batch=batch, progress=progress)
+                         batch=batch, progress=progress,
+                         engine="auto")  # the small-store path the committed runs were computed on: same bits
     rows = []
     for j, s in enumerate(stores):
         it = s.item
