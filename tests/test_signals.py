@@ -592,6 +592,11 @@ def test_an_engine_that_is_not_one_or_cannot_run_here_is_an_error_naming_it(monk
             memory_signals(queries, stores, embed, engine="native")
     with pytest.warns(RuntimeWarning, match="native dot products unavailable, using NumPy's"):
         auto = memory_signals(queries, stores, embed, engine="auto")
+    monkeypatch.setenv("MDL_JAX_NATIVE", "0")
+    monkeypatch.setattr(dots_native, "_STATE", {})
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: MDL_JAX_NATIVE=0 switches it off$"):
+        memory_signals(queries, stores, embed, engine="native")
+    monkeypatch.delenv("MDL_JAX_NATIVE")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         again = memory_signals(queries, stores, embed, engine="auto")

@@ -63,9 +63,14 @@ def _native():
 def native_why_not() -> str | None:
     """Why ``memory_signals(..., engine="native")`` cannot run here (its C++ dot products or detector
     cannot be built or loaded), else None."""
+    from mdl_jax.engines.toolchain import ENV_SWITCH
+
     for lib, what in zip(_native(), ("dot products", "conflict detector")):
         if not lib.available(warn=False):
-            return f"the native {what} could not be built or loaded ({lib.status().get('error', 'unknown error')})"
+            error = lib.status().get("error", "unknown error")
+            if error == f"{ENV_SWITCH}=0":
+                return f"{error} switches it off"
+            return f"the native {what} could not be built or loaded ({error})"
     return None
 
 
