@@ -337,3 +337,17 @@ def test_cli_prints_a_data_error_as_one_line_and_exits_2(tmp_path, capsys):
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("mdl-jax: error: ") and "halueval_qa.jsonl: no records" in err
     assert "Traceback" not in err
+
+
+def test_a_reader_that_left_stdout_ends_the_command_quietly():
+    """``mdl-jax demo | head``: stdout's reader gone before the output (a pipe whose read end is closed)
+    ends the command with exit 1 and no traceback."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "mdl_jax", "demo"], stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    finally:
+        os.close(w)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr

@@ -222,6 +222,9 @@ def test_decide_on_the_cpu_never_takes_the_fused_kernel(calls, monkeypatch):
         with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: it runs on a GPU, and JAX's "
                                              r"default backend here is cpu$"):
             run()
+    # sweep's earlier name for the engine: the error names the engine as the caller wrote it
+    with pytest.raises(ValueError, match=r"^engine='fused' cannot run here: it runs on a GPU"):
+        sweep(*x, config_grid(MDLConfig(), sigma=[0.1, 0.2]), engine="fused")
     assert calls == {"decide": 0, "sweep": 0}
 
 

@@ -546,6 +546,33 @@ def test_small_stores_take_the_numpy_path_with_the_jax_pass_signals(engine):
     assert big["phi"].max() > 0 and (big["n_relevant"] >= 2).any()  # the detector fired
 
 
+@pytest.mark.parametrize("engine", ["jax", "native", "auto"])
+def test_malformed_texts_or_embeddings_are_an_error_naming_the_argument(engine):
+    """A store given as one string (read as a store of its characters before), a query or memory that is
+    no string, an embedder without ``embed`` and vectors that are NaN or of the wrong shape are each a
+    ValueError naming the argument, on every engine, before any result."""
+    queries, stores, embed = _table_stores(3, 4)
+    nan = type("NaN", (), {"embed": lambda self, texts, desc="": np.full((len(texts), 16), np.nan, np.float32)})()
+    flat = type("Flat", (), {"embed": lambda self, texts, desc="": np.zeros(len(texts), np.float32)})()
+    cases = [
+        (dict(stores=[str(stores[1][0])] + stores[1:]), r"^stores\[0\]: expected a list of memory texts, got str$"),
+        (dict(stores="abc"), r"^stores: expected a list, got str$"),
+        (dict(queries=[None] + queries[1:]), r"^queries\[0\]: expected a string, got NoneType$"),
+        (dict(stores=[[stores[1][0], 3]] + stores[1:]), r"^stores\[0\]\[1\]: expected a memory text \(a string\), got int$"),
+        (dict(embedder=lambda texts: np.ones((len(texts), 4))), r"^embedder: expected an object with embed\(texts"),
+        (dict(embedder=nan), r"^embedder: returned NaN or infinite values$"),
+        (dict(embedder=flat), r"^embedder: expected an \(N, d\) array for N = \d+ texts, got shape \(\d+,\)$"),
+    ]
+    for change, message in cases:
+        args = dict(queries=queries, stores=stores, embedder=embed) | change
+        with pytest.raises(ValueError, match=message):
+            memory_signals(args["queries"], args["stores"], args["embedder"], engine=engine)
+    # sequences that are not lists (a tuple of tuples, NumPy strings) are read as lists
+    got = memory_signals(tuple(queries), tuple(tuple(np.asarray(s, dtype=str)) for s in stores), embed, engine=engine)
+    ref = memory_signals(queries, stores, embed, engine=engine)
+    assert all(np.array_equal(got[k], ref[k]) for k in ref)
+
+
 def test_the_default_engine_builds_and_imports_no_compiled_library():
     """``memory_signals``' default engine is the JAX pass alone: after a call, in a fresh process, no
     engine module and neither C++ helper of the signals has been imported."""

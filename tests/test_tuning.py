@@ -307,6 +307,13 @@ def test_bad_tuning_input_is_an_error_naming_the_argument(teacher_data):
     M, R, A, y = teacher_data
     with pytest.raises(ValueError, match="fields: expected a non-empty subset"):
         tune(M, R, A, y, fields=("colour",))
+    # one name without its tuple: said so, not reported as the unknown fields 'g', 'a', 't', ...
+    with pytest.raises(ValueError, match=r"^fields: expected a sequence of field names, got the str 'gate_coeffs' "
+                                         r"\(one field: \('gate_coeffs',\)\)$"):
+        tune(M, R, A, y, fields="gate_coeffs")
+    w = np.ones((1, len(M)), np.float32)
+    with pytest.raises(ValueError, match=r"^field_sets\[0\]: expected a sequence of field names, got the str"):
+        tune_many(M, R, A, y, train_weights=w, val_weights=w, field_sets=["gates"], seeds=[0])
     with pytest.raises(ValueError, match=r"adopt: expected shape \(2000,\)"):
         tune(M, R, A, y[:-1])
     with pytest.raises(ValueError, match="temperature"):

@@ -73,6 +73,16 @@ def main(argv=None) -> int:
         return run(args)
     except SystemExit as e:  # parse errors, --help, and ``fail``
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BrokenPipeError:
+        # The reader of stdout left (``mdl-jax demo | head``): stop quietly, as a Unix tool does. stdout
+        # goes to /dev/null first, so the interpreter's own flush at exit does not raise again.
+        import os
+        import sys
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
     finally:
         warnings.formatwarning = saved
 

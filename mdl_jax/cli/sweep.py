@@ -3,8 +3,9 @@
     mdl-jax sweep records.parquet --grid g_a=0:1:21 --grid g_b=0:1:21 --bootstrap 10 --out grid.csv
 
 One CSV row per config: the grid's values, then (without --bootstrap) accuracy (when the file has
-labels), the share of each action and the mean C_final; with --bootstrap W, the mean over the W
-Poisson resamples and a 95% percentile interval of the accuracy. Memory is one pass of records,
+labels), the share of each action and the mean C_final; with --bootstrap W, each of those is the mean
+over the W Poisson resamples (so ``accuracy`` is the resamples' mean, close to but not the file's own
+accuracy), and a 95% percentile interval of the accuracy follows it. Memory is one pass of records,
 whatever the file's size.
 """
 
@@ -90,7 +91,9 @@ def register(sub) -> None:
     p.add_argument("--config", type=config_file, default=None, help="base config file (default: the paper's)")
     p.add_argument("--column", type=column_map, action="append", default=[],
                    help="ROLE=COLUMN: read a role (M, R, A, adopt, weight) from another column")
-    p.add_argument("--bootstrap", type=nonneg_int, default=0, help="Poisson bootstrap resamples (0: none)")
+    p.add_argument("--bootstrap", type=nonneg_int, default=0, help="Poisson bootstrap resamples (0: none); with W > 0 every column is the mean over the W "
+                        "resamples (the accuracy column too, not the file's own accuracy), beside a 95%% "
+                        "percentile interval of the accuracy")
     p.add_argument("--seed", type=seed_int, default=0, help="the resamples' seed")
     p.add_argument("--record-chunk", type=positive_int, default=1 << 18, help="records per pass")
     p.add_argument("--out", type=out_file, default=None, help="CSV file (default: print to stdout)")

@@ -184,6 +184,7 @@ def _engine(name: str, cfg: MDLConfig, K: int, size: int):
     """(the engine that runs, as a checkpoint names it: "jax", "pallas" or "native-<ISA variant>", its
     pass function) for ``engine=name`` (``ENGINES``; "auto" resolved); a named engine that cannot run
     the batch here is a ValueError saying why."""
+    asked = name  # the error names the engine as the caller wrote it
     name = "pallas" if name == "fused" else name
     if name == "jax":
         return "jax", _jax_engine(cfg, K, size)
@@ -191,7 +192,7 @@ def _engine(name: str, cfg: MDLConfig, K: int, size: int):
         fused = _api.engine_module("pallas")
         why = fused.sweep_why_not(cfg, K, warn=name == "auto")
         if why is not None:
-            raise _api.cannot_run("pallas", why)
+            raise _api.cannot_run(asked, why)
         return "pallas", fused.sweep_engine(cfg, K, size, fallback=lambda: _jax_engine(cfg, K, size))
     if name == "native" or (name == "auto" and _api.default_backend() == "cpu"):
         native = _api.engine_module("native")

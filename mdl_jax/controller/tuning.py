@@ -249,6 +249,15 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
                       config=config, settings=settings, mesh_shape=mesh_shape)
 
 
+def _field_names(fields, name: str) -> tuple:
+    """``fields`` as a tuple of names; a str is a ValueError naming ``name`` (its tuple would be a set of
+    one-letter fields, reported as unknown ones)."""
+    if isinstance(fields, str):
+        raise ValueError(f"{name}: expected a sequence of field names, got the str {fields!r} "
+                         f"(one field: ({fields!r},))")
+    return tuple(fields)
+
+
 def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = None,
                settings: TuneSettings | None = None, mesh_shape: tuple[int, int] | None = None,
                across_processes: bool = False) -> tuple[list[MDLConfig], dict]:
@@ -282,7 +291,7 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     if not isinstance(base, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
     records, N = _check_signals(M, R, A, adopt)
-    field_sets = [tuple(fs) for fs in runs.field_sets]
+    field_sets = [_field_names(fs, f"field_sets[{b}]") for b, fs in enumerate(runs.field_sets)]
     seeds = list(runs.seeds)
     B = len(field_sets)
     if len(seeds) != B:
@@ -538,6 +547,6 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
     w_train = np.where(v > 0, 0.0, w)
     if np.all(np.isfinite(w)) and np.all(w >= 0) and not np.any(w_train > 0):   # bad weights: named below
         raise ValueError("weights, val: expected at least one training record (weight > 0, not in val), got none")
-    configs, hist = train_runs(M, R, A, adopt, TuneRuns(w_train[None], v[None], [tuple(fields)], [seed]),
+    configs, hist = train_runs(M, R, A, adopt, TuneRuns(w_train[None], v[None], [_field_names(fields, "fields")], [seed]),
                                config=config, settings=settings)
     return TuneResult(configs[0], {k: x[0] for k, x in hist.items()})

@@ -88,7 +88,8 @@ def _check_values(name: str, arr: np.ndarray) -> None:
     i = _first_bad(~((arr >= 0) & (arr <= 1)))
     v = arr[i]
     what = "values in [0, 1]" if np.isfinite(v) else "finite values in [0, 1]"
-    raise ValueError(f"{name}: expected {what}; {name}[{_fmt(i)}] = {plain(v)}")
+    where = name if arr.ndim == 0 else f"{name}[{_fmt(i)}]"  # a 0-d array has no index to name
+    raise ValueError(f"{name}: expected {what}; {where} = {plain(v)}")
 
 
 def plain(v) -> str:

@@ -7,7 +7,10 @@
                    onnx_export.py, onnx_runtimes.py)
   conflict.py      φ's pairwise lexical stance-conflict detector
   risk.py          A: the TruthfulQA category table and the HaluEval keyword preset (whole words)
-  aggregation.py   M, R, φ for padded stores in one batched JAX pass (``memory_signals``)
+  jax_pass.py      the definition of M, R, φ: padded stores in one batched JAX pass
+  aggregation.py   ``memory_signals``: texts to M, R, φ on the engine asked for (the JAX pass by
+                   default; the small-store path with its C++ helpers, conflict_native.py and
+                   dots_native.py, under "native" and "auto")
 
 Both the benchmark pipeline (``mdl_repro.pipeline``) and the memory gate (``mdl_jax.gate``) import this
 wing; it imports the controller's package only, never the pipeline, the gate or the integrations.

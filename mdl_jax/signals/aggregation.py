@@ -1,13 +1,10 @@
-"""Signals M, R, φ for query + memory stores, in one batched JAX pass (paper Section 3.2).
+"""Signals M, R, φ for query + memory stores (paper Section 3.2): ``memory_signals``, and its engines.
 
-  M = max_j cos(e_q, e_mj)                                     (clipped to [0, 1]: see below)
-  R = clip(s̄_rel · (1 - φ)², 0, 1), or 0.5 when fewer than two memories are relevant
-      s̄_rel: mean pairwise cosine among relevant memories (cos(e_q, e_m) > 0.3)
-      φ: fraction of relevant pairs the lexical detector (``conflict``) flags
-A comes from ``risk``. This is the one implementation behind both the benchmark pipeline
+The formulas and their one batched JAX pass are ``jax_pass``'s (re-exported here). A comes from
+``risk``. This is the one implementation behind both the benchmark pipeline
 (``mdl_repro.pipeline.store_signals``) and the memory gate (``mdl_jax.gate``): both call
-``memory_signals``. Stores are padded to the largest store size S and masked; embeddings are gathered
-from one matrix of unique texts. The lexical flags are computed once per store (S(S-1)/2 pairs) in
+``memory_signals``, which embeds every query and unique memory text once, pads the stores to the
+largest size S and masks them; the lexical flags are computed once per store (S(S-1)/2 pairs) in
 Python and enter the JAX pass as a (B, S, S) boolean array.
 
 ``memory_signals`` takes ``engine=``, as the controller's functions do:
@@ -20,20 +17,17 @@ Python and enter the JAX pass as a (B, S, S) boolean array.
             C++ parts cannot be built (warned once): what the gate, its framework components and the
             gateway ask for, whose calls of one query the JAX pass's dispatch and padding would dominate.
 The small-store path follows the row's own size, never the call's, so batching never changes a row's
-bits; it agrees with the JAX pass to ≤ 1e-6. Deviation: the paper does not say what M is when every
-cosine is negative; the controller needs M ∈ [0, 1], so M is clipped at 0.
+bits; it agrees with the JAX pass to ≤ 1e-6, and clips M at 0 as it does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
@@ -41,13 +35,18 @@ from mdl_jax.signals.conflict import (
     analyse,
     analyses_conflict,
     pair_flags,
-    pair_flags_among,
     pair_flags_recent,
     recent_analysis,
 )
 
-RELEVANCE_THRESHOLD = 0.3
-_HI = jax.lax.Precision.HIGHEST
+# The JAX pass, the default engine and the definition the small-store path is tested against; its names
+# are re-exported here, where callers have always found them.
+from mdl_jax.signals.jax_pass import RELEVANCE_THRESHOLD as RELEVANCE_THRESHOLD
+from mdl_jax.signals.jax_pass import StoreArrays as StoreArrays
+from mdl_jax.signals.jax_pass import aggregate as aggregate
+from mdl_jax.signals.jax_pass import aggregate_one as aggregate_one
+from mdl_jax.signals.jax_pass import store_arrays as store_arrays
+
 ENGINES = ("jax", "native", "auto")  # memory_signals' engines (module docstring)
 
 
@@ -74,38 +73,6 @@ def native_why_not() -> str | None:
     return None
 
 
-@dataclasses.dataclass
-class StoreArrays:
-    """Padded per-store inputs of the aggregation.
-
-    q: (B, d) query embeddings; mem: (B, S, d) memory embeddings (zeros where masked);
-    mask: (B, S) real records; flags: (B, S, S) lexical conflict flags.
-    """
-
-    q: np.ndarray
-    mem: np.ndarray
-    mask: np.ndarray
-    flags: np.ndarray
-
-
-def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
-    """M, R, φ, n_relevant for ONE store: q (d,), mem (S, d), mask (S,), flags (S, S)."""
-    S = mask.shape[0]
-    cos_q = jnp.einsum("d,sd->s", q, mem, precision=_HI)
-    sims = jnp.einsum("id,jd->ij", mem, mem, precision=_HI)
-    M = jnp.clip(jnp.max(jnp.where(mask, cos_q, -1.0)), 0.0, 1.0)  # empty store → M = 0
-    rel = mask & (cos_q > threshold)
-    pairs = rel[:, None] & rel[None, :] & (np.arange(S)[:, None] < np.arange(S)[None, :])
-    n_pairs = jnp.sum(pairs)
-    denom = jnp.maximum(n_pairs, 1)
-    s_bar = jnp.sum(jnp.where(pairs, sims, 0.0)) / denom
-    phi = jnp.sum(pairs & flags) / denom
-    n_rel = jnp.sum(rel)
-    R = jnp.where(n_rel >= 2, jnp.clip(s_bar * (1.0 - phi) ** 2, 0.0, 1.0), 0.5)
-    return M, R, phi, n_rel
-
-
-aggregate = jax.jit(jax.vmap(aggregate_one, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
 
 # Under "native" and "auto", a store of at most SMALL_MEMORIES memories is aggregated in NumPy by
 # ``small_signals``, whatever the call's size (a path whose bits followed the call's size would make a
@@ -384,70 +351,6 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
     return out
 
 
-def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
-                 text_emb: Mapping[str, np.ndarray] | tuple[np.ndarray, Mapping[str, int]],
-                 flags: Sequence | None = None,
-                 conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags, *,
-                 pad_to: int | None = None, threshold: float | None = None) -> StoreArrays:
-    """Pad stores into arrays. ``stores``: B lists of memory texts (a list may be empty); ``q_emb``
-    (B, d); ``text_emb``: a mapping text → (d,) embedding, or (U (n, d), {text: row of U});
-    ``flags``: per store an S_b×S_b boolean matrix, else computed with ``conflict``. ``pad_to``: add
-    empty stores up to this many rows (so chunks of a stream share one compiled shape).
-    ``threshold``: with the default (pairwise) detector, compute flags only among the memories that
-    may be relevant (cosine above ``threshold`` less a bound on float32 rounding: a superset of those
-    the aggregation counts, which reads no other pair), the rest False; same M, R, φ bits."""
-    B = len(stores)
-    Bp = max(B, pad_to or 0)
-    S = max(1, max((len(s) for s in stores), default=0))  # S ≥ 1: an all-empty chunk still has a shape
-    d = q_emb.shape[1]
-    if isinstance(text_emb, tuple):
-        U, index = text_emb
-    else:  # gather this chunk's vectors once, then index them
-        rows: list[np.ndarray] = []
-        index = {}
-        for texts in stores:
-            for t in texts:
-                if t not in index:
-                    index[t] = len(rows)
-                    rows.append(text_emb[t])
-        U = np.stack(rows).astype(np.float32) if rows else np.zeros((1, d), np.float32)
-    idx = np.zeros((Bp, S), np.intp)
-    mask = np.zeros((Bp, S), bool)
-    fl = np.zeros((Bp, S, S), bool)
-    if B and all(len(t) == S for t in stores):  # the common case: one conversion per chunk
-        idx[:B] = [[index[t] for t in texts] for texts in stores]
-        mask[:B] = True
-    else:
-        for b, texts in enumerate(stores):
-            n = len(texts)
-            if n:
-                idx[b, :n] = [index[t] for t in texts]
-                mask[b, :n] = True
-    mem = np.asarray(U, np.float32)[idx]
-    mem[~mask] = 0.0
-    q = np.zeros((Bp, d), np.float32)
-    q[:B] = q_emb
-    fs: list
-    if flags is None and conflict is pair_flags and threshold is not None and B:
-        # |float32 dot - exact| ≤ d · 2^-24 · ‖q‖‖m‖ for either summation order (JAX's, NumPy's):
-        # four times that, plus 1e-6, keeps every memory the JAX pass may count as relevant
-        cos = np.einsum("bsd,bd->bs", mem[:B], q[:B])
-        slack = (4 * d * 2.0 ** -24 + 1e-6) * np.linalg.norm(mem[:B], axis=2) \
-            * np.linalg.norm(q[:B], axis=1)[:, None]
-        keep = (mask[:B] & (cos > threshold - slack)).tolist()
-        fs = [pair_flags_among(t, keep[b]) if t else [] for b, t in enumerate(stores)]
-    else:
-        fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
-    if B and all(len(t) == S for t in stores):
-        fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
-    else:
-        for b, texts in enumerate(stores):
-            n = len(texts)
-            if n:
-                fl[b, :n, :n] = np.asarray(fs[b], bool).reshape(n, n)
-    return StoreArrays(q, mem, mask, fl)
-
-
 def _bucket(n: int, cap: int) -> int:
     """Rows a chunk of n stores is padded to: a power of two (≥ 16), at most ``cap`` — a stream of
     chunks compiles the aggregation for a handful of shapes, not one per chunk length."""
@@ -500,6 +403,34 @@ def _steps(sizes: Sequence[int], cap: int) -> list[tuple[np.ndarray, int]]:
     return out
 
 
+def _checked_texts(queries: Any, stores: Any) -> tuple[list[str], list[Sequence[str]]]:
+    """(queries, stores) as lists, each query a string and each store a list of strings; else a
+    ValueError naming the argument and the item (a store given as one string would otherwise be read
+    as a store of its characters)."""
+    out = []
+    for name, seq in (("queries", queries), ("stores", stores)):
+        if isinstance(seq, (str, bytes, Mapping)):
+            raise ValueError(f"{name}: expected a list, got {type(seq).__name__}")
+        try:
+            out.append(seq if type(seq) is list else list(seq))
+        except TypeError:
+            raise ValueError(f"{name}: expected a list, got {type(seq).__name__}") from None
+    qs, ss = out
+    if not all(type(q) is str for q in qs):
+        for b, q in enumerate(qs):
+            if not isinstance(q, str):
+                raise ValueError(f"queries[{b}]: expected a string, got {type(q).__name__}")
+    # the gate's case (lists of strings) in one pass without the ABC checks below
+    if not all(type(s) is list and all(type(m) is str for m in s) for s in ss):
+        for b, s in enumerate(ss):
+            if isinstance(s, (str, bytes, Mapping)) or not isinstance(s, Sequence):
+                raise ValueError(f"stores[{b}]: expected a list of memory texts, got {type(s).__name__}")
+            for j, m in enumerate(s):
+                if not isinstance(m, str):
+                    raise ValueError(f"stores[{b}][{j}]: expected a memory text (a string), got {type(m).__name__}")
+    return qs, ss
+
+
 def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embedder, *,
                    conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
                    threshold: float = RELEVANCE_THRESHOLD, batch: int = BATCH,
@@ -516,10 +447,16 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     (the module docstring): under the last two a store of at most ``SMALL_MEMORIES`` memories takes the
     NumPy path (``small_signals``) in a call of any size, where the default detector's flags, computed
     among the relevant memories only, count under "aggregation". An unknown engine, or "native" where
-    its C++ parts cannot be built or loaded here, is a ValueError saying why.
+    its C++ parts cannot be built or loaded here, is a ValueError saying why; so are a query that is no
+    string, a store that is no list of strings (one string, say), an embedder without ``embed`` and
+    vectors of another shape than (N, d) or not finite, each naming the argument.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+    queries, stores = _checked_texts(queries, stores)
+    if not callable(getattr(embedder, "embed", None)):
+        raise ValueError(f"embedder: expected an object with embed(texts, desc=...) → (N, d) unit-norm "
+                         f"vectors (e.g. mdl_jax.signals.embeddings.Embedder()), got {type(embedder).__name__}")
     if engine == "native":
         why = native_why_not()
         if why is not None:
@@ -542,6 +479,11 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     # queries and memories in one call: one encoder pass and one cache round trip, not two (for a
     # single request, the gateway's case, that is most of the embedding's fixed cost)
     vecs = np.asarray(embedder.embed(list(queries) + texts, desc="embedding texts"), np.float32)
+    if vecs.ndim != 2 or vecs.shape[0] != B + len(texts) or vecs.shape[1] < 1:
+        raise ValueError(f"embedder: expected an (N, d) array for N = {B + len(texts)} texts, got shape "
+                         f"{vecs.shape}")
+    if not np.isfinite(vecs).all():
+        raise ValueError("embedder: returned NaN or infinite values")
     q_emb = vecs[:B]
     if texts:
         t_emb = (vecs[B:], {x: i for i, x in enumerate(texts)})

@@ -74,8 +74,12 @@ def load_model(path: str, device: str, model_id: str | None = None):
     key = (path, device, model_id)
     with _MODELS_LOCK:
         if key not in _MODELS:
-            from sentence_transformers import SentenceTransformer
-
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError as e:  # a core install: the extra that brings the torch backend is missing
+                raise ModelLoadError(f"embedder: the torch backend needs {e.name or 'sentence-transformers'}, "
+                                     "which is not installed or fails to import: pip install 'mdl-jax[signals]'"
+                                     ) from e
             try:
                 _MODELS[key] = SentenceTransformer(path, device=device)
             except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder

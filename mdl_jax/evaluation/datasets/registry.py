@@ -113,7 +113,7 @@ def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: i
         if not p.exists():
             raise DataError(f"path: {p} not found; expected the files of benchmark {name!r}")
         if spec.folder and not p.is_dir():
-            raise DataError(f"path: {p} is a file; expected the folder holding benchmark {name!r}'s files "
+            raise DataError(f"path: {p} is a file; expected the folder holding the files of benchmark {name!r} "
                             f"(as in {spec.folder}/)")
         return list(spec.read(p, split, limit))
     root = benchmark_dir()
