@@ -130,6 +130,30 @@ def test_bootstrap_weights_equal_explicit_resampling(data):
                                    np.asarray(explicit.mean_C_final), atol=1e-5)
 
 
+def test_grouped_bootstrap_weights_draw_whole_groups():
+    """With ``groups``, a resample draws G groups with replacement: records of one group always weigh
+    alike, the group multiplicities sum to G, the same seed gives the same draws, and groups=None keeps
+    the record bootstrap's draws. Bad labels are an error naming ``groups``."""
+    rng = np.random.default_rng(2)
+    groups = rng.choice([f"q{i}" for i in range(13)], size=60)  # 13 questions, uneven sizes
+    w = bootstrap_weights(60, 200, seed=7, groups=groups)
+    assert w.shape == (200, 60) and w.dtype == np.float32
+    labels, first = np.unique(groups, return_index=True)
+    per_group = w[:, first]                                   # one record of each group
+    assert np.all(per_group.sum(1) == len(labels))
+    for g in labels:
+        members = np.flatnonzero(groups == g)
+        assert np.all(w[:, members] == w[:, members[:1]]), g
+    assert np.array_equal(w, bootstrap_weights(60, 200, seed=7, groups=list(groups)))
+    assert np.array_equal(bootstrap_weights(60, 3, seed=7), bootstrap_weights(60, 3, seed=7, groups=None))
+    # a group's multiplicity is Binomial(G, 1/G): mean 1
+    assert abs(per_group.mean() - 1.0) < 0.05
+    with pytest.raises(ValueError, match=r"^groups: expected 60 labels \(one per record\), got shape \(59,\)$"):
+        bootstrap_weights(60, 3, groups=groups[:-1])
+    with pytest.raises(ValueError, match=r"^groups: expected labels of one comparable type"):
+        bootstrap_weights(3, 3, groups=np.array(["a", None, 1], dtype=object))
+
+
 def test_grid_is_the_cartesian_product_in_c_order():
     batch = config_grid(MDLConfig(), g_a=[0.1, 0.2, 0.3], sigma=[0.15, 0.25])
     ga = np.asarray(batch.gate_coeffs)[:, 0].reshape(3, 2)

@@ -298,7 +298,7 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     return out
 
 
-def bootstrap_weights(n: int, n_resamples: int, seed: int = 0) -> np.ndarray:
+def bootstrap_weights(n: int, n_resamples: int, seed: int = 0, *, groups=None) -> np.ndarray:
     """Bootstrap resamples as per-record multiplicity weights for ``sweep(..., weights=...)``.
 
     A record's decision does not depend on how often it was drawn, so ``sweep`` decides each
@@ -308,17 +308,31 @@ def bootstrap_weights(n: int, n_resamples: int, seed: int = 0) -> np.ndarray:
       n: the number of records N, a positive int.
       n_resamples: the number of resamples W, a positive int.
       seed: seed of ``numpy.random.default_rng`` (any value it takes).
+      groups: None, or (n,) labels of the records' groups (a question id, say): then whole groups are
+        drawn, G draws with replacement from the G groups, and each record weighs what its group was
+        drawn (the cluster bootstrap). Records that share a question are not independent: resampled
+        one by one, they give intervals too narrow.
 
     Returns:
       (n_resamples, n) float32 array: row w holds how often each record was drawn in n draws with
-        replacement from n records (integers summing to n).
+        replacement from n records (integers summing to n); with ``groups``, how often its group was.
 
     Raises:
-      ValueError: ``n`` or ``n_resamples`` not a positive int (naming it).
+      ValueError: ``n`` or ``n_resamples`` not a positive int, or ``groups`` not n labels (naming it).
     """
     if not (isinstance(n, (int, np.integer)) and n > 0):
         raise ValueError(f"n: expected a positive int, got {n!r}")
     if not (isinstance(n_resamples, (int, np.integer)) and n_resamples > 0):
         raise ValueError(f"n_resamples: expected a positive int, got {n_resamples!r}")
     rng = np.random.default_rng(seed)
+    if groups is not None:
+        labels = np.asarray(groups)
+        if labels.shape != (n,):
+            raise ValueError(f"groups: expected {n} labels (one per record), got shape {labels.shape}")
+        try:
+            _, inverse = np.unique(labels, return_inverse=True)
+        except TypeError as e:  # labels of types that do not order (None beside strings, say)
+            raise ValueError(f"groups: expected labels of one comparable type ({e})") from None
+        G = int(inverse.max()) + 1
+        return rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples).astype(np.float32)[:, inverse.ravel()]
     return rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples).astype(np.float32)
