@@ -298,6 +298,11 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"s": [0.5]}),  # type: ignore[dict-item]
      "thresholds\\['s'\\]"),
     (lambda: m.evaluate({0: [0.1, 0.2], 1: [0, 1]}, gates=[0], label=2), "label: no column 2"),
+    # a short gate column is named with the lengths; a label that differs from the gates is named
+    (lambda: m.evaluate({"s": [0.1, 0.2], "t": [0.3], "y": [0, 1]}, gates=["s", "t"], label="y"),
+     r"^gates: expected columns of one length \(one value per record\), got 's': 2, 't': 1$"),
+    (lambda: m.evaluate({"s": [0.1], "y": [0, 1]}, gates=["s"], label="y"),
+     r"^label: expected 1 values \(one per record, as many as the gates' columns\), got 2$"),
     (lambda: m.risk_coverage([1, 0, 1], [0.1, 0.2]), "score"),
     (lambda: m.risk_coverage([1, 0, 1], [0.1, np.nan, 0.3]), "score"),
     (lambda: m.rates([1, 0, 1], [True, False]), "answered"),

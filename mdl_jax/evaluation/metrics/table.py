@@ -64,7 +64,12 @@ def _threshold(thr, what: str) -> float:
 
 
 def _take(table, key, what: str, n: int) -> np.ndarray | None:
-    return None if key is None else _get(table, key, what, n)
+    # n is the gates' length: a column of another length is named, with the length it must match
+    a = None if key is None else _get(table, key, what, None)
+    if a is not None and len(a) != n:
+        raise ValueError(f"{what}: expected {n} values (one per record, as many as the gates' columns), "
+                         f"got {len(a)}")
+    return a
 
 
 def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, groups=None, correct=None,
@@ -145,6 +150,10 @@ def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, gro
         raise ValueError("label, correct, correct_with/correct_without: give at least one to score the gates "
                          "against")
     raw = {name: _get(table, col, f"gates[{name!r}]", None) for name, col in gates.items()}
+    lengths = {name: len(v) for name, v in raw.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError("gates: expected columns of one length (one value per record), got "
+                         + ", ".join(f"{k!r}: {v}" for k, v in lengths.items()))
     n = len(next(iter(raw.values())))
     y = None if label is None else binary(_take(table, label, "label", n), "label")
     c = None if correct is None else binary(_take(table, correct, "correct", n), "correct")
