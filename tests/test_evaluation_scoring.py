@@ -4,6 +4,7 @@ hand-computed cases on synthetic items, a user's own column in the tables, and o
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -232,9 +233,6 @@ def test_the_benchmark_command_scores_a_users_column_resumes_and_refuses_nothing
     before = sig.stat().st_mtime_ns
     assert cli(argv)[0] == 0
     assert sig.stat().st_mtime_ns == before, "a rerun on the same inputs must reuse the signals"
-    argv[argv.index("4")] = "3"
-    assert cli(argv + ["--gate-scores", str(scores)])[0] == 0
-    assert sig.stat().st_mtime_ns != before, "changed inputs must be recomputed, never mixed in"
     code, _, err = cli(["benchmarks", "no_such_set", "--out", str(out)])
     assert code == 2 and "no_such_set" in err
 
@@ -256,9 +254,12 @@ def test_a_damaged_cache_is_recomputed_a_linked_folder_refused_and_a_callable_em
         sig.write_bytes(damage)
         run_benchmarks(out, ["rgb_en_fact"], gate=gate, **kw)  # recomputed, not a crash
         assert (out / "metrics.csv").read_bytes() == want
-    # a changed relevance threshold is a changed input: recomputed, never reused
+    # signals whose digest no longer matches (a run of an earlier version, which recorded no threshold in
+    # its run.json, then rerun with another) are recomputed, never reused
+    (out / "inputs.json").unlink()
     before = sig.stat().st_mtime_ns
-    run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5, relevance_threshold=0.9), **kw)
+    with pytest.warns(RuntimeWarning, match="earlier version"):
+        run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5, relevance_threshold=0.9), **kw)
     assert sig.stat().st_mtime_ns != before
     # a callable embedder cannot be named across processes: its signals are never cached
     calls = tmp_path / "calls"
@@ -278,3 +279,136 @@ def test_a_damaged_cache_is_recomputed_a_linked_folder_refused_and_a_callable_em
         run_benchmarks(out, "rgb_en_fact", gate=gate, **kw)
     with pytest.raises(ValueError, match="twice"):
         run_benchmarks(out, ["rgb_en_fact", "rgb_en_fact"], gate=gate, **kw)
+
+
+def _bench(tmp_path, embedder):
+    """(run_benchmarks with the session's MiniLM and a small, fast setting, the run folder)."""
+    from mdl_jax.evaluation.run import run_benchmarks
+    from mdl_jax.gate.core import MemoryGate
+
+    def run(names, gate=None, **kw):
+        kw = {"limit": 3, "fit_mdl": False, "n_boot": 20, "progress": False, "log": lambda s: None, **kw}
+        return run_benchmarks(tmp_path / "run", names, gate=gate or MemoryGate(embedder, risk=0.5), **kw)
+
+    return run, tmp_path / "run"
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+
+
+def _datasets(out: Path) -> list[str]:
+    with open(out / "metrics.csv", newline="") as f:
+        return list(dict.fromkeys(r["dataset"] for r in csv.DictReader(f)))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_benchmark_rerun_onto_another_limit_config_or_setting_is_refused_naming_it_and_touching_nothing(
+        tmp_path, embedder):
+    from mdl_jax import MDLConfig
+    from mdl_jax.gate.core import MemoryGate
+
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact", "ramdocs"])
+    want = _files(out)
+    with pytest.raises(ValueError, match=r"limit \(3 then, 2 now\) changed; run into a fresh --out") as e:
+        run(["rgb_en_fact"], limit=2)
+    assert type(e.value).__name__ == "OtherInputs"
+    with pytest.raises(ValueError, match=r"limit \(3 then, None now\)"):
+        run(["rgb_en_fact"], limit=None)
+    with pytest.raises(ValueError, match=r"config sigma \(0\.2 then, 0\.3 now\) changed"):
+        run(["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5, config=MDLConfig(sigma=0.3)))
+    with pytest.raises(ValueError, match=r"relevance_threshold \(0\.3 then, 0\.9 now\)"):
+        run(["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5, relevance_threshold=0.9))
+    with pytest.raises(ValueError, match=r"fit_mdl \(False then, True now\); n_boot \(20 then, 30 now\)"):
+        run(["ramdocs"], n_boot=30, fit_mdl=True)
+    from mdl_jax.evaluation.datasets import load_benchmark
+
+    # the run's every data set is scored, ramdocs too: a user's gate must score it
+    mine = {"mine": {it.qid: 0.5 for it in load_benchmark("rgb_en_fact", limit=3)}}
+    with pytest.raises(ValueError, match=r"extra\['mine'\]: no score for 3 of ramdocs's memory sets"):
+        run(["rgb_en_fact"], extra=mine)
+    mine["mine"].update({it.qid: 0.5 for it in load_benchmark("ramdocs", limit=3)})
+    with pytest.raises(ValueError, match=r"the gate scores of rgb_en_fact; the gate scores of ramdocs changed"):
+        run(["rgb_en_fact"], extra=mine)
+    assert _files(out) == want, "a refused rerun must leave the run's files as they were"
+    # the record of the inputs is the check: one that is not a record refuses, never switches it off
+    (out / "inputs.json").write_text("[]")
+    with pytest.raises(ValueError, match="inputs.json is not a readable record"):
+        run(["rgb_en_fact"])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_benchmark_rerun_on_the_same_inputs_resumes_and_reports_every_data_set_of_the_run(
+        tmp_path, embedder):
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact", "ramdocs"])
+    want = (out / "metrics.csv").read_bytes()
+    sig = out / "signals" / "rgb_en_fact.npz"
+    before = sig.stat().st_mtime_ns
+    (out / "metrics.csv").unlink()  # as if stopped before the tables were written
+    run(["rgb_en_fact", "ramdocs"])
+    assert sig.stat().st_mtime_ns == before, "a rerun on the same inputs must reuse the signals"
+    assert (out / "metrics.csv").read_bytes() == want
+    # naming fewer data sets keeps the others: the report still covers the whole run
+    run(["ramdocs"])
+    assert (out / "metrics.csv").read_bytes() == want
+    assert json.loads((out / "run.json").read_text())["names"] == ["rgb_en_fact", "ramdocs"]
+    assert "### rgb_en_fact" in (out / "REPORT.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_data_set_added_to_a_benchmark_run_is_reported_beside_the_earlier_ones_unchanged(tmp_path, embedder):
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact"])
+    with open(out / "metrics.csv", newline="") as f:
+        first = list(csv.DictReader(f))
+    sig = out / "signals" / "rgb_en_fact.npz"
+    before = sig.stat().st_mtime_ns
+    run(["selfaware"])
+    assert _datasets(out) == ["rgb_en_fact", "selfaware"]
+    with open(out / "metrics.csv", newline="") as f:
+        rgb = [{k: v for k, v in r.items() if k in first[0]} for r in csv.DictReader(f)
+               if r["dataset"] == "rgb_en_fact"]
+    assert rgb == first, "the earlier data set's results must be kept as they were"
+    assert sig.stat().st_mtime_ns == before
+    report = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert "### rgb_en_fact" in report and "### selfaware" in report
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["names"] == ["rgb_en_fact", "selfaware"] and meta["limit"] == 3
+    assert list(json.loads((out / "inputs.json").read_text())["data"]) == ["rgb_en_fact", "selfaware"]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_benchmark_run_of_an_earlier_version_is_checked_against_its_run_json(tmp_path, embedder):
+
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact"])
+    (out / "inputs.json").unlink()  # what an earlier version left: run.json, no inputs.json
+    with pytest.raises(ValueError, match=r"limit \(3 then, 4 now\) changed"):
+        run(["ramdocs"], limit=4)
+    with pytest.warns(RuntimeWarning, match="earlier version"):
+        run(["ramdocs"])
+    assert _datasets(out) == ["rgb_en_fact", "ramdocs"]
+    (out / "inputs.json").unlink()
+    (out / "run.json").write_text("{")
+    with pytest.raises(ValueError, match="no inputs.json and a run.json that is no benchmark run's record"):
+        run(["ramdocs"])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_the_benchmark_command_refuses_a_changed_limit_in_one_line_with_exit_2(cli, tmp_path, embedder,
+                                                                                monkeypatch):
+    from mdl_jax.gate import core
+
+    monkeypatch.setattr(core, "_make_embedder", lambda *a, **k: embedder)
+    out = tmp_path / "run"
+    argv = ["benchmarks", "--out", str(out), "--no-fit", "--n-boot", "20"]
+    code, _, err = cli([*argv, "rgb_en_fact", "ramdocs", "--limit", "3"])
+    assert code == 0, err
+    want = _files(out)
+    code, stdout, err = cli([*argv, "rgb_en_fact", "--limit", "2"])
+    assert code == 2 and stdout == ""
+    assert err.startswith("mdl-jax: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "limit (3 then, 2 now) changed" in err and "fresh --out" in err
+    assert _files(out) == want

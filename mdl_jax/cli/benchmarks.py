@@ -5,8 +5,10 @@
     mdl-jax benchmarks rgb_en_fact --gate-scores mine.csv --out runs/mine   # a user's own gate beside MDL
 
 Writes REPORT.md, metrics.csv, conditions.csv, risk–coverage figures and the signals of each data set
-(``mdl_jax.evaluation.run``); a rerun into the same folder reuses the signals whose inputs are unchanged,
-so an interrupted run resumes. ``--gate-scores`` takes a CSV with a ``qid`` column (the items' ids, as
+(``mdl_jax.evaluation.run``). A rerun into the same folder continues its run: one whose inputs changed
+(--limit, --config, the embedder, --n-boot, --no-fit, a data set's items or --gate-scores) is refused,
+naming what changed; with the same inputs it reuses the signals (an interrupted run resumes) and reports
+every data set of the run, those named before and those named now. ``--gate-scores`` takes a CSV with a ``qid`` column (the items' ids, as
 metrics.csv and the loaders name them) and one column of scores per gate (higher = do not adopt).
 """
 
@@ -81,7 +83,9 @@ def register(sub) -> None:
         return v
 
     p.add_argument("names", nargs="*", metavar="NAME", type=name, help=f"data sets (default: all): {', '.join(ALL)}")
-    p.add_argument("--out", type=out_dir, required=True, help="the run folder (a rerun resumes)")
+    p.add_argument("--out", type=out_dir, required=True, help="the run folder. A rerun into it resumes its run and adds the data sets it "
+                        "names; one with another --limit, --config, --embed-backend, --n-boot, --no-fit, "
+                        "--gate-scores or data is refused (use a fresh --out)")
     p.add_argument("--limit", type=positive_int, help="questions per data set, taken in turn from its splits (a smoke test; default: all)")
     p.add_argument("--data-dir", type=existing_dir, help="the benchmarks folder (default: the shared copy)")
     p.add_argument("--gate-scores", type=existing_file, help="a CSV of your own gates' scores (qid + columns)")

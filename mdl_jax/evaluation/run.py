@@ -2,15 +2,25 @@
 
 ``run_benchmarks`` is what ``mdl-jax benchmarks`` calls. A run folder holds:
 
+  inputs.json                 what the run's results are made from, recorded before any work: the
+                              limit, the embedder, the config and relevance threshold, the resamples,
+                              whether MDL is fitted, and per data set a digest of its items (and of a
+                              user's gate scores for them)
   run.json                    what the run was: data sets, limits, the embedder, the config, versions
   signals/<data set>.npz      each data set's signal columns, with the digest of what they depend on
-                              (the items, the embedder, the config): a rerun reuses a file whose digest
-                              matches and recomputes one whose inputs changed, so an interrupted run
-                              resumes where it stopped and a changed input is never mixed in
+                              (the items, the embedder, the config and the code that computes them): a
+                              rerun reuses a file whose digest matches and recomputes one that does not
   metrics.csv                 every (data set, gate, metric) with its interval, n and questions
   conditions.csv              per memory-set condition: labels, mean signals, MDL's actions
   figures/<data set>.png      risk–coverage curves (adopting the k most confident memory sets)
   REPORT.md                   the tables, per data set, and what the data can and cannot resolve
+
+A rerun into the same folder continues that run: it is refused (``OtherInputs``, naming what changed)
+when an input in inputs.json differs (``run_record``), so one report never mixes two runs' settings.
+With the same inputs it resumes: each data set's signals are reused, and every data set the run holds,
+those named before and those named now, is scored again and reported, so naming a data set new to the
+run adds it and naming fewer keeps the others. A folder with results but no inputs.json (an earlier version's run)
+is checked against its run.json (the limit, the config, the resamples, fitting) and its data sets kept.
 
 Each file goes through the project's one writer (``mdl_jax._io``): a fresh temporary name beside it,
 renamed, so a reader sees a whole file or the previous one.
@@ -39,6 +49,8 @@ from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
 from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
 from mdl_jax.evaluation.replay import replay, replay_table
+from mdl_jax.evaluation.run_record import INPUTS, check_inputs, recorded_inputs, run_inputs
+from mdl_jax.evaluation.run_record import OtherInputs as OtherInputs  # what a refused rerun raises
 from mdl_jax.evaluation.scoring import (
     GATE_NAMES,
     REFERENCE,
@@ -371,11 +383,15 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
     """Score MDL and the compared gates on the named benchmarks and write the run folder (module docstring).
 
     Every data set is loaded (seconds) and every argument checked before the first text is embedded, so
-    a missing data set or a user's column that lacks a memory set is named at once.
+    a missing data set, a user's column that lacks a memory set or a rerun onto other inputs is named at
+    once.
 
     Args:
-      out: the run folder (created; a rerun resumes from its signal files).
-      names: data sets from ``ALL``: ``READER_FREE`` names and ``"adarague:<dataset>_test"``, each once.
+      out: the run folder (created). A rerun into it continues the run it holds (module docstring): it is
+        refused where an input changed; else the signal files are reused and every data set of the run,
+        those named before and now, is scored and reported.
+      names: data sets from ``ALL``: ``READER_FREE`` names and ``"adarague:<dataset>_test"``, each once
+        (added, in a rerun, to those the run holds).
       gate: a ``MemoryGate`` (its embedder and config); the bundled MiniLM with the paper's defaults when None.
         Signals are cached only for an embedder that can be named across processes (``Embedder``); with
         a callable they are recomputed on every run.
@@ -397,6 +413,9 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         range; a gate name in ``extra`` that is empty, holds '|', '`' or a line break, or is a built-in
         gate's; ``extra`` without a reader-free data set, or lacking a score for one of its memory sets; a
         data set with no items.
+      OtherInputs: (a ``ValueError``) ``out`` holds a run made from other inputs (a limit, embedder,
+        config, relevance threshold, number of resamples, fitting, a data set's items or its user's gate
+        scores), naming each change, or whose record of its inputs cannot be read.
       DataError: a data file that cannot be read (naming it).
       OutputError: a folder of the run that is a symbolic link, or a file that cannot be written.
     """
@@ -405,6 +424,10 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         from mdl_jax.gate.core import MemoryGate
 
         gate = MemoryGate(risk=0.5)
+    out = Path(out)
+    before = recorded_inputs(out, gate, ALL)
+    if before is not None:  # the run's data sets: those it holds, then those new to it
+        names = list(dict.fromkeys([*before["data"], *names]))
     path = None if data_dir is None else Path(data_dir)
     loaded = {}
     for name in names:
@@ -426,8 +449,20 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                 raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
                                  f"e.g. qid {missing[0]!r}")
             user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
-    out = Path(out)
+    now = run_inputs(gate, limit, n_boot, fit_mdl, loaded, user_cols)
+    check_inputs(out, before, now)
+    if before is not None:
+        if None in before["data"].values():
+            import warnings
+
+            warnings.warn(f"out: {out} holds a benchmark run of an earlier version, with no record of its data's "
+                          f"digests: its data sets are taken as this run's, which {INPUTS} records from now on",
+                          RuntimeWarning, stacklevel=2)
+        added = [n for n in names if n not in before["data"]]
+        log(f"{out}: resuming its run of {', '.join(before['data'])}"
+            + (f", adding {', '.join(added)}" if added else ""))
     out.mkdir(parents=True, exist_ok=True)
+    _write(out / INPUTS, (json.dumps(now, indent=1, ensure_ascii=False) + "\n").encode())
     emb = getattr(gate.embedder, "backend_id", None) or type(gate.embedder).__name__
     embedder_id = f"{getattr(gate.embedder, 'model_name', '')} {emb}".strip()
     free: dict[str, tuple[list, list, bool]] = {}
