@@ -560,7 +560,9 @@ def test_malformed_texts_or_embeddings_are_an_error_naming_the_argument(engine):
         (dict(queries=[None] + queries[1:]), r"^queries\[0\]: expected a string, got NoneType$"),
         (dict(stores=[[stores[1][0], 3]] + stores[1:]), r"^stores\[0\]\[1\]: expected a memory text \(a string\), got int$"),
         (dict(embedder=lambda texts: np.ones((len(texts), 4))), r"^embedder: expected an object with embed\(texts"),
-        (dict(embedder=nan), r"^embedder: returned NaN or infinite values$"),
+        (dict(embedder=type("Ragged", (), {"embed": lambda self, texts, desc="": [[0.0] * (1 + i % 2) for i in range(len(texts))]})()),
+         r"^embedder: expected an \(N, d\) array of numbers \("),
+        (dict(embedder=nan), r"^embedder: returned values that are NaN or infinite \(as float32\)$"),
         (dict(embedder=flat), r"^embedder: expected an \(N, d\) array for N = \d+ texts, got shape \(\d+,\)$"),
     ]
     for change, message in cases:
@@ -571,6 +573,27 @@ def test_malformed_texts_or_embeddings_are_an_error_naming_the_argument(engine):
     got = memory_signals(tuple(queries), tuple(tuple(np.asarray(s, dtype=str)) for s in stores), embed, engine=engine)
     ref = memory_signals(queries, stores, embed, engine=engine)
     assert all(np.array_equal(got[k], ref[k]) for k in ref)
+
+
+def test_the_native_switch_is_read_on_every_call(monkeypatch):
+    """``MDL_JAX_NATIVE`` set after the C++ helpers loaded switches them off for the next call, and
+    unset again switches them back on, as the controller's engine reads it: "native" refuses and runs
+    again, "auto" answers from NumPy's products meanwhile."""
+    from mdl_jax.signals import conflict_native, dots_native
+
+    queries, stores, embed = _table_stores(9, 8)
+    before = memory_signals(queries, stores, embed, engine="native")
+    monkeypatch.setenv("MDL_JAX_NATIVE", "0")
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: MDL_JAX_NATIVE=0 switches it off$"):
+        memory_signals(queries, stores, embed, engine="native")
+    assert not dots_native.available() and not conflict_native.available()
+    assert dots_native.status()["error"] == "MDL_JAX_NATIVE=0"
+    off = memory_signals(queries, stores, embed, engine="auto")
+    monkeypatch.delenv("MDL_JAX_NATIVE")
+    again = memory_signals(queries, stores, embed, engine="native")
+    for k in before:
+        assert np.array_equal(before[k], again[k]), k
+        np.testing.assert_allclose(off[k], before[k], atol=1e-6, rtol=0, err_msg=k)
 
 
 def test_the_default_engine_builds_and_imports_no_compiled_library():
@@ -620,7 +643,6 @@ def test_an_engine_that_is_not_one_or_cannot_run_here_is_an_error_naming_it(monk
     with pytest.warns(RuntimeWarning, match="native dot products unavailable, using NumPy's"):
         auto = memory_signals(queries, stores, embed, engine="auto")
     monkeypatch.setenv("MDL_JAX_NATIVE", "0")
-    monkeypatch.setattr(dots_native, "_STATE", {})
     with pytest.raises(ValueError, match=r"^engine='native' cannot run here: MDL_JAX_NATIVE=0 switches it off$"):
         memory_signals(queries, stores, embed, engine="native")
     monkeypatch.delenv("MDL_JAX_NATIVE")

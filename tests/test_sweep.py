@@ -150,8 +150,12 @@ def test_grouped_bootstrap_weights_draw_whole_groups():
     assert abs(per_group.mean() - 1.0) < 0.05
     with pytest.raises(ValueError, match=r"^groups: expected 60 labels \(one per record\), got shape \(59,\)$"):
         bootstrap_weights(60, 3, groups=groups[:-1])
-    with pytest.raises(ValueError, match=r"^groups: expected labels of one comparable type"):
+    with pytest.raises(ValueError, match=r"^groups: expected labels of one type, got NoneType, int, str$"):
         bootstrap_weights(3, 3, groups=np.array(["a", None, 1], dtype=object))
+    with pytest.raises(ValueError, match=r"^groups: expected labels of one type, got int, str$"):
+        bootstrap_weights(2, 3, groups=[1, "1"])   # not merged into one group "1"
+    with pytest.raises(ValueError, match=r"^groups: expected a label for every record, got NaN at index 1$"):
+        bootstrap_weights(3, 3, groups=[0.0, np.nan, 1.0])
 
 
 def test_grid_is_the_cartesian_product_in_c_order():

@@ -326,13 +326,18 @@ def bootstrap_weights(n: int, n_resamples: int, seed: int = 0, *, groups=None) -
         raise ValueError(f"n_resamples: expected a positive int, got {n_resamples!r}")
     rng = np.random.default_rng(seed)
     if groups is not None:
-        labels = np.asarray(groups)
+        # as objects: NumPy would turn [1, "1"] into two equal strings
+        labels = groups if isinstance(groups, np.ndarray) else np.array(list(groups) + [None], object)[:-1]
         if labels.shape != (n,):
             raise ValueError(f"groups: expected {n} labels (one per record), got shape {labels.shape}")
+        if labels.dtype == object and len(kinds := {type(x).__name__ for x in labels}) > 1:
+            raise ValueError(f"groups: expected labels of one type, got {', '.join(sorted(kinds))}")
+        if labels.dtype.kind in "fcO" and (nan := np.flatnonzero([x != x for x in labels.tolist()])).size:
+            raise ValueError(f"groups: expected a label for every record, got NaN at index {int(nan[0])}")
         try:
             _, inverse = np.unique(labels, return_inverse=True)
-        except TypeError as e:  # labels of types that do not order (None beside strings, say)
-            raise ValueError(f"groups: expected labels of one comparable type ({e})") from None
+        except TypeError as e:  # labels of a type that does not order
+            raise ValueError(f"groups: expected labels that can be ordered ({e})") from None
         G = int(inverse.max()) + 1
         return rng.multinomial(G, np.full(G, 1.0 / G), size=n_resamples).astype(np.float32)[:, inverse.ravel()]
     return rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples).astype(np.float32)

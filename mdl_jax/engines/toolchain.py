@@ -265,20 +265,20 @@ def load_source_library(source: Path, flags: list[str], path: Path) -> ctypes.CD
 def load_once(state: dict, lock: threading.Lock, load: Callable[[], dict], what: str, fallback: str,
               warn: bool = True) -> bool:
     """A signal-wing library's ``available()``: ``load()`` (→ the entries to keep in ``state``) runs once
-    per process, under ``lock``; ``state["ok"]`` remembers the answer. ``MDL_JAX_NATIVE=0`` skips it; a
+    per process, under ``lock``; ``state["ok"]`` remembers the answer. ``MDL_JAX_NATIVE=0`` (read on every
+call) makes it False without a build; a
     failed build or load warns once, naming ``what`` and the ``fallback`` that runs instead, on the
     first call with ``warn`` (a caller that names the engine says the error itself, and goes on with
     no fallback to warn of)."""
+    if not enabled():  # read on every call, as the controller's engine reads it: a switch set later counts
+        return False
     if state.get("ok") is None:
         with lock:
             if "ok" not in state:
-                if not enabled():
-                    state.update(ok=False, error=f"{ENV_SWITCH}=0")
-                else:
-                    try:
-                        state.update(ok=True, **load())
-                    except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-                        state.update(ok=False, error=str(e), failed=True)
+                try:
+                    state.update(ok=True, **load())
+                except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+                    state.update(ok=False, error=str(e), failed=True)
     if warn and state.get("failed") and not state.get("warned"):
         state["warned"] = True
         warnings.warn(f"mdl_jax: {what} unavailable, using {fallback} ({state['error']}). Set {ENV_SWITCH}=0 "

@@ -74,6 +74,7 @@ SIGNAL_KEYS = ("M", "R", "phi", "C_final", "action", "M_either", "R_either", "ph
 # The code that turns texts into signals and decisions besides the embedder and the config: a change to
 # a detector or to the controller within one version must not reuse columns computed by the old one.
 _SIGNAL_SOURCES = ("signals/conflict.py", "signals/answer_conflict.py", "signals/aggregation.py",
+                   "signals/jax_pass.py", "signals/_native/dots.cc", "signals/_native/conflict.cc",
                    "evaluation/scoring.py", "controller/decision.py", "controller/api.py", "gate/core.py",
                    "engines/_native/decide_cpu.cc")
 

@@ -477,7 +477,8 @@ class MemoryGate:
         whose row parsing has checked each row already (a second check was a tenth of its time)."""
         t = timings if timings is not None else {}
         sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
-                             threshold=self.relevance_threshold, progress=progress, timings=t, engine="auto")
+                             threshold=self.relevance_threshold, progress=progress, timings=t, engine="auto",
+                             validate=False)
         t0 = time.perf_counter()
         out = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"], n_relevant=sig["n_relevant"])
         t["decision"] = t.get("decision", 0.0) + time.perf_counter() - t0
@@ -542,7 +543,8 @@ class MemoryGate:
                    A: np.ndarray, progress: bool = False) -> list[GateDecision]:
         # decide_batch after its checks (decide checks its own arguments, under their own names)
         sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
-                             threshold=self.relevance_threshold, progress=progress, engine="auto")
+                             threshold=self.relevance_threshold, progress=progress, engine="auto",
+                             validate=False)
         cols = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"])
         rows = [cols[k].tolist() for k in SCALARS]  # one conversion per column, not per value
         acts = list(Action)  # Action(i) is acts[i]: a list index, not an enum call per row

@@ -10,14 +10,17 @@ Python and enter the JAX pass as a (B, S, S) boolean array.
 ``memory_signals`` takes ``engine=``, as the controller's functions do:
   "jax"     (the default) every store through that one JAX pass; no compiled library is built or imported.
   "native"  a store of at most ``SMALL_MEMORIES`` memories aggregated in NumPy (``small_signals``: the
-            stores of one size stacked, the formulas of ``aggregate_small``) with the dot products and
-            the default detector's flags in C++ (``dots_native``, ``conflict_native``: the same flags);
+            stores of one size stacked, the formulas of ``aggregate_small``) with the dot products in
+            C++ (``dots_native``) and, for calls of more than RECENT_CALL stores, the default detector's
+            flags too (``conflict_native``: the same flags);
             wider stores through the JAX pass. An error where those libraries cannot be built here.
   "auto"    the small-store path of "native", with NumPy's products and the Python detector where the
             C++ parts cannot be built (warned once): what the gate, its framework components and the
             gateway ask for, whose calls of one query the JAX pass's dispatch and padding would dominate.
 The small-store path follows the row's own size, never the call's, so batching never changes a row's
-bits; it agrees with the JAX pass to ≤ 1e-6, and clips M at 0 as it does.
+bits (under "jax" the call's padded shapes change how XLA vectorises the sums: a row's last bits can
+depend on its neighbours, as with ``decide``'s default); it agrees with the JAX pass to ≤ 1e-6 but where
+a cosine lies within float32 rounding of the relevance threshold, and clips M at 0 as it does.
 """
 
 from __future__ import annotations
@@ -435,7 +438,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
                    conflict: Callable[[list[str]], npt.ArrayLike] = pair_flags,
                    threshold: float = RELEVANCE_THRESHOLD, batch: int = BATCH,
                    progress: bool = False, timings: dict | None = None,
-                   engine: str = "jax") -> dict[str, np.ndarray]:
+                   engine: str = "jax", validate: bool = True) -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.
 
     ``embedder.embed(texts, desc=...)`` → (N, d) unit-norm float32. Every query and every unique memory
@@ -449,11 +452,14 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     among the relevant memories only, count under "aggregation". An unknown engine, or "native" where
     its C++ parts cannot be built or loaded here, is a ValueError saying why; so are a query that is no
     string, a store that is no list of strings (one string, say), an embedder without ``embed`` and
-    vectors of another shape than (N, d) or not finite, each naming the argument.
+    vectors of another shape than (N, d) or not finite, each naming the argument. ``validate=False``
+    skips the checks of the texts and of the vectors' values, for a caller that checked them already
+    (the gate); the texts must then be a list of lists of strings.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
-    queries, stores = _checked_texts(queries, stores)
+    if validate:
+        queries, stores = _checked_texts(queries, stores)
     if not callable(getattr(embedder, "embed", None)):
         raise ValueError(f"embedder: expected an object with embed(texts, desc=...) → (N, d) unit-norm "
                          f"vectors (e.g. mdl_jax.signals.embeddings.Embedder()), got {type(embedder).__name__}")
@@ -478,12 +484,16 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     texts = list(dict.fromkeys(itertools.chain.from_iterable(stores)))  # unique, in order (C-level loop)
     # queries and memories in one call: one encoder pass and one cache round trip, not two (for a
     # single request, the gateway's case, that is most of the embedding's fixed cost)
-    vecs = np.asarray(embedder.embed(list(queries) + texts, desc="embedding texts"), np.float32)
+    got = embedder.embed(list(queries) + texts, desc="embedding texts")
+    try:
+        vecs = np.asarray(got, np.float32)
+    except (TypeError, ValueError) as e:  # ragged rows, strings: NumPy's words would not name the embedder
+        raise ValueError(f"embedder: expected an (N, d) array of numbers ({e})") from None
     if vecs.ndim != 2 or vecs.shape[0] != B + len(texts) or vecs.shape[1] < 1:
         raise ValueError(f"embedder: expected an (N, d) array for N = {B + len(texts)} texts, got shape "
                          f"{vecs.shape}")
-    if not np.isfinite(vecs).all():
-        raise ValueError("embedder: returned NaN or infinite values")
+    if validate and not np.isfinite(vecs).all():
+        raise ValueError("embedder: returned values that are NaN or infinite (as float32)")
     q_emb = vecs[:B]
     if texts:
         t_emb = (vecs[B:], {x: i for i, x in enumerate(texts)})
@@ -501,7 +511,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
             picked = idx.tolist()
             part = memory_signals([queries[i] for i in picked], [stores[i] for i in picked], embedder,
                                   conflict=conflict, threshold=threshold, batch=batch, progress=progress,
-                                  timings=timings, engine=engine)
+                                  timings=timings, engine=engine, validate=False)
             for k in out:
                 out[k][idx] = part[k]
         return out

@@ -169,5 +169,6 @@ def status() -> dict:
     """{"available": bool, "path" or "error"}: which detector runs, and why (a
     failure is said here, not warned of)."""
     ok = available(warn=False)
-    return {"available": ok, **({"path": str(library_path())} if ok else {"error": _STATE.get("error", "")})}
+    error = _STATE.get("error", "") if _native.enabled() else f"{_native.ENV_SWITCH}=0"
+    return {"available": ok, **({"path": str(library_path())} if ok else {"error": error})}
 
