@@ -179,8 +179,8 @@ def refuse_same_file(out: str | None, *, what: str = "--out", **inputs: str | No
 
 
 def write_stdout(text: str) -> None:
-    """``text`` to standard output, flushed: a refusal (a full disk, a closed pipe) is one
-    ``OutputError`` line, not a traceback."""
+    """``text`` to standard output, flushed: a refusal (a full disk) is one ``OutputError`` line, not a
+    traceback; a reader that left (``| head``) ends the command quietly (``main``)."""
     import sys
 
     from mdl_jax._io import OutputError
@@ -188,6 +188,8 @@ def write_stdout(text: str) -> None:
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
+    except BrokenPipeError:
+        raise
     except OSError as e:
         raise OutputError("<standard output>", e) from None
 
