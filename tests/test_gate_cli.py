@@ -1027,3 +1027,29 @@ def test_rows_that_crashed_the_command_are_bad_rows(tmp_path, capsys):
     assert "line 1: field 'cat': category: expected a string or None" in _err_line(capsys)
     assert _gate(src, tmp_path / "d.jsonl", *FIELDS, "--risk-field", "A") == 2
     assert re.search(r"line 2: field 'A': expected a number in \[0, 1\], got 1000", _err_line(capsys))
+
+
+def test_a_core_install_without_the_embedding_extra_is_one_line_naming_it(tmp_path):
+    """Only the core installed (sentence-transformers, ONNX Runtime and OpenVINO absent: blocked here),
+    an empty cache: the gate cannot load its model, and says which extra to install in one line, exit 2,
+    no traceback; ``MemoryGate`` raises the same as a ValueError."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"query": "capital of France?", "memories": ["Paris is the capital."]}) + "\n")
+    code = ("import sys\n"
+            "for m in ('sentence_transformers', 'openvino', 'onnxruntime', 'onnx'):\n"
+            "    sys.modules[m] = None\n"
+            "from mdl_jax.cli import main\n"
+            "from mdl_jax.gate import MemoryGate\n"
+            "try:\n"
+            "    MemoryGate(risk=0.5).decide('capital of France?', ['Paris is the capital.'])\n"
+            "except ValueError as e:\n"
+            "    print('gate:', e)\n"
+            f"sys.exit(main(['gate', {str(rows)!r}, '--out', {str(tmp_path / 'out.jsonl')!r}]))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "MDL_JAX_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    need = "the torch backend needs sentence_transformers, which is not installed or fails to import: " \
+           "pip install 'mdl-jax[signals]'"
+    assert r.returncode == 2, r.stderr
+    assert r.stdout.strip() == f"gate: embedder: {need}", r.stdout
+    assert r.stderr.strip().splitlines()[-1] == f"mdl-jax: error: --embedder: {need}", r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out.jsonl").exists()

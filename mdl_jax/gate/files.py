@@ -336,7 +336,8 @@ def _decide_chunk(gate: MemoryGate, plan: _Plan, batch) -> tuple[Decided, dict, 
     try:  # every row checked by parse_row, its risk in [0, 1] (unit_float, or the assessor's): not again
         cols = gate.columns_checked(qs, texts, np.asarray(risks, np.float32))
     except ModelLoadError as e:  # the model loads on the first chunk: not the rows' error
-        raise GateInputError(f"--embedder: {e}") from None
+        # its message begins "embedder: ", the library's name for what the command calls --embedder
+        raise GateInputError(f"--embedder: {str(e).removeprefix('embedder: ')}") from None
     except ValueError as e:  # a category outside a risk table, a callable risk out of range, ...
         raise GateInputError(f"{job.input}, rows {good[0][0] + 1}-{good[-1][0] + 1}: {e}") from None
     for a, n in enumerate(np.bincount(cols["action"], minlength=len(ACTION_BY_CODE)).tolist()):
