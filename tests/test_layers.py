@@ -118,6 +118,25 @@ def test_no_controller_module_imports_the_engines():
     assert not bad, "controller modules that import the engines:\n" + "\n".join(bad)
 
 
+def test_the_signals_definition_imports_no_compiled_library():
+    # memory_signals' default engine is the JAX pass (signals/jax_pass.py): it, and the modules it
+    # imports, import neither an engine nor a C++ helper of the signals, function-level included
+    native = ("mdl_jax.engines", "mdl_jax.signals.dots_native", "mdl_jax.signals.conflict_native")
+    seen, todo, bad = set(), ["mdl_jax.signals.jax_pass"], []
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        for t in GRAPH.get(m, {}):
+            if t == native[0] or t.startswith(native[0] + ".") or t in native[1:]:
+                bad.append(f"{_rel(m)} imports {_rel(t)}")
+            elif t.startswith("mdl_jax."):
+                todo.append(t)
+    assert not bad, "the signals' definition reaches a compiled library:\n" + "\n".join(bad)
+    assert "mdl_jax.signals.conflict" in seen  # the walk reached the detector it imports
+
+
 def test_every_module_has_a_layer():
     for m in MODULES:
         layer_of(m)
