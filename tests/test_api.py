@@ -356,6 +356,10 @@ def test_first_offending_index_is_named_whatever_is_wrong_with_it():
         decide(0.5, small, 0.5)
     err, _ = checked_decide(0.5, 0.5, np.array([0.5, -1.0, np.nan]))
     assert err.get().startswith("A: expected") and "flat index 1" in err.get()
+    # a 0-d value has no index to name: the argument itself
+    for zero_d in (np.float32(1.5), np.array(1.5, np.float32)):
+        with pytest.raises(ValueError, match=r"^M: expected values in \[0, 1\]; M = 1\.5$"):
+            decide(zero_d, 0.5, 0.5)
 
 
 @pytest.mark.parametrize("where", ["eager", "jit"])
