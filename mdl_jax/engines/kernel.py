@@ -27,9 +27,7 @@ import ctypes
 import functools
 import hashlib
 import platform
-import subprocess
 import threading
-import warnings
 from pathlib import Path
 
 import jax
@@ -43,6 +41,7 @@ from mdl_jax.engines.toolchain import (
     compiler,
     enabled,
     load_library,
+    load_once,
 )
 
 TARGET = "mdl_decide_f32"
@@ -91,23 +90,16 @@ def build(out: Path, variant: str | None = None) -> Path:
 def load(warn: bool = True) -> bool:
     """Build (once per machine) and register the kernel; True when ``decide`` may use it. A failure is
     remembered (``status()["error"]``) and warned of once, on the first call with ``warn``: a caller
-    that named the engine raises the error itself and has no fallback to warn of."""
-    if "ok" not in _STATE:
-        with _LOCK:
-            if "ok" not in _STATE:
-                try:
-                    variant = cpu.isa()
-                    path = library_path()
-                    lib = load_library(path, lambda out: build(out))
-                    _register(lib, TARGET, SWEEP_TARGET)
-                    _STATE.update(ok=True, path=path, lib=lib, isa=variant, lanes=int(lib.MdlLanes()))
-                except (NativeBuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
-                    _STATE.update(ok=False, error=str(e))
-    if warn and not _STATE["ok"] and not _STATE.get("warned"):
-        _STATE["warned"] = True
-        warnings.warn(f"mdl_jax: native CPU kernel unavailable, using the pure-JAX engine ({_STATE['error']}).",
-                      RuntimeWarning, stacklevel=3)
-    return _STATE["ok"]
+    that named the engine raises the error itself and has no fallback to warn of (``load_once``, the
+    machinery every native library of the package loads through)."""
+    def load_kernel() -> dict:
+        variant = cpu.isa()
+        path = library_path()
+        lib = load_library(path, lambda out: build(out))
+        _register(lib, TARGET, SWEEP_TARGET)
+        return {"path": path, "lib": lib, "isa": variant, "lanes": int(lib.MdlLanes())}
+
+    return load_once(_STATE, _LOCK, load_kernel, "native CPU kernel", "the pure-JAX engine", warn)
 
 
 def _register(lib, decide_target: str, sweep_target: str) -> None:

@@ -65,14 +65,13 @@ def _native():
 def native_why_not() -> str | None:
     """Why ``memory_signals(..., engine="native")`` cannot run here (its C++ dot products or detector
     cannot be built or loaded), else None."""
-    from mdl_jax.engines.toolchain import ENV_SWITCH
+    from mdl_jax.engines.toolchain import ENV_SWITCH, enabled
 
+    if not enabled():
+        return f"{ENV_SWITCH}=0 switches it off"
     for lib, what in zip(_native(), ("dot products", "conflict detector")):
         if not lib.available(warn=False):
-            error = lib.status().get("error", "unknown error")
-            if error == f"{ENV_SWITCH}=0":
-                return f"{error} switches it off"
-            return f"the native {what} could not be built or loaded ({error})"
+            return f"the native {what} could not be built or loaded ({lib.status().get('error', 'unknown error')})"
     return None
 
 
@@ -441,20 +440,34 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
                    engine: str = "jax", validate: bool = True) -> dict[str, np.ndarray]:
     """M, R, φ and the number of relevant memories for B (query, memory texts) pairs.
 
-    ``embedder.embed(texts, desc=...)`` → (N, d) unit-norm float32. Every query and every unique memory
-    text is embedded once (the embedder batches and caches); stores are aggregated ``batch`` at a time
-    so padding memory stays bounded (see ``BATCH``). Returns {"M", "R", "phi": (B,) float32,
-    "n_relevant": (B,) int32}.
-    ``timings``, if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
-    padding) and "aggregation" (the JAX pass). ``engine``: "jax" (the default), "native" or "auto"
-    (the module docstring): under the last two a store of at most ``SMALL_MEMORIES`` memories takes the
-    NumPy path (``small_signals``) in a call of any size, where the default detector's flags, computed
-    among the relevant memories only, count under "aggregation". An unknown engine, or "native" where
-    its C++ parts cannot be built or loaded here, is a ValueError saying why; so are a query that is no
-    string, a store that is no list of strings (one string, say), an embedder without ``embed`` and
-    vectors of another shape than (N, d) or not finite, each naming the argument. ``validate=False``
-    skips the checks of the texts and of the vectors' values, for a caller that checked them already
-    (the gate); the texts must then be a list of lists of strings.
+    Every query and every unique memory text is embedded once (the embedder batches and caches); stores
+    are aggregated ``batch`` at a time so padding memory stays bounded (see ``BATCH``).
+
+    Args:
+      queries: B query strings.
+      stores: B lists of memory texts (a list may be empty), each of at most ``MAX_MEMORIES``.
+      embedder: an object with ``embed(texts, desc=...)`` → (N, d) unit-norm float32 vectors
+        (``Embedder``).
+      conflict: the lexical detector, texts → their (S, S) contradiction flags (``pair_flags``).
+      threshold: the relevance threshold on cos(e_q, e_m).
+      batch: stores aggregated per step.
+      progress: show a progress bar over the steps.
+      timings: if given, accumulates seconds under "embedding", "conflict" (the lexical flags and the
+        padding) and "aggregation" (the JAX pass; on the small-store path its flags too).
+      engine: "jax" (the default), "native" or "auto" (the module docstring): under the last two a
+        store of at most ``SMALL_MEMORIES`` memories takes the NumPy path (``small_signals``) in a call
+        of any size.
+      validate: check the texts and the vectors' values; ``False`` for a caller that checked them
+        already (the gate): the texts must then be a list of lists of strings.
+
+    Returns:
+      {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
+
+    Raises:
+      ValueError: an unknown engine, or "native" where its C++ parts cannot be built or loaded here
+        (saying why); a query that is no string, a store that is no list of strings (one string, say)
+        or of more than ``MAX_MEMORIES`` memories, B queries with another number of stores, an embedder
+        without ``embed``, vectors of another shape than (N, d) or not finite — each naming the argument.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
