@@ -496,6 +496,35 @@ def open_append(path: str | os.PathLike, mode: str = "ab", *, encoding: str = "u
     return f if mode == "ab" else io.TextIOWrapper(f, encoding=encoding)
 
 
+def lock_file(path: str | os.PathLike) -> IO[Any] | None:
+    """``path`` opened as ``open_append`` opens it (mode ``"a+"``) and locked exclusively (``flock``), or
+    None where another open file holds its lock: one run at a time writes a folder. The lock lasts
+    until the file is closed or its process ends, however it ends, so a killed run never leaves a
+    folder locked.
+
+    Args:
+        path: the lock file; its folder must exist.
+
+    Returns:
+        The open, locked file (close it to let go), or None.
+
+    Raises:
+        OutputError: as ``open_append``.
+    """
+    import fcntl
+
+    f = open_append(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
 def append_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Append ``data`` to ``path`` (``open_append``) and fsync it: on return it survives a crash.
 

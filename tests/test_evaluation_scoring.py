@@ -339,6 +339,36 @@ def test_a_benchmark_rerun_onto_another_limit_config_or_setting_is_refused_namin
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_benchmark_run_into_a_folder_another_run_is_writing_is_refused_touching_nothing(tmp_path, embedder):
+    from mdl_jax._io import lock_file
+    from mdl_jax.evaluation.run import RunInUse
+
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact"])
+    want = _files(out)
+    held = lock_file(out / ".lock")  # another run's lock: any other open file holding it
+    assert held is not None
+    try:
+        with pytest.raises(RunInUse, match="another mdl-jax benchmarks run is writing .*another --out"):
+            run(["rgb_en_fact"])
+    finally:
+        held.close()
+    assert _files(out) == want
+    run(["rgb_en_fact"])  # let go: the same run resumes
+    assert _files(out) == want
+
+
+def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_folder(tmp_path, embedder):
+    from mdl_jax.evaluation.datasets import DataError
+
+    run, out = _bench(tmp_path, embedder)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError):
+        run(["rgb_en_fact"], data_dir=tmp_path / "empty")
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 def test_a_benchmark_rerun_on_the_same_inputs_resumes_and_reports_every_data_set_of_the_run(
         tmp_path, embedder):
     run, out = _bench(tmp_path, embedder)
@@ -412,3 +442,24 @@ def test_the_benchmark_command_refuses_a_changed_limit_in_one_line_with_exit_2(c
     assert err.startswith("mdl-jax: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert "limit (3 then, 2 now) changed" in err and "fresh --out" in err
     assert _files(out) == want
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_the_benchmark_command_refuses_a_folder_in_use_in_one_line_with_exit_2(cli, tmp_path, embedder,
+                                                                               monkeypatch):
+    from mdl_jax._io import lock_file
+    from mdl_jax.gate import core
+
+    monkeypatch.setattr(core, "_make_embedder", lambda *a, **k: embedder)
+    out = tmp_path / "run"
+    out.mkdir()
+    held = lock_file(out / ".lock")
+    try:
+        code, stdout, err = cli(["benchmarks", "--out", str(out), "--no-fit", "--n-boot", "20", "rgb_en_fact",
+                                 "--limit", "2"])
+    finally:
+        held.close()
+    assert code == 2 and stdout == ""
+    assert err.startswith("mdl-jax: error: out: another mdl-jax benchmarks run is writing")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert [p.name for p in out.iterdir()] == [".lock"]

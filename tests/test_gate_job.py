@@ -108,6 +108,25 @@ def test_a_run_without_chunk_size_records_the_default_in_its_manifest(tmp_path, 
     assert seen["man"]["args"]["chunk_size"] == CHUNK_SIZE and job.chunk_size is None  # the caller's job unchanged
 
 
+def test_a_run_into_an_out_another_run_is_writing_is_refused_and_the_next_one_resumes(tmp_path):
+    from mdl_jax._io import lock_file
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n')
+    job = GateJob(input=str(src), out=str(tmp_path / "o.jsonl"), embedder="tests.gate_embedders:hashed",
+                  no_progress=True)
+    job.parts_folder.mkdir()
+    held = lock_file(job.parts_folder / "lock")  # another run's lock
+    assert held is not None
+    try:
+        with pytest.raises(GateInputError, match="--out: another mdl-jax gate run is writing .*o.jsonl"):
+            files.run(job)
+    finally:
+        held.close()
+    assert not (tmp_path / "o.jsonl").exists()
+    assert files.run(job) == 0 and (tmp_path / "o.jsonl").exists() and not job.parts_folder.exists()
+
+
 def test_no_module_of_the_gate_reads_parsed_arguments():
     """The job is the gate's only input from the command line: no module under mdl_jax/gate imports
     argparse or names a Namespace."""

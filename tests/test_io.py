@@ -29,6 +29,7 @@ from mdl_jax._io import (
     atomic_open,
     atomic_path,
     database_path,
+    lock_file,
     open_append,
     publish_dir,
     write_bytes,
@@ -250,6 +251,42 @@ def test_an_append_refuses_a_symlink_or_a_fifo(tmp_path, kind):
     assert victim.read_text() == VICTIM and not (tmp_path / "nowhere").exists()
     with pytest.raises(OutputError, match=what):
         database_path(p)
+
+
+def test_a_lock_file_is_held_by_one_open_file_at_a_time_and_let_go_on_close(tmp_path):
+    p = tmp_path / ".lock"
+    first = lock_file(p)
+    assert first is not None
+    assert lock_file(p) is None, "a second holder while the first is open"
+    first.close()
+    second = lock_file(p)
+    assert second is not None
+    second.close()
+
+
+def test_a_lock_file_is_let_go_when_its_process_dies(tmp_path):
+    p = tmp_path / ".lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mdl_jax._io import lock_file; "
+                               f"f = lock_file({str(p)!r}); print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert lock_file(p) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    f = lock_file(p)
+    assert f is not None
+    f.close()
+
+
+def test_a_lock_file_refuses_a_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM)
+    (tmp_path / ".lock").symlink_to(victim)
+    with pytest.raises(OutputError, match="symbolic link"):
+        lock_file(tmp_path / ".lock")
+    assert victim.read_text() == VICTIM
 
 
 # ------------------------------------------------- every writer of the project, a link planted

@@ -98,7 +98,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from mdl_jax.evaluation.run import ALL, run_benchmarks
+    from mdl_jax.evaluation.run import ALL, RunInUse, run_benchmarks
     from mdl_jax.gate.core import MemoryGate
 
     extra = _scores(args.gate_scores) if args.gate_scores else None
@@ -107,7 +107,7 @@ def run(args) -> int:
         report = run_benchmarks(args.out, tuple(args.names) or ALL, gate=gate, limit=args.limit,
                                 data_dir=args.data_dir, extra=extra, fit_mdl=not args.no_fit, n_boot=args.n_boot,
                                 progress=sys.stderr.isatty(), log=lambda s: print(s, file=sys.stderr))
-    except (ValueError, TypeError) as e:  # the documented argument errors of run_benchmarks and the gate
+    except (ValueError, TypeError, RunInUse) as e:  # the documented argument errors of run_benchmarks and the gate
         if isinstance(e, UnicodeError):
             raise
         raise CommandError(str(e)) from None

@@ -21,6 +21,9 @@ With the same inputs it resumes: each data set's signals are reused, and every d
 those named before and those named now, is scored again and reported, so naming a data set new to the
 run adds it and naming fewer keeps the others. A folder with results but no inputs.json (an earlier version's run)
 is checked against its run.json (the limit, the config, the resamples, fitting) and its data sets kept.
+One run at a time writes a folder: a run holds ``.lock`` in it (an ``flock``, let go however the run
+ends), and a second run into the folder meanwhile is refused (``RunInUse``). A run refused before any
+work (a bad argument, a missing data set, other inputs) leaves a folder it made itself as it was: absent.
 
 Each file goes through the project's one writer (``mdl_jax._io``): a fresh temporary name beside it,
 renamed, so a reader sees a whole file or the previous one.
@@ -28,6 +31,7 @@ renamed, so a reader sees a whole file or the previous one.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -42,15 +46,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from mdl_jax._io import OutputError
+from mdl_jax._io import OutputError, lock_file
 from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
 from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
 from mdl_jax.evaluation.replay import replay, replay_table
-from mdl_jax.evaluation.run_record import INPUTS, check_inputs, recorded_inputs, run_inputs
+from mdl_jax.evaluation.run_record import INPUTS, LOCK, check_inputs, recorded_inputs, run_inputs
 from mdl_jax.evaluation.run_record import OtherInputs as OtherInputs  # what a refused rerun raises
+from mdl_jax.evaluation.run_record import RunInUse as RunInUse  # what a run into a folder in use raises
 from mdl_jax.evaluation.scoring import (
     GATE_NAMES,
     REFERENCE,
@@ -417,6 +422,7 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
       OtherInputs: (a ``ValueError``) ``out`` holds a run made from other inputs (a limit, embedder,
         config, relevance threshold, number of resamples, fitting, a data set's items or its user's gate
         scores), naming each change, or whose record of its inputs cannot be read.
+      RunInUse: another live run is writing ``out`` (it holds ``out/.lock``).
       DataError: a data file that cannot be read (naming it).
       OutputError: a folder of the run that is a symbolic link, or a file that cannot be written.
     """
@@ -426,74 +432,92 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
 
         gate = MemoryGate(risk=0.5)
     out = Path(out)
-    before = recorded_inputs(out, gate, ALL)
-    if before is not None:  # the run's data sets: those it holds, then those new to it
-        names = list(dict.fromkeys([*before["data"], *names]))
-    path = None if data_dir is None else Path(data_dir)
-    loaded = {}
-    for name in names:
-        if name.startswith("adarague:"):
-            loaded[name] = load_benchmark("adarague_llama8b", split=name.split(":", 1)[1], limit=limit,
-                                          path=None if path is None else path / "adarague_llama8b")
-        else:
-            loaded[name] = load_benchmark(name, limit=limit, path=None if path is None else path / name)
-        if not loaded[name]:
-            raise ValueError(f"names: {name} holds no items (read from {path or 'the shared copy'})")
-    user_cols: dict[str, dict[str, np.ndarray]] = {}
-    for name, items in loaded.items():
-        if name not in READER_FREE:
-            continue
-        user_cols[name] = {}
-        for g, scores in (extra or {}).items():
-            missing = [it.qid for it in items if it.qid not in scores]
-            if missing:
-                raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
-                                 f"e.g. qid {missing[0]!r}")
-            user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
-    now = run_inputs(gate, limit, n_boot, fit_mdl, loaded, user_cols)
-    check_inputs(out, before, now)
-    if before is not None:
-        if None in before["data"].values():
-            import warnings
+    made = not os.path.lexists(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(out, e) from None
+    lock = lock_file(out / LOCK)
+    if lock is None:
+        raise RunInUse(f"out: another mdl-jax benchmarks run is writing {str(out)!r}; wait for it to finish, "
+                       "or run into another --out")
+    try:
+        before = recorded_inputs(out, gate, ALL)
+        if before is not None:  # the run's data sets: those it holds, then those new to it
+            names = list(dict.fromkeys([*before["data"], *names]))
+        path = None if data_dir is None else Path(data_dir)
+        loaded = {}
+        for name in names:
+            if name.startswith("adarague:"):
+                loaded[name] = load_benchmark("adarague_llama8b", split=name.split(":", 1)[1], limit=limit,
+                                              path=None if path is None else path / "adarague_llama8b")
+            else:
+                loaded[name] = load_benchmark(name, limit=limit, path=None if path is None else path / name)
+            if not loaded[name]:
+                raise ValueError(f"names: {name} holds no items (read from {path or 'the shared copy'})")
+        user_cols: dict[str, dict[str, np.ndarray]] = {}
+        for name, items in loaded.items():
+            if name not in READER_FREE:
+                continue
+            user_cols[name] = {}
+            for g, scores in (extra or {}).items():
+                missing = [it.qid for it in items if it.qid not in scores]
+                if missing:
+                    raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
+                                     f"e.g. qid {missing[0]!r}")
+                user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
+        now = run_inputs(gate, limit, n_boot, fit_mdl, loaded, user_cols)
+        check_inputs(out, before, now)
+        if before is not None:
+            if None in before["data"].values():
+                import warnings
 
-            warnings.warn(f"out: {out} holds a benchmark run of an earlier version, with no record of its data's "
-                          f"digests: its data sets are taken as this run's, which {INPUTS} records from now on",
-                          RuntimeWarning, stacklevel=2)
-        added = [n for n in names if n not in before["data"]]
-        log(f"{out}: resuming its run of {', '.join(before['data'])}"
-            + (f", adding {', '.join(added)}" if added else ""))
-    out.mkdir(parents=True, exist_ok=True)
-    _write(out / INPUTS, (json.dumps(now, indent=1, ensure_ascii=False) + "\n").encode())
-    emb = getattr(gate.embedder, "backend_id", None) or type(gate.embedder).__name__
-    embedder_id = f"{getattr(gate.embedder, 'model_name', '')} {emb}".strip()
-    free: dict[str, tuple[list, list, bool]] = {}
-    rep: dict[str, list] = {}
-    all_rows: list[dict] = []
-    all_conds: list[dict] = []
-    for name, items in loaded.items():
-        if name.startswith("adarague:"):
-            split = name.split(":", 1)[1]
-            with_passages = all(it.memories for it in items)
-            cols = _signals(name, items, gate, out, progress) if with_passages else None
-            rows = replay_table(replay(split, cast("list[AdaRAGUEItem]", items), cols, config=gate.config), n_boot=n_boot)
-            rep[split] = rows
-        else:
-            cols = _signals(name, items, gate, out, progress)
-            user = user_cols[name]
-            s = score_gates(name, items, cols, config=gate.config, extra=user, fit_mdl=fit_mdl)
-            rows = metric_table(s, n_boot=n_boot)
-            conds = condition_table(s)
-            drawn = _figure(s, _own_dir(out / "figures") / f"{name}.png", tuple(user))
-            free[name] = (rows, conds, drawn)
-            all_conds += conds
-        all_rows += rows
-        log(f"{name}: {len(items)} memory sets scored")
-    _csv(all_rows, out / "metrics.csv")
-    _csv(all_conds, out / "conditions.csv")
-    meta = {"version": __version__, "names": names, "limit": limit, "embedder": embedder_id,
-            "config": repr(gate.config), "n_boot": n_boot, "fit_mdl": fit_mdl, "extra": sorted(extra or {}),
-            "data": "the shared copy (../shared/data/benchmarks)" if path is None else str(path)}
-    _write(out / "run.json", (json.dumps(meta, indent=1) + "\n").encode())
-    report = out / "REPORT.md"
-    _write(report, _report(free, rep, meta, all_rows).encode())
-    return report
+                warnings.warn(f"out: {out} holds a benchmark run of an earlier version, with no record of its data's "
+                              f"digests: its data sets are taken as this run's, which {INPUTS} records from now on",
+                              RuntimeWarning, stacklevel=2)
+            added = [n for n in names if n not in before["data"]]
+            log(f"{out}: resuming its run of {', '.join(before['data'])}"
+                + (f", adding {', '.join(added)}" if added else ""))
+        out.mkdir(parents=True, exist_ok=True)
+        _write(out / INPUTS, (json.dumps(now, indent=1, ensure_ascii=False) + "\n").encode())
+        emb = getattr(gate.embedder, "backend_id", None) or type(gate.embedder).__name__
+        embedder_id = f"{getattr(gate.embedder, 'model_name', '')} {emb}".strip()
+        free: dict[str, tuple[list, list, bool]] = {}
+        rep: dict[str, list] = {}
+        all_rows: list[dict] = []
+        all_conds: list[dict] = []
+        for name, items in loaded.items():
+            if name.startswith("adarague:"):
+                split = name.split(":", 1)[1]
+                with_passages = all(it.memories for it in items)
+                cols = _signals(name, items, gate, out, progress) if with_passages else None
+                rows = replay_table(replay(split, cast("list[AdaRAGUEItem]", items), cols, config=gate.config), n_boot=n_boot)
+                rep[split] = rows
+            else:
+                cols = _signals(name, items, gate, out, progress)
+                user = user_cols[name]
+                s = score_gates(name, items, cols, config=gate.config, extra=user, fit_mdl=fit_mdl)
+                rows = metric_table(s, n_boot=n_boot)
+                conds = condition_table(s)
+                drawn = _figure(s, _own_dir(out / "figures") / f"{name}.png", tuple(user))
+                free[name] = (rows, conds, drawn)
+                all_conds += conds
+            all_rows += rows
+            log(f"{name}: {len(items)} memory sets scored")
+        _csv(all_rows, out / "metrics.csv")
+        _csv(all_conds, out / "conditions.csv")
+        meta = {"version": __version__, "names": names, "limit": limit, "embedder": embedder_id,
+                "config": repr(gate.config), "n_boot": n_boot, "fit_mdl": fit_mdl, "extra": sorted(extra or {}),
+                "data": "the shared copy (../shared/data/benchmarks)" if path is None else str(path)}
+        _write(out / "run.json", (json.dumps(meta, indent=1) + "\n").encode())
+        report = out / "REPORT.md"
+        _write(report, _report(free, rep, meta, all_rows).encode())
+        return report
+    except BaseException:
+        if made and not os.path.lexists(out / INPUTS):  # refused before any work: leave no folder behind
+            with contextlib.suppress(OSError):
+                os.unlink(out / LOCK)
+                os.rmdir(out)
+        raise
+    finally:
+        lock.close()

@@ -21,12 +21,17 @@ from mdl_jax._fs import SmallFileError, read_small
 from mdl_jax.controller.config_file import config_to_dict
 
 INPUTS = "inputs.json"
+LOCK = ".lock"  # held (``_io.lock_file``) by the run writing the folder
 _RECORD_BYTES = 1 << 20  # an inputs.json or run.json: a few hundred bytes a data set
 
 
 class OtherInputs(ValueError):
     """A rerun into a run folder whose results were made from other inputs, or whose record of them
     cannot be read; the message names what changed and how to start over."""
+
+
+class RunInUse(RuntimeError):
+    """A run into a folder another live run is writing (it holds the folder's ``.lock``)."""
 
 
 def _plain(v: Any) -> Any:

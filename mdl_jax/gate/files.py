@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from mdl_jax._io import lock_file
 from mdl_jax.gate.checks import unit_float
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, MemoryGate, collector_paused
 from mdl_jax.gate.job import (
@@ -61,7 +62,6 @@ from mdl_jax.gate.manifest import (
     digest,
     embedder_version,
     fingerprint,
-    open_nofollow,
     parts_folder,
     read_manifest,
     resumed_chunk_size,
@@ -190,8 +190,6 @@ def run(job: GateJob) -> int:
       GateInputError: bad input or arguments, or a resume onto anything other than what the parts
         were decided from (the caller prints it as one line, exit 2).
     """
-    import fcntl
-
     from tqdm.auto import tqdm
 
     if not isinstance(job, GateJob):
@@ -202,16 +200,13 @@ def run(job: GateJob) -> int:
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
     gate, risk = _open_gate(job)
     parts_folder(work, out)
-    lock = open_nofollow(work / "lock", os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(lock)
-        raise GateInputError(f"--out: another mdl-jax gate run is writing {out}") from None
+    lock = lock_file(work / "lock")
+    if lock is None:
+        raise GateInputError(f"--out: another mdl-jax gate run is writing {out}")
     try:
         plan, man, fresh = _begin(job, kind, gate, risk)
     except BaseException:
-        os.close(lock)
+        lock.close()
         raise
     try:
         if not man["done"]:
@@ -220,12 +215,12 @@ def run(job: GateJob) -> int:
     except BaseException as e:
         # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
         # nothing behind; otherwise the parts stay for the rerun that resumes
-        os.close(lock)
+        lock.close()
         if not man["parts"] or fresh and isinstance(e, GateInputError) and not isinstance(e, _BackendChanged):
             shutil.rmtree(work, ignore_errors=True)
         raise
     _summary(man, out)
-    os.close(lock)
+    lock.close()
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -127,20 +127,18 @@ def lock_out_dir(out: Path):
 
     The kernel drops a flock when its process dies, however it dies, so a killed run never leaves the
     out dir stuck; two live runs can never append to the same records file."""
-    import fcntl
-
-    from mdl_jax._io import open_append
+    from mdl_jax._fs import SmallFileError, read_small
+    from mdl_jax._io import lock_file
 
     out.mkdir(parents=True, exist_ok=True)
-    f = open_append(out / ".lock", "a+")  # never through a symlink planted at the name
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder}); wait for it to "
-                          "finish or stop it, or choose another --out") from None
+    f = lock_file(out / ".lock")  # never through a symlink planted at the name
+    if f is None:
+        try:
+            holder = read_small(out / ".lock", 256, follow_links=False).decode(errors="replace").strip()
+        except (OSError, SmallFileError):
+            holder = ""
+        raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder or 'another process'}); "
+                          "wait for it to finish or stop it, or choose another --out")
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}\n")
