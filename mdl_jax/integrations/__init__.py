@@ -15,7 +15,10 @@ an ``on_decision`` callback (Haystack: the ``decision`` output).
 
 from __future__ import annotations
 
-from mdl_jax.gate.core import Action, GateDecision, MemoryGate
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mdl_jax.gate.core import DEFAULT_MODEL, Action, GateDecision, MemoryGate
 from mdl_jax.prompts import CAUTION
 
 
@@ -47,9 +50,46 @@ def rebuilt_gate(component, name: str, value) -> MemoryGate:
 
 
 class LiveGateFields:
-    """For a pydantic component whose fields are the gate's settings and whose private ``_gate`` is the
-    gate built from them: setting a field of ``GATE_FIELDS`` builds the gate anew, checked before the
-    field changes (a refused value changes nothing)."""
+    """The fields of a pydantic component (LangChain's, LlamaIndex's) that are the gate's settings, and
+    the gate built from them (its private ``_gate``, built and checked at construction): setting a
+    field of ``GATE_FIELDS`` builds the gate anew, checked before the field changes (a refused value
+    changes nothing). A bad setting fails at construction, not at the first query, as pydantic's
+    ``ValidationError`` (a ``ValueError``) carrying the gate's message, which names the setting.
+
+    Attributes:
+      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
+        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
+      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
+        {category: risk} table or a callable (query, category) → A.
+      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
+        detector.
+      config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
+      cache_dir: the named embedder's vector cache folder (None: its default).
+      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (OpenVINO bfloat16 on a
+        CPU with it, else ONNX Runtime, where installed; else torch), "torch", "onnx", "onnx-int8" or
+        "openvino-bf16".
+      category: a fixed category for a category-table or preset risk, used for every query.
+      on_decision: called with each ``GateDecision`` (also the Silent / Opt-Out ones, which keep
+        nothing), or None.
+    """
+
+    if TYPE_CHECKING:  # set by the component's pydantic private attributes
+        _gate: MemoryGate
+        _last: GateDecision | None
+
+    # pydantic collects the annotated fields of a plain base class too: declared once, here.
+    embedder: Any = DEFAULT_MODEL
+    risk: Any = 0.5
+    conflict: Callable | None = None
+    config: Any = None
+    cache_dir: str | None = None
+    embed_backend: str = "auto"
+    category: str | None = None
+    on_decision: Callable[[GateDecision], Any] | None = None
+
+    def model_post_init(self, __context: Any) -> None:
+        """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
+        self._gate = build_gate(**{f: getattr(self, f) for f in GATE_FIELDS})
 
     def __setattr__(self, name: str, value) -> None:
         if name in GATE_FIELDS and getattr(self, "_gate", None) is not None:
@@ -71,6 +111,21 @@ class LiveGateFields:
     def gate(self) -> MemoryGate:
         """The ``MemoryGate`` behind the fields."""
         return self._gate
+
+    @property
+    def last_decision(self) -> GateDecision | None:
+        """The decision of the latest call (None before the first): one per component, so give each
+        concurrent chain its own component, or use ``on_decision``."""
+        return self._last
+
+    def _decide(self, query: str, texts: list[str]) -> GateDecision:
+        """The gate's decision for ``query`` and the retrieved ``texts`` under the fixed ``category``,
+        kept as ``last_decision`` and handed to ``on_decision``."""
+        d = self._gate.decide(query, texts, category=self.category)
+        self._last = d
+        if self.on_decision is not None:
+            self.on_decision(d)
+        return d
 
 
 METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

@@ -32,16 +32,13 @@ class MDLGate:
     ``last_decision`` holds the latest ``GateDecision``.
 
     Args:
-      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
-        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
-      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
-        {category: risk} table or a callable (query, category) → A.
-      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
-        detector.
+      embedder: the named embedder, an object with ``embed(texts)`` or a callable (as
+        ``LiveGateFields``' field of the same name, which says more of each setting).
+      risk: A: a number in [0, 1], a preset, a {category: risk} table or a callable.
+      conflict: texts → S×S contradiction flags; None: the paper's lexical detector.
       config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
       cache_dir: the named embedder's vector cache folder (None: its default).
-      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (OpenVINO bfloat16 on a
-        CPU with it, else ONNX Runtime, where installed; else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
+      embed_backend: what runs a named embedder ("auto", "torch", "onnx", "onnx-int8", "openvino-bf16").
       category: a fixed category for a category-table or preset risk, used for every query.
 
     Raises:

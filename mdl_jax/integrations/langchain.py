@@ -14,7 +14,7 @@ apart and, for Opt-Out, answer ``last_decision.abstention`` without calling the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.callbacks import Callbacks
@@ -23,63 +23,22 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import LiveGateFields, build_gate, decision_metadata
+from mdl_jax.integrations import LiveGateFields, decision_metadata
 from mdl_jax.signals.embeddings import Embedder
 
 
 class MDLDocumentCompressor(LiveGateFields, BaseDocumentCompressor):
     """Keeps the retrieved documents when MDL injects them (Active / Supp), drops them otherwise.
 
-    Fields are ``MemoryGate``'s arguments (``embedder``, ``risk``, ``conflict``, ``config``,
-    ``cache_dir``), a fixed ``category`` for a category-table risk, and ``on_decision``, called with
-    each ``GateDecision``. ``last_decision`` holds the latest one (one per compressor: give each
-    concurrent chain its own compressor, or use ``on_decision``).
-
-    The gate is built (and its settings checked) at construction: a bad risk or config fails there,
-    not at the first query, as pydantic's ``ValidationError`` (a ``ValueError``) carrying the gate's
-    message, which names the setting.
-
-    Attributes:
-      embedder: as ``MemoryGate``'s: a sentence-transformers name or path (default the bundled
-        MiniLM), an object with ``embed(texts)``, or a callable texts → (N, d).
-      risk: as ``MemoryGate``'s: a number in [0, 1], a preset ("truthfulqa", "halueval"), a
-        {category: risk} table or a callable (query, category) → A.
-      conflict: as ``MemoryGate``'s: texts → S×S contradiction flags; None: the paper's lexical
-        detector.
-      config: an ``MDLConfig`` or a config file path; None: the paper's defaults.
-      cache_dir: the named embedder's vector cache folder (None: its default).
-      embed_backend: what runs a named embedder, as ``MemoryGate``'s: "auto" (OpenVINO bfloat16 on a
-        CPU with it, else ONNX Runtime, where installed; else torch), "torch", "onnx", "onnx-int8" or "openvino-bf16".
-      category: a fixed category for a category-table or preset risk, used for every query.
-      on_decision: called with each ``GateDecision`` (also the Silent / Opt-Out ones, which keep
-        no documents), or None.
+    Its fields are the gate's settings (``LiveGateFields``: ``embedder``, ``risk``, ``conflict``,
+    ``config``, ``cache_dir``, ``embed_backend``, a fixed ``category`` and ``on_decision``);
+    ``last_decision`` holds the latest decision.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    embedder: Any = DEFAULT_MODEL
-    risk: Any = 0.5
-    conflict: Callable | None = None
-    config: Any = None
-    cache_dir: str | None = None
-    embed_backend: str = "auto"
-    category: str | None = None
-    on_decision: Callable[[GateDecision], Any] | None = None
-
     _gate: Any = PrivateAttr(default=None)
     _last: GateDecision | None = PrivateAttr(default=None)
-
-    def model_post_init(self, __context: Any) -> None:
-        """Pydantic's post-construction hook: builds the gate from the fields (checking them)."""
-        # Built (and checked) at construction: a bad risk or config fails here, not at the first query.
-        self._gate = build_gate(self.embedder, self.risk, self.conflict, self.config, self.cache_dir,
-                                 self.embed_backend)
-
-
-    @property
-    def last_decision(self) -> GateDecision | None:
-        """The decision of the latest ``compress_documents`` call (None before the first)."""
-        return self._last
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
@@ -97,10 +56,7 @@ class MDLDocumentCompressor(LiveGateFields, BaseDocumentCompressor):
         Raises:
           ValueError: an empty query or an empty document text (``MemoryGate.decide``).
         """
-        d = self._gate.decide(query, [doc.page_content for doc in documents], category=self.category)
-        self._last = d
-        if self.on_decision is not None:
-            self.on_decision(d)
+        d = self._decide(query, [doc.page_content for doc in documents])
         if not d.injects:
             return []
         meta = decision_metadata(d)
