@@ -788,7 +788,7 @@ def test_a_symlink_planted_at_the_lock_is_refused_not_truncated(tmp_path, victim
     _parts(out).mkdir()
     (_parts(out) / "lock").symlink_to(victim)
     assert _gate(src, out) == 2
-    assert "lock is a symbolic link" in _err_line(capsys)
+    assert "parts/lock: it is a symbolic link" in _err_line(capsys)
     assert victim.read_text() == "the user's precious file\n"
     assert not out.exists()
 
