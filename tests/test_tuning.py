@@ -329,3 +329,30 @@ def test_decide_accepts_a_config_file(tmp_path, teacher_data):
                                       np.asarray(decide(M, R, A, cfg).action))
     with pytest.raises(ConfigFileError, match="missing.json: cannot read"):
         decide(M, R, A, tmp_path / "missing.json")
+
+
+def test_arguments_of_the_wrong_kind_are_value_errors_naming_the_argument(teacher_data):
+    # None, a number or text where a sequence of runs, field names or weights belongs: named, not a
+    # TypeError or a NumPy message from inside
+    M, R, A, y = (x[:100] for x in teacher_data)
+    n = len(M)
+    s = TuneSettings(steps=2)
+    for kw, match in [(dict(fields=None), r"^fields: expected a sequence of field names, got None$"),
+                      (dict(fields=3), r"^fields: expected a sequence of field names, got 3$"),
+                      (dict(weights=np.array(["a"] * n)), r"^weights: expected finite, non-negative weights \("),
+                      (dict(val=[[1.0], [1.0, 2.0]]), r"^val: expected finite, non-negative weights \("),
+                      (dict(config=MDLConfig(sigma=np.array([0.1, 0.2]))),
+                       r"^config\.sigma: expected one config's value \(shape \(\)\), got shape \(2,\)")]:
+        with pytest.raises(ValueError, match=match):
+            tune(M, R, A, y, settings=s, **kw)
+    w = np.ones((1, n), np.float32)
+    ok = dict(train_weights=w, val_weights=np.zeros_like(w), field_sets=[FIELD_SETS["gates"]], seeds=[0], settings=s)
+    for kw, match in [(dict(seeds=None), r"^seeds: expected a sequence with one entry per run, got NoneType$"),
+                      (dict(field_sets=None), r"^field_sets: expected a sequence with one entry per run, got NoneType$"),
+                      (dict(field_sets="gates"), r"^field_sets: expected a sequence with one entry per run, got str$"),
+                      (dict(field_sets=[None]), r"^field_sets\[0\]: expected a sequence of field names, got None$"),
+                      (dict(train_weights=[["a"] * n]), r"^train_weights: expected finite, non-negative weights \("),
+                      (dict(train_weights=np.zeros((0, n)), val_weights=np.zeros((0, n)), field_sets=[], seeds=[]),
+                       r"^field_sets: expected at least one run, got none$")]:
+        with pytest.raises(ValueError, match=match):
+            tune_many(M, R, A, y, **{**ok, **kw})

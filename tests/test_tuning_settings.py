@@ -114,6 +114,8 @@ def test_a_warning_about_the_step_size_names_the_given_optimizer(data):
     (dict(patience=-1), ValueError, r"^patience: expected an int ≥ 0"),
     (dict(steps=0), ValueError, r"^steps: expected a positive int"),
     (dict(learning_rate=0.1, optimizer=optax.sgd(0.1)), ValueError, r"^learning_rate: expected either"),
+    (dict(steps=2**40), ValueError, r"^steps: expected a positive int \(at most 2\*\*31 - 1\), got 1099511627776$"),
+    (dict(init_noise=True), ValueError, r"^init_noise: expected a finite number ≥ 0, got True$"),
 ])
 def test_bad_settings_are_named(data, kwargs, error, match):
     M, R, A, y, _ = data
@@ -128,3 +130,16 @@ def test_settings_are_one_hashable_value():
     assert default_optimizer(5) is default_optimizer(5)
     assert TuneSettings(steps=5).resolved_temperature == GeometricTemperature(0.05, 0.002, 5)
     assert TuneSettings(steps=5).final_temperature() == 0.002
+
+
+@pytest.mark.parametrize("schedule, match", [
+    (lambda k: 0.0 * k, r"got τ = 0\.0 at step 0$"),
+    (lambda k: 1.0 - 2.0 * k, r"got τ = -1\.0 at step 1$"),
+    (lambda k: np.nan + 0.0 * k, r"got τ = nan at step 0$"),
+])
+def test_a_temperature_schedule_of_a_value_that_is_not_finite_and_positive_is_named(data, schedule, match):
+    # τ divides the soft decision: 0 or NaN stopped the run as a "divergence" blamed on the step size,
+    # and τ < 0 trained toward the opposite decisions without a sign
+    M, R, A, y, _ = data
+    with pytest.raises(ValueError, match=r"^temperature: expected a schedule of finite values > 0, " + match):
+        tune(M, R, A, y, steps=8, temperature=schedule)

@@ -62,9 +62,13 @@ def learning_rate_of(optimizer: optax.GradientTransformation) -> float | None:
     return _LEARNING_RATE_OF.get(optimizer)
 
 
+# The training loop counts steps in int32 (optax's step count, the history's step numbers).
+MAX_STEPS = 2**31 - 1
+
+
 def _check_steps(steps) -> None:
-    if not (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0):
-        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    if not (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and 0 < steps <= MAX_STEPS):
+        raise ValueError(f"steps: expected a positive int (at most 2**31 - 1), got {steps!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +152,7 @@ class TuneSettings:
                 and self.patience >= 0):
             raise ValueError(f"patience: expected an int ≥ 0, got {self.patience!r}")
         if not (isinstance(self.init_noise, (int, float, np.integer, np.floating))
+                and not isinstance(self.init_noise, (bool, np.bool_))
                 and np.isfinite(self.init_noise) and self.init_noise >= 0):
             raise ValueError(f"init_noise: expected a finite number ≥ 0, got {self.init_noise!r}")
         object.__setattr__(self, "patience", int(self.patience))

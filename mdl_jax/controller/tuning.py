@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from mdl_jax.controller import api as _api
 from mdl_jax.controller import mesh as _meshes
 from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig
 from mdl_jax.controller.tune_params import field_mask, from_unconstrained, to_unconstrained
@@ -80,7 +81,7 @@ from mdl_jax.controller.tune_settings import (
     learning_rate_of,
     resolve_settings,
 )
-from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, plain
 
 __all__ = [
     "FIELD_SETS", "FUSION_FIELDS", "MIN_RECORDS", "GeometricTemperature", "TuneResult", "TuneRuns",
@@ -169,7 +170,7 @@ def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
     mean, so only their ratios count, and in float32 a weight of 1e-40 is flushed to zero by XLA and
     a sum of weights of 3e38 overflows. Uniform weights of any positive scale become exactly 1, the
     unweighted run's."""
-    w = np.asarray(w, dtype=np.float64)
+    w = _float64_weights(name, w)
     if w.shape != (B, N):
         raise ValueError(f"{name}: expected shape ({B}, {N}), got {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -251,11 +252,30 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
 
 def _field_names(fields, name: str) -> tuple:
     """``fields`` as a tuple of names; a str is a ValueError naming ``name`` (its tuple would be a set of
-    one-letter fields, reported as unknown ones)."""
+    one-letter fields, reported as unknown ones), and so is anything that is not a sequence of strs."""
     if isinstance(fields, str):
         raise ValueError(f"{name}: expected a sequence of field names, got the str {fields!r} "
                          f"(one field: ({fields!r},))")
+    if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
+        raise ValueError(f"{name}: expected a sequence of field names, got {fields!r}")
     return tuple(fields)
+
+
+def _run_list(values, name: str) -> list:
+    """One entry per run (``field_sets``, ``seeds``) as a list; anything but a sequence (None, a number,
+    a set, whose order is not the runs') is a ValueError naming ``name``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise ValueError(f"{name}: expected a sequence with one entry per run, got {type(values).__name__}")
+    return list(values)
+
+
+def _float64_weights(name: str, w) -> np.ndarray:
+    """Weights as a float64 array, or a ValueError naming ``name`` (text, a ragged list, None)."""
+    try:
+        a = np.asarray(w, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: expected finite, non-negative weights ({e})") from None
+    return a
 
 
 def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = None,
@@ -290,10 +310,14 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     base = config if config is not None else MDLConfig()
     if not isinstance(base, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
+    _check_one_config(base)
     records, N = _check_signals(M, R, A, adopt)
-    field_sets = [_field_names(fs, f"field_sets[{b}]") for b, fs in enumerate(runs.field_sets)]
-    seeds = list(runs.seeds)
+    _check_temperature(settings)
+    field_sets = [_field_names(fs, f"field_sets[{b}]") for b, fs in enumerate(_run_list(runs.field_sets, "field_sets"))]
+    seeds = _run_list(runs.seeds, "seeds")
     B = len(field_sets)
+    if B == 0:
+        raise ValueError("field_sets: expected at least one run, got none")
     if len(seeds) != B:
         raise ValueError(f"seeds: expected {B} seeds (one per run), got {len(seeds)}")
     wt = _check_weights("train_weights", runs.train_weights, B, N)
@@ -438,6 +462,37 @@ def _warn_about_runs(history: dict, field_sets: list, seeds: list, settings: Tun
                       RuntimeWarning, stacklevel=4)
 
 
+def _check_temperature(settings: TuneSettings) -> None:
+    """A given temperature schedule's τ at every step is finite and > 0, else a ValueError naming
+    ``temperature`` and the first bad step: the soft decision divides by τ, so τ = 0 or NaN would stop
+    the run at once as a "divergence" blamed on the step size, and τ < 0 would train toward the
+    opposite decisions without any sign of it. A ``GeometricTemperature`` is checked when built."""
+    schedule = settings.temperature
+    if schedule is None or isinstance(schedule, GeometricTemperature):
+        return
+    try:
+        with jax.numpy_dtype_promotion("standard"):   # optax's own promotion, as in the training loop
+            taus = np.asarray(jax.vmap(schedule)(jnp.arange(settings.steps)), np.float32)  # τ as trained
+    except Exception as e:  # noqa: BLE001 - whatever a user's schedule raises, said with its name
+        raise ValueError(f"temperature: the schedule failed on the steps 0 .. {settings.steps - 1} "
+                         f"({type(e).__name__}: {e})") from None
+    taus = np.broadcast_to(taus, (settings.steps,)) if taus.ndim == 0 else taus
+    if taus.shape != (settings.steps,):
+        raise ValueError(f"temperature: expected a schedule giving one τ per step, got shape "
+                         f"{taus.shape} for {settings.steps} steps")
+    bad = ~(np.isfinite(taus) & (taus > 0))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"temperature: expected a schedule of finite values > 0, got τ = {plain(taus[k])} "
+                         f"at step {k}")
+
+
+def _check_one_config(base: MDLConfig) -> None:
+    """A batch of configs (a field with a leading axis) is a ValueError naming the field, as ``decide``'s
+    and ``calibrate``'s ``config`` (a run starts from one config; a batch is for ``sweep``)."""
+    _api.resolve_config(base)
+
+
 def _seed_key(seed, name: str) -> np.ndarray:
     """A seed's PRNG key. Seeds are ints in [0, 2**64): the key is the seed's two 32-bit halves, so no
     two seeds share a key (jax.random.PRNGKey folds seeds modulo 2**32 without x64) and every seed
@@ -520,7 +575,8 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left
         (every weight 0, or every record in ``val``);
         an unknown or empty ``fields``; ``steps`` not a positive int, ``learning_rate`` not finite
-        and > 0, ``temperature`` not two positive numbers, ``patience`` not an int ≥ 0, ``seed``
+        and > 0, ``temperature`` not two positive numbers or a schedule whose τ at some step is not
+        finite and > 0; ``fields``, ``weights`` or ``val`` of the wrong kind (None, text); a batched ``config``, ``patience`` not an int ≥ 0, ``seed``
         outside [0, 2**64).
       TypeError: ``config`` is not an ``MDLConfig`` (a config file path is not taken here:
         ``load_config`` it first); ``settings`` not ``TuneSettings``; a keyword that is not a
@@ -538,12 +594,12 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
     settings = resolve_settings(settings, options, "tune")
     _, N = _check_signals(M, R, A, adopt)
     # float64 until the weights are normalised (_check_weights): only their ratios count
-    w = np.ones(N, np.float64) if weights is None else np.asarray(weights, np.float64)
+    w = np.ones(N, np.float64) if weights is None else _float64_weights("weights", weights)
     if w.shape != (N,):
-        raise ValueError(f"weights: expected shape ({N},), got {np.shape(weights)}")
-    v = np.zeros(N, np.float64) if val is None else np.asarray(val, np.float64)
+        raise ValueError(f"weights: expected shape ({N},), got {w.shape}")
+    v = np.zeros(N, np.float64) if val is None else _float64_weights("val", val)
     if v.shape != (N,):
-        raise ValueError(f"val: expected shape ({N},), got {np.shape(val)}")
+        raise ValueError(f"val: expected shape ({N},), got {v.shape}")
     w_train = np.where(v > 0, 0.0, w)
     if np.all(np.isfinite(w)) and np.all(w >= 0) and not np.any(w_train > 0):   # bad weights: named below
         raise ValueError("weights, val: expected at least one training record (weight > 0, not in val), got none")
