@@ -138,6 +138,9 @@ def test_sweep_parquet_rejects_bad_input_naming_the_column_and_row(records, tmp_
     g = MDLConfig()
     with pytest.raises(ValueError, match="path: no such file"):
         sweep_parquet(tmp_path / "nope.parquet", g)
+    # a folder is there: said so, not called missing
+    with pytest.raises(ValueError, match=r"^path: '.*' is not a regular file; expected a Parquet file$"):
+        sweep_parquet(tmp_path, g)
     (tmp_path / "text.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match="is not a readable Parquet file"):
         sweep_parquet(tmp_path / "text.parquet", g)

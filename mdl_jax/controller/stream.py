@@ -114,6 +114,8 @@ def open_parquet(path, columns: dict | None):
         raise TypeError(f"path: expected a path to a Parquet file, got {type(path).__name__}")
     p = Path(path)
     if not p.is_file():
+        if p.exists():   # a folder, a FIFO, a device: there, but not a file of records
+            raise ValueError(f"path: {str(path)!r} is not a regular file; expected a Parquet file")
         raise ValueError(f"path: no such file: {str(path)!r}")
     try:
         # pages written with a CRC are checked against it (free for files without): a flipped bit
