@@ -166,6 +166,11 @@ def test_save_config_writes_nothing_that_load_config_would_refuse(tmp_path):
         with pytest.raises(err, match=match):
             save_config(cfg, tmp_path / "c.json", note=note)
         assert not (tmp_path / "c.json").exists()
+    for folder in ("", ".", tmp_path):   # a folder is no file name: named, not an unnamed EBUSY from the rename
+        with pytest.raises(OSError, match=r"^cannot write '.*': a folder; expected a file name$"):
+            save_config(MDLConfig(), folder)
+    with pytest.raises(TypeError, match=r"^path: expected a file path, got int$"):
+        save_config(MDLConfig(), 3)
     numpy_ints = MDLConfig(D=np.int64(16), qr_seed=np.int64(3))   # NumPy ints are written as JSON ints
     assert load_config(save_config(numpy_ints, tmp_path / "n.json")) == MDLConfig(qr_seed=3)
 

@@ -249,15 +249,23 @@ def save_config(cfg: MDLConfig, path: str | os.PathLike, *, note: str | None = N
       The path written, as a ``Path``.
 
     Raises:
-      TypeError: ``cfg`` is not an ``MDLConfig``; ``note`` is not a string.
+      TypeError: ``cfg`` is not an ``MDLConfig``; ``note`` is not a string; ``path`` is not a path.
       ValueError: ``cfg`` is a batch of configs, or anything ``load_config`` would refuse in the
         file (a D over ``MAX_D``, a note past ``MAX_BYTES``, a number past ``MAX_NUMBER_CHARS``):
         nothing is written.
       OutputError: (an ``OSError``) the file or its folder cannot be written (a full disk, a
-        read-only mount); the message names ``path``, and a file already there is untouched.
+        read-only mount), or ``path`` is a folder (``""`` and ``"."`` too); the message names ``path``, and a file already there is untouched.
     """
+    import errno
+
+    from mdl_jax._fs import OutputError
     from mdl_jax._io import write_text
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {type(path).__name__}")
+    if Path(path).is_dir():   # "" and "." too: the rename onto a folder failed with EBUSY, unnamed
+        raise OutputError(path, OSError(errno.EISDIR, os.strerror(errno.EISDIR)),
+                          message=f"cannot write {os.fspath(path)!r}: a folder; expected a file name")
     d = config_to_dict(cfg)
     if note is not None and not isinstance(note, str):
         raise TypeError(f"note: expected a string or None, got {type(note).__name__}")
