@@ -38,14 +38,18 @@ def _expected() -> dict[str, str]:
         "TruthfulQA B3 - B2": f"{tq['diff']:.3f} {interval(tq['ci_lo'], tq['ci_hi'])}",
         "TruthfulQA MDE": f"{100 * tq['mde']:.1f} pp",
         "B3 - random abstention": f"{rnd['diff']:+.3f} {interval(*rnd['ci'])}",
+        "B3 - random abstention MDE": f"not resolvable (minimum detectable {100 * rnd['mde']:.1f} pp)",
         "HaluEval B3 - B2": f"{he['diff']:+.3f} {interval(he['ci_lo'], he['ci_hi'])}",
         "HaluEval MDE": f"{100 * he['mde']:.1f} pp",
         "power for the paper's effects": (f"{round(100 * min(tq['power_paper'], he['power_paper']))}–"
                                           f"{round(100 * max(tq['power_paper'], he['power_paper']))}%"),
         "ref MDL - constant": f"`ref` {rc['mdl_minus_constant']:.3f} {interval(*rc['mdl_minus_constant_ci'])}",
         "paper MDL - constant": f"`paper` {pc['mdl_minus_constant']:.3f} {interval(*pc['mdl_minus_constant_ci'])}",
+        "paper MDL - constant MDE": f"minimum detectable {100 * pc['mdl_minus_constant_mde']:.1f} pp",
         "reader accuracy TruthfulQA": f"{round(100 * val['truthfulqa']['reader_accuracy_no_memory'])}% (TruthfulQA)",
         "reader accuracy HaluEval": f"{round(100 * val['halueval']['reader_accuracy_no_memory'])}% (HaluEval)",
+        "gold answers behind the reader accuracy": (f"({val['truthfulqa']['reader_accuracy_n_gold']} and "
+                                                    f"{val['halueval']['reader_accuracy_n_gold']} gold answers)"),
         "judge agreement without memory": f"only {val['truthfulqa']['agreement']['no memory']:.2f}",
     }
 
