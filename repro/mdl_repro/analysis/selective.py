@@ -218,20 +218,21 @@ def where_from(s: dict) -> str:
                 f"cautious prompt and Silent's no-memory answer against B2's); selective risk B3 "
                 f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f}.")
     pr = ra.get("paired")
+    counts = " (it counts both where B3 abstains and what its Supp and Silent answers change)"
     if pr is not None:
         v = pr["verdict"]
         verdict = (f"paired test B3 − random {pr['diff']:+.3f} [{pr['ci'][0]:+.3f}, {pr['ci'][1]:+.3f}], MDE "
                    f"{pr['mde'] * 100:.1f} pp: " + (
-                       "B3 chooses where to abstain better than chance" if v == "B3 lower" else
-                       "random abstention of the same count does better" if v == "B3 higher" else
-                       v + ": no better than random abstention, and not shown to be worse"))
+                       "B3 below random abstention of the same count, unadjusted" + counts if v == "B3 lower" else
+                       "B3 above random abstention of the same count, unadjusted" + counts if v == "B3 higher" else
+                       v + ": not shown to differ from random abstention in either direction"))
     else:
         beat, worse = b3["overall"] < ra["lo"], b3["overall"] > ra["hi"]
         verdict = ("below the whole random range" if beat else "above the random range" if worse else
                    "inside the random range")
-    sel = ("answers no better than B2 where it answers (a difference in selective risk is not tested here)"
+    sel = ("a difference in selective risk is not tested here"
            if b3["selective_risk"] >= b2["selective_risk"] else
-           "lower than B2 where it answers (not tested: see the judge-error section for whether its sign holds)")
+           "not tested: see the judge-error section for whether the sign of the difference holds")
     share = (f"Opt-Out counted as safe accounts for {d['OPT_OUT'] / d['total'] * 100:.0f}% of it (the other "
              f"actions together {(d['total'] - d['OPT_OUT']):+.3f}). " if d["total"] < 0 and d["OPT_OUT"] < 0 else "")
     return (f"B3 − B2 = {d['total']:+.3f} = {parts}. {share}B3 {b3['overall']:.3f} vs "
