@@ -366,6 +366,23 @@ def test_primary_family_is_holm_adjusted_and_reads_equivalence():
     assert rigour.primary_family(res, None)["rows"] == []
 
 
+def test_an_unadjusted_verdict_of_a_family_statistic_carries_the_familys_reading():
+    from mdl_repro.pipeline.experiment import primary_family as declared
+
+    res = _family_res({"paper": (-0.12, 0.0, 0.002), "ref": (-0.10, 0.03, -0.02)})
+    pf = rigour.primary_family(res, declared("2026-01-01"))
+    rows = {(r["name"], r["judge"]): r for r in pf["rows"]}
+    for (name, judge), r in rows.items():
+        note = rigour.family_note(pf, name, judge)
+        assert note.startswith(" (unadjusted; in the declared primary family, Holm p = ")
+        assert note.endswith("not resolved at α = 0.05)" if not r["rejected"] else ": resolved at α = 0.05)")
+    assert "not resolved" not in rigour.family_note(pf, "truthfulqa: B3 - B2", "paper")  # rejected
+    assert rigour.family_note(pf, "halueval: B3 - random abstention", "paper") == ""  # not in the family
+    missing = rigour.primary_family(_family_res({"paper": (-0.12, 0.0, 0.002)}), declared("2026-01-01"))
+    assert rigour.family_note(missing, "truthfulqa: B3 - B2", "ref") == ""  # a judge the records lack
+    assert rigour.family_note({}, "truthfulqa: B3 - B2", "paper") == ""  # no family declared
+
+
 def test_run_gold_weights_recover_the_judge_on_the_runs_answers():
     """A run where the judge is good on Active questions (most of them) and poor on Silent ones: a gold
     sample with equal answers per cell over-represents the poor cell; weighting each cell by its share

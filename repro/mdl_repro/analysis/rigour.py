@@ -806,6 +806,18 @@ def _p3(p) -> str:
     return "–" if p is None or not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
+def family_note(pf: dict, name: str, judge: str) -> str:
+    """Beside an unadjusted verdict of a statistic that the declared primary family holds (``name`` under
+    ``judge``), the family's reading of it: Holm's adjusted p and whether it resolves at the family's α.
+    The verdict alone would state a direction the family's own table does not resolve. "" for any other."""
+    r = next((r for r in pf.get("rows", []) if r["name"] == name and r["judge"] == judge
+              and not r.get("missing")), None)
+    if r is None:
+        return ""
+    return (f" (unadjusted; in the declared primary family, Holm p = {_p3(r['p_holm'])}: "
+            f"{'resolved' if r['rejected'] else 'not resolved'} at α = {pf.get('alpha', 0.05):g})")
+
+
 def headline(res: dict) -> dict:
     """The numbers a README may quote, one key each (``analysis.json["headline"]``)."""
     rg = res.get("rigour", {})
@@ -1014,7 +1026,8 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
               + (f" (not the pooled majority {by_judge_head[j]['majority_class']:.3f}: no per-dataset controller "
                  "competes with that one)" if abs(c["pooled"] - by_judge_head[j]["majority_class"]) > 5e-4 else "")
               + ". MDL − per-dataset constant = "
-              f"{v['diff']:+.3f} {_ci(v['ci'])}, MDE {v['mde'] * 100:.1f} pp: **{v['verdict']}**. Per dataset: "
+              f"{v['diff']:+.3f} {_ci(v['ci'])}, MDE {v['mde'] * 100:.1f} pp: **{v['verdict']}**"
+              f"{family_note(pf, 'pooled: MDL - per-dataset constant', j)}. Per dataset: "
               + "; ".join(f"{ds} {d['diff']:+.3f} {_ci(d['ci'])} (MDE {d['mde'] * 100:.1f} pp, {d['verdict']})"
                           for ds, d in r["vs_constant_by_dataset"].items())
               + f". An Opt-Out record is 'reject' in the oracle by construction: {r['opt_out_free']['n']} B3 "
@@ -1026,6 +1039,7 @@ def rigour_md(rg: dict, by_judge_head: dict) -> str:
             L += ["B3 − random abstention on as many questions (paired; the random rule's expected rate per record, "
                   "B2's answer × (1 − abstained questions / questions)): " + "; ".join(
                       f"{ds} {d['diff']:+.3f} {_ci(d['ci'])}, MDE {_mde(d['mde'])}: **{d['verdict']}**"
+                      + family_note(pf, f"{ds}: B3 - random abstention", j)
                       for ds, d in r["b3_vs_random"].items()) + ".", ""]
     L += ["### Judge error: corrected rates and how often each sign survives", "", JUDGE_ERROR_INTRO, ""]
     for j, r in rg["by_judge"].items():
