@@ -4,6 +4,7 @@ static set) reads it from there; and a value outside a field's domain is a Value
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,24 @@ def test_a_value_outside_its_declared_range_fails_alike_alone_and_in_a_sweep_bat
         sweep.check_batch(batch, 2)
     rule = str(alone.value).split(": expected ")[1].split(", got")[0].split(" (")[0]
     assert rule in str(batched.value) and "config 1 of the batch" in str(batched.value)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n_min", -1e300), ("gains", (1e39, 1.0, 1.0)), ("gate_coeffs", (0.3, -1e39)), ("sigma", 1e39), ("bias", 4e38),
+])
+def test_a_value_past_float32s_range_is_refused_naming_the_field_not_decided_as_inf(field, value, tmp_path):
+    """Finite in float64 but ±inf in float32, where the engines and the sweep compute: it would have
+    given NaN or Opt-Out decisions without a word."""
+    kw = {field: value, **({"n_max": 1e300} if field == "n_min" else {})}
+    with pytest.raises(ValueError, match=rf"^{field}: expected values a float32 holds \(\|v\| ≤ 3\.4e38"):
+        MDLConfig(**kw)
+    d = config_file.config_to_dict(MDLConfig())
+    d["numeric"][field] = list(value) if isinstance(value, tuple) else value
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=rf"{field}.*a float32 holds"):
+        config_file.load_config(path)
+    assert MDLConfig(bias=float(np.finfo(np.float32).max)).bias == float(np.finfo(np.float32).max)  # its edge holds
 
 
 _NEW_FIELDS = '''

@@ -153,7 +153,8 @@ class MDLConfig:
 
     Raises:
       ValueError: at construction, naming the field: every concrete numeric field must be a real
-        number or array of them (not bool, complex or text), finite, and in its domain: sigma > 0
+        number or array of them (not bool, complex or text), finite and within float32's range
+        (|v| ≤ 3.4e38, where the engines and the sweep compute), and in its domain: sigma > 0
         (≥ 2^-63), gains ≥ 0, eps_c = 0 or 0 < eps_c < min(gains), thresholds in [0, 1] with
         θ0 ≥ θ1 ≥ θ2, n_max > n_min; dims a tuple of three positive ints summing to D, qr_seed an
         int ≥ 0, subspaces "qr" or "identity", the switches bools. The rules hold elementwise for a
@@ -271,6 +272,10 @@ def components() -> dict[str, tuple[str, int]]:
     return {c: (name, i) for name, spec in _SPECS.items() for i, c in enumerate(spec.components)}
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_RULE = "values a float32 holds (|v| ≤ 3.4e38: the engines and the sweep compute in float32)"
+
+
 def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | None]]:
     """Every broken range rule of the numeric fields, one flag per config.
 
@@ -294,6 +299,13 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
     def per_config(name, bad):  # vector fields: a config is bad if any component is
         return bad.any(axis=-1) if name in _VECTOR else bad
 
+    for name in _NUMERIC:
+        v = values.get(name)
+        # Every engine and the sweep compute a config's numbers in float32 (x64 decide aside): a value
+        # past float32's range would become ±inf there and the decisions NaN or Opt-Out, silently.
+        big = per_config(name, np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)) if v is not None else None
+        if big is not None and np.any(big):
+            out.append((name, big, FLOAT32_RULE, None))
     for name in _NUMERIC:
         v, spec = values.get(name), _SPECS[name]
         if v is None:
