@@ -329,6 +329,9 @@ def test_calibrate_scalar_labels_or_signals_raise_value_error_naming_the_argumen
         calibrate(M, R, A, np.where(np.arange(20) == 3, np.nan, y))
     with pytest.raises(ValueError, match=r"^adopt: .*dtype <U"):
         calibrate(M, R, A, np.array(["yes"] * 20))
+    # a grid past its bound is named before anything is allocated (10^12 candidates were 7 TiB)
+    with pytest.raises(ValueError, match=r"^grid_size: expected an int in \[2, 10,000,000\], got 1000000000000"):
+        calibrate(M, R, A, y, grid_size=10**12)
 
 
 def test_boolean_labels_and_bfloat16_signals_are_valid(rng):

@@ -208,6 +208,12 @@ def _refused(tmp_path, text: str, match: str, capsys):
     assert err.startswith("mdl-jax: error: sweep:") and len(err.splitlines()) == 1 and str(path) in err
 
 
+@pytest.mark.parametrize("path", [None, 3, ["c.json"]])
+def test_load_config_of_something_that_is_no_path_is_a_type_error_naming_path(path):
+    with pytest.raises(TypeError, match=r"^path: expected a config file path, got "):
+        load_config(path)
+
+
 def test_a_duplicate_key_in_a_config_file_is_refused(tmp_path, capsys):
     text = _config_text().replace('"numeric": {', '"numeric": {\n  "thresholds": [0.9, 0.8, 0.7],', 1)
     assert json.loads(text)["numeric"]["thresholds"] == [0.6, 0.4, 0.2]   # JSON alone: the last wins

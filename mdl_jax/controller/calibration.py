@@ -85,6 +85,11 @@ class Calibration(NamedTuple):
     opt_out_possible: bool = True
 
 
+# The θ0 grid's bound (16 bytes a candidate): float32 C_final values near 1 lie 6e-8 apart, so a grid
+# finer than 10^7 candidates adds only ties.
+MAX_GRID_SIZE = 10**7
+
+
 @jax.jit
 def grid_counts(C_final: jax.Array, adopt: jax.Array, grid: jax.Array) -> jax.Array:
     """How many records 'adopt iff C_final ≥ θ' agrees with the labels on, for every θ in ``grid``.
@@ -159,7 +164,7 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
         its other fields are kept.
       offset: θ1 = θ0 - offset, θ2 = θ0 - 2·offset, clipped at 0 (the paper's defaults are spaced by
         0.2); a finite number ≥ 0.
-      grid_size: number of evenly spaced θ0 candidates in [0, 1], an int ≥ 2.
+      grid_size: number of evenly spaced θ0 candidates in [0, 1], an int in [2, ``MAX_GRID_SIZE``].
       tie_break: "middle" (default: the middle of the widest run of tied θ0) or "lowest" (the smallest
         tied θ0, the earlier versions' rule); see the module docstring for why.
       engine: the engine that decides the split's records (``decide``'s ``engine``): "jax" (default),
@@ -194,8 +199,9 @@ def calibrate(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike,
     if isinstance(offset, bool) or not isinstance(offset, (int, float, np.integer, np.floating)) \
             or not (math.isfinite(offset) and offset >= 0):
         raise ValueError(f"offset: expected a finite number ≥ 0, got {offset!r}")
-    if isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
-        raise ValueError(f"grid_size: expected an int ≥ 2, got {grid_size!r}")
+    if (isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer))
+            or not 2 <= grid_size <= MAX_GRID_SIZE):
+        raise ValueError(f"grid_size: expected an int in [2, {MAX_GRID_SIZE:,}], got {grid_size!r}")
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break: expected one of {', '.join(map(repr, TIE_BREAKS))}, "
                          f"got {tie_break!r}")

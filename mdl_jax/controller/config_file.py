@@ -413,5 +413,8 @@ def load_config(path: str | os.PathLike) -> MDLConfig:
         file or is larger than ``MAX_BYTES``; bytes that are not UTF-8 JSON or nest too deep;
         another format or version; a missing, unknown or misplaced field; a value of the wrong
         JSON kind or length; a broken ``MDLConfig`` invariant.
+      TypeError: ``path`` is not a path (a str, bytes or ``os.PathLike``).
     """
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path: expected a config file path, got {type(path).__name__}")
     return config_from_bytes(read_config_bytes(path), os.fspath(path))
