@@ -368,6 +368,21 @@ def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_folder(tmp_path
     assert not out.exists()
 
 
+def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_parent_folder_it_made(tmp_path, embedder):
+    from mdl_jax.evaluation.datasets import DataError
+    from mdl_jax.evaluation.run import run_benchmarks
+    from mdl_jax.gate.core import MemoryGate
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "new" / "deeper" / "run", tmp_path / "kept" / "new" / "run"):
+        with pytest.raises(DataError):
+            run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(embedder, risk=0.5), limit=3, fit_mdl=False,
+                           n_boot=20, progress=False, log=lambda s: None, data_dir=tmp_path / "empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "kept"]
+    assert not any((tmp_path / "kept").iterdir())
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 def test_a_benchmark_rerun_on_the_same_inputs_resumes_and_reports_every_data_set_of_the_run(
         tmp_path, embedder):

@@ -23,7 +23,8 @@ run adds it and naming fewer keeps the others. A folder with results but no inpu
 is checked against its run.json (the limit, the config, the resamples, fitting) and its data sets kept.
 One run at a time writes a folder: a run holds ``.lock`` in it (an ``flock``, let go however the run
 ends), and a second run into the folder meanwhile is refused (``RunInUse``). A run refused before any
-work (a bad argument, a missing data set, other inputs) leaves a folder it made itself as it was: absent.
+work (a bad argument, a missing data set, other inputs) leaves a folder it made itself as it was: absent,
+with any parent folder it made for it.
 
 Each file goes through the project's one writer (``mdl_jax._io``): a fresh temporary name beside it,
 renamed, so a reader sees a whole file or the previous one.
@@ -432,7 +433,11 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
 
         gate = MemoryGate(risk=0.5)
     out = Path(out)
-    made = not os.path.lexists(out)
+    made = []  # the folders this run makes (``out`` and any missing parents), deepest first
+    p = out.absolute()
+    while not os.path.lexists(p) and p != p.parent:
+        made.append(p)
+        p = p.parent
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -517,7 +522,8 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         if made and not os.path.lexists(out / INPUTS):  # refused before any work: leave no folder behind
             with contextlib.suppress(OSError):
                 os.unlink(out / LOCK)
-                os.rmdir(out)
+                for d in made:
+                    os.rmdir(d)
         raise
     finally:
         lock.close()
