@@ -98,6 +98,19 @@ def test_a_value_past_float32s_range_is_refused_naming_the_field_not_decided_as_
     assert MDLConfig(bias=float(np.finfo(np.float32).max)).bias == float(np.finfo(np.float32).max)  # its edge holds
 
 
+def test_the_first_bad_config_of_a_batch_is_named_whether_its_value_is_out_of_range_or_past_float32():
+    """Past float32's range is one more way a field is bad, not a rule read before the others: the
+    first bad config is named, with the rule it breaks."""
+    with pytest.raises(ValueError, match=r"^sigma: expected a finite width > 0.*first at index \(0,\)"):
+        MDLConfig(sigma=np.array([-1.0, 1e39]))
+    with pytest.raises(ValueError, match=r"^sigma: expected values a float32 holds.*first at index \(0,\)"):
+        MDLConfig(sigma=np.array([1e39, -1.0]))
+    with pytest.raises(ValueError, match=r"^eps_c: expected 0 ≤ eps_c < min\(gains\).*first at index \(0,\)"):
+        MDLConfig(eps_c=np.array([0.9, 1e39]))
+    with pytest.raises(ValueError, match=r"^eps_c: expected 0 ≤ eps_c < min\(gains\)"):  # it is also ≥ min(gains)
+        MDLConfig(eps_c=1e39)
+
+
 _NEW_FIELDS = '''
     extra_gain: Any = _leaf((1.0, 2.0), shape=(2,), components=("e_a", "e_b"), low=0.0,
                             what="finite extra gains ≥ 0")

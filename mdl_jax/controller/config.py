@@ -299,17 +299,16 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
     def per_config(name, bad):  # vector fields: a config is bad if any component is
         return bad.any(axis=-1) if name in _VECTOR else bad
 
-    for name in _NUMERIC:
-        v = values.get(name)
-        # Every engine and the sweep compute a config's numbers in float32 (x64 decide aside): a value
-        # past float32's range would become ±inf there and the decisions NaN or Opt-Out, silently.
-        big = per_config(name, np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)) if v is not None else None
-        if big is not None and np.any(big):
-            out.append((name, big, FLOAT32_RULE, None))
+    # Every engine and the sweep compute a config's numbers in float32 (x64 decide aside): a value past
+    # float32's range would become ±inf there and the decisions NaN or Opt-Out, silently. It is one more
+    # way a field is bad, in the field's one mask: the first bad config is named whichever rule it breaks.
+    big: dict[str, np.ndarray] = {}
+    ruled: dict[str, np.ndarray] = {}  # per field: the configs bad by a rule other than float32's range
     for name in _NUMERIC:
         v, spec = values.get(name), _SPECS[name]
         if v is None:
             continue
+        big[name] = per_config(name, np.isfinite(v) & (np.abs(v) > FLOAT32_MAX))
         bad = ~np.isfinite(v)
         if spec.low is not None:
             bad = bad | ~(v >= spec.low)
@@ -318,10 +317,11 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
         bad = per_config(name, bad)
         if spec.descending:
             bad = bad | (np.diff(v, axis=-1) > 0).any(axis=-1)
-        if np.any(bad):
+        ruled[name] = bad
+        if np.any(bad | big[name]):
             # a field with a range of its own says it; one ruled only against another field is finite here
             own = spec.what if (spec.low, spec.high, spec.descending) != (None, None, False) else "finite values"
-            out.append((name, bad, own, None))
+            out.append((name, np.asarray(bad | big[name]), own, None))
     for name in _NUMERIC:
         v, spec = values.get(name), _SPECS[name]
         ref = spec.above or spec.zero_or_below_min_of
@@ -334,6 +334,7 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
             x, low = _broadcast(f"{name}, {ref}", v, values[ref].min(axis=-1))
             bad = (x > 0) & (x >= low)
         if np.any(bad):
+            ruled[name] = np.asarray(ruled[name] | bad)
             # one entry a field: a config that breaks either of its rules is a bad config, so the first
             # bad config is reported whichever rule it breaks
             at = next((i for i, o in enumerate(out) if o[0] == name), None)
@@ -342,6 +343,10 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
             else:
                 prev = out[at]
                 out[at] = (name, np.asarray(prev[1] | bad), prev[2], ref)
+    for i, (name, bad, _, _) in enumerate(out):
+        first = np.unravel_index(int(np.argmax(bad)), np.shape(bad)) if np.ndim(bad) else ()
+        if not np.broadcast_to(ruled[name], np.shape(bad))[first]:  # the first bad config is bad by its size alone
+            out[i] = (name, bad, FLOAT32_RULE, None)
     return out
 
 
