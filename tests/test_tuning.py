@@ -356,3 +356,23 @@ def test_arguments_of_the_wrong_kind_are_value_errors_naming_the_argument(teache
                        r"^field_sets: expected at least one run, got none$")]:
         with pytest.raises(ValueError, match=match):
             tune_many(M, R, A, y, **{**ok, **kw})
+
+
+def test_fields_may_be_any_collection_of_names_and_field_sets_any_ordered_one(teacher_data):
+    # the trained fields are a subset: a set, a NumPy array of names or dict keys name them as a tuple
+    # does; the runs of tune_many are ordered, so a generator of them is taken too (a set is not)
+    M, R, A, y = (x[:100] for x in teacher_data)
+    n = len(M)
+    s = TuneSettings(steps=2)
+    want = tune(M, R, A, y, settings=s, fields=("sigma", "eps_c")).config
+    for fields in ({"sigma", "eps_c"}, np.array(["sigma", "eps_c"]), {"sigma": 1, "eps_c": 1}.keys()):
+        assert tune(M, R, A, y, settings=s, fields=fields).config == want
+    with pytest.raises(ValueError, match=r"^fields: expected a sequence of field names, got array\('sigma'"):
+        tune(M, R, A, y, settings=s, fields=np.array("sigma"))
+    w = np.ones((2, n), np.float32)
+    ok = dict(train_weights=w, val_weights=np.zeros_like(w), seeds=[0, 1], settings=s)
+    want_many = tune_many(M, R, A, y, field_sets=[("sigma",), ("eps_c",)], **ok)[0]
+    for field_sets in (np.array([["sigma"], ["eps_c"]]), (f for f in [("sigma",), ("eps_c",)])):
+        assert tune_many(M, R, A, y, field_sets=field_sets, **ok)[0] == want_many
+    with pytest.raises(ValueError, match=r"^field_sets: expected a sequence with one entry per run, got set$"):
+        tune_many(M, R, A, y, field_sets={("sigma",), ("eps_c",)}, **ok)

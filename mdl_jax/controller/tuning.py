@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import chex
@@ -252,19 +252,26 @@ def tune_many(M, R, A, adopt, *, train_weights, val_weights, field_sets: Sequenc
 
 def _field_names(fields, name: str) -> tuple:
     """``fields`` as a tuple of names; a str is a ValueError naming ``name`` (its tuple would be a set of
-    one-letter fields, reported as unknown ones), and so is anything that is not a sequence of strs."""
+    one-letter fields, reported as unknown ones), and so is anything that is not a collection of strs
+    (None, a number, bytes). Any collection of names is one (a list, a set, a NumPy array of str):
+    the trained fields are a subset, their order is not used."""
     if isinstance(fields, str):
         raise ValueError(f"{name}: expected a sequence of field names, got the str {fields!r} "
                          f"(one field: ({fields!r},))")
-    if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
+    try:
+        names = tuple(fields) if isinstance(fields, Iterable) and not isinstance(fields, bytes) else None
+    except TypeError:  # a 0-d NumPy array
+        names = None
+    if names is None or not all(isinstance(f, str) for f in names):
         raise ValueError(f"{name}: expected a sequence of field names, got {fields!r}")
-    return tuple(fields)
+    return tuple(str(f) for f in names)  # a NumPy str_ as a plain str
 
 
 def _run_list(values, name: str) -> list:
     """One entry per run (``field_sets``, ``seeds``) as a list; anything but a sequence (None, a number,
-    a set, whose order is not the runs') is a ValueError naming ``name``."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+    a set, whose order is not the runs') is a ValueError naming ``name``; an iterator (a generator) gives
+    its entries in order, so it is one."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, Iterator)):
         raise ValueError(f"{name}: expected a sequence with one entry per run, got {type(values).__name__}")
     return list(values)
 
