@@ -189,6 +189,8 @@ def run(job: GateJob) -> int:
       TypeError: ``job`` is not a ``GateJob``.
       GateInputError: bad input or arguments, or a resume onto anything other than what the parts
         were decided from (the caller prints it as one line, exit 2).
+      OutputError: the parts folder's lock cannot be opened (a symbolic link or another non-regular
+        file planted at it, a read-only folder), named as the project's one writer names it.
     """
     from tqdm.auto import tqdm
 
