@@ -14,9 +14,12 @@ import functools
 import warnings
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from mdl_jax.controller.validation import plain
 
 _DEFAULT_LR = 0.05
 
@@ -240,3 +243,28 @@ def resolve_settings(settings: TuneSettings | None, options: dict, who: str) -> 
             raise ValueError("learning_rate: expected either learning_rate or optimizer, got both")
         settings = settings.replace(optimizer=default_optimizer(settings.steps, lr))
     return settings
+
+
+def check_temperature(settings: TuneSettings) -> None:
+    """A given temperature schedule's τ at every step is finite and > 0, else a ValueError naming
+    ``temperature`` and the first bad step: the soft decision divides by τ, so τ = 0 or NaN would stop
+    the run at once as a "divergence" blamed on the step size, and τ < 0 would train toward the
+    opposite decisions without any sign of it. A ``GeometricTemperature`` is checked when built."""
+    schedule = settings.temperature
+    if schedule is None or isinstance(schedule, GeometricTemperature):
+        return
+    try:
+        with jax.numpy_dtype_promotion("standard"):   # optax's own promotion, as in the training loop
+            taus = np.asarray(jax.vmap(schedule)(jnp.arange(settings.steps)), np.float32)  # τ as trained
+    except Exception as e:  # noqa: BLE001 - whatever a user's schedule raises, said with its name
+        raise ValueError(f"temperature: the schedule failed on the steps 0 .. {settings.steps - 1} "
+                         f"({type(e).__name__}: {e})") from None
+    taus = np.broadcast_to(taus, (settings.steps,)) if taus.ndim == 0 else taus
+    if taus.shape != (settings.steps,):
+        raise ValueError(f"temperature: expected a schedule giving one τ per step, got shape "
+                         f"{taus.shape} for {settings.steps} steps")
+    bad = ~(np.isfinite(taus) & (taus > 0))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"temperature: expected a schedule of finite values > 0, got τ = {plain(taus[k])} "
+                         f"at step {k}")

@@ -77,11 +77,12 @@ from mdl_jax.controller.tune_program import (
 from mdl_jax.controller.tune_settings import (
     GeometricTemperature,
     TuneSettings,
+    check_temperature,
     default_optimizer,
     learning_rate_of,
     resolve_settings,
 )
-from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, plain
+from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
 
 __all__ = [
     "FIELD_SETS", "FUSION_FIELDS", "MIN_RECORDS", "GeometricTemperature", "TuneResult", "TuneRuns",
@@ -319,7 +320,7 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
     _check_one_config(base)
     records, N = _check_signals(M, R, A, adopt)
-    _check_temperature(settings)
+    check_temperature(settings)
     field_sets = [_field_names(fs, f"field_sets[{b}]") for b, fs in enumerate(_run_list(runs.field_sets, "field_sets"))]
     seeds = _run_list(runs.seeds, "seeds")
     B = len(field_sets)
@@ -467,31 +468,6 @@ def _warn_about_runs(history: dict, field_sets: list, seeds: list, settings: Tun
                       f"label. Either its start decides alike and {settings.steps} steps did not move it, or "
                       f"{the_step_size} is too large: its steps saturate the thresholds.",
                       RuntimeWarning, stacklevel=4)
-
-
-def _check_temperature(settings: TuneSettings) -> None:
-    """A given temperature schedule's τ at every step is finite and > 0, else a ValueError naming
-    ``temperature`` and the first bad step: the soft decision divides by τ, so τ = 0 or NaN would stop
-    the run at once as a "divergence" blamed on the step size, and τ < 0 would train toward the
-    opposite decisions without any sign of it. A ``GeometricTemperature`` is checked when built."""
-    schedule = settings.temperature
-    if schedule is None or isinstance(schedule, GeometricTemperature):
-        return
-    try:
-        with jax.numpy_dtype_promotion("standard"):   # optax's own promotion, as in the training loop
-            taus = np.asarray(jax.vmap(schedule)(jnp.arange(settings.steps)), np.float32)  # τ as trained
-    except Exception as e:  # noqa: BLE001 - whatever a user's schedule raises, said with its name
-        raise ValueError(f"temperature: the schedule failed on the steps 0 .. {settings.steps - 1} "
-                         f"({type(e).__name__}: {e})") from None
-    taus = np.broadcast_to(taus, (settings.steps,)) if taus.ndim == 0 else taus
-    if taus.shape != (settings.steps,):
-        raise ValueError(f"temperature: expected a schedule giving one τ per step, got shape "
-                         f"{taus.shape} for {settings.steps} steps")
-    bad = ~(np.isfinite(taus) & (taus > 0))
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise ValueError(f"temperature: expected a schedule of finite values > 0, got τ = {plain(taus[k])} "
-                         f"at step {k}")
 
 
 def _check_one_config(base: MDLConfig) -> None:
