@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -143,3 +144,13 @@ def test_a_temperature_schedule_of_a_value_that_is_not_finite_and_positive_is_na
     M, R, A, y, _ = data
     with pytest.raises(ValueError, match=r"^temperature: expected a schedule of finite values > 0, " + match):
         tune(M, R, A, y, steps=8, temperature=schedule)
+
+
+def test_a_temperature_schedule_of_one_value_a_step_in_any_shape_trains_and_more_is_named(data):
+    M, R, A, y, _ = data
+    one = tune(M, R, A, y, steps=8, temperature=lambda k: jnp.full((1,), 0.05) + 0.0 * k)
+    flat = tune(M, R, A, y, steps=8, temperature=lambda k: 0.05 + 0.0 * k)
+    for f in ("thresholds", "gate_coeffs", "n_min", "n_max"):  # a (1,) τ a step is that τ (to rounding)
+        np.testing.assert_allclose(getattr(one.config, f), getattr(flat.config, f), rtol=1e-5)
+    with pytest.raises(ValueError, match=r"^temperature: expected a schedule giving one τ per step, got shape \(8, 2\)"):
+        tune(M, R, A, y, steps=8, temperature=lambda k: jnp.full((2,), 0.05) + 0.0 * k)

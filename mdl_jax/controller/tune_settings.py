@@ -259,7 +259,9 @@ def check_temperature(settings: TuneSettings) -> None:
     except Exception as e:  # noqa: BLE001 - whatever a user's schedule raises, said with its name
         raise ValueError(f"temperature: the schedule failed on the steps 0 .. {settings.steps - 1} "
                          f"({type(e).__name__}: {e})") from None
+    # one τ a step, however the schedule shapes it (a 0-d constant, a (1,) array per step)
     taus = np.broadcast_to(taus, (settings.steps,)) if taus.ndim == 0 else taus
+    taus = taus.reshape(settings.steps) if taus.size == settings.steps else taus
     if taus.shape != (settings.steps,):
         raise ValueError(f"temperature: expected a schedule giving one τ per step, got shape "
                          f"{taus.shape} for {settings.steps} steps")
