@@ -236,3 +236,28 @@ def test_report_reads_table_4_with_where_each_difference_comes_from(tmp_path):
     row = next(ln for ln in lines if ln.startswith("- truthfulqa (`paper` judge)"))
     assert "B3 − B2 = -0.250" in row and "Opt-Out -0.250" in row and "accounts for 100% of it" in row
     assert row.endswith("† 4 questions: too few for a claim.")
+
+
+def test_every_committed_reports_direction_against_random_abstention_carries_the_familys_reading():
+    """Each committed run's sentences on B3 − random abstention are the generator's, and one that states
+    a direction for a statistic of the declared primary family says the family's Holm reading beside it
+    (a report must not state a direction its own family table does not resolve)."""
+    from pathlib import Path
+
+    from mdl_repro.analysis.rigour import family_note
+
+    runs = Path(__file__).resolve().parents[1] / "experiments" / "results"
+    noted = 0
+    for aj in sorted(runs.glob("*/analysis/analysis.json")):
+        a = json.loads(aj.read_text())
+        fam = (a.get("rigour") or {}).get("primary") or {}
+        report = (aj.parents[1] / "REPORT.md").read_text(encoding="utf-8")
+        for judge, per in ((a.get("selective") or {}).get("by") or {}).items():
+            for ds, s in (per or {}).items():
+                note = family_note(fam, f"{ds}: B3 - random abstention", judge)
+                line = selective.where_from(s, note)
+                assert line in report, (aj, judge, ds)
+                if note and ("B3 below" in line or "B3 above" in line):
+                    assert ", unadjusted" not in line and note in line
+                    noted += 1
+    assert noted >= 2  # the runs whose family does not resolve a direction the paired test states

@@ -414,6 +414,8 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
         res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps, run_gold=run_gold,
                               primary=primary)
         md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])
+        # again, now with the family's reading beside each direction it states (its place in md kept)
+        md["selective"] = selective.selective_md(sel, res["rigour"].get("primary"))
         res["headline"] = rigour.headline(res)
 
         from mdl_repro.analysis import views as views_mod

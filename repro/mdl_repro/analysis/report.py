@@ -322,18 +322,21 @@ def _where_from(out) -> list[str]:
     """Under Table 4: where each B3 − B2 difference comes from (the analyses' decomposition by B3
     action and the random-abstention baseline, ``analysis.selective``), so that a reader of the table
     does not take abstention counted as safe for better answers. Empty before the analyses ran."""
+    from mdl_repro.analysis.rigour import family_note
     from mdl_repro.analysis.selective import where_from
 
     try:
-        by = json.loads((Path(out) / "analysis" / "analysis.json").read_text())["selective"]["by"]
-    except (OSError, ValueError, KeyError, TypeError):
+        analysis = json.loads((Path(out) / "analysis" / "analysis.json").read_text())
+        by = analysis["selective"]["by"]
+        family = (analysis.get("rigour") or {}).get("primary") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
     def small(s) -> str:  # the report's † convention: too few questions for a claim
         n = s.get("n_questions") or 0
         return f" † {n} questions: too few for a claim." if n < 30 else ""
 
-    rows = [f"- {ds} (`{judge}` judge): {where_from(s)}{small(s)}" for judge, per in (by or {}).items()
-            for ds, s in sorted((per or {}).items())]
+    rows = [f"- {ds} (`{judge}` judge): {where_from(s, family_note(family, f'{ds}: B3 - random abstention', judge))}"
+            f"{small(s)}" for judge, per in (by or {}).items() for ds, s in sorted((per or {}).items())]
     if not rows:
         return []
     return ["**Read Table 4 with where the differences come from** (paired records; an Opt-Out "

@@ -206,8 +206,10 @@ def selective(ev, *, tau: float = RISK_ONLY_TAU, n_draws: int = N_DRAWS, seed: i
     return res
 
 
-def where_from(s: dict) -> str:
-    """One sentence: where a dataset's B3 − B2 difference comes from (used in ANALYSIS.md / README)."""
+def where_from(s: dict, family_note: str = "") -> str:
+    """One sentence: where a dataset's B3 − B2 difference comes from (used in ANALYSIS.md / README).
+    ``family_note``: the declared primary family's reading of B3 − random abstention where the family
+    holds it (``rigour.family_note``), said beside a direction in place of the bare "unadjusted"."""
     d, ra = s["decomposition"], s["random_abstention"]
     b3 = s["systems"]["B3"]
     b2 = s["systems"]["B2"]
@@ -219,12 +221,13 @@ def where_from(s: dict) -> str:
                 f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f}.")
     pr = ra.get("paired")
     counts = " (it counts both where B3 abstains and what its Supp and Silent answers change)"
+    adjusted = family_note or ", unadjusted"
     if pr is not None:
         v = pr["verdict"]
         verdict = (f"paired test B3 − random {pr['diff']:+.3f} [{pr['ci'][0]:+.3f}, {pr['ci'][1]:+.3f}], MDE "
                    f"{pr['mde'] * 100:.1f} pp: " + (
-                       "B3 below random abstention of the same count, unadjusted" + counts if v == "B3 lower" else
-                       "B3 above random abstention of the same count, unadjusted" + counts if v == "B3 higher" else
+                       "B3 below random abstention of the same count" + adjusted + counts if v == "B3 lower" else
+                       "B3 above random abstention of the same count" + adjusted + counts if v == "B3 higher" else
                        v + ": not shown to differ from random abstention in either direction"))
     else:
         beat, worse = b3["overall"] < ra["lo"], b3["overall"] > ra["hi"]
@@ -242,8 +245,12 @@ def where_from(s: dict) -> str:
             f"{b3['selective_risk']:.3f} vs B2 {b2['selective_risk']:.3f} ({sel}).")
 
 
-def selective_md(res: dict) -> str:
-    """The selective-prediction tables (per judge and dataset) as Markdown."""
+def selective_md(res: dict, family: dict | None = None) -> str:
+    """The selective-prediction tables (per judge and dataset) as Markdown; ``family``: the rigour
+    analysis's declared primary family (``rigour.primary_family``), whose reading of B3 − random
+    abstention each direction stated here carries."""
+    from mdl_repro.analysis.rigour import family_note
+
     tau = res["tau"]
     lines = [f"Paired (question, seed) records. Overall = the paper's rate (an abstention counted safe); "
              f"coverage = share answered (Opt-Out abstains); selective risk = hallucination among the "
@@ -277,5 +284,7 @@ def selective_md(res: dict) -> str:
             lines.append(f"| {ds} | {d['total']:+.3f} | {d['ACTIVE']:+.3f} | {d['SUPP']:+.3f} | {d['SILENT']:+.3f} | "
                          f"{d['OPT_OUT']:+.3f} | {sh['ACTIVE']:.2f} / {sh['SUPP']:.2f} / {sh['SILENT']:.2f} / "
                          f"{sh['OPT_OUT']:.2f} |")
-        lines += [""] + [f"- {ds} (`{judge}`): {where_from(s)}" for ds, s in by.items()] + [""]
+        lines += [""] + [f"- {ds} (`{judge}`): "
+                         + where_from(s, family_note(family or {}, f"{ds}: B3 - random abstention", judge))
+                         for ds, s in by.items()] + [""]
     return "\n".join(lines)
