@@ -1,6 +1,7 @@
 """The memory gate (``mdl_jax.gate``): one implementation with the pipeline, every action reachable,
 batch = loop, the messages of each action, and clear errors on bad input."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -343,3 +344,69 @@ def test_the_library_refuses_a_store_over_MAX_MEMORIES_before_any_work():
         gate.decide(wide["query"], wide["memories"])
     with pytest.raises(ValueError, match=r"^stores\[1\]: expected at most"):
         memory_signals(["a", "b"], [["x"], wide["memories"]], gate.embedder)
+
+
+def test_an_object_embedder_with_embed_of_texts_alone_is_taken_as_documented():
+    # the gate documents "an object with embed(texts)"; memory_signals calls embed(texts, desc=...)
+    class TextsOnly:
+        backend = "mine"
+
+        def embed(self, texts):
+            return _lookup(texts)
+
+    obj = TextsOnly()
+    gate = MemoryGate(embedder=obj)
+    memories, a = CASES[Action.ACTIVE]
+    assert gate.decide("q", memories, risk=a) == MemoryGate(embedder=_lookup).decide("q", memories, risk=a)
+    assert gate.embedder.backend == "mine"
+
+    class WithDesc:
+        def embed(self, texts, desc=""):
+            return _lookup(texts)
+
+    with_desc = WithDesc()
+    assert MemoryGate(embedder=with_desc).embedder is with_desc  # taken as it is
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e300])
+def test_an_object_embedders_non_finite_vectors_are_an_error_naming_the_embedder(bad):
+    # before: NaN surfaced as "M: expected finite values", and a vector past float32's range as
+    # M = R = 1, Active, silently
+    class Overflowing:
+        def embed(self, texts, desc=""):
+            v = np.asarray(_lookup(texts), np.float64)
+            v[1:, 0] = bad
+            return v
+
+    gate = MemoryGate(embedder=Overflowing(), risk=0.2)
+    with pytest.warns(RuntimeWarning) if bad == 1e300 else contextlib.nullcontext():
+        with pytest.raises(ValueError, match=r"^embedder: returned values that are NaN or infinite"):
+            gate.decide("q", ["fact 0.95 a", "fact 0.95 b"])
+
+
+@pytest.mark.parametrize("flags, match", [
+    (lambda ts: [[0], [0, 1]], r"^conflict: expected an 2×2 matrix of flags for 2 memories, got a list"),
+    (lambda ts: np.full((len(ts), len(ts)), 0.4), r"^conflict: expected booleans \(or 0/1\) .* got 0\.4"),
+    (lambda ts: np.full((len(ts), len(ts)), np.nan), r"^conflict: expected booleans \(or 0/1\) .* got nan"),
+    (lambda ts: np.full((len(ts), len(ts)), "no"), r"^conflict: expected booleans \(or 0/1\) .* got 'no'"),
+])
+def test_a_conflict_detectors_values_that_are_not_flags_are_an_error_naming_it(flags, match):
+    # before: a probability, NaN or a string was read as True (a flagged pair); a ragged list leaked
+    # NumPy's words
+    gate = MemoryGate(embedder=_lookup, conflict=flags)
+    with pytest.raises(ValueError, match=match):
+        gate.decide("q", ["fact 0.95 a", "fact 0.95 b"])
+
+
+def test_a_conflict_detectors_zero_one_numbers_are_flags():
+    ones = MemoryGate(embedder=_lookup, conflict=lambda ts: 1 - np.eye(len(ts), dtype=int))
+    trues = MemoryGate(embedder=_lookup, conflict=lambda ts: ~np.eye(len(ts), dtype=bool))
+    memories = ["fact 0.95 a", "fact 0.95 b"]
+    assert ones.decide("q", memories).scalars["phi"] == trues.decide("q", memories).scalars["phi"] == 1.0
+
+
+def test_a_risk_callable_that_cannot_take_query_and_category_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"^risk: expected a callable \(query, category\)"):
+        MemoryGate(embedder=_lookup, risk=lambda q: 0.3)
+    assert MemoryGate(embedder=_lookup, risk=lambda q, c=None: 0.3).decide("q", []).scalars["A"] == \
+        pytest.approx(0.3)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
@@ -75,6 +76,31 @@ class _CallableEmbedder:
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
+class _EmbedWithoutDesc:
+    """An object whose ``embed(texts)`` takes no ``desc`` (what the gate documents) behind the
+    ``embed(texts, desc=...)`` that ``memory_signals`` calls; its other attributes are the object's."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def embed(self, texts: Sequence[str], desc: str = "") -> Any:
+        return self.inner.embed(texts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _takes_desc(embed: Any) -> bool:
+    """Whether ``embed`` takes a ``desc`` keyword (or any keyword); True where its signature cannot be
+    read (a builtin), which is then called as before."""
+    try:
+        params = inspect.signature(embed).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "desc" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               or p.kind == p.VAR_KEYWORD for p in params)
+
+
 def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
     check_backend(backend, name="embed_backend")
     if isinstance(embedder, (str, PathLike)):
@@ -84,7 +110,7 @@ def _make_embedder(embedder, cache_dir, batch_size, backend="auto"):
                          f"{type(embedder).__name__} (make it with the backend you want, e.g. "
                          f"Embedder(name, backend={backend!r}))")
     if hasattr(embedder, "embed"):
-        return embedder
+        return embedder if _takes_desc(embedder.embed) else _EmbedWithoutDesc(embedder)
     if callable(embedder):
         return _CallableEmbedder(embedder)
     raise ValueError("embedder: expected a sentence-transformers model name or path, an object with "
@@ -131,6 +157,13 @@ def _make_risk(risk) -> Callable[[str, str | None], float]:
             return table[str(c)]
         return lookup
     if callable(risk):
+        try:
+            inspect.signature(risk).bind("query", None)
+        except TypeError as e:   # it cannot be called as risk(query, category)
+            raise ValueError(f"risk: expected a callable (query, category) -> A in [0, 1]; {e}") from None
+        except ValueError:       # a builtin whose signature cannot be read: called as given
+            pass
+
         def call(q, c):
             return unit_float(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
         return call
@@ -141,11 +174,29 @@ def _make_risk(risk) -> Callable[[str, str | None], float]:
 def _checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
     def flags(texts):
         n = len(texts)
-        out = np.asarray(fn(list(texts)))
+        got = fn(list(texts))
+        try:
+            out = np.asarray(got)
+        except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
+            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, got a "
+                             f"{type(got).__name__} that is not one ({e})") from None
         if out.shape != (n, n):
             raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
                              f"got shape {out.shape}")
-        return out.astype(bool)
+        if out.dtype == bool:
+            return out
+        # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
+        ok = out.dtype.kind in "iufO"
+        try:
+            v = out.astype(np.float64)
+            ok = ok and bool(((v == 0) | (v == 1)).all())
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
+                       f"dtype {out.dtype}")
+            raise ValueError(f"conflict: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
+        return v == 1
     return flags
 
 

@@ -457,8 +457,9 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
       engine: "jax" (the default), "native" or "auto" (the module docstring): under the last two a
         store of at most ``SMALL_MEMORIES`` memories takes the NumPy path (``small_signals``) in a call
         of any size.
-      validate: check the texts and the vectors' values; ``False`` for a caller that checked them
-        already (the gate): the texts must then be a list of lists of strings.
+      validate: check the texts; ``False`` for a caller that checked them already (the gate): the
+        texts must then be a list of lists of strings. The vectors' values are checked either way
+        (a NaN or infinite one is an error naming the embedder).
 
     Returns:
       {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
@@ -505,7 +506,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     if vecs.ndim != 2 or vecs.shape[0] != B + len(texts) or vecs.shape[1] < 1:
         raise ValueError(f"embedder: expected an (N, d) array for N = {B + len(texts)} texts, got shape "
                          f"{vecs.shape}")
-    if validate and not np.isfinite(vecs).all():
+    if not np.isfinite(vecs).all():  # always: a NaN reads as M = NaN, an inf as M = 1 (C_final high)
         raise ValueError("embedder: returned values that are NaN or infinite (as float32)")
     q_emb = vecs[:B]
     if texts:
