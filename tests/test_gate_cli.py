@@ -1053,3 +1053,39 @@ def test_a_core_install_without_the_embedding_extra_is_one_line_naming_it(tmp_pa
     assert r.stdout.strip() == f"gate: embedder: {need}", r.stdout
     assert r.stderr.strip().splitlines()[-1] == f"mdl-jax: error: --embedder: {need}", r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_fifo_in_a_dataset_folder_does_not_hang_its_digest(tmp_path):
+    """The folder's digest skips what is not a regular file; opening a FIFO to check it waited for a
+    writer, forever."""
+    import threading
+
+    from mdl_jax.gate import manifest
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _jsonl(folder / "a.jsonl", gate_rows.rows(2))
+    os.mkfifo(folder / "pipe.jsonl")
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(manifest.content_digest(str(folder))), daemon=True)
+    t.start()
+    t.join(30)
+    if not got:  # the thread is stuck in open(): give it its writer, so the test process can end
+        os.close(os.open(folder / "pipe.jsonl", os.O_WRONLY | os.O_NONBLOCK))
+    assert got, "content_digest hung on a FIFO"
+    (folder / "pipe.jsonl").unlink()
+    assert got[0] == manifest.content_digest(str(folder))
+
+
+def test_a_dataset_folder_whose_files_disagree_is_one_line_naming_it(tmp_path, capsys):
+    """datasets reads a folder lazily: two files whose columns differ fail mid-stream, as its own
+    exception types (a traceback, exit 1, before)."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _jsonl(folder / "a.jsonl", gate_rows.rows(2))
+    _jsonl(folder / "b.jsonl", [{"other": 1, "name": "x"}])
+    out = tmp_path / "out.jsonl"
+    assert _gate(folder, out) == 2
+    assert f"IN: cannot read the dataset {str(folder)!r} near row" in _err_line(capsys)
+    assert not _parts(out).exists() and not out.exists()

@@ -58,7 +58,9 @@ def content_digest(src: str) -> str:
                        for d, _, names in os.walk(p) for f in names)
     for f, rel in files:
         try:
-            with open(f, "rb") as r:
+            # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer (forever), before
+            # the check below could skip it; a regular file reads as without it
+            with open(os.open(f, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as r:
                 if not stat.S_ISREG(os.fstat(r.fileno()).st_mode):
                     continue  # a FIFO or socket in a dataset folder: no data of the dataset's
                 h.update(f"{rel}\0{os.fstat(r.fileno()).st_size}\0".encode())

@@ -423,6 +423,12 @@ def _decoded(rows, src: str, first: int) -> Iterator:
         except UnicodeDecodeError as e:
             raise GateInputError(f"IN: {src}, near row {at + 1}: a string that is not UTF-8 ({one_line(e)}); "
                                  "give the Parquet file itself as IN to skip such rows") from None
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - datasets reads lazily: a folder's files whose columns
+            # differ, a file that is not of its suffix's format, ... fail here, as many types
+            raise GateInputError(f"IN: cannot read the dataset {src!r} near row {at + 1} "
+                                 f"({type(e).__name__}: {one_line(e)[:300]})") from None
         at += 1
         yield row
 
