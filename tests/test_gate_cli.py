@@ -1089,3 +1089,33 @@ def test_a_dataset_folder_whose_files_disagree_is_one_line_naming_it(tmp_path, c
     assert _gate(folder, out) == 2
     assert f"IN: cannot read the dataset {str(folder)!r} near row" in _err_line(capsys)
     assert not _parts(out).exists() and not out.exists()
+
+
+@pytest.mark.parametrize("line, cells", [('is it safe?,"[""x""]",extra', 3), ("is it safe?", 1)])
+def test_a_csv_row_with_more_or_fewer_cells_than_its_header_is_a_bad_row(tmp_path, capsys, line, cells):
+    """A cell past the header became a column named "null" in the output; a missing one read as an
+    empty field (a missing memories cell was "got NoneType")."""
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    src.write_text(f'query,memories\nfirst?,"[""a""]"\n{line}\nthird?,"[""b""]"\n')
+    assert _gate(src, out) == 2
+    assert f"{src}, row 2: the row has {cells} cell{'s' * (cells != 1)}, the header 2" in _err_line(capsys)
+    assert _gate(src, out, "--on-bad-row", "skip") == 0
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["mdl_row"] for r in got] == [0, 2] and all(set(r) - {"query", "memories"} <= set(files.OUT_COLUMNS)
+                                                         for r in got)
+
+
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path, capsys):
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    src.write_text('query,memories,note,note\nfirst?,"[""a""]",x,y\n')
+    assert _gate(src, out) == 2
+    assert f"IN: {src}: the header names the column 'note' twice" in _err_line(capsys)
+
+
+def test_a_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):
+    """A spreadsheet's "CSV UTF-8" export begins with a BOM, which was read into the first name
+    ('\\ufeffquery': the query field "missing")."""
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    src.write_bytes(b'\xef\xbb\xbfquery,memories\nfirst?,"[""a""]"\n')
+    assert _gate(src, out) == 0
+    assert json.loads(out.read_text())["query"] == "first?"

@@ -17,7 +17,7 @@ import hashlib
 import io
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,13 +254,17 @@ def read_csv(path: Path, start: int, on_open=None) -> Iterator[tuple[int, object
     raw, binary = open_hashed(path)
     if on_open is not None:
         on_open(raw)
-    with io.TextIOWrapper(binary, newline="", encoding="utf-8", errors="strict") as f:
+    # utf-8-sig: a byte-order mark (a spreadsheet's "CSV UTF-8" export) is not part of the first name
+    with io.TextIOWrapper(binary, newline="", encoding="utf-8-sig", errors="strict") as f:
         reader = csv.DictReader(f, delimiter=delim)
         i = 0
+        header = None
         while True:
             # the limit is the csv module's, process-wide: raised for this read only, then put back
             old = csv.field_size_limit(CSV_FIELD_LIMIT)
             try:
+                if header is None:
+                    header = _csv_header(path, reader.fieldnames or [])
                 row = next(reader)
             except StopIteration:
                 return
@@ -273,8 +277,25 @@ def read_csv(path: Path, start: int, on_open=None) -> Iterator[tuple[int, object
             finally:
                 csv.field_size_limit(old)
             if i >= start:
-                yield i, row, f"row {i + 1}"
+                # DictReader keeps the cells past the header under None and fills missing ones with None:
+                # the first became a column named "null", the second a field read as empty
+                if None in row or None in row.values():
+                    n = len(header) + len(row.get(None) or ()) - sum(v is None for v in row.values())
+                    yield i, Bad(f"the row has {n} cell{'s' * (n != 1)}, the header {len(header)}"), f"row {i + 1}"
+                else:
+                    yield i, row, f"row {i + 1}"
             i += 1
+
+
+def _csv_header(path: Path, names: Sequence[str]) -> Sequence[str]:
+    """A CSV file's column names; GateInputError naming the file if one is given twice (its cells would
+    reach the output under one name: the later one kept, the earlier dropped)."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise GateInputError(f"IN: {path}: the header names the column {name!r} twice; rename one")
+        seen.add(name)
+    return names
 
 
 def parquet_file(path: Path):
