@@ -225,3 +225,19 @@ def test_ray_data_on_a_local_two_worker_instance_equals_the_single_process_gate(
     # two with the batch a text is encoded in (padding), and the workers' batches are not the driver's
     _same(out, ref, atol=1e-5)
     assert len(set(out["mdl_action"])) >= 3, "the rows should reach several actions"
+
+
+def test_a_dict_batch_whose_columns_differ_in_length_is_an_error_naming_them():
+    # a row past the short column was an IndexError
+    g = MemoryGateBatch(embedder=hashed)
+    batch = {"query": np.array(["q1", "q2"]), "memories": np.array([["a"]], dtype=object)}
+    with pytest.raises(ValueError, match=r"^batch: expected columns of one length .*'query': 2, 'memories': 1"):
+        g(batch)
+
+
+def test_a_risk_table_without_a_category_column_is_refused_at_construction():
+    # every row failed, one batch at a time ("None is not in the risk table"); mdl-jax gate refuses it at start
+    with pytest.raises(ValueError, match=r"^category_field: a \{category: risk\} table"):
+        MemoryGateBatch(embedder=hashed, risk={"Health": 0.9})
+    MemoryGateBatch(embedder=hashed, risk={"Health": 0.9}, category_field="topic")
+    MemoryGateBatch(embedder=hashed, risk={"Health": 0.9}, risk_field="A")

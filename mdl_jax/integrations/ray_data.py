@@ -118,6 +118,10 @@ class MemoryGateBatch:
         for name, v in (("query_field", query_field), ("memories_field", memories_field)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}: expected a column name, got {v!r}")
+        if isinstance(risk, Mapping) and not category_field and not risk_field:
+            # every row would fail ("None is not in the risk table"), as `mdl-jax gate` refuses at start
+            raise ValueError("category_field: a {category: risk} table maps each row's category to A; name "
+                             "the column holding it (or give risk_field)")
         check_backend(embed_backend, device, name="embed_backend")
         if isinstance(embedder, str) and device is not None:
             embedder = Embedder(embedder, cache_dir=cache_dir, batch_size=batch_size, device=device,
@@ -190,7 +194,9 @@ class MemoryGateBatch:
 
     def decide_columns(self, cols: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The decision columns for a batch given as {column: sequence}; one entry per row."""
-        self._needed(list(cols))
+        lengths = {f: len(cols[f]) for f in self._needed(list(cols))}
+        if len(set(lengths.values())) > 1:  # one value per row in each (a row past a short column was an IndexError)
+            raise ValueError(f"batch: expected columns of one length (one value per row), got {lengths}")
         qs = list(cols[self.query_field])
         mems = [_as_list(m) for m in cols[self.memories_field]]
         cats = list(cols[self.category_field]) if self.category_field else None
