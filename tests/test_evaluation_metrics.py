@@ -417,3 +417,31 @@ def test_the_bootstrap_recomputes_a_library_metric_through_its_kernel_with_the_s
     fast = m.bootstrap(m.auroc, s, y, groups=g, n_boot=200, seed=1)
     slow = m.bootstrap(lambda a, b: m.auroc(a, b), s, y, groups=g, n_boot=200, seed=1)
     assert fast == slow
+
+
+@pytest.mark.parametrize("metric, match", [
+    (lambda s, y: s, r"^metric: expected one number from the metric, got ndarray"),
+    (lambda s, y: None, r"^metric: expected one number from the metric, got NoneType"),
+    (lambda s, y: "x", r"^metric: expected one number from the metric, got str"),
+    (5, r"^metric: expected a function of the columns returning a float, got int"),
+])
+def test_a_metric_that_is_not_a_function_of_one_number_is_an_error_naming_it(metric, match):
+    # before: a TypeError from float() (an array, None), NumPy's words (a string), "'int' object is not callable"
+    from mdl_jax.evaluation.metrics import bootstrap, paired_difference
+
+    s, y = np.array([0.1, 0.9, 0.4, 0.6]), np.array([0, 1, 0, 1])
+    with pytest.raises(ValueError, match=match):
+        bootstrap(metric, s, y, n_boot=5)
+    with pytest.raises(ValueError, match=match):
+        paired_difference(metric, (s, y), (s, y), n_boot=5)
+
+
+@pytest.mark.parametrize("se", [-1.0, "x", None, True])
+def test_mde_refuses_a_standard_error_that_is_negative_or_not_a_number_as_mde_for_does(se):
+    # before: mde(-1) was a negative MDE, mde("x") a TypeError
+    from mdl_jax.evaluation.metrics import mde, mde_for
+
+    with pytest.raises(ValueError, match=r"^se: expected a non-negative standard error"):
+        mde(se)
+    with pytest.raises(ValueError, match=r"^se: expected a non-negative standard error"):
+        mde_for(se, 40)

@@ -47,7 +47,23 @@ _KERNELS: dict[Callable[..., Any], Kernel] = {
     **ranking.KERNELS, **abstention.KERNELS, **selective.KERNELS, **retrieval.KERNELS}
 
 
+def _value(fn: Callable[..., float], cols: Sequence) -> float:
+    """``fn(*cols)`` as a float; a ValueError naming ``metric`` when it is not one number (an array, None,
+    a string: a TypeError or NumPy's words from deep inside, before)."""
+    got = fn(*cols)
+    if np.ndim(got) == 0:
+        try:
+            return float(got)
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(f"metric: expected one number from the metric, got {type(got).__name__} "
+                     f"{repr(got)[:80]}")
+
+
 def _kernel(metric: Callable[..., float], cols: list[np.ndarray]) -> tuple[Callable[..., float], list]:
+    if not callable(metric):
+        raise ValueError(f"metric: expected a function of the columns returning a float, got "
+                         f"{type(metric).__name__}")
     fast = _KERNELS.get(metric)
     if fast is None:
         return metric, cols
@@ -198,8 +214,18 @@ def _columns(columns: Sequence, name: str, n: int | None = None) -> list[np.ndar
     return [column(c, f"{name}[{i}]", n) for i, c in enumerate(cols)]
 
 
+def _check_se(se: float) -> None:
+    if isinstance(se, bool) or not isinstance(se, numbers.Real) or se < 0:
+        raise ValueError(f"se: expected a non-negative standard error, got {se!r}")
+
+
 def mde(se: float) -> float:
-    """Minimum detectable difference at 80% power, two-sided α = 0.05: (z_0.975 + z_0.80) · SE."""
+    """Minimum detectable difference at 80% power, two-sided α = 0.05: (z_0.975 + z_0.80) · SE.
+
+    Raises:
+      ValueError: ``se`` negative or not a number (as ``mde_for``).
+    """
+    _check_se(se)
     return float((Z_A + Z_B) * se)
 
 
@@ -219,8 +245,7 @@ def mde_for(se: float, n_groups: int) -> float:
     """
     if isinstance(n_groups, bool) or not isinstance(n_groups, numbers.Integral):
         raise ValueError(f"n_groups: expected a whole number of questions, got {n_groups!r}")
-    if isinstance(se, bool) or not isinstance(se, numbers.Real) or se < 0:
-        raise ValueError(f"se: expected a non-negative standard error, got {se!r}")
+    _check_se(se)
     if n_groups < 2:
         return NAN
     if n_groups < MIN_GROUPS_Z:
@@ -258,7 +283,7 @@ def bootstrap(metric: Callable[..., float], *columns, groups=None, n_boot: int =
     lay = question_layout(groups, n)
     G = len(lay.sizes)
     fn, cols = _kernel(metric, cols)
-    value = float(fn(*cols))
+    value = _value(fn, cols)
     if G < 2:
         return Estimate(value, NAN, NAN, n, G)
     est = np.array([fn(*(c[i] for c in cols)) for i in resamples(lay, n_boot, seed)], np.float64)
@@ -298,7 +323,7 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
     G = len(lay.sizes)
     fn, a = _kernel(metric, a)
     _, b = _kernel(metric, b)
-    value = float(fn(*a)) - float(fn(*b))
+    value = _value(fn, a) - _value(fn, b)
     if G < 2:
         return Difference(value, NAN, NAN, n, G, NAN, NAN)
     d = np.array([float(fn(*(c[i] for c in a))) - float(fn(*(c[i] for c in b)))
