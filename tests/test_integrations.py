@@ -226,3 +226,20 @@ def test_each_frameworks_embeddings_share_the_gates_backend_and_cache_key(tmp_pa
     assert MDLGate(cache_dir=str(tmp_path)).gate.embedder.model_id == lc.model_id
     pinned = MiniLMEmbeddings(cache_dir=str(tmp_path), backend="torch").embedder
     assert pinned.model_id == MDLDocumentCompressor(cache_dir=str(tmp_path), embed_backend="torch").gate.embedder.model_id
+
+
+def test_a_component_with_a_config_comes_back_from_its_serialised_form_with_that_config():
+    """LlamaIndex's to_dict / from_dict (and Haystack's) write an MDLConfig as a dict of its fields;
+    the component built from it decides with that config, not a refusal of the dict."""
+    from mdl_jax import MDLConfig
+    from mdl_jax.integrations.haystack import MDLGate
+    from mdl_jax.integrations.llamaindex import MDLNodePostprocessor
+
+    cfg = MDLConfig(sigma=0.3, thresholds=(0.7, 0.5, 0.3))
+    post = MDLNodePostprocessor(embedder=_lookup, config=cfg)
+    again = MDLNodePostprocessor.from_dict(post.to_dict())
+    assert again.gate.config == cfg
+    gate = MDLGate(embedder="all-MiniLM-L6-v2", config=cfg)
+    assert MDLGate.from_dict(gate.to_dict()).gate.config == cfg
+    with pytest.raises(ValueError, match=r"config: expected the fields of an MDLConfig \(.*sigmaa"):
+        MDLNodePostprocessor(embedder=_lookup, config={"sigmaa": 0.3})

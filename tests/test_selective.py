@@ -244,7 +244,7 @@ def test_every_committed_reports_direction_against_random_abstention_carries_the
     (a report must not state a direction its own family table does not resolve)."""
     from pathlib import Path
 
-    from mdl_repro.analysis.rigour import family_note
+    from mdl_repro.analysis.stats import family_note
 
     runs = Path(__file__).resolve().parents[1] / "experiments" / "results"
     noted = 0

@@ -5,10 +5,14 @@ with these, so that one input gets one answer wherever it enters.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 
@@ -92,3 +96,65 @@ def memory_texts(name: str, memories) -> list[str]:
             raise ValueError(f"{name}[{j}]: {why}")
         texts.append(m)
     return texts
+
+
+def checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
+    """A user's conflict detector (texts → S×S flags) behind the check of what it returns: an S×S
+    matrix of booleans or 0/1 (a probability, NaN or a string would read as flagged), else a
+    ValueError naming ``conflict``."""
+    def flags(texts):
+        n = len(texts)
+        got = fn(list(texts))
+        try:
+            out = np.asarray(got)
+        except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
+            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, got a "
+                             f"{type(got).__name__} that is not one ({e})") from None
+        if out.shape != (n, n):
+            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
+                             f"got shape {out.shape}")
+        if out.dtype == bool:
+            return out
+        # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
+        ok = out.dtype.kind in "iufO"
+        try:
+            v = out.astype(np.float64)
+            ok = ok and bool(((v == 0) | (v == 1)).all())
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
+                       f"dtype {out.dtype}")
+            raise ValueError(f"conflict: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
+        return v == 1
+    return flags
+
+
+def risk_table(risk: Mapping) -> Callable[[str, str | None], float]:
+    """A {category: risk} table as the assessor (query, category) → A, its values checked once; a
+    category outside it is a ValueError naming ``category``."""
+    if not risk:
+        raise ValueError("risk: the {category: risk} table is empty")
+    table = {str(k): unit_float(f"risk[{k!r}]", v) for k, v in risk.items()}
+
+    def lookup(q, c):
+        if c is None or str(c) not in table:
+            raise ValueError(f"category: {c!r} is not in the risk table (known: "
+                             f"{sorted(table)[:8]}{' ...' if len(table) > 8 else ''})")
+        return table[str(c)]
+    return lookup
+
+
+def risk_callable(risk: Callable) -> Callable[[str, str | None], float]:
+    """A user's risk callable as the assessor, refused at once where it cannot be called as
+    ``risk(query, category)``; each value it gives is checked to lie in [0, 1]."""
+    try:
+        inspect.signature(risk).bind("query", None)
+    except TypeError as e:   # it cannot be called as risk(query, category)
+        raise ValueError(f"risk: expected a callable (query, category) -> A in [0, 1]; {e}") from None
+    except ValueError:       # a builtin whose signature cannot be read: called as given
+        pass
+
+    def call(q, c):
+        return unit_float(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
+    return call

@@ -39,6 +39,7 @@ from mdl_jax.controller.validation import ArrayLike
 # the input checks live in checks.py; these names stay importable from here, where callers found them
 from mdl_jax.gate.checks import LONE_SURROGATE as LONE_SURROGATE
 from mdl_jax.gate.checks import check_query as check_query
+from mdl_jax.gate.checks import checked_conflict, risk_callable, risk_table
 from mdl_jax.gate.checks import memory_texts as memory_texts
 from mdl_jax.gate.checks import surrogate_fault as surrogate_fault
 from mdl_jax.gate.checks import unit_float as unit_float
@@ -146,58 +147,11 @@ def _make_risk(risk) -> Callable[[str, str | None], float]:
         raise ValueError(f"risk: expected a number in [0, 1], one of {list(RISK_PRESETS)}, a "
                          f"{{category: risk}} table or a callable; got the string {risk!r}")
     if isinstance(risk, Mapping):
-        if not risk:
-            raise ValueError("risk: the {category: risk} table is empty")
-        table = {str(k): unit_float(f"risk[{k!r}]", v) for k, v in risk.items()}
-
-        def lookup(q, c):
-            if c is None or str(c) not in table:
-                raise ValueError(f"category: {c!r} is not in the risk table (known: "
-                                 f"{sorted(table)[:8]}{' ...' if len(table) > 8 else ''})")
-            return table[str(c)]
-        return lookup
+        return risk_table(risk)
     if callable(risk):
-        try:
-            inspect.signature(risk).bind("query", None)
-        except TypeError as e:   # it cannot be called as risk(query, category)
-            raise ValueError(f"risk: expected a callable (query, category) -> A in [0, 1]; {e}") from None
-        except ValueError:       # a builtin whose signature cannot be read: called as given
-            pass
-
-        def call(q, c):
-            return unit_float(f"risk: the risk callable's value for {q[:60]!r}", risk(q, c))
-        return call
+        return risk_callable(risk)
     a = unit_float("risk", risk)
     return lambda q, c: a
-
-
-def _checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
-    def flags(texts):
-        n = len(texts)
-        got = fn(list(texts))
-        try:
-            out = np.asarray(got)
-        except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, got a "
-                             f"{type(got).__name__} that is not one ({e})") from None
-        if out.shape != (n, n):
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
-                             f"got shape {out.shape}")
-        if out.dtype == bool:
-            return out
-        # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
-        ok = out.dtype.kind in "iufO"
-        try:
-            v = out.astype(np.float64)
-            ok = ok and bool(((v == 0) | (v == 1)).all())
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
-                       f"dtype {out.dtype}")
-            raise ValueError(f"conflict: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
-        return v == 1
-    return flags
 
 
 def _make_config(config) -> MDLConfig:
@@ -210,7 +164,13 @@ def _make_config(config) -> MDLConfig:
             return load_config(config)
         except ValueError as e:  # ConfigFileError names the file and the field
             raise ValueError(f"config: {e}") from None
-    raise ValueError(f"config: expected an MDLConfig or the path of a config file, got "
+    if isinstance(config, Mapping):  # its fields, as a framework component's serialised form holds them
+        try:
+            fields: dict[str, Any] = {str(k): tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+            return MDLConfig(**fields)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config: expected the fields of an MDLConfig ({e})") from None
+    raise ValueError(f"config: expected an MDLConfig, the path of a config file or a dict of its fields, got "
                      f"{type(config).__name__}")
 
 
@@ -400,7 +360,8 @@ class MemoryGate:
         ``(query, category) -> float`` in [0, 1]. ``decide(..., risk=x)`` overrides it per call.
       conflict: ``texts -> S×S`` booleans, the pairs that contradict; default the paper's lexical
         detector (``mdl_jax.signals.conflict.pair_flags``).
-      config: an ``MDLConfig`` or the path of a config file; default the paper's Table 2 settings.
+      config: an ``MDLConfig``, the path of a config file or a dict of an ``MDLConfig``'s fields (as a
+        serialised framework component holds it); default the paper's Table 2 settings.
       cache_dir: for a named embedder: its vector cache folder (default: the embedder's own).
       batch_size: for a named embedder: its encoding batch size.
       embed_backend: for a named embedder: what runs it (``Embedder``'s ``backend``). The default
@@ -424,7 +385,7 @@ class MemoryGate:
 
     def __init__(self, embedder: Any = DEFAULT_MODEL, risk: Any = 0.5,
                  conflict: Callable[[list[str]], Any] | None = None,
-                 config: MDLConfig | str | PathLike | None = None, *,
+                 config: MDLConfig | str | PathLike | Mapping | None = None, *,
                  cache_dir: str | PathLike | None = None, batch_size: int = 64,
                  embed_backend: str = "auto",
                  relevance_threshold: float = RELEVANCE_THRESHOLD, abstention: str = ABSTENTION):
@@ -434,7 +395,7 @@ class MemoryGate:
         if conflict is not None and not callable(conflict):
             raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
                              f"{type(conflict).__name__}")
-        self.conflict: Callable[[list[str]], Any] = (_checked_conflict(conflict) if conflict is not None
+        self.conflict: Callable[[list[str]], Any] = (checked_conflict(conflict) if conflict is not None
                                                       else pair_flags)
         self.relevance_threshold = unit_float("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:

@@ -322,8 +322,8 @@ def _where_from(out) -> list[str]:
     """Under Table 4: where each B3 − B2 difference comes from (the analyses' decomposition by B3
     action and the random-abstention baseline, ``analysis.selective``), so that a reader of the table
     does not take abstention counted as safe for better answers. Empty before the analyses ran."""
-    from mdl_repro.analysis.rigour import family_note
     from mdl_repro.analysis.selective import where_from
+    from mdl_repro.analysis.stats import family_note
 
     try:
         analysis = json.loads((Path(out) / "analysis" / "analysis.json").read_text())

@@ -70,7 +70,7 @@ from mdl_jax.evaluation.metrics import (  # noqa: F401  (re-exported)
     mde,
     mde_for,
 )
-from mdl_repro.analysis.stats import power, verdict
+from mdl_repro.analysis.stats import family_note, p3, power, verdict
 
 N_DRAWS = 1000
 N_J_DRAWS = 20_000  # posterior draws behind J's quantile: enough for its second decimal
@@ -793,29 +793,13 @@ def primary_md(pf: dict) -> list[str]:
         t = r["tost"]
         reads = "direction resolved" if r["rejected"] else "not resolved"
         eq = ("– (interval excludes 0)" if r["ci"][0] > 0 or r["ci"][1] < 0 else
-              f"{'equivalent' if t['equivalent'] else 'not shown'} (p = {_p3(t['p'])}; {_ci(t['ci90'])})")
+              f"{'equivalent' if t['equivalent'] else 'not shown'} (p = {p3(t['p'])}; {_ci(t['ci90'])})")
         L.append(f"| {r['name']} | `{r['judge']}` | {r['diff']:+.3f} {_ci(r['ci'])} | {_mde(r['mde'])} | "
-                 f"{_p3(r['p'])} | {_p3(r['p_holm'])} | {reads} | {eq} |")
+                 f"{p3(r['p'])} | {p3(r['p_holm'])} | {reads} | {eq} |")
     L += ["", "A difference whose interval includes 0 claims no direction; it reads \"equivalent\" only where "
           "TOST puts it inside the declared bound, and otherwise \"not shown\" (neither a difference nor its "
           "absence is shown).", ""]
     return L
-
-
-def _p3(p) -> str:
-    return "–" if p is None or not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
-
-
-def family_note(pf: dict, name: str, judge: str) -> str:
-    """Beside an unadjusted verdict of a statistic that the declared primary family holds (``name`` under
-    ``judge``), the family's reading of it: Holm's adjusted p and whether it resolves at the family's α.
-    The verdict alone would state a direction the family's own table does not resolve. "" for any other."""
-    r = next((r for r in pf.get("rows", []) if r["name"] == name and r["judge"] == judge
-              and not r.get("missing")), None)
-    if r is None:
-        return ""
-    return (f" (unadjusted; in the declared primary family, Holm p = {_p3(r['p_holm'])}: "
-            f"{'resolved' if r['rejected'] else 'not resolved'} at α = {pf.get('alpha', 0.05):g})")
 
 
 def headline(res: dict) -> dict:

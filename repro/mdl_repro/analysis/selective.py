@@ -249,7 +249,7 @@ def selective_md(res: dict, family: dict | None = None) -> str:
     """The selective-prediction tables (per judge and dataset) as Markdown; ``family``: the rigour
     analysis's declared primary family (``rigour.primary_family``), whose reading of B3 − random
     abstention each direction stated here carries."""
-    from mdl_repro.analysis.rigour import family_note
+    from mdl_repro.analysis.stats import family_note
 
     tau = res["tau"]
     lines = [f"Paired (question, seed) records. Overall = the paper's rate (an abstention counted safe); "

@@ -327,3 +327,20 @@ def table5_seeds(df) -> str:
         lines.append(f"| {NAMES[s]}{flag} | {_ms(sub['overall'])} (paper {p[0]:.3f}) | "
                      f"{_ms(sub['high_risk'])} (paper {p[1]:.3f}) | {_ms(sub['refusal'])} (paper {p[2]:.3f}) |")
     return "\n".join(lines)
+
+
+def p3(p) -> str:
+    """A p-value as the reports print it: three decimals, "<0.001", or "–" where there is none."""
+    return "–" if p is None or not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def family_note(pf: dict, name: str, judge: str) -> str:
+    """Beside an unadjusted verdict of a statistic that the declared primary family holds (``name`` under
+    ``judge``), the family's reading of it: Holm's adjusted p and whether it resolves at the family's α.
+    The verdict alone would state a direction the family's own table does not resolve. "" for any other."""
+    r = next((r for r in pf.get("rows", []) if r["name"] == name and r["judge"] == judge
+              and not r.get("missing")), None)
+    if r is None:
+        return ""
+    return (f" (unadjusted; in the declared primary family, Holm p = {p3(r['p_holm'])}: "
+            f"{'resolved' if r['rejected'] else 'not resolved'} at α = {pf.get('alpha', 0.05):g})")
