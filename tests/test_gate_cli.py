@@ -1119,3 +1119,17 @@ def test_a_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):
     src.write_bytes(b'\xef\xbb\xbfquery,memories\nfirst?,"[""a""]"\n')
     assert _gate(src, out) == 0
     assert json.loads(out.read_text())["query"] == "first?"
+
+
+@pytest.mark.parametrize("tail, why", [('torn?,"[""a', "unexpected end of data"),
+                                       ('odd?,"[""a""]"x', "',' expected after '\"'")])
+def test_a_csv_torn_in_a_quoted_cell_or_with_text_after_a_quote_is_one_line_naming_the_row(tmp_path, capsys,
+                                                                                            tail, why):
+    """A quoted cell left open at the end of the file (a torn file) was read to the end and decided;
+    text after a closing quote was joined to the cell with the quotes dropped."""
+    src, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    src.write_text(f'query,memories\nfirst?,"[""a""]"\n{tail}\n')
+    assert _gate(src, out) == 2
+    line = _err_line(capsys)
+    assert f"IN: {src}, row 2: not readable as CSV ({why}" in line and "CSV_FIELD_LIMIT" not in line
+

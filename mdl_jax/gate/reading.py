@@ -256,7 +256,9 @@ def read_csv(path: Path, start: int, on_open=None) -> Iterator[tuple[int, object
         on_open(raw)
     # utf-8-sig: a byte-order mark (a spreadsheet's "CSV UTF-8" export) is not part of the first name
     with io.TextIOWrapper(binary, newline="", encoding="utf-8-sig", errors="strict") as f:
-        reader = csv.DictReader(f, delimiter=delim)
+        # strict: a quoted cell left open at the end of the file (a torn file) or text after a closing
+        # quote is an error, not a cell read to the end of the file or with its quotes dropped
+        reader = csv.DictReader(f, delimiter=delim, strict=True)
         i = 0
         header = None
         while True:
@@ -271,9 +273,9 @@ def read_csv(path: Path, start: int, on_open=None) -> Iterator[tuple[int, object
             except UnicodeDecodeError as e:
                 raise GateInputError(f"IN: {path}: not UTF-8 text ({e})") from None
             except csv.Error as e:
-                raise GateInputError(f"IN: {path}, row {i + 1}: not readable as "
-                                     f"CSV ({e}; the limit is CSV_FIELD_LIMIT = {CSV_FIELD_LIMIT:,} "
-                                     "characters per cell)") from None
+                limit = (f"; the limit is CSV_FIELD_LIMIT = {CSV_FIELD_LIMIT:,} characters per cell"
+                         if "field limit" in str(e) else "")
+                raise GateInputError(f"IN: {path}, row {i + 1}: not readable as CSV ({e}{limit})") from None
             finally:
                 csv.field_size_limit(old)
             if i >= start:
