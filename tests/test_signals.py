@@ -563,6 +563,9 @@ def test_malformed_texts_or_embeddings_are_an_error_naming_the_argument(engine):
         (dict(embedder=type("Ragged", (), {"embed": lambda self, texts, desc="": [[0.0] * (1 + i % 2) for i in range(len(texts))]})()),
          r"^embedder: expected an \(N, d\) array of numbers \("),
         (dict(embedder=nan), r"^embedder: returned values that are NaN or infinite \(as float32\)$"),
+        # rows of norm 2: their dot products read as M, R of 1 (clipped), whatever the texts
+        (dict(embedder=type("Long", (), {"embed": lambda self, texts, desc="": 2 * embed.embed(texts)})()),
+         r"^embedder: expected unit-norm rows, got a row 0 of norm 2 \(normalise the rows"),
         (dict(embedder=flat), r"^embedder: expected an \(N, d\) array for N = \d+ texts, got shape \(\d+,\)$"),
     ]
     for change, message in cases:

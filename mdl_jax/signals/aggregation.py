@@ -51,6 +51,9 @@ from mdl_jax.signals.jax_pass import aggregate_one as aggregate_one
 from mdl_jax.signals.jax_pass import store_arrays as store_arrays
 
 ENGINES = ("jax", "native", "auto")  # memory_signals' engines (module docstring)
+# How far a row's squared norm may stray from 1 (float32 rounding of a normalised row, a bf16 or int8
+# model's output normalised in float32, stays far inside it).
+UNIT_NORM_TOLERANCE = 1e-3
 
 
 @functools.cache
@@ -508,6 +511,12 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
                          f"{vecs.shape}")
     if not np.isfinite(vecs).all():  # always: a NaN reads as M = NaN, an inf as M = 1 (C_final high)
         raise ValueError("embedder: returned values that are NaN or infinite (as float32)")
+    # dot products are cosines only between unit rows: others would read as M, R beyond [0, 1], clipped
+    norms = np.einsum("ij,ij->i", vecs, vecs)
+    if not np.all(np.abs(norms - 1.0) <= UNIT_NORM_TOLERANCE):
+        k = int(np.argmax(np.abs(norms - 1.0) > UNIT_NORM_TOLERANCE))
+        raise ValueError(f"embedder: expected unit-norm rows, got a row {k} of norm {float(np.sqrt(norms[k])):.4g} "
+                         "(normalise the rows, or give the gate a callable, whose rows it normalises)")
     q_emb = vecs[:B]
     if texts:
         t_emb = (vecs[B:], {x: i for i, x in enumerate(texts)})
