@@ -253,15 +253,22 @@ def test_an_append_refuses_a_symlink_or_a_fifo(tmp_path, kind):
         database_path(p)
 
 
+def _lockable(p: Path) -> bool:
+    """Whether ``lock_file`` takes ``p``'s lock now (let go at once)."""
+    f = lock_file(p)
+    if f is None:
+        return False
+    f.close()
+    return True
+
+
 def test_a_lock_file_is_held_by_one_open_file_at_a_time_and_let_go_on_close(tmp_path):
     p = tmp_path / ".lock"
     first = lock_file(p)
     assert first is not None
-    assert lock_file(p) is None, "a second holder while the first is open"
+    assert not _lockable(p), "a second holder while the first is open"
     first.close()
-    second = lock_file(p)
-    assert second is not None
-    second.close()
+    assert _lockable(p)
 
 
 def test_a_lock_file_is_let_go_when_its_process_dies(tmp_path):
@@ -271,13 +278,11 @@ def test_a_lock_file_is_let_go_when_its_process_dies(tmp_path):
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        assert lock_file(p) is None
+        assert not _lockable(p)
     finally:
         holder.kill()
         holder.wait()
-    f = lock_file(p)
-    assert f is not None
-    f.close()
+    assert _lockable(p)
 
 
 def test_a_lock_file_refuses_a_symlink(tmp_path):
