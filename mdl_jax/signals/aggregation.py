@@ -514,8 +514,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     # dot products are cosines only between unit rows: others would read as M, R beyond [0, 1], clipped
     norms = np.einsum("ij,ij->i", vecs, vecs)
     if not np.all(np.abs(norms - 1.0) <= UNIT_NORM_TOLERANCE):
-        k = int(np.argmax(np.abs(norms - 1.0) > UNIT_NORM_TOLERANCE))
-        raise ValueError(f"embedder: expected unit-norm rows, got a row {k} of norm {float(np.sqrt(norms[k])):.4g} "
+        row = int(np.argmax(np.abs(norms - 1.0) > UNIT_NORM_TOLERANCE))
+        raise ValueError(f"embedder: expected unit-norm rows, got a row {row} of norm {float(np.sqrt(norms[row])):.4g} "
                          "(normalise the rows, or give the gate a callable, whose rows it normalises)")
     q_emb = vecs[:B]
     if texts:
