@@ -70,6 +70,14 @@ def _parquet(path: Path, bad_row: int | None = None) -> Path:
     return path
 
 
+def _run_json(t, text: str, *argv: str) -> list[str]:
+    """A records file and a run.json holding ``text`` beside it; ``argv`` with ``{r}`` as the records
+    file and ``{t}`` as the folder."""
+    _records(Path(t) / "records.jsonl")
+    Path(t, "run.json").write_text(text)
+    return [a.format(r=f"{t}/records.jsonl", t=t) for a in argv]
+
+
 def _empty_data_file(t) -> list[str]:
     """A data folder whose HaluEval file is empty, and the reproduce arguments that read it."""
     Path(t, "data").mkdir()
@@ -154,6 +162,23 @@ CASES = [
      "is not a folder", ["analysis"]),
     ("analyze-config-bad", lambda t: ["analyze", str(_records(Path(t) / "r.jsonl")), "--config",
                                       str(_config(Path(t) / "c.json", version=2))], "version", ["analysis"]),
+    # a run.json that is damaged or edited by hand: one line naming it, before any analysis runs
+    ("analyze-run-json-not-json", lambda t: _run_json(t, "{", "analyze", "{r}"), "run.json: not JSON",
+     ["analysis"]),
+    ("analyze-run-json-a-list", lambda t: _run_json(t, "[]", "analyze", "{r}"),
+     "run.json: a JSON list, expected the run's summary as a JSON object", ["analysis"]),
+    ("analyze-run-json-thresholds-not-numbers",
+     lambda t: _run_json(t, '{"datasets": {"truthfulqa": {"thresholds": "abc", "n_min": 1, "n_max": 2}}}',
+                         "analyze", "{r}"), "run.json: datasets.truthfulqa: thresholds = \"abc\"", ["analysis"]),
+    ("analyze-run-json-primary-unknown-statistic",
+     lambda t: _run_json(t, '{"primary": {"family": ["B4 - B2"], "judges": ["paper"]}}', "analyze", "{r}"),
+     "run.json: primary: unknown statistics ['B4 - B2']", ["analysis"]),
+    ("analyze-run-json-primary-alpha-text",
+     lambda t: _run_json(t, '{"primary": {"family": ["truthfulqa: B3 - B2"], "judges": ["paper"], '
+                            '"alpha": "0.05"}}', "analyze", "{r}"),
+     'run.json: primary: alpha: expected a number in (0, 1), got "0.05"', ["analysis"]),
+    ("reproduce-run-json-a-list", lambda t: _run_json(t, "[1]", "reproduce", "--n-questions", "2", "--out", "{t}"),
+     "run.json: a JSON list", ["inputs.json"]),
     # judge
     ("judge-not-utf8",
      lambda t: (Path(t, "in.jsonl").write_bytes(b'{"dataset": "halueval", "qid": 1, "answer": "\xff\xfe"}\n'),
@@ -225,6 +250,11 @@ CASES = [
      []),
     ("score-gates-batch-size-0", lambda t: ["score-gates", t, "--batch-size", "0"], "--batch-size", []),
     ("score-gates-no-records", lambda t: ["score-gates", t], "no records.jsonl", ["gate_scores.jsonl"]),
+    ("score-gates-run-json-not-json", lambda t: _run_json(t, "{", "score-gates", "{t}"), "run.json: not JSON",
+     ["gate_scores.jsonl"]),
+    ("score-gates-unknown-dataset",
+     lambda t: (_records(Path(t) / "records.jsonl", bad={"dataset": "wikiqa"}), ["score-gates", t])[1],
+     "dataset 'wikiqa' is not one of the run's data sets", ["gate_scores.jsonl"]),
     # sweep: the grid and flags at parse time; the file's columns and values before any output
     ("sweep-missing-file", lambda t: ["sweep", f"{t}/none.parquet", "--grid", "g_a=0,1"], "no such file", []),
     ("sweep-grid-format", lambda t: ["sweep", str(_parquet(Path(t) / "r.parquet")), "--grid", "g_a"],

@@ -286,6 +286,18 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
         log(f"{name}: {timings[name]:.1f} s")
         return r
 
+    from mdl_repro.analysis import rigour
+    from mdl_repro.pipeline.records import read_run_json
+
+    # run.json is read and checked before any work: a damaged one, or a hand-edited primary family
+    # that is not one, is refused now, naming the file, not after the analyses ran
+    run_json = records.parent / "run.json"
+    primary = read_run_json(run_json).get("primary")
+    oracle.recorded_configs(run_json)
+    try:
+        rigour.check_primary(primary)
+    except ValueError as e:
+        raise oracle.RecordsError(f"{run_json}: {e}") from None
     ev, cal = timed("load", oracle.load_records, records)
     df = oracle.pooled(ev)
     if not len(df[df["system"] == "B3"]):
@@ -404,13 +416,10 @@ def analyze(records, out=None, *, latency=None, data_dir=None, cache_dir=None,
         md["table5_seeds"] = stats.table5_seeds(ev)
         res["comparisons"] = comps
 
-        from mdl_repro.analysis import rigour
         from mdl_repro.analysis.judges import load_gold_verdicts
 
         gv = load_gold_verdicts()
         run_gold = load_run_gold(records.parent)
-        run_json = records.parent / "run.json"
-        primary = (json.loads(run_json.read_text()).get("primary") if run_json.is_file() else None)
         res["rigour"] = timed("rigour", rigour.rigour, ev, df, labels, sc, qid, gv, comps, run_gold=run_gold,
                               primary=primary)
         md["design"] = rigour.rigour_md(res["rigour"], res["by_judge"])

@@ -17,6 +17,7 @@ defaults of ``MDLConfig()`` are used, and the source is reported either way.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -147,14 +148,9 @@ def calibration_split(cal, dataset: str) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
     """The calibrated config of each dataset of the run (see the module docstring)."""
-    run: dict = {}
     rp = Path(records_path).with_name("run.json")
-    if rp.is_file():
-        try:
-            run = json.loads(rp.read_text()).get("datasets", {}) or {}
-        except json.JSONDecodeError:
-            run = {}
-    else:
+    recorded = recorded_configs(rp)
+    if not os.path.lexists(rp):
         import warnings
 
         warnings.warn(f"analyze: no run.json beside {records_path}: B3 is scored with a config recalibrated "
@@ -163,16 +159,8 @@ def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
                       stacklevel=2)
     out = {}
     for ds in sorted(df["dataset"].unique()):
-        d = run.get(ds) or {}
-        if isinstance(d.get("mdl_config"), dict):   # the whole config B3 decided with
-            from mdl_jax.controller.config_file import config_from_dict
-
-            out[ds] = RunConfig(config_from_dict(d["mdl_config"], f"{rp}: datasets.{ds}.mdl_config"),
-                                "run.json", True)
-            continue
-        if all(d.get(k) is not None for k in ("thresholds", "n_min", "n_max")):
-            out[ds] = RunConfig(MDLConfig(thresholds=tuple(float(t) for t in d["thresholds"]),
-                                          n_min=float(d["n_min"]), n_max=float(d["n_max"])), "run.json")
+        if ds in recorded:
+            out[ds] = recorded[ds]
             continue
         split = calibration_split(cal, ds)
         if split is not None and len(split[0]) >= 2:
@@ -180,6 +168,44 @@ def run_configs(records_path, df, cal) -> dict[str, RunConfig]:
         else:
             out[ds] = RunConfig(MDLConfig(), "MDLConfig() defaults")
     return out
+
+
+def recorded_configs(rp: Path) -> dict[str, RunConfig]:
+    """The config a run's run.json (``rp``; none: {}) records for each of its datasets: the whole config
+    B3 decided with, else its θ, n_min and n_max; a dataset that records neither is left out.
+
+    Raises:
+      RecordsError: run.json is damaged (``pipeline.records.read_run_json``) or a dataset's entry is not
+        a config, naming the file and the entry.
+    """
+    from mdl_repro.pipeline.records import read_run_json
+
+    out = {}
+    for ds, d in (read_run_json(rp).get("datasets") or {}).items():
+        d = d or {}
+        if not isinstance(d, dict):
+            raise RecordsError(f"{rp}: datasets.{ds} = {json.dumps(d)[:80]} (expected an object)")
+        if isinstance(d.get("mdl_config"), dict):   # the whole config B3 decided with
+            from mdl_jax.controller.config_file import config_from_dict
+
+            out[ds] = RunConfig(config_from_dict(d["mdl_config"], f"{rp}: datasets.{ds}.mdl_config"),
+                                "run.json", True)
+        elif all(d.get(k) is not None for k in ("thresholds", "n_min", "n_max")):
+            out[ds] = RunConfig(_calibrated(rp, ds, d), "run.json")
+    return out
+
+
+def _calibrated(rp: Path, ds: str, d: dict) -> MDLConfig:
+    """The config run.json's ``datasets.<ds>`` calibrated (θ, n_min, n_max; the rest Table 2's)."""
+    th, lo, hi = d["thresholds"], d["n_min"], d["n_max"]
+    nums = [lo, hi, *th] if isinstance(th, list) else [th]
+    if len(nums) != 5 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in nums):
+        raise RecordsError(f"{rp}: datasets.{ds}: thresholds = {json.dumps(th)[:80]}, n_min = {json.dumps(lo)}, "
+                           f"n_max = {json.dumps(hi)} (expected three numbers and two numbers)")
+    try:
+        return MDLConfig(thresholds=tuple(float(t) for t in th), n_min=float(lo), n_max=float(hi))
+    except ValueError as e:
+        raise RecordsError(f"{rp}: datasets.{ds}: {e}") from None
 
 
 def recalibrate(cal, dataset: str, config: MDLConfig, neutral: dict | None = None) -> MDLConfig | None:

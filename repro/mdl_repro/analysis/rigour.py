@@ -58,6 +58,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -723,6 +724,38 @@ PRIMARY_STATISTICS = {
 }
 
 
+def check_primary(declared) -> None:
+    """Check a primary-family declaration (run.json's ``primary``, written by hand after a run) before
+    any analysis runs; None or empty declares none.
+
+    Raises:
+      ValueError: naming the first field that is not what ``primary_family`` reads: an object whose
+        ``family`` is a non-empty list of names of ``PRIMARY_STATISTICS``, ``judges`` a non-empty list
+        of strings, ``alpha`` a number in (0, 1) and ``equivalence_bound`` a number > 0 (both
+        optional), ``declared`` and ``note`` strings (optional).
+    """
+    import math
+
+    if not declared:
+        return
+    if not isinstance(declared, dict):
+        raise ValueError(f"primary: expected an object, got {json.dumps(declared)[:80]}")
+    fam, judges = declared.get("family"), declared.get("judges")
+    for name, v in (("family", fam), ("judges", judges)):
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"primary: {name}: expected a non-empty list of names, got {json.dumps(v)[:80]}")
+    bad = [f for f in declared["family"] if f not in PRIMARY_STATISTICS]
+    if bad:
+        raise ValueError(f"primary: unknown statistics {bad}; expected names from {sorted(PRIMARY_STATISTICS)}")
+    for name, lo, hi in (("alpha", 0.0, 1.0), ("equivalence_bound", 0.0, math.inf)):
+        v = declared.get(name, 0.05)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < hi:
+            raise ValueError(f"primary: {name}: expected a number in ({lo:g}, {hi:g}), got {json.dumps(v)[:80]}")
+    for name in ("declared", "note"):
+        if declared.get(name) is not None and not isinstance(declared[name], str):
+            raise ValueError(f"primary: {name}: expected a string, got {json.dumps(declared[name])[:80]}")
+
+
 def primary_family(res: dict, declared: dict | None) -> dict:
     """The declared primary family (run.json's ``primary``): each named statistic under each named
     judge, with its cluster-t p, Holm's adjusted p within the family, and TOST equivalence within
@@ -743,12 +776,8 @@ def primary_family(res: dict, declared: dict | None) -> dict:
     """
     if not declared:
         return {"declared": None, "rows": []}
-    fam, judges = list(declared.get("family", [])), list(declared.get("judges", []))
-    bad = [f for f in fam if f not in PRIMARY_STATISTICS]
-    if bad:
-        raise ValueError(f"primary: unknown statistics {bad}; expected names from {sorted(PRIMARY_STATISTICS)}")
-    if not fam or not judges:
-        raise ValueError(f"primary: expected a non-empty 'family' and 'judges', got {declared!r}")
+    check_primary(declared)
+    fam, judges = list(declared["family"]), list(declared["judges"])
     alpha = float(declared.get("alpha", 0.05))
     bound = float(declared.get("equivalence_bound", 0.05))
     rows = []

@@ -163,8 +163,9 @@ def reproduce_cmd(args) -> int:
     from mdl_jax._io import OutputError, write_text
     from mdl_jax.signals.embeddings import Embedder
     from mdl_repro.analysis.report import write_report
-    from mdl_repro.pipeline.experiment import Experiment, OutDirInUse, RunConfig, read_json
+    from mdl_repro.pipeline.experiment import Experiment, OutDirInUse, RunConfig
     from mdl_repro.pipeline.generation import make_backend
+    from mdl_repro.pipeline.records import read_run_json
 
     calibration = ("run" if args.recalibrate else args.config if args.config else
                    "shipped" if args.backend == "local" and args.llm is None else "run")
@@ -207,6 +208,7 @@ def reproduce_cmd(args) -> int:
     while not top.parent.exists():
         top = top.parent
     fresh = None if cfg.out.exists() else top
+    read_run_json(cfg.out / "run.json")  # a damaged run summary is refused before any file is made
     try:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:
@@ -217,7 +219,7 @@ def reproduce_cmd(args) -> int:
         raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
                            f"{e.strerror or e}") from None
     try:  # the lock is held until the report is written: it reads the records
-        prev = read_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
+        prev = read_run_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
         try:
             summary = exp.run()
         except user_errors():
@@ -227,8 +229,8 @@ def reproduce_cmd(args) -> int:
             raise
         summary["wall_seconds"] = time.perf_counter() - t0
         run = dict(summary["this_run"])  # this run's own counts decide the exit status below
-        if (not run["records_written"] and prev
-                and (prev.get("this_run") or {}).get("records_written")):
+        if (not run["records_written"] and isinstance(prev.get("this_run"), dict)
+                and prev["this_run"].get("records_written")):
             # A rerun with nothing left to do only rewrites the report (new judges, new analyses):
             # it keeps the figures of the last run that did the work instead of reporting the near-zero time of a run that did nothing.
             summary["this_run"], summary["wall_seconds"] = prev["this_run"], prev.get("wall_seconds")

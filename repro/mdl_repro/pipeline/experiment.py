@@ -32,7 +32,7 @@ from mdl_repro.pipeline import ENGINE
 from mdl_repro.pipeline import records as rec_io
 from mdl_repro.pipeline import systems as sysm
 from mdl_repro.pipeline.generation import CachedBackend, GenerationCache, record_seed
-from mdl_repro.pipeline.records import OtherInputs
+from mdl_repro.pipeline.records import OtherInputs, read_run_json
 
 CALIBRATION = "calibration"
 
@@ -329,7 +329,7 @@ class Experiment:
         # with its tokens and seconds, including a killed run's), so a resumed rerun keeps the first
         # run's throughput instead of reporting only its own remainder.
         tokens, seconds = self.cache.totals()
-        prev = read_json(self.out / "run.json")
+        prev = read_run_json(self.out / "run.json")
         if prev and "this_run" not in prev:  # written before the cache existed: add its counts
             tokens += int(prev.get("tokens_generated") or 0)
             seconds += float(prev.get("generation_seconds") or 0.0)
@@ -395,7 +395,7 @@ def prior_tie_break(run_json: Path, dataset: str) -> str:
     """The tie-break rule a run folder's earlier calibration of ``dataset`` used: "lowest" for a run
     written before the rule was recorded (that was the only rule then), else the recorded one; a new
     run gets the default ("middle")."""
-    prev = (read_json(run_json) or {}).get("datasets", {}).get(dataset)
+    prev = (read_run_json(run_json).get("datasets") or {}).get(dataset)
     if not isinstance(prev, dict) or prev.get("calibration_agreement") is None:
         return "middle"
     return prev.get("tie_break") or "lowest"

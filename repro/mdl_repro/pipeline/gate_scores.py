@@ -118,17 +118,15 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     """
     from tqdm.auto import tqdm
 
-    from mdl_repro.pipeline.records import RecordsError, load_records
+    from mdl_repro.pipeline.records import RecordsError, load_records, read_run_json
     from mdl_repro.pipeline.systems import chat
 
     run_dir = Path(run_dir)
     recs_path = run_dir / "records.jsonl"
     ev, cal = load_records(recs_path)
-    run: dict = {}
-    model = None
-    if (run_dir / "run.json").is_file():
-        whole = json.loads((run_dir / "run.json").read_text())
-        run, model = whole.get("config", {}) or {}, whole.get("model")
+    whole = read_run_json(run_dir / "run.json")
+    run: dict = whole.get("config") or {}
+    model = whole.get("model")
     store_seed = int(run.get("store_seed", 0) or 0)
     data_dir = data_dir or run.get("data_dir")
     path = run_dir / SCORES_FILE
@@ -143,6 +141,12 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     qtodo = [k for k in qkeys if (k[0], k[1], -1, "question") not in done]
     if not todo and not qtodo:
         return {"answers": 0, "questions": 0, "seconds": 0.0}
+    from mdl_repro.pipeline.data import DATASETS
+
+    unknown = sorted({k[0] for k in qkeys} - set(DATASETS))
+    if unknown:  # the questions and their memories are rebuilt from the data sets: only the paper's
+        raise RecordsError(f"{recs_path}: dataset {unknown[0]!r} is not one of the run's data sets "
+                           f"(expected {', '.join(DATASETS)}); the gate scores need its questions")
     stores = _questions(run_dir, data_dir, sorted({k[0] for k in qkeys}), store_seed)
     missing = [k for k in qkeys if k not in stores]
     if missing:

@@ -164,6 +164,46 @@ class RecordsError(ValueError):
     """A records file the analyses cannot use; the message names the file and what is missing."""
 
 
+RUN_JSON_LIMIT = 64 << 20  # a run.json holds a summary and question ids: megabytes at most
+
+
+def read_run_json(path) -> dict:
+    """A run's ``run.json`` as a dict: {} where there is none, else the parsed object, whose
+    ``datasets`` and ``config`` (where present) are objects too.
+
+    Every reader of a run's ``run.json`` (``analyze``'s configs and primary family, ``score-gates``,
+    the latency stages) reads it here, so a file that is damaged or edited by hand is one error
+    naming it, never a traceback and never silently taken as absent.
+
+    Raises:
+      RecordsError: ``path`` exists but is not a readable regular file, not UTF-8 JSON, not an
+        object, or its ``datasets`` or ``config`` is not an object.
+    """
+    from mdl_jax._fs import SmallFileError, read_small
+
+    p = Path(path)
+    if not os.path.lexists(p):
+        return {}
+    try:
+        raw = read_small(p, RUN_JSON_LIMIT)
+    except SmallFileError as e:
+        why = {"unreadable": e.reason, "not regular": "not a regular file",
+               "too large": f"larger than {RUN_JSON_LIMIT} bytes"}.get(e.kind, e.kind)
+        raise RecordsError(f"{p}: cannot read the run's summary ({why})") from None
+    try:
+        run = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RecordsError(f"{p}: not UTF-8; expected the run's summary as a JSON object") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise RecordsError(f"{p}: not JSON ({e}); expected the run's summary as a JSON object") from None
+    if not isinstance(run, dict):
+        raise RecordsError(f"{p}: a JSON {type(run).__name__}, expected the run's summary as a JSON object")
+    for k in ("datasets", "config"):
+        if run.get(k) is not None and not isinstance(run[k], dict):
+            raise RecordsError(f"{p}: {k} = {_shown(run[k])[:80]} (expected an object)")
+    return run
+
+
 def _shown(v) -> str:
     """A value as the records file spells it (``1.5``, ``NaN``, ``"abc"``), not as NumPy prints it."""
     try:

@@ -31,7 +31,6 @@ def pipeline_stages(records_path, df, data_dir=None, cache_dir=None, n_llm: int 
 
 
 def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
-    import json
     from pathlib import Path
 
     import jax
@@ -41,17 +40,15 @@ def _pipeline_stages(records_path, df, data_dir, cache_dir, n_llm):
     from mdl_jax.signals.embeddings import Embedder
     from mdl_repro.pipeline.data import load
     from mdl_repro.pipeline.generation import LocalBackend
+    from mdl_repro.pipeline.records import read_run_json
     from mdl_repro.pipeline.stores import StoreConfig, build_stores
 
-    run = {}
-    rp = Path(records_path).with_name("run.json")
-    if rp.is_file():
-        run = json.loads(rp.read_text())
+    run = read_run_json(Path(records_path).with_name("run.json"))
     store_seed = (run.get("config") or {}).get("store_seed", 0)
     stores = []
     for ds in sorted(df["dataset"].unique()):
         items = load(ds, data_dir)
-        want = set((run.get("datasets", {}).get(ds) or {}).get("eval_qids") or df[df["dataset"] == ds]["qid"])
+        want = set(((run.get("datasets") or {}).get(ds) or {}).get("eval_qids") or df[df["dataset"] == ds]["qid"])
         stores += [s for s in build_stores(items, StoreConfig(seed=store_seed)) if s.item.qid in want]
     emb = Embedder(cache_dir=cache_dir)
     q_emb = emb.embed([s.item.question for s in stores])
