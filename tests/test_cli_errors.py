@@ -136,6 +136,8 @@ CASES = [
     # tune: flags at parse time; records checked before any folder is made
     ("tune-steps-0", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--steps", "0"], "--steps",
      ["tuned"]),
+    ("tune-steps-huge", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--steps", str(10 ** 21)],
+     f"--steps: expected an integer in [1, {2 ** 31 - 1}], got '{10 ** 21}'", ["tuned"]),
     ("tune-seed-neg", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--seeds", "-1"],
      "--seeds", ["tuned"]),
     ("tune-seed-huge", lambda t: ["tune", str(_records(Path(t) / "r.jsonl")), "--seeds", str(2 ** 70)],

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from mdl_jax.cli.args import DefaultsHelpFormatter, out_dir, positive_int, seed_int
+
+
+def steps_int(text: str) -> int:
+    """Training steps: an int in [1, MAX_STEPS] (the training loop counts steps in int32)."""
+    from mdl_jax.controller.tune_settings import MAX_STEPS
+
+    v = positive_int(text)
+    if v > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, {MAX_STEPS}], got {text!r}")
+    return v
 
 
 def register(sub) -> None:
@@ -22,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("records", help="records.jsonl of a reproduce run")
     p.add_argument("--out", default=None, type=out_dir,
                    help="output folder (None: tuned/ beside RECORDS)")
-    p.add_argument("--steps", type=positive_int, default=500, help="training steps per run")
+    p.add_argument("--steps", type=steps_int, default=500, help="training steps per run")
     p.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2], help="seeds per fold")
     p.add_argument("--field-sets", nargs="+", default=["gates", "all"], choices=list(FIELD_SETS),
                    help="which numeric fields train: gates = gate_coeffs + thresholds; all = every one")
