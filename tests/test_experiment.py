@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -414,3 +415,13 @@ def test_torn_multibyte_last_line_and_foreign_lines_are_skipped_with_a_warning(t
     rec_io.RecordWriter(p).append([_rec(2)])
     with pytest.warns(RuntimeWarning):
         assert rec_io.key(_rec(2)) in rec_io.load(p)
+
+
+def test_a_byte_order_mark_before_the_first_record_keeps_that_record(tmp_path):
+    # what Windows tools write at the start of a UTF-8 file: the first record is a record, not a skipped line
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(_rec(i)) + "\r\n" for i in range(2)).encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = rec_io.load(p)
+    assert set(got) == {rec_io.key(_rec(0)), rec_io.key(_rec(1))}

@@ -112,6 +112,8 @@ def read(path: str | Path, required: Sequence[str] = KEY) -> Iterator[tuple[int,
     skipped: list[str] = []
     with open(p, "rb") as f:  # bytes: a torn line may end inside a UTF-8 character
         for n, raw in enumerate(f, 1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows tools)
+                raw = raw[3:]
             if not raw.strip():
                 continue
             try:
