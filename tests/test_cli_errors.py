@@ -131,6 +131,9 @@ CASES = [
     ("reproduce-empty-data-file",
      lambda t: _empty_data_file(t),
      "halueval_qa.jsonl: no records", ["deep"]),
+    ("signals-limit-below-the-distractors", lambda t: ["signals", "--limit", "2", "--out", f"{t}/s.parquet"],
+     "--limit: each memory store draws 2 distractors from the other questions, so expected at least 3 "
+     "questions, got 2", ["s.parquet"]),
     ("signals-limit-0", lambda t: ["signals", "--limit", "0", "--out", f"{t}/s.parquet"], "--limit",
      ["s.parquet"]),
     # tune: flags at parse time; records checked before any folder is made

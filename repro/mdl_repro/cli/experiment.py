@@ -71,7 +71,12 @@ def register(sub) -> None:
 
 def signals_cmd(args) -> int:
     from mdl_repro.pipeline.store_signals import build_signal_table, save_table
+    from mdl_repro.pipeline.stores import StoreConfig
 
+    need = StoreConfig().n_distractors + 1  # each store draws its distractors from the other questions
+    if args.limit is not None and args.limit < need:
+        raise CommandError(f"signals: argument --limit: each memory store draws {need - 1} distractors "
+                           f"from the other questions, so expected at least {need} questions, got {args.limit}")
     table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
                                        model=args.model, cache_dir=args.cache_dir, seed=args.split_seed,
                                        n_calibration=args.n_calibration)
