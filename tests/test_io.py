@@ -271,6 +271,29 @@ def test_a_lock_file_is_held_by_one_open_file_at_a_time_and_let_go_on_close(tmp_
     assert _lockable(p)
 
 
+def test_score_gates_refuses_a_run_folder_another_run_holds_and_appends_nothing(tmp_path):
+    # two scorers of one run would append the same rows: the second is refused while the first writes
+    from mdl_repro.pipeline.experiment import lock_out_dir
+    from mdl_repro.pipeline.gate_scores import SCORES_FILE, score_run
+    from mdl_repro.pipeline.records import RecordsError
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (data / "TruthfulQA.csv").is_file():
+        pytest.skip("the shared data is not beside the checkout")
+    rows = [{"dataset": "truthfulqa", "qid": q, "seed": 0, "system": s, "M": 0.5, "R": 0.5, "A": 0.5,
+             "hallucinated": False, "failed": False, "answer": "an answer",
+             "action": "ACTIVE" if s == "B3" else None} for q in range(3) for s in ("B1", "B2", "B3")]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = lock_out_dir(tmp_path)
+    try:
+        with pytest.raises(RecordsError, match=r"is in use by another run \(pid \d+\)"):
+            score_run(tmp_path, backend=object(), embedder=object(), data_dir=data, progress=False)
+    finally:
+        held.close()
+    assert not (tmp_path / SCORES_FILE).exists()
+    assert _lockable(tmp_path / ".lock")
+
+
 def test_a_lock_file_is_let_go_when_its_process_dies(tmp_path):
     p = tmp_path / ".lock"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mdl_jax._io import lock_file; "

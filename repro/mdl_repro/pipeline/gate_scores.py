@@ -116,14 +116,44 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
     ``limit``: score at most this many new answers (a quick check); None for all. ``backend`` None:
     the bundled SmolLM2, for a run of that model only (another model's run is a ``RecordsError``).
     """
-    from tqdm.auto import tqdm
-
-    from mdl_repro.pipeline.records import RecordsError, load_records, read_run_json
-    from mdl_repro.pipeline.systems import chat
+    from mdl_repro.pipeline.records import load_records
 
     run_dir = Path(run_dir)
     recs_path = run_dir / "records.jsonl"
     ev, cal = load_records(recs_path)
+    return _score_run(run_dir, recs_path, ev, cal, backend=backend, embedder=embedder, data_dir=data_dir,
+                      cache_dir=cache_dir, batch_size=batch_size, progress=progress, limit=limit)
+
+
+def _lock(run_dir: Path):
+    """The run folder's lock (``.lock``, the one ``reproduce`` holds while it writes the folder), taken
+    or refused with a ``RecordsError`` naming the holder: two scorers would append the same rows."""
+    from mdl_jax._fs import SmallFileError, read_small
+    from mdl_jax._io import lock_file
+    from mdl_repro.pipeline.records import RecordsError
+
+    f = lock_file(run_dir / ".lock")
+    if f is None:
+        try:
+            holder = read_small(run_dir / ".lock", 256, follow_links=False).decode(errors="replace").strip()
+        except (OSError, SmallFileError):
+            holder = ""
+        raise RecordsError(f"run_dir: {run_dir} is in use by another run ({holder or 'another process'}); "
+                           "wait for it to finish or stop it")
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _score_run(run_dir: Path, recs_path: Path, ev, cal, *, backend, embedder, data_dir, cache_dir,
+               batch_size: int, progress: bool, limit: int | None) -> dict:
+    from tqdm.auto import tqdm
+
+    from mdl_repro.pipeline.records import RecordsError, read_run_json
+    from mdl_repro.pipeline.systems import chat
+
     whole = read_run_json(run_dir / "run.json")
     run: dict = whole.get("config") or {}
     model = whole.get("model")
@@ -163,8 +193,18 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
                                "scores with the bundled SmolLM2 only (from Python: score_run(run_dir, "
                                "backend=...) with the run's model)")
         backend = LocalBackend(batch_size=batch_size)
-    out = _Appender(path)
+    # one writer of the run folder at a time, from here to the end; what another scorer wrote before
+    # the lock was taken is read again and not redone
+    lock = _lock(run_dir)
+    done = load_scores(path)
+    todo = [r for r in todo if key(r) not in done]
+    qtodo = [k for k in qtodo if (k[0], k[1], -1, "question") not in done]
     t_all = time.perf_counter()
+    try:
+        out = _Appender(path)
+    except BaseException:
+        lock.close()
+        raise
     try:
         if qtodo:
             if embedder is None:
@@ -219,6 +259,7 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
         bar.close()
     finally:
         out.close()
+        lock.close()
     return {"answers": len(todo), "questions": len(qtodo), "seconds": time.perf_counter() - t_all,
             "model": getattr(backend, "model_id", "")}
 
