@@ -366,6 +366,12 @@ def test_bad_input_names_the_file_and_what_is_missing(tmp_path, capsys):
         oracle.load_records(p)
     with pytest.raises(oracle.RecordsError, match="no such records file"):
         oracle.load_records(tmp_path / "absent.jsonl")
+    import os
+
+    os.mkfifo(tmp_path / "fifo.jsonl")  # there, but no file of records: said so, not called missing
+    for there in (tmp_path / "fifo.jsonl", tmp_path):
+        with pytest.raises(oracle.RecordsError, match="not a regular file .*; expected a records file"):
+            oracle.load_records(there)
     # the command line reports it and exits 2, writing nothing
     assert cli_main(["analyze", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "nob3.jsonl: no successful B3" in capsys.readouterr().err

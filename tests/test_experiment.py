@@ -425,3 +425,15 @@ def test_a_byte_order_mark_before_the_first_record_keeps_that_record(tmp_path):
         warnings.simplefilter("error")
         got = rec_io.load(p)
     assert set(got) == {rec_io.key(_rec(0)), rec_io.key(_rec(1))}
+
+
+def test_the_chunk_size_is_an_input_a_resume_must_keep():
+    """A chunk's questions are generated as one batch, and batching can move an answer's tokens: a rerun
+    with another --chunk-size would mix two batchings in one run, so it is recorded (and so compared)."""
+    from types import SimpleNamespace
+
+    from mdl_repro.pipeline.experiment import RunConfig, run_inputs
+
+    backend = SimpleNamespace(model_id="m", engine="torch", max_new_tokens=12)
+    got = [run_inputs(RunConfig(out=Path("o"), chunk_size=k), backend, "e", {})["chunk_size"] for k in (32, 8)]
+    assert got == [32, 8]

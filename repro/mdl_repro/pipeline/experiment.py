@@ -70,8 +70,9 @@ INPUTS = "inputs.json"
 
 def run_inputs(cfg: RunConfig, backend, embedder, data: dict[str, list]) -> dict:
     """The inputs a record depends on: the model and its generation settings, the embedder, the store
-    and split seed, the calibration split's size, where B3's config comes from (a file by its content)
-    and each dataset's questions (by a digest of their items)."""
+    and split seed, the calibration split's size, where B3's config comes from (a file by its content),
+    the chunk size (a chunk is one generation batch) and each dataset's questions (by a digest of their
+    items)."""
     engine = getattr(backend, "engine", "torch")
     calibration: str | dict = cfg.calibration
     if cfg.calibration not in ("run", "shipped"):   # the config it holds, not its bytes' formatting
@@ -83,6 +84,8 @@ def run_inputs(cfg: RunConfig, backend, embedder, data: dict[str, list]) -> dict
         "model": backend.model_id, "engine": engine if isinstance(engine, str) else "torch",
         "max_new_tokens": int(backend.max_new_tokens), "embedder": getattr(embedder, "model_id", str(embedder)),
         "split_seed": int(cfg.store_seed), "n_calibration": int(cfg.n_calibration), "calibration": calibration,
+        # a chunk's questions are generated as one batch, and batching can move an answer's tokens
+        "chunk_size": int(cfg.chunk_size),
         "data": {ds: hashlib.sha256(json.dumps([dataclasses.astuple(i) for i in items],
                                                ensure_ascii=False).encode()).hexdigest()
                  for ds, items in data.items()},

@@ -257,7 +257,8 @@ def load_records(path) -> tuple[pandas.DataFrame, pandas.DataFrame]:
 
     p = Path(path)
     if not p.is_file():
-        raise RecordsError(f"{p}: no such records file")
+        raise RecordsError(f"{p}: not a regular file (a folder, a FIFO); expected a records file" if p.exists()
+                           else f"{p}: no such records file")
     recs: dict[tuple, dict] = {}
     # The one reader (pipeline.records.read): torn lines, non-JSON and JSON non-records are skipped
     # with one warning per file, exactly as a resumed reproduce skips them.
