@@ -298,6 +298,10 @@ def test_evaluate_gives_a_continuous_gate_without_threshold_only_its_ranking(rng
     (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", thresholds={"s": [0.5]}),  # type: ignore[dict-item]
      "thresholds\\['s'\\]"),
     (lambda: m.evaluate({0: [0.1, 0.2], 1: [0, 1]}, gates=[0], label=2), "label: no column 2"),
+    # a column named with no table to hold it; as_frame that is no bool ("no" read as True)
+    (lambda: m.evaluate(None, gates=["s"], label="y"), r"^gates\['s'\]: 's' names a column, but table is a NoneType"),
+    (lambda: m.evaluate({"s": [0.1, 0.2], "y": [0, 1]}, gates=["s"], label="y", as_frame="no"),  # type: ignore[arg-type]
+     r"^as_frame: expected True, False or None, got 'no'$"),
     # a short gate column is named with the lengths; a label that differs from the gates is named
     (lambda: m.evaluate({"s": [0.1, 0.2], "t": [0.3], "y": [0, 1]}, gates=["s", "t"], label="y"),
      r"^gates: expected columns of one length \(one value per record\), got 's': 2, 't': 1$"),

@@ -34,6 +34,9 @@ def _get(table, key, what: str, n: int | None) -> np.ndarray:
     # A column name (a string, any other scalar key such as a DataFrame's integer label, or a tuple
     # label the table holds) is looked up; anything else is taken as the column's values.
     if isinstance(key, str) or np.ndim(key) == 0 or (isinstance(key, tuple) and _has(table, key)):
+        if not (isinstance(table, Mapping) or hasattr(table, "columns")):
+            raise ValueError(f"{what}: {key!r} names a column, but table is a {type(table).__name__}, not a "
+                             "mapping of column → values or a DataFrame")
         if not _has(table, key):
             raise ValueError(f"{what}: no column {key!r} in the table (columns: {sorted(map(str, table))})")
         key = table[key]
@@ -124,11 +127,14 @@ def evaluate(table, *, gates: Mapping[Any, Any] | Sequence[Any], label=None, gro
       ValueError: no gate; no label, correct or correct_with/correct_without to score against; a column
         name not in the table; lengths that differ; a non-binary label or correctness column; a NaN or
         infinite score; a threshold that is not a finite number; two gate keys of one name; an unknown
-        ``higher_is`` or ``rule``; a bad ``n_boot``, ``seed`` or ``level`` — each naming the argument.
+        ``higher_is`` or ``rule``; a bad ``n_boot``, ``seed``, ``level`` or ``as_frame``; a column named
+        when ``table`` is no mapping or DataFrame — each naming the argument.
     """
     check_boot(n_boot, level)
     check_seed(seed)
     check_rule(rule)
+    if as_frame is not None and not isinstance(as_frame, bool):  # "no" would read as True
+        raise ValueError(f"as_frame: expected True, False or None, got {as_frame!r}")
     if not isinstance(gates, Mapping):
         gates = {g: g for g in ([gates] if isinstance(gates, str) else gates)}
     # A gate's name is the string of its key (a DataFrame's integer label 0 names gate "0"), in gates and
