@@ -138,6 +138,10 @@ def test_risk_assessors(gate):
     assert table.decide("q", mems, category="medical").scalars["A"] == pytest.approx(0.85)
     with pytest.raises(ValueError, match=r"^category: 'sports' is not in the risk table"):
         table.decide("q", mems, category="sports")
+    # categories are read as text: two keys of one text would silently be one category, the last value kept
+    with pytest.raises(ValueError, match=r"^risk: the keys 1 and '1' name one category \('1'\)$"):
+        MemoryGate(_lookup, risk={1: 0.2, "1": 0.9})
+    assert MemoryGate(_lookup, risk={1: 0.2}).decide("q", mems, category="1").scalars["A"] == pytest.approx(0.2)
     assert MemoryGate(_lookup, risk=lambda q, c: 0.7).decide("q", mems).scalars["A"] == pytest.approx(0.7)
     tqa = MemoryGate(_lookup, risk="truthfulqa")
     assert tqa.decide("q", mems, category="Health").scalars["A"] == pytest.approx(0.85)

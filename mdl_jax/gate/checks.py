@@ -136,6 +136,12 @@ def risk_table(risk: Mapping) -> Callable[[str, str | None], float]:
     if not risk:
         raise ValueError("risk: the {category: risk} table is empty")
     table = {str(k): unit_float(f"risk[{k!r}]", v) for k, v in risk.items()}
+    if len(table) < len(risk):  # categories are read as text: 1 and "1" would be one category
+        seen: dict[str, object] = {}
+        for k in risk:
+            if str(k) in seen:
+                raise ValueError(f"risk: the keys {seen[str(k)]!r} and {k!r} name one category ({str(k)!r})")
+            seen[str(k)] = k
 
     def lookup(q, c):
         if c is None or str(c) not in table:
