@@ -474,8 +474,9 @@ class MemoryGate:
           The columns above, one row per query.
 
         Raises:
-          ValueError: as ``check``; an embedder whose output is not an (N, d) finite array; a
-            conflict detector whose output is not S×S.
+          ValueError: as ``check``; an embedder whose output is not an (N, d) finite array of
+            unit-norm rows (a callable's rows are normalised first); a conflict detector whose output
+            is not an S×S matrix of booleans or 0/1.
         """
         t = timings if timings is not None else {}
         t0 = time.perf_counter()

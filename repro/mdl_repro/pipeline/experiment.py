@@ -130,22 +130,13 @@ def lock_out_dir(out: Path):
 
     The kernel drops a flock when its process dies, however it dies, so a killed run never leaves the
     out dir stuck; two live runs can never append to the same records file."""
-    from mdl_jax._fs import SmallFileError, read_small
-    from mdl_jax._io import lock_file
+    from mdl_repro.pipeline.records import hold_run_lock
 
     out.mkdir(parents=True, exist_ok=True)
-    f = lock_file(out / ".lock")  # never through a symlink planted at the name
+    f, holder = hold_run_lock(out)
     if f is None:
-        try:
-            holder = read_small(out / ".lock", 256, follow_links=False).decode(errors="replace").strip()
-        except (OSError, SmallFileError):
-            holder = ""
-        raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder or 'another process'}); "
+        raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder}); "
                           "wait for it to finish or stop it, or choose another --out")
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
     return f
 
 

@@ -128,22 +128,12 @@ def score_run(run_dir, *, backend=None, embedder=None, data_dir=None, cache_dir=
 def _lock(run_dir: Path):
     """The run folder's lock (``.lock``, the one ``reproduce`` holds while it writes the folder), taken
     or refused with a ``RecordsError`` naming the holder: two scorers would append the same rows."""
-    from mdl_jax._fs import SmallFileError, read_small
-    from mdl_jax._io import lock_file
-    from mdl_repro.pipeline.records import RecordsError
+    from mdl_repro.pipeline.records import RecordsError, hold_run_lock
 
-    f = lock_file(run_dir / ".lock")
+    f, holder = hold_run_lock(run_dir)
     if f is None:
-        try:
-            holder = read_small(run_dir / ".lock", 256, follow_links=False).decode(errors="replace").strip()
-        except (OSError, SmallFileError):
-            holder = ""
-        raise RecordsError(f"run_dir: {run_dir} is in use by another run ({holder or 'another process'}); "
+        raise RecordsError(f"run_dir: {run_dir} is in use by another run ({holder}); "
                            "wait for it to finish or stop it")
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
     return f
 
 
