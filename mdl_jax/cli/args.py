@@ -206,18 +206,6 @@ def config_file(text: str) -> str:
     return text
 
 
-def remove_if_empty(path, created: bool) -> None:
-    """Remove a folder this command created when it failed before writing anything into it."""
-    from pathlib import Path
-
-    p = Path(path)
-    if created and p.is_dir():
-        try:
-            p.rmdir()  # only if empty: never deletes what a user or an earlier run put there
-        except OSError:
-            pass
-
-
 # Exception classes that command groups outside this package (the reproduction's, registered through
 # the ``mdl_jax.commands`` entry points) add: their bad input is printed the same way.
 _EXTRA_USER_ERRORS: list[type[BaseException]] = []
