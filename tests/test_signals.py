@@ -1122,3 +1122,11 @@ def test_two_folders_whose_files_concatenate_alike_hash_apart(tmp_path):
     (a / "vocab.txt").write_text("hello")
     (b / "config.json").write_text('{"x": 1}vocab.txthello')
     assert folder_hash(a) != folder_hash(b)
+
+
+def test_a_single_string_given_as_texts_is_refused_not_embedded_character_by_character(tmp_path):
+    e = Embedder(cache_dir=tmp_path)
+    for bad in ("Raw dough is not safe.", b"raw dough"):
+        with pytest.raises(TypeError, match=r"texts: expected a sequence of texts.*\[text\]"):
+            e.embed(bad)
+    assert e.n_embedded == 0

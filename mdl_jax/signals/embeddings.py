@@ -374,9 +374,14 @@ class Embedder:
           (N, dim) float32, unit norm, in the texts' order.
 
         Raises:
+          TypeError: ``texts`` is a single string, not a sequence of them.
           ValueError: no texts; the model returned a wrong shape or non-finite vectors (nothing of that
             batch is cached). ``ModelLoadError`` (a ValueError): the model cannot be loaded.
         """
+        if isinstance(texts, (str, bytes)):
+            # a bare string is a sequence of its characters: each would be embedded as a text
+            raise TypeError(f"texts: expected a sequence of texts, got a {type(texts).__name__}; "
+                            "wrap one text in a list: [text]")
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
