@@ -1130,3 +1130,19 @@ def test_a_single_string_given_as_texts_is_refused_not_embedded_character_by_cha
         with pytest.raises(TypeError, match=r"texts: expected a sequence of texts.*\[text\]"):
             e.embed(bad)
     assert e.n_embedded == 0
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"model": None}, TypeError, r"model: expected a model name or a model folder, got NoneType"),
+    ({"model": 123}, TypeError, r"model: expected a model name or a model folder, got int"),
+    ({"model": ""}, ValueError, r"model: .*empty name"),
+    ({"cache_dir": 123}, TypeError, r"cache_dir: expected a folder path or None, got int"),
+    ({"batch_size": 0}, ValueError, r"batch_size: expected a positive integer, got 0"),
+    ({"batch_size": -1}, ValueError, r"batch_size: expected a positive integer, got -1"),
+    ({"batch_size": "8"}, TypeError, r"batch_size: expected a positive integer, got str"),
+    ({"batch_size": 1.5}, TypeError, r"batch_size: expected a positive integer, got float"),
+])
+def test_embedder_settings_of_the_wrong_kind_are_an_error_naming_the_argument(tmp_path, kwargs, err, match):
+    kwargs = {"cache_dir": tmp_path, **kwargs}
+    with pytest.raises(err, match=match):
+        Embedder(**kwargs)

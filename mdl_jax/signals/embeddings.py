@@ -143,6 +143,21 @@ def _auto_pick(load_path: str, cache_dir, openvino: bool) -> str:
     return "torch"
 
 
+def _check_settings(model, cache_dir, batch_size) -> None:
+    """The ``Embedder``'s model, cache folder and batch size, checked before anything is loaded: an empty
+    name would otherwise be the working folder, and a bad batch size fail deep in the model's encode."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model: expected a model name or a model folder, got {type(model).__name__}")
+    if not str(model).strip():
+        raise ValueError("model: expected a model name or a model folder, got an empty name")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(f"cache_dir: expected a folder path or None, got {type(cache_dir).__name__}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise TypeError(f"batch_size: expected a positive integer, got {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size}")
+
+
 def _sound_rows(found: dict) -> dict:
     """The cached rows fit to serve: finite and, where rows of several sizes were read (a damaged
     cache without a recorded size), of the most common size. The others are embedded again."""
@@ -177,6 +192,7 @@ class Embedder:
                  batch_size: int = 64, device: str | None = None, progress: bool = False,
                  backend: str = "torch"):
         check_backend(backend, device)
+        _check_settings(model, cache_dir, batch_size)
         self.model_name = model
         self.requested_backend = backend
         self.load_path, self._base_id = resolve_model(model)
@@ -185,7 +201,7 @@ class Embedder:
         self.backend = auto_backend(self.load_path, device, cache_dir) if backend == AUTO else backend
         self.model_id = self._id(self.backend)
         self.cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.device = device
         self.progress = progress
         self._model: Any = None  # a SentenceTransformer, or an onnx_encoder encoder
