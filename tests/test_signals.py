@@ -1146,3 +1146,21 @@ def test_embedder_settings_of_the_wrong_kind_are_an_error_naming_the_argument(tm
     kwargs = {"cache_dir": tmp_path, **kwargs}
     with pytest.raises(err, match=match):
         Embedder(**kwargs)
+
+
+def test_a_cached_row_that_cannot_be_made_unit_again_is_embedded_again_not_served(tmp_path):
+    """Zero and overflowing rows are finite but renormalising leaves them off the unit sphere: the
+    vectors returned are a fresh embed's, unit norm."""
+    texts = ["Raw dough is not safe to eat.", "Raw dough is safe to eat."]
+    first = Embedder(cache_dir=tmp_path).embed(texts)
+    e = Embedder(cache_dir=tmp_path)
+    with e.cache._db:
+        e.cache._db.execute("UPDATE emb SET vec=? WHERE model=?", (np.zeros(384, np.float32).tobytes(), e.model_id))
+    got = e.embed(texts)
+    assert e.n_embedded == 2 and np.allclose(np.linalg.norm(got, axis=1), 1)
+    np.testing.assert_allclose(got, first, atol=1e-6)
+    with e.cache._db:
+        e.cache._db.execute("UPDATE emb SET vec=? WHERE model=?", (np.full(384, 1e30, np.float32).tobytes(), e.model_id))
+    again = Embedder(cache_dir=tmp_path)
+    np.testing.assert_allclose(again.embed(texts), first, atol=1e-6)
+    assert again.n_embedded == 2

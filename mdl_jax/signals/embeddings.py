@@ -159,9 +159,12 @@ def _check_settings(model, cache_dir, batch_size) -> None:
 
 
 def _sound_rows(found: dict) -> dict:
-    """The cached rows fit to serve: finite and, where rows of several sizes were read (a damaged
-    cache without a recorded size), of the most common size. The others are embedded again."""
-    ok = {k: v for k, v in found.items() if np.isfinite(v).all()}
+    """The cached rows fit to serve: finite, of a norm that renormalising makes 1 and, where rows of
+    several sizes were read (a damaged cache without a recorded size), of the most common size. The
+    others are embedded again."""
+    # A cache stores unit rows; a zero (or overflowing) one cannot be made unit again and would be
+    # served as it is. The squared norm (in float64: no overflow) also refuses NaN and infinity.
+    ok = {k: v for k, v in found.items() if 1e-6 < float(np.dot(v, v.astype(np.float64))) < 1e6}
     sizes = collections.Counter(len(v) for v in ok.values())
     if len(sizes) > 1:
         size = sizes.most_common(1)[0][0]
