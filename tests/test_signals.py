@@ -1164,3 +1164,23 @@ def test_a_cached_row_that_cannot_be_made_unit_again_is_embedded_again_not_serve
     again = Embedder(cache_dir=tmp_path)
     np.testing.assert_allclose(again.embed(texts), first, atol=1e-6)
     assert again.n_embedded == 2
+
+
+def _bundled_copy(tmp_path) -> Path:
+    import shutil
+
+    src = Path(Embedder().load_path)
+    folder = tmp_path / "model"
+    shutil.copytree(src, folder)
+    return folder
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_truncated_weight_file_is_a_model_load_error_naming_the_folder(tmp_path, backend):
+    from mdl_jax.signals.embedding_models import ModelLoadError
+
+    folder = _bundled_copy(tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1 << 20])
+    with pytest.raises(ModelLoadError, match=r"^embedder: .*model.*SafetensorError"):
+        Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["one text"])

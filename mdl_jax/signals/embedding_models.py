@@ -81,8 +81,12 @@ def load_model(path: str, device: str, model_id: str | None = None):
                                      "which is not installed or fails to import: pip install 'mdl-jax[signals]'"
                                      ) from e
             try:
-                _MODELS[key] = SentenceTransformer(path, device=device)
-            except (OSError, ValueError) as e:  # not on the hub, offline, not a model folder
+                model = SentenceTransformer(path, device=device)
+            except MemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 - safetensors and tokenizers raise their own types for a damaged file
+                # not on the hub, offline, not a model folder, a truncated weight file
                 raise ModelLoadError(f"embedder: cannot load the sentence-transformers model {path!r} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+            _MODELS[key] = model
         return _MODELS[key]

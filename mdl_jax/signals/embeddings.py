@@ -322,7 +322,9 @@ class Embedder:
                            else f"which fails to import ({' '.join(str(e).split())[:200]})")
                     raise ModelLoadError(f"embedder: backend {self.backend!r} needs {e.name or 'its runtime'}, "
                                          f"{why}: pip install 'mdl-jax[{extra}]'") from e
-                except (OSError, ValueError) as e:
+                except MemoryError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - safetensors, tokenizers, the runtimes: their own types
                     raise ModelLoadError(f"embedder: cannot run {self.load_path!r} with backend "
                                          f"{self.backend!r} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return self._model
