@@ -1184,3 +1184,24 @@ def test_a_truncated_weight_file_is_a_model_load_error_naming_the_folder(tmp_pat
     weights.write_bytes(weights.read_bytes()[:1 << 20])
     with pytest.raises(ModelLoadError, match=r"^embedder: .*model.*SafetensorError"):
         Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["one text"])
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("damage, why", [
+    ("no vocab", r"its tokenizer knows 5 tokens and its model 30522"),
+    ("max_seq_length past the positions", r"max_seq_length 10000 tokens .* past its model's 512 positions"),
+])
+def test_a_model_folder_that_would_embed_every_text_wrong_is_a_model_load_error(tmp_path, backend, damage, why):
+    """Without its vocab, transformers builds a tokenizer of its five special tokens and every text
+    embeds to nearly one vector; truncating past the model's positions fails deep in the model on a
+    long text. Either is refused when the folder is loaded, naming it."""
+    from mdl_jax.signals.embedding_models import ModelLoadError
+
+    folder = _bundled_copy(tmp_path)
+    if damage == "no vocab":
+        for name in ("tokenizer.json", "vocab.txt"):
+            (folder / name).unlink()
+    else:
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10000}))
+    with pytest.raises(ModelLoadError, match=rf"^embedder: .*model.*{why}"):
+        Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["word " * 1000, "other"])

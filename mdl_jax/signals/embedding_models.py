@@ -88,5 +88,14 @@ def load_model(path: str, device: str, model_id: str | None = None):
                 # not on the hub, offline, not a model folder, a truncated weight file
                 raise ModelLoadError(f"embedder: cannot load the sentence-transformers model {path!r} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+            first = model[0] if len(model) else None
+            cfg = getattr(getattr(first, "auto_model", None), "config", None)
+            tok = getattr(model, "tokenizer", None)
+            from mdl_jax.signals.model_folder import reading_fault
+
+            why = reading_fault(len(tok) if tok is not None else None, getattr(cfg, "vocab_size", None),
+                                getattr(model, "max_seq_length", None), getattr(cfg, "max_position_embeddings", None))
+            if why:
+                raise ModelLoadError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
             _MODELS[key] = model
         return _MODELS[key]

@@ -144,3 +144,28 @@ def max_seq_length(path: Path, tokenizer) -> int:
     limits = [int(x) for x in (getattr(tokenizer, "model_max_length", None), pos)
               if isinstance(x, (int, float)) and 0 < x < 1 << 31]
     return min(limits) if limits else 512
+
+
+def reading_fault(tokens: int | None, vocab_size: int | None, max_len: int | None,
+                  positions: int | None) -> str | None:
+    """Why a loaded model folder would embed every text silently wrong, or None.
+
+    Args:
+        tokens: how many tokens its tokenizer knows (``len(tokenizer)``).
+        vocab_size: the rows of the model's token embedding (``config.json``'s ``vocab_size``).
+        max_len: where its texts are truncated (``max_seq_length``).
+        positions: the model's ``max_position_embeddings``.
+
+    Returns:
+        A phrase naming the fault: a tokenizer that knows under half the model's tokens (its vocab
+        file missing: transformers then builds one of its five special tokens, and every word reads
+        as unknown, so all texts get nearly one vector), or truncation past the model's positions
+        (a longer text fails deep inside the model); None when neither, or a number is unknown.
+    """
+    if tokens and vocab_size and tokens * 2 < vocab_size:
+        return (f"its tokenizer knows {tokens} tokens and its model {vocab_size}: a tokenizer file "
+                "(vocab.txt, tokenizer.json) is missing or wrong, and most words would read as unknown")
+    if max_len and positions and max_len > positions:
+        return (f"it truncates texts at max_seq_length {max_len} tokens (sentence_bert_config.json), past "
+                f"its model's {positions} positions (config.json's max_position_embeddings)")
+    return None

@@ -54,6 +54,7 @@ one encoder per (folder, backend) per process; the other modules' names are impo
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Sequence
@@ -61,7 +62,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.signals.model_folder import folder_hash, max_seq_length, model_pooling  # noqa: F401  (re-exported)
+from mdl_jax.signals.model_folder import (  # noqa: F401  (re-exported)
+    folder_hash,
+    max_seq_length,
+    model_pooling,
+    reading_fault,
+)
 from mdl_jax.signals.onnx_export import DIGEST_SUFFIX, OPSET, damaged, digest_fault, export  # noqa: F401
 from mdl_jax.signals.onnx_runtimes import (  # noqa: F401  (re-exported)
     TELEMETRY_ENV,
@@ -163,10 +169,16 @@ class OnnxEncoder:
         if runtime == "onnxruntime":
             import_onnxruntime()  # a missing or broken runtime fails here, before a costly export
 
-        self.graph = export(path, cache_dir, int8=int8)
-        self.pooling = model_pooling(path)
+        # the tokenizer first: a folder it cannot read faithfully is refused before a costly export
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.max_seq_length = max_seq_length(path, self.tokenizer)
+        cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+        why = reading_fault(len(self.tokenizer), cfg.get("vocab_size"), self.max_seq_length,
+                            cfg.get("max_position_embeddings"))
+        if why:
+            raise ValueError(f"embedder: the model {str(path)!r} cannot embed texts faithfully: {why}")
+        self.graph = export(path, cache_dir, int8=int8)
+        self.pooling = model_pooling(path)
         if threads is None:
             try:
                 threads = len(os.sched_getaffinity(0))
