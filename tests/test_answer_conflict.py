@@ -83,3 +83,13 @@ def test_the_gate_with_the_detector_lowers_R_on_disagreeing_answers(embedder):
     either = MemoryGate(embedder, risk=0.5, conflict=either_pair_flags).decide(q, mems)
     assert paper.scalars["phi"] == 0.0 and either.scalars["phi"] == 1.0
     assert either.scalars["R"] < paper.scalars["R"]
+
+
+@pytest.mark.parametrize("detector", [pair_flags, answer_pair_flags, either_pair_flags])
+def test_a_single_string_given_as_texts_is_refused_not_read_as_one_memory_per_character(detector):
+    with pytest.raises(TypeError, match=r"texts: expected a sequence of texts, got a str"):
+        detector("Raw dough is safe. No, it is not.")
+    with pytest.raises(TypeError, match=r"texts\[1\]: expected a string, got NoneType"):
+        detector(["Raw dough is safe.", None])
+    store = ["Canberra is the capital of Australia.", "Sydney is the capital of Australia."]
+    assert detector(iter(store)) == detector(store)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mdl_jax.signals.conflict import STOPWORDS, pair_flags
+from mdl_jax.signals.conflict import STOPWORDS, checked_texts, pair_flags
 
 # Two frames are parallel when each keeps this share of the other's words: a restatement with one
 # answer swapped keeps all of them; two sentences on one topic rarely keep more than half.
@@ -123,11 +123,9 @@ def answer_pair_flags(texts: Sequence[str]) -> list[list[bool]]:
       An S×S list of lists of bools, the shape ``MemoryGate(conflict=...)`` takes.
 
     Raises:
-      TypeError: a text that is not a string.
+      TypeError: a single string given as ``texts``, or a text that is not a string.
     """
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"texts[{i}]: expected a string, got {type(t).__name__}")
+    texts = checked_texts(texts)
     parts = [_parts(t) for t in texts]
     n = len(texts)
     flags = [[False] * n for _ in range(n)]
@@ -148,8 +146,9 @@ def either_pair_flags(texts: Sequence[str]) -> list[list[bool]]:
       An S×S list of lists of bools.
 
     Raises:
-      TypeError: a text that is not a string.
+      TypeError: a single string given as ``texts``, or a text that is not a string.
     """
-    ans = answer_pair_flags(texts)  # first: it names a text that is not a string
-    lex = pair_flags(list(texts))
+    texts = checked_texts(texts)  # once: a generator would be spent by the first detector
+    ans = answer_pair_flags(texts)
+    lex = pair_flags(texts)
     return [[bool(x or y) for x, y in zip(r1, r2)] for r1, r2 in zip(lex, ans)]

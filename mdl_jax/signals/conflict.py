@@ -108,9 +108,23 @@ def stance_conflict(a: str, b: str) -> bool:
     return analyses_conflict(analyse(a), analyse(b))
 
 
+def checked_texts(texts) -> list[str]:
+    """``texts`` as a list, each a string; a TypeError naming ``texts`` (a single string would be read
+    as its characters, each a memory) or the first ``texts[i]`` that is not one."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"texts: expected a sequence of texts, got a {type(texts).__name__}; "
+                        "wrap one text in a list: [text]")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}]: expected a string, got {type(t).__name__}")
+    return texts
+
+
 def pair_flags(texts) -> list[list[bool]]:
-    """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once."""
-    return _flags_of([analyse(t) for t in texts])
+    """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once.
+    A TypeError for a single string or a text that is not one (``checked_texts``)."""
+    return _flags_of([analyse(t) for t in checked_texts(texts)])
 
 
 def _flags_of(an: list) -> list[list[bool]]:
