@@ -1132,6 +1132,13 @@ def test_a_single_string_given_as_texts_is_refused_not_embedded_character_by_cha
     assert e.n_embedded == 0
 
 
+def test_a_text_that_is_not_valid_unicode_is_an_error_naming_it(tmp_path):
+    e = Embedder(cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"texts\[1\]: not valid Unicode text \(surrogates not allowed at character 1\)"):
+        e.embed(["fine", "x\ud800"])
+    assert e.n_embedded == 0
+
+
 @pytest.mark.parametrize("kwargs, err, match", [
     ({"model": None}, TypeError, r"model: expected a model name or a model folder, got NoneType"),
     ({"model": 123}, TypeError, r"model: expected a model name or a model folder, got int"),

@@ -406,6 +406,12 @@ class Embedder:
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("texts: expected at least one text")
+        for i, t in enumerate(texts):
+            if not t.isascii():
+                try:   # a lone surrogate ("\ud800") has no UTF-8 bytes: neither the cache key nor the tokenizer
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"texts[{i}]: not valid Unicode text ({e.reason} at character {e.start})") from None
         new: set[str] = set()
         for _ in range(len(EMBED_BACKENDS)):
             key = self.model_id
