@@ -233,6 +233,15 @@ def test_risk_tables():
     assert halueval_risk("Which magazine was started first?") == 0.2
 
 
+@pytest.mark.parametrize("call, name", [
+    (lambda: truthfulqa_risk(None), "category"), (lambda: halueval_risk(b"q"), "question"),
+    (lambda: stance_conflict(None, "x"), "a"), (lambda: stance_conflict("x", 3), "b"),
+])
+def test_risk_and_stance_of_a_text_that_is_no_string_are_errors_naming_it(call, name):
+    with pytest.raises(TypeError, match=rf"^{name}: expected a string, got "):
+        call()
+
+
 def test_top_risk_tier_is_as_wide_as_the_papers_rates_imply():
     """Section 5.2's high-risk rates imply ≈ 29.5% of TruthfulQA and ≈ 12.5% of HaluEval questions at
     A ≥ 0.70 (177 and 75 of 600 records); the tables give 30.6% and 10.55% (risk.py explains each tier)."""

@@ -104,7 +104,11 @@ def analyses_conflict(x, y) -> bool:
 
 
 def stance_conflict(a: str, b: str) -> bool:
-    """True when records ``a`` and ``b`` take lexically opposite positions on the same topic."""
+    """True when records ``a`` and ``b`` take lexically opposite positions on the same topic; a
+    TypeError naming ``a`` or ``b`` when it is not a string."""
+    for name, text in (("a", a), ("b", b)):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}: expected a string, got {type(text).__name__}")
     return analyses_conflict(analyse(a), analyse(b))
 
 

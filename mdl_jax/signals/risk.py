@@ -125,13 +125,22 @@ _LEVELS = {level: re.compile(r"\b(?:" + "|".join(re.escape(w) for w in sorted(ws
                              + r")\b") for level, ws in HALUEVAL_KEYWORDS.items()}
 
 
+def _check_text(name: str, value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
+
+
 def truthfulqa_risk(category: str) -> float:
-    """A for a TruthfulQA category (the table above; ``TRUTHFULQA_DEFAULT`` for an unknown one)."""
+    """A for a TruthfulQA category (the table above; ``TRUTHFULQA_DEFAULT`` for an unknown one); a
+    TypeError naming ``category`` when it is not a string."""
+    _check_text("category", category)
     return TRUTHFULQA_RISK.get(category.strip(), TRUTHFULQA_DEFAULT)
 
 
 def halueval_risk(question: str) -> float:
-    """A for a question by whole-word keywords: 0.85 (health / legal / finance), 0.50 (science), else 0.20."""
+    """A for a question by whole-word keywords: 0.85 (health / legal / finance), 0.50 (science), else 0.20;
+    a TypeError naming ``question`` when it is not a string."""
+    _check_text("question", question)
     q = _GENRE.sub(" ", question.lower().replace("’", "'"))
     for level in (0.85, 0.50):
         if _LEVELS[level].search(q):
