@@ -228,6 +228,13 @@ def test_decide_on_the_cpu_never_takes_the_fused_kernel(calls, monkeypatch):
     assert calls == {"decide": 0, "sweep": 0}
 
 
+def test_a_config_swept_by_vmap_is_refused_by_the_pallas_engine_as_traced_not_as_a_wrong_d(interpret):
+    # the reason read "D = 16 (this one has D = 16)": the config's leaves were traced, its D was fine
+    x = _signals(8)
+    with pytest.raises(ValueError, match=r"^engine='pallas' cannot run here: a config with traced leaves"):
+        jax.vmap(lambda s: decide(*x, MDLConfig(sigma=s), engine="pallas").C_final)(jnp.array([0.15, 0.2]))
+
+
 def test_the_pallas_engine_by_name_runs_the_kernel_for_concrete_input_only(calls, interpret, monkeypatch):
     monkeypatch.setattr(fused, "BLOCK", 128)
     x = _signals(256).reshape(3, 16, 16)  # whole blocks, and the caller's shape kept

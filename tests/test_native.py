@@ -188,6 +188,16 @@ def test_corners_and_empty_input_give_finite_output():
     assert np.array_equal(_engine(nan, nan[::-1], 0.5, validate=False).action, [3, 3])  # Opt-Out
 
 
+def test_a_config_swept_by_vmap_is_refused_by_name_as_traced_not_as_a_wrong_d(rng):
+    # the reason read "D = 16 (this one has D = 16)": the config's leaves were traced, its D was fine
+    x = rng.uniform(size=(3, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: a config with traced leaves "
+                                         r"\(a caller's vmap or grad over the config\)"):
+        jax.vmap(lambda s: decide(*x, MDLConfig(sigma=s), engine="native").C_final)(jnp.array([0.15, 0.2]))
+    with pytest.raises(ValueError, match=r"^engine='native' cannot run here: a config with traced leaves"):
+        jax.grad(lambda c: decide(*x, c, engine="native").C_final.sum())(MDLConfig())
+
+
 def test_what_the_kernel_cannot_run_is_a_one_line_error_by_name_and_pure_jax_under_auto(rng):
     x = rng.uniform(size=(3, 64)).astype(np.float32)
     # a config swept by vmap has tracer leaves: not for the kernel, and still correct under "auto"

@@ -192,7 +192,7 @@ def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     if mode() != "interpret" and not _arrays_on_gpu(signals):
         return "the signals are committed to a device other than one GPU"
     if not supports(cfg):
-        return f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
+        return packing.why_unsupported(cfg)
     return None
 
 

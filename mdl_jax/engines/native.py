@@ -48,7 +48,16 @@ from mdl_jax.engines.kernel import (
     variant_library,
 )
 from mdl_jax.engines.native_sweep import sweep_available, sweep_engine, sweep_why_not
-from mdl_jax.engines.packing import PARAMS, flags, pack, pack_batch, params, supports, sweep_supports
+from mdl_jax.engines.packing import (
+    PARAMS,
+    flags,
+    pack,
+    pack_batch,
+    params,
+    supports,
+    sweep_supports,
+    why_unsupported,
+)
 from mdl_jax.engines.toolchain import (
     ENV_SWITCH,
     NativeBuildError,
@@ -115,7 +124,7 @@ def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     if why is not None:
         return why
     ok = _supports_cached(cfg)
-    return None if ok else f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
+    return None if ok else why_unsupported(cfg)
 
 
 def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.Decision:

@@ -42,6 +42,16 @@ def supports(cfg: MDLConfig) -> bool:
         return False
 
 
+def why_unsupported(cfg: MDLConfig) -> str:
+    """Why ``supports`` refuses ``cfg``, in the words of an engine's one-line error: a config with
+    traced leaves is named as such, since its D is 16 as often as not and "D = 16 (this one has
+    D = 16)" would say nothing."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
+        return ("a config with traced leaves (a caller's vmap or grad over the config) runs on the pure-JAX "
+                "engine only")
+    return f"the kernel takes one concrete config with D = 16 (this one has D = {cfg.D})"
+
+
 def sweep_supports(cfg: MDLConfig, K: int) -> bool:
     """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
