@@ -439,6 +439,18 @@ def test_a_checkpoint_of_other_inputs_is_refused_saying_what_changed(records, tm
         sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
 
 
+def test_a_checkpoint_naming_the_parquet_file_itself_is_refused_without_telling_to_remove_it(records, tmp_path):
+    # read as a checkpoint, the records failed as "not a readable sweep checkpoint ...; remove it to
+    # start over": advice to delete the data being swept
+    link = tmp_path / "progress.npz"
+    link.symlink_to(records[0])
+    for ckpt in (records[0], link):
+        with pytest.raises(ValueError, match=r"^checkpoint: .* is the Parquet file being swept \(path\)") as e:
+            sweep_parquet(records[0], MDLConfig(), record_chunk=2048, checkpoint=ckpt)
+        assert "remove" not in str(e.value)
+    assert records[0].is_file()
+
+
 KILLED_SWEEP = (
     "import sys, time\n"
     "from mdl_jax.controller import checkpoint, passes\n"

@@ -243,6 +243,10 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     names = list(dict.fromkeys(cols.values()))
     if checkpoint is not None and row_groups is not None:   # a share's rows are not the stream's
         raise ValueError("checkpoint: a sweep of a share of the row groups keeps none (the multi-process sweep)")
+    if checkpoint is not None and os.path.exists(checkpoint) and os.path.samefile(checkpoint, path):
+        # read as a checkpoint, the records file failed as "not a readable sweep checkpoint; remove it"
+        raise ValueError(f"checkpoint: {str(checkpoint)!r} is the Parquet file being swept (path); name "
+                         "another file for the sweep's progress")
     ckpt = None
     with passes_on_mesh(shape):
         red = Reducer(cfg, K, W, size, engine)
