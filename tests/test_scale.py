@@ -439,6 +439,41 @@ def test_a_checkpoint_of_other_inputs_is_refused_saying_what_changed(records, tm
         sweep_parquet(src, grid, bootstrap=3, record_chunk=2048, checkpoint=ckpt)
 
 
+def test_a_checkpoint_edited_off_a_pass_boundary_or_to_other_dtypes_is_refused(records, tmp_path, monkeypatch):
+    # its inputs match, so it was read: a row inside a pass (or past the file) resumed there, and float
+    # sums were cast into the integer counts, each a silently wrong result
+    import io
+    import json
+
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.6])
+    ckpt = tmp_path / "progress.npz"
+    restore = _interrupted(monkeypatch, after=2)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parquet(records[0], grid, record_chunk=2048, checkpoint=ckpt)
+    restore()
+    with np.load(ckpt) as z:
+        kept = {k: z[k] for k in z.files}
+    meta = json.loads(bytes(kept["meta"]).decode())
+    assert meta["row"] == 2 * 2048
+
+    def edited(row=meta["row"], **sums):
+        buf = io.BytesIO()
+        np.savez(buf, **{**kept, **sums, "meta": np.frombuffer(json.dumps({**meta, "row": row}).encode(), np.uint8)})
+        ckpt.write_bytes(buf.getvalue())
+
+    for row in (2 * 2048 + 100, 10**9):
+        edited(row)
+        with pytest.raises(ValueError, match=rf"^checkpoint: .* records progress to row {row:,}, not a boundary"):
+            sweep_parquet(records[0], grid, record_chunk=2048, checkpoint=ckpt)
+    edited(s_int_counts=kept["s_int_counts"] + 0.5)
+    with pytest.raises(ValueError, match=r"^checkpoint: .* holds sums of other dtypes"):
+        sweep_parquet(records[0], grid, record_chunk=2048, checkpoint=ckpt)
+    edited()   # as it was saved: resumed
+    want = sweep_parquet(records[0], grid, record_chunk=2048)
+    got = sweep_parquet(records[0], grid, record_chunk=2048, checkpoint=ckpt)
+    np.testing.assert_array_equal(got.counts, want.counts)
+
+
 def test_a_checkpoint_naming_the_parquet_file_itself_is_refused_without_telling_to_remove_it(records, tmp_path):
     # read as a checkpoint, the records failed as "not a readable sweep checkpoint ...; remove it to
     # start over": advice to delete the data being swept

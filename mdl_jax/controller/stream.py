@@ -270,7 +270,16 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
             if set(sums) != set(red.s) or any(sums[k].shape != red.s[k].shape for k in sums):
                 raise ValueError(f"checkpoint: {str(checkpoint)!r} holds sums of another shape; remove it "
                                  "to start over")
-            red.s = {k: sums[k].astype(red.s[k].dtype) for k in red.s}
+            # a checkpoint is saved only at a pass boundary inside the file, its sums in the reducer's
+            # dtypes: anything else (a file made by hand) would be added to silently, as other sums
+            if any(sums[k].dtype != red.s[k].dtype for k in sums):
+                raise ValueError(f"checkpoint: {str(checkpoint)!r} holds sums of other dtypes than a sweep's; "
+                                 "remove it to start over")
+            if added % size or added > sum(n_rows):
+                raise ValueError(f"checkpoint: {str(checkpoint)!r} records progress to row {added:,}, not a "
+                                 f"boundary of this sweep's passes of {size:,} rows within the file's "
+                                 f"{sum(n_rows):,}; remove it to start over")
+            red.s = {k: np.array(sums[k]) for k in red.s}
         last_save = time.monotonic()
 
         def flush(final: bool):
