@@ -662,3 +662,19 @@ def test_calibrate_chooses_on_exact_counts_where_float32_shares_coincide(monkeyp
         warnings.simplefilter("ignore")
         c = cal.calibrate(*x, np.array([1, 0, 1, 0]), grid_size=3)
     assert c.config.thresholds[0] == 1.0 and c.n_tied == 1
+
+
+def test_a_traced_signal_given_to_sweep_calibrate_or_tune_is_refused_as_traced_in_one_line():
+    # NumPy's conversion error was wrapped as "expected a number or an array of real numbers in [0, 1]"
+    # over several lines, for a valid array that was only traced
+    from mdl_jax import tune
+
+    x = np.linspace(0.1, 0.9, 8, dtype=np.float32)
+    y = np.arange(8) % 2 == 0
+    for call in (lambda m: calibrate(m, x, x, y), lambda m: sweep(m, x, x, MDLConfig()),
+                 lambda m: tune(m, x, x, y)):
+        for transform in (jax.jit, jax.vmap, jax.grad):
+            with pytest.raises(ValueError, match=r"^M: expected concrete values, got a traced array of shape "
+                                                 r"\(8,\) \(a caller's jit, vmap or grad\)") as e:
+                transform(call)(x if transform is not jax.vmap else x[None])
+            assert "\n" not in str(e.value)

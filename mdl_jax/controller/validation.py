@@ -48,9 +48,16 @@ def _dtype_error(name: str, dtype) -> ValueError:
 
 
 def check_unit_interval(name: str, x) -> None:
-    """Raise ValueError unless every value of ``x`` is finite and inside [0, 1]."""
+    """Raise ValueError unless every value of ``x`` is finite and inside [0, 1] (and concrete: a tracer
+    has no values to check)."""
     if isinstance(x, (bool, np.bool_)):
         raise ValueError(f"{name}: expected a number in [0, 1], got the bool {x!r}")
+    if is_traced(x):
+        # (its callers read the records on the host: NumPy's conversion error would call a valid
+        # array "not an array of real numbers", in several lines)
+        raise ValueError(f"{name}: expected concrete values, got a traced array of shape {tuple(x.shape)} "
+                         "(a caller's jit, vmap or grad); this function reads its records on the host, so "
+                         "call it outside the transformation")
     if isinstance(x, (int, float)):
         if not math.isfinite(x):
             raise ValueError(f"{name}: expected a finite number in [0, 1], got {x!r}")
