@@ -243,3 +243,51 @@ def test_a_component_with_a_config_comes_back_from_its_serialised_form_with_that
     assert MDLGate.from_dict(gate.to_dict()).gate.config == cfg
     with pytest.raises(ValueError, match=r"config: expected the fields of an MDLConfig \(.*sigmaa"):
         MDLNodePostprocessor(embedder=_lookup, config={"sigmaa": 0.3})
+
+
+def test_components_keep_every_document_when_handed_an_iterator():
+    """A generator of documents was read once for the texts: the decision said Active and no document
+    came out."""
+    mems, A = CASES[Action.ACTIVE]
+    comp = MDLDocumentCompressor(embedder=_lookup, risk=A)
+    kept = comp.compress_documents((LDocument(page_content=m) for m in mems), "q")
+    assert comp.last_decision.action == Action.ACTIVE and [d.page_content for d in kept] == mems
+    post = MDLNodePostprocessor(embedder=_lookup, risk=A)
+    nodes = post.postprocess_nodes((NodeWithScore(node=TextNode(text=m), score=0.5) for m in mems), query_str="q")
+    assert post.last_decision.action == Action.ACTIVE and [n.node.get_content() for n in nodes] == mems
+    out = MDLGate(embedder=_lookup, risk=A).run(query="q", documents=(HDocument(content=m) for m in mems))
+    assert out["decision"]["action"] == "Active" and [d.content for d in out["documents"]] == mems
+    assert out["decision"]["memories"] == mems
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex", "haystack"])
+def test_components_name_the_documents_argument_for_what_is_not_a_document_with_text(framework):
+    """Strings, dicts or None in place of the documents were an AttributeError or TypeError from inside
+    the component; a Haystack document without content was the gate's "memories[0] ... got ''"."""
+    if framework == "langchain":
+        comp = MDLDocumentCompressor(embedder=_lookup)
+        call, name, doc = (lambda docs: comp.compress_documents(docs, "q")), "documents", LDocument
+    elif framework == "llamaindex":
+        post = MDLNodePostprocessor(embedder=_lookup)
+        call, name, doc = (lambda docs: post.postprocess_nodes(docs, query_str="q")), "nodes", NodeWithScore
+    else:
+        gate = MDLGate(embedder=_lookup)
+        call, name, doc = (lambda docs: gate.run(query="q", documents=docs)), "documents", HDocument
+    for bad, got in ((None, "NoneType"), ("fact", "str"), ({"text": "fact"}, "dict")):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a list of {doc.__name__}, got {got}$"):
+            call(bad)
+    with pytest.raises(ValueError, match=rf"^{name}\[1\]: expected a {doc.__name__}, got str$"):
+        call([_document(framework, "fact 0.95 a"), "fact 0.95 b"])
+    with pytest.raises(ValueError, match=rf"^{name}\[0\]: expected a non-empty memory text, got ''"):
+        call([_document(framework, "")])
+    if framework == "haystack":
+        with pytest.raises(ValueError, match=r"^documents\[0\]: expected a non-empty memory text, got None"):
+            call([HDocument(content=None)])
+
+
+def _document(framework, text, meta=None):
+    if framework == "langchain":
+        return LDocument(page_content=text, metadata=dict(meta or {}))
+    if framework == "llamaindex":
+        return NodeWithScore(node=TextNode(text=text, metadata=dict(meta or {})), score=0.5)
+    return HDocument(content=text, meta=dict(meta or {}))

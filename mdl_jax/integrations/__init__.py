@@ -15,9 +15,10 @@ an ``on_decision`` callback (Haystack: the ``decision`` output).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mdl_jax.gate.checks import memory_texts
 from mdl_jax.gate.core import DEFAULT_MODEL, Action, GateDecision, MemoryGate
 from mdl_jax.prompts import CAUTION
 
@@ -28,6 +29,23 @@ def decision_metadata(d: GateDecision) -> dict:
     if d.action == Action.SUPP:
         meta["mdl_caution"] = CAUTION
     return meta
+
+
+def document_texts(name: str, documents: Any, kind: type, text: Callable[[Any], Any]) -> tuple[list, list[str]]:
+    """(``documents`` as a list, the text of each) for a component's input, ``name`` its argument.
+
+    The documents are read into a list once: a generator handed in was consumed by reading the texts,
+    and the decision's kept documents then came out empty while the decision said Active. Each must be
+    a ``kind`` whose ``text`` is a non-empty string; anything else is a ValueError naming ``name`` and
+    the index (not an AttributeError from inside the component, or the gate's ``memories[i]``).
+    """
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Iterable):
+        raise ValueError(f"{name}: expected a list of {kind.__name__}, got {type(documents).__name__}")
+    docs = list(documents)
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, kind):
+            raise ValueError(f"{name}[{i}]: expected a {kind.__name__}, got {type(doc).__name__}")
+    return docs, memory_texts(name, [text(doc) for doc in docs])
 
 
 def build_gate(embedder, risk, conflict, config, cache_dir, embed_backend="auto") -> MemoryGate:

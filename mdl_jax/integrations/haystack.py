@@ -20,7 +20,7 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, rebuilt_gate
+from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, document_texts, rebuilt_gate
 
 
 @component
@@ -82,10 +82,12 @@ class MDLGate:
             and "abstention" (the answer for Opt-Out)}.
 
         Raises:
-          ValueError: an empty query or document, a risk outside [0, 1], a category outside the
-            risk table (``MemoryGate.decide``).
+          ValueError: ``documents`` that is not a list of ``Document`` with non-empty text content
+            (naming the index), an empty query, a risk outside [0, 1], a category outside the risk
+            table (``MemoryGate.decide``).
         """
-        d = self.gate.decide(query, [doc.content or "" for doc in documents],
+        documents, texts = document_texts("documents", documents, Document, lambda doc: doc.content)
+        d = self.gate.decide(query, texts,
                              category=category if category is not None else self.category, risk=risk)
         self.last_decision = d
         kept = []

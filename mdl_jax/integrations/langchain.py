@@ -23,7 +23,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import LiveGateFields, decision_metadata
+from mdl_jax.integrations import LiveGateFields, decision_metadata, document_texts
 from mdl_jax.signals.embeddings import Embedder
 
 
@@ -54,9 +54,11 @@ class MDLDocumentCompressor(LiveGateFields, BaseDocumentCompressor):
             ``mdl_scalars`` and, for Supp, ``mdl_caution``; for Silent / Opt-Out, [].
 
         Raises:
-          ValueError: an empty query or an empty document text (``MemoryGate.decide``).
+          ValueError: ``documents`` that is not a list of ``Document`` with non-empty texts (naming
+            the index), an empty query (``MemoryGate.decide``).
         """
-        d = self._decide(query, [doc.page_content for doc in documents])
+        documents, texts = document_texts("documents", documents, Document, lambda doc: doc.page_content)
+        d = self._decide(query, texts)
         if not d.injects:
             return []
         meta = decision_metadata(d)

@@ -21,7 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import METADATA_KEYS, LiveGateFields, decision_metadata
+from mdl_jax.integrations import METADATA_KEYS, LiveGateFields, decision_metadata, document_texts
 from mdl_jax.signals.embeddings import Embedder
 
 
@@ -34,7 +34,8 @@ class MDLNodePostprocessor(LiveGateFields, BaseNodePostprocessor):
     ``postprocess_nodes(nodes, query_str=...)`` or as a query engine's ``node_postprocessors``: kept
     nodes are copies whose metadata gains ``mdl_action``, ``mdl_scalars`` (and ``mdl_caution`` for
     Supp), keys excluded from the text shown to the LLM and the embedder; Silent and Opt-Out keep
-    none. A call without a query is a ``ValueError`` naming ``query_bundle``.
+    none. A call without a query is a ``ValueError`` naming ``query_bundle``; nodes that are not
+    ``NodeWithScore`` with non-empty texts, one naming ``nodes`` and the index.
     """
 
     _gate: Any = PrivateAttr(default=None)
@@ -49,7 +50,7 @@ class MDLNodePostprocessor(LiveGateFields, BaseNodePostprocessor):
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         if query_bundle is None:
             raise ValueError("query_bundle: MDL needs the query (pass query_str or query_bundle)")
-        texts = [n.node.get_content() for n in nodes]
+        nodes, texts = document_texts("nodes", nodes, NodeWithScore, lambda n: n.node.get_content())
         d = self._decide(query_bundle.query_str, texts)
         if not d.injects:
             return []
