@@ -291,3 +291,36 @@ def _document(framework, text, meta=None):
     if framework == "llamaindex":
         return NodeWithScore(node=TextNode(text=text, metadata=dict(meta or {})), score=0.5)
     return HDocument(content=text, meta=dict(meta or {}))
+
+
+def _gate_documents(framework, docs, A):
+    """(the decision, the kept documents' (text, metadata)) of ``framework``'s component on ``docs``."""
+    if framework == "langchain":
+        comp = MDLDocumentCompressor(embedder=_lookup, risk=A)
+        return comp, [(d.page_content, d.metadata) for d in comp.compress_documents(docs, "q")]
+    if framework == "llamaindex":
+        post = MDLNodePostprocessor(embedder=_lookup, risk=A)
+        kept = post.postprocess_nodes(docs, query_str="q")
+        for n in kept:  # each decision key is excluded once from what the LLM and the embedder see
+            for keys in (n.node.excluded_llm_metadata_keys, n.node.excluded_embed_metadata_keys):
+                assert sorted(k for k in keys if k.startswith("mdl_")) == sorted(
+                    k for k in n.node.metadata if k.startswith("mdl_"))
+        return post, [(n.node.get_content(), n.node.metadata) for n in kept]
+    gate = MDLGate(embedder=_lookup, risk=A)
+    return gate, [(d.content, d.meta) for d in gate.run(query="q", documents=docs)["documents"]]
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex", "haystack"])
+def test_a_document_gated_twice_carries_only_the_latest_decision(framework):
+    """A Supp output stored and retrieved again, then kept as Active, still carried the first
+    decision's mdl_caution beside mdl_action "Active"."""
+    (supp,), A_supp = CASES[Action.SUPP]
+    comp, [(_, first)] = _gate_documents(framework, [_document(framework, supp, {"src": 7})], A_supp)
+    assert first["mdl_action"] == "Supp" and first["mdl_caution"] == CAUTION
+    active, A_active = CASES[Action.ACTIVE]
+    docs = [_document(framework, active[0], first), _document(framework, active[1], {"src": 8})]
+    comp, kept = _gate_documents(framework, docs, A_active)
+    assert comp.last_decision.action == Action.ACTIVE
+    for (_, meta), src in zip(kept, (7, 8)):
+        assert meta["mdl_action"] == "Active" and "mdl_caution" not in meta and meta["src"] == src
+        assert meta["mdl_scalars"] == comp.last_decision.scalars

@@ -22,6 +22,8 @@ from mdl_jax.gate.checks import memory_texts
 from mdl_jax.gate.core import DEFAULT_MODEL, Action, GateDecision, MemoryGate
 from mdl_jax.prompts import CAUTION
 
+METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")
+
 
 def decision_metadata(d: GateDecision) -> dict:
     """What a kept document carries: {"mdl_action", "mdl_scalars"} (+ "mdl_caution" for Supp)."""
@@ -29,6 +31,13 @@ def decision_metadata(d: GateDecision) -> dict:
     if d.action == Action.SUPP:
         meta["mdl_caution"] = CAUTION
     return meta
+
+
+def gated_metadata(metadata: Mapping, d: GateDecision) -> dict:
+    """A kept document's metadata: ``metadata`` without the keys of an earlier decision, plus this
+    one's. A document gated twice (a stored Supp output retrieved again) kept the first decision's
+    ``mdl_caution`` beside the second's ``mdl_action``: an Active document read as one to caution."""
+    return {**{k: v for k, v in metadata.items() if k not in METADATA_KEYS}, **decision_metadata(d)}
 
 
 def document_texts(name: str, documents: Any, kind: type, text: Callable[[Any], Any]) -> tuple[list, list[str]]:
@@ -145,5 +154,3 @@ class LiveGateFields:
             self.on_decision(d)
         return d
 
-
-METADATA_KEYS = ("mdl_action", "mdl_scalars", "mdl_caution")

@@ -20,7 +20,7 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import GATE_FIELDS, build_gate, decision_metadata, document_texts, rebuilt_gate
+from mdl_jax.integrations import GATE_FIELDS, build_gate, document_texts, gated_metadata, rebuilt_gate
 
 
 @component
@@ -92,8 +92,7 @@ class MDLGate:
         self.last_decision = d
         kept = []
         if d.injects:
-            meta = decision_metadata(d)
-            kept = [dataclasses.replace(doc, meta={**doc.meta, **meta}) for doc in documents]
+            kept = [dataclasses.replace(doc, meta=gated_metadata(doc.meta, d)) for doc in documents]
         decision = d.to_dict()
         decision["memories"] = [doc.content for doc in kept]
         decision["abstention"] = d.abstention

@@ -23,7 +23,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import LiveGateFields, decision_metadata, document_texts
+from mdl_jax.integrations import LiveGateFields, document_texts, gated_metadata
 from mdl_jax.signals.embeddings import Embedder
 
 
@@ -61,8 +61,7 @@ class MDLDocumentCompressor(LiveGateFields, BaseDocumentCompressor):
         d = self._decide(query, texts)
         if not d.injects:
             return []
-        meta = decision_metadata(d)
-        return [Document(page_content=doc.page_content, metadata={**doc.metadata, **meta},
+        return [Document(page_content=doc.page_content, metadata=gated_metadata(doc.metadata, d),
                          id=doc.id) for doc in documents]
 
 

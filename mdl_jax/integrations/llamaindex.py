@@ -21,7 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import PrivateAttr
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
-from mdl_jax.integrations import METADATA_KEYS, LiveGateFields, decision_metadata, document_texts
+from mdl_jax.integrations import METADATA_KEYS, LiveGateFields, document_texts, gated_metadata
 from mdl_jax.signals.embeddings import Embedder
 
 
@@ -54,14 +54,16 @@ class MDLNodePostprocessor(LiveGateFields, BaseNodePostprocessor):
         d = self._decide(query_bundle.query_str, texts)
         if not d.injects:
             return []
-        meta = decision_metadata(d)
         out = []
         for n in nodes:
             node = n.node.model_copy()
-            node.metadata = {**n.node.metadata, **meta}
-            hide = [k for k in METADATA_KEYS if k in meta]
-            node.excluded_llm_metadata_keys = list(n.node.excluded_llm_metadata_keys) + hide
-            node.excluded_embed_metadata_keys = list(n.node.excluded_embed_metadata_keys) + hide
+            node.metadata = gated_metadata(n.node.metadata, d)
+            # each key once, however often the node was gated
+            hide = [k for k in METADATA_KEYS if k in node.metadata]
+            node.excluded_llm_metadata_keys = [k for k in n.node.excluded_llm_metadata_keys
+                                               if k not in METADATA_KEYS] + hide
+            node.excluded_embed_metadata_keys = [k for k in n.node.excluded_embed_metadata_keys
+                                                 if k not in METADATA_KEYS] + hide
             out.append(NodeWithScore(node=node, score=n.score))
         return out
 
