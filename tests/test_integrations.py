@@ -324,3 +324,28 @@ def test_a_document_gated_twice_carries_only_the_latest_decision(framework):
     for (_, meta), src in zip(kept, (7, 8)):
         assert meta["mdl_action"] == "Active" and "mdl_caution" not in meta and meta["src"] == src
         assert meta["mdl_scalars"] == comp.last_decision.scalars
+
+
+def _every_pair_conflicts(texts):
+    """A conflict detector (module-level, so a serialised pipeline names it) that flags every pair."""
+    n = len(texts)
+    return [[i != j for j in range(n)] for i in range(n)]
+
+
+def test_haystack_component_comes_back_from_its_serialised_form_with_its_conflict_detector(monkeypatch):
+    """to_dict left the conflict detector out: the loaded component decided with the lexical one."""
+    monkeypatch.setenv("HAYSTACK_DESERIALIZATION_ALLOWLIST", "tests.test_integrations")  # Haystack's allowlist
+    mems, A = CASES[Action.ACTIVE]
+    gate = MDLGate(embedder="all-MiniLM-L6-v2", risk=A, conflict=_every_pair_conflicts)
+    data = gate.to_dict()
+    assert data["init_parameters"]["conflict"] == "tests.test_integrations._every_pair_conflicts"
+    again = MDLGate.from_dict(data)
+    assert again.conflict is _every_pair_conflicts
+    assert again.gate.conflict(mems).tolist() == gate.gate.conflict(mems).tolist() == [[False, True], [True, False]]
+    pipe = Pipeline()
+    pipe.add_component("gate", gate)
+    loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["mdl_jax.integrations.haystack"])
+    assert loaded.get_component("gate").conflict is _every_pair_conflicts
+    assert MDLGate.from_dict(MDLGate(embedder="all-MiniLM-L6-v2").to_dict()).conflict is None
+    with pytest.raises(ValueError, match=r"^conflict: expected a module-level function to serialise"):
+        MDLGate(embedder="all-MiniLM-L6-v2", conflict=lambda texts: _every_pair_conflicts(texts)).to_dict()

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.utils import deserialize_callable, serialize_callable
 
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
 from mdl_jax.integrations import GATE_FIELDS, build_gate, document_texts, gated_metadata, rebuilt_gate
@@ -99,12 +100,29 @@ class MDLGate:
         return {"documents": kept, "decision": decision}
 
     def to_dict(self) -> dict:
-        """Serialisable when the settings are (a model name or path, a number / preset / table)."""
-        return default_to_dict(self, embedder=self.embedder, risk=self.risk, config=self.config,
-                               cache_dir=self.cache_dir, category=self.category,
+        """Serialisable when the settings are (a model name or path, a number / preset / table); a
+        ``conflict`` detector is written as its import path (a module-level function).
+
+        Raises:
+          ValueError: a ``conflict`` detector that has no import path (a lambda, a nested function,
+            a method): without it the loaded component would decide with the lexical detector.
+        """
+        conflict = None
+        if self.conflict is not None:
+            try:
+                conflict = serialize_callable(self.conflict)
+            except Exception as e:   # Haystack's SerializationError; an object without a __name__
+                raise ValueError(f"conflict: expected a module-level function to serialise (written as "
+                                 f"its import path), got {self.conflict!r} ({e})"[:300]) from None
+        return default_to_dict(self, embedder=self.embedder, risk=self.risk, conflict=conflict,
+                               config=self.config, cache_dir=self.cache_dir, category=self.category,
                                embed_backend=self.embed_backend)
 
     @classmethod
     def from_dict(cls, data: dict) -> MDLGate:
-        """The component ``to_dict`` described (Haystack's pipeline loading)."""
-        return default_from_dict(cls, data)
+        """The component ``to_dict`` described (Haystack's pipeline loading); a ``conflict`` import
+        path is imported under Haystack's allowlist of modules."""
+        params = dict(data.get("init_parameters") or {})
+        if isinstance(params.get("conflict"), str):
+            params["conflict"] = deserialize_callable(params["conflict"])
+        return default_from_dict(cls, {**data, "init_parameters": params})
