@@ -349,3 +349,25 @@ def test_haystack_component_comes_back_from_its_serialised_form_with_its_conflic
     assert MDLGate.from_dict(MDLGate(embedder="all-MiniLM-L6-v2").to_dict()).conflict is None
     with pytest.raises(ValueError, match=r"^conflict: expected a module-level function to serialise"):
         MDLGate(embedder="all-MiniLM-L6-v2", conflict=lambda texts: _every_pair_conflicts(texts)).to_dict()
+
+
+def test_haystack_pipeline_with_the_component_writes_and_loads_its_config_path_and_risk_table(tmp_path):
+    """Pipeline.dumps refused the component's own to_dict: an MDLConfig (not a YAML value), a risk
+    table keyed by a number, a NumPy risk or a pathlib path."""
+    import numpy as np
+
+    from mdl_jax import save_config
+
+    cfg = MDLConfig(sigma=0.3, thresholds=(0.7, 0.5, 0.3))
+    saved = save_config(cfg, tmp_path / "config.json")
+    mems, _ = CASES[Action.ACTIVE]
+    for kwargs in ({"config": cfg, "risk": {1: 0.2, "Health": np.float32(0.85)}, "category": "1"},
+                   {"config": saved, "risk": np.float64(0.2), "cache_dir": tmp_path}):
+        gate = MDLGate(embedder="all-MiniLM-L6-v2", **kwargs)
+        pipe = Pipeline()
+        pipe.add_component("gate", gate)
+        loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["mdl_jax.integrations.haystack"]).get_component("gate")
+        assert loaded.gate.config == cfg
+        assert loaded.gate.risk("q", "1") == gate.gate.risk("q", "1") == pytest.approx(0.2)
+        if isinstance(gate.risk, dict):
+            assert loaded.gate.risk("q", "Health") == gate.gate.risk("q", "Health") == pytest.approx(0.85)

@@ -15,11 +15,16 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import deserialize_callable, serialize_callable
 
+from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.config_file import config_to_dict
 from mdl_jax.gate.core import DEFAULT_MODEL, GateDecision
 from mdl_jax.integrations import GATE_FIELDS, build_gate, document_texts, gated_metadata, rebuilt_gate
 
@@ -114,9 +119,9 @@ class MDLGate:
             except Exception as e:   # Haystack's SerializationError; an object without a __name__
                 raise ValueError(f"conflict: expected a module-level function to serialise (written as "
                                  f"its import path), got {self.conflict!r} ({e})"[:300]) from None
-        return default_to_dict(self, embedder=self.embedder, risk=self.risk, conflict=conflict,
-                               config=self.config, cache_dir=self.cache_dir, category=self.category,
-                               embed_backend=self.embed_backend)
+        return default_to_dict(self, embedder=_plain(self.embedder), risk=_plain(self.risk),
+                               conflict=conflict, config=_plain(self.config), cache_dir=_plain(self.cache_dir),
+                               category=self.category, embed_backend=self.embed_backend)
 
     @classmethod
     def from_dict(cls, data: dict) -> MDLGate:
@@ -126,3 +131,19 @@ class MDLGate:
         if isinstance(params.get("conflict"), str):
             params["conflict"] = deserialize_callable(params["conflict"])
         return default_from_dict(cls, {**data, "init_parameters": params})
+
+
+def _plain(setting: Any) -> Any:
+    """A setting as the plain values Haystack's pipeline writer (YAML) takes, meaning the same to the
+    gate: an ``MDLConfig`` as the dict of its fields, a path as text, a risk table's keys as text
+    (the gate reads categories as text) and NumPy numbers as floats; anything else as it is."""
+    if isinstance(setting, MDLConfig):
+        d = config_to_dict(setting)
+        return {**d["numeric"], **d["static"]}
+    if isinstance(setting, os.PathLike):
+        return os.fspath(setting)
+    if isinstance(setting, Mapping):
+        return {str(k): _plain(v) for k, v in setting.items()}
+    if isinstance(setting, numbers.Real) and type(setting) not in (bool, int, float):  # np.float64 too
+        return float(setting)
+    return setting
