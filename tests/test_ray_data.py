@@ -241,3 +241,22 @@ def test_a_risk_table_without_a_category_column_is_refused_at_construction():
         MemoryGateBatch(embedder=hashed, risk={"Health": 0.9})
     MemoryGateBatch(embedder=hashed, risk={"Health": 0.9}, category_field="topic")
     MemoryGateBatch(embedder=hashed, risk={"Health": 0.9}, risk_field="A")
+
+
+def test_settings_that_would_be_ignored_or_misread_are_refused_at_construction():
+    """An empty category_field was read as none (a preset then gave every row its default risk), a
+    column name of another type failed at the first batch, a device beside an embedder that is not a
+    name (or a pathlib path) was dropped and the job ran on the CPU."""
+    for name, bad in (("category_field", ""), ("risk_field", ""), ("category_field", 5), ("risk_field", 0.5)):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a column name or None, got {bad!r}$"):
+            MemoryGateBatch(embedder=hashed, risk="truthfulqa", **{name: bad})
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match=rf"^device: expected a torch device name .* got {bad!r}$"):
+            MemoryGateBatch(embedder=hashed, device=bad)
+    for bad in (0, -1, "64", 2.0, True):
+        with pytest.raises(ValueError, match=rf"^batch_size: expected a positive int, got {bad!r}$"):
+            MemoryGateBatch(embedder=hashed, batch_size=bad)
+    with pytest.raises(ValueError, match=r"^device: applies to a named embedder; the embedder given is a function"):
+        MemoryGateBatch(embedder=hashed, device="cuda")
+    gate = MemoryGateBatch(embedder=Path("all-MiniLM-L6-v2"), device="cpu", batch_size=8).gate
+    assert gate.embedder.device == "cpu" and gate.embedder.batch_size == 8

@@ -33,6 +33,7 @@ Ray itself is an optional extra (``pip install 'mdl-jax[ray]'``); this module do
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -102,8 +103,10 @@ class MemoryGateBatch:
             and ``mdl_error``; its lone surrogates in the query and memories columns become U+FFFD).
 
     Raises:
-        ValueError: a bad setting (named); a batch holding a column this class writes (named); with
-            ``on_bad_row="error"`` a bad row (its index in the batch, the field and what was
+        ValueError: a bad setting (named): a column name that is not a non-empty string, a device
+            that is not a name or one given with an embedder that is not a name, a batch size that
+            is not a positive int, and the gate's (``MemoryGate``); a batch holding a column this
+            class writes (named); with ``on_bad_row="error"`` a bad row (its index in the batch, the field and what was
             expected; a lone surrogate in a query or memory included).
     """
 
@@ -118,6 +121,20 @@ class MemoryGateBatch:
         for name, v in (("query_field", query_field), ("memories_field", memories_field)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}: expected a column name, got {v!r}")
+        for name, col in (("category_field", category_field), ("risk_field", risk_field)):
+            # "" was read as "no column": a preset then gave every row its default risk
+            if col is not None and (not isinstance(col, str) or not col):
+                raise ValueError(f"{name}: expected a column name or None, got {col!r}")
+        if device is not None and (not isinstance(device, str) or not device):
+            raise ValueError(f"device: expected a torch device name (\"cpu\", \"cuda\") or None, got {device!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if isinstance(embedder, os.PathLike):  # a path names a model as its text does
+            embedder = os.fspath(embedder)
+        if device is not None and not isinstance(embedder, str):
+            # an object or callable runs its own model: the device would be ignored, the job on the CPU
+            raise ValueError(f"device: applies to a named embedder; the embedder given is a "
+                             f"{type(embedder).__name__} (put its model on the device yourself)")
         if isinstance(risk, Mapping) and not category_field and not risk_field:
             # every row would fail ("None is not in the risk table"), as `mdl-jax gate` refuses at start
             raise ValueError("category_field: a {category: risk} table maps each row's category to A; name "
