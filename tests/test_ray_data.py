@@ -260,3 +260,21 @@ def test_settings_that_would_be_ignored_or_misread_are_refused_at_construction()
         MemoryGateBatch(embedder=hashed, device="cuda")
     gate = MemoryGateBatch(embedder=Path("all-MiniLM-L6-v2"), device="cpu", batch_size=8).gate
     assert gate.embedder.device == "cpu" and gate.embedder.batch_size == 8
+
+
+def test_an_arrow_batch_gets_the_same_column_types_when_empty_or_all_marked(tmp_path):
+    """An empty batch, or one whose rows were all marked bad, gained Arrow null columns: a Parquet folder
+    holding such a part beside a decided one could not be read back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    gate = MemoryGateBatch(embedder=hashed, on_bad_row="mark")
+    good = gate(pa.table({"query": ["a question"], "memories": [["a memory"]]}))
+    bad = gate(pa.table({"query": ["", None], "memories": [["a memory"], ["another"]]}))
+    empty = gate(pa.table({"query": pa.array([], pa.string()), "memories": pa.array([], pa.list_(pa.string()))}))
+    assert bad.schema == good.schema == empty.schema
+    assert good.schema.field("mdl_action").type == pa.string() and good.schema.field("mdl_M").type == pa.float64()
+    for i, part in enumerate((bad, empty, good)):
+        pq.write_table(part, tmp_path / f"{i}.parquet")
+    back = pq.read_table(tmp_path)
+    assert back.num_rows == 3 and back.column("mdl_action").to_pylist().count(None) == 2

@@ -167,8 +167,12 @@ class MemoryGateBatch:
             self._refuse_gated(batch.column_names)  # (Arrow text is UTF-8: it holds no lone surrogate)
             cols = {k: batch.column(k).to_pylist() for k in self._needed(batch.column_names)}
             out = self.decide_columns(cols)
+            # each column's type stated: one inferred from an empty batch, or one whose rows are all
+            # marked bad, was Arrow's null, and a Parquet folder mixing it with string parts is unreadable
+            types = {"mdl_action": pa.string(), "mdl_error": pa.string(), "mdl_n_relevant": pa.int64()}
             for k, v in out.items():
-                batch = batch.append_column(k, pa.array(v.tolist() if isinstance(v, np.ndarray) else v))
+                batch = batch.append_column(k, pa.array(v.tolist() if isinstance(v, np.ndarray) else v,
+                                                        type=types.get(k, pa.float64())))
             return batch
         if hasattr(batch, "columns") and hasattr(batch, "assign"):  # a pandas DataFrame
             import pandas as pd
