@@ -371,3 +371,25 @@ def test_haystack_pipeline_with_the_component_writes_and_loads_its_config_path_a
         assert loaded.gate.risk("q", "1") == gate.gate.risk("q", "1") == pytest.approx(0.2)
         if isinstance(gate.risk, dict):
             assert loaded.gate.risk("q", "Health") == gate.gate.risk("q", "Health") == pytest.approx(0.85)
+
+
+def _high_risk(query, category):
+    """A risk assessor that pickles (module-level)."""
+    return 0.85
+
+
+@pytest.mark.parametrize("cls", [MDLDocumentCompressor, MDLNodePostprocessor])
+def test_a_pickled_component_decides_as_the_original_or_pickling_fails(cls):
+    """LangChain's component did not pickle at all (its gate holds closures); LlamaIndex's dropped a
+    setting that did not pickle, with a logged warning: a lambda risk of 0.85 came back as 0.5."""
+    import pickle
+
+    mems, _ = CASES[Action.SILENT]
+    comp = cls(embedder=_lookup, risk=_high_risk, category="c")
+    again = pickle.loads(pickle.dumps(comp))
+    assert again.risk is _high_risk and again.category == "c" and again.gate is not comp.gate
+    want = comp.gate.decide("q", mems)
+    got = again.gate.decide("q", mems)
+    assert got.action == want.action == Action.SILENT and got.scalars == want.scalars
+    with pytest.raises(Exception, match="risk: cannot be pickled" if cls is MDLNodePostprocessor else "pickle"):
+        pickle.dumps(cls(embedder=_lookup, risk=lambda q, c: 0.85))

@@ -66,6 +66,8 @@ def build_gate(embedder, risk, conflict, config, cache_dir, embed_backend="auto"
 # The component fields the gate is built from: setting one builds the gate anew (``rebuilt_gate``), so a
 # field never says one thing while the gate decides with another.
 GATE_FIELDS = ("embedder", "risk", "conflict", "config", "cache_dir", "embed_backend")
+# every field of ``LiveGateFields``: what a pickled component must carry to decide as the original
+LIVE_FIELDS = (*GATE_FIELDS, "category", "on_decision")
 
 
 def rebuilt_gate(component, name: str, value) -> MemoryGate:
@@ -125,6 +127,26 @@ class LiveGateFields:
             self._gate = gate
             return
         super().__setattr__(name, value)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle's state without the gate (rebuilt from the fields on unpickling: it holds the
+        settings as closures, which do not pickle). A field the framework left out of the state as
+        unpicklable (LlamaIndex drops it with a logged warning, and the unpickled component decided
+        with that setting's default: a lambda risk became A = 0.5) is a TypeError naming it."""
+        state: dict[Any, Any] = super().__getstate__()  # type: ignore[assignment]
+        missing = [f for f in LIVE_FIELDS if f not in state.get("__dict__", {})]
+        if missing:
+            raise TypeError(f"{missing[0]}: cannot be pickled ({getattr(self, missing[0])!r}), and the "
+                            "unpickled component would use the default instead; give a module-level "
+                            "function or a picklable object"[:300])
+        if state.get("__pydantic_private__") is not None:
+            state["__pydantic_private__"] = {**state["__pydantic_private__"], "_gate": None}
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        if getattr(self, "_gate", None) is None:
+            self._gate = build_gate(**{f: getattr(self, f) for f in GATE_FIELDS})
 
     def model_copy(self, *, update=None, deep: bool = False):
         """Pydantic's copy; one whose ``update`` sets a gate setting gets its own gate, built from its
