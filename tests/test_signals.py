@@ -234,8 +234,8 @@ def test_risk_tables():
 
 
 @pytest.mark.parametrize("call, name", [
-    (lambda: truthfulqa_risk(None), "category"), (lambda: halueval_risk(b"q"), "question"),
-    (lambda: stance_conflict(None, "x"), "a"), (lambda: stance_conflict("x", 3), "b"),
+    (lambda: truthfulqa_risk(None), "category"), (lambda: halueval_risk(b"q"), "question"),  # type: ignore[arg-type]
+    (lambda: stance_conflict(None, "x"), "a"), (lambda: stance_conflict("x", 3), "b"),  # type: ignore[arg-type]
 ])
 def test_risk_and_stance_of_a_text_that_is_no_string_are_errors_naming_it(call, name):
     with pytest.raises(TypeError, match=rf"^{name}: expected a string, got "):
