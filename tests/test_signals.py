@@ -1221,3 +1221,17 @@ def test_a_model_folder_that_would_embed_every_text_wrong_is_a_model_load_error(
         (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10000}))
     with pytest.raises(ModelLoadError, match=rf"^embedder: .*model.*{why}"):
         Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["word " * 1000, "other"])
+
+
+def test_a_static_embedding_model_folder_loads_and_embeds(tmp_path):
+    """A folder whose first module is a StaticEmbedding (a model2vec-style table of token vectors) has a
+    tokenizers.Tokenizer without a length: the load's check of a transformers tokenizer raised a
+    TypeError from len() on it."""
+    from sentence_transformers import SentenceTransformer, models
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(Embedder().load_path) / "tokenizer.json"))
+    weights = np.random.default_rng(0).standard_normal((tok.get_vocab_size(), 8)).astype(np.float32)
+    SentenceTransformer(modules=[models.StaticEmbedding(tok, embedding_weights=weights)]).save(str(tmp_path / "static"))
+    vecs = Embedder(str(tmp_path / "static"), cache_dir=tmp_path / "cache").embed(["a cat", "a dog"])
+    assert vecs.shape == (2, 8) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)

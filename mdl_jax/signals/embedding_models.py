@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
@@ -90,12 +91,16 @@ def load_model(path: str, device: str, model_id: str | None = None):
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
             first = model[0] if len(model) else None
             cfg = getattr(getattr(first, "auto_model", None), "config", None)
-            tok = getattr(model, "tokenizer", None)
-            from mdl_jax.signals.model_folder import reading_fault
+            if cfg is not None:
+                # only a transformers module has a tokenizer and a config to compare; another first
+                # module (a StaticEmbedding's tokenizers.Tokenizer has no len) is the model's own
+                from mdl_jax.signals.model_folder import reading_fault
 
-            why = reading_fault(len(tok) if tok is not None else None, getattr(cfg, "vocab_size", None),
-                                getattr(model, "max_seq_length", None), getattr(cfg, "max_position_embeddings", None))
-            if why:
-                raise ModelLoadError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
+                tok: Any = getattr(first, "tokenizer", None)
+                why = reading_fault(len(tok) if hasattr(tok, "__len__") else None,
+                                    getattr(cfg, "vocab_size", None), getattr(model, "max_seq_length", None),
+                                    getattr(cfg, "max_position_embeddings", None))
+                if why:
+                    raise ModelLoadError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
             _MODELS[key] = model
         return _MODELS[key]
