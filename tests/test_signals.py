@@ -1235,3 +1235,31 @@ def test_a_static_embedding_model_folder_loads_and_embeds(tmp_path):
     SentenceTransformer(modules=[models.StaticEmbedding(tok, embedding_weights=weights)]).save(str(tmp_path / "static"))
     vecs = Embedder(str(tmp_path / "static"), cache_dir=tmp_path / "cache").embed(["a cat", "a dog"])
     assert vecs.shape == (2, 8) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+
+
+def test_a_model_without_a_position_table_embeds_texts_past_max_position_embeddings(tmp_path):
+    """DeBERTa's relative buckets, rotary and ALiBi positions have no table that a long text indexes
+    past: a folder truncating past max_position_embeddings embeds such texts, and was refused at load
+    as one that fails deep in the model."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2Model
+
+    torch.manual_seed(0)
+    cfg = DebertaV2Config(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=64, relative_attention=True,
+                          position_buckets=32, pos_att_type=["p2c", "c2p"], position_biased_input=False)
+    DebertaV2Model(cfg).save_pretrained(tmp_path / "raw")
+    AutoTokenizer.from_pretrained(Embedder().load_path).save_pretrained(tmp_path / "raw")
+    body = models.Transformer(str(tmp_path / "raw"))
+    SentenceTransformer(modules=[body, models.Pooling(16, "mean")]).save(str(tmp_path / "deberta"))
+    (tmp_path / "deberta" / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    vecs = Embedder(str(tmp_path / "deberta"), cache_dir=tmp_path / "cache").embed(["word " * 200, "other"])
+    assert vecs.shape == (2, 16) and np.isfinite(vecs).all()
+    from mdl_jax.signals.model_folder import position_limit
+
+    assert position_limit({"max_position_embeddings": 512}) == 512
+    assert position_limit({"max_position_embeddings": 512, "position_embedding_type": "relative_key"}) == 512
+    for unbounded in ({"position_embedding_type": "rotary"}, {"position_embedding_type": "alibi"},
+                      {"rotary_emb_fraction": 1.0}, {"global_rope_theta": 160000.0}, {"position_biased_input": False}):
+        assert position_limit({"max_position_embeddings": 512, **unbounded}) is None

@@ -146,6 +146,36 @@ def max_seq_length(path: Path, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
+# position encodings whose table (``max_position_embeddings`` rows, or twice that for the relative
+# distances) a longer text indexes past; rotary, ALiBi and DeBERTa's relative buckets have none
+_TABLE_POSITIONS = ("absolute", "relative_key", "relative_key_query")
+
+
+def position_limit(config: dict) -> int | None:
+    """The most tokens a model's position table takes (``config.json``'s ``max_position_embeddings``),
+    or None where its positions have no such bound or it states none.
+
+    Args:
+        config: the model's ``config.json`` as a dict.
+
+    Returns:
+        ``max_position_embeddings``, unless the model encodes positions without a table of them:
+        DeBERTa's relative buckets (``position_biased_input`` false), rotary or ALiBi positions
+        (``position_embedding_type`` of another kind, or ``rope_*`` / ``rotary_*`` settings), which
+        run on texts past that number.
+    """
+    n = config.get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    if config.get("position_biased_input") is False:
+        return None
+    if config.get("position_embedding_type", "absolute") not in _TABLE_POSITIONS:
+        return None
+    if any(str(k).startswith(("rope", "rotary")) or "_rope_" in str(k) for k in config):
+        return None
+    return n
+
+
 def reading_fault(tokens: int | None, vocab_size: int | None, max_len: int | None,
                   positions: int | None) -> str | None:
     """Why a loaded model folder would embed every text silently wrong, or None.
@@ -154,7 +184,7 @@ def reading_fault(tokens: int | None, vocab_size: int | None, max_len: int | Non
         tokens: how many tokens its tokenizer knows (``len(tokenizer)``).
         vocab_size: the rows of the model's token embedding (``config.json``'s ``vocab_size``).
         max_len: where its texts are truncated (``max_seq_length``).
-        positions: the model's ``max_position_embeddings``.
+        positions: how many positions the model takes (``position_limit``; None for no bound).
 
     Returns:
         A phrase naming the fault: a tokenizer that knows under half the model's tokens (its vocab

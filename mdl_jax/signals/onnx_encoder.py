@@ -66,6 +66,7 @@ from mdl_jax.signals.model_folder import (  # noqa: F401  (re-exported)
     folder_hash,
     max_seq_length,
     model_pooling,
+    position_limit,
     reading_fault,
 )
 from mdl_jax.signals.onnx_export import DIGEST_SUFFIX, OPSET, damaged, digest_fault, export  # noqa: F401
@@ -174,7 +175,7 @@ class OnnxEncoder:
         self.max_seq_length = max_seq_length(path, self.tokenizer)
         cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
         why = reading_fault(len(self.tokenizer), cfg.get("vocab_size"), self.max_seq_length,
-                            cfg.get("max_position_embeddings"))
+                            position_limit(cfg) if isinstance(cfg, dict) else None)
         if why:
             raise ValueError(f"embedder: the model {str(path)!r} cannot embed texts faithfully: {why}")
         self.graph = export(path, cache_dir, int8=int8)
