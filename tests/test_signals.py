@@ -1203,24 +1203,35 @@ def test_a_truncated_weight_file_is_a_model_load_error_naming_the_folder(tmp_pat
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
-@pytest.mark.parametrize("damage, why", [
-    ("no vocab", r"its tokenizer knows 5 tokens and its model 30522"),
-    ("max_seq_length past the positions", r"max_seq_length 10000 tokens .* past its model's 512 positions"),
-])
-def test_a_model_folder_that_would_embed_every_text_wrong_is_a_model_load_error(tmp_path, backend, damage, why):
+def test_a_model_folder_without_its_vocabulary_is_a_model_load_error(tmp_path, backend):
     """Without its vocab, transformers builds a tokenizer of its five special tokens and every text
-    embeds to nearly one vector; truncating past the model's positions fails deep in the model on a
-    long text. Either is refused when the folder is loaded, naming it."""
+    embeds to nearly one vector: refused when the folder is loaded, naming it."""
     from mdl_jax.signals.embedding_models import ModelLoadError
 
     folder = _bundled_copy(tmp_path)
-    if damage == "no vocab":
-        for name in ("tokenizer.json", "vocab.txt"):
-            (folder / name).unlink()
-    else:
-        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10000}))
-    with pytest.raises(ModelLoadError, match=rf"^embedder: .*model.*{why}"):
-        Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["word " * 1000, "other"])
+    for name in ("tokenizer.json", "vocab.txt"):
+        (folder / name).unlink()
+    with pytest.raises(ModelLoadError, match=r"^embedder: .*model.*its tokenizer knows 5 tokens and its model 30522"):
+        Embedder(str(folder), cache_dir=tmp_path / "cache", backend=backend).embed(["a text", "other"])
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_max_seq_length_past_the_position_table_truncates_at_the_table_with_a_warning(tmp_path, backend):
+    """A folder stating max_seq_length 10000 on a model of 512 positions failed deep in the model on a
+    text past 512 tokens; it is truncated at 512, as a folder stating 512 truncates it, and every
+    shorter text embeds as before."""
+    long_text = "word " * 1000
+    vecs = {}
+    for n in (512, 10000):
+        folder = _bundled_copy(tmp_path / str(n))
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": n}))
+        e = Embedder(str(folder), cache_dir=tmp_path / str(n) / "cache", backend=backend)
+        if n == 512:
+            vecs[n] = e.embed([long_text, "short"])
+            continue
+        with pytest.warns(RuntimeWarning, match=r"max_seq_length 10000 tokens, past its model's 512 positions"):
+            vecs[n] = e.embed([long_text, "short"])
+    np.testing.assert_allclose(vecs[10000], vecs[512], atol=1e-6)
 
 
 def test_a_static_embedding_model_folder_loads_and_embeds(tmp_path):

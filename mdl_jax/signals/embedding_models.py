@@ -94,13 +94,13 @@ def load_model(path: str, device: str, model_id: str | None = None):
             if cfg is not None:
                 # only a transformers module has a tokenizer and a config to compare; another first
                 # module (a StaticEmbedding's tokenizers.Tokenizer has no len) is the model's own
-                from mdl_jax.signals.model_folder import position_limit, reading_fault
+                from mdl_jax.signals.model_folder import reading_fault, within_positions
 
                 tok: Any = getattr(first, "tokenizer", None)
-                why = reading_fault(len(tok) if hasattr(tok, "__len__") else None,
-                                    getattr(cfg, "vocab_size", None), getattr(model, "max_seq_length", None),
-                                    position_limit(cfg.to_dict()))
+                why = reading_fault(len(tok) if hasattr(tok, "__len__") else None, getattr(cfg, "vocab_size", None))
                 if why:
                     raise ModelLoadError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
+                if isinstance(model.max_seq_length, int):
+                    model.max_seq_length = within_positions(model.max_seq_length, cfg.to_dict(), path)
             _MODELS[key] = model
         return _MODELS[key]

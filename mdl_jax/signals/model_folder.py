@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 _MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".txt", ".model")
@@ -176,26 +177,37 @@ def position_limit(config: dict) -> int | None:
     return n
 
 
-def reading_fault(tokens: int | None, vocab_size: int | None, max_len: int | None,
-                  positions: int | None) -> str | None:
-    """Why a loaded model folder would embed every text silently wrong, or None.
+def reading_fault(tokens: int | None, vocab_size: int | None) -> str | None:
+    """Why a loaded model folder would embed every text alike, or None.
 
     Args:
         tokens: how many tokens its tokenizer knows (``len(tokenizer)``).
         vocab_size: the rows of the model's token embedding (``config.json``'s ``vocab_size``).
-        max_len: where its texts are truncated (``max_seq_length``).
-        positions: how many positions the model takes (``position_limit``; None for no bound).
 
     Returns:
-        A phrase naming the fault: a tokenizer that knows under half the model's tokens (its vocab
+        A phrase naming the fault, a tokenizer that knows under half the model's tokens (its vocab
         file missing: transformers then builds one of its five special tokens, and every word reads
-        as unknown, so all texts get nearly one vector), or truncation past the model's positions
-        (a longer text fails deep inside the model); None when neither, or a number is unknown.
+        as unknown, so all texts get nearly one vector); None when not, or a number is unknown.
     """
     if tokens and vocab_size and tokens * 2 < vocab_size:
         return (f"its tokenizer knows {tokens} tokens and its model {vocab_size}: a tokenizer file "
                 "(vocab.txt, tokenizer.json) is missing or wrong, and most words would read as unknown")
-    if max_len and positions and max_len > positions:
-        return (f"it truncates texts at max_seq_length {max_len} tokens (sentence_bert_config.json), past "
-                f"its model's {positions} positions (config.json's max_position_embeddings)")
     return None
+
+
+def within_positions(max_len: int, config: dict, folder) -> int:
+    """Where to truncate the folder's texts: its ``max_seq_length``, or the model's position table
+    (``position_limit``) where that is shorter, with a warning naming both.
+
+    A folder may state a ``max_seq_length`` past its model's positions; a text longer than the table
+    then fails deep inside the model (torch's index error, ONNX Runtime's broadcast). Truncating at the
+    table embeds it, as a text past ``max_seq_length`` is embedded from its first tokens, and leaves
+    every shorter text's vector as it was.
+    """
+    limit = position_limit(config)
+    if limit is None or max_len <= limit:
+        return max_len
+    warnings.warn(f"embedder: the model folder {str(folder)!r} truncates texts at max_seq_length {max_len} "
+                  f"tokens, past its model's {limit} positions (config.json's max_position_embeddings); "
+                  f"texts are truncated at {limit}", RuntimeWarning, stacklevel=3)
+    return limit

@@ -66,8 +66,8 @@ from mdl_jax.signals.model_folder import (  # noqa: F401  (re-exported)
     folder_hash,
     max_seq_length,
     model_pooling,
-    position_limit,
     reading_fault,
+    within_positions,
 )
 from mdl_jax.signals.onnx_export import DIGEST_SUFFIX, OPSET, damaged, digest_fault, export  # noqa: F401
 from mdl_jax.signals.onnx_runtimes import (  # noqa: F401  (re-exported)
@@ -172,12 +172,12 @@ class OnnxEncoder:
 
         # the tokenizer first: a folder it cannot read faithfully is refused before a costly export
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.max_seq_length = max_seq_length(path, self.tokenizer)
         cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-        why = reading_fault(len(self.tokenizer), cfg.get("vocab_size"), self.max_seq_length,
-                            position_limit(cfg) if isinstance(cfg, dict) else None)
+        cfg = cfg if isinstance(cfg, dict) else {}
+        why = reading_fault(len(self.tokenizer), cfg.get("vocab_size"))
         if why:
             raise ValueError(f"embedder: the model {str(path)!r} cannot embed texts faithfully: {why}")
+        self.max_seq_length = within_positions(max_seq_length(path, self.tokenizer), cfg, path)
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = model_pooling(path)
         if threads is None:
