@@ -279,20 +279,3 @@ def test_an_arrow_batch_gets_the_same_column_types_when_empty_or_all_marked(tmp_
     back = pq.read_table(tmp_path)
     assert back.num_rows == 3 and back.column("mdl_action").to_pylist().count(None) == 2
 
-
-def test_a_pandas_batch_gets_the_same_column_types_when_all_marked(tmp_path):
-    """A pandas batch whose rows were all marked bad had object columns of None only, which Arrow reads as
-    null: a Parquet folder holding such a part beside a decided one could not be read back."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    gate = MemoryGateBatch(embedder=hashed, on_bad_row="mark")
-    good = gate(pd.DataFrame({"query": ["a question"], "memories": [["a memory"]]}))
-    bad = gate(pd.DataFrame({"query": ["", ""], "memories": [["a memory"], ["another"]]}))
-    tables = [pa.Table.from_pandas(part, preserve_index=False) for part in (bad, good)]
-    assert tables[0].schema.field("mdl_action").type == tables[1].schema.field("mdl_action").type
-    for i, t in enumerate(tables):
-        pq.write_table(t, tmp_path / f"{i}.parquet")
-    back = pq.read_table(tmp_path)
-    assert back.num_rows == 3 and back.column("mdl_action").to_pylist() == [None, None, good["mdl_action"][0]]

@@ -181,11 +181,7 @@ class MemoryGateBatch:
             cols = {k: batch[k].tolist() for k in self._needed(list(batch.columns))}
             out = self.decide_columns(cols)
             fixed = {k: pd.Series(v, index=batch.index, dtype=object) for k, v in self._scrubbed(cols, out).items()}
-            # the text columns as pandas' string dtype: left to inference, a part whose rows are all
-            # None became an Arrow null column, and a Parquet folder mixing it with decided parts is
-            # unreadable (the numpy format has no nullable text type: the guide says so)
-            text = {k: pd.array(v, dtype=pd.StringDtype()) for k, v in out.items() if v.dtype == object}
-            return batch.assign(**fixed, **{**out, **text})
+            return batch.assign(**fixed, **out)
         raise TypeError(f"batch: expected a dict of columns, a pandas DataFrame or a pyarrow Table, got "
                         f"{type(batch).__name__} (map_batches' batch_format)")
 
