@@ -413,10 +413,12 @@ def test_soft_decide_takes_one_temperature_not_one_per_record_or_threshold(t):
         jax.jit(lambda tau: soft_decide(M, M, M, temperature=tau))(jnp.asarray(t))
 
 
-def test_soft_decide_temperature_that_underflows_in_the_compute_dtype_is_rejected():
+def test_soft_decide_temperature_that_underflows_or_overflows_in_the_compute_dtype_is_rejected():
     h = np.float16(0.5)
     with pytest.raises(ValueError, match=r"^temperature: .*float32"):
         soft_decide(h, h, h, temperature=1e-46)  # 0 in float32: (C_final - θ) / 0 is NaN
+    with pytest.raises(ValueError, match=r"^temperature: .*float32"):
+        soft_decide(h, h, h, temperature=1e39)  # inf in float32: every sigmoid a flat 0.5
     for x in (h, np.float32(0.5)):  # float16 signals are computed in float32, where 1e-9 is > 0
         p = soft_decide(x, 0.5, 0.5, temperature=1e-9)
         assert p.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(p)))

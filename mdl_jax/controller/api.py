@@ -593,6 +593,6 @@ def _check_temperature(temperature, dtype) -> None:
     # > 0 where it is used: 1e-9 is 0 in float16, and (C_final - θ) / 0 is NaN at a threshold
     with np.errstate(over="ignore", invalid="ignore"):
         in_dtype = t.astype(jnp.dtype(dtype)).astype(np.float64)
-    if not np.all(np.isfinite(t.astype(np.float64)) & (in_dtype > 0)):
+    if not np.all(np.isfinite(in_dtype) & (in_dtype > 0)):   # 1e39 is inf in float32
         raise ValueError(f"temperature: expected a finite number > 0 (in {jnp.dtype(dtype).name}), "
                          f"got {temperature!r}")
