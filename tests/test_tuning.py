@@ -182,6 +182,21 @@ def test_uniform_weights_of_any_scale_train_exactly_as_unweighted(teacher_data, 
                                   tune(M, R, A, y, weights=(w > 0).astype(float), steps=5).history["loss"])
 
 
+def test_tune_under_x64_trains_in_float32_exactly_as_without_it(teacher_data):
+    """Under x64 the training loop's step counter (int64) did not match its int32 carry: a TypeError
+    from lax.scan. The frozen fields' constants would also have trained in float64."""
+    M, R, A, y = (x[:200] for x in teacher_data)
+    settings = TuneSettings(steps=8)
+    ref = tune(M, R, A, y, settings=settings)
+    with jax.enable_x64(True):
+        for signals in ((M, R, A), tuple(x.astype(np.float64) for x in (M, R, A))):
+            got = tune(*signals, y, settings=settings)
+            assert got.config == ref.config
+            for k in ("loss", "thresholds", "train_accuracy", "best_step"):
+                assert got.history[k].dtype == ref.history[k].dtype, k
+                np.testing.assert_array_equal(got.history[k], ref.history[k], err_msg=k)
+
+
 def test_a_learning_rate_that_saturates_the_controller_into_a_constant_is_warned_about(teacher_data):
     """Far too large a step saturates the thresholds (sigmoids at 0 or 1, no gradient) with every value
     finite, so no divergence is seen: the run's controller adopting every record is reported."""

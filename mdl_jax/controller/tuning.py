@@ -346,12 +346,13 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     shape = (_meshes.mesh_shape(n_dev, [len(i) for i in members], N) if mesh_shape is None
              else _meshes.check_mesh_shape(mesh_shape, n_dev))
     mesh = _meshes.make_mesh(shape, ("runs", "records"), across_processes)
-    data, groups = _placed(records, _Layout(base, field_sets, keys, members, prng, noise, wt, wv), shape, mesh)
     fused = tuple(any(f in FUSION_FIELDS for f in k) for k in keys)
     static = _static_base(base)
-    res = train_groups(tuple(groups), data, base=static, kinds=tuple(zip(keys, fused)), settings=settings,
-                       mesh=mesh)
-    configs, history = _gathered(res, base, field_sets, keys, members)
+    with jax.enable_x64(False):  # float32 throughout, as without x64: the frozen fields' constants too
+        data, groups = _placed(records, _Layout(base, field_sets, keys, members, prng, noise, wt, wv), shape, mesh)
+        res = train_groups(tuple(groups), data, base=static, kinds=tuple(zip(keys, fused)),
+                           settings=settings, mesh=mesh)
+        configs, history = _gathered(res, base, field_sets, keys, members)
     _warn_about_runs(history, field_sets, seeds, settings)
     return configs, history
 
