@@ -272,6 +272,22 @@ def test_a_malformed_line_is_a_data_error_naming_file_and_line(tmp_path):
         load_benchmark("ramdocs", path=tmp_path)
 
 
+def test_json_nested_past_pythons_stack_is_a_data_error_naming_the_file(tmp_path):
+    """A JSON value nested 100,000 deep raised RecursionError out of the readers: a traceback."""
+    from mdl_jax.evaluation.datasets.files import iter_jsonl, read_json
+
+    deep = "[" * 100_000 + "]" * 100_000
+    good = (ROOT / "ramdocs" / "RAMDocs_test.jsonl").read_text(encoding="utf-8").split("\n")[0]
+    (tmp_path / "RAMDocs_test.jsonl").write_text(good + "\n" + deep + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"RAMDocs_test\.jsonl, line 2: JSON nested too deeply"):
+        list(iter_jsonl(tmp_path / "RAMDocs_test.jsonl"))
+    with pytest.raises(DataError, match=r"RAMDocs_test\.jsonl, line 2: JSON nested too deeply"):
+        load_benchmark("ramdocs", path=tmp_path)
+    (tmp_path / "doc.json").write_text(deep, encoding="utf-8")
+    with pytest.raises(DataError, match=r"doc\.json: JSON nested too deeply"):
+        read_json(tmp_path / "doc.json")
+
+
 def test_the_pipeline_loader_keeps_its_public_names():
     from mdl_repro.pipeline import data
 

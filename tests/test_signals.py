@@ -981,6 +981,8 @@ TQA_ROW = "Adversarial,Misconceptions,Q?,B,C1; C2,I1; I2,S"
     ("halueval_qa.jsonl", json.dumps({**HALU, "right_answer": ["r"]}).encode(), r"line 1: right_answer: .*\['r'\]"),
     ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\n[1, 2]\n", r"line 2: expected a JSON object, got an array"),
     ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\nnull\n", r"line 2: expected a JSON object, got null"),
+    ("halueval_qa.jsonl", json.dumps(HALU).encode() + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+     r"line 2: JSON nested too deeply"),  # was a RecursionError: a traceback, not a DataError
     ("TruthfulQA.csv", b"", r"TruthfulQA\.csv: empty file; expected a CSV header"),
     ("TruthfulQA.csv", (TQA_HEADER + "\n").encode(), r"TruthfulQA\.csv: a header and no data rows"),
     ("TruthfulQA.csv", (TQA_HEADER + "\n" + TQA_ROW.replace("Misconceptions", "") + "\n").encode(),

@@ -139,6 +139,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object per line") from None
+        except RecursionError:  # [[[…]]] deeper than Python's stack: a defect of the file, not a bug
+            raise DataError(f"{path}, line {n}: JSON nested too deeply; expected one object per line") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}, line {n}: expected a JSON object, got {_kind(obj)}")
         yield n, obj
@@ -154,6 +156,8 @@ def read_json(path: Path) -> Any:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}, line {e.lineno}: malformed JSON ({e.msg}); expected one JSON document") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply; expected one JSON document") from None
 
 
 def read_records(path: Path) -> list[tuple[str, dict]]:
