@@ -1282,3 +1282,25 @@ def test_a_model_without_a_position_table_embeds_texts_past_max_position_embeddi
     for unbounded in ({"position_embedding_type": "rotary"}, {"position_embedding_type": "alibi"},
                       {"rotary_emb_fraction": 1.0}, {"global_rope_theta": 160000.0}, {"position_biased_input": False}):
         assert position_limit({"max_position_embeddings": 512, **unbounded}) is None
+
+
+class _UnitRows:
+    """Any text → the same unit row: enough for the argument checks."""
+
+    def embed(self, texts, desc=None):
+        return np.full((len(texts), 4), 0.5, np.float32)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"threshold": float("nan")}, r"^threshold: expected a cosine in \[-1, 1\], got nan"),  # was: nothing relevant
+    ({"threshold": 1.5}, r"^threshold: "), ({"threshold": "0.3"}, r"^threshold: "), ({"threshold": True}, r"^threshold: "),
+    ({"batch": 0}, r"^batch: expected an int ≥ 1, got 0"),  # was: range() arg 3 must not be zero
+    ({"batch": 2.0}, r"^batch: "),
+])
+def test_memory_signals_refuses_a_threshold_or_batch_outside_its_domain_naming_it(kwargs, match):
+    from mdl_jax.signals.aggregation import memory_signals
+
+    with pytest.raises(ValueError, match=match):
+        memory_signals(["q"], [["a", "b"]], _UnitRows(), **kwargs)
+    out = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=-1.0, batch=1)
+    assert int(out["n_relevant"][0]) == 2

@@ -468,7 +468,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
       {"M", "R", "phi": (B,) float32, "n_relevant": (B,) int32}.
 
     Raises:
-      ValueError: an unknown engine, or "native" where its C++ parts cannot be built or loaded here
+      ValueError: an unknown engine, a ``batch`` below 1, a ``threshold`` outside [-1, 1] (NaN), or "native" where its C++ parts cannot be built or loaded here
         (saying why); a query that is no string, a store that is no list of strings (one string, say)
         or of more than ``MAX_MEMORIES`` memories, B queries with another number of stores, an embedder
         without ``embed``, vectors of another shape than (N, d), not finite, or rows that are not
@@ -476,6 +476,11 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch: expected an int ≥ 1, got {batch!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
+            or not -1.0 <= threshold <= 1.0:  # NaN too: no memory would ever be relevant, silently
+        raise ValueError(f"threshold: expected a cosine in [-1, 1], got {threshold!r}")
     if validate:
         queries, stores = _checked_texts(queries, stores)
     if not callable(getattr(embedder, "embed", None)):
