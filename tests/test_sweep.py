@@ -130,6 +130,13 @@ def test_bootstrap_weights_equal_explicit_resampling(data):
                                    np.asarray(explicit.mean_C_final), atol=1e-5)
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, "x", [-3]])
+def test_bootstrap_weights_refuses_a_seed_default_rng_refuses_naming_seed(seed):
+    """NumPy's own words ("expected non-negative integer") did not say which argument was wrong."""
+    with pytest.raises(ValueError, match=r"^seed: expected a seed numpy\.random\.default_rng takes"):
+        bootstrap_weights(5, 2, seed=seed)
+
+
 def test_grouped_bootstrap_weights_draw_whole_groups():
     """With ``groups``, a resample draws G groups with replacement: records of one group always weigh
     alike, the group multiplicities sum to G, the same seed gives the same draws, and groups=None keeps

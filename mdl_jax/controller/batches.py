@@ -318,13 +318,18 @@ def bootstrap_weights(n: int, n_resamples: int, seed: int = 0, *, groups=None) -
         replacement from n records (integers summing to n); with ``groups``, how often its group was.
 
     Raises:
-      ValueError: ``n`` or ``n_resamples`` not a positive int, or ``groups`` not n labels (naming it).
+      ValueError: ``n`` or ``n_resamples`` not a positive int, a ``seed`` ``default_rng`` refuses, or
+        ``groups`` not n labels (naming it).
     """
     if not (isinstance(n, (int, np.integer)) and n > 0):
         raise ValueError(f"n: expected a positive int, got {n!r}")
     if not (isinstance(n_resamples, (int, np.integer)) and n_resamples > 0):
         raise ValueError(f"n_resamples: expected a positive int, got {n_resamples!r}")
-    rng = np.random.default_rng(seed)
+    try:
+        rng = np.random.default_rng(seed)
+    except (TypeError, ValueError) as e:  # -1, 1.5, "x": NumPy's words would not name the argument
+        raise ValueError(f"seed: expected a seed numpy.random.default_rng takes (an int ≥ 0), got {seed!r} "
+                         f"({e})") from None
     if groups is not None:
         # as objects: NumPy would turn [1, "1"] into two equal strings
         labels = groups if isinstance(groups, np.ndarray) else np.array(list(groups) + [None], object)[:-1]
