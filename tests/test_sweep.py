@@ -130,6 +130,18 @@ def test_bootstrap_weights_equal_explicit_resampling(data):
                                    np.asarray(explicit.mean_C_final), atol=1e-5)
 
 
+def test_sweep_under_x64_decides_in_float32_exactly_as_without_it(data):
+    """Float64 signals under x64 are swept as float32 (the page's promise): the same sums, bit for bit."""
+    M, R, A, adopt = data
+    grid = config_grid(sigma=[0.05, 0.2, 0.5], thresholds=[(0.6, 0.4, 0.2), (0.55, 0.35, 0.15)])
+    ref = sweep(M, R, A, grid, adopt=adopt)
+    with jax.enable_x64(True):
+        for signals in ((M, R, A), tuple(x.astype(np.float64) for x in (M, R, A))):
+            got = sweep(*signals, grid, adopt=adopt)
+            for f in ("accuracy", "counts", "mean_C_final", "total"):
+                np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
+
+
 @pytest.mark.parametrize("seed", [-1, 1.5, "x", [-3]])
 def test_bootstrap_weights_refuses_a_seed_default_rng_refuses_naming_seed(seed):
     """NumPy's own words ("expected non-negative integer") did not say which argument was wrong."""

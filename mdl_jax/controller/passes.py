@@ -74,7 +74,7 @@ def _reduce_one_config(M, R, A, adopt, weights, cfg):
     C_final, action = _over_records(M, R, A, cfg)
     hi = jax.lax.Precision.HIGHEST
     dt = weights.dtype
-    onehot = (action[:, None] == jnp.arange(4)[None, :]).astype(dt)   # (n, 4)
+    onehot = (action[:, None] == jnp.arange(4, dtype=action.dtype)[None, :]).astype(dt)   # (n, 4); int64 under x64
     counts = jnp.einsum("wn,na->wa", weights, onehot, precision=hi, preferred_element_type=dt)
     correct = ((action == 0) == adopt).astype(dt)
     n_correct = jnp.einsum("wn,n->w", weights, correct, precision=hi, preferred_element_type=dt)
