@@ -236,3 +236,16 @@ def test_the_controller_tests_run_with_strict_dtype_promotion():
     assert jax.config.jax_numpy_dtype_promotion == "strict"
     with pytest.raises(jax.dtypes.TypePromotionError):
         jnp.ones(2, jnp.int32) + jnp.ones(2, jnp.float32)
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"points": 0}, ValueError, r"^points: expected an int ≥ 2"),   # was: NumPy's "zero-size array"
+    ({"points": 1}, ValueError, r"^points: "),                        # was: one corner read as the range
+    ({"points": 1.5}, ValueError, r"^points: "), ({"points": True}, ValueError, r"^points: "),
+    ({"cfg": {"sigma": 0.2}}, TypeError, r"^cfg: expected an MDLConfig or None, got dict"),
+])
+def test_signal_cube_norm_range_refuses_arguments_outside_their_domain_naming_them(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        signal_cube_norm_range(**kwargs)
+    lo, hi = signal_cube_norm_range(points=2)
+    assert 0 < lo < hi

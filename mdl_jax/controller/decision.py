@@ -241,7 +241,15 @@ def signal_cube_norm_range(cfg: MDLConfig | None = None, points: int = 41) -> tu
 
     Returns:
       (min, max) of the raw norm ‖v_meta‖ over the grid, as Python floats.
+
+    Raises:
+      TypeError: ``cfg`` is neither an ``MDLConfig`` nor None.
+      ValueError: ``points`` is not an int ≥ 2 (a grid holding both ends of each axis).
     """
+    if cfg is not None and not isinstance(cfg, MDLConfig):
+        raise TypeError(f"cfg: expected an MDLConfig or None, got {type(cfg).__name__}")
+    if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points < 2:
+        raise ValueError(f"points: expected an int ≥ 2 (grid points per axis), got {points!r}")
     cfg = cfg or MDLConfig()
     g = jnp.linspace(0.0, 1.0, points, dtype=jnp.float32)
     M, R, A = (x.ravel() for x in jnp.meshgrid(g, g, g, indexing="ij"))
