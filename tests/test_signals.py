@@ -1304,3 +1304,18 @@ def test_memory_signals_refuses_a_threshold_or_batch_outside_its_domain_naming_i
         memory_signals(["q"], [["a", "b"]], _UnitRows(), **kwargs)
     out = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=-1.0, batch=1)
     assert int(out["n_relevant"][0]) == 2
+
+
+@pytest.mark.parametrize("engine", ["jax", "auto"])
+def test_memory_signals_refuses_a_user_detectors_values_that_are_not_flags_on_every_engine(engine):
+    """A detector's NaN or probability was read as a flagged pair (φ = 1), and a wrong shape failed with
+    NumPy's reshape words: the gate's check of a detector's output holds here too."""
+    from mdl_jax.signals.aggregation import memory_signals
+
+    for flags, match in ((lambda ts: np.full((len(ts), len(ts)), np.nan), r"^conflict: expected booleans"),
+                         (lambda ts: [[False]], r"^conflict: expected an 2×2 matrix")):
+        with pytest.raises(ValueError, match=match):
+            memory_signals(["q"], [["a", "b"]], _UnitRows(), conflict=flags, engine=engine)
+    ok = memory_signals(["q"], [["a", "b"]], _UnitRows(), conflict=lambda ts: ~np.eye(len(ts), dtype=bool),
+                        engine=engine)
+    assert float(ok["phi"][0]) == 1.0

@@ -10,9 +10,6 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import numpy as np
 
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 
@@ -96,38 +93,6 @@ def memory_texts(name: str, memories) -> list[str]:
             raise ValueError(f"{name}[{j}]: {why}")
         texts.append(m)
     return texts
-
-
-def checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
-    """A user's conflict detector (texts → S×S flags) behind the check of what it returns: an S×S
-    matrix of booleans or 0/1 (a probability, NaN or a string would read as flagged), else a
-    ValueError naming ``conflict``."""
-    def flags(texts):
-        n = len(texts)
-        got = fn(list(texts))
-        try:
-            out = np.asarray(got)
-        except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, got a "
-                             f"{type(got).__name__} that is not one ({e})") from None
-        if out.shape != (n, n):
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
-                             f"got shape {out.shape}")
-        if out.dtype == bool:
-            return out
-        # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
-        ok = out.dtype.kind in "iufO"
-        try:
-            v = out.astype(np.float64)
-            ok = ok and bool(((v == 0) | (v == 1)).all())
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
-                       f"dtype {out.dtype}")
-            raise ValueError(f"conflict: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
-        return v == 1
-    return flags
 
 
 def risk_table(risk: Mapping) -> Callable[[str, str | None], float]:

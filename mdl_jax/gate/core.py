@@ -39,13 +39,13 @@ from mdl_jax.controller.validation import ArrayLike
 # the input checks live in checks.py; these names stay importable from here, where callers found them
 from mdl_jax.gate.checks import LONE_SURROGATE as LONE_SURROGATE
 from mdl_jax.gate.checks import check_query as check_query
-from mdl_jax.gate.checks import checked_conflict, risk_callable, risk_table
 from mdl_jax.gate.checks import memory_texts as memory_texts
+from mdl_jax.gate.checks import risk_callable, risk_table
 from mdl_jax.gate.checks import surrogate_fault as surrogate_fault
 from mdl_jax.gate.checks import unit_float as unit_float
 from mdl_jax.prompts import ABSTENTION, chat, memory_block
 from mdl_jax.signals.aggregation import RELEVANCE_THRESHOLD, memory_signals
-from mdl_jax.signals.conflict import pair_flags
+from mdl_jax.signals.conflict import checked_conflict, pair_flags
 from mdl_jax.signals.embeddings import AUTO, DEFAULT_MODEL, Embedder, check_backend
 from mdl_jax.signals.risk import halueval_risk, truthfulqa_risk
 

@@ -37,6 +37,7 @@ import numpy.typing as npt
 from mdl_jax.signals.conflict import (
     analyse,
     analyses_conflict,
+    checked_conflict,
     pair_flags,
     pair_flags_recent,
     recent_analysis,
@@ -483,6 +484,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         raise ValueError(f"threshold: expected a cosine in [-1, 1], got {threshold!r}")
     if validate:
         queries, stores = _checked_texts(queries, stores)
+    if conflict is not pair_flags:   # a user's detector: its flags checked (a NaN or 0.3 read as flagged)
+        conflict = checked_conflict(conflict)
     if not callable(getattr(embedder, "embed", None)):
         raise ValueError(f"embedder: expected an object with embed(texts, desc=...) → (N, d) unit-norm "
                          f"vectors (e.g. mdl_jax.signals.embeddings.Embedder()), got {type(embedder).__name__}")
