@@ -478,3 +478,15 @@ def test_the_benchmark_command_refuses_a_folder_in_use_in_one_line_with_exit_2(c
     assert err.startswith("mdl-jax: error: out: another mdl-jax benchmarks run is writing")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert [p.name for p in out.iterdir()] == [".lock"]
+
+
+@pytest.mark.parametrize("name", ["MDL (paper defaults)", "oracle", "similarity (top-1)", 3])
+def test_a_users_column_named_as_a_built_in_gate_is_refused_not_mixed_into_its_rows(name):
+    n = 40
+    adopt = np.arange(n) % 2 == 0
+    M = np.where(adopt, 0.8, 0.2)
+    cols = _cols(M, np.full(n, 0.5), np.full(n, int(Action.ACTIVE)), M)
+    with pytest.raises(ValueError, match=r"extra: .* cannot name a gate"):
+        score_gates("toy", _items(n, adopt), cols, extra={name: -M}, fit_mdl=False)
+    with pytest.raises(TypeError, match="extra: expected a mapping"):
+        score_gates("toy", _items(n, adopt), cols, extra=[-M], fit_mdl=False)

@@ -213,10 +213,27 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
       fit_mdl: also fit the calibrated, tuned and learned MDL configs (seconds each).
 
     Raises:
-      ValueError: an ``extra`` column of the wrong length or with a non-finite value (naming it).
+      ValueError: an ``extra`` column of the wrong length or with a non-finite value (naming it), or
+        named as a built-in gate (``GATE_NAMES``) or by no string.
+      TypeError: ``extra`` is not a mapping.
     """
     cfg = config or MDLConfig()
     n = len(items)
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"extra: expected a mapping {{gate name: (N,) scores}} or None, got {type(extra).__name__}")
+    user: dict[str, np.ndarray] = {}
+    for name, col in (extra or {}).items():
+        # a column under a built-in gate's name would put two gates' rows under one name in the tables
+        if not isinstance(name, str) or name in GATE_NAMES:
+            raise ValueError(f"extra: {name!r} cannot name a gate: expected a string other than the built-in "
+                             f"gates' names ({', '.join(GATE_NAMES)})")
+        s = np.asarray(col, np.float64)
+        if s.shape != (n,):
+            raise ValueError(f"extra[{name!r}]: expected {n} scores (one per memory set), got shape {s.shape}")
+        if not np.isfinite(s).all():
+            raise ValueError(f"extra[{name!r}]: expected finite scores, got a NaN or infinity at index "
+                             f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
+        user[name] = s
     adopt_lab = _label([it.should_adopt for it in items])
     abstain_lab = _label([it.should_abstain for it in items])
     has_memories = np.array([bool(it.memories) for it in items])
@@ -257,14 +274,8 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
             gates.append(_mdl(f"MDL {kind}", cols, np.asarray(d.action),
                               {"thresholds": np.asarray(fitted.thresholds).tolist()},
                               c_final=np.asarray(d.C_final)))
-    for name, col in (extra or {}).items():
-        s = np.asarray(col, np.float64)
-        if s.shape != (n,):
-            raise ValueError(f"extra[{name!r}]: expected {n} scores (one per memory set), got shape {s.shape}")
-        if not np.isfinite(s).all():
-            raise ValueError(f"extra[{name!r}]: expected finite scores, got a NaN or infinity at index "
-                             f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
-        gates.append(threshold_gate(name, -s))
+    for name, score in user.items():
+        gates.append(threshold_gate(name, -score))
     gates.append(Gate("oracle", np.nan_to_num(dont), dont == 1.0))
     return Scored(dataset, np.array([it.qid for it in items]), groups,
                   np.array([it.condition for it in items]), dont, abstain_lab, cal, cols, tuple(gates))
