@@ -490,3 +490,41 @@ def test_a_users_column_named_as_a_built_in_gate_is_refused_not_mixed_into_its_r
         score_gates("toy", _items(n, adopt), cols, extra={name: -M}, fit_mdl=False)
     with pytest.raises(TypeError, match="extra: expected a mapping"):
         score_gates("toy", _items(n, adopt), cols, extra=[-M], fit_mdl=False)
+
+
+def _bad_inputs(items, cols):
+    """(inputs, the error's words) for each damage score_gates and the replay refuse, naming it."""
+    import dataclasses
+
+    n = len(items)
+    return [
+        ((items, {**cols, "M": np.where(np.arange(n) == 1, np.nan, cols["M"])}), r"cols\['M'\]: expected finite"),
+        ((items, {**cols, "C_final": np.full(n, np.inf)}), r"cols\['C_final'\]: expected finite"),
+        ((items, {**cols, "action": np.full(n, 9)}), r"cols\['action'\]: expected MDL's actions"),
+        ((items, {**cols, "M": cols["M"][:, None]}), r"cols\['M'\]: expected \d+ values \(one per item\), got shape"),
+        ((items, {k: v for k, v in cols.items() if k != "C_final_either"}), r"cols: no column 'C_final_either'"),
+        ((items + [dataclasses.replace(items[0])], {k: np.r_[v, v[:1]] for k, v in cols.items()}),
+         r"items\[\d+\]: qid .* is items\[0\]'s too"),
+        (([], {k: v[:0] for k, v in cols.items()}), "items: expected at least one item"),
+    ]
+
+
+def test_score_gates_refuses_damaged_signal_columns_and_items_naming_them():
+    n = 40
+    adopt = np.arange(n) % 2 == 0
+    M = np.where(adopt, 0.8, 0.2)
+    items, cols = _items(n, adopt), _cols(M, np.full(n, 0.5), np.full(n, int(Action.ACTIVE)), M)
+    for (its, cs), words in _bad_inputs(items, cols):
+        with pytest.raises(ValueError, match=words):
+            score_gates("toy", its, cs, fit_mdl=False)
+    with pytest.raises(TypeError, match=r"items\[0\]: expected BenchmarkItem"):
+        score_gates("toy", [{"qid": "q"}] * n, cols, fit_mdl=False)
+
+
+def test_the_replay_refuses_damaged_signal_columns_and_items_naming_them():
+    items, cols = _toy_replay_inputs()
+    for (its, cs), words in _bad_inputs(items, cols):
+        with pytest.raises(ValueError, match=words):
+            replay("toy_test", its, cs)
+    with pytest.raises(TypeError, match=r"items\[0\]: expected AdaRAGUEItem, got BenchmarkItem"):
+        replay("toy_test", _items(4, [True] * 4), cols)

@@ -55,7 +55,14 @@ from mdl_jax.controller.calibration import calibrate
 from mdl_jax.controller.config import MDLConfig
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets.adarague import AdaRAGUEItem, acc
-from mdl_jax.evaluation.scoring import ACTIVE, MIN_CALIBRATION, OPT_OUT, calibration_split, fit_threshold
+from mdl_jax.evaluation.scoring import (
+    ACTIVE,
+    MIN_CALIBRATION,
+    OPT_OUT,
+    calibration_split,
+    check_inputs,
+    fit_threshold,
+)
 
 WITH_PASSAGES = "csv_rag_one_retrieve"
 SUPP = 1  # Action.SUPP
@@ -144,11 +151,13 @@ def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.nd
       config: the MDL config the signals were decided with (paper defaults when None).
 
     Raises:
-      ValueError: ``cols`` given for items without passages or without the with-passages answer (naming
-        the first), or missing for items with them; ``cols`` without a column the replay reads, or of
-        another length than ``items``; an item with a damaged field (module docstring: Missing
-        fields), naming its qid and the field.
+      TypeError: ``items`` not a sequence of ``AdaRAGUEItem``, ``cols`` not a mapping.
+      ValueError: no items, a qid twice; ``cols`` given for items without passages or without the with-passages answer (naming
+        the first), or missing for items with them; ``cols`` without a column the replay reads, one not of
+        one value per item, not finite, or an action that is none of MDL's; an item with a damaged field
+        (module docstring: Missing fields), naming its qid and the field.
     """
+    check_inputs(items, None, (), AdaRAGUEItem)
     cfg = config or MDLConfig()
     with_passages = cols is not None
     for i, it in enumerate(items):
@@ -159,13 +168,7 @@ def replay(dataset: str, items: Sequence[AdaRAGUEItem], cols: Mapping[str, np.nd
             raise ValueError(f"cols: expected the signal columns of {dataset}'s passages, got None")
         _check_item(i, it, with_passages)
     n = len(items)
-    if cols is not None:
-        for key in ("M", "R", "action", "action_either", "C_final", "C_final_either"):
-            if key not in cols:
-                raise ValueError(f"cols: no column {key!r}; expected scoring.signal_columns of the items")
-            got = None if cols[key] is None else len(np.atleast_1d(np.asarray(cols[key])))
-            if got != n:
-                raise ValueError(f"cols[{key!r}]: expected {n} values (one per item), got {got}")
+    check_inputs(items, cols, ("M", "R", "action", "action_either", "C_final", "C_final_either"), AdaRAGUEItem)
     golds = [it.answers for it in items]
     cwo = np.array([acc(it.answer_no_retrieval, g) for it, g in zip(items, golds)], float)
     with_key = (lambda it: str(it.meta[WITH_PASSAGES])) if with_passages else (lambda it: it.answer_one_retrieval)

@@ -145,6 +145,50 @@ def _label(values: Sequence[bool | None]) -> np.ndarray:
     return np.array([np.nan if v is None else float(v) for v in values])
 
 
+SCORED_COLUMNS = ("M", "R", "R_either", "phi", "phi_either", "C_final", "C_final_either", "action",
+                  "action_either")  # the signal columns score_gates and condition_table read
+_ACTIONS = tuple(int(a) for a in Action)
+
+
+def check_inputs(items: Sequence[Any], cols: Mapping[str, Any] | None, keys: Sequence[str],
+                 item_type: type[BenchmarkItem] = BenchmarkItem) -> None:
+    """Refuse, naming the argument, what would otherwise be scored silently wrong or fail deep inside:
+    no items, an item of another type, a qid twice (its question would weigh double), and columns
+    that are missing, not one value per item, not finite, or actions that are no MDL action."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
+        raise TypeError(f"items: expected a sequence of {item_type.__name__}, got {type(items).__name__}")
+    if not items:
+        raise ValueError("items: expected at least one item, got none")
+    first: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if not isinstance(it, item_type):
+            raise TypeError(f"items[{i}]: expected {item_type.__name__}, got {type(it).__name__}")
+        j = first.setdefault(it.qid, i)
+        if j != i:
+            raise ValueError(f"items[{i}]: qid {it.qid!r} is items[{j}]'s too; expected each item once")
+    if cols is None:
+        return
+    if not isinstance(cols, Mapping):
+        raise TypeError(f"cols: expected a mapping of signal columns (signal_columns), got {type(cols).__name__}")
+    n = len(items)
+    for key in keys:
+        if key not in cols:
+            raise ValueError(f"cols: no column {key!r}; expected scoring.signal_columns of the items")
+        v = np.asarray(cols[key])
+        if v.shape != (n,):
+            got = v.shape[0] if v.ndim == 1 else f"shape {v.shape}"
+            raise ValueError(f"cols[{key!r}]: expected {n} values (one per item), got {got}")
+        if key.startswith("action"):
+            bad = ~np.isin(v, _ACTIONS) if v.dtype.kind in "biuf" else np.ones(n, bool)
+            what = f"MDL's actions {_ACTIONS}"
+        else:
+            bad = ~np.isfinite(v) if v.dtype.kind in "biuf" else np.ones(n, bool)
+            what = "finite numbers"
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"cols[{key!r}]: expected {what}, got {v[i]!r} at index {i}")
+
+
 def signal_columns(items: Sequence[BenchmarkItem], gate, *, progress: bool = False) -> dict[str, np.ndarray]:
     """The gate's signals and decision for every memory set, with the paper's detector and with both
     detectors: {"M", "R", "phi", "C_final", "action"} and the same with the suffix ``_either``.
@@ -215,8 +259,12 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
     Raises:
       ValueError: an ``extra`` column of the wrong length or with a non-finite value (naming it), or
         named as a built-in gate (``GATE_NAMES``) or by no string.
-      TypeError: ``extra`` is not a mapping.
+      TypeError: ``extra`` is not a mapping; ``items`` not a sequence of ``BenchmarkItem``, ``cols`` not a
+        mapping.
+      ValueError: no items, a qid twice; a column of ``SCORED_COLUMNS`` missing, not (N,), not finite, or
+        an action that is none of MDL's (naming it).
     """
+    check_inputs(items, cols, SCORED_COLUMNS)
     cfg = config or MDLConfig()
     n = len(items)
     if extra is not None and not isinstance(extra, Mapping):
