@@ -528,3 +528,20 @@ def test_the_replay_refuses_damaged_signal_columns_and_items_naming_them():
             replay("toy_test", its, cs)
     with pytest.raises(TypeError, match=r"items\[0\]: expected AdaRAGUEItem, got BenchmarkItem"):
         replay("toy_test", _items(4, [True] * 4), cols)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "high", None])
+def test_a_users_gate_score_that_is_no_finite_number_is_refused_before_any_work_and_the_fix_runs(
+        tmp_path, embedder, bad):
+    from mdl_jax.evaluation.datasets import load_benchmark
+
+    run, out = _bench(tmp_path, embedder)
+    scores = {it.qid: float(i) for i, it in enumerate(load_benchmark("rgb_en_fact", limit=3))}
+    first = next(iter(scores))
+    with pytest.raises(ValueError, match=rf"extra\['mine'\]\[{first!r}\]: expected a finite number"):
+        run(["rgb_en_fact"], extra={"mine": {**scores, first: bad}})
+    assert not out.exists()
+    run(["rgb_en_fact"], extra={"mine": scores})  # the corrected scores are not refused as a change
+    with pytest.raises(TypeError, match=r"extra\['mine'\]: expected a mapping"):
+        run(["rgb_en_fact"], extra={"mine": list(scores.values())})

@@ -415,10 +415,11 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
       The path of REPORT.md.
 
     Raises:
-      TypeError: ``names`` is a string or not a sequence.
+      TypeError: ``names`` is a string or not a sequence; a gate's scores in ``extra`` not a mapping.
       ValueError: an unknown, repeated or empty list of data set names; ``limit`` or ``n_boot`` outside its
         range; a gate name in ``extra`` that is empty, holds '|', '`' or a line break, or is a built-in
-        gate's; ``extra`` without a reader-free data set, or lacking a score for one of its memory sets; a
+        gate's; ``extra`` without a reader-free data set, or lacking a score for one of its memory sets, or
+        with one that is no finite number; a
         data set with no items.
       OtherInputs: (a ``ValueError``) ``out`` holds a run made from other inputs (a limit, embedder,
         config, relevance threshold, number of resamples, fitting, a data set's items or its user's gate
@@ -466,10 +467,19 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                 continue
             user_cols[name] = {}
             for g, scores in (extra or {}).items():
+                if not isinstance(scores, Mapping):
+                    raise TypeError(f"extra[{g!r}]: expected a mapping {{qid: score}}, got {type(scores).__name__}")
                 missing = [it.qid for it in items if it.qid not in scores]
                 if missing:
                     raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
                                      f"e.g. qid {missing[0]!r}")
+                # checked here, before inputs.json records them: found after the embedding, a bad score
+                # left a run folder whose record then refused the corrected scores
+                for it in items:
+                    v = scores[it.qid]
+                    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                            or not math.isfinite(v):
+                        raise ValueError(f"extra[{g!r}][{it.qid!r}]: expected a finite number, got {v!r}")
                 user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
         now = run_inputs(gate, limit, n_boot, fit_mdl, loaded, user_cols)
         check_inputs(out, before, now)
