@@ -545,3 +545,18 @@ def test_a_users_gate_score_that_is_no_finite_number_is_refused_before_any_work_
     run(["rgb_en_fact"], extra={"mine": scores})  # the corrected scores are not refused as a change
     with pytest.raises(TypeError, match=r"extra\['mine'\]: expected a mapping"):
         run(["rgb_en_fact"], extra={"mine": list(scores.values())})
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+@pytest.mark.parametrize("name", ["REPORT.md", "metrics.csv", "conditions.csv"])
+def test_a_benchmark_run_into_a_folder_of_the_users_own_files_is_refused_leaving_them(tmp_path, embedder, name):
+    from mdl_jax.evaluation.run import OtherInputs
+
+    run, out = _bench(tmp_path, embedder)
+    out.mkdir()
+    (out / name).write_text("the user's own\n")
+    (out / "notes.txt").write_text("mine\n")
+    with pytest.raises(OtherInputs, match=rf"holds {name} but no record of a benchmark run"):
+        run(["rgb_en_fact"])
+    assert (out / name).read_text() == "the user's own\n"
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == sorted([name, "notes.txt"])

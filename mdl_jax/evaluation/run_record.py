@@ -22,6 +22,7 @@ from mdl_jax.controller.config_file import config_to_dict
 
 INPUTS = "inputs.json"
 LOCK = ".lock"  # held (``_io.lock_file``) by the run writing the folder
+_REPORTS = ("REPORT.md", "metrics.csv", "conditions.csv")  # what a run writes beside run.json
 _RECORD_BYTES = 1 << 20  # an inputs.json or run.json: a few hundred bytes a data set
 
 
@@ -96,10 +97,12 @@ def recorded_inputs(out: Path, gate, known: Collection[str]) -> dict | None:
 
     Raises:
       OtherInputs: ``out`` holds results and an inputs.json (or, with none, a run.json) that is not a
-        readable record, or one naming a data set not in ``known`` (this version's).
+        readable record, or one naming a data set not in ``known`` (this version's); or a REPORT.md,
+        metrics.csv or conditions.csv with neither record (files a run did not write).
     """
     signals = out / "signals"
-    has_results = any(os.path.lexists(out / f) for f in ("run.json", "metrics.csv", "REPORT.md")) or (
+    reports = [f for f in _REPORTS if os.path.lexists(out / f)]
+    has_results = os.path.lexists(out / "run.json") or bool(reports) or (
         signals.is_dir() and not signals.is_symlink() and any(signals.glob("*.npz")))
     if not has_results:
         return None
@@ -119,6 +122,13 @@ def recorded_inputs(out: Path, gate, known: Collection[str]) -> dict | None:
         if "config" in meta:  # recorded as its repr
             before["config"] = _config_record(gate.config) if meta["config"] == repr(gate.config) else meta["config"]
         before["data"] = {n: None for n in names}  # digests unknown: not compared
+    elif reports:
+        # a run records inputs.json before any work (one of an earlier version, run.json with its
+        # report): these names with neither record are the user's own files (or an earlier version's
+        # run cut off before run.json), which the run would overwrite
+        raise OtherInputs(f"out: {str(out)!r} holds {', '.join(reports)} but no record of a benchmark run "
+                          f"({INPUTS} or run.json), so a run would overwrite files it did not write; run into "
+                          "a fresh --out, or remove them")
     else:
         return None  # signals only: an earlier version's run stopped before its report; they check themselves
     unknown = [n for n in before["data"] if n not in known]
