@@ -540,3 +540,50 @@ def test_the_paper_sets_offline_without_a_local_copy_are_one_error_naming_where_
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("DataError: truthfulqa: no local copy") and "--data-dir" in line, line
     assert "MDL_JAX_DATA_DIR" in line and "TruthfulQA.csv" in line, line
+
+
+def _reader_returning(got):
+    def read(path, split=None, limit=None):
+        """A user's reader.
+
+        Label rule:
+            should_adopt as given.
+        """
+        return got
+
+    return read
+
+
+def _mine(qid="q1:a", **kw):
+    fields = {"dataset": "mine", "qid": qid, "group": "q1", "question": "Q?", "memories": ("m",),
+              "condition": "a", "should_adopt": True, **kw}
+    return BenchmarkItem(**fields)
+
+
+BAD_READS = [
+    (None, TypeError, "NoneType;"),
+    ("abc", TypeError, "str;"),
+    ({"q": 1}, TypeError, "dict;"),
+    ([{"qid": "q"}], TypeError, r"items\[0\] of type dict"),
+    ([_mine(memories="one memory")], ValueError, r"items\[0\]\.memories = 'one memory'; expected a tuple"),
+    ([_mine(memories=("m", 3))], ValueError, r"items\[0\]\.memories"),
+    ([_mine(qid=5)], ValueError, r"items\[0\]\.qid = 5; expected a string"),
+    ([_mine(should_adopt="yes")], ValueError, r"items\[0\]\.should_adopt = 'yes'; expected True, False or None"),
+    ([_mine(has_conflict=0.5)], ValueError, r"items\[0\]\.has_conflict"),
+    ([_mine(), _mine()], ValueError, r"items\[1\] with the qid 'q1:a' of items\[0\]"),
+]
+
+
+@pytest.mark.parametrize(("got", "err", "words"), BAD_READS, ids=[w for _, _, w in BAD_READS])
+def test_what_a_users_reader_returns_is_checked_naming_the_benchmark_and_the_item(tmp_path, got, err, words):
+    from mdl_jax.evaluation.datasets import BenchmarkSpec, register_benchmark, unregister_benchmark
+
+    register_benchmark(BenchmarkSpec("mine_checked", _reader_returning(got), "", "CC0", "test"))
+    try:
+        with pytest.raises(err, match=rf"benchmark 'mine_checked': its reader returned .*{words}"):
+            load_benchmark("mine_checked", path=tmp_path)
+        register_benchmark(BenchmarkSpec("mine_checked", _reader_returning(x for x in [_mine()]), "", "CC0",
+                                         "test"), replace=True)
+        assert load_benchmark("mine_checked", path=tmp_path) == [_mine()]
+    finally:
+        unregister_benchmark("mine_checked")

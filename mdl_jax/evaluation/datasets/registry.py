@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from mdl_jax.evaluation.datasets import adarague, hub, shared
@@ -66,6 +66,37 @@ def _spec(name: object) -> BenchmarkSpec:
     return _REGISTRY[name]
 
 
+_TEXT_FIELDS = ("qid", "group", "question", "condition")
+_LABELS = ("should_adopt", "should_abstain", "has_conflict")
+
+
+def _checked_items(name: str, got: object) -> list[BenchmarkItem]:
+    """What a reader returned, as a list, once checked: a user's reader returning a string, a mapping,
+    dicts, a memory set given as one string (read later as a set of its characters), a label that is
+    no bool, or one qid twice (a user's gate scores are joined on it) is named here, not scored."""
+    where = f"benchmark {name!r}: its reader returned"
+    if isinstance(got, (str, bytes, Mapping)) or not isinstance(got, Iterable):
+        raise TypeError(f"{where} {type(got).__name__}; expected a sequence of BenchmarkItem")
+    items = list(got)
+    first: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if not isinstance(it, BenchmarkItem):
+            raise TypeError(f"{where} items[{i}] of type {type(it).__name__}; expected BenchmarkItem")
+        for f in _TEXT_FIELDS:
+            if not isinstance(getattr(it, f), str):
+                raise ValueError(f"{where} items[{i}].{f} = {getattr(it, f)!r}"[:200] + "; expected a string")
+        if not isinstance(it.memories, (tuple, list)) or not all(isinstance(m, str) for m in it.memories):
+            raise ValueError(f"{where} items[{i}].memories = {it.memories!r}"[:200] + "; expected a tuple of "
+                             "memory texts")
+        for f in _LABELS:
+            if getattr(it, f) is not None and not isinstance(getattr(it, f), bool):
+                raise ValueError(f"{where} items[{i}].{f} = {getattr(it, f)!r}; expected True, False or None")
+        j = first.setdefault(it.qid, i)
+        if j != i:
+            raise ValueError(f"{where} items[{i}] with the qid {it.qid!r} of items[{j}]; expected each qid once")
+    return items
+
+
 def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: int | None = None,
                    split: str | None = None) -> list[BenchmarkItem]:
     """Load a benchmark as ``BenchmarkItem``s (question, memory set, labels), in a fixed order.
@@ -89,8 +120,10 @@ def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: i
 
     Raises:
         ValueError: an unknown ``name`` (the known names are listed), a ``limit`` below 1, or a ``split`` the
-            benchmark does not have.
-        TypeError: ``limit`` is not an int, ``split`` not a string, ``path`` not a path.
+            benchmark does not have; an item from the reader with a field of the wrong type (a memory set
+            that is one string, a label that is no bool) or a qid another item has (naming the item).
+        TypeError: ``limit`` is not an int, ``split`` not a string, ``path`` not a path; the reader returned
+            no sequence of ``BenchmarkItem``.
         DataError: the files are missing or malformed (the file, line and expected content are named), or
             no copy is found and the benchmark has no hub reader.
     """
@@ -115,12 +148,12 @@ def load_benchmark(name: str, *, path: str | os.PathLike | None = None, limit: i
         if spec.folder and not p.is_dir():
             raise DataError(f"path: {p} is a file; expected the folder holding the files of benchmark {name!r} "
                             f"(as in {spec.folder}/)")
-        return list(spec.read(p, split, limit))
+        return _checked_items(name, spec.read(p, split, limit))
     root = benchmark_dir()
     if spec.folder and root is not None and (root / spec.folder).is_dir():
-        return list(spec.read(root / spec.folder, split, limit))
+        return _checked_items(name, spec.read(root / spec.folder, split, limit))
     if spec.hub is not None:
-        return list(spec.hub(split, limit))
+        return _checked_items(name, spec.hub(split, limit))
     where = f"{root / spec.folder}" if root is not None else "no benchmark folder"
     raise DataError(f"benchmark {name!r}: no local copy ({where}); pass path=, or set {ENV_BENCHMARK_DIR} (or "
                     f"{ENV_DATA_DIR}, with a benchmarks/ folder) to a folder holding {spec.folder}/. "
