@@ -1319,3 +1319,32 @@ def test_memory_signals_refuses_a_user_detectors_values_that_are_not_flags_on_ev
     ok = memory_signals(["q"], [["a", "b"]], _UnitRows(), conflict=lambda ts: ~np.eye(len(ts), dtype=bool),
                         engine=engine)
     assert float(ok["phi"][0]) == 1.0
+
+
+def test_store_arrays_refuses_a_store_given_as_one_string_and_flags_that_are_not_flags():
+    """A store given as one string was read as a store of its characters, and flags of 0.3 or NaN as
+    flagged pairs, without a word."""
+    from mdl_jax.signals.jax_pass import store_arrays
+
+    emb = {t: np.eye(4, dtype=np.float32)[i] for i, t in enumerate(["a", "b", "ab", "c"])}
+    q = np.ones((1, 4), np.float32) / 2
+    with pytest.raises(TypeError, match=r"^stores\[0\]: expected a list of memory texts, got a str"):
+        store_arrays(["ab"], q, emb)
+    for flags, match in (([np.full((2, 2), 0.3)], r"^flags\[0\]: expected booleans"),
+                         ([np.full((2, 2), np.nan)], r"^flags\[0\]: expected booleans"),
+                         ([np.zeros((3, 3), bool)], r"^flags\[0\]: expected an 2×2 matrix"),
+                         ([], r"^flags: expected one matrix per store \(1\), got 0")):
+        with pytest.raises(ValueError, match=match):
+            store_arrays([["a", "b"]], q, emb, flags)
+    with pytest.raises(ValueError, match=r"^conflict: expected booleans"):
+        store_arrays([["a", "b"]], q, emb, conflict=lambda ts: np.full((len(ts), len(ts)), 0.5))
+    ok = store_arrays([["a", "b"], []], np.ones((2, 4), np.float32) / 2, emb, [1 - np.eye(2, dtype=int), []])
+    assert ok.flags[0].tolist() == [[False, True], [True, False]]
+
+
+def test_aggregate_one_of_a_store_with_no_slots_is_the_empty_stores_signals():
+    from mdl_jax.signals.jax_pass import aggregate_one
+
+    M, R, phi, n = aggregate_one(np.ones(4, np.float32) / 2, np.zeros((0, 4), np.float32), np.zeros(0, bool),
+                                 np.zeros((0, 0), bool))
+    assert (float(M), float(R), float(phi), int(n)) == (0.0, 0.5, 0.0, 0)

@@ -198,38 +198,42 @@ _analyse = analyse  # the earlier private name, which tests and sibling modules 
 _conflict = analyses_conflict  # the earlier private name, which tests and sibling modules still use
 
 
+def checked_flags(got: Any, n: int, name: str = "conflict") -> np.ndarray:
+    """A detector's output for n memories as an (n, n) bool matrix: booleans or 0/1 (a probability, NaN
+    or a string would read as flagged), else a ValueError naming ``name``."""
+    try:
+        out = np.asarray(got)
+    except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
+        raise ValueError(f"{name}: expected an {n}×{n} matrix of flags for {n} memories, got a "
+                         f"{type(got).__name__} that is not one ({e})") from None
+    if out.shape != (n, n):
+        raise ValueError(f"{name}: expected an {n}×{n} matrix of flags for {n} memories, "
+                         f"got shape {out.shape}")
+    if out.dtype == bool:
+        return out
+    # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
+    ok = out.dtype.kind in "iufO"
+    try:
+        v = out.astype(np.float64)
+        ok = ok and bool(((v == 0) | (v == 1)).all())
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
+                   f"dtype {out.dtype}")
+        raise ValueError(f"{name}: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
+    return v == 1
+
+
 def checked_conflict(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], np.ndarray]:
-    """A user's conflict detector (texts → S×S flags) behind the check of what it returns: an S×S
-    matrix of booleans or 0/1 (a probability, NaN or a string would read as flagged), else a
-    ValueError naming ``conflict``. A detector already behind it (the gate's, handed on to
-    ``memory_signals``) is returned as it is."""
+    """A user's conflict detector (texts → S×S flags) behind ``checked_flags``: a ValueError naming
+    ``conflict`` for output that is no S×S matrix of flags. A detector already behind it (the gate's,
+    handed on to ``memory_signals``) is returned as it is."""
     if getattr(fn, "checked_flags", False):
         return fn
 
     def flags(texts):
-        n = len(texts)
-        got = fn(list(texts))
-        try:
-            out = np.asarray(got)
-        except (TypeError, ValueError) as e:  # ragged rows: NumPy's words would not name the detector
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, got a "
-                             f"{type(got).__name__} that is not one ({e})") from None
-        if out.shape != (n, n):
-            raise ValueError(f"conflict: expected an {n}×{n} matrix of flags for {n} memories, "
-                             f"got shape {out.shape}")
-        if out.dtype == bool:
-            return out
-        # 0/1 numbers are flags; anything else (a probability, NaN, a string) would read as True
-        ok = out.dtype.kind in "iufO"
-        try:
-            v = out.astype(np.float64)
-            ok = ok and bool(((v == 0) | (v == 1)).all())
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            bad = next((repr(x) for x in out.ravel().tolist() if type(x) not in (bool, int, float) or x not in (0, 1)),
-                       f"dtype {out.dtype}")
-            raise ValueError(f"conflict: expected booleans (or 0/1) for the {n}×{n} pairs, got {bad}"[:200])
-        return v == 1
+        texts = list(texts)
+        return checked_flags(fn(texts), len(texts))
     flags.checked_flags = True  # type: ignore[attr-defined]
     return flags

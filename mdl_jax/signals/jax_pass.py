@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from mdl_jax.signals.conflict import pair_flags, pair_flags_among
+from mdl_jax.signals.conflict import checked_conflict, checked_flags, pair_flags, pair_flags_among
 
 RELEVANCE_THRESHOLD = 0.3
 _HI = jax.lax.Precision.HIGHEST
@@ -47,7 +47,9 @@ def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
     S = mask.shape[0]
     cos_q = jnp.einsum("d,sd->s", q, mem, precision=_HI)
     sims = jnp.einsum("id,jd->ij", mem, mem, precision=_HI)
-    M = jnp.clip(jnp.max(jnp.where(mask, cos_q, -1.0)), 0.0, 1.0)  # empty store → M = 0
+    # an empty store (masked, or S = 0) → M = 0; the initial value is below the clip, so M's bits are
+    # those of the largest cosine otherwise
+    M = jnp.clip(jnp.max(jnp.where(mask, cos_q, -1.0), initial=-1.0), 0.0, 1.0)
     rel = mask & (cos_q > threshold)
     pairs = rel[:, None] & rel[None, :] & (np.arange(S)[:, None] < np.arange(S)[None, :])
     n_pairs = jnp.sum(pairs)
@@ -74,6 +76,11 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
     ``threshold``: with the default (pairwise) detector, compute flags only among the memories that
     may be relevant (cosine above ``threshold`` less a bound on float32 rounding: a superset of those
     the aggregation counts, which reads no other pair), the rest False; same M, R, φ bits."""
+    for b, texts in enumerate(stores):
+        if isinstance(texts, (str, bytes)):   # its characters would be read as the memories
+            raise TypeError(f"stores[{b}]: expected a list of memory texts, got a {type(texts).__name__}")
+    if conflict is not pair_flags:
+        conflict = checked_conflict(conflict)
     B = len(stores)
     Bp = max(B, pad_to or 0)
     S = max(1, max((len(s) for s in stores), default=0))  # S ≥ 1: an all-empty chunk still has a shape
@@ -115,7 +122,10 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
         keep = (mask[:B] & (cos > threshold - slack)).tolist()
         fs = [pair_flags_among(t, keep[b]) if t else [] for b, t in enumerate(stores)]
     else:
-        fs = [flags[b] if flags is not None else conflict(list(t)) if t else [] for b, t in enumerate(stores)]
+        if flags is not None and len(flags) != B:
+            raise ValueError(f"flags: expected one matrix per store ({B}), got {len(flags)}")
+        fs = [[] if not t else checked_flags(flags[b], len(t), f"flags[{b}]") if flags is not None
+              else conflict(list(t)) for b, t in enumerate(stores)]
     if B and all(len(t) == S for t in stores):
         fl[:B] = np.asarray(fs, bool).reshape(B, S, S)
     else:
