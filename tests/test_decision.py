@@ -56,6 +56,18 @@ def test_corollary1_alpha_bounded(maybe_jit):
     assert a.min() < 0 and np.all(a >= -1.0) and np.all(a <= 1.0)
 
 
+def test_corollary1_alpha_is_at_most_one_where_v_meta_is_parallel_to_v_wm(maybe_jit):
+    # Without value encoding and with identity subspaces every vector is a multiple of 1_D, so v_meta
+    # is parallel to v_wm and α = 1 exactly; the float32 cosine rounds above 1 for many records, and
+    # Corollary 1 (|α| ≤ 1) must still hold there.
+    cfg = CFG.replace(value_encoding=False, subspaces="identity")
+    g = np.linspace(0.01, 1.0, 21, dtype=np.float32)
+    M, R, A = (x.ravel() for x in np.meshgrid(g, g, g, indexing="ij"))
+    a = np.asarray(run(maybe_jit, M, R, A, cfg).alpha)
+    assert np.all(a <= 1.0) and np.all(a >= -1.0)
+    np.testing.assert_allclose(a, 1.0, atol=1e-6)
+
+
 # --- Theorem 1 -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -124,6 +136,7 @@ def test_exact_threshold_boundaries_take_higher_action(maybe_jit):
     cfg2 = cfg.replace(thresholds=(float(one.C_final), 0.4, 0.2))
     assert int(maybe_jit(decide_one)(jnp.float32(0.8), jnp.float32(0.7), jnp.float32(0.2),
                                       cfg2).action) == Action.ACTIVE
+
 
 
 # --- Parity with the paper-style NumPy reference -------------------------------------------------
