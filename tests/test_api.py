@@ -10,11 +10,11 @@ import pytest
 import mdl_jax
 from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, decide_one, soft_decide, stack_configs, sweep
 from mdl_jax.controller import api
-from mdl_jax.controller import decision as _d
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.engines import fused, native, toolchain
 from tests.peak_rss import PEAK_RSS_FUNCS, peak_growth_mb
 from tests.reference import NumpyMDL, decide_definition
+from tests.ties import tie_records
 
 CFG = MDLConfig()
 
@@ -495,55 +495,12 @@ def test_decide_takes_big_endian_arrays_and_equals_native_byte_order():
 
 # --- ties at a threshold: the same action on every path -----------------------------------------------------
 
-
-# Records whose C and α every path computes exactly: no value encoding (v = s·1, no exp), fusion gains
-# so large that every |z_i| > 20 and tanh saturates to ±1 (‖v_meta‖ = 4, C = (4 - 0)/(4 - 0) = 1),
-# M = 0.5 (‖v_wm‖ = 2), so α = Σ sign(z_i)/16 exactly. The only rounding left is the gate's
-# g_a + g_b·α, which a compiler may contract into one FMA (one rounding instead of two) in some
-# paths and not others: XLA:CPU does inside a jitted fusion, never between eager ops, and g++ did in
-# the native kernel. θ0 = θ1 = θ2 = that C_final with two roundings (what eager decide_one and NumPy
-# compute), so every path must say Active (ties take the higher action).
-_TIE_BIAS = tuple(float(x) for x in -np.linspace(5, 455, 16))
-
-
-_TIE_BASE = MDLConfig(value_encoding=False, eps_c=0.0, gains=(300.0, 300.0, 300.0), n_min=0.0, n_max=4.0,
-                      bias=_TIE_BIAS)
-
-
-def _tie_records(n=12, seed=0):
-    W = np.asarray(_d.weight_matrices(_TIE_BASE, jnp.float32), np.float64)
-    recs = []
-    for R in np.linspace(0.0, 1.0, 41, dtype=np.float32):
-        for A in np.linspace(0.0, 1.0, 41, dtype=np.float32):
-            sa = 1.0 - float(A)
-            z = (0.5 + 0.5 * sa) * W[0].sum(1) * 0.5 + W[1].sum(1) * float(R) + W[2].sum(1) * sa + _TIE_BIAS
-            # α = Σ sign/16 whose numerator is not a power of two (3/4, 5/8, 3/8: g_b·α is inexact)
-            if np.min(np.abs(z)) > 20 and abs(int(np.sign(z).sum())) // 2 not in (0, 1, 2, 4, 8):
-                recs.append((np.float32(0.5), R, A, np.float32(np.sign(z).sum() / 16)))
-    rng = np.random.default_rng(seed)
-    pick = [recs[i] for i in rng.choice(len(recs), n, replace=False)]
-    cfgs, x = [], []
-    for m, r, a, alpha in pick:
-        for _ in range(10_000):   # gates where one FMA rounds below the two roundings: a contracting path says Supp
-            g_a, g_b = np.float32(rng.uniform(0.8, 1.0)), np.float32(rng.uniform(0.3, 1.0))   # C_final > 0
-            c_final = np.float32(g_a + np.float32(g_b * alpha))   # two roundings (NumPy never contracts)
-            fma = np.float32(np.float64(g_b) * np.float64(alpha) + np.float64(g_a))   # (exact product)
-            if fma < c_final:
-                break
-        else:
-            raise AssertionError(f"no gate found for α = {alpha}")
-        th = float(c_final)
-        cfgs.append(_TIE_BASE.replace(gate_coeffs=(float(g_a), float(g_b)), thresholds=(th, th, th)))
-        x.append((m, r, a))
-    return np.array(x, np.float32).T, cfgs
-
-
 @pytest.mark.slow
 def test_ties_on_a_threshold_take_the_same_action_on_every_path(monkeypatch):
     """C_final exactly on θ0 = θ1 = θ2 is Active on eager decide_one, jitted decide_one, decide (every
     engine: the pure-JAX default, native, pallas in interpret mode) and the three sweep engines."""
     monkeypatch.setenv(fused.ENV_SWITCH, "interpret")   # the pallas engine by name on this CPU
-    x, cfgs = _tie_records()
+    x, cfgs = tie_records()
     n = len(cfgs)
     paths = {"eager decide_one": [], "jit decide_one": [], "decide (native)": [], "decide (pure JAX)": [],
              "decide (default)": [], "fused (interpret)": []}

@@ -10,6 +10,7 @@ from mdl_jax import Action, MDLConfig, decide_one, signal_cube_norm_range
 from mdl_jax.controller import api
 from mdl_jax.controller import decision as d
 from tests.reference import NumpyMDL
+from tests.ties import tie_records
 
 CFG = MDLConfig()
 CUBE = MDLConfig(n_min=1.2522579431533813, n_max=3.2805850505828857)  # signal-cube range: C never clips
@@ -137,6 +138,14 @@ def test_exact_threshold_boundaries_take_higher_action(maybe_jit):
     assert int(maybe_jit(decide_one)(jnp.float32(0.8), jnp.float32(0.7), jnp.float32(0.2),
                                       cfg2).action) == Action.ACTIVE
 
+
+def test_a_c_final_exactly_on_theta0_is_active_eagerly_and_jitted(maybe_jit):
+    # Records whose C_final = g_a + g_b·α lies exactly on θ0 = θ1 = θ2 when the product and the sum
+    # round apart; a compiled path that fused them into one FMA would land an ulp below θ0 (Supp).
+    x, cfgs = tie_records()
+    f = maybe_jit(decide_one)
+    got = [int(f(*(jnp.float32(v) for v in x[:, i]), cfg).action) for i, cfg in enumerate(cfgs)]
+    assert got == [Action.ACTIVE] * len(cfgs)
 
 
 # --- Parity with the paper-style NumPy reference -------------------------------------------------
