@@ -221,6 +221,15 @@ def test_config_fields_outside_their_domain_raise_naming_the_field(field, value)
         MDLConfig(**{field: value})
 
 
+def test_thresholds_may_tie_but_never_rise():
+    # θ0 ≥ θ1 ≥ θ2: equal thresholds are valid (calibrate's offset 0 gives θ0 = θ1 = θ2), rising ones are not
+    for th in ((0.5, 0.5, 0.5), (0.6, 0.6, 0.2), (0.6, 0.2, 0.2), (1.0, 1.0, 0.0), (0.0, 0.0, 0.0)):
+        assert MDLConfig(thresholds=th).thresholds == th
+    for th in ((0.4, 0.6, 0.2), (0.6, 0.2, 0.4), (0.6, 0.4, 0.4000001)):
+        with pytest.raises(ValueError, match=r"^thresholds: expected θ0 ≥ θ1 ≥ θ2"):
+            MDLConfig(thresholds=th)
+
+
 def test_config_eps_c_must_stay_below_the_smallest_gain():
     # Theorem 1's condition, with eps_c = 0 (no leakage) allowed for any gains ≥ 0
     with pytest.raises(ValueError, match=r"^eps_c: .*min\(gains\)"):
