@@ -230,6 +230,16 @@ def test_thresholds_may_tie_but_never_rise():
             MDLConfig(thresholds=th)
 
 
+def test_the_defaults_are_the_papers_table_2():
+    # Table 2, and the thresholds 0.6/0.4/0.2 and QR seed 42 of the deployed controller (Fig. 4)
+    cfg = MDLConfig()
+    assert (cfg.D, cfg.dims, cfg.sigma, cfg.eps_c, cfg.gains) == (16, (5, 5, 6), 0.20, 0.10, (1.0, 0.7, 0.5))
+    assert (cfg.g_A_coeffs, cfg.gate_coeffs) == ((0.5, 0.5), (0.3, 0.7))
+    assert (cfg.thresholds, cfg.qr_seed) == ((0.6, 0.4, 0.2), 42)
+    assert (cfg.alpha_gating, cfg.risk_modulation, cfg.subspaces, cfg.risk_inversion, cfg.value_encoding) == (
+        True, True, "qr", True, True)
+
+
 def test_config_eps_c_must_stay_below_the_smallest_gain():
     # Theorem 1's condition, with eps_c = 0 (no leakage) allowed for any gains ≥ 0
     with pytest.raises(ValueError, match=r"^eps_c: .*min\(gains\)"):
