@@ -256,6 +256,18 @@ def test_sweep_and_config_grid_accept_every_config_mdlconfig_and_decide_accept(d
         config_grid(MDLConfig(eps_c=0.0, gains=(1.0, 0.1, 0.5)), eps_c=[0.0, 0.2])
 
 
+def test_accuracy_is_a_share_at_most_one_when_every_record_agrees_under_float_weights(data):
+    # Labels equal to the decisions: every record is correct, so the accuracy is 1 for any weights. With
+    # non-integer weights the number correct is a float32 sum on the device, which can round above the
+    # weights' total; a share of records is still never above 1.
+    M, R, A, _ = data
+    adopt = np.asarray(decide(M, R, A).action) == 0
+    w = np.random.default_rng(0).uniform(0.5, 1.5, (8, N))
+    res = sweep(M, R, A, MDLConfig(), adopt=adopt, weights=w)
+    assert np.all(res.accuracy <= 1.0)
+    np.testing.assert_allclose(res.accuracy, 1.0, rtol=1e-6)
+
+
 def test_integer_weights_give_exact_counts_past_float32s_2_to_the_24(data):
     M, R, A, adopt = data
     batch = config_grid(MDLConfig(), sigma=[0.1, 0.2])
