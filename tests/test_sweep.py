@@ -268,6 +268,15 @@ def test_accuracy_is_a_share_at_most_one_when_every_record_agrees_under_float_we
     np.testing.assert_allclose(res.accuracy, 1.0, rtol=1e-6)
 
 
+def test_a_weight_vector_whose_total_is_zero_is_refused_naming_weights(data):
+    M, R, A, adopt = data
+    w = np.ones((3, N))
+    w[1] = 0.0
+    for weights in (np.zeros(N), w):
+        with pytest.raises(ValueError, match="^weights: every weight vector needs a positive total"):
+            sweep(M, R, A, MDLConfig(), adopt=adopt, weights=weights)
+
+
 def test_integer_weights_give_exact_counts_past_float32s_2_to_the_24(data):
     M, R, A, adopt = data
     batch = config_grid(MDLConfig(), sigma=[0.1, 0.2])
