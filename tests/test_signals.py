@@ -18,7 +18,14 @@ from mdl_jax import decide
 from mdl_jax.gate import MemoryGate
 from mdl_jax.signals import aggregation
 from mdl_jax.signals import conflict as lexical
-from mdl_jax.signals.aggregation import MAX_MEMORIES, PAIR_BUDGET, aggregate_one, memory_signals, store_arrays
+from mdl_jax.signals.aggregation import (
+    MAX_MEMORIES,
+    PAIR_BUDGET,
+    RELEVANCE_THRESHOLD,
+    aggregate_one,
+    memory_signals,
+    store_arrays,
+)
 from mdl_jax.signals.conflict import pair_flags, stance_conflict
 from mdl_jax.signals.embeddings import Embedder
 from mdl_jax.signals.risk import HIGH_RISK, halueval_risk, truthfulqa_risk
@@ -301,6 +308,26 @@ def test_fewer_than_two_relevant_gives_half_and_padding_is_ignored():
     assert n_rel == 1 and R == 0.5 and phi == 0.0
     M, R, phi, n_rel = (float(x) for x in aggregate_one(q, mem, np.zeros(3, bool), np.zeros((3, 3), bool)))
     assert (M, R, n_rel) == (0.0, 0.5, 0)
+
+
+
+def test_a_memory_whose_cosine_equals_the_relevance_threshold_is_not_relevant():
+    # Section 3.2: relevant means cos(e_q, e_m) > 0.3, strictly. Both memories' cosines are float32(0.3)
+    # exactly (the other coordinates meet zeros), so none is relevant and R = 0.5; counted as relevant,
+    # the pair's similarity 0.09 would be R. On the JAX pass, aggregate_small, and both small paths.
+    from mdl_jax.signals.aggregation import ROW_BY_ROW, aggregate_small, small_signals
+
+    t = np.float32(RELEVANCE_THRESHOLD)
+    rest = np.sqrt(np.float32(1.0) - t * t)
+    q = np.array([1, 0, 0], np.float32)
+    mem = np.array([[t, rest, 0], [t, 0, rest]], np.float32)
+    assert np.all(mem @ q == t)
+    assert [float(x) for x in aggregate_one(q, mem, np.ones(2, bool), np.zeros((2, 2), bool))] == [t, 0.5, 0.0, 0]
+    assert aggregate_small(q, mem, np.zeros((2, 2), bool))[1:] == (0.5, 0.0, 0)
+    index = {"a memory": 0, "another memory": 1}
+    for B in (1, ROW_BY_ROW + 1):   # one row by itself, and the stacked path
+        got = small_signals(np.repeat(q[None], B, 0), [list(index)] * B, mem, index)
+        assert np.all(got["R"] == 0.5) and np.all(got["n_relevant"] == 0), got
 
 
 # --- Real embeddings -----------------------------------------------------------------------------
