@@ -203,6 +203,20 @@ def test_a_percentile_interval_at_level_l_leaves_half_of_1_minus_l_in_each_tail(
         assert e.lo < e.value < e.hi
 
 
+def test_one_seed_draws_the_same_questions_for_bootstrap_and_paired_difference():
+    # "the same seed draws the same questions for every metric": a gate against a gate of zeros resamples
+    # mean(x) exactly as the bootstrap of mean(x) does, seed by seed; another seed draws other questions
+    rng = np.random.default_rng(2)
+    x, g = rng.normal(size=60), np.repeat(np.arange(20), 3)
+    got = {}
+    for seed in (0, 1, 7):
+        e = m.bootstrap(np.mean, x, groups=g, n_boot=300, seed=seed)
+        d = m.paired_difference(np.mean, x, np.zeros(60), g, n_boot=300, seed=seed)
+        assert (e.value, e.lo, e.hi) == (d.value, d.lo, d.hi), seed
+        got[seed] = (e.lo, e.hi)
+    assert len(set(got.values())) == 3
+
+
 def test_mde_has_80_percent_power_at_its_size():
     # Per-record differences with question effects: d = δ + v_question + e, 60 questions × 2 records.
     # The true SE of mean(d) is √((1 + ½·1) / 60); at δ = (z_0.975 + z_0.80)·SE a two-sided 5% test
