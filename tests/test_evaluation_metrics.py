@@ -217,6 +217,17 @@ def test_one_seed_draws_the_same_questions_for_bootstrap_and_paired_difference()
     assert len(set(got.values())) == 3
 
 
+def test_paired_difference_is_gate_a_minus_gate_b():
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 2, 200)
+    good, poor = y + rng.normal(0, 0.5, 200), y + rng.normal(0, 3.0, 200)
+    d = m.paired_difference(m.auroc, (good, y), (poor, y), n_boot=500)
+    assert d.value == m.auroc(good, y) - m.auroc(poor, y) and d.value > 0.2
+    assert 0 < d.lo < d.value < d.hi
+    flipped = m.paired_difference(m.auroc, (poor, y), (good, y), n_boot=500)
+    assert (flipped.value, flipped.lo, flipped.hi) == pytest.approx((-d.value, -d.hi, -d.lo), abs=1e-12)
+
+
 def test_mde_has_80_percent_power_at_its_size():
     # Per-record differences with question effects: d = δ + v_question + e, 60 questions × 2 records.
     # The true SE of mean(d) is √((1 + ½·1) / 60); at δ = (z_0.975 + z_0.80)·SE a two-sided 5% test
