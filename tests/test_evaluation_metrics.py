@@ -228,6 +228,17 @@ def test_paired_difference_is_gate_a_minus_gate_b():
     assert (flipped.value, flipped.lo, flipped.hi) == pytest.approx((-d.value, -d.hi, -d.lo), abs=1e-12)
 
 
+def test_every_question_is_drawn_with_equal_chance():
+    # 5 questions of 2 records: each resample draws 5 questions (10 records), each question a fifth of the time
+    from mdl_jax.evaluation.metrics.intervals import question_layout, resamples
+
+    g = np.repeat(np.array([3, 1, 4, 0, 2]), 2)
+    draws = list(resamples(question_layout(g, 10), 2000, seed=0))
+    assert all(len(r) == 10 for r in draws)
+    share = np.bincount(g[np.concatenate(draws)], minlength=5) / (10 * 2000)
+    np.testing.assert_allclose(share, 0.2, atol=0.01)
+
+
 def test_mde_has_80_percent_power_at_its_size():
     # Per-record differences with question effects: d = δ + v_question + e, 60 questions × 2 records.
     # The true SE of mean(d) is √((1 + ½·1) / 60); at δ = (z_0.975 + z_0.80)·SE a two-sided 5% test
