@@ -239,6 +239,17 @@ def test_every_question_is_drawn_with_equal_chance():
     np.testing.assert_allclose(share, 0.2, atol=0.01)
 
 
+def test_paired_difference_se_is_the_sample_sd_of_the_resampled_differences():
+    # the bootstrap standard error: the resampled differences' SD with B − 1 in the denominator
+    from mdl_jax.evaluation.metrics.intervals import question_layout, resamples
+
+    rng = np.random.default_rng(6)
+    a, b, g = rng.normal(size=40), rng.normal(size=40), np.repeat(np.arange(20), 2)
+    d = m.paired_difference(np.mean, a, b, g, n_boot=5, seed=3)
+    diffs = [np.mean(a[i]) - np.mean(b[i]) for i in resamples(question_layout(g, 40), 5, 3)]
+    assert d.se == pytest.approx(np.std(diffs, ddof=1), rel=1e-12)
+
+
 def test_mde_has_80_percent_power_at_its_size():
     # Per-record differences with question effects: d = δ + v_question + e, 60 questions × 2 records.
     # The true SE of mean(d) is √((1 + ½·1) / 60); at δ = (z_0.975 + z_0.80)·SE a two-sided 5% test
