@@ -129,6 +129,21 @@ def test_calibrate_warns_when_the_optimum_is_a_constant_classifier(rng):
     assert cal.opt_out_possible == (cal.config.thresholds[2] > 0)
 
 
+def _all_adopt_calibration(rng):
+    # Every label adopt: θ0 = 0 is the best threshold (the least-norm record has C = 0, so C_final = 0)
+    M, R, A = rng.uniform(size=(3, 40)).astype(np.float32)
+    with pytest.warns(UserWarning, match="always adopt"):
+        cal = calibrate(M, R, A, np.ones(40, np.int32))
+    return cal, np.asarray(mdl_jax.decide(M, R, A, cal.config).action), np.asarray(
+        mdl_jax.decide(M, R, A, cal.config).C_final)
+
+
+def test_adopt_share_counts_a_record_on_theta0_as_active(rng):
+    cal, action, c_final = _all_adopt_calibration(rng)
+    assert cal.config.thresholds[0] == 0.0 and c_final.min() == 0.0   # a record exactly on θ0
+    assert cal.adopt_share == np.mean(action == 0) == 1.0
+
+
 def test_degenerate_flags_constant_controllers():
     assert oracle.degenerate(np.zeros(100, int)) == "degenerate: 100% Active"
     assert oracle.degenerate(np.full(100, 2)) .startswith("degenerate: 100% Silent")
