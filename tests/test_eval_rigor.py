@@ -144,6 +144,12 @@ def test_adopt_share_counts_a_record_on_theta0_as_active(rng):
     assert cal.adopt_share == np.mean(action == 0) == 1.0
 
 
+def test_a_calibration_whose_theta2_is_zero_says_it_cannot_opt_out(rng):
+    cal, action, _ = _all_adopt_calibration(rng)
+    assert cal.config.thresholds[2] == 0.0 and cal.opt_out_possible is False
+    assert not np.any(action == 3)
+
+
 def test_degenerate_flags_constant_controllers():
     assert oracle.degenerate(np.zeros(100, int)) == "degenerate: 100% Active"
     assert oracle.degenerate(np.full(100, 2)) .startswith("degenerate: 100% Silent")
