@@ -150,6 +150,16 @@ def test_a_calibration_whose_theta2_is_zero_says_it_cannot_opt_out(rng):
     assert not np.any(action == 3)
 
 
+def test_a_split_of_identical_records_gets_a_range_of_one_around_its_norm_so_c_is_one_half():
+    x = np.full(10, 0.4, np.float32)
+    with pytest.warns(UserWarning, match="constant classifier"):   # identical records: no threshold helps
+        cal = calibrate(x, x, x, np.arange(10) % 2)
+    d = mdl_jax.decide(x, x, x, cal.config)
+    norm = float(np.asarray(d.norm)[0])
+    assert (cal.config.n_min, cal.config.n_max) == pytest.approx((norm - 0.5, norm + 0.5), abs=1e-6)
+    np.testing.assert_allclose(np.asarray(d.C), 0.5, atol=1e-6)
+
+
 def test_degenerate_flags_constant_controllers():
     assert oracle.degenerate(np.zeros(100, int)) == "degenerate: 100% Active"
     assert oracle.degenerate(np.full(100, 2)) .startswith("degenerate: 100% Silent")
