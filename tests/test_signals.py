@@ -1334,6 +1334,23 @@ def test_memory_signals_refuses_a_threshold_or_batch_outside_its_domain_naming_i
 
 
 @pytest.mark.parametrize("engine", ["jax", "auto"])
+def test_memory_signals_takes_a_threshold_given_as_a_0d_numpy_or_jax_number(engine):
+    """A threshold computed with NumPy or JAX (np.array(0.3), jnp.float32(0.3)) is one cosine: it was
+    refused as outside [-1, 1]; it gives the Python float's signals."""
+    import jax.numpy as jnp
+
+    from mdl_jax.signals.aggregation import memory_signals
+
+    want = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=0.3, engine=engine)
+    for thr in (np.array(0.3), jnp.float32(0.3), np.array(0.3, np.float32)):
+        got = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=thr, engine=engine)
+        assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}
+    for bad in (np.array([0.3]), jnp.array(1.5), np.array("0.3")):
+        with pytest.raises(ValueError, match=r"^threshold: "):
+            memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=bad, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["jax", "auto"])
 def test_memory_signals_refuses_a_user_detectors_values_that_are_not_flags_on_every_engine(engine):
     """A detector's NaN or probability was read as a flagged pair (φ = 1), and a wrong shape failed with
     NumPy's reshape words: the gate's check of a detector's output holds here too."""

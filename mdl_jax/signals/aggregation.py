@@ -479,6 +479,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch: expected an int ≥ 1, got {batch!r}")
+    if hasattr(threshold, "dtype") and np.ndim(threshold) == 0 and np.dtype(threshold.dtype).kind in "iuf":
+        threshold = np.asarray(threshold).item()   # a 0-d NumPy or JAX number (jnp.float32(0.3)) is one cosine
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not -1.0 <= threshold <= 1.0:  # NaN too: no memory would ever be relevant, silently
         raise ValueError(f"threshold: expected a cosine in [-1, 1], got {threshold!r}")
