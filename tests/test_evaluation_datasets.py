@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mdl_jax.evaluation.datasets import (
@@ -587,3 +588,17 @@ def test_what_a_users_reader_returns_is_checked_naming_the_benchmark_and_the_ite
         assert load_benchmark("mine_checked", path=tmp_path) == [_mine()]
     finally:
         unregister_benchmark("mine_checked")
+
+
+def test_a_users_reader_may_give_labels_as_numpy_bools(tmp_path):
+    """A reader built on pandas or Parquet gives its labels as np.True_ / np.False_: they are booleans,
+    scored as True and False, and were refused as 'no bool'."""
+    from mdl_jax.evaluation.datasets import BenchmarkSpec, register_benchmark, unregister_benchmark
+
+    got = [_mine(should_adopt=np.True_, has_conflict=np.False_), _mine("q2:a", should_adopt=np.bool_(False))]
+    register_benchmark(BenchmarkSpec("mine_np_bools", _reader_returning(got), "", "CC0", "test"))
+    try:
+        items = load_benchmark("mine_np_bools", path=tmp_path)
+        assert [bool(it.should_adopt) for it in items] == [True, False]
+    finally:
+        unregister_benchmark("mine_np_bools")

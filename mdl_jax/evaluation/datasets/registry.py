@@ -9,6 +9,8 @@ import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
+
 from mdl_jax.evaluation.datasets import adarague, hub, shared
 from mdl_jax.evaluation.datasets.files import ENV_BENCHMARK_DIR, ENV_DATA_DIR, DataError, benchmark_dir
 from mdl_jax.evaluation.datasets.items import BenchmarkItem, BenchmarkSpec
@@ -89,7 +91,8 @@ def _checked_items(name: str, got: object) -> list[BenchmarkItem]:
             raise ValueError(f"{where} items[{i}].memories = {it.memories!r}"[:200] + "; expected a tuple of "
                              "memory texts")
         for f in _LABELS:
-            if getattr(it, f) is not None and not isinstance(getattr(it, f), bool):
+            # NumPy's bool too: a reader built on pandas or Parquet gives np.True_, scored as True
+            if getattr(it, f) is not None and not isinstance(getattr(it, f), (bool, np.bool_)):
                 raise ValueError(f"{where} items[{i}].{f} = {getattr(it, f)!r}; expected True, False or None")
         j = first.setdefault(it.qid, i)
         if j != i:
