@@ -378,6 +378,19 @@ def test_faitheval_fixture_from_the_hub_schema(tmp_path):
         load_benchmark("faitheval", path=tmp_path, split="counterfactual")
 
 
+def test_faitheval_rows_sharing_a_hub_id_are_each_their_own_question(tmp_path):
+    """The hub's ids are its own: two rows of one split under one id were two items with one qid, which
+    load_benchmark refuses (a user's gate scores are joined on it); the second gets the id's count."""
+    row = {"question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}
+    _jsonl(tmp_path / "unanswerable.jsonl", [{"qid": "u1", **row}, {"qid": "u1", **row, "question": "Who?"},
+                                             {"qid": "u2", **row}])
+    items = load_benchmark("faitheval", path=tmp_path, split="unanswerable")
+    assert [it.qid for it in items] == ["faitheval:unanswerable:u1:unanswerable",
+                                        "faitheval:unanswerable:u1#2:unanswerable",
+                                        "faitheval:unanswerable:u2:unanswerable"]
+    assert items[1].question == "Who?" and len({it.group for it in items}) == 3
+
+
 def test_faitheval_context_without_markers_is_one_memory():
     assert split_documents("One passage only.") == ("One passage only.",)
 

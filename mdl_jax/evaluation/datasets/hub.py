@@ -10,6 +10,7 @@ code a hub load runs.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Iterable
@@ -168,12 +169,18 @@ def split_documents(context: str) -> tuple[str, ...]:
 def faitheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
     """FaithEval rows → items (see ``read_faitheval`` for the label rule)."""
     out: list[BenchmarkItem] = []
+    seen: collections.Counter = collections.Counter()
     for task, where, row in records:
         if task not in FAITHEVAL_SPLITS:
             raise DataError(f"{where}: split: expected one of {list(FAITHEVAL_SPLITS)}, got {task!r}")
         rid = clean(row.get("qid") if row.get("qid") is not None else row.get("id"))
         if not rid:
             raise DataError(f"{where}: missing field 'qid' (or 'id'); expected the hub's documented schema")
+        # the hub's ids are its own: one given twice in a split names two rows, each its own question
+        # (load_benchmark refuses a qid twice, since gate scores are joined on it)
+        seen[(task, rid)] += 1
+        if seen[(task, rid)] > 1:
+            rid = f"{rid}#{seen[(task, rid)]}"
         question, context = _need_text(row, "question", where), clean(_need(row, "context", where))
         group = f"faitheval:{task}:{rid}"
         if task == "unanswerable":
