@@ -548,6 +548,19 @@ def test_a_users_gate_score_that_is_no_finite_number_is_refused_before_any_work_
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_users_gate_scores_given_as_0d_arrays_are_their_values(tmp_path, embedder):
+    import jax.numpy as jnp
+
+    from mdl_jax.evaluation.datasets import load_benchmark
+
+    run, out = _bench(tmp_path, embedder)
+    qids = [it.qid for it in load_benchmark("rgb_en_fact", limit=3)]
+    arrays = {q: (np.asarray(0.25 * i) if i % 2 else jnp.float32(0.25 * i)) for i, q in enumerate(qids)}
+    run(["rgb_en_fact"], extra={"mine": arrays})
+    run(["rgb_en_fact"], extra={"mine": {q: 0.25 * i for i, q in enumerate(qids)}})  # the same inputs: resumed
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 @pytest.mark.parametrize("name", ["REPORT.md", "metrics.csv", "conditions.csv"])
 def test_a_benchmark_run_into_a_folder_of_the_users_own_files_is_refused_leaving_them(tmp_path, embedder, name):
     from mdl_jax.evaluation.run import OtherInputs

@@ -414,3 +414,10 @@ def test_a_risk_callable_that_cannot_take_query_and_category_is_refused_at_const
         MemoryGate(embedder=_lookup, risk=lambda q: 0.3)
     assert MemoryGate(embedder=_lookup, risk=lambda q, c=None: 0.3).decide("q", []).scalars["A"] == \
         pytest.approx(0.3)
+
+
+def test_the_default_detector_named_explicitly_is_the_default_not_a_wrapped_one():
+    from mdl_jax.signals.conflict import pair_flags
+
+    assert MemoryGate(embedder=_lookup, conflict=pair_flags).conflict is pair_flags
+    assert MemoryGate(embedder=_lookup).conflict is pair_flags

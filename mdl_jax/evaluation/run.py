@@ -475,12 +475,17 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                                      f"e.g. qid {missing[0]!r}")
                 # checked here, before inputs.json records them: found after the embedding, a bad score
                 # left a run folder whose record then refused the corrected scores
+                values = []
                 for it in items:
-                    v = scores[it.qid]
+                    v: Any = scores[it.qid]
+                    if getattr(v, "ndim", None) == 0 and getattr(v, "dtype", None) is not None \
+                            and np.dtype(v.dtype).kind in "iuf":   # a 0-d NumPy or JAX number: its value
+                        v = v.item()
                     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                             or not math.isfinite(v):
                         raise ValueError(f"extra[{g!r}][{it.qid!r}]: expected a finite number, got {v!r}")
-                user_cols[name][g] = np.array([scores[it.qid] for it in items], float)
+                    values.append(v)
+                user_cols[name][g] = np.array(values, float)
         now = run_inputs(gate, limit, n_boot, fit_mdl, loaded, user_cols)
         check_inputs(out, before, now)
         if before is not None:

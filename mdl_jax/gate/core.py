@@ -395,7 +395,8 @@ class MemoryGate:
         if conflict is not None and not callable(conflict):
             raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
                              f"{type(conflict).__name__}")
-        self.conflict: Callable[[list[str]], Any] = (checked_conflict(conflict) if conflict is not None
+        # the default detector named explicitly stays itself: the small-store path's native flags are for it
+        self.conflict: Callable[[list[str]], Any] = (checked_conflict(conflict) if conflict not in (None, pair_flags)
                                                       else pair_flags)
         self.relevance_threshold = unit_float("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:
