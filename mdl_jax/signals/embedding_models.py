@@ -9,6 +9,7 @@ caller can tell it from an error of the texts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -70,6 +71,24 @@ _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _no_progress_bar():
+    """transformers draws a "Loading weights" bar for a model that loads in a second: a stray line
+    on stderr beside a command's one-line error or warning, so it is off while the embedder loads."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:   # another first module's own loader: nothing to quiet
+        yield
+        return
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(path: str, device: str, model_id: str | None = None):
     """One SentenceTransformer per (model, device) per process: the gates, framework components and
     vector stores of one application share the weights (encoding is read-only). ``model_id`` (the
@@ -84,7 +103,8 @@ def load_model(path: str, device: str, model_id: str | None = None):
                                      "which is not installed or fails to import: pip install 'mdl-jax[signals]'"
                                      ) from e
             try:
-                model = SentenceTransformer(path, device=device)
+                with _no_progress_bar():
+                    model = SentenceTransformer(path, device=device)
             except MemoryError:
                 raise
             except Exception as e:  # noqa: BLE001 - safetensors and tokenizers raise their own types for a damaged file
