@@ -37,7 +37,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "$MDL_JAX_DATA_DIR, else ../shared/data beside the repo, else the hub)")
     p.add_argument("--datasets", nargs="+", default=["truthfulqa", "halueval"],
                    choices=["truthfulqa", "halueval"], help="datasets to run")
-    p.add_argument("--model", default="all-MiniLM-L6-v2", help="sentence-transformers model name or path")
+    p.add_argument("--model", default="all-MiniLM-L6-v2", type=_model_name,
+                   help="sentence-transformers model name or path")
     p.add_argument("--cache-dir", default=None, type=out_dir, help="embedding cache (%(default)s: $MDL_JAX_CACHE_DIR "
                                                      "or ~/.cache/mdl_jax)")
     p.add_argument("--split-seed", type=seed_int, default=0,
@@ -45,6 +46,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     # The old name, ambiguous beside reproduce's --seeds; hidden, warns, kept so old scripts run.
     p.add_argument("--seed", dest="split_seed", type=seed_int, default=argparse.SUPPRESS,
                    action=_DeprecatedSeed, help=argparse.SUPPRESS)
+
+
+def _model_name(text: str) -> str:
+    """A model name or folder: a blank one would name the working folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a model name or a model folder, got {text!r}")
+    return text
+
+
+def _model_error(cmd: str, e: ValueError) -> CommandError:
+    """The embedder's refusal of --model (a folder missing its vocabulary, a truncated weight file, a
+    name not on the hub) as the command's one line: it surfaces only when the first text is embedded."""
+    return CommandError(f"{cmd}: --model: {str(e).removeprefix('embedder: ')}")
 
 
 class _DeprecatedSeed(argparse.Action):
@@ -70,6 +84,7 @@ def register(sub) -> None:
 
 
 def signals_cmd(args) -> int:
+    from mdl_jax.signals.embedding_models import ModelLoadError, resolve_model
     from mdl_repro.pipeline.store_signals import build_signal_table, save_table
     from mdl_repro.pipeline.stores import StoreConfig
 
@@ -77,9 +92,16 @@ def signals_cmd(args) -> int:
     if args.limit is not None and args.limit < need:
         raise CommandError(f"signals: argument --limit: each memory store draws {need - 1} distractors "
                            f"from the other questions, so expected at least {need} questions, got {args.limit}")
-    table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
-                                       model=args.model, cache_dir=args.cache_dir, seed=args.split_seed,
-                                       n_calibration=args.n_calibration)
+    try:
+        resolve_model(args.model)   # a path to no folder: refused now, not after reading the data sets
+    except ValueError as e:
+        raise _model_error("signals", e) from None
+    try:
+        table, _, emb = build_signal_table(args.datasets, data_dir=args.data_dir, limit=args.limit,
+                                           model=args.model, cache_dir=args.cache_dir, seed=args.split_seed,
+                                           n_calibration=args.n_calibration, progress=sys.stderr.isatty())
+    except ModelLoadError as e:
+        raise _model_error("signals", e) from None
     path = save_table(table, args.out)
     print(f"wrote {len(table)} rows to {path} (embedded {emb.n_embedded} new texts, "
           f"{emb.n_cached} from cache)", file=sys.stderr)
@@ -166,6 +188,7 @@ def _register_reproduce(sub, common) -> None:
 
 def reproduce_cmd(args) -> int:
     from mdl_jax._io import OutputError, write_text
+    from mdl_jax.signals.embedding_models import ModelLoadError
     from mdl_jax.signals.embeddings import Embedder
     from mdl_repro.analysis.report import write_report
     from mdl_repro.pipeline.experiment import Experiment, OutDirInUse, RunConfig
@@ -181,7 +204,10 @@ def reproduce_cmd(args) -> int:
                     baseline_datasets=once(args.baseline_datasets), baseline_seeds=args.baseline_seeds,
                     n_calibration=args.n_calibration, chunk_size=args.chunk_size,
                     data_dir=args.data_dir, embed_model=args.model, cache_dir=args.cache_dir,
-                    store_seed=args.split_seed, calibration=calibration)
+                    store_seed=args.split_seed, calibration=calibration,
+                    # bars on a terminal, as benchmarks and sweep draw them: written to a log or a
+                    # pipe, each redraw is a line, and a line beside an error's one line
+                    progress=sys.stderr.isatty())
     if calibration == "run":
         if args.n_calibration < 2:
             raise CommandError(f"reproduce: --n-calibration: this run calibrates (Section 3.4), which "
@@ -206,7 +232,10 @@ def reproduce_cmd(args) -> int:
               f"B3's config is calibrated on this run's split: {args.n_calibration} calibration "
               f"questions per dataset (one B2 answer each) besides the {args.n_questions} evaluated; "
               "--n-calibration changes the number, --config FILE skips calibration", file=sys.stderr)
-    emb = Embedder(args.model, cache_dir=args.cache_dir)
+    try:
+        emb = Embedder(args.model, cache_dir=args.cache_dir)
+    except ValueError as e:   # a path to no folder, or a folder that cannot be read to key the cache
+        raise _model_error("reproduce", e) from None
     t0 = time.perf_counter()
     # what this run creates, it removes again if it fails on bad input before writing a record
     top = cfg.out.absolute()
@@ -225,12 +254,15 @@ def reproduce_cmd(args) -> int:
                            f"{e.strerror or e}") from None
     try:  # the lock is held until the report is written: it reads the records
         prev = read_run_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
+        stops: tuple[type[BaseException], ...] = (*user_errors(), ModelLoadError)
         try:
             summary = exp.run()
-        except user_errors():
+        except stops as e:
             if fresh is not None and not exp.n_written:
                 exp.close()
                 _remove_empty_run(cfg.out, fresh)
+            if isinstance(e, ModelLoadError):
+                raise _model_error("reproduce", e) from None
             raise
         summary["wall_seconds"] = time.perf_counter() - t0
         run = dict(summary["this_run"])  # this run's own counts decide the exit status below

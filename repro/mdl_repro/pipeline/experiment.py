@@ -23,6 +23,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -168,8 +169,13 @@ class Experiment:
         self.cache = GenerationCache(self.out / "generations.sqlite")
         self.gen = CachedBackend(backend, self.cache)
         self.n_written = self.n_failed = 0
+        self._bar: Any = None  # the run's progress bar, closed by ``close`` too
 
     def close(self) -> None:
+        if self._bar is not None:
+            # a run stopped by an error ends its bar's line here, before the command prints its one
+            # error line, which would otherwise follow the bar's text on the same line
+            self._bar.close()
         self.cache.close()
         self._lock.close()
 
@@ -274,7 +280,7 @@ class Experiment:
         # The bar counts this plan's records: those already on disk (a resumed run) start it, records
         # of other plans in the same out dir do not, so it ends at exactly total/total.
         done = sum(1 for k in keys if k in self.done and not self.done[k].get("failed"))
-        bar = tqdm(total=len(keys), initial=done, desc="reproduce", unit="q", disable=not cfg.progress,
+        bar = self._bar = tqdm(total=len(keys), initial=done, desc="reproduce", unit="q", disable=not cfg.progress,
                    smoothing=0.05)
         summary = {"datasets": {}}
         for ds, cal_st, ev_st, units in plan:
