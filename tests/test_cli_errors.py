@@ -102,6 +102,17 @@ def _model_without_vocab(t) -> str:
     return str(dst)
 
 
+def _surrogate_data(t, rel: str, rows: list[dict]) -> str:
+    """A data folder whose file ``rel`` holds ``rows`` as JSON lines, the first string of the first one
+    beginning with a lone surrogate escape ("\\ud800", which JSON decodes to no Unicode text)."""
+    lines = [json.dumps(r) for r in rows]
+    key = next(iter(rows[0]))
+    lines[0] = lines[0].replace(f'"{key}": "', f'"{key}": "\\ud800 ', 1)
+    Path(t, "data", rel).parent.mkdir(parents=True)
+    Path(t, "data", rel).write_text("\n".join(lines) + "\n")
+    return f"{t}/data"
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -163,6 +174,19 @@ CASES = [
      lambda t: ["signals", "--model", _model_without_vocab(t), "--datasets", "halueval", "--limit", "12",
                 "--cache-dir", f"{t}/cache", "--out", f"{t}/s.parquet"],
      "--model: the model", ["s.parquet"]),
+    # a JSON escape of a lone surrogate in a data file: the file and line, before any embedding
+    ("signals-lone-surrogate-in-data",
+     lambda t: ["signals", "--datasets", "halueval", "--limit", "12", "--out", f"{t}/s.parquet",
+                "--data-dir", _surrogate_data(t, "halueval_qa.jsonl", [
+                    {"question": f"q{i}", "knowledge": f"k{i}", "right_answer": f"a{i}",
+                     "hallucinated_answer": f"b{i}"} for i in range(12)])],
+     "halueval_qa.jsonl, line 1: a string holds a lone surrogate", ["s.parquet"]),
+    ("benchmarks-lone-surrogate-in-data",
+     lambda t: ["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{t}/run",
+                "--data-dir", _surrogate_data(t, "rgb_en_fact/en_fact.json", [
+                    {"query": f"q{i}", "id": i, "answer": f"a{i}", "fakeanswer": f"f{i}", "positive_wrong": ["w"],
+                     "positive": ["p"], "negative": ["n"]} for i in range(3)])],
+     "en_fact.json, line 1: a string holds a lone surrogate", ["run"]),
     ("reproduce-model-no-such-folder",
      lambda t: ["reproduce", "--model", f"{t}/none", "--n-questions", "2", "--out", f"{t}/run"],
      "no such model folder", ["run"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,37 @@ def _kind(obj: Any) -> str:
             dict: "an object"}.get(type(obj), "a number")
 
 
+# a JSON escape of a UTF-16 surrogate: paired, it decodes to one character; alone, to a lone surrogate
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _check_unicode(raw: str, obj: Any, where: str) -> None:
+    """A DataError at ``where`` if the JSON ``raw`` decoded to a string holding a lone surrogate (an
+    escape such as "\\ud800" without its pair): no Unicode text, it would fail only where the text is
+    encoded, far from the file (the embedder, a run record's digest), without the file and line."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    todo = [obj]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, str):
+            try:
+                o.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DataError(f"{where}: a string holds a lone surrogate ({o[e.start]!r} at character "
+                                f"{e.start}), which is not Unicode text; expected UTF-8 text") from None
+        elif isinstance(o, dict):
+            todo += [*o.keys(), *o.values()]
+        elif isinstance(o, list):
+            todo += o
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line of a JSON-lines file, in file order.
 
     Raises:
-        DataError: malformed JSON, or a line that is not a JSON object (file and line named).
+        DataError: malformed JSON, a line that is not a JSON object, or a string holding a lone
+            surrogate (file and line named).
     """
     # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold raw
     for n, line in enumerate(read_text(path).split("\n"), 1):
@@ -143,6 +170,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             raise DataError(f"{path}, line {n}: JSON nested too deeply; expected one object per line") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}, line {n}: expected a JSON object, got {_kind(obj)}")
+        _check_unicode(line, obj, f"{path}, line {n}")
         yield n, obj
 
 
@@ -150,14 +178,17 @@ def read_json(path: Path) -> Any:
     """One JSON document.
 
     Raises:
-        DataError: malformed JSON (the line is named).
+        DataError: malformed JSON (the line is named), or a string holding a lone surrogate.
     """
+    text = read_text(path)
     try:
-        return json.loads(read_text(path))
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}, line {e.lineno}: malformed JSON ({e.msg}); expected one JSON document") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply; expected one JSON document") from None
+    _check_unicode(text, doc, str(path))
+    return doc
 
 
 def read_records(path: Path) -> list[tuple[str, dict]]:
@@ -189,6 +220,7 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
             doc = json.loads(text)
         except json.JSONDecodeError:
             return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
+        _check_unicode(text, doc, str(path))
         if isinstance(doc, dict):
             doc = [doc]
         if not isinstance(doc, list):
