@@ -113,6 +113,13 @@ def _surrogate_data(t, rel: str, rows: list[dict]) -> str:
     return f"{t}/data"
 
 
+def _own_report(t, argv: list[str]) -> list[str]:
+    """``argv``, with a folder ``mine`` holding a REPORT.md of the user's own (no benchmark run's)."""
+    Path(t, "mine").mkdir()
+    Path(t, "mine", "REPORT.md").write_text("my notes")
+    return argv
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -187,6 +194,10 @@ CASES = [
                     {"query": f"q{i}", "id": i, "answer": f"a{i}", "fakeanswer": f"f{i}", "positive_wrong": ["w"],
                      "positive": ["p"], "negative": ["n"]} for i in range(3)])],
      "en_fact.json, line 1: a string holds a lone surrogate", ["run"]),
+    # a folder of the user's own files is refused, and keeps no lock of the refused run
+    ("benchmarks-out-holds-a-report",
+     lambda t: _own_report(t, ["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{t}/mine"]),
+     "holds REPORT.md but no record of a benchmark run", ["mine/inputs.json"]),
     ("reproduce-model-no-such-folder",
      lambda t: ["reproduce", "--model", f"{t}/none", "--n-questions", "2", "--out", f"{t}/run"],
      "no such model folder", ["run"]),

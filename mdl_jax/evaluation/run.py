@@ -443,6 +443,7 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(out, e) from None
+    had_lock = os.path.lexists(out / LOCK)
     lock = lock_file(out / LOCK)
     if lock is None:
         raise RunInUse(f"out: another mdl-jax benchmarks run is writing {str(out)!r}; wait for it to finish, "
@@ -534,7 +535,9 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         _write(report, _report(free, rep, meta, all_rows).encode())
         return report
     except BaseException:
-        if made and not os.path.lexists(out / INPUTS):  # refused before any work: leave no folder behind
+        # refused before any work: leave no folder behind, nor a lock in the user's own folder (one
+        # whose REPORT.md this run refused to overwrite)
+        if (made or not had_lock) and not os.path.lexists(out / INPUTS):
             with contextlib.suppress(OSError):
                 os.unlink(out / LOCK)
                 for d in made:
