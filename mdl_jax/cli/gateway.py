@@ -106,7 +106,8 @@ def run(args) -> int:
         gate.decide("warm up", ["the embedder loads before the first request"])
     except ValueError as e:
         sock.close()
-        print(f"mdl-jax: error: --embedder: {' '.join(str(e).split())}", file=sys.stderr)
+        # the embedder's messages begin "embedder: ", its name for what this command calls --embedder
+        print(f"mdl-jax: error: --embedder: {' '.join(str(e).split()).removeprefix('embedder: ')}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
     print(f"MDL gateway on http://{host}:{port}/v1 -> {gw.where}", flush=True)

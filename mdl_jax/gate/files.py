@@ -251,6 +251,8 @@ def _open_gate(job: GateJob) -> tuple[MemoryGate, Any]:
         # records the backend that will run, never one that a fallback replaced mid-run
         try:
             _ = emb.model
+        except ModelLoadError as err:   # named as the first chunk names it (``_decide_chunk``)
+            raise GateInputError(f"--embedder: {str(err).removeprefix('embedder: ')}") from None
         except ValueError as err:
             raise GateInputError(str(err)) from None
     return gate, risk
