@@ -20,6 +20,7 @@ their upstream connections at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import json
@@ -713,13 +714,14 @@ class SlowUpstream:
     """A tiny asyncio HTTP/1.1 upstream in a thread of its own. Model "drip": the whole answer
     (status line and headers included) one byte every DRIP_S, ~20 s in all, each byte well within
     any per-read timeout; "drip-events": the stream's headers at once, then its events one byte every
-    DRIP_S; "hang": nothing until the caller closes the connection (or 30 s). ``open`` counts the
-    "hang" connections the caller still holds."""
+    DRIP_S; "hang": nothing until the caller closes the connection (or 30 s); "firehose": a stream of
+    events as fast as the caller takes them, without end. ``open`` counts the "hang" connections the
+    caller still holds, ``pouring`` the "firehose" ones."""
 
     def __init__(self):
         import asyncio
 
-        self.open = 0
+        self.open = self.pouring = 0
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -754,6 +756,17 @@ class SlowUpstream:
                 finally:
                     self.open -= 1
                 return
+            if model == "firehose":
+                self.pouring += 1
+                try:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+                    event = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, ' \
+                            b'"delta": {"content": "' + b"y" * 16000 + b'"}, "finish_reason": null}]}\n\n'
+                    while True:
+                        writer.write(event)
+                        await writer.drain()
+                finally:
+                    self.pouring -= 1
             if model == "drip-events":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                              b"Connection: close\r\n\r\n")
@@ -824,6 +837,34 @@ def test_gateway_timeout_ends_a_dripping_stream_with_an_error_event_at_the_deadl
     took = time.monotonic() - t
     assert events[-1] == "[DONE]" and f"within {GW_TIMEOUT:g} s" in json.loads(events[-2])["error"]["message"]
     assert GW_TIMEOUT - 0.5 <= took <= GW_TIMEOUT + 1.5, took
+
+
+def test_gateway_timeout_ends_the_upstream_call_of_a_client_that_stops_reading(slow_gateway):
+    """A stream waits on its client as well as on its upstream: a client that took the first events
+    and then read nothing held its upstream call (and a connection of the gateway's upstream pool) for
+    as long as it stayed, past --timeout, the deadline being checked only while waiting on the
+    upstream. Now a send that waits past the deadline ends the stream there, the upstream call
+    with it, and the client's connection is closed."""
+    url, up = slow_gateway
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a client that takes little and then stops
+    s.connect((host, int(port)))
+    data = json.dumps({"model": "firehose", "messages": chat(Q), "mdl": MDL, "stream": True}).encode()
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    try:
+        assert until(lambda: up.pouring == 1, 10) is not None, "the stream never reached the upstream"
+        t = time.monotonic()
+        ended = until(lambda: up.pouring == 0, GW_TIMEOUT + 5, 0.05)
+        assert ended is not None, f"the upstream call still ran {time.monotonic() - t:.1f} s on, past --timeout"
+        s.settimeout(10)   # what was sent, then the end: the connection is closed, not left open
+        with contextlib.suppress(ConnectionResetError):
+            while s.recv(1 << 16):
+                pass
+    finally:
+        s.close()
+    assert httpx.get(url[:-len("/v1")] + "/health", timeout=10).json()["status"] == "ok"
 
 
 def test_gateway_lets_go_of_the_upstream_when_its_client_leaves(slow_gateway):

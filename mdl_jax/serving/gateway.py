@@ -382,7 +382,7 @@ def make_app(gw: Gateway):
         try:
             out = await gw.call("GET", "/models", request, what="answered /models with a body that is not JSON")
         except ClientGone:
-            return _gone()
+            return Response(status_code=499)  # the client left: nobody reads it (499 as nginx logs it)
         return out if isinstance(out, Response) else JSONResponse(out)
 
     @app.post("/v1/chat/completions")
@@ -417,18 +417,13 @@ def make_app(gw: Gateway):
                                 what="answered with a body that is not a chat completion",
                                 valid=lambda o: isinstance(o, dict) and isinstance(o.get("choices"), list))
         except ClientGone:
-            return _gone()
+            return Response(status_code=499)  # as above
         if isinstance(out, Response):
             return out
         out["mdl"] = info
         return JSONResponse(out, headers=timing)
 
     return app
-
-
-def _gone() -> Response:
-    """What a request whose client has gone gets (nobody reads it; 499 as nginx logs it)."""
-    return Response(status_code=499)
 
 
 def _abstain(req: GatewayRequest, text: str, info: dict, timing: dict):
@@ -583,4 +578,23 @@ async def _forward_stream(gw: Gateway, request: Request, url: str, body: dict, i
         finally:
             await r.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **timing})
+    return _Stream(events(), deadline, headers={**SSE_HEADERS, **timing})
+
+
+class _Stream(StreamingResponse):
+    """A stream that waits on its client no longer than on its upstream (a client that stopped reading held
+    the upstream call and a pooled connection past the deadline): a send not taken by ``deadline`` ends it
+    and the upstream call, the response unfinished (the server closes it); past it no send waits."""
+
+    def __init__(self, events, deadline: float, headers: dict):
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.deadline = deadline
+
+    async def stream_response(self, send) -> None:
+        async def timed(message) -> None:
+            async with asyncio.timeout_at(self.deadline):
+                await send(message)
+        try:
+            await super().stream_response(timed)
+        except TimeoutError:
+            await self.body_iterator.aclose()  # events()'s finally closes the upstream call
