@@ -583,6 +583,23 @@ def test_gateway_reads_every_sse_line_end_puts_the_decision_on_the_first_answer_
     assert "Traceback" not in log.read_text()
 
 
+def test_gateway_answers_a_request_that_is_not_http_in_openais_error_shape(gateway):
+    """A request line, header or Content-Length that h11 cannot parse got uvicorn's text/plain 400;
+    every error is OpenAI's JSON, and the connection is closed (nothing after such a request is read)."""
+    host, port = gateway[0].split("//")[1].split("/")[0].split(":")
+    for bad in (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                b"NOT HTTP AT ALL\r\n\r\n", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nbad header\r\n\r\n"):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(bad)
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), got
+        err = json.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == "invalid_http", err
+
+
 def test_gateway_passes_an_upstream_4xx_with_its_retry_headers(gateway):
     r = _post(gateway[0], "rate-limited")
     assert r.status_code == 429 and r.json()["error"]["message"] == "slow down", r.text[:200]

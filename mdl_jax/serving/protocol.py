@@ -474,6 +474,14 @@ def guarded_protocol(limits: Limits):
                     "refused (ambiguous framing, RFC 9112 section 6.1)", "ambiguous_framing"))
                 self.transport.close()
 
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn answers a request h11 cannot parse in text/plain: OpenAI's error shape instead
+            self._disarm()
+            self.transport.write(_raw_error(400, "Bad Request", "not a valid HTTP/1.1 request (its request line, "
+                                            "a header or Content-Length is malformed, or its headers are too large)",
+                                            "invalid_http"))
+            self.transport.close()
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
