@@ -600,6 +600,21 @@ def test_gateway_answers_a_request_that_is_not_http_in_openais_error_shape(gatew
         assert set(err) == {"message", "type", "param", "code"} and err["code"] == "invalid_http", err
 
 
+def test_gateway_refuses_a_body_that_is_not_declared_json_before_reading_it(gateway):
+    """A form or text/plain POST, what a web page may send to 127.0.0.1 without a preflight, was served:
+    it is a 415 naming Content-Type, before the body is read; JSON, +json and no Content-Type are read."""
+    url = gateway[0]
+    body = json.dumps({"model": "fine", "messages": chat(Q), "mdl": MDL}).encode()
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(url + "/chat/completions", content=body, headers={"Content-Type": kind}, timeout=60)
+        assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type", (kind, r.text[:200])
+        assert r.json()["error"]["code"] == "unsupported_media_type"
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json", None):
+        r = httpx.post(url + "/chat/completions", content=body, timeout=60,
+                       headers={"Content-Type": kind} if kind else {})
+        assert r.status_code == 200, (kind, r.text[:200])
+
+
 def test_gateway_passes_an_upstream_4xx_with_its_retry_headers(gateway):
     r = _post(gateway[0], "rate-limited")
     assert r.status_code == 429 and r.json()["error"]["message"] == "slow down", r.text[:200]

@@ -102,7 +102,7 @@ class APIError(Exception):
 def error_response(e: APIError):
     from starlette.responses import JSONResponse
 
-    headers = {"Connection": "close"} if e.status in (408, 413) else None
+    headers = {"Connection": "close"} if e.status in (408, 413, 415) else None   # (a body left unread)
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -172,9 +172,18 @@ async def _drain(stream, n_max: int, limits: Limits) -> None:
 
 
 async def read_json(request, limits: Limits = LIMITS) -> dict:
-    """The request body as a JSON object, or an APIError: 413 over ``max_body_bytes`` (by header or
-    as it streams), 408 when it does not arrive within ``body_timeout_s``, 400 when it is not UTF-8,
-    not JSON, not an object or holds lone surrogates."""
+    """The request body as a JSON object, or an APIError: 415 for a Content-Type other than JSON (none
+    is read as JSON), 413 over ``max_body_bytes`` (by header or as it streams), 408 when it does not
+    arrive within ``body_timeout_s``, 400 when it is not UTF-8, not JSON, not an object or holds lone
+    surrogates."""
+    kind = request.headers.get("content-type")
+    if kind is not None:
+        media = kind.split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            # a form or text/plain POST is what a web page may send to 127.0.0.1 without a preflight:
+            # refused before its body is read, so no page can spend the model's time
+            raise APIError(415, f"Content-Type: expected application/json, got {kind[:80]!r}",
+                           param="Content-Type", code="unsupported_media_type")
     cl = request.headers.get("content-length")
     stream = request.stream().__aiter__()
     if cl is not None:
