@@ -391,6 +391,17 @@ def test_faitheval_rows_sharing_a_hub_id_are_each_their_own_question(tmp_path):
     assert items[1].question == "Who?" and len({it.group for it in items}) == 3
 
 
+def test_faitheval_count_suffix_never_repeats_an_id_the_split_holds(tmp_path):
+    """A hub id of the form "<id>#2" beside two rows of "<id>": the second "<id>" was counted to "<id>#2",
+    the qid of another row, and load_benchmark refused the set; the count skips ids the split holds."""
+    row = {"question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}
+    for ids, want in ((["u1", "u1", "u1#2"], ["u1", "u1#2", "u1#2#2"]),
+                      (["u1#2", "u1", "u1"], ["u1#2", "u1", "u1#3"])):
+        _jsonl(tmp_path / "unanswerable.jsonl", [{"qid": i, **row} for i in ids])
+        items = load_benchmark("faitheval", path=tmp_path, split="unanswerable")
+        assert [it.qid for it in items] == [f"faitheval:unanswerable:{i}:unanswerable" for i in want]
+
+
 def test_faitheval_context_without_markers_is_one_memory():
     assert split_documents("One passage only.") == ("One passage only.",)
 

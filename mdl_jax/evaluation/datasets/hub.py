@@ -10,7 +10,6 @@ code a hub load runs.
 
 from __future__ import annotations
 
-import collections
 import json
 import re
 from collections.abc import Iterable
@@ -169,7 +168,7 @@ def split_documents(context: str) -> tuple[str, ...]:
 def faitheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
     """FaithEval rows → items (see ``read_faitheval`` for the label rule)."""
     out: list[BenchmarkItem] = []
-    seen: collections.Counter = collections.Counter()
+    taken: set[tuple[str, str]] = set()
     for task, where, row in records:
         if task not in FAITHEVAL_SPLITS:
             raise DataError(f"{where}: split: expected one of {list(FAITHEVAL_SPLITS)}, got {task!r}")
@@ -177,10 +176,13 @@ def faitheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
         if not rid:
             raise DataError(f"{where}: missing field 'qid' (or 'id'); expected the hub's documented schema")
         # the hub's ids are its own: one given twice in a split names two rows, each its own question
-        # (load_benchmark refuses a qid twice, since gate scores are joined on it)
-        seen[(task, rid)] += 1
-        if seen[(task, rid)] > 1:
-            rid = f"{rid}#{seen[(task, rid)]}"
+        # (load_benchmark refuses a qid twice, since gate scores are joined on it); the count skips an
+        # id the split already holds, as a row of its own may be named "<id>#2"
+        base, n = rid, 1
+        while (task, rid) in taken:
+            n += 1
+            rid = f"{base}#{n}"
+        taken.add((task, rid))
         question, context = _need_text(row, "question", where), clean(_need(row, "context", where))
         group = f"faitheval:{task}:{rid}"
         if task == "unanswerable":
