@@ -1,6 +1,7 @@
 """Data loaders, memory stores, the conflict detector, risk tables and the signal aggregation, with
 the real MiniLM model (loaded once per session) on real rows of both datasets."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -1224,6 +1225,39 @@ def _bundled_copy(tmp_path) -> Path:
     folder = tmp_path / "model"
     shutil.copytree(src, folder)
     return folder
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_loading_a_model_puts_back_the_users_own_progress_bar_settings(monkeypatch, fails):
+    """transformers' bar switch also flips huggingface_hub's, every group at once: a user who had turned
+    the hub's bars off (all, or one group) found them on after the embedder loaded a model, and with
+    HF_HUB_DISABLE_PROGRESS_BARS=0 each load warned on stderr. The settings come back as they were, the
+    load raising or not, with no warning; during the load transformers' bars are off."""
+    import importlib
+    import warnings
+
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    from mdl_jax.signals.embedding_models import _no_progress_bar
+
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")
+    monkeypatch.setattr(hub_tqdm, "progress_bar_states", {})
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)
+    for user in (lambda: hub_utils.disable_progress_bars(), lambda: hub_utils.disable_progress_bars("x.y")):
+        hub_tqdm.progress_bar_states.clear()
+        monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", None)   # the variable unset
+        user()
+        want = dict(hub_tqdm.progress_bar_states)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", False)   # the variable set to 0
+            with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+                with _no_progress_bar():
+                    assert not hf_logging.is_progress_bar_enabled()
+                    if fails:
+                        raise RuntimeError("the load failed")
+        assert hub_tqdm.progress_bar_states == want and hf_logging.is_progress_bar_enabled()
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +76,34 @@ _MODELS_LOCK = threading.Lock()
 @contextlib.contextmanager
 def _no_progress_bar():
     """transformers draws a "Loading weights" bar for a model that loads in a second: a stray line
-    on stderr beside a command's one-line error or warning, so it is off while the embedder loads."""
+    on stderr beside a command's one-line error or warning, so it is off while the embedder loads.
+
+    transformers' switch also switches huggingface_hub's bars, all groups at once, and switching them
+    back on would turn on bars a user had turned off through huggingface_hub: both are put back as
+    they were, however the load ends."""
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:   # another first module's own loader: nothing to quiet
         yield
         return
+    hub = sys.modules.get("huggingface_hub.utils.tqdm")
+    states = getattr(hub, "progress_bar_states", None)
+    hub_was = dict(states) if isinstance(states, dict) else None
     was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    with warnings.catch_warnings():
+        # HF_HUB_DISABLE_PROGRESS_BARS=0 keeps the hub's bars on and says so in a warning: a stray line
+        warnings.simplefilter("ignore")
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         if was:
-            hf_logging.enable_progress_bar()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hf_logging.enable_progress_bar()
+        if isinstance(states, dict) and hub_was is not None:
+            states.clear()
+            states.update(hub_was)
 
 
 def load_model(path: str, device: str, model_id: str | None = None):
