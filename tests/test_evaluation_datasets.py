@@ -354,6 +354,20 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def test_a_lone_surrogate_in_a_json_array_names_its_record(tmp_path):
+    """A lone surrogate escape in the third record of a .json array was refused naming only the file,
+    with no way to find it among thousands; it names the record, as every other error of a record does,
+    and a surrogate pair (an emoji as ensure_ascii writes it) still reads as its character."""
+    from mdl_jax.evaluation.datasets.files import read_records
+
+    path = tmp_path / "test.json"
+    path.write_text('[{"q": "a \\ud83d\\ude00"}, {"q": "b"}, {"q": [{"\\udc00": "c"}]}]')
+    with pytest.raises(DataError, match=r"test\.json, record 2: a string holds a lone surrogate \('\\udc00'"):
+        read_records(path)
+    path.write_text('[{"q": "a \\ud83d\\ude00"}]')
+    assert read_records(path) == [(f"{path}, record 0", {"q": "a \U0001f600"})]
+
+
 def test_faitheval_fixture_from_the_hub_schema(tmp_path):
     _jsonl(tmp_path / "unanswerable.jsonl", [
         {"qid": "u1", "question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}])

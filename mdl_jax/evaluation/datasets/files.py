@@ -134,8 +134,12 @@ def _check_unicode(raw: str, obj: Any, where: str) -> None:
     """A DataError at ``where`` if the JSON ``raw`` decoded to a string holding a lone surrogate (an
     escape such as "\\ud800" without its pair): no Unicode text, it would fail only where the text is
     encoded, far from the file (the embedder, a run record's digest), without the file and line."""
-    if not _SURROGATE_ESCAPE.search(raw):
-        return
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_strings(obj, where)
+
+
+def _check_strings(obj: Any, where: str) -> None:
+    """A DataError at ``where`` if a string of ``obj`` (a key too) holds a lone surrogate."""
     todo = [obj]
     while todo:
         o = todo.pop()
@@ -220,15 +224,18 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
             doc = json.loads(text)
         except json.JSONDecodeError:
             return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
-        _check_unicode(text, doc, str(path))
         if isinstance(doc, dict):
             doc = [doc]
         if not isinstance(doc, list):
             raise DataError(f"{path}: expected an array of objects, got {_kind(doc)}")
+        # a record named as every other error of it is, not the whole array's file
+        escapes = _SURROGATE_ESCAPE.search(text) is not None
         out = []
         for i, r in enumerate(doc):
             if not isinstance(r, dict):
                 raise DataError(f"{path}, record {i}: expected a JSON object, got {_kind(r)}")
+            if escapes:
+                _check_strings(r, f"{path}, record {i}")
             out.append((f"{path}, record {i}", r))
         return out
     raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
