@@ -421,3 +421,23 @@ def test_the_default_detector_named_explicitly_is_the_default_not_a_wrapped_one(
 
     assert MemoryGate(embedder=_lookup, conflict=pair_flags).conflict is pair_flags
     assert MemoryGate(embedder=_lookup).conflict is pair_flags
+
+
+def test_a_detector_whose_equality_is_elementwise_is_taken_as_any_other():
+    """The check for the default detector compared a user's detector with ==, and one whose __eq__
+    answers elementwise (an array, as NumPy-like objects do) failed the constructor with NumPy's
+    "truth value of an array is ambiguous"; it is wrapped and used as any user detector is."""
+
+    class Detector:
+        def __call__(self, texts):
+            return np.zeros((len(texts), len(texts)), bool)
+
+        def __eq__(self, other):
+            return np.array([True, False])
+
+        __hash__ = object.__hash__
+
+    from mdl_jax.signals.conflict import pair_flags
+
+    gate = MemoryGate(embedder=_lookup, conflict=Detector())
+    assert gate.conflict is not pair_flags and gate.conflict(["a", "b"]).shape == (2, 2)

@@ -396,8 +396,9 @@ class MemoryGate:
             raise ValueError(f"conflict: expected a callable texts -> S×S flags, got "
                              f"{type(conflict).__name__}")
         # the default detector named explicitly stays itself: the small-store path's native flags are for it
-        self.conflict: Callable[[list[str]], Any] = (checked_conflict(conflict) if conflict not in (None, pair_flags)
-                                                      else pair_flags)
+        # (by identity: ``in`` would call a user's detector's own __eq__, which may return an array)
+        self.conflict: Callable[[list[str]], Any] = (pair_flags if conflict is None or conflict is pair_flags
+                                                      else checked_conflict(conflict))
         self.relevance_threshold = unit_float("relevance_threshold", relevance_threshold)
         if not isinstance(abstention, str) or not abstention:
             raise ValueError(f"abstention: expected a non-empty string, got {abstention!r}")
