@@ -561,6 +561,23 @@ def test_a_users_gate_scores_given_as_0d_arrays_are_their_values(tmp_path, embed
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_users_gate_scores_given_as_jax_narrow_floats_are_their_values(tmp_path, embedder):
+    """JAX's bfloat16 and float8 numbers have NumPy's dtype kind "V": a 0-d one was refused as no number,
+    while a float32 one was taken; they are their values too, and a resumed run reads them as the
+    Python floats they hold."""
+    import jax.numpy as jnp
+
+    from mdl_jax.evaluation.datasets import load_benchmark
+
+    run, out = _bench(tmp_path, embedder)
+    qids = [it.qid for it in load_benchmark("rgb_en_fact", limit=3)]
+    arrays = {q: (jnp.bfloat16(0.25 * i) if i % 2 else jnp.asarray(0.25 * i, jnp.float8_e4m3fn))
+              for i, q in enumerate(qids)}
+    run(["rgb_en_fact"], extra={"mine": arrays})
+    run(["rgb_en_fact"], extra={"mine": {q: 0.25 * i for i, q in enumerate(qids)}})  # the same inputs: resumed
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 @pytest.mark.parametrize("name", ["REPORT.md", "metrics.csv", "conditions.csv"])
 def test_a_benchmark_run_into_a_folder_of_the_users_own_files_is_refused_leaving_them(tmp_path, embedder, name):
     from mdl_jax.evaluation.run import OtherInputs

@@ -1384,6 +1384,20 @@ def test_memory_signals_takes_a_threshold_given_as_a_0d_numpy_or_jax_number(engi
             memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=bad, engine=engine)
 
 
+def test_memory_signals_takes_a_threshold_given_as_a_jax_bfloat16_number():
+    """jnp.bfloat16(0.25) (dtype kind "V", as JAX's narrow floats are) was refused as outside [-1, 1]
+    while jnp.float32(0.25) was taken; it is the cosine it holds (0.25 is exact in bfloat16)."""
+    import jax.numpy as jnp
+
+    from mdl_jax.signals.aggregation import memory_signals
+
+    want = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=0.25)
+    got = memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=jnp.bfloat16(0.25))
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}
+    with pytest.raises(ValueError, match=r"^threshold: "):
+        memory_signals(["q"], [["a", "b"]], _UnitRows(), threshold=jnp.bfloat16(1.5))
+
+
 @pytest.mark.parametrize("engine", ["jax", "auto"])
 def test_memory_signals_refuses_a_user_detectors_values_that_are_not_flags_on_every_engine(engine):
     """A detector's NaN or probability was read as a flagged pair (φ = 1), and a wrong shape failed with

@@ -474,14 +474,13 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                 if missing:
                     raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
                                      f"e.g. qid {missing[0]!r}")
+                from mdl_jax.signals.aggregation import zero_d_number
+
                 # checked here, before inputs.json records them: found after the embedding, a bad score
                 # left a run folder whose record then refused the corrected scores
                 values = []
                 for it in items:
-                    v: Any = scores[it.qid]
-                    if getattr(v, "ndim", None) == 0 and getattr(v, "dtype", None) is not None \
-                            and np.dtype(v.dtype).kind in "iuf":   # a 0-d NumPy or JAX number: its value
-                        v = v.item()
+                    v: Any = zero_d_number(scores[it.qid])   # a 0-d NumPy or JAX number: its value
                     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                             or not math.isfinite(v):
                         raise ValueError(f"extra[{g!r}][{it.qid!r}]: expected a finite number, got {v!r}")

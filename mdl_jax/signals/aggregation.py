@@ -91,6 +91,23 @@ SMALL_BATCH = 8  # (kept for callers; the path no longer depends on it)
 SMALL_MEMORIES = 64
 
 
+def zero_d_number(x: Any) -> Any:
+    """``x`` as the Python number it holds where it is a 0-d NumPy or JAX integer or real float (JAX's
+    bfloat16 and float8 too: NumPy's kind "V"); anything else as it is, for the caller to refuse."""
+    if getattr(x, "ndim", None) != 0 or not isinstance(getattr(x, "dtype", None), np.dtype):
+        return x
+    if x.dtype.kind == "V":
+        try:
+            import ml_dtypes  # a dependency of jax, which defines JAX's narrow floats
+
+            ml_dtypes.finfo(x.dtype)
+        except (ImportError, ValueError, TypeError):
+            return x
+    elif x.dtype.kind not in "iuf":
+        return x
+    return np.asarray(x).item()
+
+
 @functools.lru_cache(maxsize=SMALL_MEMORIES)
 def _upper(n: int) -> np.ndarray:
     """(n, n) boolean mask of the pairs i < j (read-only: shared between calls)."""
@@ -479,8 +496,7 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch: expected an int ≥ 1, got {batch!r}")
-    if hasattr(threshold, "dtype") and np.ndim(threshold) == 0 and np.dtype(threshold.dtype).kind in "iuf":
-        threshold = np.asarray(threshold).item()   # a 0-d NumPy or JAX number (jnp.float32(0.3)) is one cosine
+    threshold = zero_d_number(threshold)   # a 0-d NumPy or JAX number (jnp.float32(0.3)) is one cosine
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not -1.0 <= threshold <= 1.0:  # NaN too: no memory would ever be relevant, silently
         raise ValueError(f"threshold: expected a cosine in [-1, 1], got {threshold!r}")
