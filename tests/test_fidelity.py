@@ -388,7 +388,8 @@ def _bar(stderr: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp_path, cache_dir, cli):
+def test_resumed_run_counts_its_own_plan_and_keeps_the_first_runs_throughput(tmp_path, cache_dir, cli, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # reproduce draws its bar on a terminal only
     out = tmp_path / "run"
     rc, _, err = _tiny(cli, out, cache_dir, "--n-questions", "3")
     assert rc == 0, err[-2000:]
