@@ -1239,7 +1239,7 @@ def test_loading_a_model_puts_back_the_users_own_progress_bar_settings(monkeypat
     import huggingface_hub.utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    from mdl_jax.signals.embedding_models import _no_progress_bar
+    from mdl_jax.signals.embedding_models import no_progress_bars
 
     hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")
     monkeypatch.setattr(hub_tqdm, "progress_bar_states", {})
@@ -1253,7 +1253,7 @@ def test_loading_a_model_puts_back_the_users_own_progress_bar_settings(monkeypat
             warnings.simplefilter("error")
             monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", False)   # the variable set to 0
             with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
-                with _no_progress_bar():
+                with no_progress_bars():
                     assert not hf_logging.is_progress_bar_enabled()
                     if fails:
                         raise RuntimeError("the load failed")

@@ -74,9 +74,10 @@ _MODELS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _no_progress_bar():
+def no_progress_bars():
     """transformers draws a "Loading weights" bar for a model that loads in a second: a stray line
-    on stderr beside a command's one-line error or warning, so it is off while the embedder loads.
+    on stderr beside a command's one-line error or warning, so it is off while the embedder (and the
+    reproduction's reader) loads.
 
     transformers' switch also switches huggingface_hub's bars, all groups at once, and switching them
     back on would turn on bars a user had turned off through huggingface_hub: both are put back as
@@ -120,7 +121,7 @@ def load_model(path: str, device: str, model_id: str | None = None):
                                      "which is not installed or fails to import: pip install 'mdl-jax[signals]'"
                                      ) from e
             try:
-                with _no_progress_bar():
+                with no_progress_bars():
                     model = SentenceTransformer(path, device=device)
             except MemoryError:
                 raise

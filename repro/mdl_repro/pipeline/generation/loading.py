@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from mdl_jax._paths import default_cache_dir
+from mdl_jax.signals.embedding_models import no_progress_bars
 from mdl_repro.pipeline.generation.base import BUNDLED
 
 
@@ -42,21 +43,6 @@ def auto_dtype(device: str) -> str:
     except OSError:
         return "float32"
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
-
-
-@contextlib.contextmanager
-def _no_progress_bars():
-    """transformers draws a bar for loading and saving a 135M model that takes a second: noise on
-    stderr of every command and server start, so it is off for exactly these calls."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 _GGUF_PATCH_LOCK = threading.RLock()
@@ -166,7 +152,7 @@ def load_local(model: str, dtype: str):
         # tests) reads the GGUF once, not once per dtype.
         converted = converted_dir(folder, gguf, "float32")
         if not (converted / "config.json").is_file():
-            with _no_progress_bars():
+            with no_progress_bars():
                 with _gguf_parsed_once():
                     tok = AutoTokenizer.from_pretrained(src, **kw)
                     lm = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
@@ -177,7 +163,7 @@ def load_local(model: str, dtype: str):
     else:
         src = model
     tok = AutoTokenizer.from_pretrained(src, **kw)
-    with _no_progress_bars():
+    with no_progress_bars():
         lm = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kw)
     return _ready(tok, lm)
 
