@@ -43,6 +43,16 @@ def is_real_dtype(dtype) -> bool:
     return dtype != np.bool_ and (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
 
 
+def zero_d_number(x: Any) -> Any:
+    """``x`` as the Python number it holds where it is a 0-d NumPy or JAX array of a real dtype
+    (``is_real_dtype``: JAX's bfloat16 and float8 too); anything else as it is, for the caller to
+    refuse. A threshold or score handed over as ``jnp.float32(0.3)`` is that number."""
+    dtype = getattr(x, "dtype", None)
+    if getattr(x, "ndim", None) != 0 or not isinstance(dtype, np.dtype) or not is_real_dtype(dtype):
+        return x
+    return np.asarray(x).item()
+
+
 def _dtype_error(name: str, dtype) -> ValueError:
     return ValueError(f"{name}: expected real numbers in [0, 1], got dtype {dtype}")
 

@@ -50,6 +50,7 @@ import numpy as np
 from mdl_jax._io import OutputError, lock_file
 from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
+from mdl_jax.controller.validation import zero_d_number
 from mdl_jax.evaluation import metrics
 from mdl_jax.evaluation.datasets import load_benchmark
 from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
@@ -474,8 +475,6 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                 if missing:
                     raise ValueError(f"extra[{g!r}]: no score for {len(missing)} of {name}'s memory sets, "
                                      f"e.g. qid {missing[0]!r}")
-                from mdl_jax.signals.aggregation import zero_d_number
-
                 # checked here, before inputs.json records them: found after the embedding, a bad score
                 # left a run folder whose record then refused the corrected scores
                 values = []

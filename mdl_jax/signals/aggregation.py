@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mdl_jax.controller.validation import zero_d_number
 from mdl_jax.signals.conflict import (
     analyse,
     analyses_conflict,
@@ -89,23 +90,6 @@ def native_why_not() -> str | None:
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
 SMALL_BATCH = 8  # (kept for callers; the path no longer depends on it)
 SMALL_MEMORIES = 64
-
-
-def zero_d_number(x: Any) -> Any:
-    """``x`` as the Python number it holds where it is a 0-d NumPy or JAX integer or real float (JAX's
-    bfloat16 and float8 too: NumPy's kind "V"); anything else as it is, for the caller to refuse."""
-    if getattr(x, "ndim", None) != 0 or not isinstance(getattr(x, "dtype", None), np.dtype):
-        return x
-    if x.dtype.kind == "V":
-        try:
-            import ml_dtypes  # a dependency of jax, which defines JAX's narrow floats
-
-            ml_dtypes.finfo(x.dtype)
-        except (ImportError, ValueError, TypeError):
-            return x
-    elif x.dtype.kind not in "iuf":
-        return x
-    return np.asarray(x).item()
 
 
 @functools.lru_cache(maxsize=SMALL_MEMORIES)
