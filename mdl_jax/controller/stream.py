@@ -365,7 +365,9 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
         every minute or so at a pass boundary, read first, so the same call after a kill resumes
         where it left off (the same result to the bit), and removed when the sweep is done; None
         (default): none. A checkpoint of other inputs (another file content, configs or option) is
-        a ValueError saying what changed. Costs one read of the file up front (its sha256).
+        a ValueError saying what changed, as is one whose progress row is no pass boundary within the
+        file or whose sums have other dtypes (a file edited by hand), and one naming ``path`` itself.
+        Costs one read of the file up front (its sha256).
 
     Returns:
       ``SweepResult`` as ``sweep``'s, with a W axis after K when ``bootstrap`` > 0.

@@ -474,7 +474,8 @@ def memory_signals(queries: Sequence[str], stores: Sequence[Sequence[str]], embe
         (saying why); a query that is no string, a store that is no list of strings (one string, say)
         or of more than ``MAX_MEMORIES`` memories, B queries with another number of stores, an embedder
         without ``embed``, vectors of another shape than (N, d), not finite, or rows that are not
-        unit-norm (a squared norm off 1 by more than ``UNIT_NORM_TOLERANCE``) — each naming the argument.
+        unit-norm (a squared norm off 1 by more than ``UNIT_NORM_TOLERANCE``), a ``conflict`` detector
+        whose output is no S×S matrix of booleans or 0/1 — each naming the argument.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")

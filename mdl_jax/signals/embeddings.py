@@ -189,6 +189,16 @@ class Embedder:
     ``"openvino-bf16"`` (bfloat16: within the parity, not torch's bits; see ``onnx_encoder``), or
     ``"auto"``: ``"openvino-bf16"`` on a CPU with bfloat16, else ``"onnx"``, where they can run, else
     ``"torch"`` (``auto_backend``). The gate and the framework components default to ``"auto"``. ``backend`` keeps what runs; ``requested_backend`` what was asked for.
+
+    Raises:
+      TypeError: ``model`` that is neither a name nor a path, ``cache_dir`` that is no path, ``batch_size``
+        that is no int.
+      ValueError: an empty ``model``, a ``batch_size`` below 1, an unknown ``backend`` or a ``device``
+        with a backend that takes none, a local path to no folder. ``ModelLoadError`` (a ValueError),
+        when the model is first used: a folder that cannot be loaded (a damaged weight file) or whose
+        tokenizer knows under half its model's tokens (its vocabulary missing). A folder whose
+        ``max_seq_length`` passes its model's position table is truncated at the table, with a
+        RuntimeWarning.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = None,

@@ -43,7 +43,9 @@ class StoreArrays:
 
 
 def aggregate_one(q, mem, mask, flags, threshold=RELEVANCE_THRESHOLD):
-    """M, R, φ, n_relevant for ONE store: q (d,), mem (S, d), mask (S,), flags (S, S)."""
+    """M, R, φ, n_relevant for ONE store: q (d,), mem (S, d), mask (S,), flags (S, S). An empty store
+    (S = 0, or every slot masked) gives M = 0, R = 0.5, φ = 0, n_relevant = 0. Values are not checked
+    (it runs traced, under ``aggregate``'s jit and vmap)."""
     S = mask.shape[0]
     cos_q = jnp.einsum("d,sd->s", q, mem, precision=_HI)
     sims = jnp.einsum("id,jd->ij", mem, mem, precision=_HI)
@@ -75,7 +77,12 @@ def store_arrays(stores: Sequence[Sequence[str]], q_emb: np.ndarray,
     empty stores up to this many rows (so chunks of a stream share one compiled shape).
     ``threshold``: with the default (pairwise) detector, compute flags only among the memories that
     may be relevant (cosine above ``threshold`` less a bound on float32 rounding: a superset of those
-    the aggregation counts, which reads no other pair), the rest False; same M, R, φ bits."""
+    the aggregation counts, which reads no other pair), the rest False; same M, R, φ bits.
+
+    Raises:
+      TypeError: a store given as one string (``stores[b]``: its characters would be the memories).
+      ValueError: ``flags`` not one matrix per store, or a matrix (``flags[b]``) or a ``conflict``
+        detector's output that is no S_b×S_b matrix of booleans or 0/1."""
     for b, texts in enumerate(stores):
         if isinstance(texts, (str, bytes)):   # its characters would be read as the memories
             raise TypeError(f"stores[{b}]: expected a list of memory texts, got a {type(texts).__name__}")
