@@ -400,6 +400,43 @@ def test_bad_input_through_the_real_entry_point(case, tmp_path):
     _check(r.returncode, r.stderr, frag, tmp_path, gone)
 
 
+def _refused_reproduce(t, out: str, refusal: str) -> tuple[list[str], str]:
+    """reproduce's argv into ``out`` refused at run time for ``refusal``, and its message's fragment."""
+    if refusal == "data":
+        return [*_empty_data_file(t)[:-1], out], "halueval_qa.jsonl: no records"
+    if refusal == "model":
+        return (["reproduce", "--model", _model_without_vocab(t), "--datasets", "halueval", "--baseline-datasets",
+                 "halueval", "--n-questions", "2", "--cache-dir", f"{t}/cache", "--no-analyses", "--out", out],
+                "reproduce: --model: the model")
+    Path(t, "elsewhere.jsonl").write_text("")  # a link planted at the records file
+    Path(out, "records.jsonl").symlink_to(Path(t, "elsewhere.jsonl"))
+    return [*_empty_data_file(t)[:-1], out], "records.jsonl: it is a symbolic link"
+
+
+@pytest.mark.parametrize("refusal", ["data", "model", "records-link"])
+@pytest.mark.parametrize("holds", ["nothing", "the-users-file"])
+def test_reproduce_refused_into_an_existing_folder_leaves_it_as_it_was(refusal, holds, tmp_path, capsys):
+    """--out an existing folder that holds no run, refused on bad input found at run time (a data file,
+    the embedder's model folder, a link planted at a run file): one line, exit 2, and the folder as it
+    was: no lock, generation cache or inputs.json of the refused run, the user's files and the folder kept."""
+    from mdl_jax.cli import main
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    if holds == "the-users-file":
+        (out / "notes.txt").write_text("my notes")
+    argv, frag = _refused_reproduce(str(tmp_path), str(out), refusal)
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("mdl-jax: warning:")]
+    assert rc == 2 and len(lines) == 1 and frag in lines[0], (rc, err)
+    assert sorted(p.name for p in out.iterdir()) == before
+    if holds == "the-users-file":
+        assert (out / "notes.txt").read_text() == "my notes"
+
+
 def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
     """Every subcommand's --help describes its job and its cost and shows its defaults."""
     from mdl_jax.cli import main

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -237,19 +238,24 @@ def reproduce_cmd(args) -> int:
     except ValueError as e:   # a path to no folder, or a folder that cannot be read to key the cache
         raise _model_error("reproduce", e) from None
     t0 = time.perf_counter()
-    # what this run creates, it removes again if it fails on bad input before writing a record
+    # what this run creates, it removes again if it fails on bad input before writing a record: the
+    # folders it made, and of a run's files only those that were not there before (a folder that
+    # existed may hold the user's own files, or an earlier run's)
     top = cfg.out.absolute()
     while not top.parent.exists():
         top = top.parent
     fresh = None if cfg.out.exists() else top
+    made = [name for name in RUN_FILES if not os.path.lexists(cfg.out / name)]
     read_run_json(cfg.out / "run.json")  # a damaged run summary is refused before any file is made
     try:
         exp = Experiment(cfg, backend, emb)  # takes the out dir's lock before any work
     except OutDirInUse as e:
         raise CommandError(str(e)) from None
     except OutputError:  # a link planted at the lock, a full disk: the message names the file
+        _remove_empty_run(cfg.out, fresh, made)
         raise
     except OSError as e:  # a folder the OS refuses (read-only, /proc, ...)
+        _remove_empty_run(cfg.out, fresh, made)
         raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
                            f"{e.strerror or e}") from None
     try:  # the lock is held until the report is written: it reads the records
@@ -258,9 +264,9 @@ def reproduce_cmd(args) -> int:
         try:
             summary = exp.run()
         except stops as e:
-            if fresh is not None and not exp.n_written:
+            if not exp.n_written:
                 exp.close()
-                _remove_empty_run(cfg.out, fresh)
+                _remove_empty_run(cfg.out, fresh, made)
             if isinstance(e, ModelLoadError):
                 raise _model_error("reproduce", e) from None
             raise
@@ -299,14 +305,22 @@ def reproduce_cmd(args) -> int:
     return 0
 
 
-def _remove_empty_run(out: Path, top: Path) -> None:
-    """Undo what a run that failed on bad input before its first record created: the lock, the empty
-    generation cache and records file, the folder itself (only files this run makes, only if empty)."""
-    for name in (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
-                 "records.jsonl", "inputs.json"):
+# the files a run makes in its out dir
+RUN_FILES = (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
+             "records.jsonl", "inputs.json")
+
+
+def _remove_empty_run(out: Path, top: Path | None, made: list[str]) -> None:
+    """Undo what a run that failed on bad input before its first record created: of ``RUN_FILES``
+    those in ``made`` (absent before the run: the lock, the empty generation cache and records file,
+    the inputs), and the folders from ``out`` up to ``top``, each only if empty (``top`` None: ``out``
+    existed before the run, and stays)."""
+    for name in made:
         f = out / name
-        if f.is_file() and (name != "records.jsonl" or f.stat().st_size == 0):
+        if f.is_file() and not f.is_symlink() and (name != "records.jsonl" or f.stat().st_size == 0):
             f.unlink()
+    if top is None:
+        return
     d = out.absolute()
     while True:  # the folders this run created, from --out up to the first that existed before
         try:

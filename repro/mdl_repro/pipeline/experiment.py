@@ -164,9 +164,13 @@ class Experiment:
         self.out = Path(cfg.out)
         self._lock = lock_out_dir(self.out)  # before reading anything another run might be writing
         self.records_path = self.out / "records.jsonl"
-        self.writer = rec_io.RecordWriter(self.records_path)
-        self.done = rec_io.load(self.records_path)
-        self.cache = GenerationCache(self.out / "generations.sqlite")
+        try:
+            self.writer = rec_io.RecordWriter(self.records_path)
+            self.done = rec_io.load(self.records_path)
+            self.cache = GenerationCache(self.out / "generations.sqlite")
+        except BaseException:
+            self._lock.close()  # refused (a link planted at a run file): the caller may remove the lock
+            raise
         self.gen = CachedBackend(backend, self.cache)
         self.n_written = self.n_failed = 0
         self._bar: Any = None  # the run's progress bar, closed by ``close`` too
