@@ -6,7 +6,8 @@ and recurses as deep as the text nests; none of that can be written back as JSON
 runs every later walk over the value into the recursion limit. ``loads`` refuses all three, with
 one wording wherever the library reads JSON. Lone surrogates (which ``\\ud800`` escapes decode to)
 are left to the callers: each names the field in its own terms (a row's field, a request's
-parameter).
+parameter). A key stated twice in one object is refused by the readers of files (``unique_keys``,
+``loads_unique``: config files, data files), each naming the file.
 """
 
 from __future__ import annotations
@@ -57,6 +58,63 @@ def finite_float(text: str) -> float:
     if not math.isfinite(x):
         raise StrictJSONError(f"the number {text[:40]} is past a double's range")
     return x
+
+
+class DuplicateKeyError(ValueError):
+    """A key stated twice in one JSON object, which Python's ``json`` would read as its last value,
+    silently.
+
+    Args:
+      key: the key.
+    """
+
+    def __init__(self, key: str):
+        super().__init__(f"{key}: stated twice in one object (JSON would keep the last silently); "
+                         "state each key once")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, each of its keys stated once.
+
+    Args:
+      pairs: the object's (key, value) pairs as written.
+
+    Returns:
+      Them as a dict.
+
+    Raises:
+      DuplicateKeyError: a key stated twice, naming the first such key.
+    """
+    d = dict(pairs)
+    if len(d) != len(pairs):  # a repeat is rare: the key-by-key search runs only to name it
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DuplicateKeyError(k)
+            seen.add(k)
+    return d
+
+
+# made once: json.loads given a hook builds a new decoder on every call, which costs as much again as the
+# parse of a data file's short line
+_UNIQUE_KEYS = json.JSONDecoder(object_pairs_hook=unique_keys)
+
+
+def loads_unique(text: str) -> Any:
+    """``text`` as JSON (Python's ``json``, as ``json.loads`` reads it), each object's keys stated once.
+
+    Args:
+      text: the JSON text.
+
+    Returns:
+      Its value.
+
+    Raises:
+      DuplicateKeyError: a key stated twice in one object, naming it.
+      json.JSONDecodeError: not JSON.
+    """
+    return _UNIQUE_KEYS.decode(text)
 
 
 def depth_message(max_depth: int, name: str | None = None) -> str:

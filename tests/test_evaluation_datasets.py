@@ -368,6 +368,50 @@ def test_a_lone_surrogate_in_a_json_array_names_its_record(tmp_path):
     assert read_records(path) == [(f"{path}, record 0", {"q": "a \U0001f600"})]
 
 
+def _selfaware(folder: Path, examples_json: str) -> Path:
+    """A SelfAware.json as the upstream file is laid out (one indented document) holding ``examples_json``."""
+    folder.mkdir(exist_ok=True)
+    (folder / "SelfAware.json").write_text('{\n  "example": [\n' + examples_json + '\n  ]\n}\n')
+    return folder
+
+
+_EXAMPLE = '    {"question_id": %d, "question": "%s", "answer": ["a"], "answerable": true, "source": "s"}'
+
+
+@pytest.mark.parametrize("name, write, where", [
+    # a JSONL file: the file, the line and the key
+    ("ramdocs", lambda t: (t / "RAMDocs_test.jsonl").write_text(
+        (ROOT / "ramdocs" / "RAMDocs_test.jsonl").read_text(encoding="utf-8").split("\n")[0]
+        + '\n{"question": "q", "question": "r"}\n'), r"RAMDocs_test\.jsonl, line 2: question: "),
+    # one document: PoisonedRAG's questions keyed by id, the id stated twice
+    ("poisonedrag_adv", lambda t: [(t / f"{s}.json").write_text(
+        '{"test1": {"question": "q"},\n "test1": {"question": "r"}}' if s == "nq" else "{}")
+        for s in ("nq", "hotpotqa", "msmarco")], r"nq\.json: test1: "),
+    ("selfaware", lambda t: _selfaware(t, (_EXAMPLE % (1, "q"))[:-1] + ', "answer": ["b"]}'),
+     r"SelfAware\.json: answer: "),
+])
+def test_a_key_stated_twice_in_a_data_file_is_a_data_error_naming_it(tmp_path, name, write, where):
+    """JSON keeps the last of a key stated twice in one object, so the first value was lost silently (a
+    second question under one id in PoisonedRAG, an answer replaced): refused, as in a config file."""
+    write(tmp_path)
+    with pytest.raises(DataError, match=where + r"stated twice in one object \(JSON would keep the last"):
+        load_benchmark(name, path=tmp_path)
+
+
+def test_a_key_stated_twice_in_a_users_hub_export_or_its_metadata_is_a_data_error(tmp_path):
+    from mdl_jax.evaluation.datasets.files import read_records
+    from mdl_jax.evaluation.datasets.hub import abstentionbench_items
+
+    for suffix, text, where in ((".json", '[{"q": "a"}, {"q": "b", "q": "c"}]', r"x\.json: q: "),
+                                (".jsonl", '{"q": "a"}\n{"q": "b", "q": "c"}\n', r"x\.jsonl, line 2: q: ")):
+        (tmp_path / f"x{suffix}").write_text(text)
+        with pytest.raises(DataError, match=where + "stated twice"):
+            read_records(tmp_path / f"x{suffix}")
+    row = {"should_abstain": True, "question": "q", "metadata_json": '{"a": 1, "a": 2}'}
+    with pytest.raises(DataError, match=r"^x, record 0: metadata_json: a: stated twice"):
+        abstentionbench_items([("s", "x, record 0", row)])
+
+
 def test_faitheval_fixture_from_the_hub_schema(tmp_path):
     _jsonl(tmp_path / "unanswerable.jsonl", [
         {"qid": "u1", "question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}])

@@ -9,7 +9,7 @@ import pytest
 
 from mdl_jax.gate import reading
 from mdl_jax.serving import protocol
-from mdl_jax.strict_json import StrictJSONError, loads, nested_deeper
+from mdl_jax.strict_json import DuplicateKeyError, StrictJSONError, loads, loads_unique, nested_deeper
 
 
 @pytest.mark.parametrize("text, why", [
@@ -80,3 +80,15 @@ def test_the_servers_bound_is_their_limit_and_the_gates_its_own():
     assert reading.strict_json(deep.decode()) == json.loads(deep)  # the gate's bound: MAX_JSON_DEPTH = 128
     with pytest.raises(StrictJSONError, match="MAX_JSON_DEPTH = 128"):
         reading.strict_json("[" * 129 + "]" * 129)
+
+
+def test_a_key_stated_twice_in_one_object_is_named_and_the_same_key_in_two_objects_is_not():
+    """The files' reader (config files, data files) refuses what ``json`` would keep the last of."""
+    text = '{"a": {"k": 1, "j": 2, "k": 3}, "b": [{"k": 1}, {"k": 2}]}'
+    with pytest.raises(DuplicateKeyError, match=r"^k: stated twice in one object") as e:
+        loads_unique(text)
+    assert e.value.key == "k"
+    assert loads_unique('[{"k": 1}, {"k": 2}, {"a": {"k": 3}, "k": 4}]') == json.loads(
+        '[{"k": 1}, {"k": 2}, {"a": {"k": 3}, "k": 4}]')
+    with pytest.raises(json.JSONDecodeError):
+        loads_unique("{torn")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mdl_jax.controller.config import NUMERIC_FIELDS, STATIC_FIELDS, MDLConfig, config_shapes, field_specs
+from mdl_jax.strict_json import DuplicateKeyError, unique_keys
 
 FORMAT = "mdl-jax-config"
 VERSION = 1
@@ -380,17 +381,10 @@ def config_from_bytes(data: bytes, source: str = "config") -> MDLConfig:
             return kind(literal)
         return parse
 
-    def unique(pairs):
-        seen = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise ConfigFileError(f"{source}: {k}: stated twice in one object (JSON would keep the "
-                                      "last silently); state each key once")
-            seen.add(k)
-        return dict(pairs)
-
     try:
-        d = json.loads(text, object_pairs_hook=unique, parse_int=number(int), parse_float=number(float))
+        d = json.loads(text, object_pairs_hook=unique_keys, parse_int=number(int), parse_float=number(float))
+    except DuplicateKeyError as e:
+        raise ConfigFileError(f"{source}: {e}") from None
     except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigFileError(f"{source}: not valid JSON ({e})") from None
     return config_from_dict(d, source)

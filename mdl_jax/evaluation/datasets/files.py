@@ -2,8 +2,9 @@
 
 The one place that knows the data folder: the explicit argument first, then ``MDL_JAX_DATA_DIR`` (and, for
 the benchmarks, ``MDL_JAX_BENCHMARK_DIR``), then the project's offline copy ``../shared/data`` beside the
-repository. Every defect in a file (not UTF-8, malformed JSON, a row that is not an object, a missing
-field, a blank question) is a ``DataError`` that names the file, the line and what was expected.
+repository. Every defect in a file (not UTF-8, malformed JSON, a key stated twice in one object, a row that
+is not an object, a missing field, a blank question) is a ``DataError`` that names the file, the line and
+what was expected.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from mdl_jax.strict_json import DuplicateKeyError, loads_unique
 
 ENV_DATA_DIR = "MDL_JAX_DATA_DIR"
 ENV_BENCHMARK_DIR = "MDL_JAX_BENCHMARK_DIR"
@@ -159,17 +162,19 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line of a JSON-lines file, in file order.
 
     Raises:
-        DataError: malformed JSON, a line that is not a JSON object, or a string holding a lone
-            surrogate (file and line named).
+        DataError: malformed JSON, a key stated twice in one object, a line that is not a JSON object,
+            or a string holding a lone surrogate (file and line named).
     """
     # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold raw
     for n, line in enumerate(read_text(path).split("\n"), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_unique(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}, line {n}: malformed JSON ({e.msg}); expected one object per line") from None
+        except DuplicateKeyError as e:
+            raise DataError(f"{path}, line {n}: {e}") from None
         except RecursionError:  # [[[…]]] deeper than Python's stack: a defect of the file, not a bug
             raise DataError(f"{path}, line {n}: JSON nested too deeply; expected one object per line") from None
         if not isinstance(obj, dict):
@@ -182,13 +187,16 @@ def read_json(path: Path) -> Any:
     """One JSON document.
 
     Raises:
-        DataError: malformed JSON (the line is named), or a string holding a lone surrogate.
+        DataError: malformed JSON (the line is named), a string holding a lone surrogate, or a key
+            stated twice in one object (the key named).
     """
     text = read_text(path)
     try:
-        doc = json.loads(text)
+        doc = loads_unique(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}, line {e.lineno}: malformed JSON ({e.msg}); expected one JSON document") from None
+    except DuplicateKeyError as e:
+        raise DataError(f"{path}: {e}") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply; expected one JSON document") from None
     _check_unicode(text, doc, str(path))
@@ -206,7 +214,8 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
         One (``"<file>, line N"`` or ``"<file>, record N"``, row) pair per record, in file order.
 
     Raises:
-        DataError: an unknown suffix, a malformed file, or a record that is not an object.
+        DataError: an unknown suffix, a malformed file, a key stated twice in one object, or a record
+            that is not an object.
     """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -221,9 +230,11 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
     if suffix == ".json":
         text = read_text(path)
         try:
-            doc = json.loads(text)
+            doc = loads_unique(text)
         except json.JSONDecodeError:
             return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
+        except DuplicateKeyError as e:
+            raise DataError(f"{path}: {e}") from None
         if isinstance(doc, dict):
             doc = [doc]
         if not isinstance(doc, list):

@@ -25,6 +25,7 @@ from mdl_jax.evaluation.datasets.items import (
     normalize_answer,
     seeded_order,
 )
+from mdl_jax.strict_json import DuplicateKeyError, loads_unique
 
 FAITHEVAL_SPLITS = ("unanswerable", "inconsistent", "counterfactual")
 FAITHEVAL_REPOS = {s: f"Salesforce/FaithEval-{s}-v1.0" for s in FAITHEVAL_SPLITS}
@@ -327,9 +328,11 @@ def abstentionbench_items(records: Iterable[Record]) -> list[BenchmarkItem]:
         flag = _need(row, "should_abstain", where, bool)
         raw = row.get("metadata_json")
         try:
-            meta = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+            meta = loads_unique(raw) if isinstance(raw, str) and raw.strip() else {}
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: metadata_json: malformed JSON ({e.msg})") from None
+        except DuplicateKeyError as e:
+            raise DataError(f"{where}: metadata_json: {e}") from None
         if not isinstance(meta, dict):
             meta = {"metadata": meta}
         k = counts.get(subset, 0)
