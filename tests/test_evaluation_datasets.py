@@ -412,6 +412,27 @@ def test_a_key_stated_twice_in_a_users_hub_export_or_its_metadata_is_a_data_erro
         abstentionbench_items([("s", "x, record 0", row)])
 
 
+@pytest.mark.parametrize("escapes, at", [
+    ("\\ud800", 37),                       # alone
+    ("\\udc00 after \\ud83d\\ude00", 37),  # a low half alone, before a pair
+    ("\\ud83d\\ude00 then \\ud800", 55),    # a pair, then one alone
+    ("\\ud800\\ud83d\\ude00", 37),         # a high half followed by a pair
+    ("\\\\\\ud800", 39),                   # after an escaped backslash
+])
+def test_a_lone_surrogate_in_one_json_document_names_its_line_and_column(tmp_path, escapes, at):
+    """SelfAware.json and PoisonedRAG's files are each one document of thousands of lines: a lone
+    surrogate escape in one was named by the file alone; it names the line and the column, as the
+    JSONL readers name the line. Paired halves and escaped backslashes are text, and read."""
+    rows = ",\n".join(_EXAMPLE % (i, "fine") for i in range(2))
+    _selfaware(tmp_path, rows + ",\n" + _EXAMPLE % (2, escapes))
+    with pytest.raises(DataError, match=rf"SelfAware\.json, line 5, column {at}: a string holds a "
+                                        r"lone surrogate \('\\ud[8c]00'\)"):
+        load_benchmark("selfaware", path=tmp_path)
+    for text in ("\\ud83d\\ude00 \\\\ud800", "\\\\\\\\ud800"):  # a pair; escaped backslashes before "ud800"
+        _selfaware(tmp_path, rows + ",\n" + _EXAMPLE % (2, text))
+        assert len(load_benchmark("selfaware", path=tmp_path)) == 3
+
+
 def test_faitheval_fixture_from_the_hub_schema(tmp_path):
     _jsonl(tmp_path / "unanswerable.jsonl", [
         {"qid": "u1", "question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}])

@@ -141,6 +141,28 @@ def _check_unicode(raw: str, obj: Any, where: str) -> None:
         _check_strings(obj, where)
 
 
+def _lone_escape(text: str) -> tuple[int, int, str] | None:
+    """(line, column, character) of the first escape in the JSON ``text`` that decodes to a lone
+    surrogate (as ``json`` pairs them: a high one directly followed by a low one is one character);
+    None if there is none."""
+    paired = -1  # where the low half of the last pair starts
+    for m in _SURROGATE_ESCAPE.finditer(text):
+        s = m.start()
+        if s == paired:
+            continue
+        k = s
+        while k and text[k - 1] == "\\":
+            k -= 1
+        if (s - k) % 2:  # an escaped backslash followed by "u...": text, not an escape
+            continue
+        c = int(m.group()[2:], 16)
+        if c < 0xDC00 and re.match(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}", text[m.end():m.end() + 6]):
+            paired = m.end()
+            continue
+        return text.count("\n", 0, s) + 1, s - text.rfind("\n", 0, s), chr(c)
+    return None
+
+
 def _check_strings(obj: Any, where: str) -> None:
     """A DataError at ``where`` if a string of ``obj`` (a key too) holds a lone surrogate."""
     todo = [obj]
@@ -187,8 +209,8 @@ def read_json(path: Path) -> Any:
     """One JSON document.
 
     Raises:
-        DataError: malformed JSON (the line is named), a string holding a lone surrogate, or a key
-            stated twice in one object (the key named).
+        DataError: malformed JSON, or a string holding a lone surrogate (the line and column named), or
+            a key stated twice in one object (the key named).
     """
     text = read_text(path)
     try:
@@ -199,7 +221,11 @@ def read_json(path: Path) -> Any:
         raise DataError(f"{path}: {e}") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply; expected one JSON document") from None
-    _check_unicode(text, doc, str(path))
+    # one document is often the whole data set on a few lines: where, not just which file
+    at = _lone_escape(text) if _SURROGATE_ESCAPE.search(text) else None
+    if at is not None:
+        raise DataError(f"{path}, line {at[0]}, column {at[1]}: a string holds a lone surrogate ({at[2]!r}), "
+                        "which is not Unicode text; expected UTF-8 text")
     return doc
 
 
