@@ -474,6 +474,44 @@ def test_auto_runs_openvino_on_bfloat16_cpus_onnx_elsewhere_and_torch_without_th
     assert (e.requested_backend, e.backend, e.model_id) == ("auto", "torch", "sentence-transformers/all-MiniLM-L6-v2")
 
 
+@pytest.mark.parametrize("first", ["onnx", "openvino-bf16"])
+def test_auto_ends_at_once_on_a_model_folder_at_fault_and_tries_no_other_backend(tmp_path, monkeypatch, first):
+    """A folder without its vocabulary was loaded by every backend in turn (a warning each) before the
+    one error every backend gives it: the fault is the folder's, so the first backend's is the error."""
+    import warnings
+
+    pytest.importorskip("onnxruntime")
+    from mdl_jax.signals import embeddings, onnx_encoder
+
+    src = Path(Embedder().load_path)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in src.iterdir():
+        if f.name not in ("vocab.txt", "tokenizer.json"):
+            (folder / f.name).symlink_to(f, target_is_directory=f.is_dir())
+    if first == "openvino-bf16":
+        pytest.importorskip("openvino")
+        if onnx_encoder.cpu_bf16_kind() is None:
+            pytest.skip("OpenVINO runs bfloat16 only on a CPU with AMX or AVX512-BF16")
+    else:
+        monkeypatch.setattr(onnx_encoder, "cpu_bf16_kind", lambda: None)  # the chain: onnx, then torch
+    monkeypatch.setattr(embeddings, "_AUTO_FAILED", set())
+    tried = []
+    real_load, real_torch = onnx_encoder.load, embeddings.load_model
+    monkeypatch.setattr(onnx_encoder, "load", lambda path, cache, backend, *a: (tried.append(backend),
+                                                                               real_load(path, cache, backend, *a))[1])
+    monkeypatch.setattr(embeddings, "load_model", lambda *a: (tried.append("torch"), real_torch(*a))[1])
+    e = Embedder(str(folder), cache_dir=tmp_path / "cache", backend="auto")
+    assert e.backend == first
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with pytest.raises(ModelLoadError, match=r"^embedder: the model .* its tokenizer knows 5 tokens"):
+            e.embed(["a text"])
+    assert tried == [first], tried
+    assert not [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+    assert e.backend == first and not embeddings._AUTO_FAILED
+
+
 @pytest.mark.slow
 def test_auto_falls_back_to_torch_with_a_warning_when_the_onnx_load_fails(tmp_path, monkeypatch, embedder):
     """A failure to export or load (faked here: the failure path) costs a warning, not the gate: the

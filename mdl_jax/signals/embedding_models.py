@@ -69,6 +69,11 @@ class ModelLoadError(ValueError):
     naming the embedder, its own type so callers can tell it from an error of the texts."""
 
 
+class ModelFolderError(ModelLoadError):
+    """The model folder itself is at fault (``model_folder.reading_fault``: its tokenizer knows under half
+    its model's tokens), whichever backend reads it: the embedder's "auto" tries no other backend."""
+
+
 _MODELS: dict = {}
 _MODELS_LOCK = threading.Lock()
 
@@ -139,7 +144,7 @@ def load_model(path: str, device: str, model_id: str | None = None):
                 tok: Any = getattr(first, "tokenizer", None)
                 why = reading_fault(len(tok) if hasattr(tok, "__len__") else None, getattr(cfg, "vocab_size", None))
                 if why:
-                    raise ModelLoadError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
+                    raise ModelFolderError(f"embedder: the model {path!r} cannot embed texts faithfully: {why}")
                 if isinstance(model.max_seq_length, int):
                     model.max_seq_length = within_positions(model.max_seq_length, cfg.to_dict(), path)
             _MODELS[key] = model

@@ -25,7 +25,13 @@ import numpy as np
 
 from mdl_jax._paths import ENV_CACHE, default_cache_dir  # noqa: F401  (re-exported)
 from mdl_jax.signals.embedding_cache import EmbeddingCache, text_key
-from mdl_jax.signals.embedding_models import DEFAULT_MODEL, ModelLoadError, load_model, resolve_model
+from mdl_jax.signals.embedding_models import (
+    DEFAULT_MODEL,
+    ModelFolderError,
+    ModelLoadError,
+    load_model,
+    resolve_model,
+)
 from mdl_jax.signals.onnx_encoder import BACKENDS
 
 # In front of the SQLite cache, each ``Embedder`` keeps the vectors of the texts it served last in
@@ -196,7 +202,8 @@ class Embedder:
       ValueError: an empty ``model``, a ``batch_size`` below 1, an unknown ``backend`` or a ``device``
         with a backend that takes none, a local path to no folder. ``ModelLoadError`` (a ValueError),
         when the model is first used: a folder that cannot be loaded (a damaged weight file) or whose
-        tokenizer knows under half its model's tokens (its vocabulary missing). A folder whose
+        tokenizer knows under half its model's tokens (its vocabulary missing: ``ModelFolderError``, a
+        fault of the folder, which "auto" raises from the first backend it tries, trying no other). A folder whose
         ``max_seq_length`` passes its model's position table is truncated at the table, with a
         RuntimeWarning.
     """
@@ -286,6 +293,8 @@ class Embedder:
                     return self._load()
                 try:
                     self._load()
+                except ModelFolderError:  # the folder's own fault: every backend would refuse it alike
+                    raise
                 except Exception as e:  # noqa: BLE001 - the exporter and the runtimes raise their own types
                     # "auto" promised the fastest backend within the parity, not a new way to fail: a
                     # model the export or the runtime cannot handle runs on the next backend (OpenVINO,
@@ -332,7 +341,7 @@ class Embedder:
                            else f"which fails to import ({' '.join(str(e).split())[:200]})")
                     raise ModelLoadError(f"embedder: backend {self.backend!r} needs {e.name or 'its runtime'}, "
                                          f"{why}: pip install 'mdl-jax[{extra}]'") from e
-                except MemoryError:
+                except (MemoryError, ModelFolderError):
                     raise
                 except Exception as e:  # noqa: BLE001 - safetensors, tokenizers, the runtimes: their own types
                     raise ModelLoadError(f"embedder: cannot run {self.load_path!r} with backend "

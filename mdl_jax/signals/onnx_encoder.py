@@ -62,6 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mdl_jax.signals.embedding_models import ModelFolderError
 from mdl_jax.signals.model_folder import (  # noqa: F401  (re-exported)
     folder_hash,
     max_seq_length,
@@ -176,7 +177,7 @@ class OnnxEncoder:
         cfg = cfg if isinstance(cfg, dict) else {}
         why = reading_fault(len(self.tokenizer), cfg.get("vocab_size"))
         if why:
-            raise ValueError(f"embedder: the model {str(path)!r} cannot embed texts faithfully: {why}")
+            raise ModelFolderError(f"embedder: the model {str(path)!r} cannot embed texts faithfully: {why}")
         self.max_seq_length = within_positions(max_seq_length(path, self.tokenizer), cfg, path)
         self.graph = export(path, cache_dir, int8=int8)
         self.pooling = model_pooling(path)
