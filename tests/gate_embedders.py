@@ -23,3 +23,19 @@ def slow(texts):
 def broken(texts):
     """An embedder that fails on its first call: a run that crashes before any part is written."""
     raise RuntimeError("embedder down")
+
+
+def bad_argument(texts):
+    """An embedder whose own code raises a ValueError (not a fault of a result it returned)."""
+    raise ValueError("texts must be lower-case")
+
+
+CALLS = [0]  # the calls ``fails_after_one`` took: a test sets it to 0 first
+
+
+def fails_after_one(texts):
+    """``hashed`` on its first call, then down: a run that fails after its first part is written."""
+    CALLS[0] += 1
+    if CALLS[0] > 1:
+        raise ConnectionError("the embedding service went away")
+    return hashed(texts)

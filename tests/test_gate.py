@@ -388,6 +388,18 @@ def test_an_object_embedders_non_finite_vectors_are_an_error_naming_the_embedder
             gate.decide("q", ["fact 0.95 a", "fact 0.95 b"])
 
 
+def test_a_callable_embedders_own_error_is_raised_as_it_is_and_its_result_is_still_checked():
+    """A ValueError or TypeError raised inside the callable was re-labelled "the callable's result is
+    not an array of numbers", naming a result it never returned."""
+    def own(texts):
+        raise TypeError("my tokenizer takes a tuple")
+
+    with pytest.raises(TypeError, match=r"^my tokenizer takes a tuple$"):
+        MemoryGate(embedder=own).decide("q", ["m"])
+    with pytest.raises(ValueError, match=r"^embedder: the callable's result is not an array of numbers"):
+        MemoryGate(embedder=lambda ts: [["a"] * 4 for _ in ts]).decide("q", ["m"])
+
+
 @pytest.mark.parametrize("flags, match", [
     (lambda ts: [[0], [0, 1]], r"^conflict: expected an 2×2 matrix of flags for 2 memories, got a list"),
     (lambda ts: np.full((len(ts), len(ts)), 0.4), r"^conflict: expected booleans \(or 0/1\) .* got 0\.4"),

@@ -24,7 +24,7 @@ from mdl_jax.cli import main
 from mdl_jax.gate import MemoryGate, files, reading
 from mdl_jax.signals.aggregation import MAX_MEMORIES
 from mdl_repro.pipeline import data
-from tests import gate_rows
+from tests import gate_embedders, gate_rows
 from tests.gate_embedders import hashed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -921,13 +921,41 @@ def test_a_parquet_input_corrupt_mid_file_is_one_line_naming_the_rows(tmp_path, 
     assert not _parts(out).exists() and not out.exists()
 
 
-def test_a_crash_before_any_part_leaves_nothing_behind(tmp_path):
+def test_a_crash_before_any_part_leaves_nothing_behind(tmp_path, monkeypatch):
+    def crash(*a, **k):
+        raise RuntimeError("a bug in the part writer")
+
+    monkeypatch.setattr(files, "write_part", crash)
     src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(3))
     out = tmp_path / "out.jsonl"
-    with pytest.raises(RuntimeError, match="embedder down"):
-        main(["gate", str(src), "--out", str(out), "--embedder", "tests.gate_embedders:broken",
-              "--no-progress"])
+    with pytest.raises(RuntimeError, match="a bug in the part writer"):
+        _gate(src, out)
     assert not _parts(out).exists() and not out.exists()
+
+
+@pytest.mark.parametrize("name, raised", [("broken", "RuntimeError: embedder down"),
+                                          ("bad_argument", "ValueError: texts must be lower-case")])
+def test_a_users_embedder_that_raises_is_one_line_naming_it_exit_2(tmp_path, capsys, name, raised):
+    """A --embedder module:function whose code raises ended in its traceback, exit 1 (or, a ValueError,
+    as the rows' error and "the callable's result is not an array"): it is the user's to fix, one line
+    naming the flag, the exception's type and message, exit 2, and nothing left behind."""
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(3))
+    out = tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(out), "--embedder", f"tests.gate_embedders:{name}",
+                 "--no-progress"]) == 2
+    assert _err_line(capsys) == f"mdl-jax: error: --embedder tests.gate_embedders:{name}: the function raised {raised}"
+    assert not _parts(out).exists() and not out.exists()
+
+
+def test_a_users_embedder_that_fails_mid_run_keeps_the_parts_written(tmp_path, capsys):
+    """Its rows were decided: the parts on disk stay for a rerun to resume, as after a crash."""
+    gate_embedders.CALLS[0] = 0
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(6))
+    out = tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(out), "--embedder", "tests.gate_embedders:fails_after_one",
+                 "--chunk-size", "3", "--no-progress"]) == 2
+    assert "the function raised ConnectionError: the embedding service went away" in _err_line(capsys)
+    assert [p.name for p in sorted(_parts(out).glob("part-*"))] == ["part-000000.jsonl"] and not out.exists()
 
 
 @pytest.mark.parametrize("column", ["mdl_action", "mdl_row", "mdl_C_final", "mdl_n_relevant"])

@@ -65,8 +65,9 @@ class _CallableEmbedder:
 
     def embed(self, texts: Sequence[str], desc: str = "") -> np.ndarray:
         texts = list(texts)
+        got = self.fn(texts)  # what the callable raises is its own error, not a fault of its result
         try:
-            out = np.asarray(self.fn(texts), dtype=np.float32)
+            out = np.asarray(got, dtype=np.float32)
         except (TypeError, ValueError) as e:
             raise ValueError(f"embedder: the callable's result is not an array of numbers ({e})") from None
         if out.ndim != 2 or out.shape[0] != len(texts) or out.shape[1] < 1:

@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +107,36 @@ COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an 
 
 
 def _load_embedder(spec: str):
-    """A model name / path, or ``module:function`` naming a callable texts -> (N, d) array."""
+    """A model name / path, or ``module:function`` naming a callable texts -> (N, d) array (a function
+    of the user's: what it raises is ``_EmbedderFailed`` naming it)."""
     if ":" in spec and not Path(spec).exists() and not spec.startswith(("/", ".")):
         mod, _, attr = spec.partition(":")
         try:
-            return getattr(importlib.import_module(mod), attr)
+            fn = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
             raise GateInputError(f"--embedder: cannot import {spec!r} ({e})") from None
+        return _UsersFunction(spec, fn) if callable(fn) and not hasattr(fn, "embed") else fn
     return spec
+
+
+class _EmbedderFailed(GateInputError):
+    """The user's ``--embedder module:function`` raised: one line naming it, exit 2, as bad input is;
+    the parts written stay (their rows were decided), also in a fresh run."""
+
+
+class _UsersFunction:
+    """The user's ``--embedder module:function``: what it raises is the user's to fix, so it is one
+    line naming the flag, the exception's type and its message, not a traceback into the gate."""
+
+    def __init__(self, spec: str, fn: Callable):
+        self.spec, self.fn = spec, fn
+
+    def __call__(self, texts: list[str]) -> Any:
+        try:
+            return self.fn(texts)
+        except Exception as e:  # noqa: BLE001 - the user's code raises its own types
+            raise _EmbedderFailed(f"--embedder {self.spec}: the function raised {type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:300]}") from e
 
 
 def _risk_spec(s: str):
@@ -187,8 +210,9 @@ def run(job: GateJob) -> int:
 
     Raises:
       TypeError: ``job`` is not a ``GateJob``.
-      GateInputError: bad input or arguments, or a resume onto anything other than what the parts
-        were decided from (the caller prints it as one line, exit 2).
+      GateInputError: bad input or arguments, an exception raised by a ``module:function`` embedder
+        (naming it, its type and message; chained to it), or a resume onto anything other than what
+        the parts were decided from (the caller prints it as one line, exit 2).
       OutputError: the parts folder's lock cannot be opened (a symbolic link or another non-regular
         file planted at it, a read-only folder), named as the project's one writer names it.
     """
@@ -218,7 +242,8 @@ def run(job: GateJob) -> int:
         # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
         # nothing behind; otherwise the parts stay for the rerun that resumes
         lock.close()
-        if not man["parts"] or fresh and isinstance(e, GateInputError) and not isinstance(e, _BackendChanged):
+        if not man["parts"] or (fresh and isinstance(e, GateInputError)
+                                and not isinstance(e, (_BackendChanged, _EmbedderFailed))):
             shutil.rmtree(work, ignore_errors=True)
         raise
     _summary(man, out)
@@ -334,6 +359,8 @@ def _decide_chunk(gate: MemoryGate, plan: _Plan, batch) -> tuple[Decided, dict, 
     qs, texts, _, risks = (list(x) for x in zip(*parsed))
     try:  # every row checked by parse_row, its risk in [0, 1] (unit_float, or the assessor's): not again
         cols = gate.columns_checked(qs, texts, np.asarray(risks, np.float32))
+    except _EmbedderFailed:  # named already; not the rows' error
+        raise
     except ModelLoadError as e:  # the model loads on the first chunk: not the rows' error
         # its message begins "embedder: ", the library's name for what the command calls --embedder
         raise GateInputError(f"--embedder: {str(e).removeprefix('embedder: ')}") from None
