@@ -375,14 +375,17 @@ def _selfaware(folder: Path, examples_json: str) -> Path:
     return folder
 
 
+def _ramdocs_with_a_repeated_key(folder):
+    good = (ROOT / "ramdocs" / "RAMDocs_test.jsonl").read_text(encoding="utf-8").split("\n")[0]
+    (folder / "RAMDocs_test.jsonl").write_text(good + '\n{"question": "q", "question": "r"}\n')
+
+
 _EXAMPLE = '    {"question_id": %d, "question": "%s", "answer": ["a"], "answerable": true, "source": "s"}'
 
 
 @pytest.mark.parametrize("name, write, where", [
     # a JSONL file: the file, the line and the key
-    ("ramdocs", lambda t: (t / "RAMDocs_test.jsonl").write_text(
-        (ROOT / "ramdocs" / "RAMDocs_test.jsonl").read_text(encoding="utf-8").split("\n")[0]
-        + '\n{"question": "q", "question": "r"}\n'), r"RAMDocs_test\.jsonl, line 2: question: "),
+    ("ramdocs", _ramdocs_with_a_repeated_key, r"RAMDocs_test\.jsonl, line 2: question: "),
     # one document: PoisonedRAG's questions keyed by id, the id stated twice
     ("poisonedrag_adv", lambda t: [(t / f"{s}.json").write_text(
         '{"test1": {"question": "q"},\n "test1": {"question": "r"}}' if s == "nq" else "{}")
