@@ -84,7 +84,8 @@ def run(args) -> int:
     import dataclasses
 
     from mdl_jax.gate import MemoryGate
-    from mdl_jax.serving.protocol import LIMITS, bind, run_app
+    from mdl_jax.serving.connections import bind, run_app
+    from mdl_jax.serving.protocol import LIMITS
 
     kw = {"risk": args.risk, "config": args.config, "embed_backend": args.embed_backend}
     if args.embedder:

@@ -49,6 +49,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from mdl_jax.serving.connections import bind, run_app
 from mdl_jax.serving.protocol import (
     LIMITS,
     SSE_HEADERS,
@@ -56,14 +57,12 @@ from mdl_jax.serving.protocol import (
     ChatRequest,
     CompletionRequest,
     Limits,
-    bind,
     disconnected,
     install_error_handlers,
     new_id,
     now,
     parse,
     read_json,
-    run_app,
     sse,
 )
 from mdl_repro.pipeline.generation import LocalBackend
