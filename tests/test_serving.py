@@ -663,3 +663,10 @@ def test_a_bad_device_or_missing_model_folder_is_named_before_loading(argv, said
     r = subprocess.run([sys.executable, "-m", "mdl_repro.serve", *argv], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and said in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "nan"])
+def test_a_send_timeout_that_is_not_seconds_is_named_before_loading(value):
+    r = subprocess.run([sys.executable, "-m", "mdl_repro.serve", "--send-timeout", value], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--send-timeout: expected seconds in (0, 86400]" in r.stderr, r.stderr

@@ -7,6 +7,8 @@ beside a long chat prompt (read in chunks that yield);
 work whose client left is cancelled (generation within a token, scoring within a chunk); the
 tokenizers of the server's threads are never shared (the "Unable to create tensor" 500s); slow
 clients are timed out and shed so a real client is served; temperatures below the floor are greedy.
+What both servers run on (``connections.run_app``, a toy app on it): a client that does not take an
+answer, or stops reading a stream, is reset at the send deadline; one that reads gets it whole.
 
 Gateway (the real ``mdl-jax gateway`` before a hostile fake upstream): NaN, lone surrogates and deep
 nesting from the upstream are 502s naming it, a NaN in a request is a 400, garbage server-sent events
@@ -14,8 +16,9 @@ end the stream with an OpenAI-style error event, an oversized (gzip-bombed) answ
 gateway's memory bounded, and client-supplied memories never reach the disk cache; memories over the
 per-request byte limit are a 400 naming it, and the embedding cache holds digests, never texts, within
 its byte bound. Before a slow upstream (an asyncio server that drips bytes or hangs): ``--timeout`` is
-a deadline for the whole call (a 502, or an error event ending a stream), and clients that leave free
-their upstream connections at once.
+a deadline for the whole call (a 502, or an error event ending a stream), clients that leave free
+their upstream connections at once, and a client that does not take a non-streamed answer of several
+MiB is let go at --timeout.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import functools
 import gzip
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -384,6 +388,81 @@ def test_slow_clients_are_timed_out_and_shed_while_a_real_client_is_served(serve
             s.close()
 
 
+SEND_TIMEOUT = 3.0   # send_timeout_s of the server below
+ANSWERS_APP = """
+import asyncio, dataclasses, sys
+from starlette.applications import Starlette
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from mdl_jax.serving.connections import bind, run_app
+from mdl_jax.serving.protocol import LIMITS
+
+async def answer(request):  # written whole, as both servers write a JSON answer
+    return Response(b"x" * (8 << 20), media_type="application/json")
+
+async def stream(request):  # 30 chunks over 3 s: longer than the deadline, for a client that reads
+    async def chunks():
+        for _ in range(30):
+            yield b"y" * (256 << 10)
+            await asyncio.sleep(0.1)
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+async def endless(request):
+    async def chunks():
+        while True:
+            yield b"z" * (64 << 10)
+            await asyncio.sleep(0)   # (one that never waits would hold the loop once its client is gone)
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+sock = bind("127.0.0.1", 0)
+print(sock.getsockname()[1], flush=True)
+run_app(Starlette(routes=[Route("/answer", answer), Route("/stream", stream), Route("/endless", endless)]),
+        sock, dataclasses.replace(LIMITS, send_timeout_s=float(sys.argv[1])))
+"""
+
+
+def test_a_client_that_does_not_take_what_it_is_sent_is_reset_at_the_send_deadline(tmp_path):
+    """What both servers run on (``connections.run_app``, the local model server's JSON answers
+    included): an answer went into the server's buffers whole, and a client that read none of it kept
+    them and its connection for good (a close waits for the buffer to be taken); a stream it stopped
+    reading, likewise. Now a client that has not taken an answer within send_timeout_s, or whose
+    stream stalled that long, is reset there, one line logged for each; a client that reads gets a
+    large answer whole, and a stream that runs longer than the deadline, read as it comes, whole."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", ANSWERS_APP, str(SEND_TIMEOUT)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        port = int(proc.stdout.readline() or 0)
+        assert port, log.read_text()
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.get(url + "/answer", timeout=30)
+        assert r.status_code == 200 and r.content == b"x" * (8 << 20)
+        with httpx.stream("GET", url + "/stream", timeout=30) as r:
+            assert sum(len(c) for c in r.iter_bytes()) == 30 * (256 << 10)
+        socks, polls = [], []
+        for path in ("/answer", "/endless"):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # takes a few KiB, then reads nothing
+            s.connect(("127.0.0.1", port))
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            socks.append(s)
+            polls.append(select.poll())   # the server's reset, seen without reading
+            polls[-1].register(s, select.POLLHUP | select.POLLERR)
+        try:
+            closed = [until(lambda p=p: bool(p.poll(0)), SEND_TIMEOUT + 3) for p in polls]
+        finally:
+            for s in socks:
+                s.close()
+        assert None not in closed, f"still open {SEND_TIMEOUT + 3:g} s on (answer, stream): {closed}"
+        assert closed[0] >= SEND_TIMEOUT - 0.5, f"closed after {closed[0]:.1f} s, before the deadline"
+        said = [x for x in log.read_text().splitlines() if "not taken within" in x]
+        assert len(said) == 2 and all(f"within {SEND_TIMEOUT:g} s" in x for x in said), said
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 # --- the gateway before a hostile upstream -----------------------------------------------------------
 
 BIG = 48 << 20  # decoded bytes of the gzip-bombed answer (the gateway's limit is 8 MiB)
@@ -740,6 +819,7 @@ def test_gateway_refuses_memories_over_the_per_request_byte_limit_naming_it(gate
 
 GW_TIMEOUT = 5.0  # the gateway's --timeout here
 DRIP_S = 0.1      # the slow upstream's pause between bytes
+BIG_ANSWER = 6 << 20  # the "big" answer's content: several MiB, under the gateway's max_upstream_bytes
 
 
 class SlowUpstream:
@@ -747,7 +827,7 @@ class SlowUpstream:
     (status line and headers included) one byte every DRIP_S, ~20 s in all, each byte well within
     any per-read timeout; "drip-events": the stream's headers at once, then its events one byte every
     DRIP_S; "hang": nothing until the caller closes the connection (or 30 s); "firehose": a stream of
-    events as fast as the caller takes them, without end. ``open`` counts the "hang" connections the
+    events as fast as the caller takes them, without end; "big": at once, an answer of BIG_ANSWER bytes. ``open`` counts the "hang" connections the
     caller still holds, ``pouring`` the "firehose" ones."""
 
     def __init__(self):
@@ -799,6 +879,14 @@ class SlowUpstream:
                         await writer.drain()
                 finally:
                     self.pouring -= 1
+            if model == "big":
+                body = json.dumps({"id": "c", "object": "chat.completion", "choices": [{
+                    "index": 0, "message": {"role": "assistant", "content": "x" * BIG_ANSWER},
+                    "finish_reason": "stop"}]}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+                return
             if model == "drip-events":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                              b"Connection: close\r\n\r\n")
@@ -832,7 +920,7 @@ def slow_gateway(tmp_path_factory):
     line = proc.stdout.readline()
     assert "MDL gateway on http://127.0.0.1:" in line, (line, log.read_text())
     try:
-        yield line.split(" on ")[1].split(" ")[0], up
+        yield line.split(" on ")[1].split(" ")[0], up, log
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -842,7 +930,7 @@ def slow_gateway(tmp_path_factory):
 def test_gateway_timeout_is_a_deadline_for_the_whole_upstream_call(slow_gateway):
     """--timeout bounded each read, not the call: an upstream sending its answer a byte at a time
     reached the client long after it. Now it bounds the whole call: a 502 at the deadline."""
-    url, _ = slow_gateway
+    url, _, _ = slow_gateway
     t = time.monotonic()
     r = httpx.post(url + "/chat/completions", timeout=GW_TIMEOUT + 3, json={
         "model": "drip", "messages": chat(Q), "mdl": MDL})
@@ -856,7 +944,7 @@ def test_gateway_timeout_is_a_deadline_for_the_whole_upstream_call(slow_gateway)
 def test_gateway_timeout_ends_a_dripping_stream_with_an_error_event_at_the_deadline(slow_gateway):
     """A stream whose status line has gone out and whose events drip ends at the deadline with an
     OpenAI-style error event naming it, then [DONE] (it ran to the upstream's end, ~20 s, before)."""
-    url, _ = slow_gateway
+    url, _, _ = slow_gateway
     t = time.monotonic()
     events = []
     with httpx.stream("POST", url + "/chat/completions", timeout=GW_TIMEOUT + 3, json={
@@ -877,7 +965,7 @@ def test_gateway_timeout_ends_the_upstream_call_of_a_client_that_stops_reading(s
     as long as it stayed, past --timeout, the deadline being checked only while waiting on the
     upstream. Now a send that waits past the deadline ends the stream there, the upstream call
     with it, and the client's connection is closed."""
-    url, up = slow_gateway
+    url, up, _ = slow_gateway
     host, port = url.split("//")[1].split("/")[0].split(":")
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a client that takes little and then stops
@@ -904,7 +992,7 @@ def test_gateway_lets_go_of_the_upstream_when_its_client_leaves(slow_gateway):
     the upstream answered (or --timeout). Now the call is raced against the client's disconnect:
     20 clients (every fourth streaming) that leave while their upstream calls hang free every
     upstream connection at once."""
-    url, up = slow_gateway
+    url, up, _ = slow_gateway
     n = 20
     socks = [send_and_hold(url, "/chat/completions", {"model": "hang", "messages": chat(Q), "mdl": MDL,
                                                       "stream": i % 4 == 0}) for i in range(n)]
@@ -917,4 +1005,35 @@ def test_gateway_lets_go_of_the_upstream_when_its_client_leaves(slow_gateway):
     freed = until(lambda: up.open == 0, 2.0, 0.02)
     print(f"\n{n} abandoned upstream calls let go {freed} s after their clients left")
     assert freed is not None, f"{up.open} upstream connections still open {time.monotonic() - left:.1f} s on"
+    assert httpx.get(url[:-len("/v1")] + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_gateway_timeout_lets_go_of_a_client_that_does_not_take_a_non_streamed_answer(slow_gateway):
+    """A non-streamed answer goes into the server's buffers whole: a client that read none of it kept
+    them, and its connection, for as long as it stayed (a close waits for the buffer to be taken),
+    with no time bound. Now a client that has not taken its answer within --timeout is disconnected
+    there (a reset: the kernel's copy is dropped too), with one line in the log, neither body nor key
+    in it; a client that reads gets the whole answer."""
+    url, _, log = slow_gateway
+    r = httpx.post(url + "/chat/completions", timeout=60, json={"model": "big", "messages": chat(Q), "mdl": MDL})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x" * BIG_ANSWER
+    logged = len(log.read_text())
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # takes a few KiB, then reads nothing
+    s.connect((host, int(port)))
+    data = json.dumps({"model": "big", "messages": chat(Q), "mdl": MDL}).encode()
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+              f"Authorization: Bearer sk-not-for-the-log\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    gone = select.poll()   # the server's reset, seen without reading
+    gone.register(s, select.POLLHUP | select.POLLERR)
+    try:
+        closed = until(lambda: bool(gone.poll(0)), GW_TIMEOUT + 3)
+    finally:
+        s.close()
+    assert closed is not None, f"the connection was still open {GW_TIMEOUT + 3:g} s on, past --timeout"
+    assert closed >= GW_TIMEOUT - 0.5, f"closed after {closed:.1f} s, before the deadline"
+    said = [x for x in log.read_text()[logged:].splitlines() if "not taken within" in x]
+    assert len(said) == 1 and f"within {GW_TIMEOUT:g} s" in said[0], said
+    assert "sk-not-for-the-log" not in log.read_text() and "xxxx" not in said[0], said
     assert httpx.get(url[:-len("/v1")] + "/health", timeout=10).json()["status"] == "ok"

@@ -1,7 +1,8 @@
 """The HTTP/1.1 server both servers run on: uvicorn on an already bound socket, with the connection
 guards uvicorn lacks (a header timeout, a connection limit that sheds slow clients first, a request
-framed two ways refused, OpenAI-shaped answers to what h11 cannot parse). Its limits are ``Limits``
-(``mdl_jax.serving.protocol``); nothing a client sends is logged (no access log).
+framed two ways refused, OpenAI-shaped answers to what h11 cannot parse, a deadline for a client to take
+what it is sent). Its limits are ``Limits`` (``mdl_jax.serving.protocol``); nothing a client sends is
+logged (no access log).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import json
 import math
 import socket
+import struct
 
 from mdl_jax.serving.protocol import LIMITS, APIError, Limits
 
@@ -37,7 +39,8 @@ def guarded_protocol(limits: Limits):
     """uvicorn's h11 protocol with what it lacks against slow clients (slowloris): a header timeout
     (uvicorn times out idle keep-alive connections only, not a connection that never completes its
     headers) and a connection limit that sheds the connections still sending headers, oldest first,
-    before refusing anyone, so a real client is served beside thousands of slow ones."""
+    before refusing anyone, so a real client is served beside thousands of slow ones; and a send
+    deadline (``send_timeout_s``): a client that does not take its answer is reset, not kept."""
     import h11
     from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
@@ -129,20 +132,57 @@ def guarded_protocol(limits: Limits):
                 self._disarm()  # the headers are in: the body has its own timeout (read_json)
 
         def on_response_complete(self) -> None:
+            if self.transport.get_write_buffer_size() and not self.flow.write_paused:
+                self._send_clock(True)  # an ended answer still waiting to go out (paused: timed from the pause)
             super().on_response_complete()
             if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
                 self._arm()  # the next request's headers (uvicorn's keep-alive closes a silent one)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._send_clock(False)
             super().connection_lost(exc)
+
+        # The send deadline. uvicorn waits for a client before a write, never after one: a whole answer
+        # goes into the transport's buffer at once, and a close waits for the client to take it (asyncio
+        # flushes first), so a client that read nothing kept the buffer and its connection for good.
+        _send_timer: asyncio.TimerHandle | None = None
+
+        def _send_clock(self, start: bool) -> None:
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+            self._send_timer = self.loop.call_later(limits.send_timeout_s, self._send_expired) if start else None
+
+        def _send_expired(self) -> None:
+            left = self.transport.get_write_buffer_size()
+            # stuck: over the high-water mark, or an ended answer not yet gone (a later pipelined
+            # answer on its way, not paused, is not)
+            if not left or not (self.flow.write_paused or self.cycle is None or self.cycle.response_complete):
+                return
+            self.logger.warning("closed the connection of %s: %d bytes of its answer not taken within %g s "
+                                "(send_timeout_s)", ":".join(map(str, self.client)) if self.client else "a client",
+                                left, limits.send_timeout_s)
+            with contextlib.suppress(OSError, AttributeError):  # a reset frees the kernel's copy too
+                self.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                                   struct.pack("ii", 1, 0))
+            self.transport.abort()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._send_clock(True)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            # the client took some: a fresh clock for an ended answer's rest; a stream's runs from its next pause
+            self._send_clock(bool(self.cycle is not None and self.cycle.response_complete
+                                  and self.transport.get_write_buffer_size()))
 
     return GuardedH11
 
 
 def run_app(app, sock: socket.socket, limits: Limits = LIMITS) -> None:
     """uvicorn on an already bound socket with the connection limits of ``limits`` (header timeout,
-    keep-alive timeout, connection limit); no access log (nothing a client sends, an API key
+    keep-alive timeout, connection limit, send deadline); no access log (nothing a client sends, an API key
     included, is ever written out)."""
     import resource
 

@@ -721,6 +721,9 @@ def main(argv=None) -> int:
                    help="seconds a request body may take to arrive (then 408)")
     p.add_argument("--header-timeout", type=float, default=LIMITS.header_timeout_s,
                    help="seconds a connection may take to send a request's headers (then 408 and closed)")
+    p.add_argument("--send-timeout", type=float, default=LIMITS.send_timeout_s,
+                   help="seconds a client has to take its answer, and a stream may stall unread (then "
+                        "its connection is reset)")
     p.add_argument("--max-connections", type=int, default=LIMITS.max_connections,
                    help="open connections at most (beyond: the oldest still sending headers is closed, else 503)")
     p.add_argument("--api-key", default=None,
@@ -738,6 +741,8 @@ def main(argv=None) -> int:
         p.error(f"--body-timeout: expected seconds in (0, 3600], got {args.body_timeout}")
     if not 0 < args.header_timeout <= 3600:
         p.error(f"--header-timeout: expected seconds in (0, 3600], got {args.header_timeout}")
+    if not 0 < args.send_timeout <= 86400:
+        p.error(f"--send-timeout: expected seconds in (0, 86400], got {args.send_timeout}")
     if not 1 <= args.max_connections <= 1 << 20:
         p.error(f"--max-connections: expected >= 1, got {args.max_connections}")
     try:
@@ -750,7 +755,8 @@ def main(argv=None) -> int:
         p.error(f"--model: {args.model}: no such model folder (a local path; a Hugging Face id looks like "
                 "'org/name')")
     limits = dataclasses.replace(LIMITS, max_tokens=args.max_tokens, body_timeout_s=args.body_timeout,
-                                 header_timeout_s=args.header_timeout, max_connections=args.max_connections)
+                                 header_timeout_s=args.header_timeout, send_timeout_s=args.send_timeout,
+                                 max_connections=args.max_connections)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
