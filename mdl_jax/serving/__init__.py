@@ -3,6 +3,7 @@ httpx (the ``serve`` extra) are imported here only, never by the controller or t
 server that also speaks it is part of the paper's reproduction (``python -m mdl_repro.serve``).
 
   protocol.py      request models, OpenAI-shaped errors, limits, the body reader, server-sent events
+  connections.py   the HTTP server both servers run on: uvicorn with the connection guards and deadlines
   gateway.py       MDL in front of any OpenAI-compatible upstream
   model_server.py  a deprecated alias of ``mdl_repro.model_server``
 """
