@@ -101,6 +101,21 @@ def test_packed_config_rows_are_the_weight_matrices_of_eq1():
     np.testing.assert_allclose(scal[:10], want, rtol=1e-6)
 
 
+def test_packing_a_config_at_float32s_ends_warns_nothing_and_gives_the_native_kernels_numbers():
+    # σ = 3e30 is a valid config: σ² overflows float32 to inf and 1/(2σ²) is 0, as on the pure-JAX path,
+    # without a RuntimeWarning (a warnings-as-errors caller would see a crash on valid input), and the
+    # numbers are the native kernel's own packing of the config, bit for bit
+    from mdl_jax.engines import packing
+
+    cfg = CONFIGS["non-default numbers, vector bias"].replace(sigma=3e30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mats, vecs, scal = fused.pack(cfg)
+    row = packing.pack(cfg)
+    assert scal[0] == 0.0 and np.array_equal(scal[1:10], row[packing.G_A_AT:packing.N_MAX_AT + 1])
+    assert np.array_equal(vecs[1], row[packing.BIAS_AT:packing.BIAS_AT + 16])
+
+
 # ------------------------------------------------------------------------------------ the sweep engine
 
 def _sweep_data(n=300, seed=2):

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mdl_jax.controller import decision as _decision
-from mdl_jax.controller.config import MDLConfig
+from mdl_jax.controller.config import MDLConfig, per_config_cache
 from mdl_jax.engines import packing
 
 ENV_SWITCH = "MDL_JAX_FUSED"
@@ -119,15 +119,7 @@ def give_up(e: BaseException) -> None:
                   f"({_STATE['error'][:500]}).", RuntimeWarning, stacklevel=3)
 
 
-def supports(cfg: MDLConfig) -> bool:
-    """The kernel's structural limits: those of the native kernel (D = 16, one concrete config)."""
-    try:
-        return _supports_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): asked every call
-        return packing.supports(cfg)
-
-
-_supports_cached = functools.lru_cache(maxsize=64)(packing.supports)
+supports = packing.supports  # the kernel's structural limits: the native kernel's (D = 16, one concrete config)
 
 
 def _arrays_on_gpu(arrays) -> bool:
@@ -225,32 +217,20 @@ def sweep_why_not(cfg: MDLConfig, K: int, *, warn: bool = True) -> str | None:
 def pack_batch(cfg: MDLConfig, K: int | None):
     """float32 (mats (K, 4, D, D), vecs (K, 2, D), scal (K, D)) for one config (K None → K = 1) or a
     batch. mats: W_wmᵀ, W_rᵀ, W_aᵀ (so that v @ W_kᵀ = W_k v) and the basis Q; vecs: centres, bias;
-    scal: the ``_NEG_INV_2S2`` ... slots. The arithmetic is ``packing.pack``'s (weight_matrices' order)."""
-    f = np.float32
+    scal: the ``_NEG_INV_2S2`` ... slots. The numbers are the native kernel's (``packing.pack_batch``'s rows)."""
     k = 1 if K is None else K
-
-    def leaf(name, base):
-        return np.asarray(getattr(cfg, name), f).reshape((k,) + base)
-
-    pi = np.asarray(cfg.projectors, f)                        # (3, D, D)
-    others = pi.sum(0, dtype=f)[None] - pi
-    gains = leaf("gains", (3,))
-    eps = leaf("eps_c", ())
-    W = gains[:, :, None, None] * pi[None] + eps[:, None, None, None] * others[None]   # (k, 3, D, D)
-    Q = np.broadcast_to(np.asarray(cfg.basis, f), (k, 1, D, D))
+    rows = packing.pack_batch(cfg, k)
+    W = rows[:, packing.W_AT:packing.BIAS_AT].reshape(k, 3, D, D)
+    Q = rows[:, packing.BASIS_AT:packing.BASIS_AT + D * D].reshape(k, 1, D, D)
     mats = np.concatenate([np.swapaxes(W, -1, -2), Q], axis=1)
-    centres = np.broadcast_to(np.asarray(_decision.centres(cfg, jnp.float32), f), (k, D))
-    bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape((k, -1)), (k, D))
-    vecs = np.stack([centres, bias], axis=1)
-    sigma = leaf("sigma", ())
+    vecs = np.stack([rows[:, :D], rows[:, packing.BIAS_AT:packing.BIAS_AT + D]], axis=1)
+    scal = np.zeros((k, D), np.float32)
     # -1/(2σ²): the Gaussians multiply by it instead of dividing by 2σ² as the pure-JAX path does
     # (as the native kernel does; ≤ 1.5 ulp apart). The ptxas listing for sm_90 showed the 48
     # IEEE divisions per record at ~15% of the kernel's instructions; folding the sign saves 48 negations.
-    cols = [-(f(1.0) / (f(2.0) * (sigma * sigma))), leaf("g_A_coeffs", (2,)).T, leaf("gate_coeffs", (2,)).T,
-            leaf("thresholds", (3,)).T, leaf("n_min", ()), leaf("n_max", ())]
-    scal = np.zeros((k, D), f)
-    scal[:, :10] = np.concatenate([np.reshape(c, (-1, k)) for c in cols]).T
-    return (np.ascontiguousarray(mats, f), np.ascontiguousarray(vecs, f), scal)
+    scal[:, _NEG_INV_2S2] = -rows[:, packing.INV_AT]
+    scal[:, _GA_A:_N_MAX + 1] = rows[:, packing.G_A_AT:packing.N_MAX_AT + 1]   # g_A's (a, b), g_a, g_b, θ, n_min, n_max
+    return (np.ascontiguousarray(mats), np.ascontiguousarray(vecs), scal)
 
 
 def pack(cfg: MDLConfig):
@@ -258,17 +238,10 @@ def pack(cfg: MDLConfig):
     return tuple(x[0] for x in pack_batch(cfg, None))
 
 
-@functools.lru_cache(maxsize=64)
-def _params_cached(cfg: MDLConfig):
-    with jax.ensure_compile_time_eval():   # concrete buffers even when first asked inside a caller's jit
-        return tuple(jax.device_put(x) for x in pack(cfg))
-
-
+@per_config_cache(unhashable=lambda cfg: tuple(jax.device_put(x) for x in pack(cfg)))  # arrays: every time
 def params(cfg: MDLConfig):
     """``pack(cfg)`` on the default device, cached per hashable config so a call transfers nothing."""
-    try:
-        return _params_cached(cfg)
-    except TypeError:  # unhashable leaves (arrays): pack and transfer every time
+    with jax.ensure_compile_time_eval():   # concrete buffers even when first asked inside a caller's jit
         return tuple(jax.device_put(x) for x in pack(cfg))
 
 

@@ -104,10 +104,6 @@ def _native_shaped(M, R, A, params, flags: int, dims: tuple[int, int, int],
 
 _native_jit = jax.jit(_native_shaped, static_argnames=("flags", "dims", "target"))
 
-# once per hashable config; a config with array leaves is asked every call
-_supports_cached = _config.per_config_cache(supports)
-
-
 def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     """Why ``decide`` cannot run this call on the engine (the process, then the config), else None.
 
@@ -123,8 +119,7 @@ def why_not(cfg: MDLConfig, signals=(), *, warn: bool = True) -> str | None:
     why = unavailable(warn)
     if why is not None:
         return why
-    ok = _supports_cached(cfg)
-    return None if ok else why_unsupported(cfg)
+    return None if supports(cfg) else why_unsupported(cfg)
 
 
 def decide_engine(M, R, A, cfg: MDLConfig, *, strict: bool = True) -> _decision.Decision:

@@ -22,7 +22,9 @@ PARAMS = 1085  # floats in one packed config (decide_cpu.cc: Params)
 # (g_a, g_b, θ, n_min, n_max) and the basis Q after it. Configs whose first FUSION_END floats are equal
 # share ‖v_meta‖ and α per record (the sweep's groups).
 FUSION_END = 16 + 1 + 3 * 16 * 16 + 16 + 2
-# Where the read-out numbers sit in a row: g_a, g_b; θ0-θ2; n_min; n_max.
+# Where the parts of a row start: 1/(2σ²) after the D centres, W (3 × D × D), the bias, g_A's (a, b); the
+# read-out numbers g_a, g_b; θ0-θ2; n_min; n_max; then the basis Q (D × D).
+INV_AT, W_AT, BIAS_AT, G_A_AT, BASIS_AT = 16, 17, 785, 801, 810
 GATE_AT, THRESHOLDS_AT, N_MIN_AT, N_MAX_AT = 803, 805, 808, 809
 
 
@@ -32,14 +34,11 @@ def flags(cfg: MDLConfig) -> int:
             + 8 * cfg.alpha_gating + 16 * (cfg.subspaces == "qr"))
 
 
+@_config.per_config_cache
 def supports(cfg: MDLConfig) -> bool:
-    """The kernel's structural limits: D = 16 and scalar-per-field numeric leaves (no batched config)."""
-    if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
-        return False
-    try:
-        return all(np.shape(getattr(cfg, f)) in _config.config_shapes(f, cfg.D) for f in _config.NUMERIC_FIELDS)
-    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read: not for the kernel
-        return False
+    """The kernel's structural limits: D = 16 and scalar-per-field numeric leaves (no batched config);
+    asked once per hashable config, every call for one with array leaves."""
+    return _shaped(cfg, ())
 
 
 def why_unsupported(cfg: MDLConfig) -> str:
@@ -54,42 +53,23 @@ def why_unsupported(cfg: MDLConfig) -> str:
 
 def sweep_supports(cfg: MDLConfig, K: int) -> bool:
     """Can the native sweep run this batch? D = 16, concrete leaves of the batched shapes."""
+    return _shaped(cfg, (K,))
+
+
+def _shaped(cfg: MDLConfig, batch: tuple) -> bool:
+    # D = 16 and concrete numeric leaves, each of its field's shape in one config after the ``batch`` axes
     if cfg.D != 16 or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(cfg)):
         return False
     try:
-        return all(np.shape(getattr(cfg, f)) in [(K,) + s for s in _config.config_shapes(f, cfg.D)]
+        return all(np.shape(getattr(cfg, f)) in [batch + s for s in _config.config_shapes(f, cfg.D)]
                    for f in _config.NUMERIC_FIELDS)
-    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read
+    except Exception:  # noqa: BLE001 - a leaf np.shape cannot read: not for the kernel
         return False
 
 
 def pack_uncached(cfg: MDLConfig) -> np.ndarray:
-    """``pack`` without its cache: a fresh read-only (PARAMS,) float32 array."""
-    f = np.float32
-    D = cfg.D
-    # The centres exactly as the pure-JAX path makes them: np.linspace differs from jnp.linspace by an
-    # ulp at 6 of 16 centres, and a Gaussian of width σ turns a centre's error δ into a relative error
-    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4.
-    centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
-    sigma = f(cfg.sigma)
-    pi = np.asarray(cfg.projectors, f)
-    gains = np.asarray(cfg.gains, f)
-    others = pi.sum(0, dtype=f)[None] - pi
-    W = gains[:, None, None] * pi + f(cfg.eps_c) * others
-    bias = np.broadcast_to(np.asarray(cfg.bias, f), (D,))
-    # σ near float32's ends (1e-30, 1e30 are valid) makes 1/(2σ²) inf or 0, as on the pure-JAX path
-    # (whose XLA arithmetic does not warn): no RuntimeWarning, which a warnings-as-errors caller would
-    # see as a crash on valid input.
-    with np.errstate(over="ignore", divide="ignore"):
-        inv = f(1.0) / (f(2.0) * sigma * sigma)
-    # The kernel's structured fusion (decide_cpu.cc: fuse): W_k = ε_c I + (s_k - ε_c) Π_k, with s_k - ε_c
-    # per basis coordinate of subspace k, and the dims (exact small integers in float32).
-    coef = np.repeat(gains - f(cfg.eps_c), cfg.dims)
-    parts = [centres, [inv], W.ravel(), bias, np.asarray(cfg.g_A_coeffs, f),
-             np.asarray(cfg.gate_coeffs, f), np.asarray(cfg.thresholds, f), [f(cfg.n_min), f(cfg.n_max)],
-             np.asarray(cfg.basis, f).ravel(), coef, [f(cfg.eps_c), f(cfg.dims[0]), f(cfg.dims[1])]]
-    out = np.concatenate([np.asarray(p, f).ravel() for p in parts])
-    assert out.size == PARAMS, out.size
+    """``pack`` without its cache: a fresh read-only (PARAMS,) float32 array (``pack_batch``'s one row)."""
+    out = pack_batch(cfg, 1)[0]
     out.setflags(write=False)
     return out
 
@@ -128,14 +108,22 @@ def pack_batch(cfg: MDLConfig, K: int) -> np.ndarray:
 
     def col(name, *shape):  # a leaf as (K,) + its declared per-config shape, or the shape given
         return np.asarray(getattr(cfg, name), f).reshape((K,) + (shape or specs[name].shape))
+    # The centres exactly as the pure-JAX path makes them: np.linspace differs from jnp.linspace by an
+    # ulp at 6 of 16 centres, and a Gaussian of width σ turns a centre's error δ into a relative error
+    # ~δ·|s - c|/σ² of its peak, which reached 4e-5 in C at σ = 1e-4.
     centres = np.asarray(_decision.centres(cfg, jnp.float32), f)
     sigma = col("sigma")
     pi = np.asarray(cfg.projectors, f)
     others = pi.sum(0, dtype=f)[None] - pi
     W = col("gains")[:, :, None, None] * pi[None] + col("eps_c")[:, None, None, None] * others[None]
     bias = np.broadcast_to(np.asarray(cfg.bias, f).reshape(K, -1), (K, D))
-    with np.errstate(over="ignore", divide="ignore"):   # σ near float32's ends: as ``pack_uncached``
+    # σ near float32's ends (1e-30, 1e30 are valid) makes 1/(2σ²) inf or 0, as on the pure-JAX path
+    # (whose XLA arithmetic does not warn): no RuntimeWarning, which a warnings-as-errors caller would
+    # see as a crash on valid input.
+    with np.errstate(over="ignore", divide="ignore"):
         inv = f(1.0) / (f(2.0) * sigma * sigma)
+    # The kernel's structured fusion (decide_cpu.cc: fuse): W_k = ε_c I + (s_k - ε_c) Π_k, with s_k - ε_c
+    # per basis coordinate of subspace k, and the dims (exact small integers in float32).
     coef = np.repeat(col("gains") - col("eps_c", 1), cfg.dims, axis=1)
     parts = [np.broadcast_to(centres, (K, D)), inv[:, None], W.reshape(K, -1),
              bias, col("g_A_coeffs"), col("gate_coeffs"), col("thresholds"), col("n_min", 1),
