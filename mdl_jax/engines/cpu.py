@@ -46,19 +46,20 @@ def numpy_features() -> dict:
     return {}
 
 
+def _cpuinfo_line(prefixes: tuple[str, ...]) -> str:
+    """The first line of /proc/cpuinfo that starts with one of ``prefixes``; "" where there is none."""
+    try:
+        return next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith(prefixes)), "")
+    except OSError:
+        return ""
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none), less those
     that NumPy's own runtime check (CPUID, and whether the OS saves the registers) finds missing (see
     the module's docstring; tried with QEMU's user mode as an AVX2-only EPYC)."""
-    flags: frozenset[str] = frozenset()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = frozenset(line.split(":", 1)[1].split())
-                break
-    except (OSError, IndexError):
-        pass
+    flags = frozenset(_cpuinfo_line(("flags", "Features")).partition(":")[2].split())
     seen = numpy_features()
     return flags - {f for f, n in _NUMPY_NAMES.items() if seen.get(n) is False}
 
@@ -93,14 +94,7 @@ def isa() -> str:
 def cpu_signature() -> str:
     """The machine, the processor and its flags line, as a build's cache key reads them: a library
     built with ``-march=native`` for one CPU must not be loaded on another (shared home folders)."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line
-                break
-    except OSError:
-        pass
+    flags = _cpuinfo_line(("flags",))
     # (flags the process cannot run, though /proc/cpuinfo lists them: a build for what it can run)
     hidden = sorted(set(flags.split(":", 1)[-1].split()) & set(_NUMPY_NAMES) - cpu_flags())
     return f"{platform.machine()}|{platform.processor()}|{flags}" + (f"|not {' '.join(hidden)}" if hidden else "")

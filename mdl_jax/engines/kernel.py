@@ -24,7 +24,6 @@ zero) each new one. The kernel caps its threads at ``cpu.usable_cpus()``.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import platform
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 import jax
 
 from mdl_jax._paths import default_cache_dir
+from mdl_jax.controller.api import default_backend
 from mdl_jax.engines import cpu
 from mdl_jax.engines.toolchain import (
     ENV_SWITCH,
@@ -163,19 +163,14 @@ def variant_library(variant: str) -> ctypes.CDLL:
     return _VARIANTS[variant]["lib"]
 
 
-@functools.cache
-def _backend() -> str:
-    return jax.default_backend()
-
-
 def unavailable(warn: bool = True) -> str | None:
     """Why the engine cannot run in this process (switched off, not JAX's CPU backend, the kernel
     not built or loaded), else None. Builds and loads the kernel on first use (``load``, which warns of
     a failure once, with ``warn``)."""
     if not enabled():
         return f"{ENV_SWITCH}=0 switches it off"
-    if _backend() != "cpu":
-        return f"it runs on JAX's CPU backend, and the default backend here is {_backend()}"
+    if default_backend() != "cpu":
+        return f"it runs on JAX's CPU backend, and the default backend here is {default_backend()}"
     if not load(warn):
         return f"the kernel could not be built or loaded ({_STATE.get('error', 'unknown error')})"
     return None
