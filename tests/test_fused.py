@@ -177,20 +177,20 @@ def test_both_kernels_lower_to_verified_triton_ir_for_cuda():
             mats, vecs, scal = fused.pack(cfg)
             for n in (1000, 1024):  # a partial last block (masked) and whole blocks
                 x = jax.ShapeDtypeStruct((n,), jnp.float32)
-                fused._decide_jit.trace(x, x, x, mats, vecs, scal, st=fused.structure(cfg), interpret=False,
-                                        block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(**CUDA)
+                fused.decide_jit.trace(x, x, x, mats, vecs, scal, st=fused.structure(cfg), interpret=False,
+                                       block=fused.BLOCK, num_warps=fused.NUM_WARPS).lower(**CUDA)
         grid = config_grid(MDLConfig(), sigma=[0.1, 0.2, 0.3])
-        packed = fused._pack_batch(grid, 3)
+        packed = fused.pack_batch(grid, 3)
         x = jax.ShapeDtypeStruct((8000,), jnp.float32)
         labels, weights = jax.ShapeDtypeStruct((8000,), bool), jax.ShapeDtypeStruct((10, 8000), jnp.float32)
-        fused._sweep_jit.trace(x, x, x, labels, weights, *packed, st=fused.structure(grid), interpret=False,
-                               block=fused.BLOCK, rec_block=fused.SWEEP_BLOCK,
-                               num_warps=fused.NUM_WARPS).lower(**CUDA)
+        fused.sweep_jit.trace(x, x, x, labels, weights, *packed, st=fused.structure(grid), interpret=False,
+                              block=fused.BLOCK, rec_block=fused.SWEEP_BLOCK,
+                              num_warps=fused.NUM_WARPS).lower(**CUDA)
         # the opt-in TF32x3 products (three tensor-core passes), for bench_gpu to measure
         x = jax.ShapeDtypeStruct((1024,), jnp.float32)
-        fused._decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()),
-                                interpret=False, block=fused.BLOCK, num_warps=fused.NUM_WARPS,
-                                precision="tf32x3").lower(**CUDA)
+        fused.decide_jit.trace(x, x, x, *fused.pack(MDLConfig()), st=fused.structure(MDLConfig()),
+                               interpret=False, block=fused.BLOCK, num_warps=fused.NUM_WARPS,
+                               precision="tf32x3").lower(**CUDA)
     assert len(modules) == 8
     for i, m in enumerate(modules):
         assert m.operation.verify()

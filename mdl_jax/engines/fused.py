@@ -526,9 +526,3 @@ def captured_triton_ir():
         yield modules
     finally:
         lowering.lower_jaxpr_to_triton_module = real
-
-_pack_batch = pack_batch  # the earlier private name, which tests and sibling modules still use
-
-_sweep_jit = sweep_jit  # the earlier private name, which tests and sibling modules still use
-
-_decide_jit = decide_jit  # the earlier private name, which tests and sibling modules still use
