@@ -229,9 +229,7 @@ def _standard_result_type(*args) -> np.dtype:
 @functools.lru_cache(maxsize=256)
 def _result_dtype(kinds: tuple, x64: bool) -> np.dtype:
     # kinds: a float dtype per signal, or None for a Python float (weakly typed: it takes the others' dtype)
-    args = [0.0 if k is None else jax.dtypes.canonicalize_dtype(k) for k in kinds]
-    dtype = _standard_result_type(*args)
-    return jnp.dtype(jnp.float32) if dtype.itemsize < 4 else dtype
+    return compute_dtype([0.0 if k is None else jax.dtypes.canonicalize_dtype(k) for k in kinds])
 
 
 def _signal(x, name: str):

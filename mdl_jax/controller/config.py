@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mdl_jax.controller.validation import first_index
+
 # The smallest σ: 2^-63, the square root of float32's smallest normal number (see FieldSpec's sigma row).
 SIGMA_MIN = 2.0 ** -63
 
@@ -344,7 +346,7 @@ def field_violations(values: dict) -> list[tuple[str, np.ndarray, str, str | Non
                 prev = out[at]
                 out[at] = (name, np.asarray(prev[1] | bad), prev[2], ref)
     for i, (name, bad, _, _) in enumerate(out):
-        first = np.unravel_index(int(np.argmax(bad)), np.shape(bad)) if np.ndim(bad) else ()
+        first = first_index(bad)
         if not np.broadcast_to(ruled[name], np.shape(bad))[first]:  # the first bad config is bad by its size alone
             out[i] = (name, bad, FLOAT32_RULE, None)
     return out
@@ -375,7 +377,7 @@ def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
     # ``bad`` holds one flag per config: 0-d for one config, (K, ...) for a batch of configs, so the
     # message can say which config of the batch is the first wrong one.
     if np.any(bad):
-        where = "" if np.ndim(bad) == 0 else f" (first at index {_first(bad)})"
+        where = "" if np.ndim(bad) == 0 else f" (first at index {first_index(bad)})"
         raise ValueError(f"{name}: expected {what}, got {_short(value)}{where}")
 
 
@@ -390,10 +392,6 @@ def _short(value) -> str:
     else:
         text = " ".join(repr(value).split())
     return text if len(text) <= 200 else text[:200] + " ..."
-
-
-def _first(bad: np.ndarray) -> tuple:
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), np.shape(bad)))
 
 
 def _broadcast(names: str, *arrays) -> tuple:

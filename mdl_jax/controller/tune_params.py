@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mdl_jax.controller import config as _config
+from mdl_jax.controller.batches import with_leaves
 from mdl_jax.controller.config import NUMERIC_FIELDS, MDLConfig
 
 # The margin every constrained field keeps from its bound.
@@ -99,17 +99,13 @@ def from_unconstrained(u: dict, base: MDLConfig, trained: Sequence[str] = NUMERI
         n_min = pick("n_min", u["n_min"])
         n_max = pick("n_max", n_min + jax.nn.softplus(u["n_max"]) + _EPS)
     free = {f: pick(f, u[f]) for f in NUMERIC_FIELDS}  # a field with no parametrisation below is free
-    return _replace_leaves(base, {
+    # MDLConfig.replace would re-run the concrete-value checks on tracers: rebuilt through the pytree
+    return with_leaves(base, {
         **free,
         "sigma": pick("sigma", jax.nn.softplus(u["sigma"]) + _EPS), "gains": gains,
         # (1 − 1e-3): sigmoid rounds to exactly 1 in float32 for large inputs; ε_c must stay below
         "eps_c": pick("eps_c", jax.nn.sigmoid(u["eps_c"]) * (1 - _EPS) * jnp.min(gains)),
         "thresholds": pick("thresholds", jnp.stack([t0, t1, t2])), "n_min": n_min, "n_max": n_max})
-
-
-def _replace_leaves(base: MDLConfig, leaves: dict) -> MDLConfig:
-    # MDLConfig.replace would re-run the concrete-value checks on tracers; rebuild through the pytree.
-    return _config.unflatten(_config.flatten(base)[1], [leaves[f] for f in NUMERIC_FIELDS])
 
 
 def field_mask(fields: Sequence[str]) -> dict:

@@ -29,9 +29,9 @@ def is_traced(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def _first_bad(bad: np.ndarray) -> tuple:
-    idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-    return tuple(int(i) for i in idx)
+def first_index(bad) -> tuple:
+    """The index of the first True of ``bad`` (C order) as a tuple of ints; () for a 0-d ``bad``."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), np.shape(bad)))
 
 
 @functools.cache
@@ -102,7 +102,7 @@ def _check_values(name: str, arr: np.ndarray) -> None:
         return
     # One mask for every reason (NaN fails both comparisons), so the index named is the first bad
     # one whatever is wrong with it, not the first of one kind.
-    i = _first_bad(~((arr >= 0) & (arr <= 1)))
+    i = first_index(~((arr >= 0) & (arr <= 1)))
     v = arr[i]
     what = "values in [0, 1]" if np.isfinite(v) else "finite values in [0, 1]"
     where = name if arr.ndim == 0 else f"{name}[{_fmt(i)}]"  # a 0-d array has no index to name
@@ -191,7 +191,7 @@ def binary_labels(adopt, n: int | None = None) -> np.ndarray:
         raise ValueError(f"adopt: expected binary labels (0/1 or bool), got dtype {labels.dtype}")
     bad = ~((labels == 0) | (labels == 1))  # NaN is neither
     if np.any(bad):
-        i = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), bad.shape))
+        i = first_index(bad)
         where = f"; adopt[{', '.join(map(str, i))}] = {plain(labels[i])}" if i else f", got {plain(labels[()])}"
         raise ValueError(f"adopt: expected binary labels (0 = reject, 1 = adopt){where}")
     return labels.astype(bool)
