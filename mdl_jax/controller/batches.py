@@ -43,10 +43,9 @@ def _physical_memory() -> int | None:
 
 def _leaf(cfg: MDLConfig, f: str) -> np.ndarray:
     try:
-        a = np.asarray(getattr(cfg, f), dtype=np.float64)
+        return np.asarray(getattr(cfg, f), dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"{f}: expected real numbers, got {getattr(cfg, f)!r}") from None
-    return a
 
 
 def batch_size(configs: MDLConfig) -> int | None:

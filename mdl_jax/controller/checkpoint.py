@@ -12,6 +12,7 @@ resumed sweep adds the same passes as an uninterrupted one: the result is the sa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -122,7 +123,5 @@ class Checkpoint:
 
 def remove(path: str | os.PathLike) -> None:
     """A checkpoint whose sweep is done: its progress is no longer needed (nothing where there is none)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

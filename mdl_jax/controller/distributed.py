@@ -104,10 +104,7 @@ def combine(state: dict) -> dict:
     for k, a in zip(keys, arrays):
         n = a.size * a.itemsize // 4
         parts = [every[p, at:at + n].copy().view(a.dtype).reshape(a.shape) for p in range(len(every))]
-        total = parts[0].copy()
-        for x in parts[1:]:   # process order: the same float64 rounding on every process
-            total += x
-        out[k] = total
+        out[k] = sum(parts[1:], parts[0])   # in process order: the same float64 rounding on every process
         at += n
     return out
 

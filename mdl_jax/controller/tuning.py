@@ -312,13 +312,11 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     Warns:
       RuntimeWarning: as ``tune``.
     """
-    settings = TuneSettings() if settings is None else settings
-    if not isinstance(settings, TuneSettings):
-        raise TypeError(f"settings: expected TuneSettings, got {type(settings).__name__}")
+    settings = resolve_settings(settings, {}, "train_runs")
     base = config if config is not None else MDLConfig()
     if not isinstance(base, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
-    _check_one_config(base)
+    _api.resolve_config(base)  # a batch of configs: a ValueError naming the field, as decide's and calibrate's
     records, N = _check_signals(M, R, A, adopt)
     check_temperature(settings)
     field_sets = [_field_names(fs, f"field_sets[{b}]") for b, fs in enumerate(_run_list(runs.field_sets, "field_sets"))]
@@ -469,12 +467,6 @@ def _warn_about_runs(history: dict, field_sets: list, seeds: list, settings: Tun
                       f"label. Either its start decides alike and {settings.steps} steps did not move it, or "
                       f"{the_step_size} is too large: its steps saturate the thresholds.",
                       RuntimeWarning, stacklevel=4)
-
-
-def _check_one_config(base: MDLConfig) -> None:
-    """A batch of configs (a field with a leading axis) is a ValueError naming the field, as ``decide``'s
-    and ``calibrate``'s ``config`` (a run starts from one config; a batch is for ``sweep``)."""
-    _api.resolve_config(base)
 
 
 def _seed_key(seed, name: str) -> np.ndarray:
