@@ -19,8 +19,8 @@ pytestmark = pytest.mark.skipif(not cn.available(), reason=f"native conflict det
 
 
 def _python_pairs(texts):
-    an = [py._analyse(t) for t in texts]
-    return [py._conflict(an[i], an[j]) for i, j in itertools.combinations(range(len(texts)), 2)]
+    an = [py.analyse(t) for t in texts]
+    return [py.analyses_conflict(an[i], an[j]) for i, j in itertools.combinations(range(len(texts)), 2)]
 
 
 def _native_pairs(texts):
@@ -125,7 +125,7 @@ def test_the_overlap_threshold_is_inclusive_as_in_python():
     for shared, want in ((17, True), (16, False)):
         a = " ".join(words[:shared] + words[20:20 + (50 - shared) // 2 + (50 - shared) % 2])
         b = " ".join(words[:shared] + words[40:40 + (50 - shared) // 2]) + " not"
-        an = py._analyse(a), py._analyse(b)
+        an = py.analyse(a), py.analyse(b)
         assert len(an[0][1] | an[1][1]) == 50 and len(an[0][1] & an[1][1]) == shared
         assert _python_pairs([a, b]) == [want] == _native_pairs([a, b])
 

@@ -193,10 +193,6 @@ def pair_flags_recent(texts) -> list[list[bool]]:
     ``ANALYSES_KEPT``): for a few texts at a time, most of them seen before."""
     return _flags_of([recent_analysis(t) for t in texts])
 
-_analyse = analyse  # the earlier private name, which tests and sibling modules still use
-
-_conflict = analyses_conflict  # the earlier private name, which tests and sibling modules still use
-
 
 def checked_flags(got: Any, n: int, name: str = "conflict") -> np.ndarray:
     """A detector's output for n memories as an (n, n) bool matrix: booleans or 0/1 (a probability, NaN
