@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mdl_jax.signals.conflict import STOPWORDS, checked_texts, pair_flags
+from mdl_jax.signals.conflict import STOPWORDS, checked_texts, pair_flags, pairwise_flags
 
 # Two frames are parallel when each keeps this share of the other's words: a restatement with one
 # answer swapped keeps all of them; two sentences on one topic rarely keep more than half.
@@ -125,15 +125,7 @@ def answer_pair_flags(texts: Sequence[str]) -> list[list[bool]]:
     Raises:
       TypeError: a single string given as ``texts``, or a text that is not a string.
     """
-    texts = checked_texts(texts)
-    parts = [_parts(t) for t in texts]
-    n = len(texts)
-    flags = [[False] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1, n):
-            if parts[i] and parts[j] and _disagree(parts[i], parts[j]):
-                flags[i][j] = flags[j][i] = True
-    return flags
+    return pairwise_flags([_parts(t) for t in checked_texts(texts)], _disagree)
 
 
 def either_pair_flags(texts: Sequence[str]) -> list[list[bool]]:

@@ -132,16 +132,17 @@ def checked_texts(texts) -> list[str]:
 def pair_flags(texts) -> list[list[bool]]:
     """Symmetric S×S conflict flags for one store (diagonal False); each text is analysed once.
     A TypeError for a single string or a text that is not one (``checked_texts``)."""
-    return _flags_of([analyse(t) for t in checked_texts(texts)])
+    return pairwise_flags([analyse(t) for t in checked_texts(texts)])
 
 
-def _flags_of(an: list) -> list[list[bool]]:
-    """The symmetric flags of analysed texts: each pair compared once, the diagonal False."""
-    n = len(an)
+def pairwise_flags(items: list, conflicts: Callable[[Any, Any], bool] = analyses_conflict) -> list[list[bool]]:
+    """The symmetric flags of ``items`` (analysed texts, by default): each pair compared once by
+    ``conflicts``, the diagonal False."""
+    n = len(items)
     out = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            out[i][j] = out[j][i] = analyses_conflict(an[i], an[j])
+            out[i][j] = out[j][i] = conflicts(items[i], items[j])
     return out
 
 
@@ -191,7 +192,7 @@ def recent_analysis(text: str):
 def pair_flags_recent(texts) -> list[list[bool]]:
     """``pair_flags``, the same flags, with the analyses of recently seen texts reused (see
     ``ANALYSES_KEPT``): for a few texts at a time, most of them seen before."""
-    return _flags_of([recent_analysis(t) for t in texts])
+    return pairwise_flags([recent_analysis(t) for t in texts])
 
 
 def checked_flags(got: Any, n: int, name: str = "conflict") -> np.ndarray:
