@@ -41,22 +41,9 @@ def cpu_bf16_kind() -> str | None:
     Also part of the backend's cache key (``Embedder``): AMX and AVX512-BF16 accumulate in different
     orders, so their bfloat16 vectors differ in the last bits, and one cache must not mix them.
     """
-    global _BF16_KIND
-    if _BF16_KIND is None:
-        flags: set[str] = set()
-        try:
-            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
-        _BF16_KIND = next((k for k in ("amx_bf16", "avx512_bf16") if k in flags), "")
-    return _BF16_KIND or None
+    from mdl_jax.engines.cpu import cpu_flags  # the flags line, read once per process
 
-
-_BF16_KIND: str | None = None
+    return next((k for k in ("amx_bf16", "avx512_bf16") if k in cpu_flags()), None)
 
 
 def import_openvino():
