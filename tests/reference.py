@@ -14,6 +14,7 @@ import numpy as np
 
 from mdl_jax.controller import api
 from mdl_jax.controller.config import MDLConfig
+from mdl_jax.signals.conflict import pair_flags_recent
 
 # The pure-JAX definition as one jitted function of (signals, config pytree), without decide's checks,
 # packing or engines: what the engines' parity tests compare with.
@@ -80,3 +81,9 @@ def numpy_store_signals(q, mem, flags, threshold=0.3):
     phi = n_conf / len(sims)
     R = min(max(float(np.mean(sims)) * (1 - phi) ** 2, 0.0), 1.0)
     return M, R, phi, len(rel)
+
+
+def relevant_flags(texts, r):
+    """The lexical flags of the memories ``r`` of ``texts`` (indices), as ``aggregate_small``'s callable
+    ``flags`` takes them: the reference the small-store path's flags are checked against."""
+    return pair_flags_recent([texts[i] for i in r])

@@ -10,6 +10,7 @@ import pytest
 
 from mdl_jax.signals import aggregation as ag
 from mdl_jax.signals import dots_native as dn
+from tests.reference import relevant_flags
 
 needs_native = pytest.mark.skipif(not dn.available(), reason=f"native dot products: {dn.status()}")
 
@@ -107,7 +108,7 @@ def test_every_small_path_gives_the_same_bits_with_either_products():
             for b, s in enumerate(stores):
                 few = ag.small_signals(q[b:b + 1], [s], U, index)
                 ref = ag.aggregate_small(q[b], U[[index[t] for t in s]],
-                                         functools.partial(ag._relevant_flags, s))
+                                         functools.partial(relevant_flags, s))
                 for k, r in zip(("M", "R", "phi", "n_relevant"), ref):
                     want = np.asarray(r, bulk[k].dtype).tobytes()
                     assert bulk[k][b].tobytes() == few[k][0].tobytes() == want, (products, k, b)

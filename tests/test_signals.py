@@ -503,7 +503,8 @@ def test_stacked_small_path_is_aggregate_small_bit_for_bit_and_batch_invariant(s
     in the call: whatever its neighbours, sizes mixed, the default and a custom detector."""
     import functools
 
-    from mdl_jax.signals.aggregation import _relevant_flags, aggregate_small, small_signals
+    from mdl_jax.signals.aggregation import aggregate_small, small_signals
+    from tests.reference import relevant_flags
 
     rng = np.random.default_rng(seed)
     adj = ("safe", "not safe", "dangerous", "true", "false")
@@ -520,7 +521,7 @@ def test_stacked_small_path_is_aggregate_small_bit_for_bit_and_batch_invariant(s
     got = small_signals(q, stores, U, index, conflict=conflict)
     for b, s in enumerate(stores):
         alone = small_signals(q[b:b + 1], [s], U, index, conflict=conflict)
-        fl = (np.asarray(pair_flags(s)) if s else None) if custom else functools.partial(_relevant_flags, s)
+        fl = (np.asarray(pair_flags(s)) if s else None) if custom else functools.partial(relevant_flags, s)
         ref = aggregate_small(q[b], U[[index[t] for t in s]], fl)
         for k, r in zip(("M", "R", "phi", "n_relevant"), ref):  # bytes: -0.0 is not +0.0 here
             want = np.asarray(r, got[k].dtype).tobytes()
@@ -533,13 +534,14 @@ def test_a_clipped_zero_is_positive_zero_on_every_small_path():
     row's bytes (not only its value) are the same whatever its call (found by an adversarial probe)."""
     import functools
 
-    from mdl_jax.signals.aggregation import _relevant_flags, aggregate_small, small_signals
+    from mdl_jax.signals.aggregation import aggregate_small, small_signals
+    from tests.reference import relevant_flags
 
     texts = ["item 1 is safe for group 0", "item 1 is not safe for group 0"]
     U = np.array([[0.6, 0.8], [0.6, -0.8]], np.float32)
     index = {t: i for i, t in enumerate(texts)}
     q = np.array([[1.0, 0.0]], np.float32)
-    ref = aggregate_small(q[0], U, functools.partial(_relevant_flags, texts))
+    ref = aggregate_small(q[0], U, functools.partial(relevant_flags, texts))
     for B in (1, 3, 5, 40):
         got = small_signals(np.repeat(q, B, 0), [texts] * B, U, index)
         assert got["phi"].tolist() == [1.0] * B and got["R"].tolist() == [0.0] * B

@@ -40,7 +40,6 @@ from mdl_jax.signals.conflict import (
     analyses_conflict,
     checked_conflict,
     pair_flags,
-    pair_flags_recent,
     recent_analysis,
 )
 
@@ -98,10 +97,6 @@ def _upper(n: int) -> np.ndarray:
     m = np.triu(np.ones((n, n), bool), 1)
     m.flags.writeable = False
     return m
-
-
-def _relevant_flags(texts: Sequence[str], r: np.ndarray) -> list[list[bool]]:
-    return pair_flags_recent([texts[i] for i in r])
 
 
 def aggregate_small(q: np.ndarray, mem: np.ndarray,
