@@ -57,17 +57,13 @@ def _load():
     handle = lib.MdlLexNew(*args, ctypes.c_double(_py.MIN_SHARED))
     if not handle:
         raise _native.NativeBuildError("the conflict library refused conflict.py's word lists")
-    return lib, handle
+    return {"lib": lib, "handle": handle, "fn": lib.MdlLexFlags}
 
 
 def available(warn: bool = True) -> bool:
     """True when the native detector is loaded (built on the first call); False: the Python one runs.
     A failed build warns once, on the first call with ``warn``."""
-    def load():
-        lib, handle = _load()
-        return {"lib": lib, "handle": handle, "fn": lib.MdlLexFlags}
-
-    return _native.load_once(_STATE, _LOCK, load, "native conflict detector", "the Python one", warn)
+    return _native.load_once(_STATE, _LOCK, _load, "native conflict detector", "the Python one", warn)
 
 
 def _prepare(t: str) -> str:

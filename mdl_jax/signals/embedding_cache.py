@@ -8,6 +8,7 @@ once, apart from how the vectors are computed (``embeddings``). The file's forma
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -37,6 +38,10 @@ def text_key(text: str) -> bytes:
 # SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xFF``) that EmbeddingCache acts on
 _SQLITE_CORRUPT = {11, 26}       # SQLITE_CORRUPT ("malformed"), SQLITE_NOTADB ("file is not a database")
 _SQLITE_NO_WRITE = {3, 8, 14}    # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN (a folder it cannot write)
+# The file's tables; ``dims`` holds each model id's vector size, written with its vectors: a row of another
+# size (damaged, or left by another model once at the same local path) is never served.
+_TABLES = ("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, PRIMARY KEY (model, key));"
+           "CREATE TABLE IF NOT EXISTS dims (model TEXT PRIMARY KEY, dim INTEGER);")
 
 
 def _sqlite_code(e: BaseException) -> int | None:
@@ -79,10 +84,8 @@ class EmbeddingCache:
 
     # -- opening, and what to do with a damaged or unwritable file ------------------------------------
     def _open(self) -> sqlite3.Connection:
-        try:
+        with contextlib.suppress(OSError):  # a folder that cannot be made: nothing to read either, see below
             make_private_folders(self.path.parent)
-        except OSError:
-            pass  # a folder that cannot be made: nothing to read either, see below
         untrusted = _untrusted(self.path)
         if untrusted:
             return self._in_memory(untrusted)
@@ -111,12 +114,7 @@ class EmbeddingCache:
             # WAL + NORMAL: a commit survives the process being killed (resumable runs), not a power cut
             # (the last vectors would be embedded again); FULL's fsync per commit would dominate a small call
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, "
-                       "PRIMARY KEY (model, key))")
-            # each model id's vector size, written with its vectors: a row of another size (damaged, or
-            # left by another model once at the same local path) is never served
-            db.execute("CREATE TABLE IF NOT EXISTS dims (model TEXT PRIMARY KEY, dim INTEGER)")
-            db.commit()
+            db.executescript(_TABLES)
         except BaseException:
             db.close()
             raise
@@ -154,8 +152,7 @@ class EmbeddingCache:
         self.read_only = False
         self._inode = None
         db = sqlite3.connect(":memory:", check_same_thread=False)
-        db.execute("CREATE TABLE emb (model TEXT, key BLOB, vec BLOB, PRIMARY KEY (model, key))")
-        db.execute("CREATE TABLE dims (model TEXT PRIMARY KEY, dim INTEGER)")
+        db.executescript(_TABLES)
         return db
 
     def _set_aside(self, err: BaseException, seen: tuple[int, int] | None) -> bool:
@@ -178,10 +175,8 @@ class EmbeddingCache:
         except OSError:
             return False
         for suffix in ("-wal", "-shm"):  # a WAL left by the damaged file must never be replayed into the new one
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
-            except OSError:
-                pass
         warnings.warn(f"embedding cache {self.path} is damaged ({' '.join(str(err).split())[:200]}); it was "
                       f"set aside as {aside.name} and a new cache is built in its place (its texts are "
                       "embedded again)", RuntimeWarning, stacklevel=2)
