@@ -271,14 +271,14 @@ def replay_table(r: Replay, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
             row["mde"] = mde
         rows.append(row)
 
-    def in_acc(correct) -> float:
-        return float(np.mean(correct))
+    def mean(column) -> float:
+        return float(np.mean(column))
 
     by_name = {p.name: p for p in r.policies}
     for p in r.policies:
-        put(p.name, "In-Accuracy", metrics.bootstrap(in_acc, p.correct, groups=g, n_boot=n_boot, seed=seed))
-        put(p.name, "coverage", metrics.bootstrap(lambda a: float(np.mean(a)), p.answered.astype(float),
-                                                   groups=g, n_boot=n_boot, seed=seed))
+        put(p.name, "In-Accuracy", metrics.bootstrap(mean, p.correct, groups=g, n_boot=n_boot, seed=seed))
+        put(p.name, "coverage", metrics.bootstrap(mean, p.answered.astype(float), groups=g, n_boot=n_boot,
+                                                   seed=seed))
         put(p.name, "selective accuracy",
             metrics.bootstrap(metrics.selective_accuracy, p.correct, ~p.answered, groups=g, n_boot=n_boot,
                               seed=seed))
@@ -290,7 +290,7 @@ def replay_table(r: Replay, *, n_boot: int = 1000, seed: int = 0) -> list[dict]:
                                   groups=g, n_boot=n_boot, seed=seed))
         for ref in REFERENCES:
             if p.name != ref and ref in by_name:
-                d = metrics.paired_difference(in_acc, (p.correct,), (by_name[ref].correct,), g,
+                d = metrics.paired_difference(mean, (p.correct,), (by_name[ref].correct,), g,
                                               n_boot=n_boot, seed=seed)
                 put(p.name, f"In-Accuracy − {ref}", d, d.mde)
     return rows

@@ -253,31 +253,25 @@ def summary_markdown(rows: Sequence[Mapping]) -> str:
         r = by.get(key)
         return "—" if r is None or _num(r["value"]) is None else _ci({k: _num(r[k]) for k in ("value", "lo", "hi")})
 
+    def table(title: str, gates: Sequence[str], data_sets: list, n_of: tuple, text: Callable) -> list[str]:
+        # one row a data set, its n from the (gate, metric) ``n_of``, one cell a gate
+        return [title, "", "| data set | n | " + " | ".join(gates) + " |", "|---|---|" + "---|" * len(gates),
+                *(f"| {d} | {by[(d, *n_of)]['n']} | " + " | ".join(text(d, g) for g in gates) + " |"
+                  for d in data_sets), ""]
+
     L: list[str] = []
     for metric in ("decision accuracy", "AUROC"):
-        L += [f"**{metric}** (evaluated memory sets; 95% question-bootstrap intervals)", "",
-              "| data set | n | " + " | ".join(SUMMARY_FREE) + " |", "|---|---|" + "---|" * len(SUMMARY_FREE)]
-        for d in free:
-            n = by[(d, "MDL (paper defaults)", "decision accuracy")]["n"]
-            L.append(f"| {d} | {n} | " + " | ".join(cell((d, g, metric)) for g in SUMMARY_FREE) + " |")
-        L.append("")
+        L += table(f"**{metric}** (evaluated memory sets; 95% question-bootstrap intervals)", SUMMARY_FREE, free,
+                   ("MDL (paper defaults)", "decision accuracy"), lambda d, g, metric=metric: cell((d, g, metric)))
     ab = [d for d in sets if (d, "MDL (paper defaults)", "abstention F1") in by]
     if ab:
-        gates = ("MDL (paper defaults)", "MDL calibrated", "MDL tuned")
-        L += ["**Abstention** (MDL's Opt-Out against \"should abstain\": F1 / over-refusal)", "",
-              "| data set | n | " + " | ".join(gates) + " |", "|---|---|" + "---|" * len(gates)]
-        for d in ab:
-            n = by[(d, "MDL (paper defaults)", "abstention F1")]["n"]
-            L.append(f"| {d} | {n} | " + " | ".join(
-                f"{cell((d, g, 'abstention F1'))} / {cell((d, g, 'over-refusal'))}" for g in gates) + " |")
-        L.append("")
+        L += table("**Abstention** (MDL's Opt-Out against \"should abstain\": F1 / over-refusal)",
+                   ("MDL (paper defaults)", "MDL calibrated", "MDL tuned"), ab, ("MDL (paper defaults)", "abstention F1"),
+                   lambda d, g: f"{cell((d, g, 'abstention F1'))} / {cell((d, g, 'over-refusal'))}")
     if rep:
-        L += ["**In-Accuracy** (AdaRAGUE's protocol, Llama-3.1-8B-Instruct's answers; MDL only where passages exist)",
-              "", "| data set | n | " + " | ".join(SUMMARY_REPLAY) + " |", "|---|---|" + "---|" * len(SUMMARY_REPLAY)]
-        for d in rep:
-            n = by[(d, "never retrieve", "In-Accuracy")]["n"]
-            L.append(f"| {d} | {n} | " + " | ".join(cell((d, g, "In-Accuracy")) for g in SUMMARY_REPLAY) + " |")
-        L.append("")
+        L += table("**In-Accuracy** (AdaRAGUE's protocol, Llama-3.1-8B-Instruct's answers; MDL only where passages "
+                   "exist)", SUMMARY_REPLAY, rep, ("never retrieve", "In-Accuracy"),
+                   lambda d, g: cell((d, g, "In-Accuracy")))
     return "\n".join(L)
 
 

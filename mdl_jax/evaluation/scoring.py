@@ -94,11 +94,8 @@ def fit_threshold(adopt_score, adopt) -> float | None:
     Raises:
       ValueError: a NaN or infinite score (naming its index).
     """
-    s = np.asarray(adopt_score, np.float64)
+    s = _finite_scores("adopt_score", adopt_score)
     y = np.asarray(adopt).astype(bool)
-    if not np.isfinite(s).all():
-        raise ValueError(f"adopt_score: expected finite scores, got a NaN or infinity at index "
-                         f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
     if len(s) < MIN_CALIBRATION or y.all() or not y.any():
         return None
     cand = np.r_[np.unique(s), np.inf]
@@ -111,6 +108,14 @@ def fit_threshold(adopt_score, adopt) -> float | None:
     right = (adopt_cum[-1] - adopt_cum[below]) + rej_cum[below]
     best = np.flatnonzero(right == right.max())
     return float(cand[best[(len(best) - 1) // 2]])
+
+
+def _finite_scores(name: str, scores) -> np.ndarray:
+    s = np.asarray(scores, np.float64)
+    if not np.isfinite(s).all():
+        raise ValueError(f"{name}: expected finite scores, got a NaN or infinity at index "
+                         f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
+    return s
 
 
 @dataclass(frozen=True)
@@ -278,10 +283,7 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
         s = np.asarray(col, np.float64)
         if s.shape != (n,):
             raise ValueError(f"extra[{name!r}]: expected {n} scores (one per memory set), got shape {s.shape}")
-        if not np.isfinite(s).all():
-            raise ValueError(f"extra[{name!r}]: expected finite scores, got a NaN or infinity at index "
-                             f"{int(np.flatnonzero(~np.isfinite(s))[0])}")
-        user[name] = s
+        user[name] = _finite_scores(f"extra[{name!r}]", s)
     adopt_lab = _label([it.should_adopt for it in items])
     abstain_lab = _label([it.should_abstain for it in items])
     has_memories = np.array([bool(it.memories) for it in items])

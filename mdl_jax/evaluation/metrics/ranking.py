@@ -99,8 +99,7 @@ def auroc(score, label, *, higher_is: str = "positive") -> float:
       ValueError: a column that is not 1-D, lengths that differ, a label that is not binary, a NaN or
         infinite score, or an unknown ``higher_is``, naming the argument.
     """
-    s = score_column(score, "score", higher_is=higher_is)
-    return auroc_of(s, binary(label, "label", len(s)))
+    return auroc_of(*_prep(score, label, higher_is))
 
 
 def auprc(score, label, *, higher_is: str = "positive") -> float:
@@ -118,12 +117,11 @@ def auprc(score, label, *, higher_is: str = "positive") -> float:
     Raises:
       ValueError: as ``auroc``.
     """
+    return auprc_of(*_prep(score, label, higher_is))
+
+
+def _prep(score, label, higher_is: str = "positive") -> tuple[np.ndarray, np.ndarray]:
     s = score_column(score, "score", higher_is=higher_is)
-    return auprc_of(s, binary(label, "label", len(s)))
-
-
-def _prep(score, label) -> tuple[np.ndarray, np.ndarray]:
-    s = score_column(score, "score")
     return s, binary(label, "label", len(s))
 
 

@@ -188,17 +188,16 @@ def aurc(correct, score, *, higher_is: str = "positive") -> float:
     Raises:
       ValueError: as ``auroc``, for ``correct`` and ``score``.
     """
-    c = binary(correct, "correct")
-    return aurc_of(c, score_column(score, "score", len(c), higher_is))
+    return aurc_of(*_prep_aurc(correct, score, higher_is))
 
 
 def _prep_coverage(abstained) -> tuple[np.ndarray]:
     return (binary(abstained, "abstained"),)
 
 
-def _prep_aurc(correct, score) -> tuple[np.ndarray, np.ndarray]:
+def _prep_aurc(correct, score, higher_is: str = "positive") -> tuple[np.ndarray, np.ndarray]:
     c = binary(correct, "correct")
-    return c, score_column(score, "score", len(c))
+    return c, score_column(score, "score", len(c), higher_is)
 
 
 KERNELS: dict[Callable[..., Any], Kernel] = {
