@@ -55,12 +55,17 @@ def surrogate_fault(text: str) -> str | None:
 
 def check_query(name: str, q) -> str:
     """``q`` if it is a non-empty string of Unicode text, else a ValueError that begins with ``name``."""
-    if not isinstance(q, str) or not q.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {q!r}"[:200])
-    why = surrogate_fault(q)
+    return _text(name, q, "a non-empty string")
+
+
+def _text(name: str, x, what: str) -> str:
+    # ``x`` if it is a non-empty string of Unicode text, else a ValueError naming ``name`` and ``what``
+    if not isinstance(x, str) or not x.strip():
+        raise ValueError(f"{name}: expected {what}, got {x!r}"[:200])
+    why = surrogate_fault(x)
     if why:
         raise ValueError(f"{name}: {why}")
-    return q
+    return x
 
 
 def memory_texts(name: str, memories) -> list[str]:
@@ -86,12 +91,7 @@ def memory_texts(name: str, memories) -> list[str]:
                 raise ValueError(f"{name}[{j}]: a memory dict needs a 'text' field "
                                  f"(got fields {sorted(map(str, m))})")
             m = m["text"]
-        if not isinstance(m, str) or not m.strip():
-            raise ValueError(f"{name}[{j}]: expected a non-empty memory text, got {m!r}"[:200])
-        why = surrogate_fault(m)
-        if why:
-            raise ValueError(f"{name}[{j}]: {why}")
-        texts.append(m)
+        texts.append(_text(f"{name}[{j}]", m, "a non-empty memory text"))
     return texts
 
 

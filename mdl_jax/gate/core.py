@@ -175,19 +175,6 @@ def _make_config(config) -> MDLConfig:
                      f"{type(config).__name__}")
 
 
-def _signal_columns(M, R, A, phi, n_relevant, d: dict) -> dict[str, np.ndarray]:
-    """``decide_signals``' columns from the signals and a decision's fields (NumPy, one row each)."""
-    n = len(M)
-    e = d["energies"]
-    out = {"action": d["action"], "M": M, "R": R, "A": A,
-           "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
-           "C": d["C"], "alpha": d["alpha"], "C_final": d["C_final"],
-           "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
-    if n_relevant is not None:
-        out["n_relevant"] = np.asarray(n_relevant, np.int32)
-    return out
-
-
 def _jsonable(x):
     # A memory's metadata as JSON kinds (built-in types: any JSON writer takes them): NumPy scalars as
     # Python's, arrays, sets and other sequences (a stored vector, a pandas Series) as lists, dates in
@@ -528,10 +515,14 @@ class MemoryGate:
         p = max(16, 1 << max(n - 1, 0).bit_length()) - n
         sig = [np.concatenate([x, np.full(p, 0.5, np.float32)]) if p else x for x in (M, R, A)]
         d = api.decide(sig[0], sig[1], sig[2], self.config, engine="auto")
-        return _signal_columns(M, R, A, phi, n_relevant, {
-            "action": np.asarray(d.action, np.int32)[:n], "C": np.asarray(d.C, np.float32)[:n],
-            "alpha": np.asarray(d.alpha, np.float32)[:n], "C_final": np.asarray(d.C_final, np.float32)[:n],
-            "energies": np.asarray(d.energies, np.float32)[:n]})
+        e = np.asarray(d.energies, np.float32)[:n]
+        out = {"action": np.asarray(d.action, np.int32)[:n], "M": M, "R": R, "A": A,
+               "phi": np.zeros(n, np.float32) if phi is None else np.asarray(phi, np.float32),
+               "C": np.asarray(d.C, np.float32)[:n], "alpha": np.asarray(d.alpha, np.float32)[:n],
+               "C_final": np.asarray(d.C_final, np.float32)[:n], "E_wm": e[:, 0], "E_r": e[:, 1], "E_a": e[:, 2]}
+        if n_relevant is not None:
+            out["n_relevant"] = np.asarray(n_relevant, np.int32)
+        return out
 
     # -- decisions ---------------------------------------------------------------------------------
     def decide_batch(self, queries: Sequence[str], memories_lists: Sequence[Sequence],
@@ -558,10 +549,7 @@ class MemoryGate:
     def _decisions(self, qs: list[str], texts: list[list[str]], memories_lists: Sequence[Sequence],
                    A: np.ndarray, progress: bool = False) -> list[GateDecision]:
         # decide_batch after its checks (decide checks its own arguments, under their own names)
-        sig = memory_signals(qs, texts, self.embedder, conflict=self.conflict,
-                             threshold=self.relevance_threshold, progress=progress, engine="auto",
-                             validate=False)
-        cols = self.decide_signals(sig["M"], sig["R"], A, phi=sig["phi"])
+        cols = self.columns_checked(qs, texts, A, progress=progress)
         rows = [cols[k].tolist() for k in SCALARS]  # one conversion per column, not per value
         acts = list(Action)  # Action(i) is acts[i]: a list index, not an enum call per row
         with collector_paused(len(qs)):
