@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import os
 import shutil
 import sys
@@ -377,8 +378,8 @@ def _stream(gate: MemoryGate, plan: _Plan, man: dict, tqdm) -> None:
     total = parquet_file(Path(job.input)).metadata.num_rows if kind == "parquet" else None
     readers: list = []  # what digests the input as it is read (a CSV file's bytes, a Hub dataset's rows)
     expect = man["parts"][-1].get("input") if man["parts"] and kind == "hf-hub" else None
-    rows = None if kind == "jsonl" else _Peek(iter_rows(job.input, kind, start=start, split=job.split,
-                                                        chunk=C, on_open=readers.append, expect=expect))
+    rows = None if kind == "jsonl" else iter_rows(job.input, kind, start=start, split=job.split, chunk=C,
+                                                  on_open=readers.append, expect=expect)
     bar = tqdm(total=total, initial=start, desc="mdl-jax gate", unit="row", file=sys.stderr,
                disable=job.no_progress)
     try:  # the bar ends its line, also when the run stops: an error is printed on a line of its own
@@ -391,22 +392,18 @@ def _stream_parts(gate: MemoryGate, plan: _Plan, man: dict, rows, readers: list,
     C, work = plan.chunk, plan.work
     k = len(man["parts"])
     kept = sum(len(p["bad"]) for p in man["parts"])
-    parts = jsonl_parts(Path(plan.job.input), k, C) if plan.kind == "jsonl" else None
+    # part k holds input rows [k·C, (k+1)·C); the other readers yield every row, numbered in order, so a
+    # part is one run of rows whose number // C is k (read as the part is taken)
+    parts = (jsonl_parts(Path(plan.job.input), k, C) if plan.kind == "jsonl"
+             else (list(run) for _, run in itertools.groupby(rows, key=lambda r: r[0] // C)))
     while True:
-        # part k holds input rows [k·C, (k+1)·C): read until the next row belongs to part k + 1
         lo, hi = k * C, (k + 1) * C
         # the collector off while a part's rows (a few objects each, none in a cycle) are read and
         # decided: it walked them ~every 700 allocations (see collector_paused); on again for the write
         with collector_paused(C):
-            batch: Any
-            if parts is not None:
-                batch = next(parts, None)
-                if batch is None:
-                    break
-            else:
-                batch = list(_take_until(rows, hi))
-                if not batch and _exhausted(rows):
-                    break
+            batch: Any = next(parts, None)
+            if batch is None:
+                break
             recs, counts, bad = _decide_chunk(gate, plan, batch)
             while _backend_changed(gate, man, work):  # nothing written yet: the run takes the new backend
                 recs, counts, bad = _decide_chunk(gate, plan, batch)
@@ -454,47 +451,10 @@ def _backend_changed(gate, man: dict, work: Path) -> bool:
         f"command again to resume with {then}, or remove {work} and run with --embed-backend {now}")
 
 
-class _Peek:
-    """An iterator with one row of look-ahead (to cut the stream at part boundaries)."""
-
-    def __init__(self, it):
-        self.it, self.head, self.done = it, None, False
-
-    def peek(self):
-        if self.head is None and not self.done:
-            try:
-                self.head = next(self.it)
-            except StopIteration:
-                self.done = True
-        return self.head
-
-    def pop(self):
-        h = self.peek()
-        self.head = None
-        return h
-
-
-def _take_until(rows, hi):
-    while True:
-        h = rows.peek()
-        if h is None or h[0] >= hi:
-            return
-        yield rows.pop()
-
-
-def _exhausted(rows) -> bool:
-    return rows.peek() is None
-
-
 def _summary(man: dict, out: Path) -> None:
-    counts = {name: 0 for name in ACTION_NAMES.values()}
-    bad: list[str] = []
-    n_bad = 0
-    for p in man["parts"]:
-        for k, v in p["counts"].items():
-            counts[k] += v
-        bad += p["bad"]
-        n_bad += p["n_bad"]
+    counts = {name: sum(p["counts"][name] for p in man["parts"]) for name in ACTION_NAMES.values()}
+    bad = [m for p in man["parts"] for m in p["bad"]]
+    n_bad = sum(p["n_bad"] for p in man["parts"])
     n = sum(counts.values())
     line = ", ".join(f"{k} {v}" for k, v in counts.items())
     backend = (man.get("args") or {}).get("embed_backend")
