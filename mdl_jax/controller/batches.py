@@ -89,13 +89,6 @@ def check_batch(configs: MDLConfig, K: int) -> None:
     Raises:
       ValueError: naming the field, what was expected and the first bad config's index.
     """
-    def bad(f, mask, what):
-        idx = np.argwhere(mask)[0]
-        k = int(idx[0])
-        v = np.asarray(getattr(configs, f))[k]
-        shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
-        raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
-
     # Each leaf's per-config shape, as the field declares it (a (K, 2) thresholds would otherwise be
     # read as two thresholds and a default, or fail deep inside the program)
     leaves = {f: _leaf(configs, f) for f in NUMERIC_FIELDS}
@@ -108,8 +101,12 @@ def check_batch(configs: MDLConfig, K: int) -> None:
     values = {f: a.reshape(K, -1) for f, a in leaves.items()}
     values = {f: (v if f in _SIZES else v[:, 0] if v.shape[1] == 1 else v) for f, v in values.items()}
     for f, mask, what, _ in _config.field_violations(values):
-        # a per-coordinate field (a (K, D) bias): a config is bad if any of its values is
-        bad(f, np.reshape(mask, (K, -1)).any(1), what)
+        # the first bad config (field_violations lists only rules some config breaks); a per-coordinate
+        # field (a (K, D) bias): a config is bad if any of its values is
+        k = int(np.argmax(np.reshape(mask, (K, -1)).any(1)))
+        v = np.asarray(getattr(configs, f))[k]
+        shown = plain(v) if np.ndim(v) == 0 else "(" + ", ".join(plain(x) for x in v) + ")"
+        raise ValueError(f"{f}: expected {what}; config {k} of the batch has {f} = {shown}")
 
 
 def as_batch(cfg: MDLConfig) -> tuple[MDLConfig, int, bool]:

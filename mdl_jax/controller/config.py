@@ -373,14 +373,6 @@ def _real(name: str, value) -> np.ndarray | None:
     return arr
 
 
-def _fail(name: str, what: str, value, bad: np.ndarray) -> None:
-    # ``bad`` holds one flag per config: 0-d for one config, (K, ...) for a batch of configs, so the
-    # message can say which config of the batch is the first wrong one.
-    if np.any(bad):
-        where = "" if np.ndim(bad) == 0 else f" (first at index {first_index(bad)})"
-        raise ValueError(f"{name}: expected {what}, got {_short(value)}{where}")
-
-
 def _short(value) -> str:
     # one line, bounded: a batch of configs can hold thousands of values. NumPy scalars print as the
     # number a user wrote (0.5, not np.float32(0.5)).
@@ -409,7 +401,10 @@ def _check_numeric(cfg: MDLConfig) -> None:
     for name, bad, what, ref in field_violations(v):
         if ref is not None:
             what += f" ({ref}={_short(getattr(cfg, ref))})"
-        _fail(name, what, getattr(cfg, name), bad)
+        # ``bad`` holds one flag per config (field_violations lists only rules some config breaks): 0-d
+        # for one config, (K, ...) for a batch of configs, so the message says which is the first wrong one
+        where = "" if np.ndim(bad) == 0 else f" (first at index {first_index(bad)})"
+        raise ValueError(f"{name}: expected {what}, got {_short(getattr(cfg, name))}{where}")
 
 
 def per_config_cache(fn: Callable | None = None, *, maxsize: int = 64, unhashable: Callable | None = None):
