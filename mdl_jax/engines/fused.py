@@ -139,15 +139,11 @@ def _arrays_on_gpu(arrays) -> bool:
 
 
 def usable(cfg: MDLConfig, arrays=()) -> bool | str:
-    """May ``decide`` run this config on the kernel here? False, True, or "interpret"."""
-    m = mode()
-    if m == "off" or failed() is not None:
+    """May ``decide`` run this config on the kernel here? False, True, or "interpret" (``why_not``'s
+    answer as a flag)."""
+    if why_not(cfg, arrays) is not None:
         return False
-    if m == "auto" and not (on_gpu_backend() and _arrays_on_gpu(arrays)):
-        return False  # the cheap questions first: on the CPU this is all decide pays
-    if not supports(cfg):
-        return False
-    return "interpret" if m == "interpret" else True
+    return "interpret" if mode() == "interpret" else True
 
 
 def sweep_usable(cfg: MDLConfig) -> bool:
