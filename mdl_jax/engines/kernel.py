@@ -143,16 +143,15 @@ def load_variant(variant: str) -> dict:
       NativeBuildError: the CPU cannot run it, or the build fails.
     """
     with _LOCK:
-        if variant in _VARIANTS:
-            return {k: v for k, v in _VARIANTS[variant].items() if k != "lib"}
-        if variant not in cpu.available_isas():
-            raise NativeBuildError(f"the {variant} variant does not run on this CPU ({platform.machine()})")
-        path = library_path(variant=variant)
-        lib = load_library(path, lambda out: build(out, variant))
-        d, w = f"{TARGET}_{variant}", f"{SWEEP_TARGET}_{variant}"
-        _register(lib, d, w)
-        _VARIANTS[variant] = {"lib": lib, "path": str(path), "decide": d, "sweep": w,
-                              "lanes": int(lib.MdlLanes())}
+        if variant not in _VARIANTS:
+            if variant not in cpu.available_isas():
+                raise NativeBuildError(f"the {variant} variant does not run on this CPU ({platform.machine()})")
+            path = library_path(variant=variant)
+            lib = load_library(path, lambda out: build(out, variant))
+            d, w = f"{TARGET}_{variant}", f"{SWEEP_TARGET}_{variant}"
+            _register(lib, d, w)
+            _VARIANTS[variant] = {"lib": lib, "path": str(path), "decide": d, "sweep": w,
+                                  "lanes": int(lib.MdlLanes())}
         return {k: v for k, v in _VARIANTS[variant].items() if k != "lib"}
 
 

@@ -145,9 +145,7 @@ def _signals(name: str, items, gate, out: Path, progress: bool) -> dict[str, np.
 
 
 def _csv(rows: Sequence[Mapping], path: Path) -> None:
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
+    keys = list(dict.fromkeys(k for r in rows for k in r))   # every row's columns, in order of appearance
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
     w.writeheader()
