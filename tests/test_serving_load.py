@@ -421,6 +421,22 @@ run_app(Starlette(routes=[Route("/answer", answer), Route("/stream", stream), Ro
 """
 
 
+@contextlib.contextmanager
+def answers_server(log: Path):
+    """ANSWERS_APP on a free port of 127.0.0.1 (its port), its log written to ``log``."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", ANSWERS_APP, str(SEND_TIMEOUT)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline() or 0)
+        assert port, log.read_text()
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_a_client_that_does_not_take_what_it_is_sent_is_reset_at_the_send_deadline(tmp_path):
     """What both servers run on (``connections.run_app``, the local model server's JSON answers
     included): an answer went into the server's buffers whole, and a client that read none of it kept
@@ -429,12 +445,7 @@ def test_a_client_that_does_not_take_what_it_is_sent_is_reset_at_the_send_deadli
     stream stalled that long, is reset there, one line logged for each; a client that reads gets a
     large answer whole, and a stream that runs longer than the deadline, read as it comes, whole."""
     log = tmp_path / "server.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", ANSWERS_APP, str(SEND_TIMEOUT)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        port = int(proc.stdout.readline() or 0)
-        assert port, log.read_text()
+    with answers_server(log) as port:
         url = f"http://127.0.0.1:{port}"
         r = httpx.get(url + "/answer", timeout=30)
         assert r.status_code == 200 and r.content == b"x" * (8 << 20)
@@ -458,9 +469,29 @@ def test_a_client_that_does_not_take_what_it_is_sent_is_reset_at_the_send_deadli
         assert closed[0] >= SEND_TIMEOUT - 0.5, f"closed after {closed[0]:.1f} s, before the deadline"
         said = [x for x in log.read_text().splitlines() if "not taken within" in x]
         assert len(said) == 2 and all(f"within {SEND_TIMEOUT:g} s" in x for x in said), said
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def test_a_slow_but_steady_reader_of_a_big_answer_is_not_cut_off_at_the_send_deadline(tmp_path):
+    """The deadline is for a client that takes nothing: one reading an 8 MiB answer steadily, at a pace
+    that needs about twice send_timeout_s, was reset at the deadline mid-answer (the clock ran from
+    the write, whatever the client took since). The clock starts again each time some has gone out."""
+    log = tmp_path / "server.log"
+    rate = (8 << 20) / (2 * SEND_TIMEOUT)   # bytes a second: the whole answer in about 2 deadlines
+    with answers_server(log) as port:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        got, t = 0, time.monotonic()
+        try:
+            while data := s.recv(64 << 10):   # a reset here: cut off mid-answer
+                got += len(data)
+                time.sleep(max(0.0, got / rate - (time.monotonic() - t)))
+        finally:
+            s.close()
+        took = time.monotonic() - t
+    assert got > 8 << 20 and took > SEND_TIMEOUT + 1, (got, took)
+    assert "not taken within" not in log.read_text(), log.read_text()
 
 
 # --- the gateway before a hostile upstream -----------------------------------------------------------

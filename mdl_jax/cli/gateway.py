@@ -76,8 +76,8 @@ def register(sub) -> None:
                         "Runtime float32, where installed (the signals extra), else torch")
     p.add_argument("--timeout", type=_seconds, default=300.0,
                    help="seconds one whole upstream call may take, answer or stream included (then 502, "
-                        "or an error event ending the stream), and a client to take its answer (then it is "
-                        "disconnected)")
+                        "or an error event ending the stream), and a client may take none of its answer "
+                        "(then it is disconnected)")
     p.set_defaults(func=run)
 
 
@@ -113,6 +113,6 @@ def run(args) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     print(f"MDL gateway on http://{host}:{port}/v1 -> {gw.where}", flush=True)
-    # a client has as long to take its answer as the upstream had to give it
+    # a client may go as long without taking any of its answer as the upstream had to give it
     run_app(make_app(gw), sock, dataclasses.replace(LIMITS, send_timeout_s=args.timeout))
     return 0

@@ -146,18 +146,26 @@ def guarded_protocol(limits: Limits):
         # The send deadline. uvicorn waits for a client before a write, never after one: a whole answer
         # goes into the transport's buffer at once, and a close waits for the client to take it (asyncio
         # flushes first), so a client that read nothing kept the buffer and its connection for good.
+        # The deadline is for a client that takes nothing, not for one that reads slowly: a big answer to
+        # a slow but steady reader may take longer than it to go out, and each time some has gone the
+        # clock starts again.
         _send_timer: asyncio.TimerHandle | None = None
+        _send_left = 0  # the bytes waiting when the clock started
 
         def _send_clock(self, start: bool) -> None:
             if self._send_timer is not None:
                 self._send_timer.cancel()
             self._send_timer = self.loop.call_later(limits.send_timeout_s, self._send_expired) if start else None
+            self._send_left = self.transport.get_write_buffer_size() if start else 0
 
         def _send_expired(self) -> None:
             left = self.transport.get_write_buffer_size()
             # stuck: over the high-water mark, or an ended answer not yet gone (a later pipelined
             # answer on its way, not paused, is not)
             if not left or not (self.flow.write_paused or self.cycle is None or self.cycle.response_complete):
+                return
+            if left < self._send_left:  # some went out since the clock started: slow, not stopped
+                self._send_clock(True)
                 return
             self.logger.warning("closed the connection of %s: %d bytes of its answer not taken within %g s "
                                 "(send_timeout_s)", ":".join(map(str, self.client)) if self.client else "a client",

@@ -38,10 +38,11 @@ class Limits:
     max_body_bytes: int = 1 << 20       # a request body; larger → 413 before it is read
     body_timeout_s: float = 10.0        # the whole body must arrive within this (a short body under a
                                         # larger Content-Length would otherwise pin the connection) → 408
-    send_timeout_s: float = 300.0       # an answer must be taken by its client within this of being
-                                        # written, and a stream must not stall (over 64 KiB unsent) this
-                                        # long, else the connection is reset and its buffers freed (the
-                                        # gateway: its --timeout; the model server: --send-timeout)
+    send_timeout_s: float = 300.0       # a client that takes none of its answer for this long after it
+                                        # is written (a slow reader's clock restarts each time some goes
+                                        # out), or whose stream stalls this long with over 64 KiB unsent,
+                                        # is reset and its buffers freed (the gateway: its --timeout; the
+                                        # model server: --send-timeout)
     # A request with both Content-Length and Transfer-Encoding is answered 400 and its connection
     # closed (RFC 9112 §6.1): a proxy that frames by Content-Length would otherwise pass bytes that
     # the server reads as a second request (request smuggling).

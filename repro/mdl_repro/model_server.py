@@ -722,8 +722,8 @@ def main(argv=None) -> int:
     p.add_argument("--header-timeout", type=float, default=LIMITS.header_timeout_s,
                    help="seconds a connection may take to send a request's headers (then 408 and closed)")
     p.add_argument("--send-timeout", type=float, default=LIMITS.send_timeout_s,
-                   help="seconds a client has to take its answer, and a stream may stall unread (then "
-                        "its connection is reset)")
+                   help="seconds a client may take none of its answer, and a stream may stall unread "
+                        "(then its connection is reset)")
     p.add_argument("--max-connections", type=int, default=LIMITS.max_connections,
                    help="open connections at most (beyond: the oldest still sending headers is closed, else 503)")
     p.add_argument("--api-key", default=None,
