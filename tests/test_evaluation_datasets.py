@@ -436,6 +436,21 @@ def test_a_lone_surrogate_in_one_json_document_names_its_line_and_column(tmp_pat
         assert len(load_benchmark("selfaware", path=tmp_path)) == 3
 
 
+def test_a_one_document_file_with_paired_escapes_only_is_not_searched_escape_by_escape(tmp_path, monkeypatch):
+    """A file written with json.dump's ensure_ascii holds every emoji as two escapes: the search that
+    names a lone one's line and column walked each pair in Python, many times the parse, for
+    files that hold none. The decoded strings are checked first; the search runs for a file with one."""
+    from mdl_jax.evaluation.datasets import files
+
+    def searched(text):
+        raise AssertionError("searched escape by escape")
+
+    rows = ",\n".join(_EXAMPLE % (i, "\\ud83d\\ude00" * 20) for i in range(50))
+    _selfaware(tmp_path, rows)
+    monkeypatch.setattr(files, "_lone_escape", searched)
+    assert [it.question for it in load_benchmark("selfaware", path=tmp_path)][:1] == ["\U0001f600" * 20]
+
+
 def test_faitheval_fixture_from_the_hub_schema(tmp_path):
     _jsonl(tmp_path / "unanswerable.jsonl", [
         {"qid": "u1", "question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}])

@@ -221,11 +221,16 @@ def read_json(path: Path) -> Any:
         raise DataError(f"{path}: {e}") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply; expected one JSON document") from None
-    # one document is often the whole data set on a few lines: where, not just which file
-    at = _lone_escape(text) if _SURROGATE_ESCAPE.search(text) else None
-    if at is not None:
-        raise DataError(f"{path}, line {at[0]}, column {at[1]}: a string holds a lone surrogate ({at[2]!r}), "
-                        "which is not Unicode text; expected UTF-8 text")
+    if _SURROGATE_ESCAPE.search(text):
+        try:  # the decoded strings first: the escape-by-escape search runs only for a file with one
+            _check_strings(doc, str(path))
+        except DataError:
+            # one document is often the whole data set on a few lines: where, not just which file
+            at = _lone_escape(text)
+            if at is None:
+                raise
+            raise DataError(f"{path}, line {at[0]}, column {at[1]}: a string holds a lone surrogate "
+                            f"({at[2]!r}), which is not Unicode text; expected UTF-8 text") from None
     return doc
 
 
