@@ -112,8 +112,10 @@ def loads_unique(text: str) -> Any:
 
     Raises:
       DuplicateKeyError: a key stated twice in one object, naming it.
-      json.JSONDecodeError: not JSON.
+      json.JSONDecodeError: not JSON (a byte-order mark named as ``json.loads`` names it).
     """
+    if isinstance(text, str) and text.startswith("\ufeff"):  # json.loads checks this; its decoder does not
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     return _UNIQUE_KEYS.decode(text)
 
 

@@ -451,6 +451,17 @@ def test_a_one_document_file_with_paired_escapes_only_is_not_searched_escape_by_
     assert [it.question for it in load_benchmark("selfaware", path=tmp_path)][:1] == ["\U0001f600" * 20]
 
 
+def test_a_byte_order_mark_inside_a_json_lines_file_is_named(tmp_path):
+    """Two files joined by cat, the second with a byte-order mark: json.loads named the mark on its
+    line; the repeated-key reader said only "Expecting value"."""
+    from mdl_jax.evaluation.datasets.files import iter_jsonl
+
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"q": "a"}\n\ufeff{"q": "b"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"x\.jsonl, line 2: malformed JSON \(Unexpected UTF-8 BOM"):
+        list(iter_jsonl(path))
+
+
 def test_faitheval_fixture_from_the_hub_schema(tmp_path):
     _jsonl(tmp_path / "unanswerable.jsonl", [
         {"qid": "u1", "question": "Who wrote it?", "context": "A text about something else.", "answers": ["Ann"]}])

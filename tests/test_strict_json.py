@@ -92,3 +92,17 @@ def test_a_key_stated_twice_in_one_object_is_named_and_the_same_key_in_two_objec
         '[{"k": 1}, {"k": 2}, {"a": {"k": 3}, "k": 4}]')
     with pytest.raises(json.JSONDecodeError):
         loads_unique("{torn")
+
+
+@pytest.mark.parametrize("text", ["\ufeff{}", '{"a": 1}', "[1, 2.5, null]", '"\\ud83d\\ude00"', " 7 ", "{torn", ""])
+def test_the_files_reader_reads_and_refuses_what_json_loads_does(text):
+    """``loads_unique`` is documented as reading as ``json.loads`` reads: a byte-order mark too, which
+    ``json.loads`` names ("Unexpected UTF-8 BOM") and the decoder alone calls "Expecting value"."""
+    try:
+        want: object = json.loads(text)
+    except json.JSONDecodeError as e:
+        with pytest.raises(json.JSONDecodeError) as got:
+            loads_unique(text)
+        assert (got.value.msg, got.value.pos) == (e.msg, e.pos)
+    else:
+        assert loads_unique(text) == want
