@@ -451,6 +451,37 @@ def test_a_one_document_file_with_paired_escapes_only_is_not_searched_escape_by_
     assert [it.question for it in load_benchmark("selfaware", path=tmp_path)][:1] == ["\U0001f600" * 20]
 
 
+def test_a_key_stated_twice_in_a_json_lines_file_named_json_names_its_line(tmp_path):
+    """A hub export named .json may hold one object per line; its repeated key was named by the file
+    alone where it stood on the first line (the file is first read as one document), by its line
+    elsewhere."""
+    from mdl_jax.evaluation.datasets.files import read_records
+
+    path = tmp_path / "x.json"
+    for text, line in (('{"q": "a", "q": "b"}\n{"q": "c"}\n', 1), ('{"q": "a"}\n{"q": "b", "q": "c"}\n', 2)):
+        path.write_text(text)
+        with pytest.raises(DataError, match=rf"x\.json, line {line}: q: stated twice"):
+            read_records(path)
+    path.write_text('{"q": "a",\n "q": "b"}\n')   # one document over two lines: the key, no line
+    with pytest.raises(DataError, match=r"x\.json: q: stated twice"):
+        read_records(path)
+
+
+def test_json_nested_past_pythons_stack_in_a_hub_export_or_its_metadata_is_a_data_error(tmp_path):
+    """A .json export, and AbstentionBench's metadata_json, nested deeper than Python's stack ended in
+    a RecursionError's traceback: a DataError naming the file or the row, as a .jsonl line's is."""
+    from mdl_jax.evaluation.datasets.files import read_records
+    from mdl_jax.evaluation.datasets.hub import abstentionbench_items
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "x.json").write_text(deep)
+    with pytest.raises(DataError, match=r"x\.json: JSON nested too deeply"):
+        read_records(tmp_path / "x.json")
+    row = {"should_abstain": True, "question": "q", "metadata_json": deep}
+    with pytest.raises(DataError, match=r"^x, record 0: metadata_json: JSON nested too deeply"):
+        abstentionbench_items([("s", "x, record 0", row)])
+
+
 def test_a_byte_order_mark_inside_a_json_lines_file_is_named(tmp_path):
     """Two files joined by cat, the second with a byte-order mark: json.loads named the mark on its
     line; the repeated-key reader said only "Expecting value"."""

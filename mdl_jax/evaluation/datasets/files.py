@@ -265,7 +265,15 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
         except json.JSONDecodeError:
             return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
         except DuplicateKeyError as e:
+            try:
+                json.loads(text)
+            except json.JSONDecodeError:  # one object per line: the line is named, as in a .jsonl file
+                return [(f"{path}, line {n}", r) for n, r in iter_jsonl(path)]
+            except RecursionError:
+                pass
             raise DataError(f"{path}: {e}") from None
+        except RecursionError:  # [[[…]]] deeper than Python's stack: a defect of the file, not a bug
+            raise DataError(f"{path}: JSON nested too deeply; expected an array of objects") from None
         if isinstance(doc, dict):
             doc = [doc]
         if not isinstance(doc, list):

@@ -333,6 +333,8 @@ def abstentionbench_items(records: Iterable[Record]) -> list[BenchmarkItem]:
             raise DataError(f"{where}: metadata_json: malformed JSON ({e.msg})") from None
         except DuplicateKeyError as e:
             raise DataError(f"{where}: metadata_json: {e}") from None
+        except RecursionError:  # deeper than Python's stack: a defect of the row, not a bug
+            raise DataError(f"{where}: metadata_json: JSON nested too deeply") from None
         if not isinstance(meta, dict):
             meta = {"metadata": meta}
         k = counts.get(subset, 0)
