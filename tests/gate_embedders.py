@@ -39,3 +39,21 @@ def fails_after_one(texts):
     if CALLS[0] > 1:
         raise ConnectionError("the embedding service went away")
     return hashed(texts)
+
+
+class _Service:
+    """An object with ``embed(texts)`` (no ``desc``): unit rows of ``hashed`` on its first call, then
+    its own ValueError."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def embed(self, texts):
+        self.calls += 1
+        if self.calls > 1:
+            raise ValueError("the service says the texts are too long")
+        v = hashed(texts)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+SERVICE = _Service()  # a test sets SERVICE.calls to 0 first

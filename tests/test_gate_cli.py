@@ -958,6 +958,24 @@ def test_a_users_embedder_that_fails_mid_run_keeps_the_parts_written(tmp_path, c
     assert [p.name for p in sorted(_parts(out).glob("part-*"))] == ["part-000000.jsonl"] and not out.exists()
 
 
+def test_a_users_embedder_object_that_raises_is_one_line_naming_it_and_keeps_the_parts(tmp_path, capsys):
+    """--embedder module:NAME naming an object with embed(texts): a ValueError its embed raised was
+    named as the rows' error ("rows 4-6: ..."), and as bad input in a fresh run it removed the part
+    already decided; it is one line naming the embedder, and the part stays for a rerun to resume."""
+    gate_embedders.SERVICE.calls = 0
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(6))
+    out = tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(out), "--embedder", "tests.gate_embedders:SERVICE",
+                 "--chunk-size", "3", "--no-progress"]) == 2
+    assert _err_line(capsys) == ("mdl-jax: error: --embedder tests.gate_embedders:SERVICE: its embed raised "
+                                 "ValueError: the service says the texts are too long")
+    assert [p.name for p in sorted(_parts(out).glob("part-*"))] == ["part-000000.jsonl"] and not out.exists()
+    gate_embedders.SERVICE.calls = -5   # the service is back: the rerun resumes and ends
+    assert main(["gate", str(src), "--out", str(out), "--embedder", "tests.gate_embedders:SERVICE",
+                 "--chunk-size", "3", "--no-progress"]) == 0
+    assert len(out.read_text().splitlines()) == 6
+
+
 @pytest.mark.parametrize("column", ["mdl_action", "mdl_row", "mdl_C_final", "mdl_n_relevant"])
 def test_an_input_with_the_gates_output_columns_is_refused(tmp_path, capsys, column):
     rows = [{**r, column: "Active"} for r in gate_rows.rows(4)]

@@ -26,6 +26,7 @@ streams parts through reading (``reading.py``), deciding, writing (``writing.py`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import itertools
 import os
@@ -108,15 +109,19 @@ COST = ("the first run embeds every unique text with MiniLM (~430 texts/s on an 
 
 
 def _load_embedder(spec: str):
-    """A model name / path, or ``module:function`` naming a callable texts -> (N, d) array (a function
-    of the user's: what it raises is ``_EmbedderFailed`` naming it)."""
+    """A model name / path, or ``module:function`` naming a callable texts -> (N, d) array, or an object
+    with ``embed(texts)`` (the user's: what it raises is ``_EmbedderFailed`` naming it)."""
     if ":" in spec and not Path(spec).exists() and not spec.startswith(("/", ".")):
         mod, _, attr = spec.partition(":")
         try:
             fn = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
             raise GateInputError(f"--embedder: cannot import {spec!r} ({e})") from None
-        return _UsersFunction(spec, fn) if callable(fn) and not hasattr(fn, "embed") else fn
+        if isinstance(fn, Embedder):  # the library's own: a fault of its model is a ModelLoadError
+            return fn
+        if hasattr(fn, "embed"):
+            return _UsersObject(spec, fn)
+        return _UsersFunction(spec, fn) if callable(fn) else fn
     return spec
 
 
@@ -136,8 +141,40 @@ class _UsersFunction:
         try:
             return self.fn(texts)
         except Exception as e:  # noqa: BLE001 - the user's code raises its own types
-            raise _EmbedderFailed(f"--embedder {self.spec}: the function raised {type(e).__name__}: "
-                                  f"{' '.join(str(e).split())[:300]}") from e
+            raise _users_error(self.spec, "the function", e) from e
+
+
+class _UsersObject:
+    """The user's ``--embedder module:name`` naming an object with ``embed(texts)``: what its ``embed``
+    raises is one line, as for a function (its ValueError was the rows' error, and a fresh run's
+    parts were removed with it); its other attributes are the object's."""
+
+    def __init__(self, spec: str, obj: Any):
+        self.spec, self.inner = spec, obj
+        embed = obj.embed
+
+        @functools.wraps(embed)  # its signature: the gate passes ``desc`` only where embed takes it
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return embed(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the user's code raises its own types
+                raise _users_error(spec, "its embed", e) from e
+
+        self.embed = wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no recursion through it
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def _users_error(spec: str, what: str, e: Exception) -> _EmbedderFailed:
+    """The one line for an exception ``e`` raised by the user's embedder ``spec``."""
+    try:
+        said = " ".join(str(e).split())[:300]
+    except Exception:  # noqa: BLE001 - the user's exception type may fail to print itself
+        said = "(its message cannot be printed)"
+    return _EmbedderFailed(f"--embedder {spec}: {what} raised {type(e).__name__}: {said}")
 
 
 def _risk_spec(s: str):
