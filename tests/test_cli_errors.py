@@ -414,17 +414,22 @@ def _refused_reproduce(t, out: str, refusal: str) -> tuple[list[str], str]:
         return (["reproduce", "--model", _model_without_vocab(t), "--datasets", "halueval", "--baseline-datasets",
                  "halueval", "--n-questions", "2", "--cache-dir", f"{t}/cache", "--no-analyses", "--out", out],
                 "reproduce: --model: the model")
+    if refusal == "cache-not-a-database":  # a file of the user's by the generation cache's name
+        Path(out, "generations.sqlite").write_text("my own notes")
+        return [*_empty_data_file(t)[:-1], out], "generations.sqlite: not a run's generation cache"
     Path(t, "elsewhere.jsonl").write_text("")  # a link planted at the records file
     Path(out, "records.jsonl").symlink_to(Path(t, "elsewhere.jsonl"))
     return [*_empty_data_file(t)[:-1], out], "records.jsonl: it is a symbolic link"
 
 
-@pytest.mark.parametrize("refusal", ["data", "model", "records-link"])
+@pytest.mark.parametrize("refusal", ["data", "model", "records-link", "cache-not-a-database"])
 @pytest.mark.parametrize("holds", ["nothing", "the-users-file"])
 def test_reproduce_refused_into_an_existing_folder_leaves_it_as_it_was(refusal, holds, tmp_path, capsys):
     """--out an existing folder that holds no run, refused on bad input found at run time (a data file,
-    the embedder's model folder, a link planted at a run file): one line, exit 2, and the folder as it
-    was: no lock, generation cache or inputs.json of the refused run, the user's files and the folder kept."""
+    the embedder's model folder, a link planted at a run file, a file by the generation cache's name
+    that is not one, which was sqlite3's traceback and left the lock): one line, exit 2, and the folder
+    as it was: no lock, generation cache or inputs.json of the refused run, the user's files and the
+    folder kept."""
     from mdl_jax.cli import main
 
     out = tmp_path / "mine"

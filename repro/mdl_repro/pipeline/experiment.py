@@ -156,6 +156,20 @@ def select_questions(items, n_questions: int, n_calibration: int, seed: int = 0)
     return cal, ev
 
 
+def _generation_cache(path: Path) -> GenerationCache:
+    """The run's generation cache at ``path``; a file there that is not one (a file of the user's of
+    that name, a damaged one) is an ``OutputError`` naming it, not sqlite3's traceback."""
+    import sqlite3
+
+    from mdl_jax._io import OutputError
+
+    try:
+        return GenerationCache(path)
+    except sqlite3.DatabaseError as e:
+        raise OutputError(path, message=f"{path}: not a run's generation cache (sqlite3: {e}); move it "
+                                        "away, or choose another --out") from None
+
+
 class Experiment:
     def __init__(self, cfg: RunConfig, backend, embedder):
         self.cfg = cfg
@@ -167,7 +181,7 @@ class Experiment:
         try:
             self.writer = rec_io.RecordWriter(self.records_path)
             self.done = rec_io.load(self.records_path)
-            self.cache = GenerationCache(self.out / "generations.sqlite")
+            self.cache = _generation_cache(self.out / "generations.sqlite")
         except BaseException:
             self._lock.close()  # refused (a link planted at a run file): the caller may remove the lock
             raise
