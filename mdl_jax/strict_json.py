@@ -69,8 +69,11 @@ class DuplicateKeyError(ValueError):
     """
 
     def __init__(self, key: str):
-        super().__init__(f"{key}: stated twice in one object (JSON would keep the last silently); "
-                         "state each key once")
+        # as written where that reads plainly; quoted where it would not (empty, blank-edged, a newline
+        # or other control character), and cut where it is long: the message stays one short line
+        shown = key if key and key.isprintable() and key.strip() == key and len(key) <= 100 else repr(key[:100])
+        super().__init__(f"{shown}{'…' if len(key) > 100 else ''}: stated twice in one object (JSON would "
+                         "keep the last silently); state each key once")
         self.key = key
 
 

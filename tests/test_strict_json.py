@@ -106,3 +106,15 @@ def test_the_files_reader_reads_and_refuses_what_json_loads_does(text):
         assert (got.value.msg, got.value.pos) == (e.msg, e.pos)
     else:
         assert loads_unique(text) == want
+
+
+@pytest.mark.parametrize("key, shown", [("", "''"), ("a\nb", "'a\\nb'"), (" q", "' q'"),
+                                        ("k" * 5000, "'" + "k" * 100 + "'…")])
+def test_a_repeated_key_that_would_not_read_plainly_is_quoted_and_a_long_one_cut(key, shown):
+    """The key was written as it is: an empty one read ": stated twice", a newline split the one line,
+    and a key of megabytes made a message of megabytes."""
+    text = json.dumps(key)
+    with pytest.raises(DuplicateKeyError) as e:
+        loads_unique(f"{{{text}: 1, {text}: 2}}")
+    assert str(e.value).startswith(shown + ": stated twice in one object") and e.value.key == key
+    assert len(str(e.value)) < 300
