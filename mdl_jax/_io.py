@@ -502,27 +502,52 @@ def lock_file(path: str | os.PathLike) -> IO[Any] | None:
     until the file is closed or its process ends, however it ends, so a killed run never leaves a
     folder locked.
 
+    The lock is on the file the name holds once it is taken: a file removed or replaced at ``path``
+    between its opening and its locking (a run that removed its lock file as it ended) is let go and
+    the name opened again, so two runs never each hold a lock of the same folder. For that, whoever
+    removes a lock file removes it while holding its lock.
+
     Args:
         path: the lock file; its folder must exist.
 
     Returns:
-        The open, locked file (close it to let go), or None.
+        The open, locked file (close it to let go), or None: another holds it, or the name kept
+        changing under it (``_LOCK_TRIES`` times), or its folder went with it.
 
     Raises:
         OutputError: as ``open_append``.
     """
     import fcntl
 
-    f = open_append(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    except BaseException:
-        f.close()
-        raise
-    return f
+    for attempt in range(_LOCK_TRIES):
+        try:
+            f = open_append(path, "a+")
+        except OutputError:
+            if attempt and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                return None  # the folder went with the lock file: its run is over, and took it along
+            raise
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.fstat(f.fileno())
+            try:
+                named = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                named = None
+        except BlockingIOError:
+            f.close()
+            return None
+        except BaseException:
+            f.close()
+            raise
+        if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+            return f
+        f.close()  # locked a file the name no longer holds: that lock guards nothing
+    return None
+
+
+# how often ``lock_file`` opens the name again when the file under it changed as it locked: once is
+# what a run ending beside it costs; more would take a loop of runs, each ending as this one locks
+_LOCK_TRIES = 4
 
 
 def append_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -448,6 +448,27 @@ def test_reproduce_refused_into_an_existing_folder_leaves_it_as_it_was(refusal, 
         assert (out / "notes.txt").read_text() == "my notes"
 
 
+@pytest.mark.parametrize("taken_since", [False, True])
+def test_a_refused_reproduce_removes_its_run_files_only_under_the_folders_lock(taken_since, tmp_path):
+    """What a refused run made is removed while it holds the folder's lock again: a run that took the
+    lock since the refusal let it go owns those files now and keeps them, its lock file included."""
+    from mdl_jax._io import lock_file
+    from mdl_repro.cli.experiment import RUN_FILES, _remove_empty_run
+
+    made = [".lock", "generations.sqlite", "inputs.json"]
+    for name in made:
+        (tmp_path / name).write_text("")
+    other = lock_file(tmp_path / ".lock") if taken_since else None
+    try:
+        _remove_empty_run(tmp_path, None, made)
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == (sorted(made) if taken_since else []), left
+    finally:
+        if other is not None:
+            other.close()
+    assert set(made) <= set(RUN_FILES)
+
+
 def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
     """Every subcommand's --help describes its job and its cost and shows its defaults."""
     from mdl_jax.cli import main

@@ -127,6 +127,36 @@ def test_a_run_into_an_out_another_run_is_writing_is_refused_and_the_next_one_re
     assert files.run(job) == 0 and (tmp_path / "o.jsonl").exists() and not job.parts_folder.exists()
 
 
+@pytest.mark.parametrize("bad_input", [False, True])
+def test_a_run_removes_its_parts_folder_while_it_still_holds_the_lock(bad_input, tmp_path, monkeypatch):
+    # removed after the lock is let go, the lock file could be locked by a run starting then, whose lock
+    # would guard a file no longer in the folder while a third run locked a new one
+    from mdl_jax import _io
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n' if not bad_input
+                   else '{"query": "is it safe?", "memories": 3}\n')
+    job = GateJob(input=str(src), out=str(tmp_path / "o.jsonl"), embedder="tests.gate_embedders:hashed",
+                  no_progress=True)
+    at_release = []
+
+    class Held:
+        def __init__(self, f):
+            self.f = f
+
+        def close(self):
+            at_release.append(job.parts_folder.exists())
+            self.f.close()
+
+    monkeypatch.setattr(files, "lock_file", lambda p: Held(_io.lock_file(p)))
+    if bad_input:
+        with pytest.raises(GateInputError):
+            files.run(job)
+    else:
+        assert files.run(job) == 0
+    assert at_release == [False] and not job.parts_folder.exists()
+
+
 def test_no_module_of_the_gate_reads_parsed_arguments():
     """The job is the gate's only input from the command line: no module under mdl_jax/gate imports
     argparse or names a Namespace."""

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -306,6 +307,60 @@ def test_a_lock_file_is_let_go_when_its_process_dies(tmp_path):
         holder.kill()
         holder.wait()
     assert _lockable(p)
+
+
+def _unlinked_as_it_locks(monkeypatch, p: Path, times: int) -> None:
+    """The first ``times`` flocks of ``p`` find the file removed by its holder just before, as a run that
+    ends and removes its lock does beside one that opened the name an instant earlier."""
+    import fcntl
+
+    real, left = fcntl.flock, [times]
+
+    def flock(f, op):
+        if left[0]:
+            left[0] -= 1
+            os.unlink(p)
+        return real(f, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_a_lock_file_is_on_the_file_its_name_holds_when_the_old_one_went_as_it_locked(tmp_path, monkeypatch):
+    # a lock on the removed file guards nothing: the next run would create the name anew and lock that,
+    # two runs each holding "the" lock of one folder
+    p = tmp_path / ".lock"
+    p.write_text("")
+    _unlinked_as_it_locks(monkeypatch, p, 1)
+    f = lock_file(p)
+    assert f is not None
+    try:
+        assert os.fstat(f.fileno()).st_ino == os.stat(p).st_ino
+        monkeypatch.undo()
+        assert not _lockable(p), "a second run took the folder's lock beside the first"
+    finally:
+        f.close()
+
+
+def test_a_lock_file_whose_name_keeps_changing_as_it_locks_is_not_taken(tmp_path, monkeypatch):
+    p = tmp_path / ".lock"
+    _unlinked_as_it_locks(monkeypatch, p, 1000)  # more than it tries
+    assert lock_file(p) is None
+
+
+def test_a_lock_file_whose_folder_went_as_it_locked_is_not_taken(tmp_path, monkeypatch):
+    # the run that held it removed its whole folder (mdl-jax gate's parts folder) as it ended
+    import fcntl
+
+    d = tmp_path / "parts"
+    d.mkdir()
+    real = fcntl.flock
+
+    def flock(f, op):
+        shutil.rmtree(d)
+        return real(f, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    assert lock_file(d / "lock") is None
 
 
 def test_a_lock_file_refuses_a_symlink(tmp_path):

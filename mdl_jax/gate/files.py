@@ -278,15 +278,16 @@ def run(job: GateJob) -> int:
             _join(plan, man, out)
     except BaseException as e:
         # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
-        # nothing behind; otherwise the parts stay for the rerun that resumes
-        lock.close()
+        # nothing behind; otherwise the parts stay for the rerun that resumes. The folder goes before
+        # the lock is let go: a run that locks it meanwhile finds its lock file gone and does not start
         if not man["parts"] or (fresh and isinstance(e, GateInputError)
                                 and not isinstance(e, (_BackendChanged, _EmbedderFailed))):
             shutil.rmtree(work, ignore_errors=True)
+        lock.close()
         raise
     _summary(man, out)
-    lock.close()
     shutil.rmtree(work, ignore_errors=True)
+    lock.close()
     return 0
 
 

@@ -314,11 +314,24 @@ def _remove_empty_run(out: Path, top: Path | None, made: list[str]) -> None:
     """Undo what a run that failed on bad input before its first record created: of ``RUN_FILES``
     those in ``made`` (absent before the run: the lock, the empty generation cache and records file,
     the inputs), and the folders from ``out`` up to ``top``, each only if empty (``top`` None: ``out``
-    existed before the run, and stays)."""
-    for name in made:
-        f = out / name
-        if f.is_file() and not f.is_symlink() and (name != "records.jsonl" or f.stat().st_size == 0):
-            f.unlink()
+    existed before the run, and stays). Under the folder's lock, taken again: a run that took it since
+    owns these files now, and a lock file is removed only by its holder (``lock_file``)."""
+    from mdl_jax._io import OutputError, lock_file
+
+    try:
+        lock = lock_file(out / ".lock") if out.is_dir() else None
+    except OutputError:  # a link planted at the lock since: nothing of this run's to remove there
+        return
+    if lock is None and out.is_dir():
+        return
+    try:
+        for name in made:
+            f = out / name
+            if f.is_file() and not f.is_symlink() and (name != "records.jsonl" or f.stat().st_size == 0):
+                f.unlink()
+    finally:
+        if lock is not None:
+            lock.close()
     if top is None:
         return
     d = out.absolute()
