@@ -662,7 +662,9 @@ def test_nan_from_a_parquet_float_is_written_to_jsonl_as_null_and_said(tmp_path,
     (b'{"x": NaN}', r"is not a JSON object \(NaN is not JSON"),
     (b'{"x": [0.5]}', r"'x' maps to a JSON list; expected a number in \[0, 1\]"),
     (b'[0.5]', r"is a JSON list; expected an object"),
-], ids=["nested-100000-deep", "not-utf8", "5000-digits", "nan", "a-list-value", "not-an-object"])
+    (b'{"medical": 0.9, "x": 0.5, "medical": 0.1}', r"table\.json: medical: stated twice in one object"),
+], ids=["nested-100000-deep", "not-utf8", "5000-digits", "nan", "a-list-value", "not-an-object",
+        "a-category-twice"])
 def test_a_bad_risk_table_is_one_line_and_exit_2(content, match, tmp_path, capsys):
     import re
 

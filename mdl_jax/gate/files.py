@@ -91,6 +91,7 @@ from mdl_jax.gate.writing import (
     write_part,
 )
 from mdl_jax.signals.embeddings import Embedder, ModelLoadError
+from mdl_jax.strict_json import DuplicateKeyError, loads_unique
 
 # What callers import from here: the run, its job and error, the bounds and the output's names (the
 # pieces live in job.py, reading.py, manifest.py and writing.py beside this module).
@@ -206,7 +207,8 @@ def _read_small(path: str, flag: str, what: str, limit: int) -> bytes:
 
 def _risk_table(path: str) -> dict:
     """A --risk JSON file: an object {category: A in [0, 1]}, read as strict JSON (GateInputError naming
-    the file and what is wrong: not UTF-8, not JSON, too deep, a value that is not such a number)."""
+    the file and what is wrong: not UTF-8, not JSON, too deep, a value that is not such a number, a
+    category stated twice)."""
     data = _read_small(path, "--risk", "risk table", MAX_RISK_TABLE_BYTES)
     try:
         table = strict_json(data.decode("utf-8"))
@@ -220,6 +222,10 @@ def _risk_table(path: str) -> dict:
             shown = repr(v) if type(v) in (int, float, str, bool) or v is None else f"a JSON {type(v).__name__}"
             raise GateInputError(f"--risk: the risk table {path}: {k[:60]!r} maps to {shown[:60]}; expected a "
                                  "number in [0, 1]")
+    try:  # read again for a category stated twice, which JSON would map to its last risk silently
+        loads_unique(data.decode("utf-8"))
+    except DuplicateKeyError as e:
+        raise GateInputError(f"--risk: the risk table {path}: {e}") from None
     return table
 
 
