@@ -157,6 +157,29 @@ def test_a_run_removes_its_parts_folder_while_it_still_holds_the_lock(bad_input,
     assert at_release == [False] and not job.parts_folder.exists()
 
 
+def test_a_run_that_finds_out_written_once_it_holds_the_lock_leaves_that_out_as_it_is(tmp_path, monkeypatch):
+    # a run checks OUT before it loads its gate and takes the lock: a run of another job that began and
+    # ended meanwhile wrote OUT and removed its parts folder, and this one, finding no parts, began afresh
+    # and replaced that OUT with its own; run one after the other, it is refused
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n')
+    out = tmp_path / "o.jsonl"
+    first, second = (GateJob(input=str(src), out=str(out), embedder="tests.gate_embedders:hashed", risk=risk,
+                             no_progress=True) for risk in ("0.2", "0.7"))
+    real = files._open_gate
+
+    def open_gate(job):
+        got = real(job)
+        if job is second:
+            assert files.run(first) == 0  # the other run, from its start to its end
+        return got
+
+    monkeypatch.setattr(files, "_open_gate", open_gate)
+    with pytest.raises(GateInputError, match=r"--out: .*o.jsonl exists; remove it or choose another file"):
+        files.run(second)
+    assert '"mdl_A": 0.2' in out.read_text() and not second.parts_folder.exists()
+
+
 def test_no_module_of_the_gate_reads_parsed_arguments():
     """The job is the gate's only input from the command line: no module under mdl_jax/gate imports
     argparse or names a Namespace."""

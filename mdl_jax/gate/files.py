@@ -274,6 +274,11 @@ def run(job: GateJob) -> int:
     if lock is None:
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}")
     try:
+        if out.exists() and not os.path.lexists(work / "manifest.json"):
+            # OUT written since the check above, by a run that began and ended meanwhile (its parts
+            # folder gone, this one new): refused as it would be now, its folder removed under its lock
+            shutil.rmtree(work, ignore_errors=True)
+            raise GateInputError(f"--out: {out} exists; remove it or choose another file")
         plan, man, fresh = _begin(job, kind, gate, risk)
     except BaseException:
         lock.close()
