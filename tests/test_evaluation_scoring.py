@@ -368,6 +368,41 @@ def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_folder(tmp_path
     assert not out.exists()
 
 
+@pytest.mark.parametrize("when", ["before its opening", "as it locks"])
+def test_a_benchmark_run_whose_folder_goes_as_it_takes_the_lock_makes_it_again(when, tmp_path, monkeypatch):
+    # a refused fresh run removes the folder it made, holding its lock, as it ends: a run that had just
+    # made (found) the folder then failed with "cannot write .../.lock: No such file or directory", or
+    # was refused as "another run is writing" with none left; it goes on as one begun after (and here is
+    # refused for its own reason, its folder removed as a fresh run's)
+    import fcntl
+    import shutil
+
+    from mdl_jax.evaluation import run as run_module
+    from mdl_jax.evaluation.datasets import DataError
+    from mdl_jax.gate.core import MemoryGate
+    from tests.gate_embedders import hashed
+
+    out, left = tmp_path / "run", [1]
+    (tmp_path / "empty").mkdir()
+
+    def gone(real):
+        def call(*args):
+            if left[0]:
+                left[0] -= 1
+                shutil.rmtree(out)
+            return real(*args)
+        return call
+
+    if when == "as it locks":
+        monkeypatch.setattr(fcntl, "flock", gone(fcntl.flock))
+    else:
+        monkeypatch.setattr(run_module, "lock_file", gone(run_module.lock_file))
+    with pytest.raises(DataError):
+        run_module.run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(hashed, risk=0.5), limit=3, fit_mdl=False,
+                                  n_boot=20, progress=False, log=lambda s: None, data_dir=tmp_path / "empty")
+    assert not out.exists() and not left[0]
+
+
 def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_parent_folder_it_made(tmp_path, embedder):
     from mdl_jax.evaluation.datasets import DataError
     from mdl_jax.evaluation.run import run_benchmarks

@@ -4,6 +4,7 @@ and progress / throughput on a resumed run. Real model and real local servers, e
 servers (tiny http.servers that misbehave on purpose)."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -369,6 +370,35 @@ def test_second_run_into_a_locked_out_dir_refuses_and_a_killed_holder_frees_it(t
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     lock_out_dir(out).close()  # the kernel dropped the dead holder's lock: nothing stuck
+
+
+@pytest.mark.parametrize("when", ["before its opening", "as it locks"])
+def test_a_run_whose_out_dir_goes_as_it_takes_the_lock_makes_it_again(when, tmp_path, monkeypatch):
+    # a refused reproduce removes the out dir it made (holding its lock) as it ends: a run that had just
+    # made (found) the folder then failed with "cannot write .../.lock: No such file or directory", or was
+    # refused as "in use by another reproduce run" with none left; it takes the lock of the folder made again
+    import fcntl
+    import shutil
+
+    from mdl_jax import _io
+
+    out, left = tmp_path / "run", [1]
+
+    def gone(real):
+        def call(*args):
+            if left[0]:
+                left[0] -= 1
+                shutil.rmtree(out)
+            return real(*args)
+        return call
+
+    monkeypatch.setattr(*((fcntl, "flock", gone(fcntl.flock)) if when == "as it locks"
+                          else (_io, "lock_file", gone(_io.lock_file))))
+    f = lock_out_dir(out)
+    try:
+        assert not left[0] and os.fstat(f.fileno()).st_ino == os.stat(out / ".lock").st_ino
+    finally:
+        f.close()
 
 
 # --- Progress and throughput across a resume -------------------------------------------------------

@@ -6,6 +6,7 @@ the parsed arguments."""
 import argparse
 import ast
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,35 @@ def test_a_run_that_finds_out_written_once_it_holds_the_lock_leaves_that_out_as_
     with pytest.raises(GateInputError, match=r"--out: .*o.jsonl exists; remove it or choose another file"):
         files.run(second)
     assert '"mdl_A": 0.2' in out.read_text() and not second.parts_folder.exists()
+
+
+@pytest.mark.parametrize("when", ["before its opening", "as it locks"])
+def test_a_run_whose_parts_folder_goes_as_it_takes_the_lock_makes_it_again(when, tmp_path, monkeypatch):
+    # a run ending beside this one removes its parts folder (holding its lock) just after this run found
+    # it: that is no error of this run's (it was "cannot write ...lock: No such file or directory", or
+    # "another mdl-jax gate run is writing" with none left), and the run goes on as one begun after
+    import fcntl
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n')
+    job = GateJob(input=str(src), out=str(tmp_path / "o.jsonl"), embedder="tests.gate_embedders:hashed",
+                  no_progress=True)
+    left = [1]
+
+    def gone(real):
+        def call(*args):
+            if left[0]:
+                left[0] -= 1
+                shutil.rmtree(job.parts_folder)
+            return real(*args)
+        return call
+
+    if when == "as it locks":
+        monkeypatch.setattr(fcntl, "flock", gone(fcntl.flock))
+    else:
+        monkeypatch.setattr(files, "lock_file", gone(files.lock_file))
+    assert files.run(job) == 0 and (tmp_path / "o.jsonl").exists() and not job.parts_folder.exists()
+    assert not left[0]
 
 
 def test_no_module_of_the_gate_reads_parsed_arguments():
