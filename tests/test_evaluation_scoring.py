@@ -43,6 +43,16 @@ def test_fit_threshold_maximises_agreement_by_hand():
     assert fit_threshold(s[:3], y[:3]) is None  # too few rows
 
 
+def test_fit_threshold_reads_its_labels_before_it_checks_its_scores():
+    # the order of its checks when both arguments are wrong: labels that cannot be read fail first, as
+    # before the finite-score check was shared with score_gates (which moved it ahead of the labels)
+    with pytest.raises(ValueError) as e:
+        fit_threshold([np.nan, 0.5, 0.6, 0.7], [[1, 0], [1], 0, 1])
+    assert "adopt_score" not in str(e.value)
+    with pytest.raises(ValueError, match="adopt_score: expected finite scores, got a NaN or infinity at index 0"):
+        fit_threshold([np.nan, 0.5, 0.6, 0.7], [1, 0, 0, 1])
+
+
 def test_the_calibration_split_is_by_question_deterministic_and_near_its_share():
     groups = [f"g{i // 3}" for i in range(3000)]  # three rows per question
     a = calibration_split(groups, salt="x")

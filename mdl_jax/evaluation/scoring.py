@@ -94,8 +94,8 @@ def fit_threshold(adopt_score, adopt) -> float | None:
     Raises:
       ValueError: a NaN or infinite score (naming its index).
     """
+    y = np.asarray(adopt).astype(bool)  # (labels that cannot be read fail before a score that is not finite)
     s = _finite_scores("adopt_score", adopt_score)
-    y = np.asarray(adopt).astype(bool)
     if len(s) < MIN_CALIBRATION or y.all() or not y.any():
         return None
     cand = np.r_[np.unique(s), np.inf]
