@@ -371,6 +371,26 @@ def test_isa_choice_follows_the_cpu_flags_and_the_override(monkeypatch):
     assert len(paths) == 3 and native.library_path().name.startswith("decide_cpu-avx2-")
 
 
+def test_a_cpuinfo_that_is_not_utf8_is_read_for_its_flags(monkeypatch, tmp_path):
+    """A /proc/cpuinfo with bytes that are not UTF-8 (a brand string a hypervisor set) is read for its
+    flags: the bfloat16 kind the embedder's cache key holds was read so before it shared cpu_flags'
+    reading, which raised UnicodeDecodeError there."""
+    from pathlib import Path
+
+    from mdl_jax.signals import onnx_runtimes
+
+    fake = tmp_path / "cpuinfo"
+    fake.write_bytes(b"processor\t: 0\nmodel name\t: Caf\xe9 CPU\nflags\t\t: fpu avx512_bf16 sse2\n")
+    monkeypatch.setattr(engine_cpu, "Path", lambda p: fake if str(p) == "/proc/cpuinfo" else Path(p))
+    engine_cpu.cpu_flags.cache_clear()
+    try:
+        assert {"fpu", "avx512_bf16", "sse2"} <= engine_cpu.cpu_flags()
+        assert onnx_runtimes.cpu_bf16_kind() == "avx512_bf16"
+        assert "|flags\t\t: fpu avx512_bf16 sse2" in engine_cpu.cpu_signature()
+    finally:
+        engine_cpu.cpu_flags.cache_clear()
+
+
 def test_a_flag_cpuinfo_lists_but_the_process_cannot_run_is_not_built_for(monkeypatch):
     """Where /proc/cpuinfo says more than CPUID does (QEMU's user mode passes the host's file through:
     an AVX2-only guest on an AVX-512 host), NumPy's runtime check decides: no AVX-512 variant (its first

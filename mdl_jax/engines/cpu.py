@@ -48,8 +48,9 @@ def numpy_features() -> dict:
 
 def _cpuinfo_line(prefixes: tuple[str, ...]) -> str:
     """The first line of /proc/cpuinfo that starts with one of ``prefixes``; "" where there is none."""
-    try:
-        return next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith(prefixes)), "")
+    try:  # bytes that are not UTF-8 (a brand string a hypervisor set) are no reason to lose the flags line
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        return next((ln for ln in text.splitlines() if ln.startswith(prefixes)), "")
     except OSError:
         return ""
 
