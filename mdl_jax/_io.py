@@ -210,29 +210,6 @@ def write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8",
     return write_bytes(path, text.encode(encoding), make_parents=make_parents)
 
 
-def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
-    """``fig.savefig`` through ``atomic_open``, the format from ``path``'s suffix (``.png``, ``.pdf``, ...).
-
-    Args:
-        fig: a matplotlib figure.
-        path: the image file.
-        **savefig_kwargs: passed to ``savefig`` (``dpi``, ...).
-
-    Returns:
-        ``path`` as a ``Path``.
-
-    Raises:
-        OutputError: as ``atomic_open``; ``path`` is untouched.
-        ValueError: ``path`` has no suffix to take the format from.
-    """
-    path = Path(path)
-    if not path.suffix:
-        raise ValueError(f"path: expected an image file name with a suffix (.png, .pdf), got {str(path)!r}")
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format=path.suffix[1:].lower(), **savefig_kwargs)
-    return path
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path for a writer that takes a file name, not a file (an exporter, a converter):
@@ -496,35 +473,43 @@ def open_append(path: str | os.PathLike, mode: str = "ab", *, encoding: str = "u
     return f if mode == "ab" else io.TextIOWrapper(f, encoding=encoding)
 
 
-def lock_file(path: str | os.PathLike) -> IO[Any] | None:
+def lock_file(path: str | os.PathLike, make_folder: Callable[[], Any] | None = None) -> IO[Any] | None:
     """``path`` opened as ``open_append`` opens it (mode ``"a+"``) and locked exclusively (``flock``), or
     None where another open file holds its lock: one run at a time writes a folder. The lock lasts
     until the file is closed or its process ends, however it ends, so a killed run never leaves a
     folder locked.
 
-    The lock is on the file the name holds once it is taken: a file removed or replaced at ``path``
-    between its opening and its locking (a run that removed its lock file as it ended) is let go and
-    the name opened again, so two runs never each hold a lock of the same folder. For that, whoever
-    removes a lock file removes it while holding its lock.
+    The lock is on the file the name holds once it is taken: where a run ending beside this one removed
+    the file (or its folder) between its opening and its locking, the name is opened again (the folder
+    made again by ``make_folder``), a few times, so two runs never each hold a lock of one folder. For
+    that, whoever removes a lock file (or its folder) does so while holding its lock.
 
     Args:
-        path: the lock file; its folder must exist.
+        path: the lock file.
+        make_folder: called before each try, to make (or check) ``path``'s folder; None: the folder must
+          exist, and its going as this locks is read as the end of its run (None is returned).
 
     Returns:
         The open, locked file (close it to let go), or None: another holds it, or the name kept
-        changing under it (``_LOCK_TRIES`` times), or its folder went with it.
+        changing under it.
 
     Raises:
-        OutputError: as ``open_append``.
+        OutputError: as ``open_append``; and what ``make_folder`` raises.
     """
     import fcntl
 
     for attempt in range(_LOCK_TRIES):
+        if make_folder is not None:
+            make_folder()
         try:
             f = open_append(path, "a+")
         except OutputError:
-            if attempt and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-                return None  # the folder went with the lock file: its run is over, and took it along
+            if attempt == _LOCK_TRIES - 1 or os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise
+            if make_folder is not None:
+                continue  # the folder went with its run's end: made again
+            if attempt:
+                return None
             raise
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -149,7 +149,7 @@ def test_a_run_removes_its_parts_folder_while_it_still_holds_the_lock(bad_input,
             at_release.append(job.parts_folder.exists())
             self.f.close()
 
-    monkeypatch.setattr(files, "lock_file", lambda p: Held(_io.lock_file(p)))
+    monkeypatch.setattr(files, "lock_file", lambda p, **kw: Held(_io.lock_file(p, **kw)))
     if bad_input:
         with pytest.raises(GateInputError):
             files.run(job)
@@ -188,24 +188,26 @@ def test_a_run_whose_parts_folder_goes_as_it_takes_the_lock_makes_it_again(when,
     # "another mdl-jax gate run is writing" with none left), and the run goes on as one begun after
     import fcntl
 
+    from mdl_jax import _io
+
     src = tmp_path / "in.jsonl"
     src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n')
     job = GateJob(input=str(src), out=str(tmp_path / "o.jsonl"), embedder="tests.gate_embedders:hashed",
                   no_progress=True)
     left = [1]
 
-    def gone(real):
-        def call(*args):
-            if left[0]:
+    def gone(real):  # the folder removed just before the lock file's opening, or its locking
+        def call(*args, **kw):
+            if left[0] and (real.__name__ != "open_append" or Path(args[0]).name == "lock"):
                 left[0] -= 1
                 shutil.rmtree(job.parts_folder)
-            return real(*args)
+            return real(*args, **kw)
         return call
 
     if when == "as it locks":
         monkeypatch.setattr(fcntl, "flock", gone(fcntl.flock))
     else:
-        monkeypatch.setattr(files, "lock_file", gone(files.lock_file))
+        monkeypatch.setattr(_io, "open_append", gone(_io.open_append))
     assert files.run(job) == 0 and (tmp_path / "o.jsonl").exists() and not job.parts_folder.exists()
     assert not left[0]
 

@@ -122,8 +122,14 @@ def test_bad_arguments_name_the_argument(tmp_path):
         write_text(tmp_path / "x", b"bytes")
     with pytest.raises(ValueError, match="mode: expected one of 'ab', 'a', 'a\\+', got 'w'"):
         open_append(tmp_path / "x", "w")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_figure_without_a_suffix_is_refused_naming_the_path(tmp_path):
+    from mdl_repro.analysis.figures import save_figure
+
     with pytest.raises(ValueError, match="path: expected an image file name with a suffix"):
-        _io.save_figure(object(), tmp_path / "figure")
+        save_figure(object(), tmp_path / "figure")
     assert os.listdir(tmp_path) == []
 
 

@@ -427,11 +427,14 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
 
         gate = MemoryGate(risk=0.5)
     out = Path(out)
-    # a refused run that made the folder removes it (holding its lock) as it ends: gone between its
-    # making and its locking here, it is made again, as by a run begun after that one
-    for attempt in range(4):
-        made = []  # the folders this run makes (``out`` and any missing parents), deepest first
+    made: list[Path] = []  # the folders this run makes (``out`` and any missing parents), deepest first
+    had_lock = False
+
+    def make_folder() -> None:
+        # again where a refused run that made it removed it (holding its lock) as this one locked
+        nonlocal had_lock
         p = out.absolute()
+        made.clear()
         while not os.path.lexists(p) and p != p.parent:
             made.append(p)
             p = p.parent
@@ -440,14 +443,8 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
         except OSError as e:
             raise OutputError(out, e) from None
         had_lock = os.path.lexists(out / LOCK)
-        try:
-            lock = lock_file(out / LOCK)
-        except OutputError:
-            if attempt == 3 or os.path.lexists(out):
-                raise
-            continue
-        if lock is not None or attempt == 3 or os.path.lexists(out):
-            break
+
+    lock = lock_file(out / LOCK, make_folder=make_folder)
     if lock is None:
         raise RunInUse(f"out: another mdl-jax benchmarks run is writing {str(out)!r}; wait for it to finish, "
                        "or run into another --out")

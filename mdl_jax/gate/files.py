@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from mdl_jax._io import OutputError, lock_file
+from mdl_jax._io import lock_file
 from mdl_jax.gate.checks import unit_float
 from mdl_jax.gate.core import ACTION_NAMES, RISK_PRESETS, MemoryGate, collector_paused
 from mdl_jax.gate.job import (
@@ -269,7 +269,7 @@ def run(job: GateJob) -> int:
     if out.exists() and not os.path.lexists(work):
         raise GateInputError(f"--out: {out} exists; remove it or choose another file")
     gate, risk = _open_gate(job)
-    lock = _lock_parts_folder(work, out)
+    lock = lock_file(work / "lock", make_folder=lambda: parts_folder(work, out))
     if lock is None:
         raise GateInputError(f"--out: another mdl-jax gate run is writing {out}")
     try:
@@ -289,7 +289,7 @@ def run(job: GateJob) -> int:
     except BaseException as e:
         # bad input in a fresh run, or anything (a crash, Ctrl-C) before a part is on disk, leaves
         # nothing behind; otherwise the parts stay for the rerun that resumes. The folder goes before
-        # the lock is let go: a run that locks it meanwhile finds its lock file gone and does not start
+        # the lock is let go: a run that locks it meanwhile finds its lock file gone and makes its own
         if not man["parts"] or (fresh and isinstance(e, GateInputError)
                                 and not isinstance(e, (_BackendChanged, _EmbedderFailed))):
             shutil.rmtree(work, ignore_errors=True)
@@ -299,27 +299,6 @@ def run(job: GateJob) -> int:
     shutil.rmtree(work, ignore_errors=True)
     lock.close()
     return 0
-
-
-def _lock_parts_folder(work: Path, out: Path):
-    """The parts folder made (or checked, ``parts_folder``) and its lock taken: the open lock, or None
-    where another run holds it. A run that ends removes its folder holding its lock; one that does so
-    between this run's finding the folder and locking it leaves it to be made again (a few times)."""
-    for attempt in range(_FOLDER_TRIES):
-        last = attempt == _FOLDER_TRIES - 1
-        try:
-            parts_folder(work, out)
-            lock = lock_file(work / "lock")
-        except (GateInputError, OutputError):
-            if last or os.path.lexists(work):
-                raise
-            continue
-        if lock is not None or last or os.path.lexists(work):
-            return lock
-    return None
-
-
-_FOLDER_TRIES = 4  # a run ending beside this one costs one; more would take a run ending at every try
 
 
 def _open_gate(job: GateJob) -> tuple[MemoryGate, Any]:

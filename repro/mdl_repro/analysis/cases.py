@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax._io import save_figure
+from mdl_repro.analysis.figures import save_figure
 
 KINDS = (
     ("abstention where RAG hallucinated", "abstain_vs_rag"),

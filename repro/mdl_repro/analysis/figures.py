@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 import mdl_jax
-from mdl_jax._io import save_figure
+from mdl_jax._io import atomic_open
 from mdl_jax.controller.decision import Action
 from mdl_jax.signals.risk import HIGH_RISK
 from mdl_repro.pipeline import ENGINE
@@ -30,6 +31,30 @@ ACTION_COLOURS = ["#2e7d32", "#9ccc65", "#ffb74d", "#e57373"]
 RISK_LEVELS = (0.2, 0.5, 0.75, 0.85)  # every level of signals/risk.py; the records' own levels win
 PAPER_SECTION6 = {"halluc_active": 0.080, "regime_acc": 0.556, "regime_n": 117}
 PAPER_C_ALPHA = {"alpha_correct": 0.950, "alpha_incorrect": 0.946, "t": 3.70}
+
+
+def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
+    """``fig.savefig`` through ``mdl_jax._io.atomic_open`` (a fresh temporary name, renamed), the format
+    from ``path``'s suffix (``.png``, ``.pdf``, ...).
+
+    Args:
+        fig: a matplotlib figure.
+        path: the image file.
+        **savefig_kwargs: passed to ``savefig`` (``dpi``, ...).
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        OutputError: as ``atomic_open``; ``path`` is untouched.
+        ValueError: ``path`` has no suffix to take the format from.
+    """
+    path = Path(path)
+    if not path.suffix:
+        raise ValueError(f"path: expected an image file name with a suffix (.png, .pdf), got {str(path)!r}")
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format=path.suffix[1:].lower(), **savefig_kwargs)
+    return path
 
 
 def load_pyplot():

@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax._io import save_figure
 from mdl_repro.analysis import rigour, selective
+from mdl_repro.analysis.figures import save_figure
 
 K_FOLDS = 5  # XGBoost's folds and the grouped-folds protocol's, grouped by question (Table 7(b)'s k)
 N_FOLD_DRAWS = 20  # fold draws behind a one-dimensional gate's grouped-folds "− constant" interval

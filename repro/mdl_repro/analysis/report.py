@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax._io import publish_dir, save_figure, write_text
+from mdl_jax._io import publish_dir, write_text
 from mdl_jax.signals.risk import HIGH_RISK
+from mdl_repro.analysis.figures import save_figure
 from mdl_repro.analysis.paper import NAMES, PAPER_FIG3A, PAPER_TABLE4, PAPER_TABLE5  # noqa: F401  (re-exported)
 from mdl_repro.pipeline import records as rec_io
 

@@ -131,21 +131,10 @@ def lock_out_dir(out: Path):
 
     The kernel drops a flock when its process dies, however it dies, so a killed run never leaves the
     out dir stuck; two live runs can never append to the same records file."""
-    from mdl_jax._io import OutputError
     from mdl_repro.pipeline.records import hold_run_lock
 
-    # a refused run removes the out dir it made (holding its lock) as it ends: gone between its making
-    # and its locking here, it is made again, as by a run begun after that one
-    for attempt in range(4):
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            f, holder = hold_run_lock(out)
-        except OutputError:
-            if attempt == 3 or os.path.lexists(out):
-                raise
-            continue
-        if f is not None or attempt == 3 or os.path.lexists(out):
-            break
+    # made again where a refused run that made it removed it (holding its lock) as this one locked
+    f, holder = hold_run_lock(out, make_folder=lambda: out.mkdir(parents=True, exist_ok=True))
     if f is None:
         raise OutDirInUse(f"out: {out} is in use by another reproduce run ({holder}); "
                           "wait for it to finish or stop it, or choose another --out")

@@ -166,15 +166,16 @@ class RecordsError(ValueError):
     """A records file the analyses cannot use; the message names the file and what is missing."""
 
 
-def hold_run_lock(folder: Path):
+def hold_run_lock(folder: Path, make_folder=None):
     """The run folder's lock (``folder/.lock``, an exclusive flock: ``mdl_jax._io.lock_file``) taken, with
     this process's pid written into it: (the open file, held until it is closed or the process ends,
     however it ends; ""), or (None, the holder's pid as the lock file says it) where another process
-    holds it. ``reproduce`` and ``score-gates`` both take it: two writers would append the same rows."""
+    holds it. ``reproduce`` and ``score-gates`` both take it: two writers would append the same rows.
+    ``make_folder``: as ``lock_file`` takes it."""
     from mdl_jax._fs import SmallFileError, read_small
     from mdl_jax._io import lock_file
 
-    f = lock_file(folder / ".lock")  # never through a symlink planted at the name
+    f = lock_file(folder / ".lock", make_folder)  # never through a symlink planted at the name
     if f is None:
         try:
             holder = read_small(folder / ".lock", 256, follow_links=False).decode(errors="replace").strip()
