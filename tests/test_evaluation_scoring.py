@@ -384,30 +384,16 @@ def test_a_benchmark_run_whose_folder_goes_as_it_takes_the_lock_makes_it_again(w
     # made (found) the folder then failed with "cannot write .../.lock: No such file or directory", or
     # was refused as "another run is writing" with none left; it goes on as one begun after (and here is
     # refused for its own reason, its folder removed as a fresh run's)
-    import fcntl
-    import shutil
-
-    from mdl_jax import _io
     from mdl_jax.evaluation import run as run_module
     from mdl_jax.evaluation.datasets import DataError
     from mdl_jax.gate.core import MemoryGate
     from tests.gate_embedders import hashed
+    from tests.races import folder_goes_once
 
-    out, left = tmp_path / "run", [1]
+    out = tmp_path / "run"
     (tmp_path / "empty").mkdir()
 
-    def gone(real):
-        def call(*args, **kw):
-            if left[0] and (real.__name__ != "open_append" or Path(args[0]).name == ".lock"):
-                left[0] -= 1
-                shutil.rmtree(out)
-            return real(*args, **kw)
-        return call
-
-    if when == "as it locks":
-        monkeypatch.setattr(fcntl, "flock", gone(fcntl.flock))
-    else:
-        monkeypatch.setattr(_io, "open_append", gone(_io.open_append))
+    left = folder_goes_once(monkeypatch, out, ".lock", when)
     with pytest.raises(DataError):
         run_module.run_benchmarks(out, ["rgb_en_fact"], gate=MemoryGate(hashed, risk=0.5), limit=3, fit_mdl=False,
                                   n_boot=20, progress=False, log=lambda s: None, data_dir=tmp_path / "empty")

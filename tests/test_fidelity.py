@@ -377,23 +377,10 @@ def test_a_run_whose_out_dir_goes_as_it_takes_the_lock_makes_it_again(when, tmp_
     # a refused reproduce removes the out dir it made (holding its lock) as it ends: a run that had just
     # made (found) the folder then failed with "cannot write .../.lock: No such file or directory", or was
     # refused as "in use by another reproduce run" with none left; it takes the lock of the folder made again
-    import fcntl
-    import shutil
+    from tests.races import folder_goes_once
 
-    from mdl_jax import _io
-
-    out, left = tmp_path / "run", [1]
-
-    def gone(real):
-        def call(*args, **kw):
-            if left[0] and (real.__name__ != "open_append" or Path(args[0]).name == ".lock"):
-                left[0] -= 1
-                shutil.rmtree(out)
-            return real(*args, **kw)
-        return call
-
-    monkeypatch.setattr(*((fcntl, "flock", gone(fcntl.flock)) if when == "as it locks"
-                          else (_io, "open_append", gone(_io.open_append))))
+    out = tmp_path / "run"
+    left = folder_goes_once(monkeypatch, out, ".lock", when)
     f = lock_out_dir(out)
     try:
         assert not left[0] and os.fstat(f.fileno()).st_ino == os.stat(out / ".lock").st_ino

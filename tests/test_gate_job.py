@@ -6,7 +6,6 @@ the parsed arguments."""
 import argparse
 import ast
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
@@ -186,28 +185,13 @@ def test_a_run_whose_parts_folder_goes_as_it_takes_the_lock_makes_it_again(when,
     # a run ending beside this one removes its parts folder (holding its lock) just after this run found
     # it: that is no error of this run's (it was "cannot write ...lock: No such file or directory", or
     # "another mdl-jax gate run is writing" with none left), and the run goes on as one begun after
-    import fcntl
-
-    from mdl_jax import _io
+    from tests.races import folder_goes_once
 
     src = tmp_path / "in.jsonl"
     src.write_text('{"query": "is it safe?", "memories": ["it is safe"]}\n')
     job = GateJob(input=str(src), out=str(tmp_path / "o.jsonl"), embedder="tests.gate_embedders:hashed",
                   no_progress=True)
-    left = [1]
-
-    def gone(real):  # the folder removed just before the lock file's opening, or its locking
-        def call(*args, **kw):
-            if left[0] and (real.__name__ != "open_append" or Path(args[0]).name == "lock"):
-                left[0] -= 1
-                shutil.rmtree(job.parts_folder)
-            return real(*args, **kw)
-        return call
-
-    if when == "as it locks":
-        monkeypatch.setattr(fcntl, "flock", gone(fcntl.flock))
-    else:
-        monkeypatch.setattr(_io, "open_append", gone(_io.open_append))
+    left = folder_goes_once(monkeypatch, job.parts_folder, "lock", when)
     assert files.run(job) == 0 and (tmp_path / "o.jsonl").exists() and not job.parts_folder.exists()
     assert not left[0]
 
