@@ -841,6 +841,31 @@ def test_a_cache_whose_pages_are_damaged_is_set_aside_by_the_read_that_meets_it(
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]) == 1
 
 
+def test_a_file_by_the_caches_name_with_other_tables_is_set_aside_not_read_by_missing_columns(tmp_path):
+    """Another program's database (or another format) at ``embeddings.sqlite``: its ``emb`` lacks the
+    cache's columns, and a read failed with SQLite's "no such column"; it is set aside as a damaged file
+    is (renamed, kept) and a new cache is built."""
+    import sqlite3
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    db = tmp_path / "embeddings.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE emb (id INTEGER PRIMARY KEY, payload TEXT)")
+    con.execute("INSERT INTO emb (payload) VALUES ('theirs')")
+    con.commit()
+    con.close()
+    with pytest.warns(RuntimeWarning, match=r"is damaged \(not the cache's tables: emb has the columns \(id, "
+                                            r"payload\), expected \(model, key, vec\)\); it was set aside as"):
+        c = EmbeddingCache(db)
+    c.put("m", ["a"], np.ones((1, 4), np.float32))
+    assert len(c.get("m", ["a"])) == 1
+    c.close()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]
+    assert len(aside) == 1
+    assert sqlite3.connect(aside[0]).execute("SELECT payload FROM emb").fetchall() == [("theirs",)]
+
+
 def test_a_link_at_the_cache_file_or_a_planted_file_is_not_opened(tmp_path):
     """A symbolic link at ``embeddings.sqlite`` would have SQLite create or write a database wherever it
     points; another user's file in a folder others may write could hold any vectors. Neither is
@@ -940,6 +965,29 @@ def _read_only(folder):
     if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
         pytest.skip("running as root on a file system without chattr +i: no folder is read-only to root")
     return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_file_by_the_caches_name_with_other_tables_is_not_read(tmp_path):
+    import sqlite3
+
+    from mdl_jax.signals.embeddings import EmbeddingCache
+
+    db = tmp_path / "embeddings.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE emb (id INTEGER PRIMARY KEY, payload TEXT)")
+    con.execute("CREATE TABLE dims (id INTEGER)")
+    con.commit()
+    con.close()
+    undo = _read_only(tmp_path)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"is damaged \(not the cache's tables: .*\) and cannot be "
+                                                r"written .*in memory only"):
+            c = EmbeddingCache(db)
+        assert c.get("m", ["a"]) == {}
+        c.put("m", ["a"], np.ones((1, 4), np.float32))
+        assert len(c.get("m", ["a"])) == 1
+    finally:
+        undo()
 
 
 @pytest.mark.slow

@@ -42,6 +42,20 @@ _SQLITE_NO_WRITE = {3, 8, 14}    # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN
 # size (damaged, or left by another model once at the same local path) is never served.
 _TABLES = ("CREATE TABLE IF NOT EXISTS emb (model TEXT, key BLOB, vec BLOB, PRIMARY KEY (model, key));"
            "CREATE TABLE IF NOT EXISTS dims (model TEXT PRIMARY KEY, dim INTEGER);")
+_COLUMNS = {"emb": ["model", "key", "vec"], "dims": ["model", "dim"]}
+
+
+def _check_tables(db: sqlite3.Connection) -> None:
+    """A file whose tables are not the cache's (another program's file by the cache's name) is not a
+    cache: its rows would be read by columns it lacks. Raised as SQLite's "not a database", it is set
+    aside as a damaged file is (renamed, never deleted) or, read-only, not read."""
+    for table, cols in _COLUMNS.items():
+        have = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+        if have and have != cols:
+            e = sqlite3.DatabaseError(f"not the cache's tables: {table} has the columns ({', '.join(have)}), "
+                                      f"expected ({', '.join(cols)})")
+            e.sqlite_errorcode = 26  # type: ignore[attr-defined]  # SQLITE_NOTADB
+            raise e
 
 
 def _sqlite_code(e: BaseException) -> int | None:
@@ -115,6 +129,7 @@ class EmbeddingCache:
             # (the last vectors would be embedded again); FULL's fsync per commit would dominate a small call
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_TABLES)
+            _check_tables(db)
         except BaseException:
             db.close()
             raise
@@ -134,6 +149,7 @@ class EmbeddingCache:
                 if not {"emb", "dims"} <= names:
                     db.close()
                     return self._in_memory(f"it cannot be written ({why}) and holds no vectors")
+                _check_tables(db)
                 db.execute("SELECT 1 FROM emb LIMIT 1").fetchall()
             except sqlite3.DatabaseError as e:
                 db.close()
