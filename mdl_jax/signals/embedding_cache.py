@@ -54,7 +54,7 @@ def _check_tables(db: sqlite3.Connection) -> None:
         if have and have != cols:
             e = sqlite3.DatabaseError(f"not the cache's tables: {table} has the columns ({', '.join(have)}), "
                                       f"expected ({', '.join(cols)})")
-            e.sqlite_errorcode = 26  # type: ignore[attr-defined]  # SQLITE_NOTADB
+            e.sqlite_errorcode = 26  # SQLITE_NOTADB
             raise e
 
 
