@@ -453,7 +453,8 @@ def test_a_refused_reproduce_removes_its_run_files_only_under_the_folders_lock(t
     """What a refused run made is removed while it holds the folder's lock again: a run that took the
     lock since the refusal let it go owns those files now and keeps them, its lock file included."""
     from mdl_jax._io import lock_file
-    from mdl_repro.cli.experiment import RUN_FILES, _remove_empty_run
+    from mdl_repro.cli.experiment import _remove_empty_run
+    from mdl_repro.pipeline.experiment import RUN_FILES
 
     made = [".lock", "generations.sqlite", "inputs.json"]
     for name in made:
@@ -467,6 +468,30 @@ def test_a_refused_reproduce_removes_its_run_files_only_under_the_folders_lock(t
         if other is not None:
             other.close()
     assert set(made) <= set(RUN_FILES)
+
+
+def test_a_refused_reproduce_keeps_what_a_run_that_held_the_lock_before_it_left(tmp_path, monkeypatch, capsys):
+    """A run that began and ended between the refused run's look at the folder and its taking the lock
+    left its generation cache and inputs.json: the refused run removes only run files absent once it
+    holds the lock."""
+    from mdl_jax.cli import main
+    from mdl_repro.pipeline import experiment
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    argv, frag = _refused_reproduce(str(tmp_path), str(out), "data")
+    real = experiment.lock_out_dir
+
+    def after_another_run(folder):
+        (folder / "generations.sqlite").write_bytes(b"")
+        (folder / "inputs.json").write_text('{"the other run": true}')
+        return real(folder)
+
+    monkeypatch.setattr(experiment, "lock_out_dir", after_another_run)
+    capsys.readouterr()
+    assert main(argv) == 2 and frag in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["generations.sqlite", "inputs.json"]
+    assert (out / "inputs.json").read_text() == '{"the other run": true}'
 
 
 def test_every_subcommand_help_states_its_cost_and_defaults(capsys):

@@ -192,7 +192,7 @@ def reproduce_cmd(args) -> int:
     from mdl_jax.signals.embedding_models import ModelLoadError
     from mdl_jax.signals.embeddings import Embedder
     from mdl_repro.analysis.report import write_report
-    from mdl_repro.pipeline.experiment import Experiment, OutDirInUse, RunConfig
+    from mdl_repro.pipeline.experiment import RUN_FILES, Experiment, OutDirInUse, RunConfig
     from mdl_repro.pipeline.generation import make_backend
     from mdl_repro.pipeline.records import read_run_json
 
@@ -258,6 +258,9 @@ def reproduce_cmd(args) -> int:
         _remove_empty_run(cfg.out, fresh, made)
         raise CommandError(f"reproduce: argument --out: cannot create {str(cfg.out)!r}: "
                            f"{e.strerror or e}") from None
+    # what a run that held the lock before this one left (it ended between the list above and the
+    # lock) is that run's: not this one's to remove
+    made = [name for name in made if name == ".lock" or name in exp.absent_at_lock]
     try:  # the lock is held until the report is written: it reads the records
         prev = read_run_json(cfg.out / "run.json")  # (under the lock: no other run rewrites it now)
         stops: tuple[type[BaseException], ...] = (*user_errors(), ModelLoadError)
@@ -305,13 +308,8 @@ def reproduce_cmd(args) -> int:
     return 0
 
 
-# the files a run makes in its out dir
-RUN_FILES = (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
-             "records.jsonl", "inputs.json")
-
-
 def _remove_empty_run(out: Path, top: Path | None, made: list[str]) -> None:
-    """Undo what a run that failed on bad input before its first record created: of ``RUN_FILES``
+    """Undo what a run that failed on bad input before its first record created: of the run files
     those in ``made`` (absent before the run: the lock, the empty generation cache and records file,
     the inputs), and the folders from ``out`` up to ``top``, each only if empty (``top`` None: ``out``
     existed before the run, and stays). Under the folder's lock, taken again: a run that took it since

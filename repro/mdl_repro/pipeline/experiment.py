@@ -126,6 +126,11 @@ def check_inputs(out: Path, now: dict, has_records: bool) -> None:
     write_text(out / INPUTS, json.dumps(now, indent=2, ensure_ascii=False))
 
 
+# the files a run makes in its out dir
+RUN_FILES = (".lock", "generations.sqlite", "generations.sqlite-wal", "generations.sqlite-shm",
+             "records.jsonl", "inputs.json")
+
+
 def lock_out_dir(out: Path):
     """Hold an exclusive flock on ``out/.lock`` for this process's lifetime (returns the open file).
 
@@ -177,6 +182,9 @@ class Experiment:
         self.embedder = embedder
         self.out = Path(cfg.out)
         self._lock = lock_out_dir(self.out)  # before reading anything another run might be writing
+        # the run files absent once the lock is held: a refused run removes only those of them it made,
+        # never what a run that held the lock before it left
+        self.absent_at_lock = {p.name for p in map(self.out.joinpath, RUN_FILES) if not os.path.lexists(p)}
         self.records_path = self.out / "records.jsonl"
         try:
             self.writer = rec_io.RecordWriter(self.records_path)
