@@ -841,6 +841,21 @@ def test_a_cache_whose_pages_are_damaged_is_set_aside_by_the_read_that_meets_it(
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("embeddings.sqlite.corrupt-")]) == 1
 
 
+def _foreign_database(folder):
+    """Another program's SQLite file at ``folder/embeddings.sqlite``: tables ``emb`` and ``dims`` without
+    the cache's columns, one row of its own."""
+    import sqlite3
+
+    db = folder / "embeddings.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE emb (id INTEGER PRIMARY KEY, payload TEXT)")
+    con.execute("CREATE TABLE dims (id INTEGER)")
+    con.execute("INSERT INTO emb (payload) VALUES ('theirs')")
+    con.commit()
+    con.close()
+    return db
+
+
 def test_a_file_by_the_caches_name_with_other_tables_is_set_aside_not_read_by_missing_columns(tmp_path):
     """Another program's database (or another format) at ``embeddings.sqlite``: its ``emb`` lacks the
     cache's columns, and a read failed with SQLite's "no such column"; it is set aside as a damaged file
@@ -849,12 +864,7 @@ def test_a_file_by_the_caches_name_with_other_tables_is_set_aside_not_read_by_mi
 
     from mdl_jax.signals.embeddings import EmbeddingCache
 
-    db = tmp_path / "embeddings.sqlite"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE emb (id INTEGER PRIMARY KEY, payload TEXT)")
-    con.execute("INSERT INTO emb (payload) VALUES ('theirs')")
-    con.commit()
-    con.close()
+    db = _foreign_database(tmp_path)
     with pytest.warns(RuntimeWarning, match=r"is damaged \(not the cache's tables: emb has the columns \(id, "
                                             r"payload\), expected \(model, key, vec\)\); it was set aside as"):
         c = EmbeddingCache(db)
@@ -968,16 +978,9 @@ def _read_only(folder):
 
 
 def test_a_read_only_file_by_the_caches_name_with_other_tables_is_not_read(tmp_path):
-    import sqlite3
-
     from mdl_jax.signals.embeddings import EmbeddingCache
 
-    db = tmp_path / "embeddings.sqlite"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE emb (id INTEGER PRIMARY KEY, payload TEXT)")
-    con.execute("CREATE TABLE dims (id INTEGER)")
-    con.commit()
-    con.close()
+    db = _foreign_database(tmp_path)
     undo = _read_only(tmp_path)
     try:
         with pytest.warns(RuntimeWarning, match=r"is damaged \(not the cache's tables: .*\) and cannot be "
