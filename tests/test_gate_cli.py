@@ -949,6 +949,26 @@ def test_a_users_embedder_that_raises_is_one_line_naming_it_exit_2(tmp_path, cap
     assert not _parts(out).exists() and not out.exists()
 
 
+@pytest.mark.parametrize("body, raised", [("raise RuntimeError('no credentials for the service')",
+                                          "RuntimeError: no credentials for the service"),
+                                         ("def embed(texts) return texts", "SyntaxError: ")])
+def test_a_users_embedder_module_that_fails_to_import_is_one_line_naming_it_exit_2(tmp_path, capsys, monkeypatch,
+                                                                                   body, raised):
+    """A --embedder module:function whose module raises as it is imported (its own code run at import,
+    or a syntax error) ended in the traceback of the import: one line naming the flag, exit 2, as for
+    a module that cannot be found."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "users_embedder_at_fault.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    src = _jsonl(tmp_path / "in.jsonl", gate_rows.rows(3))
+    out = tmp_path / "out.jsonl"
+    assert main(["gate", str(src), "--out", str(out), "--embedder", "users_embedder_at_fault:embed",
+                 "--no-progress"]) == 2
+    assert _err_line(capsys).startswith("mdl-jax: error: --embedder users_embedder_at_fault:embed: importing it "
+                                        f"raised {raised}")
+    assert not _parts(out).exists() and not out.exists()
+
+
 def test_a_users_embedder_that_fails_mid_run_keeps_the_parts_written(tmp_path, capsys):
     """Its rows were decided: the parts on disk stay for a rerun to resume, as after a crash."""
     gate_embedders.CALLS[0] = 0

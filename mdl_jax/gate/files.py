@@ -118,6 +118,8 @@ def _load_embedder(spec: str):
             fn = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
             raise GateInputError(f"--embedder: cannot import {spec!r} ({e})") from None
+        except Exception as e:  # noqa: BLE001 - the user's module runs its own code as it is imported
+            raise _users_error(spec, "importing it", e) from e
         if isinstance(fn, Embedder):  # the library's own: a fault of its model is a ModelLoadError
             return fn
         if hasattr(fn, "embed"):
