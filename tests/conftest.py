@@ -115,6 +115,22 @@ def embedder(cache_dir):
 
 
 @pytest.fixture(scope="session")
+def tqa():
+    """The first 30 TruthfulQA items of the shared copy."""
+    from mdl_repro.pipeline import data
+
+    return data.load("truthfulqa", limit=30)
+
+
+@pytest.fixture(scope="session")
+def halu():
+    """The first 30 HaluEval-QA items of the shared copy."""
+    from mdl_repro.pipeline import data
+
+    return data.load("halueval", limit=30)
+
+
+@pytest.fixture(scope="session")
 def local_backend():
     from mdl_repro.pipeline.generation import LocalBackend
 

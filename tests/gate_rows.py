@@ -1,5 +1,5 @@
 """Rows for the gate's hostile-input tests (tests/test_gate_cli.py, tests/test_gate.py,
-tests/test_signals.py): small stores of three memories, and one wide store of N memories."""
+tests/test_aggregation.py): small stores of three memories, and one wide store of N memories."""
 
 
 def rows(n, start=0):

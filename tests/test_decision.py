@@ -237,7 +237,7 @@ def test_zero_norm_v_meta_gives_no_nan(maybe_jit):
 
 
 def test_deployed_norm_range_lies_inside_the_signal_cube_range():
-    # The defaults come from real calibration signals (tests/test_signals.py recomputes them); every
+    # The defaults come from real calibration signals (tests/test_stores.py recomputes them); every
     # possible input's raw norm still lies in the cube range, which contains the deployed one.
     lo, hi = signal_cube_norm_range(CFG)
     assert abs(lo - 1.2522579) < 1e-5 and abs(hi - 3.2805850) < 1e-5

@@ -85,7 +85,7 @@ def native_why_not() -> str | None:
 # row's last bit depend on its batch neighbours: tests/test_ray_data.py; ``small_signals``' own two paths
 # give the same bits). For one query (a framework component, the gateway) JAX's dispatch, the
 # padding to 16 rows and the transfers back cost several times the arithmetic itself. The two paths
-# agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_signals.py); they can count a memory as
+# agree to ≤ 1e-6 (one float32 ulp in the tests: tests/test_aggregation.py); they can count a memory as
 # relevant differently only when its cosine lies within float32 rounding (~1e-7) of the threshold.
 SMALL_BATCH = 8  # (kept for callers; the path no longer depends on it)
 SMALL_MEMORIES = 64
@@ -241,7 +241,7 @@ def small_signals(q_emb: np.ndarray, stores: Sequence[Sequence[str]], U: np.ndar
     BLAS call per row's own (S, d) slice (the same shape and strides whatever the stack), rounded to
     float32 once as in ``aggregate_small``, and every other reduction runs along a row's own axis, so a
     row's bits do not depend on which rows share its call or its step; calls of at most ``ROW_BY_ROW``
-    stores run the same products on 2-D arrays (``_small_row``). tests/test_signals.py checks a row
+    stores run the same products on 2-D arrays (``_small_row``). tests/test_aggregation.py checks a row
     alone against the row in a call, and both against ``aggregate_small``, bit for bit.
 
     Args:

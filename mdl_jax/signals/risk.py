@@ -23,7 +23,7 @@ the committed run). Widened, with the reason for each addition:
     A changes for 171 of the 10,000 questions (103 from 0.85 and 65 from 0.50 to 0.20, 3 from 0.85 to
     0.50; 8 of the 280 HaluEval questions of the committed ``paper-scale-200x3-paired`` run), and the
     top tier holds 10.55%. Committed runs keep the A values they were computed with (records.jsonl).
-``tests/test_signals.py`` pins both shares, so a later edit of the tables shows up as a test change.
+``tests/test_risk.py`` pins both shares, so a later edit of the tables shows up as a test change.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The paper takes n_min and n_max from the calibration split: the minimum and maxi
 ‖v_meta‖ over the calibration questions. ``deployed_norm_range`` does exactly that for the TruthfulQA
 calibration split (80 questions, split seed 0, the stores and signals of ``mdl-jax reproduce``) under
 the paper's Table 2 settings; no LLM is needed, because the raw norm depends on the signals only.
-``MDLConfig``'s defaults are these two numbers, pinned by tests/test_signals.py, which recomputes them.
+``MDLConfig``'s defaults are these two numbers, pinned by tests/test_stores.py, which recomputes them.
 """
 
 from __future__ import annotations
