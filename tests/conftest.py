@@ -31,7 +31,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # keep JAX's standard rules inside the library, tune_program._optax_call.) A controller test that
 # belongs, by its module, in another file keeps the strict rules by its mark, strict_dtype_promotion.
 STRICT_DTYPE_MODULES = frozenset({
-    "test_api", "test_config_file", "test_decision", "test_native", "test_properties", "test_sweep",
+    "test_api", "test_calibration", "test_config_file", "test_decision", "test_native", "test_properties", "test_sweep",
     "test_sweep_native", "test_tuning", "test_tuning_settings",
 })
 

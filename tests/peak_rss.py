@@ -1,5 +1,5 @@
 """Peak resident memory of a call, measured in a fresh interpreter: the memory-bound tests of the
-calibration (tests/test_api.py) and the sweep (tests/test_sweep.py) run their call under test in a
+calibration (tests/test_calibration.py) and the sweep (tests/test_sweep.py) run their call under test in a
 child process, so the growth measured is that call's alone, not this test session's heap."""
 
 import os

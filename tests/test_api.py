@@ -1,6 +1,6 @@
-"""The public edge: shapes, batching, bad input, checked mode, the soft decision and calibration."""
+"""The public edge: shapes, batching, bad input, checked mode and the soft decision (calibration:
+tests/test_calibration.py)."""
 
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,6 @@ from mdl_jax import Action, MDLConfig, calibrate, checked_decide, decide, decide
 from mdl_jax.controller import api
 from mdl_jax.controller.config import NUMERIC_FIELDS
 from mdl_jax.engines import fused, native, toolchain
-from tests.peak_rss import PEAK_RSS_FUNCS, peak_growth_mb
 from tests.reference import NumpyMDL, decide_definition
 from tests.ties import tie_records
 
@@ -167,36 +166,6 @@ def test_finite_gradients_for_every_numeric_config_field(maybe_jit, rng):
     assert any(float(jnp.abs(v)) > 0 for v in jax.tree_util.tree_leaves(g))
 
 
-# --- Calibration ---------------------------------------------------------------------------------
-
-def test_calibration_norm_range_and_grid_search(rng):
-    M, R, A = rng.uniform(size=(3, 80)).astype(np.float32)
-    adopt = ((M > 0.5) & (A < 0.6)).astype(np.int32)
-    cal = calibrate(M, R, A, adopt, grid_size=201, offset=0.15)
-    raw = np.asarray(decide(M, R, A).norm)
-    assert cal.config.n_min == pytest.approx(raw.min()) and cal.config.n_max == pytest.approx(raw.max())
-    c = np.asarray(decide(M, R, A, cal.config).C_final)
-    brute = [np.mean((c >= t) == adopt.astype(bool)) for t in np.linspace(0, 1, 201)]
-    assert cal.best_agreement == pytest.approx(max(brute))
-    # the chosen θ0 is one of the tied best values; the old rule ("lowest") takes the first of them
-    tied = np.linspace(0, 1, 201)[np.flatnonzero(np.isclose(brute, max(brute)))]
-    assert np.isclose(tied, cal.config.thresholds[0]).any()
-    low = calibrate(M, R, A, adopt, grid_size=201, offset=0.15, tie_break="lowest")
-    assert low.config.thresholds[0] == pytest.approx(np.linspace(0, 1, 201)[int(np.argmax(brute))])
-    t0 = cal.config.thresholds[0]
-    assert cal.config.thresholds[1] == pytest.approx(max(t0 - 0.15, 0))
-    assert cal.config.thresholds[2] == pytest.approx(max(t0 - 0.30, 0))
-    np.testing.assert_allclose(np.asarray(c).min(), 0.0, atol=1e-6)
-
-
-def test_calibration_rejects_bad_labels(rng):
-    M, R, A = rng.uniform(size=(3, 10))
-    with pytest.raises(ValueError, match="adopt"):
-        calibrate(M, R, A, np.full(10, 0.5))
-    with pytest.raises(ValueError, match="adopt: expected shape"):
-        calibrate(M, R, A, np.ones(9))
-
-
 def test_import_is_light():
     import subprocess
     import sys
@@ -316,36 +285,6 @@ def test_the_kernels_old_module_names_are_deprecated_aliases_of_the_engines():
 
 
 # --- bad input: labels, shapes, dtypes, temperatures, NaN unvalidated ---------------------------------------
-
-
-def test_calibrate_scalar_labels_or_signals_raise_value_error_naming_the_argument(rng):
-    M, R, A = rng.uniform(size=(3, 20))
-    y = (M > 0.5).astype(int)
-    with pytest.raises(ValueError, match=r"^adopt: expected a 1-d"):
-        calibrate(M, R, A, 1)
-    with pytest.raises(ValueError, match=r"^M: expected a 1-d"):
-        calibrate(0.5, 0.5, 0.5, y)
-    with pytest.raises(ValueError, match=r"^adopt: expected binary labels.*adopt\[3\]"):
-        calibrate(M, R, A, np.where(np.arange(20) == 3, np.nan, y))
-    with pytest.raises(ValueError, match=r"^adopt: .*dtype <U"):
-        calibrate(M, R, A, np.array(["yes"] * 20))
-    # a grid past its bound is named before anything is allocated (10^12 candidates were 7 TiB)
-    with pytest.raises(ValueError, match=r"^grid_size: expected an int in \[2, 10,000,000\], got 1000000000000"):
-        calibrate(M, R, A, y, grid_size=10**12)
-
-
-def test_boolean_labels_and_bfloat16_signals_are_valid(rng):
-    M, R, A = rng.uniform(size=(3, 60)).astype(np.float32)
-    y = (M > 0.5) & (A < 0.6)
-    as_int = calibrate(M, R, A, y.astype(np.int32))
-    as_bool = calibrate(M, R, A, y)
-    assert as_bool.config.thresholds == as_int.config.thresholds
-    bf = [jnp.asarray(x, jnp.bfloat16) for x in (M, R, A)]
-    cal = calibrate(*bf, y)
-    assert np.isfinite(cal.best_agreement) and cal.config.n_max > cal.config.n_min
-    out = decide(*bf)
-    assert out.C_final.dtype == jnp.float32  # computed in float32, never in bfloat16
-    assert all(np.all(np.isfinite(np.asarray(f, np.float32))) for f in out)
 
 
 def test_first_offending_index_is_named_whatever_is_wrong_with_it():
@@ -534,93 +473,6 @@ def test_a_float64_threshold_is_compared_in_float32_on_every_path():
     for out in (decide(*x, cfg), decide(*x, cfg, engine="native"), decide_definition(*map(jnp.asarray, x), cfg),
                 fused.decide(*map(jnp.asarray, x), cfg, interpret=True)):
         assert np.all(np.asarray(out.C_final) == np.float32(0.7)) and np.all(np.asarray(out.action) == 0)
-
-
-# --- calibration: memory linear in N, equal to the comparison matrix ----------------------------------------
-
-
-_CALIBRATE_MEMORY = PEAK_RSS_FUNCS + """
-    import sys, warnings
-    import numpy as np
-    from mdl_jax.controller.calibration import calibrate
-    warnings.simplefilter("ignore")
-    N = int(sys.argv[1])
-    rng = np.random.default_rng(0)
-    x = rng.uniform(size=(3, N)).astype(np.float32)
-    lab = rng.uniform(size=N) < 0.5
-    calibrate(*x[:, :100], lab[:100])
-    base = reset_peak()
-    calibrate(*x, lab)
-    print(hwm() - base)
-"""
-
-
-def test_calibrate_memory_is_linear_in_n():
-    """The 1,001-point grid was a (1001, N) comparison matrix: +400 MB at N = 10^5 (+3.9 GB at
-    10^6). Counted from one sort, the growth is two decide calls' outputs (~112 B a record) and the
-    sort: under 80 MB at N = 10^5 (~400 MB before)."""
-    grew = peak_growth_mb(_CALIBRATE_MEMORY, 100_000)
-    assert grew < 80, f"calibrate at N = 1e5 grew the peak RSS by {grew:.0f} MB"
-
-
-def _old_grid_agreement(C_final, adopt, grid):
-    pred = C_final[None, :] >= grid[:, None]
-    return jnp.mean(pred == adopt[None, :].astype(bool), axis=1)
-
-
-def _old_grid_counts(C_final, adopt, grid):
-    pred = C_final[None, :] >= grid[:, None]
-    return jnp.sum(pred == adopt[None, :].astype(bool), axis=1, dtype=jnp.int32)
-
-
-@pytest.mark.parametrize("kind", ["uniform", "ties", "on the grid", "constant"])
-def test_calibrate_equals_the_comparison_matrix_bit_for_bit(kind, monkeypatch):
-    from mdl_jax.controller import calibration as cal
-
-    rng = np.random.default_rng(7)
-    N = 3001
-    c = rng.uniform(size=N).astype(np.float32)
-    if kind == "ties":
-        c = (np.round(c * 7) / 7).astype(np.float32)
-    elif kind == "on the grid":   # C_final exactly on grid values: the ≥ at every tie
-        c = np.linspace(0, 1, 1001)[rng.integers(0, 1001, N)].astype(np.float32)
-    elif kind == "constant":
-        c = np.full(N, 0.5, np.float32)
-    lab = rng.uniform(size=N) < 0.4
-    grid = jnp.asarray(np.linspace(0, 1, 1001), jnp.float32)
-    new = np.asarray(cal.grid_agreement(c, lab, grid))
-    old = np.asarray(jax.jit(_old_grid_agreement)(c, lab, grid))
-    assert new.dtype == old.dtype and np.array_equal(new, old)
-    assert np.array_equal(np.asarray(cal.grid_counts(c, lab, grid)), np.asarray(jax.jit(_old_grid_counts)(c, lab, grid)))
-    if kind != "uniform":
-        return
-    # the whole calibration, plateau and tie outputs included, on real signals
-    x = rng.uniform(size=(3, 400)).astype(np.float32)
-    y = rng.uniform(size=400) < 0.5
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # a random split may warn of a constant optimum
-        a = cal.calibrate(*x, y)
-        monkeypatch.setattr(cal, "grid_counts", jax.jit(_old_grid_counts))
-        b = cal.calibrate(*x, y)
-    assert np.array_equal(a.agreement, b.agreement)
-    assert a[3:] == b[3:] and a.config == b.config
-
-
-def test_calibrate_chooses_on_exact_counts_where_float32_shares_coincide(monkeypatch):
-    """Above 2**24 records two agreement counts can round to one float32 share; θ0 and ``constant``
-    are decided on the counts. Shown on 3 records with counts that float32 shares of N = 2**25 tie."""
-    from mdl_jax.controller import calibration as cal
-
-    n_big = 2 ** 25
-    big = jnp.asarray([n_big // 4, 3 * n_big // 4 - 1, 3 * n_big // 4], jnp.int32)   # θ0 = 1.0 has one more
-    assert np.asarray(cal._share(big, n_big))[1] == np.asarray(cal._share(big, n_big))[2]
-    monkeypatch.setattr(cal, "grid_counts", lambda c, a, g: big)
-    monkeypatch.setattr(cal, "_share", lambda counts, n: cal.jnp.asarray(counts, jnp.float32) / n_big)
-    x = np.full((3, 4), 0.5, np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        c = cal.calibrate(*x, np.array([1, 0, 1, 0]), grid_size=3)
-    assert c.config.thresholds[0] == 1.0 and c.n_tied == 1
 
 
 def test_a_traced_signal_given_to_sweep_calibrate_or_tune_is_refused_as_traced_in_one_line():

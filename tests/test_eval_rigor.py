@@ -1,6 +1,6 @@
 """Evaluation rules that keep the analyses honest, on small constructed records with known answers:
-folds grouped by question, question-level nulls and bootstraps, calibration ties and constant optima,
-degenerate controllers, the question-level ceiling, CRAG = B2, the QR-basis study in one program."""
+folds grouped by question, question-level nulls and bootstraps, degenerate
+controllers, the question-level ceiling, CRAG = B2, the QR-basis study in one program."""
 
 import warnings
 
@@ -10,7 +10,6 @@ import pytest
 
 import mdl_jax
 from mdl_jax import MDLConfig, calibrate
-from mdl_jax.controller.calibration import tied_plateau
 from mdl_repro.analysis import cases, oracle, sensitivity, stats
 from mdl_repro.analysis import complementarity as cm
 
@@ -77,87 +76,6 @@ def test_question_bootstrap_weights_move_whole_questions():
     first = np.unique(g, return_index=True)[1]
     np.testing.assert_array_equal(w[:, first].sum(1), 30)
     assert (w.sum(1) == 30 * 9).all()
-
-
-# -------------------------------------------------------------------------------- ties
-
-def test_tie_break_takes_the_middle_of_the_widest_tied_run():
-    agreement = np.full(101, 0.4)
-    agreement[20:31] = 0.6   # 11 tied values: the widest run, middle at 25
-    agreement[90:96] = 0.6   # 6 tied values
-    pick, tied = tied_plateau(agreement, "middle")
-    assert pick == 25 and len(tied) == 17 and tied[0] == 20 and tied[-1] == 95
-    assert tied_plateau(agreement, "lowest")[0] == 20
-    agreement[90:101] = 0.6  # two equally wide runs (11 each): the lower one wins
-    assert tied_plateau(agreement, "middle")[0] == 25
-    agreement[10:12] = 0.6   # an even-length run picks its lower middle
-    agreement[20:31] = 0.4
-    agreement[90:101] = 0.4
-    assert tied_plateau(agreement, "middle")[0] == 10
-
-
-def test_calibrate_reports_the_plateau_and_its_rule(rng):
-    M, R, A = rng.uniform(size=(3, 60)).astype(np.float32)
-    adopt = ((M > 0.5) & (A < 0.6)).astype(np.int32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        mid = calibrate(M, R, A, adopt, grid_size=501)
-        low = calibrate(M, R, A, adopt, grid_size=501, tie_break="lowest")
-    tied = mid.grid[mid.agreement == mid.agreement.max()]
-    assert mid.n_tied == len(tied) and mid.plateau == (tied[0], tied[-1])
-    assert low.config.thresholds[0] == tied[0] == mid.theta0_lowest == low.theta0_lowest
-    assert mid.config.thresholds[0] == mid.theta0_middle and mid.theta0_middle in tied
-    assert mid.tie_break == "middle" and low.tie_break == "lowest"
-    with pytest.raises(ValueError, match="tie_break"):
-        calibrate(M, R, A, adopt, tie_break="highest")
-
-
-def test_calibrate_warns_when_the_optimum_is_a_constant_classifier(rng):
-    M, R, A = rng.uniform(size=(3, 40)).astype(np.float32)
-    with pytest.warns(UserWarning, match="constant classifier 'never adopt'"):
-        cal = calibrate(M, R, A, np.zeros(40, np.int32))
-    assert cal.constant == "never adopt" and cal.best_agreement == 1.0
-    with pytest.warns(UserWarning, match="always adopt"):
-        assert calibrate(M, R, A, np.ones(40, np.int32)).constant == "always adopt"
-    # informative labels: no warning, no constant
-    adopt = (M > np.median(M)).astype(np.int32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        cal = calibrate(M, np.full(40, 0.5, np.float32), np.full(40, 0.2, np.float32), adopt)
-    assert cal.constant is None and cal.best_agreement > 0.5
-    # θ2 = max(θ0 − 0.4, 0) = 0 leaves Opt-Out unreachable, and calibration says so
-    assert cal.opt_out_possible == (cal.config.thresholds[2] > 0)
-
-
-def _all_adopt_calibration(rng):
-    # Every label adopt: θ0 = 0 is the best threshold (the least-norm record has C = 0, so C_final = 0)
-    M, R, A = rng.uniform(size=(3, 40)).astype(np.float32)
-    with pytest.warns(UserWarning, match="always adopt"):
-        cal = calibrate(M, R, A, np.ones(40, np.int32))
-    return cal, np.asarray(mdl_jax.decide(M, R, A, cal.config).action), np.asarray(
-        mdl_jax.decide(M, R, A, cal.config).C_final)
-
-
-def test_adopt_share_counts_a_record_on_theta0_as_active(rng):
-    cal, action, c_final = _all_adopt_calibration(rng)
-    assert cal.config.thresholds[0] == 0.0 and c_final.min() == 0.0   # a record exactly on θ0
-    assert cal.adopt_share == np.mean(action == 0) == 1.0
-
-
-def test_a_calibration_whose_theta2_is_zero_says_it_cannot_opt_out(rng):
-    cal, action, _ = _all_adopt_calibration(rng)
-    assert cal.config.thresholds[2] == 0.0 and cal.opt_out_possible is False
-    assert not np.any(action == 3)
-
-
-def test_a_split_of_identical_records_gets_a_range_of_one_around_its_norm_so_c_is_one_half():
-    x = np.full(10, 0.4, np.float32)
-    with pytest.warns(UserWarning, match="constant classifier"):   # identical records: no threshold helps
-        cal = calibrate(x, x, x, np.arange(10) % 2)
-    d = mdl_jax.decide(x, x, x, cal.config)
-    norm = float(np.asarray(d.norm)[0])
-    assert (cal.config.n_min, cal.config.n_max) == pytest.approx((norm - 0.5, norm + 0.5), abs=1e-6)
-    np.testing.assert_allclose(np.asarray(d.C), 0.5, atol=1e-6)
 
 
 def test_degenerate_flags_constant_controllers():
