@@ -120,6 +120,11 @@ def _own_report(t, argv: list[str]) -> list[str]:
     return argv
 
 
+def _scores_csv(t, text: str) -> str:
+    Path(t, "s.csv").write_text(text)
+    return f"{t}/s.csv"
+
+
 # (id, argv(tmp) -> list[str], message fragment, paths under tmp that must not exist afterwards)
 CASES = [
     # reproduce: every flag is checked at parse time, before any model loads or folder exists
@@ -198,6 +203,21 @@ CASES = [
     ("benchmarks-out-holds-a-report",
      lambda t: _own_report(t, ["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{t}/mine"]),
      "holds REPORT.md but no record of a benchmark run", ["mine/inputs.json"]),
+    # the user's scores are the --gate-scores file on the command line, not run_benchmarks' argument `extra`,
+    # and a file that misses memory sets says how to name them all
+    ("benchmarks-gate-scores-miss-a-data-sets-memory-sets",
+     lambda t: ["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{t}/run",
+                "--gate-scores", _scores_csv(t, "qid,mine\nnone of them,1\n")],
+     "s.csv: column 'mine': no score for 12 of rgb_en_fact's memory sets, e.g. qid 'rgb_en_fact:0:true'; "
+     "give a row for every memory set", ["run"]),
+    ("benchmarks-gate-scores-without-a-reader-free-set",
+     lambda t: ["benchmarks", "adarague:hotpotqa_test", "--limit", "3", "--out", f"{t}/run",
+                "--gate-scores", _scores_csv(t, "qid,mine\nq,1\n")],
+     "s.csv: a user's gate scores memory sets of the reader-free data sets", ["run"]),
+    ("benchmarks-gate-scores-column-named-as-a-gate",
+     lambda t: ["benchmarks", "rgb_en_fact", "--limit", "3", "--out", f"{t}/run",
+                "--gate-scores", _scores_csv(t, "qid,oracle\nq,1\n")],
+     "s.csv: 'oracle' cannot name a gate", ["run"]),
     ("reproduce-model-no-such-folder",
      lambda t: ["reproduce", "--model", f"{t}/none", "--n-questions", "2", "--out", f"{t}/run"],
      "no such model folder", ["run"]),
@@ -503,6 +523,16 @@ def test_every_subcommand_help_states_its_cost_and_defaults(capsys):
         out = capsys.readouterr().out
         assert cost in out, cmd
         assert "default" in out, cmd
+
+
+def test_benchmarks_help_says_what_a_gate_scores_file_holds(capsys):
+    """The file's columns, where its ids come from and which way its scores point: without them a user of
+    the command line cannot write one."""
+    from mdl_jax.cli import main
+
+    assert main(["benchmarks", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'qid' column" in out and "BenchmarkItem.qid" in out and "higher = do not adopt" in out
 
 
 def test_llm_judge_check_help_does_not_start_the_job():

@@ -8,8 +8,9 @@ Writes REPORT.md, metrics.csv, conditions.csv, risk–coverage figures and the s
 (``mdl_jax.evaluation.run``). A rerun into the same folder continues its run: one whose inputs changed
 (--limit, --config, the embedder, --n-boot, --no-fit, a data set's items or --gate-scores) is refused,
 naming what changed; with the same inputs it reuses the signals (an interrupted run resumes) and reports
-every data set of the run, those named before and those named now. ``--gate-scores`` takes a CSV with a ``qid`` column (the items' ids, as
-metrics.csv and the loaders name them) and one column of scores per gate (higher = do not adopt).
+every data set of the run, those named before and those named now. ``--gate-scores`` takes a CSV with a ``qid`` column (the memory sets'
+ids, ``BenchmarkItem.qid`` of ``load_benchmark``'s items) and one column of scores per gate (higher = do not adopt),
+with a row for every memory set of each reader-free data set named.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import sys
 
 from mdl_jax.cli.args import (
@@ -65,6 +67,23 @@ def _scores(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
+# run_benchmarks names the user's scores by its argument, ``extra`` (``extra['gate']``: one gate's): on the
+# command line they are the --gate-scores file (a column of it), which the message names instead
+_EXTRA = re.compile(r"\Aextra(?:\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\])?(?=[:\[])")
+
+
+def _as_flags(message: str, scores: str | None) -> str:
+    m = _EXTRA.match(message) if scores else None
+    if m is None:
+        return message
+    rest = message[m.end():]
+    out = f"--gate-scores {scores}" + (f": column {m.group(1)}{rest}" if m.group(1) else rest)
+    if "no score for" in message:
+        out += ("; give a row for every memory set of each data set named (their ids: [it.qid for it in "
+                "load_benchmark(name, limit=...)]), or name only the data sets the file covers")
+    return out
+
+
 def register(sub) -> None:
     from mdl_jax.evaluation.run import ALL
     from mdl_jax.signals.embeddings import EMBED_BACKENDS
@@ -88,7 +107,10 @@ def register(sub) -> None:
                         "--gate-scores or data is refused (use a fresh --out)")
     p.add_argument("--limit", type=positive_int, help="questions per data set, taken in turn from its splits (a smoke test; default: all)")
     p.add_argument("--data-dir", type=existing_dir, help="the benchmarks folder (default: the shared copy)")
-    p.add_argument("--gate-scores", type=existing_file, help="a CSV of your own gates' scores (qid + columns)")
+    p.add_argument("--gate-scores", type=existing_file,
+                   help="a CSV of your own gates' scores: a 'qid' column (each memory set's id, BenchmarkItem.qid) "
+                        "and one column per gate, higher = do not adopt; a row for every memory set of the data "
+                        "sets named")
     p.add_argument("--config", type=config_file, help="an MDL config file (default: the paper's defaults, MDLConfig())")
     p.add_argument("--no-fit", action="store_true", help="skip the calibrated, tuned and learned MDL rows")
     p.add_argument("--n-boot", type=positive_int, default=1000, help="bootstrap resamples per interval")
@@ -110,6 +132,6 @@ def run(args) -> int:
     except (ValueError, TypeError, RunInUse) as e:  # the documented argument errors of run_benchmarks and the gate
         if isinstance(e, UnicodeError):
             raise
-        raise CommandError(str(e)) from None
+        raise CommandError(_as_flags(str(e), args.gate_scores)) from None
     write_stdout(f"{report}\n")
     return 0
