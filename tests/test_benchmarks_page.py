@@ -60,3 +60,15 @@ def test_every_interval_in_the_verdict_is_one_row_of_the_run():
     found = re.findall(r"(-?\d\.\d{3})\s+\[(-?\d\.\d{3}),\s+(-?\d\.\d{3})\]", verdict)
     assert len(found) >= 10
     assert not [t for t in found if t not in triples], [t for t in found if t not in triples]
+
+
+def test_a_users_gate_stands_in_the_summary_beside_mdl():
+    """A run made for a user's own gate (``--gate-scores``, ``extra``) shows it in the summary tables, before
+    the oracle, not only in each data set's section."""
+    rows = [r for r in _rows("metrics.csv") if r["dataset"] == "rgb_en_fact"]
+    mine = [{**r, "gate": "my gate", "value": "0.123456"} for r in rows if r["gate"] == "MDL (paper defaults)"
+            and r["metric"] in ("decision accuracy", "AUROC")]
+    text = summary_markdown(rows + mine)
+    heads = [line for line in text.splitlines() if line.startswith("| data set |")]
+    assert heads[0].endswith("| MDL tuned | my gate | oracle |") and heads[1].endswith("| my gate | oracle |")
+    assert text.count("0.123 [") == 2
