@@ -238,6 +238,34 @@ def test_slow_blocks_exist_only_where_a_model_is_needed():
                 assert needs_model.search(b["code"]), f"{page}:{b['line']}: marked slow but loads no model"
 
 
+def _loads_the_bundled_model(code: str) -> bool:
+    """Whether a block builds an ``Embedder`` (it loads its model on first use) or a ``MemoryGate`` whose
+    embedder is a model (none given, or a name); a gate on the caller's own function loads none."""
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        if name == "Embedder":
+            return True
+        if name == "MemoryGate":
+            given = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "embedder"), None)
+            if given is None or isinstance(given, ast.Constant):
+                return True
+    return False
+
+
+def test_blocks_that_load_a_model_are_marked_slow():
+    # The converse of the promise above: an unmarked block runs in the quick tests, which load no model (and
+    # run where the signals extra, and so the model, is not installed).
+    assert _loads_the_bundled_model("from mdl_jax.gate import MemoryGate\ng = MemoryGate(risk=0.2)\n")
+    assert not _loads_the_bundled_model("g = MemoryGate(embedder=bag_of_words, risk=0.2)\n")
+    for page in PAGES:
+        for b in _page_blocks(page)[1]:
+            if b["kind"] == "run":
+                assert not _loads_the_bundled_model(b["code"]), f"{page}:{b['line']}: loads a model: mark it slow"
+
+
 # ---------------------------------------------------------------------------- content checks
 
 def _public_names() -> list[str]:
