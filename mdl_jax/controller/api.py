@@ -327,7 +327,8 @@ def decide(M: ArrayLike, R: ArrayLike, A: ArrayLike,
       A ``Decision`` whose fields have shape ``S`` (``v_meta``: S + (D,), ``energies``: S + (3,));
         ``action`` holds ``Action`` codes (int32). The float fields are float32, or float64 for float64
         input under x64: float16 / bfloat16 signals are widened to float32 and computed (and returned)
-        in float32, never in their own dtype. JAX arrays, except on the "native" engine (NumPy).
+        in float32, never in their own dtype. JAX arrays, except on the "native" engine (NumPy), which
+        "auto" runs on the CPU: code that calls ``block_until_ready`` converts with ``jnp.asarray`` first.
 
     Raises:
       ValueError: a signal outside [0, 1], NaN or ±inf (with ``validate``; the message names the
