@@ -93,7 +93,9 @@ def register(sub) -> None:
                    help="ROLE=COLUMN: read a role (M, R, A, adopt, weight) from another column")
     p.add_argument("--bootstrap", type=nonneg_int, default=0, help="Poisson bootstrap resamples (0: none); with W > 0 every column is the mean over the W "
                         "resamples (the accuracy column too, not the file's own accuracy), beside a 95%% "
-                        "percentile interval of the accuracy")
+                        "percentile interval of the accuracy. Records are resampled one by one: where several "
+                        "share a question the interval is too narrow (in Python, sweep with "
+                        "bootstrap_weights(N, W, groups=...) resamples questions)")
     p.add_argument("--seed", type=seed_int, default=0, help="the resamples' seed")
     p.add_argument("--record-chunk", type=positive_int, default=1 << 18, help="records per pass")
     p.add_argument("--out", type=out_file, default=None, help="CSV file (default: print to stdout)")
