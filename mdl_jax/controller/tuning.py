@@ -537,7 +537,8 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
         validation accuracy before the run stops moving, only with a validation part); the defaults
         when None.
       **options: shorthands for fields of ``settings``: ``steps=300``, ``optimizer=...``,
-        ``temperature=...``, ``patience=...``. Deprecated, for one release (DeprecationWarning):
+        ``temperature=...``, ``patience=...``; each replaces that field of ``settings``
+        (``tune(..., steps=10, settings=TuneSettings(steps=5))`` trains 10 steps). Deprecated, for one release (DeprecationWarning):
         ``learning_rate=x`` (use ``optimizer=default_optimizer(steps, x)``) and
         ``temperature=(start, end)`` (use ``GeometricTemperature(start, end, steps)``).
 

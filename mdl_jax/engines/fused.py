@@ -25,7 +25,7 @@ input on a GPU backend, a config within its limits (``supports``). The pure-JAX 
 definition and the path for traced input (a caller's jit/vmap/grad), so gradients (``soft_decide``,
 ``tune``) never see it. If the kernel fails to lower or compile, a named call raises the error; under
 "auto" the first failure warns once and the process goes on with the pure-JAX engine.
-``MDL_JAX_FUSED=0`` (deprecated: name the engine instead) keeps it from running;
+``MDL_JAX_FUSED=0`` keeps it from running (under "auto", as the gate and the servers run);
 ``MDL_JAX_FUSED=interpret`` runs it in Pallas interpret mode on any backend (slow: for tests and
 debugging, as the parity tests on the CPU do).
 """

@@ -7,8 +7,10 @@ went into it, and loaded only when its bytes match the size and sha256 its build
 cut short (a full disk, a killed copy) would map pages past the end of its file, and the first call
 into them would kill the process with SIGBUS, with no exception to catch.
 
-``MDL_JAX_NATIVE=0`` (deprecated: name the engine instead) keeps every native library from being built
-or loaded. ``address`` is the one way the callers of these libraries pass a NumPy array to them.
+``MDL_JAX_NATIVE=0`` keeps every native library from being built or loaded: the one switch for callers
+that run "auto" and take no engine argument (the gate, its framework components, the gateway, the
+command line); a call that names ``engine="native"`` under it is refused, saying so. ``address`` is
+the one way the callers of these libraries pass a NumPy array to them.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ class NativeBuildError(RuntimeError):
 
 
 def enabled() -> bool:
-    """False when ``MDL_JAX_NATIVE`` is 0 / false / no / off (a deprecated switch: name the engine
-    instead); the native libraries are then neither built nor loaded."""
+    """False when ``MDL_JAX_NATIVE`` is 0 / false / no / off; the native libraries are then neither
+    built nor loaded."""
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
