@@ -576,6 +576,69 @@ def test_poisson_weights_for_few_rows_hold_no_full_block_of_every_resample():
     assert peak < 8 * 1024 * 1024, peak   # the (200, 2^16) int64 block alone was 105 MB
 
 
+def test_a_group_column_draws_whole_groups_the_same_wherever_their_records_stand(tmp_path):
+    """Records that share a question move together in every resample (one Poisson(1) draw per
+    question), whatever the rows' order, the passes or the ids' kind; the streamed sums equal ``sweep``
+    on arrays with ``group_weights``' weights."""
+    from mdl_jax.controller.stream import group_weights
+
+    r = np.random.default_rng(4)
+    n, W = 3000, 6
+    qid = r.integers(0, 400, n)
+    # a question's records alike (its signals near one point, one label): what makes them dependent
+    M, R, A = np.clip(r.random((3, 400))[:, qid] + 0.05 * r.standard_normal((3, n)), 0, 1)
+    adopt = (r.random(400) < 0.5)[qid]
+    grid = config_grid(MDLConfig(), g_a=[0.2, 0.8])
+    w = group_weights(qid, W, seed=9)
+    for q in np.unique(qid)[:50]:
+        rows = w[:, qid == q]
+        assert np.all(rows == rows[:, :1])           # one draw per question and resample
+    assert abs(w.mean() - 1.0) < 0.05 and abs(w.var() - 1.0) < 0.15   # Poisson(1)
+    want = sweep(M, R, A, grid, adopt=adopt, weights=w, engine="jax")
+    order = r.permutation(n)   # the same records, shuffled, in small row groups
+    pq.write_table(pa.table({"M": M[order], "R": R[order], "A": A[order], "adopt": adopt[order],
+                             "q": qid[order], "qs": [f"question {q}" for q in qid[order]]}),
+                   tmp_path / "r.parquet", row_group_size=700)
+    for col in ("q",):
+        got = sweep_parquet(tmp_path / "r.parquet", grid, columns={"group": col}, bootstrap=W, seed=9,
+                            record_chunk=1024)
+        np.testing.assert_array_equal(got.counts, want.counts)
+        np.testing.assert_array_equal(got.total, want.total)
+        np.testing.assert_array_equal(got.accuracy, want.accuracy)
+    strings = sweep_parquet(tmp_path / "r.parquet", grid, columns={"group": "qs"}, bootstrap=W, seed=9)
+    ws = group_weights([f"question {q}" for q in qid], W, seed=9)
+    np.testing.assert_array_equal(strings.total, sweep(M, R, A, grid, adopt=adopt, weights=ws).total)
+    # a group's resample weights vary more than records' do: the interval is wider than record by record
+    per_record = sweep_parquet(tmp_path / "r.parquet", grid, bootstrap=200, seed=1)
+    per_group = sweep_parquet(tmp_path / "r.parquet", grid, columns={"group": "q"}, bootstrap=200, seed=1)
+    assert per_group.accuracy[0].std() > per_record.accuracy[0].std()
+
+
+def test_a_group_column_that_cannot_group_is_an_error_naming_it(tmp_path, capsys):
+    from mdl_jax.cli import main
+    from mdl_jax.controller.stream import group_weights
+
+    base = {"M": [0.5, 0.6], "R": [0.5, 0.5], "A": [0.2, 0.2]}
+    for name, col, match in (("f", [1.0, 2.0], r"^f: expected integer or string ids .*got float64"),
+                             ("b", [True, False], r"^b: expected integer or string ids"),
+                             ("n", pa.array(["x", None]), r"^n: expected an id in every row; row 1 is null")):
+        pq.write_table(pa.table({**base, name: col}), tmp_path / f"{name}.parquet")
+        with pytest.raises(ValueError, match=match):
+            sweep_parquet(tmp_path / f"{name}.parquet", MDLConfig(), columns={"group": name}, bootstrap=2)
+    with pytest.raises(ValueError, match=r"^columns: a \"group\" column \('f'\) groups the bootstrap"):
+        sweep_parquet(tmp_path / "f.parquet", MDLConfig(), columns={"group": "f"})
+    assert main(["sweep", str(tmp_path / "f.parquet"), "--grid", "sigma=0.1", "--column", "group=f",
+                 "--bootstrap", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep: f: expected integer or string ids"), err
+    for ids, match in (([1, "a"], r"^ids: expected integer or string ids of one kind"),
+                       (np.zeros((2, 2), int), r"^ids: expected a 1-d sequence")):
+        with pytest.raises(ValueError, match=match):
+            group_weights(ids, 2)
+    with pytest.raises(ValueError, match=r"^n_resamples: expected an int ≥ 1"):
+        group_weights([1, 2], 0)
+
+
 def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
     # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
     # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").

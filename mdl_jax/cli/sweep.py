@@ -5,7 +5,8 @@
 One CSV row per config: the grid's values, then (without --bootstrap) accuracy (when the file has
 labels), the share of each action and the mean C_final; with --bootstrap W, each of those is the mean
 over the W Poisson resamples (so ``accuracy`` is the resamples' mean, close to but not the file's own
-accuracy), and a 95% percentile interval of the accuracy follows it. Memory is one pass of records,
+accuracy), and a 95% percentile interval of the accuracy follows it; ``--column group=QID`` draws whole
+questions (records of one id together), not records one by one. Memory is one pass of records,
 whatever the file's size.
 """
 
@@ -94,8 +95,8 @@ def register(sub) -> None:
     p.add_argument("--bootstrap", type=nonneg_int, default=0, help="Poisson bootstrap resamples (0: none); with W > 0 every column is the mean over the W "
                         "resamples (the accuracy column too, not the file's own accuracy), beside a 95%% "
                         "percentile interval of the accuracy. Records are resampled one by one: where several "
-                        "share a question the interval is too narrow (in Python, sweep with "
-                        "bootstrap_weights(N, W, groups=...) resamples questions)")
+                        "share a question the interval is too narrow; --column group=QID resamples whole "
+                        "questions (the records of one id move together)")
     p.add_argument("--seed", type=seed_int, default=0, help="the resamples' seed")
     p.add_argument("--record-chunk", type=positive_int, default=1 << 18, help="records per pass")
     p.add_argument("--out", type=out_file, default=None, help="CSV file (default: print to stdout)")

@@ -16,6 +16,13 @@ grouped in blocks of 2^16 and block b's (W, 2^16) multiplicities come from
 ``numpy.random.default_rng([seed, b])``, so the weights do not depend on the batch size, the row-group
 layout or how rows are split between processes, and ``poisson_weights(0, N, W, seed)`` gives the same
 (W, N) weights for ``sweep`` on arrays (the tests check both agree).
+
+Records that share a question are not independent: resampled one by one, their intervals come out too
+narrow. With a "group" column (a question id) the multiplicities are drawn per group instead, every
+record of a group weighing its group's draw (the Poisson cluster bootstrap). A group's draw is a
+function of (seed, resample, the group's id) only, hashed, not of where its records stand, so it needs
+no table of the groups seen: a group's records may lie anywhere in the file, and ``group_weights(ids,
+W, seed)`` gives ``sweep`` on arrays the same weights.
 """
 
 from __future__ import annotations
@@ -41,7 +48,118 @@ from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
 
 # Rows per block of Poisson draws (see the module docstring).
 POISSON_BLOCK = 1 << 16
-ROLES = ("M", "R", "A", "adopt", "weight")
+ROLES = ("M", "R", "A", "adopt", "weight", "group")
+# Poisson(1)'s cumulative distribution at 0, 1, ..., 19: P(X > 19) < 2^-60, under the 2^-53 steps of the
+# uniform draws, so the table is exact for them
+_POISSON_CDF = np.cumsum([np.exp(-1.0) / np.prod(np.arange(1, k + 1, dtype=np.float64)) for k in range(20)])
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on a uint64 array (wrapping arithmetic): equal inputs give equal outputs,
+    nearby ones unrelated."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX[0]
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX[1]
+    return x ^ (x >> np.uint64(31))
+
+
+def group_keys(ids, what: str = "group") -> np.ndarray:
+    """The 64-bit keys of group ids: integers as their value, strings (and bytes) by an 8-byte BLAKE2b
+    digest of their UTF-8; a function of the id alone, the same in every process and on every run.
+
+    Args:
+      ids: a sequence or 1-d array of integers or of strings / bytes (one kind), or a pyarrow array.
+      what: the name the errors give the ids.
+
+    Returns:
+      (n,) uint64 keys.
+
+    Raises:
+      ValueError: ids that are neither all integers nor all strings (floats, bools, mixed kinds), or a
+        missing id, naming ``what``.
+    """
+    import hashlib
+
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - pyarrow is in the [signals] extra
+        pa = None
+    if pa is not None and isinstance(ids, (pa.Array, pa.ChunkedArray)):
+        if ids.null_count:
+            i = int(np.flatnonzero(np.asarray(ids.is_null()))[0])
+            raise ValueError(f"{what}: expected an id in every row; row {i} is null")
+        if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type) or pa.types.is_binary(ids.type):
+            # each distinct id hashed once (a question's records share it), in Arrow's own encoder
+            enc = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+            enc = enc.dictionary_encode()
+            return group_keys(enc.dictionary.to_numpy(zero_copy_only=False), what)[
+                enc.indices.to_numpy(zero_copy_only=False)]
+        ids = ids.to_numpy(zero_copy_only=False)
+    # as objects, a list's kinds as given: NumPy would read [1, "a"] as two strings
+    x = ids if isinstance(ids, np.ndarray) else np.array(list(ids) + [None], object)[:-1]
+    if x.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-d sequence of ids, got shape {x.shape}")
+    if x.dtype == object and len(x):
+        kinds = {type(v) for v in x.tolist()}
+        if all(issubclass(k, (int, np.integer)) and not issubclass(k, (bool, np.bool_)) for k in kinds):
+            try:
+                x = x.astype(np.int64)
+            except OverflowError:
+                raise ValueError(f"{what}: expected integer ids within 64 bits") from None
+        elif not (kinds <= {str} or kinds <= {bytes}):
+            raise ValueError(f"{what}: expected integer or string ids of one kind, got "
+                             f"{', '.join(sorted(k.__name__ for k in kinds))}")
+    if x.dtype.kind in "iu":
+        return _mix64(x.astype(np.uint64))   # (two's complement for negative ids: one key each)
+    if x.dtype.kind in "USO":
+        uniq, inv = np.unique(x, return_inverse=True)
+        keys = np.array([int.from_bytes(hashlib.blake2b(v.encode() if isinstance(v, str) else bytes(v),
+                                                          digest_size=8).digest(), "little")
+                         for v in uniq.tolist()], np.uint64)
+        return keys[inv.reshape(-1)]
+    raise ValueError(f"{what}: expected integer or string ids (a question id), got {x.dtype}")
+
+
+def group_weights(ids, n_resamples: int, seed: int = 0) -> np.ndarray:
+    """(n_resamples, n) int32 Poisson(1) cluster-bootstrap multiplicities: one draw per (resample,
+    group), every record of a group weighing its group's; a function of (seed, resample, id) only.
+
+    Examples:
+      >>> w = group_weights(["q1", "q1", "q2"], 3, seed=0)   # the records of q1 move together
+      >>> bool((w[:, 0] == w[:, 1]).all())
+      True
+
+    Args:
+      ids: (n,) group ids of the records (integers, or strings), as ``group_keys`` takes them.
+      n_resamples: W ≥ 1.
+      seed: an int ≥ 0.
+
+    Returns:
+      (W, n) int32 multiplicities, to pass to ``sweep(..., weights=...)``: what ``sweep_parquet`` with a
+      "group" column and ``bootstrap=W`` draws for the same ids.
+
+    Raises:
+      ValueError: ids as ``group_keys``; ``n_resamples`` or ``seed`` outside their domain.
+    """
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
+        raise ValueError(f"n_resamples: expected an int ≥ 1, got {n_resamples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an int ≥ 0, got {seed!r}")
+    return _group_draws(group_keys(ids, "ids"), int(n_resamples), int(seed))
+
+
+def _group_draws(keys: np.ndarray, W: int, seed: int) -> np.ndarray:
+    """(W, n) Poisson(1) draws of the groups whose keys are ``keys``: a uniform from the key mixed with
+    (seed, resample), then Poisson(1)'s inverse distribution."""
+    out = np.empty((W, len(keys)), np.int32)
+    base = _mix64(np.array([seed], np.uint64))[0]
+    for w in range(W):
+        salt = _mix64(np.array([base ^ np.uint64(w)], np.uint64))[0]
+        u = (_mix64(keys ^ salt) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        out[w] = np.searchsorted(_POISSON_CDF, u, side="right")
+    return out
 
 
 def poisson_weights(start: int, stop: int, n_resamples: int, seed: int = 0) -> np.ndarray:
@@ -223,6 +341,9 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: expected an int ≥ 0, got {seed!r}")
     pf, cols = open_parquet(path, columns)
+    if "group" in cols and not bootstrap:
+        raise ValueError(f"columns: a \"group\" column ({cols['group']!r}) groups the bootstrap's draws; "
+                         "give bootstrap > 0, or leave it out")
     cfg, K, batched = as_batch(configs)
     check_batch(cfg, K)
     n_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
@@ -312,11 +433,12 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
                 M, R, A = (_column(batch, cols[k], k, row) for k in ("M", "R", "A"))
                 lab = (_column(batch, cols["adopt"], "adopt", row) if "adopt" in cols
                        else np.zeros(n, bool))
+                keys = group_keys(batch.column(cols["group"]), cols["group"]) if "group" in cols else None
                 w = np.ones((1, n), np.int32)
                 if "weight" in cols:
                     w = _column(batch, cols["weight"], "weight", row)[None]
                 if bootstrap:
-                    p = draws(row, row + n)
+                    p = draws(row, row + n) if keys is None else _group_draws(keys, W, int(seed))
                     if w.dtype.kind in "iu" and float(w.max(initial=0)) >= 2.0 ** 53:
                         # past 2^53 the product in float64 (an int64 one could wrap to negative weights);
                         # below, the int64 product is exact and float64 would give the same value, so a
@@ -353,9 +475,12 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
       configs: as ``sweep`` (a batch, a single config; not a list: call once per batch).
       columns: {role: column name} for roles "M", "R", "A" (default: columns of those names),
         "adopt" (binary oracle labels; default: the column "adopt" if the file has one, else no
-        accuracy) and "weight" (per-record weights; default none). A role mapped to None is dropped.
+        accuracy), "weight" (per-record weights; default none) and "group" (integer or string ids,
+        a question's, say: the bootstrap draws whole groups; only with ``bootstrap``). A role mapped
+        to None is dropped.
       bootstrap: W > 0 gives W Poisson(1) bootstrap resamples (module docstring), multiplied into the
-        weight column if there is one; 0 (default): the records once.
+        weight column if there is one; per group with a "group" column (``group_weights``); 0
+        (default): the records once.
       seed: the resamples' seed (an int ≥ 0).
       record_chunk: as ``sweep``'s: records per pass.
       engine: as ``sweep``'s.
@@ -375,7 +500,8 @@ def sweep_parquet(path: str | os.PathLike, configs: MDLConfig, *, columns: dict 
     Raises:
       ValueError: naming the column and row for a missing file or column, a file that is not
         Parquet or holds no records, a null, a signal outside [0, 1], a label that is not 0/1, a
-        negative or non-finite weight; a weight vector whose total is 0, or a Poisson resample
+        negative or non-finite weight, a group id that is null or neither integer nor string, a
+        "group" column without ``bootstrap``; a weight vector whose total is 0, or a Poisson resample
         that drew no record (naming ``bootstrap``); ``columns``, ``bootstrap``, ``seed``,
         ``record_chunk``, ``engine`` or ``mesh_shape`` outside their domains; a config of the
         batch outside its domain.
@@ -416,7 +542,7 @@ def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:
     if bootstrap and len(empty) and not (columns or {}).get("weight"):
         raise ValueError(f"bootstrap: {len(empty)} of {int(bootstrap)} Poisson resamples drew no record "
                          f"(resample {int(empty[0])} first; each is empty with probability e^-N for N "
-                         "records): use more records or fewer resamples")
+                         "records, or N groups): use more records or fewer resamples")
 
 
 def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepResult:
