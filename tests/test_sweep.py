@@ -625,6 +625,10 @@ def test_a_group_column_that_cannot_group_is_an_error_naming_it(tmp_path, capsys
         pq.write_table(pa.table({**base, name: col}), tmp_path / f"{name}.parquet")
         with pytest.raises(ValueError, match=match):
             sweep_parquet(tmp_path / f"{name}.parquet", MDLConfig(), columns={"group": name}, bootstrap=2)
+    pq.write_table(pa.table({"M": [0.5] * 9, "R": [0.5] * 9, "A": [0.2] * 9, "q": ["a"] * 7 + [None, "b"]}),
+                   tmp_path / "late.parquet", row_group_size=4)   # the null in the second row group
+    with pytest.raises(ValueError, match=r"^q: expected an id in every row; row 7 is null"):
+        sweep_parquet(tmp_path / "late.parquet", MDLConfig(), columns={"group": "q"}, bootstrap=2)
     with pytest.raises(ValueError, match=r"^columns: a \"group\" column \('f'\) groups the bootstrap"):
         sweep_parquet(tmp_path / "f.parquet", MDLConfig(), columns={"group": "f"})
     assert main(["sweep", str(tmp_path / "f.parquet"), "--grid", "sigma=0.1", "--column", "group=f",

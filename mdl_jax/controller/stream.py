@@ -49,8 +49,8 @@ from mdl_jax.controller.sweep import RECORD_CHUNK, SweepResult
 # Rows per block of Poisson draws (see the module docstring).
 POISSON_BLOCK = 1 << 16
 ROLES = ("M", "R", "A", "adopt", "weight", "group")
-# Poisson(1)'s cumulative distribution at 0, 1, ..., 19: P(X > 19) < 2^-60, under the 2^-53 steps of the
-# uniform draws, so the table is exact for them
+# Poisson(1)'s cumulative distribution at 0, 1, ..., 19: P(X > 19) < 2^-62, below the 2^-53 steps of the
+# uniform draws, so a longer table would change no draw
 _POISSON_CDF = np.cumsum([np.exp(-1.0) / np.prod(np.arange(1, k + 1, dtype=np.float64)) for k in range(20)])
 _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
@@ -65,13 +65,14 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def group_keys(ids, what: str = "group") -> np.ndarray:
+def group_keys(ids, what: str = "group", row0: int = 0) -> np.ndarray:
     """The 64-bit keys of group ids: integers as their value, strings (and bytes) by an 8-byte BLAKE2b
     digest of their UTF-8; a function of the id alone, the same in every process and on every run.
 
     Args:
       ids: a sequence or 1-d array of integers or of strings / bytes (one kind), or a pyarrow array.
       what: the name the errors give the ids.
+      row0: the row of the first id, for the errors (a batch's place in its file).
 
     Returns:
       (n,) uint64 keys.
@@ -89,7 +90,7 @@ def group_keys(ids, what: str = "group") -> np.ndarray:
     if pa is not None and isinstance(ids, (pa.Array, pa.ChunkedArray)):
         if ids.null_count:
             i = int(np.flatnonzero(np.asarray(ids.is_null()))[0])
-            raise ValueError(f"{what}: expected an id in every row; row {i} is null")
+            raise ValueError(f"{what}: expected an id in every row; row {row0 + i} is null")
         if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type) or pa.types.is_binary(ids.type):
             # each distinct id hashed once (a question's records share it), in Arrow's own encoder
             enc = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
@@ -433,7 +434,7 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
                 M, R, A = (_column(batch, cols[k], k, row) for k in ("M", "R", "A"))
                 lab = (_column(batch, cols["adopt"], "adopt", row) if "adopt" in cols
                        else np.zeros(n, bool))
-                keys = group_keys(batch.column(cols["group"]), cols["group"]) if "group" in cols else None
+                keys = group_keys(batch.column(cols["group"]), cols["group"], row) if "group" in cols else None
                 w = np.ones((1, n), np.int32)
                 if "weight" in cols:
                     w = _column(batch, cols["weight"], "weight", row)[None]
