@@ -535,14 +535,14 @@ def test_benchmarks_help_says_what_a_gate_scores_file_holds(capsys):
     assert "'qid' column" in out and "BenchmarkItem.qid" in out and "higher = do not adopt" in out
 
 
-def test_sweep_help_says_its_bootstrap_resamples_records_not_questions(capsys):
+def test_sweep_help_says_its_bootstrap_resamples_records_unless_given_questions(capsys):
     """A file of several memory sets per question gets per-record resamples: the help says the interval is
-    then too narrow and where the question bootstrap is."""
+    then too narrow and how to resample questions instead."""
     from mdl_jax.cli import main
 
     assert main(["sweep", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "too narrow" in out and "groups=" in out
+    assert "too narrow" in out and "--column group=QID" in out
 
 
 def test_llm_judge_check_help_does_not_start_the_job():
