@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -543,6 +544,8 @@ def test_sweep_help_says_its_bootstrap_resamples_records_unless_given_questions(
     assert main(["sweep", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "too narrow" in out and "--column group=QID" in out
+    # and --column, which takes it, lists the role among its own
+    assert re.search(r"--column COLUMN ROLE=COLUMN: read a role \([^)]*\bgroup\b", out), out
 
 
 def test_llm_judge_check_help_does_not_start_the_job():

@@ -91,7 +91,8 @@ def register(sub) -> None:
                    help="FIELD=V1,V2,... or FIELD=START:STOP:COUNT, repeatable (e.g. g_a=0:1:21 sigma=0.1,0.2)")
     p.add_argument("--config", type=config_file, default=None, help="base config file (default: the paper's)")
     p.add_argument("--column", type=column_map, action="append", default=[],
-                   help="ROLE=COLUMN: read a role (M, R, A, adopt, weight) from another column")
+                   help="ROLE=COLUMN: read a role (M, R, A, adopt, weight, group: the ids whose records "
+                        "--bootstrap draws together) from another column")
     p.add_argument("--bootstrap", type=nonneg_int, default=0, help="Poisson bootstrap resamples (0: none); with W > 0 every column is the mean over the W "
                         "resamples (the accuracy column too, not the file's own accuracy), beside a 95%% "
                         "percentile interval of the accuracy. Records are resampled one by one: where several "
