@@ -536,6 +536,17 @@ def test_benchmarks_help_says_what_a_gate_scores_file_holds(capsys):
     assert "'qid' column" in out and "BenchmarkItem.qid" in out and "higher = do not adopt" in out
 
 
+def test_only_missing_gate_scores_get_the_advice_to_give_every_memory_set(tmp_path, cli):
+    """The advice follows the message that a file misses memory sets, not another whose column's own name
+    holds those words: there it told a user whose column name was refused to add rows."""
+    path = _scores_csv(tmp_path, "qid,no score for|x\nq,1\n")
+    rc, _, err = cli(["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{tmp_path}/run",
+                      "--gate-scores", path])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "s.csv: 'no score for|x' cannot name a gate" in lines[0] and "give a row" not in lines[0], lines
+
+
 def test_sweep_help_says_its_bootstrap_resamples_records_unless_given_questions(capsys):
     """A file of several memory sets per question gets per-record resamples: the help says the interval is
     then too narrow and how to resample questions instead."""

@@ -78,7 +78,7 @@ def _as_flags(message: str, scores: str | None) -> str:
         return message
     rest = message[m.end():]
     out = f"--gate-scores {scores}" + (f": column {m.group(1)}{rest}" if m.group(1) else rest)
-    if "no score for" in message:
+    if m.group(1) and rest.startswith(": no score for "):   # (not a column whose own name says so)
         out += ("; give a row for every memory set of each data set named (their ids: [it.qid for it in "
                 "load_benchmark(name, limit=...)]), or name only the data sets the file covers")
     return out
