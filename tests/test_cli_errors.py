@@ -547,6 +547,17 @@ def test_only_missing_gate_scores_get_the_advice_to_give_every_memory_set(tmp_pa
     assert "s.csv: 'no score for|x' cannot name a gate" in lines[0] and "give a row" not in lines[0], lines
 
 
+def test_a_gate_scores_field_past_the_csv_modules_limit_is_one_line_naming_the_file(tmp_path, cli):
+    # the csv module's "field larger than field limit" was a traceback, exit 1
+    path = _scores_csv(tmp_path, "qid,mine\n" + "q" * 200_000 + ",1\n")
+    rc, _, err = cli(["benchmarks", "rgb_en_fact", "--limit", "3", "--no-fit", "--out", f"{tmp_path}/run",
+                      "--gate-scores", path])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "--gate-scores " in lines[0] and "s.csv, line 2: not a CSV of ids and scores" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
 def test_sweep_help_says_its_bootstrap_resamples_records_unless_given_questions(capsys):
     """A file of several memory sets per question gets per-record resamples: the help says the interval is
     then too narrow and how to resample questions instead."""

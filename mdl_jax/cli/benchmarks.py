@@ -36,9 +36,13 @@ from mdl_jax.cli.args import (
 def _scores(path: str) -> dict[str, dict[str, float]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is not a column name
-            rows = list(csv.reader(f))
+            reader = csv.reader(f)
+            rows = list(reader)
     except UnicodeDecodeError as e:
         raise CommandError(f"--gate-scores {path}: not UTF-8 text (byte {e.start})") from None
+    except csv.Error as e:   # a field over the csv module's limit (128 KiB): no id or score is that long
+        raise CommandError(f"--gate-scores {path}, line {reader.line_num}: not a CSV of ids and scores "
+                           f"({e})") from None
     if not rows or "qid" not in rows[0]:
         raise CommandError(f"--gate-scores {path}: expected a CSV with a 'qid' column and one column per gate")
     head = rows[0]
