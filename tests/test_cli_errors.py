@@ -219,6 +219,11 @@ CASES = [
      lambda t: ["benchmarks", "rgb_en_fact", "--limit", "3", "--out", f"{t}/run",
                 "--gate-scores", _scores_csv(t, "qid,oracle\nq,1\n")],
      "s.csv: 'oracle' cannot name a gate", ["run"]),
+    # "qid, oracle" (a space after the comma): the table cells drop the space, showing two oracles
+    ("benchmarks-gate-scores-column-named-as-a-gate-with-spaces",
+     lambda t: ["benchmarks", "rgb_en_fact", "--limit", "3", "--out", f"{t}/run",
+                "--gate-scores", _scores_csv(t, "qid, oracle\nq,1\n")],
+     "s.csv: ' oracle' cannot name a gate", ["run"]),
     ("reproduce-model-no-such-folder",
      lambda t: ["reproduce", "--model", f"{t}/none", "--n-questions", "2", "--out", f"{t}/run"],
      "no such model folder", ["run"]),

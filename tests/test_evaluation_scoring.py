@@ -512,7 +512,7 @@ def test_the_benchmark_command_refuses_a_folder_in_use_in_one_line_with_exit_2(c
     assert [p.name for p in out.iterdir()] == [".lock"]
 
 
-@pytest.mark.parametrize("name", ["MDL (paper defaults)", "oracle", "similarity (top-1)", 3])
+@pytest.mark.parametrize("name", ["MDL (paper defaults)", "oracle", "similarity (top-1)", 3, " oracle", "R alone\t"])
 def test_a_users_column_named_as_a_built_in_gate_is_refused_not_mixed_into_its_rows(name):
     n = 40
     adopt = np.arange(n) % 2 == 0

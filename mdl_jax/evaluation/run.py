@@ -371,7 +371,8 @@ def _check(names, limit, n_boot, extra) -> list[str]:
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not 1 <= n_boot <= MAX_BOOT:
         raise ValueError(f"n_boot: expected a number of resamples in [1, {MAX_BOOT:,}], got {n_boot!r}")
     for g in extra or {}:
-        if not isinstance(g, str) or not GATE_NAME.fullmatch(g) or g in GATE_NAMES:
+        # (a table cell drops the spaces around a name: ' oracle' would stand as a second oracle there)
+        if not isinstance(g, str) or not GATE_NAME.fullmatch(g) or g.strip() in GATE_NAMES:
             raise ValueError(f"extra: {g!r} cannot name a gate: expected 1-80 characters without '|', '`' or a "
                              f"line break, and none of the built-in gates' names ({', '.join(GATE_NAMES)})")
     if extra and not any(n in READER_FREE for n in names):

@@ -277,7 +277,8 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
     user: dict[str, np.ndarray] = {}
     for name, col in (extra or {}).items():
         # a column under a built-in gate's name would put two gates' rows under one name in the tables
-        if not isinstance(name, str) or name in GATE_NAMES:
+        # (spaces around it too: a table cell drops them)
+        if not isinstance(name, str) or name.strip() in GATE_NAMES:
             raise ValueError(f"extra: {name!r} cannot name a gate: expected a string other than the built-in "
                              f"gates' names ({', '.join(GATE_NAMES)})")
         s = np.asarray(col, np.float64)
