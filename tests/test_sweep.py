@@ -643,6 +643,24 @@ def test_a_group_column_that_cannot_group_is_an_error_naming_it(tmp_path, capsys
         group_weights([1, 2], 0)
 
 
+def test_group_weights_of_uint64_ids_as_python_ints_are_the_streamed_ones(tmp_path):
+    # a uint64 column's ids past 2^63 as Python ints (its to_pylist, a DataFrame's tolist) were refused
+    # as "not within 64 bits", though the stream takes the same column
+    from mdl_jax.controller.stream import group_weights
+
+    ids = [2 ** 63 + 5, 2 ** 64 - 1, 7, 2 ** 63 + 5]
+    want = group_weights(np.array(ids, np.uint64), 4, seed=3)
+    np.testing.assert_array_equal(group_weights(ids, 4, seed=3), want)
+    np.testing.assert_array_equal(group_weights(pa.array(ids, pa.uint64()).to_pylist(), 4, seed=3), want)
+    base = {"M": [0.5] * 4, "R": [0.5] * 4, "A": [0.2] * 4}
+    pq.write_table(pa.table({**base, "q": pa.array(ids, pa.uint64())}), tmp_path / "u.parquet")
+    got = sweep_parquet(tmp_path / "u.parquet", MDLConfig(), columns={"group": "q"}, bootstrap=4, seed=3)
+    np.testing.assert_array_equal(got.total, want.sum(1))
+    for bad in ([-1, 2 ** 63], [2 ** 64]):   # -1 and 2^64 - 1 would share a key; 2^64 has none
+        with pytest.raises(ValueError, match=r"^ids: expected integer ids that int64 or uint64 holds"):
+            group_weights(bad, 2)
+
+
 def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
     # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
     # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").

@@ -108,7 +108,12 @@ def group_keys(ids, what: str = "group", row0: int = 0) -> np.ndarray:
             try:
                 x = x.astype(np.int64)
             except OverflowError:
-                raise ValueError(f"{what}: expected integer ids within 64 bits") from None
+                # ids past 2^63 (a uint64 column's, as Python ints): the keys the uint64 column gives
+                try:
+                    x = x.astype(np.uint64)
+                except OverflowError:
+                    raise ValueError(f"{what}: expected integer ids that int64 or uint64 holds (not "
+                                     "negative ids beside ids past 2^63 - 1)") from None
         elif not (kinds <= {str} or kinds <= {bytes}):
             raise ValueError(f"{what}: expected integer or string ids of one kind, got "
                              f"{', '.join(sorted(k.__name__ for k in kinds))}")
