@@ -661,6 +661,17 @@ def test_group_weights_of_uint64_ids_as_python_ints_are_the_streamed_ones(tmp_pa
             group_weights(bad, 2)
 
 
+def test_a_group_bootstrap_with_empty_resamples_asks_for_more_groups_not_records(tmp_path):
+    # it said "use more records": more records of the same few questions leave every resample as likely
+    # to be empty (e^-G for G groups)
+    n = 500
+    base = {"M": np.full(n, 0.5), "R": np.full(n, 0.5), "A": np.full(n, 0.2)}
+    pq.write_table(pa.table({**base, "q": np.zeros(n, np.int64)}), tmp_path / "one.parquet")
+    with pytest.raises(ValueError, match=r"^bootstrap: \d+ of 20 Poisson resamples drew no record .*for N groups "
+                                         r"\(distinct ids of 'q'\)\): use more groups or fewer resamples"):
+        sweep_parquet(tmp_path / "one.parquet", MDLConfig(), columns={"group": "q"}, bootstrap=20)
+
+
 def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
     # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
     # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").

@@ -546,9 +546,12 @@ def check_resamples(state: dict, bootstrap: int, columns: dict | None) -> None:
     name a column the caller never gave."""
     empty = np.flatnonzero(state["wsum"] <= 0)
     if bootstrap and len(empty) and not (columns or {}).get("weight"):
+        # a group column draws its groups: more records of the same groups would not help
+        group = (columns or {}).get("group")
+        what = (f"N groups (distinct ids of {group!r})): use more groups or fewer resamples" if group
+                else "N records): use more records or fewer resamples")
         raise ValueError(f"bootstrap: {len(empty)} of {int(bootstrap)} Poisson resamples drew no record "
-                         f"(resample {int(empty[0])} first; each is empty with probability e^-N for N "
-                         "records, or N groups): use more records or fewer resamples")
+                         f"(resample {int(empty[0])} first; each is empty with probability e^-N for {what}")
 
 
 def finish(state: dict, *, has_adopt: bool, w2d: bool, batched: bool) -> SweepResult:
