@@ -672,6 +672,16 @@ def test_a_group_bootstrap_with_empty_resamples_asks_for_more_groups_not_records
         sweep_parquet(tmp_path / "one.parquet", MDLConfig(), columns={"group": "q"}, bootstrap=20)
 
 
+def test_group_weights_take_any_python_string_as_an_id():
+    # a lone surrogate ("\\ud800", from a decoded file name, say) was a UnicodeEncodeError naming no argument
+    from mdl_jax.controller.stream import group_weights
+
+    w = group_weights(["\ud800", "q", "\ud800", "é"], 50, seed=1)
+    np.testing.assert_array_equal(w[:, 0], w[:, 2])
+    np.testing.assert_array_equal(w[:, 1:], group_weights(["q", "\ud800", "é"], 50, seed=1)[:, [0, 1, 2]])
+    assert not np.array_equal(w[:, 0], w[:, 1])
+
+
 def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
     # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
     # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").

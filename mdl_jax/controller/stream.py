@@ -121,8 +121,9 @@ def group_keys(ids, what: str = "group", row0: int = 0) -> np.ndarray:
         return _mix64(x.astype(np.uint64))   # (two's complement for negative ids: one key each)
     if x.dtype.kind in "USO":
         uniq, inv = np.unique(x, return_inverse=True)
-        keys = np.array([int.from_bytes(hashlib.blake2b(v.encode() if isinstance(v, str) else bytes(v),
-                                                          digest_size=8).digest(), "little")
+        # (a lone surrogate, which a Parquet string cannot hold but a Python one can, is an id too)
+        keys = np.array([int.from_bytes(hashlib.blake2b(v.encode("utf-8", "surrogatepass") if isinstance(v, str)
+                                                          else bytes(v), digest_size=8).digest(), "little")
                          for v in uniq.tolist()], np.uint64)
         return keys[inv.reshape(-1)]
     raise ValueError(f"{what}: expected integer or string ids (a question id), got {x.dtype}")
