@@ -682,6 +682,22 @@ def test_group_weights_take_any_python_string_as_an_id():
     assert not np.array_equal(w[:, 0], w[:, 1])
 
 
+def test_group_weights_take_every_seed_the_record_bootstrap_takes(tmp_path):
+    # a seed of 2^64 or more was an OverflowError traceback; poisson_weights (default_rng) takes any int ≥ 0
+    from mdl_jax.controller.stream import group_weights
+
+    ids = np.arange(2000)
+    seeds = (0, 2 ** 64 - 1, 2 ** 64, 2 ** 64 + 1, 2 ** 200)
+    draws = {s: group_weights(ids, 2, seed=s) for s in seeds}
+    assert len({d.tobytes() for d in draws.values()}) == len(seeds)         # each seed its own draws
+    assert all(abs(d.mean() - 1) < 0.1 for d in draws.values())
+    np.testing.assert_array_equal(group_weights(ids, 2, seed=2 ** 64), draws[2 ** 64])
+    base = {"M": np.full(2000, 0.5), "R": np.full(2000, 0.5), "A": np.full(2000, 0.2)}
+    pq.write_table(pa.table({**base, "q": ids}), tmp_path / "r.parquet")
+    got = sweep_parquet(tmp_path / "r.parquet", MDLConfig(), columns={"group": "q"}, bootstrap=2, seed=2 ** 70)
+    np.testing.assert_array_equal(got.total, group_weights(ids, 2, seed=2 ** 70).sum(1))
+
+
 def test_sweep_parquet_dropping_a_signal_role_or_huge_integer_weights_with_bootstrap(tmp_path):
     # columns={"M": None} was a KeyError 'M'; an int64 weight column of 2^62 times a Poisson
     # multiplicity ≥ 2 wrapped to negative weights ("every weight vector needs a positive total").

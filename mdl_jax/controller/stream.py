@@ -161,7 +161,13 @@ def _group_draws(keys: np.ndarray, W: int, seed: int) -> np.ndarray:
     """(W, n) Poisson(1) draws of the groups whose keys are ``keys``: a uniform from the key mixed with
     (seed, resample), then Poisson(1)'s inverse distribution."""
     out = np.empty((W, len(keys)), np.int32)
-    base = _mix64(np.array([seed], np.uint64))[0]
+    # a seed past 64 bits (``default_rng`` takes any int ≥ 0, as the record bootstrap does) folded in 64-bit
+    # words, the lowest first: a seed under 2^64 is its one word
+    base = _mix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))[0]
+    seed >>= 64
+    while seed:
+        base = _mix64(np.array([base ^ np.uint64(seed & 0xFFFFFFFFFFFFFFFF)], np.uint64))[0]
+        seed >>= 64
     for w in range(W):
         salt = _mix64(np.array([base ^ np.uint64(w)], np.uint64))[0]
         u = (_mix64(keys ^ salt) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
