@@ -160,7 +160,10 @@ def group_weights(ids, n_resamples: int, seed: int = 0) -> np.ndarray:
 def _group_draws(keys: np.ndarray, W: int, seed: int) -> np.ndarray:
     """(W, n) Poisson(1) draws of the groups whose keys are ``keys``: a uniform from the key mixed with
     (seed, resample), then Poisson(1)'s inverse distribution."""
-    out = np.empty((W, len(keys)), np.int32)
+    # each group's draws once (a question's records share its key), then spread to its records
+    keys, rows = np.unique(keys, return_inverse=True)
+    rows = rows.reshape(-1)
+    out = np.empty((W, len(rows)), np.int32)
     # a seed past 64 bits (``default_rng`` takes any int ≥ 0, as the record bootstrap does) folded in 64-bit
     # words, the lowest first: a seed under 2^64 is its one word
     base = _mix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))[0]
@@ -171,7 +174,7 @@ def _group_draws(keys: np.ndarray, W: int, seed: int) -> np.ndarray:
     for w in range(W):
         salt = _mix64(np.array([base ^ np.uint64(w)], np.uint64))[0]
         u = (_mix64(keys ^ salt) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        out[w] = np.searchsorted(_POISSON_CDF, u, side="right")
+        out[w] = np.searchsorted(_POISSON_CDF, u, side="right").astype(np.int32)[rows]
     return out
 
 
