@@ -786,3 +786,44 @@ def test_score_gates_refuses_a_run_of_another_model(tmp_path, cli):
                                                    "config": {}}))
     rc, _, err = cli(["score-gates", tmp_path])
     assert rc == 2 and "the run's answers are from Qwen/Qwen2.5-Coder-1.5B-Instruct" in err, err
+
+
+# ------------------------------------------------------------------- a disk that refuses the fsync
+
+def _write_with(writer: str, p: Path, text: str) -> None:
+    if writer == "write_text":
+        write_text(p, text)
+    elif writer == "atomic_path":
+        with atomic_path(p) as t:
+            t.write_text(text)
+    elif writer == "append_bytes":
+        append_bytes(p, text.encode())
+    else:
+        with publish_dir(p) as w:
+            write_text(w / "f.md", text)
+
+
+@pytest.mark.parametrize("refused", ["file", "folder"])
+@pytest.mark.parametrize("writer", ["write_text", "atomic_path", "append_bytes", "publish_dir"])
+def test_a_refused_fsync_is_an_output_error_naming_the_path(tmp_path, monkeypatch, writer, refused):
+    """A write is on disk only once fsynced (the file, then the folder holding its new name): the disk
+    refusing either fsync (EIO) is an error naming the path, never a quiet success; a refused fsync of
+    the file leaves the old content. (A fake for the failure path only: ``os.fsync`` raises.)"""
+    if writer == "append_bytes" and refused == "folder":
+        pytest.skip("an append renames nothing: no folder fsync")
+    p = tmp_path / "out"
+    _write_with(writer, p, "old\n")
+    real = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode) == (refused == "folder"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OutputError, match=f"cannot write {re.escape(str(p))}"):
+        _write_with(writer, p, "new\n")
+    monkeypatch.setattr(os, "fsync", real)
+    if refused == "file" and writer != "append_bytes":
+        assert (p / "f.md" if writer == "publish_dir" else p).read_text() == "old\n"
+        assert os.listdir(tmp_path) == ["out"]
