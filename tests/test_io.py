@@ -827,3 +827,12 @@ def test_a_refused_fsync_is_an_output_error_naming_the_path(tmp_path, monkeypatc
     if refused == "file" and writer != "append_bytes":
         assert (p / "f.md" if writer == "publish_dir" else p).read_text() == "old\n"
         assert os.listdir(tmp_path) == ["out"]
+
+
+def test_an_append_on_a_full_disk_is_an_output_error_naming_the_path(disk):
+    p = disk.folder / "records.jsonl"
+    append_bytes(p, b'{"a": 1}\n')
+    disk.fill()
+    with pytest.raises(OutputError, match=r"cannot write .*records\.jsonl: No space left on device"):
+        append_bytes(p, b'{"a": 2}\n' * 100_000)
+
