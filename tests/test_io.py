@@ -836,3 +836,13 @@ def test_an_append_on_a_full_disk_is_an_output_error_naming_the_path(disk):
     with pytest.raises(OutputError, match=r"cannot write .*records\.jsonl: No space left on device"):
         append_bytes(p, b'{"a": 2}\n' * 100_000)
 
+
+@pytest.mark.parametrize("writer", ["atomic_open", "publish_dir"])
+def test_an_error_of_the_blocks_own_reads_keeps_its_type(tmp_path, writer):
+    """Only the writer's own refusals become OutputError: a file the block fails to read is the
+    caller's FileNotFoundError, as it would be outside the block, and nothing is written."""
+    out = tmp_path / "out"
+    with pytest.raises(FileNotFoundError) as e, \
+            (atomic_open(out, "w") if writer == "atomic_open" else publish_dir(out)):
+        (tmp_path / "missing.json").read_text()
+    assert not isinstance(e.value, OutputError) and os.listdir(tmp_path) == []
