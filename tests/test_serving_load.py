@@ -390,7 +390,7 @@ def test_slow_clients_are_timed_out_and_shed_while_a_real_client_is_served(serve
 
 SEND_TIMEOUT = 3.0   # send_timeout_s of the server below
 ANSWERS_APP = """
-import asyncio, dataclasses, sys
+import asyncio, dataclasses, json, sys
 from starlette.applications import Starlette
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -417,15 +417,16 @@ async def endless(request):
 sock = bind("127.0.0.1", 0)
 print(sock.getsockname()[1], flush=True)
 run_app(Starlette(routes=[Route("/answer", answer), Route("/stream", stream), Route("/endless", endless)]),
-        sock, dataclasses.replace(LIMITS, send_timeout_s=float(sys.argv[1])))
+        sock, dataclasses.replace(LIMITS, send_timeout_s=float(sys.argv[1]), **json.loads(sys.argv[2])))
 """
 
 
 @contextlib.contextmanager
-def answers_server(log: Path):
-    """ANSWERS_APP on a free port of 127.0.0.1 (its port), its log written to ``log``."""
+def answers_server(log: Path, **limits):
+    """ANSWERS_APP on a free port of 127.0.0.1 (its port), its log written to ``log``; ``limits``
+    replace those of ``LIMITS`` (besides send_timeout_s, SEND_TIMEOUT)."""
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", ANSWERS_APP, str(SEND_TIMEOUT)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-c", ANSWERS_APP, str(SEND_TIMEOUT), json.dumps(limits)], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         assert proc.stdout is not None
@@ -469,6 +470,26 @@ def test_a_client_that_does_not_take_what_it_is_sent_is_reset_at_the_send_deadli
         assert closed[0] >= SEND_TIMEOUT - 0.5, f"closed after {closed[0]:.1f} s, before the deadline"
         said = [x for x in log.read_text().splitlines() if "not taken within" in x]
         assert len(said) == 2 and all(f"within {SEND_TIMEOUT:g} s" in x for x in said), said
+
+
+def test_the_connection_past_the_limit_sheds_the_oldest_silent_one_and_is_served(tmp_path):
+    """max_connections = 3: three connections that send nothing are allowed; a fourth is served, and
+    opening it closed the oldest silent one (silently: it sent no bytes), no other."""
+    with answers_server(tmp_path / "server.log", max_connections=3, header_timeout_s=60.0) as port:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(b"GET /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                got = b""
+                while data := s.recv(65536):
+                    got += data
+            assert got.startswith(b"HTTP/1.1 404"), got[:80]
+            # the shed came before the fourth was read: the oldest's end is already there, no wait
+            ended = [bool(select.select([c], [], [], 0)[0]) and c.recv(1) == b"" for c in silent]
+            assert ended == [True, False, False], ended
+        finally:
+            for c in silent:
+                c.close()
 
 
 def test_a_slow_but_steady_reader_of_a_big_answer_is_not_cut_off_at_the_send_deadline(tmp_path):
