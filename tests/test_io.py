@@ -846,3 +846,10 @@ def test_an_error_of_the_blocks_own_reads_keeps_its_type(tmp_path, writer):
             (atomic_open(out, "w") if writer == "atomic_open" else publish_dir(out)):
         (tmp_path / "missing.json").read_text()
     assert not isinstance(e.value, OutputError) and os.listdir(tmp_path) == []
+
+
+def test_atomic_path_publishes_nothing_where_the_writer_made_no_regular_file(tmp_path):
+    target = tmp_path / "model.onnx"
+    with pytest.raises(OutputError, match=r"model\.onnx: the writer made no regular file"), atomic_path(target) as t:
+        t.mkdir()  # an exporter that wrote a folder of files under the name
+    assert os.listdir(tmp_path) == []
