@@ -238,7 +238,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp = work / path.name
         yield tmp
         try:
-            fd = os.open(tmp, os.O_RDONLY | NOFOLLOW | CLOEXEC)
+            # non-blocking: the open of a FIFO for reading would wait for a writer before the check
+            fd = os.open(tmp, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise OutputError(path, message=f"cannot write {path}: the writer made no regular file")

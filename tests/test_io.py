@@ -853,3 +853,21 @@ def test_atomic_path_publishes_nothing_where_the_writer_made_no_regular_file(tmp
     with pytest.raises(OutputError, match=r"model\.onnx: the writer made no regular file"), atomic_path(target) as t:
         t.mkdir()  # an exporter that wrote a folder of files under the name
     assert os.listdir(tmp_path) == []
+
+
+def test_atomic_path_refuses_a_fifo_the_writer_made_without_waiting_for_a_reader(tmp_path):
+    """The check that the writer made a regular file opened the name first, and an open of a FIFO
+    for reading waits for a writer: it hung there. (The alarm only turns a hang into a failure.)"""
+    def hung(*_):
+        raise TimeoutError("atomic_path waited on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(OutputError, match="the writer made no regular file"), \
+                atomic_path(tmp_path / "model.onnx") as t:
+            os.mkfifo(t)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert os.listdir(tmp_path) == []
