@@ -871,3 +871,15 @@ def test_atomic_path_refuses_a_fifo_the_writer_made_without_waiting_for_a_reader
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert os.listdir(tmp_path) == []
+
+
+def test_atomic_path_gives_the_mode_open_would_give_whatever_mode_the_writer_chose(tmp_path):
+    """A writer that makes its file private (0600, as a temporary-file helper does) still publishes
+    the file a plain ``open`` would make: 0666 less the umask."""
+    old = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "model.onnx") as t:
+            os.close(os.open(t, os.O_WRONLY | os.O_CREAT, 0o600))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "model.onnx").st_mode) == 0o644
