@@ -883,3 +883,13 @@ def test_atomic_path_gives_the_mode_open_would_give_whatever_mode_the_writer_cho
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "model.onnx").st_mode) == 0o644
+
+
+def test_publish_dir_publishes_a_symbolic_link_the_block_made(tmp_path):
+    """A link among the new files is published as a link: the fsync of the new files skips it (it
+    is not followed, and there is nothing of ours behind it to sync)."""
+    out = tmp_path / "out"
+    with publish_dir(out) as w:
+        write_text(w / "v2.md", "new\n")
+        (w / "latest.md").symlink_to("v2.md")
+    assert (out / "latest.md").is_symlink() and (out / "latest.md").read_text() == "new\n"
