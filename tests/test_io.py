@@ -893,3 +893,15 @@ def test_publish_dir_publishes_a_symbolic_link_the_block_made(tmp_path):
         write_text(w / "v2.md", "new\n")
         (w / "latest.md").symlink_to("v2.md")
     assert (out / "latest.md").is_symlink() and (out / "latest.md").read_text() == "new\n"
+
+
+def test_publish_dir_refuses_a_link_to_a_folder_of_another_user(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    (tmp_path / "out").symlink_to(theirs)
+    with pytest.raises(OutputError, match="which is not an existing folder of yours"), publish_dir(tmp_path / "out") as w:
+        write_text(w / "f.md", "new\n")
+    assert os.listdir(theirs) == []
