@@ -905,3 +905,13 @@ def test_publish_dir_refuses_a_link_to_a_folder_of_another_user(tmp_path):
     with pytest.raises(OutputError, match="which is not an existing folder of yours"), publish_dir(tmp_path / "out") as w:
         write_text(w / "f.md", "new\n")
     assert os.listdir(theirs) == []
+
+
+def test_a_published_folder_gets_the_mode_mkdir_would_give(tmp_path):
+    old = os.umask(0o027)
+    try:
+        with publish_dir(tmp_path / "out") as w:
+            write_text(w / "f.md", "new\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "out").st_mode) == 0o750
