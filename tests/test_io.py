@@ -915,3 +915,23 @@ def test_a_published_folder_gets_the_mode_mkdir_would_give(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "out").st_mode) == 0o750
+
+
+def test_publish_dir_whose_new_folder_cannot_be_renamed_in_puts_the_old_one_back(tmp_path, monkeypatch):
+    """The swap renames the old folder aside, then the new one in: a refusal of the second rename
+    (a fake for the failure path) leaves the old folder at its name, whole."""
+    out = tmp_path / "tuned"
+    before = _old_folder(out)
+    real = os.rename
+
+    def rename(src, dst):
+        if Path(dst) == out and Path(src).name.startswith(".tuned.") and Path(src).name.endswith(".tmp"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OutputError, match="tuned"), publish_dir(out, owns=lambda n: True) as w:
+        write_text(w / "TUNED.md", "new\n")
+    monkeypatch.setattr(os, "rename", real)
+    assert _tree(out) == before
+    assert os.listdir(tmp_path) == ["tuned"]
