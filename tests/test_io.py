@@ -935,3 +935,15 @@ def test_publish_dir_whose_new_folder_cannot_be_renamed_in_puts_the_old_one_back
     monkeypatch.setattr(os, "rename", real)
     assert _tree(out) == before
     assert os.listdir(tmp_path) == ["tuned"]
+
+
+def test_an_append_refuses_a_fifo_that_has_a_reader(tmp_path):
+    p = tmp_path / "records.jsonl"
+    os.mkfifo(p)
+    reader = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(OutputError, match="records.jsonl: not a regular file"):
+            append_bytes(p, b"x\n")
+        assert os.read(reader, 10) == b""  # nothing went into it
+    finally:
+        os.close(reader)
