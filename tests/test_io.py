@@ -947,3 +947,9 @@ def test_an_append_refuses_a_fifo_that_has_a_reader(tmp_path):
         assert os.read(reader, 10) == b""  # nothing went into it
     finally:
         os.close(reader)
+
+
+def test_a_write_without_make_parents_refuses_a_missing_folder_and_makes_none(tmp_path):
+    with pytest.raises(OutputError, match=r"cannot write .*missing/a\.json"):
+        write_text(tmp_path / "missing" / "a.json", "{}\n", make_parents=False)
+    assert os.listdir(tmp_path) == []
