@@ -953,3 +953,8 @@ def test_a_write_without_make_parents_refuses_a_missing_folder_and_makes_none(tm
     with pytest.raises(OutputError, match=r"cannot write .*missing/a\.json"):
         write_text(tmp_path / "missing" / "a.json", "{}\n", make_parents=False)
     assert os.listdir(tmp_path) == []
+
+
+def test_write_text_writes_in_the_encoding_it_is_given(tmp_path):
+    write_text(tmp_path / "a.txt", "é", encoding="latin-1")
+    assert (tmp_path / "a.txt").read_bytes() == b"\xe9"
