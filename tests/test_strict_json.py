@@ -46,6 +46,11 @@ def test_nesting_past_the_bound_is_refused_whoever_finds_it(text):
         loads(text, max_depth=64)
 
 
+def test_nesting_at_the_bound_is_read_where_the_text_holds_more_brackets_than_the_bound():
+    text = '[[["[[[["]]]'   # three levels, seven brackets: the walk runs and finds level 3 allowed
+    assert loads(text, max_depth=3) == json.loads(text)
+
+
 def test_the_bound_is_named_when_the_caller_names_it():
     with pytest.raises(StrictJSONError, match="^nested deeper than MAX_JSON_DEPTH = 3 levels$"):
         loads("[[[[]]]]", max_depth=3, depth_name="MAX_JSON_DEPTH")
