@@ -51,6 +51,11 @@ def test_nesting_at_the_bound_is_read_where_the_text_holds_more_brackets_than_th
     assert loads(text, max_depth=3) == json.loads(text)
 
 
+def test_utf8_bytes_count_objects_as_nesting_as_text_does():
+    text = '{"a": ' * 65 + "1" + "}" * 65
+    assert nested_deeper(json.loads(text), text.encode(), 64) and nested_deeper(json.loads(text), text, 64)
+
+
 def test_the_bound_is_named_when_the_caller_names_it():
     with pytest.raises(StrictJSONError, match="^nested deeper than MAX_JSON_DEPTH = 3 levels$"):
         loads("[[[[]]]]", max_depth=3, depth_name="MAX_JSON_DEPTH")
