@@ -453,3 +453,10 @@ def test_a_detector_whose_equality_is_elementwise_is_taken_as_any_other():
 
     gate = MemoryGate(embedder=_lookup, conflict=Detector())
     assert gate.conflict is not pair_flags and gate.conflict(["a", "b"]).shape == (2, 2)
+
+
+def test_a_risk_at_either_end_of_the_unit_interval_is_taken_in_any_numeric_type():
+    from mdl_jax.gate.checks import unit_float
+
+    for x in (0, 1, 0.0, 1.0, np.float32(0.0), np.float64(1.0), np.int64(0)):
+        assert unit_float("risk", x) == float(x)
