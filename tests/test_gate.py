@@ -460,3 +460,10 @@ def test_a_risk_at_either_end_of_the_unit_interval_is_taken_in_any_numeric_type(
 
     for x in (0, 1, 0.0, 1.0, np.float32(0.0), np.float64(1.0), np.int64(0)):
         assert unit_float("risk", x) == float(x)
+
+
+def test_a_risk_given_as_a_bool_is_refused_naming_it():
+    from mdl_jax.gate.checks import risk_table
+
+    with pytest.raises(ValueError, match=r"^risk\['a'\]: expected a number in \[0, 1\], got True$"):
+        risk_table({"a": True})
