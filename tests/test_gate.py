@@ -467,3 +467,12 @@ def test_a_risk_given_as_a_bool_is_refused_naming_it():
 
     with pytest.raises(ValueError, match=r"^risk\['a'\]: expected a number in \[0, 1\], got True$"):
         risk_table({"a": True})
+
+
+def test_a_missing_category_is_not_the_risk_tables_category_named_none():
+    from mdl_jax.gate.checks import risk_table
+
+    lookup = risk_table({"None": 0.9, "medical": 0.85})
+    assert lookup("q", "None") == 0.9
+    with pytest.raises(ValueError, match=r"^category: None is not in the risk table"):
+        lookup("q", None)
