@@ -958,3 +958,13 @@ def test_a_write_without_make_parents_refuses_a_missing_folder_and_makes_none(tm
 def test_write_text_writes_in_the_encoding_it_is_given(tmp_path):
     write_text(tmp_path / "a.txt", "é", encoding="latin-1")
     assert (tmp_path / "a.txt").read_bytes() == b"\xe9"
+
+
+def test_publish_dir_publishes_a_fifo_the_block_made(tmp_path):
+    """The fsync of the new files is of regular files (and folders): a FIFO among them, which
+    cannot be fsynced, is published as it is."""
+    out = tmp_path / "out"
+    with publish_dir(out) as w:
+        os.mkfifo(w / "pipe")
+        write_text(w / "f.md", "new\n")
+    assert stat.S_ISFIFO(os.lstat(out / "pipe").st_mode) and (out / "f.md").read_text() == "new\n"
