@@ -968,3 +968,22 @@ def test_publish_dir_publishes_a_fifo_the_block_made(tmp_path):
         os.mkfifo(w / "pipe")
         write_text(w / "f.md", "new\n")
     assert stat.S_ISFIFO(os.lstat(out / "pipe").st_mode) and (out / "f.md").read_text() == "new\n"
+
+
+def test_a_refused_fsync_of_the_shared_folder_files_were_renamed_into_is_an_output_error(tmp_path, monkeypatch):
+    """A folder holding files this output does not own gets the new files renamed in one by one; its
+    fsync makes the renames durable, and the disk refusing it (a fake: ``os.fsync`` raises for that
+    folder only) is an error naming it."""
+    run = tmp_path / "run"
+    _old_folder(run, ("records.jsonl", "REPORT.md"))
+    real, ino = os.fsync, os.stat(run).st_ino
+
+    def fsync(fd):
+        if os.fstat(fd).st_ino == ino:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OutputError, match=f"cannot write {re.escape(str(run))}"), \
+            publish_dir(run, owns={"REPORT.md"}.__contains__) as w:
+        write_text(w / "REPORT.md", "new\n")
