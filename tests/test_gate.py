@@ -476,3 +476,8 @@ def test_a_missing_category_is_not_the_risk_tables_category_named_none():
     assert lookup("q", "None") == 0.9
     with pytest.raises(ValueError, match=r"^category: None is not in the risk table"):
         lookup("q", None)
+
+
+def test_an_empty_risk_table_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"^risk: the \{category: risk\} table is empty"):
+        MemoryGate(_lookup, risk={})
