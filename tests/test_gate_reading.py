@@ -33,6 +33,7 @@ TRICKY = [
     b'[1, 2.5, "x", null, true]\n',                # not an object: parse_row says so later
     b'"just a string"\n',
     b'{"deep": ' + b'[' * 600 + b']' * 600 + b'}\n',
+    b'{"deep": ' + b'{"a": ' * 200 + b'1' + b'}' * 200 + b'}\n',   # objects nest as lists do
     b'{"f": 0.1, "g": 1.0, "h": -0.0, "i": 5e-324}\n',
 ]
 
