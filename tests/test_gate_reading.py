@@ -162,3 +162,15 @@ def test_the_common_rows_fast_path_returns_what_the_general_path_does():
     assert files.parse_row(plain, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)
     assert files.parse_row(row, general) == ("is it safe?", ["it is safe", "it is not"], "Health", None)
     assert files.parse_row(row, fast) == ("is it safe?", ["it is safe", "it is not"], None, None)
+
+
+def test_a_line_of_exactly_max_line_bytes_is_read_and_one_byte_more_is_a_bad_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "MAX_LINE_BYTES", 64)
+    ok, too = (json.dumps({"query": "q", "memories": ["x" * k]}) for k in (32, 33))
+    assert (len(ok), len(too)) == (64, 65)
+    path = tmp_path / "in.jsonl"
+    path.write_text(f"{ok}\n{too}\n{ok}\n")
+    rows = list(reading.read_jsonl(path, 0))
+    assert [(i, w) for i, _, w in rows] == [(0, "line 1"), (1, "line 2"), (2, "line 3")]
+    assert rows[0][1] == rows[2][1] == json.loads(ok)
+    assert isinstance(rows[1][1], reading.Bad) and "longer than MAX_LINE_BYTES = 64 bytes" in rows[1][1].why
