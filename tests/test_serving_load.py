@@ -492,6 +492,28 @@ def test_the_connection_past_the_limit_sheds_the_oldest_silent_one_and_is_served
                 c.close()
 
 
+def test_a_kept_alive_connection_that_starts_its_next_request_and_stalls_gets_the_header_timeout():
+    """The header timeout runs again after each answer: a client that, on a kept-alive connection,
+    sends part of its next request's headers and no more is answered 408 and closed (uvicorn's own
+    keep-alive timeout stops once any byte arrives), not held open for good."""
+    with answers_server(Path(os.devnull), header_timeout_s=2.0) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got and (data := s.recv(65536)):
+                got += data
+            head, body = got.split(b"\r\n\r\n", 1)
+            n = int(next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")).split(b":")[1])
+            while len(body) < n and (data := s.recv(65536)):
+                body += data
+            assert head.startswith(b"HTTP/1.1 404") and len(body) == n, got[:80]
+            s.sendall(b"GET /nowhere HTTP/1.1\r\nHo")   # within the timeout (else it ends silently)
+            rest = b""
+            while data := s.recv(65536):   # a TimeoutError here: the connection was held
+                rest += data
+            assert rest.startswith(b"HTTP/1.1 408") and b"headers not received within 2 s" in rest, rest[:200]
+
+
 def test_a_slow_but_steady_reader_of_a_big_answer_is_not_cut_off_at_the_send_deadline(tmp_path):
     """The deadline is for a client that takes nothing: one reading an 8 MiB answer steadily, at a pace
     that needs about twice send_timeout_s, was reset at the deadline mid-answer (the clock ran from
