@@ -987,3 +987,28 @@ def test_a_refused_fsync_of_the_shared_folder_files_were_renamed_into_is_an_outp
     with pytest.raises(OutputError, match=f"cannot write {re.escape(str(run))}"), \
             publish_dir(run, owns={"REPORT.md"}.__contains__) as w:
         write_text(w / "REPORT.md", "new\n")
+
+
+def test_a_lock_file_whose_name_another_run_made_anew_as_it_locked_is_on_the_new_file(tmp_path, monkeypatch):
+    """The old file went and another run created the name anew (and will lock it) just as this one
+    locked: the lock taken is on the file the name holds, not on the one that went."""
+    import fcntl
+
+    p = tmp_path / ".lock"
+    p.write_text("")
+    real, left = fcntl.flock, [1]
+
+    def flock(f, op):
+        if left[0]:
+            left[0] -= 1
+            os.unlink(p)
+            p.write_text("")
+        return real(f, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    f = lock_file(p)
+    assert f is not None
+    try:
+        assert os.fstat(f.fileno()).st_ino == os.stat(p).st_ino
+    finally:
+        f.close()
