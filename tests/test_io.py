@@ -1012,3 +1012,9 @@ def test_a_lock_file_whose_name_another_run_made_anew_as_it_locked_is_on_the_new
         assert os.fstat(f.fileno()).st_ino == os.stat(p).st_ino
     finally:
         f.close()
+
+
+def test_a_lock_file_in_a_missing_folder_is_an_output_error_naming_it(tmp_path):
+    with pytest.raises(OutputError, match=r"missing/\.lock"):
+        lock_file(tmp_path / "missing" / ".lock")
+    assert os.listdir(tmp_path) == []
