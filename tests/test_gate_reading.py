@@ -174,3 +174,11 @@ def test_a_line_of_exactly_max_line_bytes_is_read_and_one_byte_more_is_a_bad_row
     assert [(i, w) for i, _, w in rows] == [(0, "line 1"), (1, "line 2"), (2, "line 3")]
     assert rows[0][1] == rows[2][1] == json.loads(ok)
     assert isinstance(rows[1][1], reading.Bad) and "longer than MAX_LINE_BYTES = 64 bytes" in rows[1][1].why
+
+
+def test_a_csv_rows_risk_cell_is_read_as_a_number():
+    from mdl_jax.gate.job import RowFields
+
+    fields = RowFields(query_field="query", memories_field="memories", category_field=None,
+                               risk_field="risk", kind="csv")
+    assert reading.parse_row({"query": "q", "memories": '["a"]', "risk": "0.25"}, fields) == ("q", ["a"], None, 0.25)
