@@ -182,3 +182,10 @@ def test_a_csv_rows_risk_cell_is_read_as_a_number():
     fields = RowFields(query_field="query", memories_field="memories", category_field=None,
                                risk_field="risk", kind="csv")
     assert reading.parse_row({"query": "q", "memories": '["a"]', "risk": "0.25"}, fields) == ("q", ["a"], None, 0.25)
+
+
+def test_a_blank_line_is_counted_but_is_no_row(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"query": "a"}\n\n   \n{"query": "b"}\n')
+    assert [(i, v, w) for i, v, w in reading.read_jsonl(path, 0)] == [
+        (0, {"query": "a"}, "line 1"), (3, {"query": "b"}, "line 4")]
