@@ -236,6 +236,24 @@ def test_prompt_beyond_the_context_and_oversized_bodies_are_refused_before_any_w
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
 
 
+def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_a_413(server):
+    from mdl_jax.serving.protocol import LIMITS
+
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    got = []
+    for n in (LIMITS.max_body_bytes, LIMITS.max_body_bytes + 1):
+        body = b'{"pad": "' + b"x" * (n - 11) + b'"}'
+        assert len(body) == n
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                      b"Content-Length: " + str(n).encode() + b"\r\n\r\n" + body)
+            head, answer = _read_response(s)
+        got.append((head.split(b"\r\n")[0], json.loads(answer)["error"]["param"]))
+    # the first is read whole and refused for what it lacks; the second for its size
+    assert got == [(b"HTTP/1.1 400 Bad Request", "messages"), (b"HTTP/1.1 413 Request Entity Too Large", None)], got
+
+
 @pytest.mark.parametrize("which", ["server", "gateway"])
 def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(which, request):
     # Both servers answered 413 from the Content-Length and closed with the body unread: the kernel's
