@@ -1018,3 +1018,12 @@ def test_a_lock_file_in_a_missing_folder_is_an_output_error_naming_it(tmp_path):
     with pytest.raises(OutputError, match=r"missing/\.lock"):
         lock_file(tmp_path / "missing" / ".lock")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_lock_file_whose_folder_make_folder_never_makes_is_an_output_error_not_a_held_lock(tmp_path):
+    """``make_folder`` is called before each try; where the folder is still missing at the last try,
+    that is the error, not "another run holds it"."""
+    calls = []
+    with pytest.raises(OutputError, match=r"missing/\.lock"):
+        lock_file(tmp_path / "missing" / ".lock", make_folder=lambda: calls.append(1))
+    assert len(calls) == _io._LOCK_TRIES
