@@ -1027,3 +1027,29 @@ def test_a_lock_file_whose_folder_make_folder_never_makes_is_an_output_error_not
     with pytest.raises(OutputError, match=r"missing/\.lock"):
         lock_file(tmp_path / "missing" / ".lock", make_folder=lambda: calls.append(1))
     assert len(calls) == _io._LOCK_TRIES
+
+
+@pytest.mark.parametrize("keep_existing", [True, False])
+def test_publish_dir_that_another_process_beat_to_the_name_keeps_or_replaces_its_copy(tmp_path, monkeypatch,
+                                                                                        keep_existing):
+    """Another process publishes the same folder just after this one saw the name free (a fake: the
+    look at the name makes the other copy): its rename then fails on the folder that is there. A cache
+    (``keep_existing``) keeps the first copy; any other output replaces it, as if it had been there."""
+    out = tmp_path / "model"
+    real, looks = os.path.lexists, [0]
+
+    def lexists(p):
+        if Path(p) == out:
+            looks[0] += 1
+            if looks[0] == 2:  # publish_dir's first look is at the start, the second as it publishes
+                out.mkdir()
+                (out / "config.json").write_text("first\n")
+                return False
+        return real(p)
+
+    monkeypatch.setattr(os.path, "lexists", lexists)
+    with publish_dir(out, keep_existing=keep_existing) as w:
+        write_text(w / "config.json", "second\n")
+    monkeypatch.setattr(os.path, "lexists", real)
+    assert _tree(out) == {"config.json": b"first\n" if keep_existing else b"second\n"}
+    assert os.listdir(tmp_path) == ["model"]
