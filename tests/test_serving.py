@@ -254,6 +254,17 @@ def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_a_413(server):
     assert got == [(b"HTTP/1.1 400 Bad Request", "messages"), (b"HTTP/1.1 413 Request Entity Too Large", None)], got
 
 
+def test_a_json_media_type_is_known_in_any_case_with_parameters_or_as_a_json_suffix(server):
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    for kind in (b"Application/JSON; charset=UTF-8", b"application/merge-patch+json"):
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: " + kind + b"\r\n"
+                      b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 2\r\n\r\n{}")
+            head, answer = _read_response(s)
+        # read as JSON, and refused for the field it lacks (not a 415 for its media type)
+        assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["error"]["param"] == "messages", (kind, head)
+
+
 @pytest.mark.parametrize("which", ["server", "gateway"])
 def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(which, request):
     # Both servers answered 413 from the Content-Length and closed with the body unread: the kernel's
