@@ -265,6 +265,16 @@ def test_a_json_media_type_is_known_in_any_case_with_parameters_or_as_a_json_suf
         assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["error"]["param"] == "messages", (kind, head)
 
 
+def test_a_request_may_state_as_many_stop_strings_as_the_limit_and_no_more():
+    from mdl_jax.serving.protocol import LIMITS, APIError, ChatRequest, parse
+
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    stops = [f"s{i}" for i in range(LIMITS.max_stop + 1)]
+    assert parse(ChatRequest, {**base, "stop": stops[:-1]}).stop == stops[:-1]
+    with pytest.raises(APIError, match=f"stop: at most {LIMITS.max_stop} stop strings"):
+        parse(ChatRequest, {**base, "stop": stops})
+
+
 @pytest.mark.parametrize("which", ["server", "gateway"])
 def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(which, request):
     # Both servers answered 413 from the Content-Length and closed with the body unread: the kernel's
