@@ -293,6 +293,18 @@ def test_an_oversized_body_on_a_kept_alive_connection_gets_its_413_not_a_reset(w
     assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
 
 
+def test_a_chunked_body_over_the_limit_on_a_kept_alive_connection_gets_its_413_not_a_reset(server):
+    # no Content-Length to refuse it by: it is read up to the limit, then the rest drained before the 413
+    big = json.dumps({"model": "smollm2", "messages": chat("x" * (2 << 20))}).encode()
+    with raw(server) as h:
+        assert h.get("/models").status_code == 200          # the pool now holds a kept-alive connection
+        for _ in range(3):
+            chunks = iter([big[i:i + 65536] for i in range(0, len(big), 65536)])   # sent chunked
+            assert_error(h.post("/chat/completions", content=chunks, headers={"Content-Type": "application/json"}),
+                         413)
+            assert h.get("/models").status_code == 200
+
+
 def test_a_chunked_body_over_the_limit_that_keeps_trickling_gets_413_not_408(server):
     # Over the limit, the rest was drained inside the body's time limit, so a client still sending
     # when it ran out got 408 for a body that was simply too large.
