@@ -265,6 +265,17 @@ def test_a_json_media_type_is_known_in_any_case_with_parameters_or_as_a_json_suf
         assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["error"]["param"] == "messages", (kind, head)
 
 
+def test_a_body_refused_unread_for_its_media_type_closes_its_connection(server):
+    # its bytes were never read: kept alive, they would be parsed as the next request
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 2\r\n\r\n{}")
+        head, answer = _read_response(s)
+    assert head.startswith(b"HTTP/1.1 415") and b"\r\nconnection: close" in head.lower(), head
+    assert json.loads(answer)["error"]["code"] == "unsupported_media_type"
+
+
 def test_a_request_may_state_as_many_stop_strings_as_the_limit_and_no_more():
     from mdl_jax.serving.protocol import LIMITS, APIError, ChatRequest, parse
 
