@@ -276,6 +276,12 @@ def test_a_body_refused_unread_for_its_media_type_closes_its_connection(server):
     assert json.loads(answer)["error"]["code"] == "unsupported_media_type"
 
 
+def test_a_body_that_is_json_but_not_an_object_is_a_400_saying_what_it_is(server):
+    with raw(server) as h:
+        r = h.post("/chat/completions", content=b"[1, 2]", headers={"Content-Type": "application/json"})
+    assert assert_error(r, 400)["message"] == "body: expected a JSON object, got an array"
+
+
 def test_a_request_may_state_as_many_stop_strings_as_the_limit_and_no_more():
     from mdl_jax.serving.protocol import LIMITS, APIError, ChatRequest, parse
 
