@@ -282,6 +282,15 @@ def test_a_body_that_is_json_but_not_an_object_is_a_400_saying_what_it_is(server
     assert assert_error(r, 400)["message"] == "body: expected a JSON object, got an array"
 
 
+def test_a_completions_prompt_list_holds_one_to_the_limits_prompts():
+    from mdl_jax.serving.protocol import LIMITS, APIError, CompletionRequest, parse
+
+    assert parse(CompletionRequest, {"prompt": ["a"] * LIMITS.max_prompts}).prompt == ["a"] * LIMITS.max_prompts
+    for n in (0, LIMITS.max_prompts + 1):
+        with pytest.raises(APIError, match=f"^prompt: expected 1 to {LIMITS.max_prompts} prompts"):
+            parse(CompletionRequest, {"prompt": ["a"] * n})
+
+
 def test_a_request_may_state_as_many_stop_strings_as_the_limit_and_no_more():
     from mdl_jax.serving.protocol import LIMITS, APIError, ChatRequest, parse
 
