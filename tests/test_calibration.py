@@ -92,9 +92,11 @@ _CALIBRATE_MEMORY = PEAK_RSS_FUNCS + """
 def test_calibrate_memory_is_linear_in_n():
     """The 1,001-point grid was a (1001, N) comparison matrix: +400 MB at N = 10^5 (+3.9 GB at
     10^6). Counted from one sort, the growth is two decide calls' outputs (~112 B a record) and the
-    sort: under 80 MB at N = 10^5 (~400 MB before)."""
+    sort: 42-53 MB at N = 10^5 on an idle machine (~400 MB before). The bound is 150 MB: the window
+    holds the compilation of the N = 10^5 program too, whose peak varies with how XLA's threads are
+    scheduled (83 MB seen beside other test processes on 2 cores); the quadratic matrix stays far past it."""
     grew = peak_growth_mb(_CALIBRATE_MEMORY, 100_000)
-    assert grew < 80, f"calibrate at N = 1e5 grew the peak RSS by {grew:.0f} MB"
+    assert grew < 150, f"calibrate at N = 1e5 grew the peak RSS by {grew:.0f} MB"
 
 
 def _old_grid_agreement(C_final, adopt, grid):
