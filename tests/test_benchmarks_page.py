@@ -72,3 +72,25 @@ def test_a_users_gate_stands_in_the_summary_beside_mdl():
     heads = [line for line in text.splitlines() if line.startswith("| data set |")]
     assert heads[0].endswith("| MDL tuned | my gate | oracle |") and heads[1].endswith("| my gate | oracle |")
     assert text.count("0.123 [") == 2
+
+
+def test_the_size_cue_the_page_states_is_the_loaders():
+    """Each figure of "A cue in the sets' sizes", recomputed from the data: the AUROC of "fewer memories"
+    against "do not adopt" over each data set's labelled sets, and RGB's set sizes by condition."""
+    import numpy as np
+
+    from mdl_jax.evaluation.datasets import load_benchmark
+    from mdl_jax.evaluation.metrics import auroc
+
+    text = " ".join(PAGE.read_text(encoding="utf-8").split("## A cue in the sets' sizes", 1)[1]
+                    .split("\n## ", 1)[0].split())
+    for name, words in (("rgb_en_fact", "AUROC {a} over its {n} labelled sets"), ("ramdocs", "give {a} over its {n}"),
+                        ("conflictnq", "({a} over {n}:")):
+        items = [it for it in load_benchmark(name) if it.should_adopt is not None and it.memories]
+        a = auroc(-np.array([len(it.memories) for it in items], float), [not it.should_adopt for it in items])
+        assert words.format(a=f"{a:.3f}", n=len(items)) in text, (name, a, len(items))
+    rgb = load_benchmark("rgb_en_fact")
+    noise = [len(it.memories) for it in rgb if it.condition == "noise"]
+    rest = [len(it.memories) for it in rgb if it.condition != "noise"]
+    assert f"noise-only sets hold {min(noise)}–{max(noise)} memories" in text
+    assert f"other three sets {min(rest)}–{max(rest)}" in text

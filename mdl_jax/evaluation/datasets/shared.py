@@ -127,6 +127,8 @@ def read_rgb(path: Path, split: str | None = None, limit: int | None = None) -> 
         ``mixed``: the first half (rounded up) of the true snippets, the answer-swapped versions of the rest
         (both, when there is one snippet), + noise.
         ``noise``: the noise snippets only.
+    No question has ten noise snippets: its noise set is the smallest of its four, a cue a gate can count
+    (docs/benchmarks-field.md, "A cue in the sets' sizes"; kept for the committed conflict runs' sets).
 
     Label rule:
         true: should_adopt True, should_abstain False, has_conflict False.
