@@ -614,6 +614,21 @@ def test_a_group_column_draws_whole_groups_the_same_wherever_their_records_stand
     assert per_group.accuracy[0].std() > per_record.accuracy[0].std()
 
 
+def test_a_group_column_reserves_no_memory_for_the_record_bootstraps_draws(tmp_path, monkeypatch):
+    """The record bootstrap keeps a block of (W, 2^16) draws, and the passes are cut to leave room for it;
+    group draws use no such block, so their passes are cut for the weights alone."""
+    from mdl_jax.controller import stream
+
+    seen = []
+    real = stream._sw.bounded_chunk
+    monkeypatch.setattr(stream._sw, "bounded_chunk", lambda *a, **k: seen.append(k["reserved"]) or real(*a, **k))
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"M": [0.5] * 40, "R": [0.5] * 40, "A": [0.2] * 40, "q": np.arange(40) // 4}), path)
+    sweep_parquet(path, MDLConfig(), columns={"group": "q"}, bootstrap=50, seed=0)
+    sweep_parquet(path, MDLConfig(), bootstrap=50, seed=0)
+    assert seen == [0, 50 * stream.POISSON_BLOCK * 4]
+
+
 def test_a_group_column_that_cannot_group_is_an_error_naming_it(tmp_path, capsys):
     from mdl_jax.cli import main
     from mdl_jax.controller.stream import group_weights

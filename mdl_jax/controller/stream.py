@@ -371,7 +371,7 @@ def parquet_state(path, configs, *, columns, bootstrap, seed, record_chunk, engi
     W = max(int(bootstrap), 1)
     # passes (and the batches read) cut to the sweep's memory bound: W resamples' weights per record,
     # and the current Poisson block's draws when they take at most a quarter of the bound
-    cache = W * POISSON_BLOCK * 4 if bootstrap else 0
+    cache = W * POISSON_BLOCK * 4 if bootstrap and "group" not in cols else 0   # (groups draw no blocks)
     keep = bool(bootstrap) and cache <= _sw.MEMORY_BOUND // 4
     record_chunk = _sw.bounded_chunk(record_chunk, K, W, "bootstrap" if bootstrap else "configs",
                                      reserved=cache if keep else 0)
