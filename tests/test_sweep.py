@@ -651,6 +651,7 @@ def test_a_group_column_that_cannot_group_is_an_error_naming_it(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mdl-jax: error: sweep: f: expected integer or string ids"), err
     for ids, match in (([1, "a"], r"^ids: expected integer or string ids of one kind"),
+                       (["q1", None], r"^ids: expected an id for every record; index 1 is None"),
                        (np.zeros((2, 2), int), r"^ids: expected a 1-d sequence")):
         with pytest.raises(ValueError, match=match):
             group_weights(ids, 2)

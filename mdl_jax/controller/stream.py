@@ -103,7 +103,9 @@ def group_keys(ids, what: str = "group", row0: int = 0) -> np.ndarray:
     if x.ndim != 1:
         raise ValueError(f"{what}: expected a 1-d sequence of ids, got shape {x.shape}")
     if x.dtype == object and len(x):
-        kinds = {type(v) for v in x.tolist()}
+        values = x.tolist()
+        if type(None) in (kinds := {type(v) for v in values}):
+            raise ValueError(f"{what}: expected an id for every record; index {values.index(None)} is None")
         if all(issubclass(k, (int, np.integer)) and not issubclass(k, (bool, np.bool_)) for k in kinds):
             try:
                 x = x.astype(np.int64)
