@@ -94,3 +94,8 @@ def test_the_size_cue_the_page_states_is_the_loaders():
     rest = [len(it.memories) for it in rgb if it.condition != "noise"]
     assert f"noise-only sets hold {min(noise)}–{max(noise)} memories" in text
     assert f"other three sets {min(rest)}–{max(rest)}" in text
+    # and the report's own rows it quotes: the memory count's and MDL's AUROC on RGB's evaluated sets
+    by = {(r["dataset"], r["gate"], r["metric"]): r for r in _rows("metrics.csv")}
+    for gate in ("memory count", "MDL (paper defaults)"):
+        r = by[("rgb_en_fact", gate, "AUROC")]
+        assert "{:.3f} [{:.3f}, {:.3f}]".format(*(float(r[k]) for k in ("value", "lo", "hi"))) in text, gate

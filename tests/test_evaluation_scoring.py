@@ -104,7 +104,7 @@ def test_a_gate_without_a_fitted_threshold_has_no_decision_rows_not_a_constant_o
     s = score_gates("toy", _items(n, adopt), _cols(M, np.full(n, 0.5), action, M), extra={"mine": -M},
                     fit_mdl=False)
     assert {g.name: g.fitted.get("tau", 0) for g in s.gates if "tau" in g.fitted} == {
-        "similarity (top-1)": None, "R alone": None, "mine": None}
+        "similarity (top-1)": None, "R alone": None, "memory count": None, "mine": None}
     by = {(r["gate"], r["metric"]): r for r in metric_table(s, n_boot=50)}
     for gate in ("similarity (top-1)", "R alone", "mine"):
         assert (gate, "AUROC") in by

@@ -14,6 +14,8 @@ The gates, each one score per memory set (higher = "do not adopt") and one decis
   either detector (φ > 0)        the same with the paper's flags OR disagreeing answers
                                  (``signals.answer_conflict.either_pair_flags``)
   R alone                        adopt iff R ≥ τ
+  memory count                   adopt iff the set holds ≥ τ memories: a gate that reads no text, to show
+                                 where a data set's set sizes go with its labels
   MDL (paper defaults)           Active adopts; Supp, Silent and Opt-Out do not; ranked by C_final
   MDL + answer detector          the same controller, φ from both detectors (``either_pair_flags``)
   MDL calibrated                 ``mdl_jax.calibrate`` (Section 3.4) on the calibration split
@@ -313,6 +315,7 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
         Gate("either detector (φ > 0)", np.asarray(cols["phi_either"], np.float64),
              np.asarray(cols["phi_either"]) > 0),
         threshold_gate("R alone", R),
+        threshold_gate("memory count", np.array([len(it.memories) for it in items], np.float64)),
         _mdl("MDL (paper defaults)", cols, np.asarray(cols["action"])),
         _mdl("MDL + answer detector", cols, np.asarray(cols["action_either"]), c_final=cols["C_final_either"]),
     ]
@@ -349,7 +352,7 @@ METRICS: dict[str, tuple[str, Callable[..., float]]] = {
 REFERENCE = "MDL (paper defaults)"
 # every built-in gate's name: a user's own column may not take one (its rows would mix with the gate's)
 GATE_NAMES = ("always adopt", "never adopt", "similarity (top-1)", "lexical conflict (φ > 0)",
-              "either detector (φ > 0)", "R alone", REFERENCE, "MDL + answer detector", "MDL calibrated",
+              "either detector (φ > 0)", "R alone", "memory count", REFERENCE, "MDL + answer detector", "MDL calibrated",
               "MDL tuned", "MDL learned", "oracle")
 
 
