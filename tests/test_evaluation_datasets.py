@@ -154,6 +154,41 @@ def test_rgb_has_100_questions_and_four_memory_sets_each():
                for it in sw) >= 95
 
 
+def test_rgb_equal_gives_every_set_of_a_question_the_same_size():
+    """``rgb_en_fact_equal``: the four sets of a question hold as many memories as its noise snippets, so a
+    gate cannot rank them by counting; the labels are ``rgb_en_fact``'s, condition by condition."""
+    items = _load("rgb_en_fact_equal")
+    base = {it.qid.split(":", 1)[1]: it for it in _load("rgb_en_fact")}
+    rows = {str(r["id"]): r for r in map(json.loads, (ROOT / "rgb_en_fact" / "en_fact.json").open())}
+    by: dict[str, list] = {}
+    for it in items:
+        by.setdefault(it.group, []).append(it)
+    assert len(by) == 100
+    for group, sets in by.items():
+        k = min(10, len(rows[group.split(":", 1)[1]]["negative"]))
+        assert {len(it.memories) for it in sets} == {k}, group
+        # a set of one memory cannot hold both answers: no mixed set there
+        assert [it.condition for it in sets] == ["true", "swapped", "noise"] if k == 1 else ["true", "swapped", "mixed", "noise"]
+    assert Counter(it.condition for it in items) == {"true": 100, "swapped": 100, "mixed": 96, "noise": 100}
+    # the question keeps its group, so both readings put it on one side of the calibration split
+    assert all(it.group == base[it.qid.split(":", 1)[1]].group for it in items)
+    assert len({it.qid for it in items}) == len(items) and not {it.qid for it in items} & {it.qid for it in base.values()}
+    for it in items:
+        kinds = Counter(it.meta["memory_kinds"])
+        old = base[it.qid.split(":", 1)[1]]
+        # the same label rule: where the same noise snippets stand in the set, the same labels
+        if it.meta["answer_in_noise"] == old.meta["answer_in_noise"]:
+            assert (it.should_adopt, it.should_abstain, it.has_conflict) == (
+                old.should_adopt, old.should_abstain, old.has_conflict), it.qid
+        if it.condition == "mixed":
+            assert kinds["true"] and kinds["swapped"] and it.has_conflict
+        elif it.condition == "noise":
+            # every noise snippet already fits under ten: the noise set is rgb_en_fact's, in its order
+            assert it.memories == old.memories
+        else:
+            assert kinds[it.condition] >= 1 and set(kinds) <= {it.condition, "noise"}
+
+
 # ------------------------------------------------------------------------------- every data set
 
 @pytest.mark.parametrize("name", [n for n in SHARED_BENCHMARKS if n not in ("conflictqa_strategyqa", "adarague_llama8b")])

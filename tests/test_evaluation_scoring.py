@@ -92,6 +92,19 @@ def test_score_gates_on_known_labels_and_a_users_own_column_in_the_same_table():
         score_gates("toy", items, _cols(M, np.full(n, 0.5), action, c_final), extra={"my gate": mine[:3]})
 
 
+def test_two_readings_of_one_data_set_given_one_split_salt_evaluate_the_same_questions():
+    rng = np.random.default_rng(1)
+    n = 300
+    adopt = rng.uniform(size=n) < 0.5
+    M = rng.uniform(size=n)
+    cols = _cols(M, np.full(n, 0.5), np.full(n, int(Action.ACTIVE)), M)
+    a = score_gates("reading a", _items(n, adopt), cols, fit_mdl=False, split_salt="the data set")
+    b = score_gates("reading b", _items(n, adopt), cols, fit_mdl=False, split_salt="the data set")
+    assert (a.calibration == b.calibration).all() and a.dataset == "reading a"
+    assert (a.calibration == calibration_split([it.group for it in _items(n, adopt)], salt="the data set")).all()
+    assert (score_gates("reading a", _items(n, adopt), cols, fit_mdl=False).calibration != a.calibration).any()
+
+
 def test_a_gate_without_a_fitted_threshold_has_no_decision_rows_not_a_constant_ones():
     # every calibration row says "adopt": no τ can be fitted, so the threshold gates (similarity, R alone,
     # a user's column) keep their ranking metrics and have no decision, instead of "always adopt"'s numbers
@@ -413,6 +426,17 @@ def test_a_fresh_benchmark_run_refused_before_any_work_leaves_no_parent_folder_i
                            n_boot=20, progress=False, log=lambda s: None, data_dir=tmp_path / "empty")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "kept"]
     assert not any((tmp_path / "kept").iterdir())
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_both_readings_of_rgb_in_a_run_evaluate_the_same_questions(tmp_path, embedder):
+    """RGB's two readings take their calibration split from the folder they read: of the first three
+    questions none falls in the calibration share by that salt (one would by the reading's own name)."""
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact", "rgb_en_fact_equal"])
+    with open(out / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["gate"] == "always adopt" and r["metric"] == "decision accuracy"]
+    assert {r["dataset"]: r["n_groups"] for r in rows} == {"rgb_en_fact": "3", "rgb_en_fact_equal": "3"}
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")

@@ -52,7 +52,7 @@ from mdl_jax._io import write_bytes as _write
 from mdl_jax._version import __version__
 from mdl_jax.controller.validation import zero_d_number
 from mdl_jax.evaluation import metrics
-from mdl_jax.evaluation.datasets import load_benchmark
+from mdl_jax.evaluation.datasets import BENCHMARKS, load_benchmark
 from mdl_jax.evaluation.datasets.adarague import ADARAGUE_DATASETS, AdaRAGUEItem
 from mdl_jax.evaluation.replay import replay, replay_table
 from mdl_jax.evaluation.run_record import INPUTS, LOCK, check_inputs, recorded_inputs, run_inputs
@@ -69,7 +69,7 @@ from mdl_jax.evaluation.scoring import (
 )
 
 # Reader-free scoring: every shared data set whose memory sets carry their own labels.
-READER_FREE = ("rgb_en_fact", "ramdocs", "conflictqa_strategyqa", "conflictnq", "poisonedrag_adv",
+READER_FREE = ("rgb_en_fact", "rgb_en_fact_equal", "ramdocs", "conflictqa_strategyqa", "conflictnq", "poisonedrag_adv",
                "nomiracl_en", "retrievalqa_gpt4", "selfaware")
 # The replay of AdaRAGUE's reader answers: every data set's test split (MDL only where passages exist).
 REPLAY = tuple(f"adarague:{d}_test" for d in ADARAGUE_DATASETS)
@@ -519,7 +519,9 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
             else:
                 cols = _signals(name, items, gate, out, progress)
                 user = user_cols[name]
-                s = score_gates(name, items, cols, config=gate.config, extra=user, fit_mdl=fit_mdl)
+                # the split is the folder's: two readings of one data set evaluate the same questions
+                s = score_gates(name, items, cols, config=gate.config, extra=user, fit_mdl=fit_mdl,
+                                split_salt=BENCHMARKS[name].folder)
                 rows = metric_table(s, n_boot=n_boot)
                 conds = condition_table(s)
                 drawn = _figure(s, _own_dir(out / "figures") / f"{name}.png", tuple(user))

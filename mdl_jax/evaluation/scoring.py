@@ -251,17 +251,19 @@ def _fitted_config(kind: str, cols, adopt: np.ndarray, cal: np.ndarray, config: 
 
 def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str, np.ndarray], *,
                 config: MDLConfig | None = None, extra: Mapping[str, np.ndarray] | None = None,
-                fit_mdl: bool = True) -> Scored:
+                fit_mdl: bool = True, split_salt: str | None = None) -> Scored:
     """Every gate of the module docstring on one data set's rows.
 
     Args:
-      dataset: the data set's name (it salts the calibration split).
+      dataset: the data set's name (it salts the calibration split unless ``split_salt`` is given).
       items: its memory sets (labels, groups, conditions).
       cols: ``signal_columns`` of the same items.
       config: the MDL config the signals were decided with (paper defaults when None).
       extra: {name: (N,) score} of the caller's own gates, higher = do not adopt (a confidence is passed
         negated); each gets a τ fitted on the calibration split like the similarity rule.
       fit_mdl: also fit the calibrated, tuned and learned MDL configs (seconds each).
+      split_salt: salts the calibration split in place of ``dataset``: two readings of one data set
+        (``rgb_en_fact`` and ``rgb_en_fact_equal``) pass the same, so they evaluate the same questions.
 
     Raises:
       ValueError: an ``extra`` column of the wrong length or with a non-finite value (naming it), or
@@ -293,7 +295,7 @@ def score_gates(dataset: str, items: Sequence[BenchmarkItem], cols: Mapping[str,
     # an empty memory set has nothing to adopt: only the abstention metrics read it
     dont = np.where(~np.isnan(adopt_lab), 1.0 - adopt_lab, np.where(has_memories, abstain_lab, np.nan))
     groups = np.array([it.group for it in items])
-    cal = calibration_split(groups, salt=dataset)
+    cal = calibration_split(groups, salt=dataset if split_salt is None else split_salt)
     adopt = dont == 0.0
     labelled = ~np.isnan(dont)
     cols = dict(cols)

@@ -9,10 +9,11 @@ what was expected.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,23 @@ def need_text(row: dict, field: str, where: str, *, expected: str = "it in every
     if not v.strip():
         raise DataError(f"{where}: {field}: expected a non-blank string, got {v!r}"[:300])
     return v.strip()
+
+
+def text_list(values: Iterable[Any], where: str, field: str) -> list[str]:
+    """A list field's strings, stripped, blank ones dropped; a DataError naming ``where`` and ``field`` for
+    an element that is not a string."""
+    out = []
+    for v in values:
+        if not isinstance(v, str):
+            raise DataError(f"{where}: {field}: expected a list of strings, got an element of type {type(v).__name__}")
+        if v.strip():
+            out.append(v.strip())
+    return out
+
+
+def limited(rows: Iterable, limit: int | None) -> Iterator:
+    """The first ``limit`` rows (all of them for None)."""
+    return iter(rows) if limit is None else itertools.islice(rows, limit)
 
 
 def default_data_dir() -> Path | None:

@@ -11,17 +11,19 @@ from pathlib import Path
 
 import numpy as np
 
-from mdl_jax.evaluation.datasets import adarague, hub, shared
+from mdl_jax.evaluation.datasets import adarague, hub, rgb, shared
 from mdl_jax.evaluation.datasets.files import ENV_BENCHMARK_DIR, ENV_DATA_DIR, DataError, benchmark_dir
 from mdl_jax.evaluation.datasets.items import BenchmarkItem, BenchmarkSpec
 
-_REGISTRY: dict[str, BenchmarkSpec] = {s.name: s for s in (*shared.SPECS, adarague.SPEC, *hub.SPECS)}
+_REGISTRY: dict[str, BenchmarkSpec] = {
+    s.name: s for s in (rgb.SPEC, rgb.EQUAL_SPEC, *shared.SPECS, adarague.SPEC, *hub.SPECS)}
 
 BENCHMARKS: Mapping[str, BenchmarkSpec] = types.MappingProxyType(_REGISTRY)
 """Every registered benchmark by name (read-only; ``register_benchmark`` adds one)."""
 
-SHARED_BENCHMARKS = tuple(s.name for s in (*shared.SPECS, adarague.SPEC))
-"""The nine benchmarks with a copy in ``../shared/data/benchmarks``."""
+SHARED_BENCHMARKS = tuple(s.name for s in (rgb.SPEC, *shared.SPECS, adarague.SPEC))
+"""The nine benchmarks with a copy in ``../shared/data/benchmarks`` (``rgb_en_fact_equal``, a second
+reading of RGB's copy, is in ``BENCHMARKS`` only)."""
 
 HUB_BENCHMARKS = tuple(s.name for s in hub.SPECS)
 """The benchmarks read from the hub (or a local export of it)."""

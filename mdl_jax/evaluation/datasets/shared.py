@@ -1,5 +1,5 @@
-"""Loaders for the eight benchmarks kept in ``../shared/data/benchmarks`` (the ninth, AdaRAGUE, is in
-``adarague.py``).
+"""Loaders for seven of the benchmarks kept in ``../shared/data/benchmarks`` (RGB is in ``rgb.py``, AdaRAGUE
+in ``adarague.py``).
 
 Each reader takes the data set's folder, the split (or None for all) and a limit on source rows, and
 returns ``BenchmarkItem``s in a fixed order: files in the order listed, rows in file order, memory sets in
@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_files, iter_jsonl, need, need_text, read_json
+from mdl_jax.evaluation.datasets.files import (
+    DataError,
+    hub_files,
+    iter_jsonl,
+    limited,
+    need,
+    need_text,
+    read_json,
+    text_list,
+)
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -28,7 +36,6 @@ from mdl_jax.evaluation.datasets.items import (
     seeded_order,
 )
 
-RGB_MAX = 10
 RAMDOCS_MAX = 12
 NOMIRACL_MAX = 10
 CONFLICTQA_MAX = 2
@@ -45,20 +52,6 @@ POISONEDRAG_SPLITS = ("nq", "hotpotqa", "msmarco")
 def _need(row: dict, field: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
     """``row[field]``, checked to be of ``kind`` (``files.need``)."""
     return need(row, field, where, kind)
-
-
-def _texts(values: Iterable[Any], where: str, field: str) -> list[str]:
-    out = []
-    for v in values:
-        if not isinstance(v, str):
-            raise DataError(f"{where}: {field}: expected a list of strings, got an element of type {type(v).__name__}")
-        if v.strip():
-            out.append(v.strip())
-    return out
-
-
-def _limit(rows: Iterable, limit: int | None) -> Iterator:
-    return iter(rows) if limit is None else itertools.islice(rows, limit)
 
 
 def _splits(split: str | None, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -100,97 +93,6 @@ def _short_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
 
 
-# ---------------------------------------------------------------------------------------------------- RGB
-def _rgb_answers(x: Any, where: str) -> tuple[str, ...]:
-    """RGB's ``answer``: a string, or a list (of lists) of equivalent spellings; flattened, order kept."""
-    out: list[str] = []
-    stack = [x]
-    while stack:
-        v = stack.pop(0)
-        if isinstance(v, str):
-            if v.strip() and v.strip() not in out:
-                out.append(v.strip())
-        elif isinstance(v, list):
-            stack[:0] = v
-        else:
-            raise DataError(f"{where}: answer: expected a string or a list of strings, got {type(v).__name__}")
-    return tuple(out)
-
-
-def read_rgb(path: Path, split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
-    """RGB's English counterfactual-robustness set (``en_fact.json``): 100 questions, four memory sets each.
-
-    Memory sets (at most 10 memories; signal snippets first, then noise snippets in file order to fill the
-    cap; the set's order is then shuffled with a fixed seed):
-        ``true``: the true snippets (``positive``) + noise (``negative``).
-        ``swapped``: the answer-swapped snippets (``positive_wrong``) + noise.
-        ``mixed``: the first half (rounded up) of the true snippets, the answer-swapped versions of the rest
-        (both, when there is one snippet), + noise.
-        ``noise``: the noise snippets only.
-    No question has ten noise snippets: its noise set is the smallest of its four, a cue a gate can count
-    (docs/benchmarks-field.md, "A cue in the sets' sizes"; kept for the committed conflict runs' sets).
-
-    Label rule:
-        true: should_adopt True, should_abstain False, has_conflict False.
-        swapped: should_adopt False (the memories assert ``fakeanswer``); should_abstain None (Supp, Silent
-        and Opt-Out all avoid the wrong answer); has_conflict True only when a noise snippet in the set
-        mentions the true answer (normalised substring), else False.
-        mixed: should_adopt None, should_abstain None, has_conflict True.
-        noise: when no snippet mentions the answer (normalised substring, any spelling), should_adopt False
-        and should_abstain True; when one does (a few noise snippets name it), both None and
-        ``meta["answer_in_noise"]`` is True. has_conflict False.
-        answers: ``answer`` (every spelling); wrong_answers: ``fakeanswer``.
-
-    Args:
-        path: the folder holding ``en_fact.json``.
-        split: unused (the set has one split); None.
-        limit: the number of questions to read, from the top of the file.
-
-    Returns:
-        Four items per question, conditions in the order true, swapped, mixed, noise.
-    """
-    src = path / "en_fact.json"
-    out: list[BenchmarkItem] = []
-    for n, row in _limit(iter_jsonl(src), limit):
-        where = f"{src}, line {n}"
-        rid = _need(row, "id", where, (int, str))
-        question = need_text(row, "query", where)
-        answers = _rgb_answers(_need(row, "answer", where, (str, list)), where)
-        fake = clean(_need(row, "fakeanswer", where))
-        pos = _texts(_need(row, "positive", where, list), where, "positive")
-        wrong = _texts(_need(row, "positive_wrong", where, list), where, "positive_wrong")
-        neg = _texts(_need(row, "negative", where, list), where, "negative")
-        if len(pos) != len(wrong):
-            raise DataError(f"{where}: positive has {len(pos)} snippets, positive_wrong {len(wrong)}; "
-                            "expected one answer-swapped snippet per true one")
-        group = f"rgb_en_fact:{rid}"
-        h = math.ceil(len(pos) / 2)
-        mixed = ([("true", s) for s in pos[:h]] + [("swapped", s) for s in wrong[h:]]
-                 if len(pos) > 1 else [("true", s) for s in pos] + [("swapped", s) for s in wrong])
-        signal = {"true": [("true", s) for s in pos], "swapped": [("swapped", s) for s in wrong],
-                  "mixed": mixed, "noise": []}
-        for cond, sig in signal.items():
-            sig = sig[:RGB_MAX]
-            pairs = seeded_order(sig + [("noise", s) for s in neg[:RGB_MAX - len(sig)]], f"rgb_en_fact:{rid}:{cond}")
-            mems = tuple(s for _, s in pairs)
-            kinds = tuple(k for k, _ in pairs)
-            noise_names = any(k == "noise" and mentions_answer(s, answers) for k, s in pairs)
-            adopt = abstain = None
-            conflict = False
-            if cond == "true":
-                adopt, abstain = True, False
-            elif cond == "swapped":
-                adopt, conflict = False, noise_names
-            elif cond == "mixed":
-                conflict = True
-            elif not noise_names:
-                adopt, abstain = False, True
-            out.append(BenchmarkItem(
-                "rgb_en_fact", f"{group}:{cond}", group, question, mems, cond, answers, (fake,), adopt, abstain,
-                conflict, frozen_mapping({"memory_kinds": kinds, "answer_in_noise": noise_names})))
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ RAMDocs
 def read_ramdocs(path: Path, split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
     """RAMDocs (MADAM-RAG) test set: 500 questions, one memory set each (all 1-12 of its documents, in file
@@ -217,7 +119,7 @@ def read_ramdocs(path: Path, split: str | None = None, limit: int | None = None)
     """
     src = path / "RAMDocs_test.jsonl"
     out: list[BenchmarkItem] = []
-    for i, (n, row) in enumerate(_limit(iter_jsonl(src), limit)):
+    for i, (n, row) in enumerate(limited(iter_jsonl(src), limit)):
         where = f"{src}, line {n}"
         question = need_text(row, "question", where)
         docs = _need(row, "documents", where, list)
@@ -232,8 +134,8 @@ def read_ramdocs(path: Path, split: str | None = None, limit: int | None = None)
             types_.append(t)
             doc_answers.append(clean(d.get("answer")))
         texts, types_, doc_answers = texts[:RAMDOCS_MAX], types_[:RAMDOCS_MAX], doc_answers[:RAMDOCS_MAX]
-        gold = tuple(_texts(_need(row, "gold_answers", where, list), where, "gold_answers"))
-        wrong = tuple(_texts(row.get("wrong_answers") or [], where, "wrong_answers"))
+        gold = tuple(text_list(_need(row, "gold_answers", where, list), where, "gold_answers"))
+        wrong = tuple(text_list(row.get("wrong_answers") or [], where, "wrong_answers"))
         has_correct, has_mis = "correct" in types_, "misinfo" in types_
         adopt = None if (has_correct and has_mis) else has_correct
         cond = "+".join(sorted(set(types_))) or "empty"
@@ -467,7 +369,7 @@ def read_selfaware(path: Path, split: str | None = None, limit: int | None = Non
     for i, row in (rows if limit is None else _in_turn(blocks, limit)):
         where = f"{src}, example {i}"
         ans = _need(row, "answerable", where, bool)
-        answers = tuple(_texts(row.get("answer") or [], where, "answer"))
+        answers = tuple(text_list(row.get("answer") or [], where, "answer"))
         group = f"selfaware:{clean(_need(row, 'question_id', where, (int, str)))}"
         out.append(BenchmarkItem(
             "selfaware", f"{group}:no_memory", group, need_text(row, "question", where), (), "no_memory",
@@ -507,11 +409,11 @@ def read_retrievalqa(path: Path, split: str | None = None, limit: int | None = N
     """
     src = path / "retrievalqa_gpt4.jsonl"
     out: list[BenchmarkItem] = []
-    for n, row in _limit(iter_jsonl(src), limit):
+    for n, row in limited(iter_jsonl(src), limit):
         where = f"{src}, line {n}"
         mems = tuple(m for m in (_retrievalqa_memory(c, where) for c in _need(row, "context", where, list)) if m)
         mems = mems[:RETRIEVALQA_MAX]
-        gold = tuple(_texts(_need(row, "ground_truth", where, list), where, "ground_truth"))
+        gold = tuple(text_list(_need(row, "ground_truth", where, list), where, "ground_truth"))
         hit = any(mentions_answer(m, gold) for m in mems)
         group = f"retrievalqa_gpt4:{clean(_need(row, 'question_id', where))}"
         out.append(BenchmarkItem(
@@ -553,7 +455,7 @@ def read_poisonedrag(path: Path, split: str | None = None, limit: int | None = N
     out: list[BenchmarkItem] = []
     for s, src, key, row in _in_turn((rows(s) for s in _splits(split, POISONEDRAG_SPLITS)), limit):
         where = f"{src}, {key}"
-        mems = tuple(_texts(_need(row, "adv_texts", where, list), where, "adv_texts"))[:POISONEDRAG_MAX]
+        mems = tuple(text_list(_need(row, "adv_texts", where, list), where, "adv_texts"))[:POISONEDRAG_MAX]
         group = f"poisonedrag_adv:{s}:{key}"
         out.append(BenchmarkItem(
             "poisonedrag_adv", f"{group}:poisoned", group, need_text(row, "question", where), mems, "poisoned",
@@ -576,8 +478,6 @@ def hub_conflictqa(split: str | None = None, limit: int | None = None) -> list[B
 
 
 SPECS = (
-    BenchmarkSpec("rgb_en_fact", read_rgb, "rgb_en_fact", "CC BY-NC-SA 4.0 (non-commercial, share-alike)",
-                  "github.com/chen700564/RGB data/en_fact.json", (), RGB_MAX),
     BenchmarkSpec("ramdocs", read_ramdocs, "ramdocs", "MIT (Wikipedia text)",
                   "github.com/HanNight/RAMDocs RAMDocs_test.jsonl (hub: HanNight/RAMDocs)", (), RAMDOCS_MAX, hub_ramdocs),
     BenchmarkSpec("nomiracl_en", read_nomiracl, "nomiracl_en", "Apache-2.0 (passages Wikipedia, CC BY-SA)",
