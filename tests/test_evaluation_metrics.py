@@ -508,3 +508,41 @@ def test_mde_refuses_a_standard_error_that_is_negative_or_not_a_number_as_mde_fo
         mde(se)
     with pytest.raises(ValueError, match=r"^se: expected a non-negative standard error"):
         mde_for(se, 40)
+
+
+# --------------------------------------------------------------- the record-level helpers' bad input
+
+@pytest.mark.parametrize("call, arg", [
+    # a missing question id was a bare TypeError from np.unique's sort (None), or NaNs pooled into one
+    # question (NumPy 2's unique treats every NaN as one value)
+    (lambda: m.cluster_se([1.0, 2.0, 3.0], [0, None, 2]), "groups.*index 1"),
+    (lambda: m.cluster_se([1.0, 2.0, 3.0], [0.0, np.nan, np.nan]), "groups.*NaN at index 1"),
+    (lambda: m.cluster_bootstrap_diff([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0, None, 2], n_boot=10), "groups.*index 1"),
+    (lambda: m.cluster_bootstrap_diff([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, np.nan, np.nan], n_boot=10),
+     "groups.*NaN"),
+    (lambda: m.bootstrap_mean_ci([1.0, 2.0, 3.0], n_boot=10, groups=np.array(["a", None, "b"], object)), "groups"),
+    (lambda: m.question_bootstrap_weights([0, None], 3), "groups.*index 1"),
+    (lambda: m.question_bootstrap_weights([0.0, np.nan, np.nan], 3), "groups.*NaN"),
+    (lambda: m.cluster_se([1.0, 2.0], np.array(["a", 1], object)), "groups.*ordered"),
+    # lengths and values: NumPy's "The weights and list don't have the same length", "could not convert"
+    (lambda: m.cluster_se([1.0, 2.0, 3.0], [0, 1]), "groups: expected 3 values"),
+    (lambda: m.cluster_se(["a", 2.0, 3.0], [0, 1, 2]), "^d: expected numbers"),
+    (lambda: m.cluster_se(np.ones((3, 2)), [0, 1, 2]), "^d: expected a 1-D column"),
+    (lambda: m.cluster_bootstrap_diff(["a", "b"], [0.0, 0.0], [0, 1], n_boot=10), "^a: expected numbers"),
+    (lambda: m.bootstrap_mean_ci(["a", "b"], n_boot=10), "^x: expected numbers"),
+])
+def test_the_record_level_helpers_name_a_bad_column_or_a_missing_question_id(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()
+
+
+def test_the_record_level_helpers_give_the_same_numbers_on_good_input(rng):
+    g = np.repeat(np.arange(12), 3).astype(str)
+    d = rng.normal(size=36)
+    _, inv = np.unique(g, return_inverse=True)
+    s, n = np.bincount(inv, weights=d), np.bincount(inv).astype(float)
+    ref = np.sqrt(np.sum((s - d.mean() * n) ** 2) / 36 ** 2 * 12 / 11)
+    assert m.cluster_se(d, g) == pytest.approx(ref, rel=1e-12)
+    assert m.cluster_se(list(d), list(g)) == m.cluster_se(d, g)
+    assert math.isnan(m.cluster_se([1.0, np.nan], [0, 1]))  # a NaN value still gives NaN, as before
+    assert m.question_bootstrap_weights(g, 5, seed=3).shape == (5, 36)

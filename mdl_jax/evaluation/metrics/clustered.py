@@ -4,17 +4,18 @@ means and paired differences, and the bootstrap's record weights.
 The analyses of records (the reproduction's ``mdl_repro.analysis``) compare systems record by
 record and need the same question-level resampling the metrics' intervals use, in the forms they
 consume: a clustered SE, a 95% interval of a mean or of a paired difference, and the multiplicities a
-weighted sweep scores exactly. They are NumPy only and take columns as they come (any dtype NumPy
-reads as numbers), the lenient form those callers rely on; the resample count, the columns' lengths
-and an empty set of questions are checked, each a ValueError naming the argument.
+weighted sweep scores exactly. They are NumPy only and take columns of numbers as they come (a NaN
+value gives a NaN result), the lenient form those callers rely on; the resample count, the columns'
+shapes, lengths and values that are no numbers, a missing or unorderable question id and an empty set
+of questions are checked, each a ValueError naming the argument (the ids as ``bootstrap`` checks them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mdl_jax.evaluation.metrics.columns import column
-from mdl_jax.evaluation.metrics.intervals import N_BOOT, check_boot, check_count, check_seed
+from mdl_jax.evaluation.metrics.columns import column, numeric
+from mdl_jax.evaluation.metrics.intervals import N_BOOT, check_boot, check_count, check_seed, group_index
 
 
 def cluster_se(d, groups) -> float:
@@ -27,9 +28,13 @@ def cluster_se(d, groups) -> float:
     Returns:
       sqrt(Σ_g (s_g − d̄ n_g)² / N² · G / (G − 1)), s_g the question's sum, n_g its records; with equal
       records per question, sd(question means) / √G. NaN for fewer than 2 questions.
+
+    Raises:
+      ValueError: ``d`` not a 1-D column of numbers; ``groups`` of another length, or holding a missing
+        or unorderable id.
     """
-    d = np.asarray(d, np.float64)
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    d = numeric(column(d, "d"), "d")
+    g = group_index(groups, len(d))
     G, N = (int(g.max()) + 1 if len(g) else 0), len(d)
     if G < 2:
         return float("nan")
@@ -53,14 +58,15 @@ def cluster_bootstrap_diff(a, b, groups, n_boot: int = N_BOOT, seed: int = 0) ->
       (lo, hi); NaN for fewer than 2 questions.
 
     Raises:
-      ValueError: a column not 1-D or of another length than ``a``, a bad ``n_boot`` or ``seed``.
+      ValueError: a column not 1-D, of another length than ``a`` or of values that are no numbers, a
+        missing or unorderable question id, a bad ``n_boot`` or ``seed``.
     """
     check_boot(n_boot, 0.95)
     check_seed(seed)
-    a = np.asarray(column(a, "a"), float)
-    b = np.asarray(column(b, "b", len(a)), float)
-    g_ids, g = np.unique(column(groups, "groups", len(a)), return_inverse=True)
-    G = len(g_ids)
+    a = numeric(column(a, "a"), "a")
+    b = numeric(column(b, "b", len(a)), "b")
+    g = group_index(groups, len(a))
+    G = int(g.max()) + 1 if len(g) else 0
     if G < 2:
         return float("nan"), float("nan")
     sum_d = np.bincount(g, weights=a - b, minlength=G)
@@ -92,12 +98,13 @@ def question_bootstrap_weights(groups, n_resamples: int, seed: int = 0) -> np.nd
       (n_resamples, N) float32 multiplicities.
 
     Raises:
-      ValueError: ``groups`` empty or not 1-D, a bad ``n_resamples`` or ``seed``.
+      ValueError: ``groups`` empty or not 1-D, holding a missing or unorderable id, a bad
+        ``n_resamples`` or ``seed``.
     """
     check_count(n_resamples, "n_resamples")
     check_seed(seed)
-    g_ids, g = np.unique(column(groups, "groups"), return_inverse=True)
-    G = len(g_ids)
+    g = group_index(groups)
+    G = int(g.max()) + 1 if len(g) else 0
     if G == 0:
         raise ValueError("groups: expected at least one question id")
     rng = np.random.default_rng(seed)
@@ -119,11 +126,12 @@ def bootstrap_mean_ci(x, n_boot: int = N_BOOT, seed: int = 0, groups=None) -> tu
       (lo, hi); NaN with fewer than 2 records (or questions).
 
     Raises:
-      ValueError: ``x`` (or ``groups``) not 1-D or of unequal lengths, a bad ``n_boot`` or ``seed``.
+      ValueError: ``x`` (or ``groups``) not 1-D or of unequal lengths, ``x`` of values that are no
+        numbers, a missing or unorderable question id, a bad ``n_boot`` or ``seed``.
     """
     check_boot(n_boot, 0.95)
     check_seed(seed)
-    x = np.asarray(column(x, "x"), float)
+    x = numeric(column(x, "x"), "x")
     if groups is not None:
         return cluster_bootstrap_diff(x, np.zeros_like(x), groups, n_boot, seed)
     if len(x) < 2:

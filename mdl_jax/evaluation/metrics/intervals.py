@@ -128,23 +128,30 @@ def question_layout(groups, n: int) -> Layout:
       ValueError: ``groups`` not 1-D of ``n`` values, holding a missing id (NaN, None, pandas' NA) or
         ids that cannot be ordered against each other (numbers beside strings).
     """
-    if groups is None:
-        inv = np.arange(n)
-    else:
-        g = column(groups, "groups", n)
-        if g.dtype.kind == "O":
-            _refuse_missing_ids(g)
-        if g.dtype.kind == "f" and np.isnan(g).any():
-            raise ValueError(f"groups: expected a question id per record, got NaN at index "
-                             f"{int(np.flatnonzero(np.isnan(g))[0])}")
-        try:
-            _, inv = np.unique(g, return_inverse=True)
-        except TypeError:
-            raise ValueError("groups: expected question ids that can be ordered against each other (all "
-                             "strings, all numbers, ...), got a mix") from None
-        inv = inv.reshape(-1)
+    inv = np.arange(n) if groups is None else group_index(groups, n)
     sizes = np.bincount(inv, minlength=int(inv.max()) + 1 if n else 0)
     return Layout(np.argsort(inv, kind="stable"), np.cumsum(sizes) - sizes, sizes)
+
+
+def group_index(groups, n: int | None = None) -> np.ndarray:
+    """(N,) index 0..G−1 of each record's question, in the sorted order of the ids in ``groups``.
+
+    Raises:
+      ValueError: ``groups`` not 1-D (of ``n`` values when given), holding a missing id (NaN, None,
+        pandas' NA) or ids that cannot be ordered against each other (numbers beside strings).
+    """
+    g = column(groups, "groups", n)
+    if g.dtype.kind == "O":
+        _refuse_missing_ids(g)
+    if g.dtype.kind == "f" and np.isnan(g).any():
+        raise ValueError(f"groups: expected a question id per record, got NaN at index "
+                         f"{int(np.flatnonzero(np.isnan(g))[0])}")
+    try:
+        _, inv = np.unique(g, return_inverse=True)
+    except TypeError:
+        raise ValueError("groups: expected question ids that can be ordered against each other (all "
+                         "strings, all numbers, ...), got a mix") from None
+    return inv.reshape(-1)
 
 
 def _refuse_missing_ids(g: np.ndarray) -> None:
