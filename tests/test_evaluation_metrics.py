@@ -546,3 +546,28 @@ def test_the_record_level_helpers_give_the_same_numbers_on_good_input(rng):
     assert m.cluster_se(list(d), list(g)) == m.cluster_se(d, g)
     assert math.isnan(m.cluster_se([1.0, np.nan], [0, 1]))  # a NaN value still gives NaN, as before
     assert m.question_bootstrap_weights(g, 5, seed=3).shape == (5, 36)
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [0, 1], np.ones(3)), "^pos: expected 3 values"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [0, 1, 1], np.ones(2)), "^weights: expected"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [0, 1, 1], np.ones((2, 2, 3))), "^weights: expected"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [np.nan, 1, 0], np.ones(3)), "^pos: expected a binary"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [2, 1, 0], np.ones(3)), "^pos: expected a binary"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [0, 1, 0], -np.ones(3)), "^weights: expected non-negative"),
+    (lambda: m.auroc_weighted([0.1, 0.2, 0.3], [0, 1, 0], [1.0, np.nan, 1.0]), "^weights: expected non-negative"),
+    (lambda: m.auroc_weighted(["a", "b"], [0, 1], np.ones(2)), "^score: expected numbers"),
+])
+def test_auroc_weighted_names_a_bad_column(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()
+
+
+def test_auroc_weighted_still_leaves_out_a_non_finite_score(rng):
+    s, y = rng.normal(size=30), rng.integers(0, 2, 30).astype(bool)
+    w = rng.integers(0, 3, (4, 30)).astype(np.float32)
+    s_nan = s.copy()
+    s_nan[[3, 7]] = [np.nan, np.inf]
+    keep = np.isfinite(s_nan)
+    assert np.allclose(m.auroc_weighted(s_nan, y, w), m.auroc_weighted(s[keep], y[keep], w[:, keep]), equal_nan=True)
+    assert m.auroc_weighted(s, y, np.ones(30))[0] == pytest.approx(m.auroc(s, y), abs=1e-12)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mdl_jax.evaluation.metrics.columns import NAN, Kernel, binary, score_column
+from mdl_jax.evaluation.metrics.columns import NAN, Kernel, binary, column, numeric, score_column
 
 
 def auroc_weighted(score, pos, weights) -> np.ndarray:
@@ -35,12 +35,23 @@ def auroc_weighted(score, pos, weights) -> np.ndarray:
     Returns:
       (T,) float64: P(positive's score > negative's) + ½ P(equal) under each row's weights; NaN where a
       row weighs no positive or no negative.
+
+    Raises:
+      ValueError: ``score`` not a 1-D column of numbers, ``pos`` not binary or of another length,
+        ``weights`` not (T, N) or (N,), negative or not finite, naming the argument.
     """
-    s = np.asarray(score, np.float64)
-    p = np.asarray(pos, bool)
+    s = numeric(column(score, "score"), "score")
+    p = binary(pos, "pos", len(s))
+    w = np.asarray(weights)
+    if w.ndim not in (1, 2) or w.shape[-1] != len(s):
+        raise ValueError(f"weights: expected (T, {len(s)}) or ({len(s)},) multiplicities (one row per "
+                         f"resample, one value per record), got shape {w.shape}")
+    w = np.atleast_2d(numeric(w.ravel(), "weights").reshape(w.shape))
+    if not (np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("weights: expected non-negative finite multiplicities")
     ok = np.isfinite(s)
     s, p = s[ok], p[ok]
-    w = np.atleast_2d(np.asarray(weights, np.float64))[:, ok]
+    w = w[:, ok]
     u, inv = np.unique(s, return_inverse=True)
     K = len(u)
     T = w.shape[0]
