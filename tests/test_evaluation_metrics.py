@@ -571,3 +571,21 @@ def test_auroc_weighted_still_leaves_out_a_non_finite_score(rng):
     keep = np.isfinite(s_nan)
     assert np.allclose(m.auroc_weighted(s_nan, y, w), m.auroc_weighted(s[keep], y[keep], w[:, keep]), equal_nan=True)
     assert m.auroc_weighted(s, y, np.ones(30))[0] == pytest.approx(m.auroc(s, y), abs=1e-12)
+
+
+@pytest.mark.parametrize("call, arg", [
+    # a NaN hallucination of an answer given made the selective risk NaN; a 2 made it exceed 1
+    (lambda: m.rates([np.nan, 0.0], [True, True]), "^h: expected"),
+    (lambda: m.rates([2.0, 0.0], [True, True]), "^h: expected"),
+    (lambda: m.risk_coverage([np.nan, 0.0], [0.1, 0.2]), "^h: expected"),
+    (lambda: m.risk_coverage([5.0, 0.0], [0.1, 0.2]), "^h: expected"),
+    (lambda: m.risk_coverage(["a", "b"], [0.1, 0.2]), "^h: expected numbers"),
+])
+def test_a_hallucination_column_outside_0_1_is_refused_where_it_counts(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()
+
+
+def test_rates_still_takes_any_hallucination_value_where_nothing_was_answered():
+    r = m.rates([np.nan, 0.0, 1.0], [False, True, True])
+    assert (r["coverage"], r["selective_risk"], r["overall"]) == (pytest.approx(2 / 3), 0.5, pytest.approx(1 / 3))

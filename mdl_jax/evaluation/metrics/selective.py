@@ -45,15 +45,26 @@ def rates(h, answered) -> dict:
       (hallucinated / N, an abstention counted safe)}; NaN where a denominator is 0.
 
     Raises:
-      ValueError: a column not 1-D, ``answered`` not binary or of another length than ``h``.
+      ValueError: a column not 1-D, ``answered`` not binary or of another length than ``h``, a value of
+        ``h`` outside [0, 1] (or NaN) where answered.
     """
     h = numeric(column(h, "h"), "h")
     n = len(h)
     a = binary(answered, "answered", n)
+    _check_rate(h, a, "where answered")
     hits = float(np.sum(np.where(a, h, 0.0)))
     return {"n": int(n), "answered": int(a.sum()), "coverage": float(a.mean()) if n else float("nan"),
             "selective_risk": hits / a.sum() if a.any() else float("nan"),
             "overall": hits / n if n else float("nan")}
+
+
+def _check_rate(h: np.ndarray, where: np.ndarray, what: str) -> None:
+    # a hallucination is 0/1 (or a rate in between); NaN would make the risk NaN, 2 would push it past 1
+    bad = where & ~((h >= 0) & (h <= 1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"h: expected a hallucination in [0, 1] (1 = the answer is wrong){' ' + what if what else ''}"
+                         f", got {h[i].item()!r} at index {i} ({int(bad.sum())} such record(s))")
 
 
 class Curve(NamedTuple):
@@ -84,10 +95,12 @@ def risk_coverage(h, score) -> Curve:
       ``Curve``; AURC NaN for N = 0.
 
     Raises:
-      ValueError: a column not 1-D, ``score`` of another length than ``h`` or not finite.
+      ValueError: a column not 1-D, a value of ``h`` outside [0, 1] (or NaN), ``score`` of another length
+        than ``h`` or not finite.
     """
     h = numeric(column(h, "h"), "h")
     n = len(h)
+    _check_rate(h, np.ones(n, bool), "")
     s = score_column(score, "score", n)
     if n == 0:
         return Curve(np.zeros(0), np.zeros(0), float("nan"))
