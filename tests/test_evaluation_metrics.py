@@ -589,3 +589,18 @@ def test_a_hallucination_column_outside_0_1_is_refused_where_it_counts(call, arg
 def test_rates_still_takes_any_hallucination_value_where_nothing_was_answered():
     r = m.rates([np.nan, 0.0, 1.0], [False, True, True])
     assert (r["coverage"], r["selective_risk"], r["overall"]) == (pytest.approx(2 / 3), 0.5, pytest.approx(1 / 3))
+
+
+@pytest.mark.parametrize("call, arg", [
+    # the value the caller gave and where, not NumPy's np.float64(nan) for a None
+    (lambda: m.auroc([0.1, 0.2, 0.3], [None, 1, 0]), r"^label: expected a binary column .*None at index 0"),
+    (lambda: m.auroc([0.1, 0.2, 0.3], [0, 2, 1]), r"^label: expected a binary column .*got 2(\.0)? at index 1"),
+    # a ragged column: NumPy's "setting an array element with a sequence", which named nothing
+    (lambda: m.auroc([[1, 2], [3]], [0, 1]), "^score: expected a 1-D column"),
+    # numbers written as strings in an object column were read as numbers; a str column is refused
+    (lambda: m.auroc(np.array(["0.1", "0.2", "0.3"], object), [0, 1, 1]), "^score: expected numbers"),
+    (lambda: m.auroc([0.1, 0.2, 0.3], np.array(["0", "1", "1"], object)), "^label: expected numbers"),
+])
+def test_a_bad_value_is_named_with_what_the_caller_gave(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()

@@ -37,7 +37,11 @@ def column(x, name: str, n: int | None = None) -> np.ndarray:
     Raises:
       ValueError: ``x`` is not 1-D, or its length is not ``n``, naming ``name``.
     """
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except ValueError:  # a ragged nest of lists: NumPy's "setting an array element with a sequence"
+        raise ValueError(f"{name}: expected a 1-D column (one value per record), got a ragged nest of "
+                         "sequences") from None
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D column (one value per record), got shape {a.shape}")
     if n is not None and len(a) != n:
@@ -55,14 +59,22 @@ def numeric(a: np.ndarray, name: str) -> np.ndarray:
     if a.dtype == bool:
         return a.astype(np.float64)
     if a.dtype.kind == "O":
-        try:
-            return a.astype(np.float64)
-        except (TypeError, ValueError):
-            bad = next(i for i, x in enumerate(a) if not _is_number(x))
-            raise ValueError(f"{name}: expected numbers, got {a[bad]!r} at index {bad}") from None
+        # a string is refused here as in a str column ("0.1" is not read as a number), whatever float() says
+        bad = next((i for i, x in enumerate(a) if isinstance(x, str | bytes)), None)
+        if bad is None:
+            try:
+                return a.astype(np.float64)
+            except (TypeError, ValueError):
+                bad = next(i for i, x in enumerate(a) if not _is_number(x))
+        raise ValueError(f"{name}: expected numbers, got {a[bad]!r} at index {bad}") from None
     if a.dtype.kind not in "iuf":
         raise ValueError(f"{name}: expected numbers, got dtype {a.dtype}")
     return a.astype(np.float64)
+
+
+def _shown(x) -> str:
+    """``x`` as an error message shows it: a NumPy scalar as the Python number it holds (2.0, nan)."""
+    return repr(x.item() if isinstance(x, np.generic) else x)
 
 
 def _is_number(x) -> bool:
@@ -81,7 +93,9 @@ def binary(x, name: str, n: int | None = None) -> np.ndarray:
     v = numeric(a, name)
     ok = (v == 0) | (v == 1)
     if not ok.all():
-        raise ValueError(f"{name}: expected a binary column (bool or 0/1), got the value {v[~ok][0]!r} "
+        # the value as the caller gave it (None, not the NaN NumPy reads it as) and where
+        bad = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"{name}: expected a binary column (bool or 0/1), got {_shown(a[bad])} at index {bad} "
                          f"({int((~ok).sum())} such record(s))")
     return v == 1
 
