@@ -604,3 +604,23 @@ def test_rates_still_takes_any_hallucination_value_where_nothing_was_answered():
 def test_a_bad_value_is_named_with_what_the_caller_gave(call, arg):
     with pytest.raises(ValueError, match=arg):
         call()
+
+
+@pytest.mark.parametrize("call, arg", [
+    # one column for a metric of two: "_prep() missing 1 required positional argument: 'label'"
+    (lambda: m.bootstrap(m.auroc, [0.1, 0.5, 0.3], n_boot=10), r"^columns: expected the columns auroc takes \(score, label\), got 1"),
+    (lambda: m.bootstrap(m.auroc, [0.1, 0.5], [0, 1], [1, 1], n_boot=10), r"^columns: .*auroc.*got 3"),
+    (lambda: m.bootstrap(lambda a, b: 0.0, [0.1, 0.5], n_boot=10), r"^columns: .*\(a, b\), got 1"),
+    (lambda: m.paired_difference(m.auroc, ([0.1, 0.5], [0, 1]), [0.1, 0.5], n_boot=10), "^cols_b: .*auroc"),
+])
+def test_a_number_of_columns_the_metric_does_not_take_is_named(call, arg):
+    with pytest.raises(ValueError, match=arg):
+        call()
+
+
+def test_a_dataframe_of_columns_is_read_as_its_columns_not_its_column_names():
+    df = pd.DataFrame({"s": [0.1, 0.5, 0.3, 0.9, 0.2, 0.7], "y": [0, 1, 0, 1, 1, 0]})
+    other = pd.DataFrame({"s": [0.2, 0.4, 0.3, 0.8, 0.1, 0.9], "y": df["y"]})
+    got = m.paired_difference(m.auroc, df, other, n_boot=30)
+    assert got == m.paired_difference(m.auroc, (df["s"], df["y"]), (other["s"], other["y"]), n_boot=30)
+    assert m.bootstrap(np.mean, [1.0, 2.0, 3.0], n_boot=10).value == 2.0  # a callable with a signature NumPy hides

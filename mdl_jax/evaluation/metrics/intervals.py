@@ -18,6 +18,7 @@ of its table is recomputed on the same draws.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -60,14 +61,32 @@ def _value(fn: Callable[..., float], cols: Sequence) -> float:
                      f"{repr(got)[:80]}")
 
 
-def _kernel(metric: Callable[..., float], cols: list[np.ndarray]) -> tuple[Callable[..., float], list]:
+def _kernel(metric: Callable[..., float], cols: list[np.ndarray], what: str = "columns"
+            ) -> tuple[Callable[..., float], list]:
     if not callable(metric):
         raise ValueError(f"metric: expected a function of the columns returning a float, got "
                          f"{type(metric).__name__}")
+    _check_arity(metric, len(cols), what)
     fast = _KERNELS.get(metric)
     if fast is None:
         return metric, cols
     return fast.fn, list(fast.prep(*cols))
+
+
+def _check_arity(metric: Callable[..., float], k: int, what: str) -> None:
+    # as many columns as the metric takes: else a TypeError from inside it (a library metric's private
+    # checks named "_prep() missing 1 required positional argument"); a callable with no signature runs
+    try:
+        sig = inspect.signature(metric)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*range(k))
+    except TypeError:
+        takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        name = getattr(metric, "__name__", type(metric).__name__)
+        raise ValueError(f"{what}: expected the columns {name} takes ({', '.join(takes)}), got {k} "
+                         "column(s)") from None
 
 
 class Estimate(NamedTuple):
@@ -207,7 +226,10 @@ def check_seed(seed: int) -> None:
 
 def _columns(columns: Sequence, name: str, n: int | None = None) -> list[np.ndarray]:
     # One column (an array, a pandas Series, a list of numbers) or a sequence of columns: a sequence
-    # whose items are themselves scalars is one column.
+    # whose items are themselves scalars is one column; a DataFrame is its columns, in order (iterating
+    # over it gives its column names, which were read as one column of strings).
+    if hasattr(columns, "columns") and hasattr(columns, "iloc"):
+        columns = [columns[c] for c in columns.columns]
     if isinstance(columns, np.ndarray) and columns.ndim == 1:
         columns = (columns,)
     elif not isinstance(columns, np.ndarray | str):
@@ -280,8 +302,9 @@ def bootstrap(metric: Callable[..., float], *columns, groups=None, n_boot: int =
       ``Estimate(value, lo, hi, n, n_groups)``; lo, hi NaN with fewer than 2 questions.
 
     Raises:
-      ValueError: no column, columns of different lengths or not 1-D, a missing group, a bad ``n_boot``,
-        ``seed`` or ``level``; and whatever ``metric`` raises on its columns.
+      ValueError: no column, more or fewer columns than ``metric`` takes, columns of different lengths
+        or not 1-D, a missing group, a bad ``n_boot``, ``seed`` or ``level``; and whatever ``metric``
+        raises on its columns.
     """
     check_boot(n_boot, level)
     check_seed(seed)
@@ -305,8 +328,8 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
 
     Args:
       metric: a function of columns returning a float.
-      cols_a: gate a's columns for ``metric``: a sequence (or iterator) of (N,) columns, or one column
-        (an array, a pandas Series, a list of numbers).
+      cols_a: gate a's columns for ``metric``: a sequence (or iterator) of (N,) columns, one column
+        (an array, a pandas Series, a list of numbers), or a DataFrame (its columns, in order).
       cols_b: gate b's columns, the same records in the same order.
       groups: (N,) question ids; None: every record its own question.
       n_boot: resamples.
@@ -328,8 +351,8 @@ def paired_difference(metric: Callable[..., float], cols_a, cols_b, groups=None,
     b = _columns(cols_b, "cols_b", n)
     lay = question_layout(groups, n)
     G = len(lay.sizes)
-    fn, a = _kernel(metric, a)
-    _, b = _kernel(metric, b)
+    fn, a = _kernel(metric, a, "cols_a")
+    _, b = _kernel(metric, b, "cols_b")
     value = _value(fn, a) - _value(fn, b)
     if G < 2:
         return Difference(value, NAN, NAN, n, G, NAN, NAN)
