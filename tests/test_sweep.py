@@ -507,6 +507,23 @@ def test_sweep_command_refuses_a_device_or_fifo_as_out(tmp_path, cli):
     assert fifo.is_fifo() and Path("/dev/null").is_char_device()
 
 
+def test_sweep_without_pyarrow_says_what_to_install_and_the_command_in_one_line(tmp_path, capsys, monkeypatch):
+    # the core install has no pyarrow: the command printed a traceback, and both named the whole signals extra
+    import sys
+
+    from mdl_jax.cli import main
+
+    path = _parquet(tmp_path / "r.parquet", 20)
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)   # import pyarrow.parquet raises ImportError
+    with pytest.raises(ImportError, match=r"pip install pyarrow"):
+        sweep_parquet(path, MDLConfig())
+    assert main(["sweep", str(path), "--grid", "g_a=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mdl-jax: error: sweep: reading Parquet needs pyarrow: pip install pyarrow (the signals extra "
+                   "has it too)"], err
+
+
 def test_sweep_command_printing_to_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     import errno
     import sys

@@ -134,6 +134,11 @@ def sweep_cmd(args) -> int:
         raise CommandError(f"sweep: --grid: {K:,} configs (the product of the axes' lengths) is over the "
                            f"command's {MAX_CONFIGS:,}; split the grid over several commands")
     try:
+        import pyarrow.parquet  # noqa: F401  (the one extra dependency the command has)
+    except ImportError:
+        raise CommandError("sweep: reading Parquet needs pyarrow: pip install pyarrow "
+                           "(the signals extra has it too)") from None
+    try:
         grid = config_grid(base, **dict(args.grid))
         res = sweep_parquet_kept(args.records, grid, columns=dict(args.column) or None, bootstrap=args.bootstrap,
                                  seed=args.seed, record_chunk=args.record_chunk, engine="auto", mesh_shape=None,

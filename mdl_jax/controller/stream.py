@@ -245,7 +245,7 @@ def open_parquet(path, columns: dict | None):
     try:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover - pyarrow is in the [signals] extra
-        raise ImportError("sweep_parquet needs pyarrow: pip install 'mdl-jax[signals]'") from None
+        raise ImportError("sweep_parquet needs pyarrow: pip install pyarrow (the signals extra has it too)") from None
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a path to a Parquet file, got {type(path).__name__}")
     p = Path(path)
