@@ -335,6 +335,20 @@ def test_bad_tuning_input_is_an_error_naming_the_argument(teacher_data):
         tune(M, R, A, y, temperature=(0.05, 0.0))
 
 
+def test_a_config_file_path_given_to_tune_says_to_load_it(tmp_path, teacher_data):
+    # decide and calibrate take a path; tune refused one as "got str", not saying what to do
+    M, R, A, y = (x[:100] for x in teacher_data)
+    path = save_config(MDLConfig(), tmp_path / "c.json")
+    for p in (path, str(path)):
+        with pytest.raises(TypeError, match=r"^config: expected an MDLConfig, got the path '.*c\.json'; tuning "
+                                            r"takes no config file: pass load_config\(path\)$"):
+            tune(M, R, A, y, config=p, steps=2)
+    w = np.ones((1, len(M)), np.float32)
+    with pytest.raises(TypeError, match=r"pass load_config\(path\)$"):
+        tune_many(M, R, A, y, train_weights=w, val_weights=w, field_sets=[FIELD_SETS["gates"]], seeds=[0],
+                  config=str(path), settings=TuneSettings(steps=2))
+
+
 def test_decide_accepts_a_config_file(tmp_path, teacher_data):
     M, R, A, _ = teacher_data
     cfg = MDLConfig(gate_coeffs=(0.2, 0.8), thresholds=(0.7, 0.5, 0.3))

@@ -51,6 +51,7 @@ runs that learnt nothing. The settings' and the parametrisation's public names, 
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
@@ -314,6 +315,9 @@ def train_runs(M, R, A, adopt, runs: TuneRuns, *, config: MDLConfig | None = Non
     """
     settings = resolve_settings(settings, {}, "train_runs")
     base = config if config is not None else MDLConfig()
+    if isinstance(base, (str, os.PathLike)):  # decide and calibrate take a path; say what to do here
+        raise TypeError(f"config: expected an MDLConfig, got the path {os.fspath(base)!r}; tuning takes no "
+                        "config file: pass load_config(path)")
     if not isinstance(base, MDLConfig):
         raise TypeError(f"config: expected an MDLConfig, got {type(base).__name__}")
     _api.resolve_config(base)  # a batch of configs: a ValueError naming the field, as decide's and calibrate's
