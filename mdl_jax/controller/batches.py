@@ -205,8 +205,9 @@ def config_grid(base: MDLConfig | None = None, **axes: ArrayLike) -> MDLConfig:
     vector field (``g_a``, ``g_b``, ``g_A_a``, ``g_A_b``, ``s_wm``, ``s_r``, ``s_a``, ``theta0``,
     ``theta1``, ``theta2``). Order is C order: the first keyword varies slowest, so results reshape to
     ``(len(axis1), len(axis2), ...)``. Other fields come from ``base`` (the paper defaults when None).
-    Every config is checked (finite, σ > 0, 0 ≤ ε_c < min gains, θ descending in [0, 1],
-    n_max > n_min): a bad value is a ValueError naming the field and the config's index.
+    Every config is checked by ``MDLConfig``'s rules (finite, σ ≥ 2^-63, gains ≥ 0, ε_c = 0 or
+    0 < ε_c < min gains, θ descending in [0, 1], n_max > n_min): a bad value is a ValueError naming the
+    field and the config's index.
 
     Examples:
       >>> grid = config_grid(g_a=np.linspace(0, 1, 21), g_b=np.linspace(0, 1, 21))   # K = 441
