@@ -221,6 +221,14 @@ def test_config_fields_outside_their_domain_raise_naming_the_field(field, value)
         MDLConfig(**{field: value})
 
 
+def test_a_D_that_dims_do_not_sum_to_is_refused_naming_both():
+    # the caller who set only D reads why dims is named, and that the two are set together
+    with pytest.raises(ValueError, match=r"^dims: expected dimensions summing to D=15 \(set D and dims together\), "
+                                         r"got \(5, 5, 6\)"):
+        MDLConfig(D=15)
+    assert MDLConfig(D=15, dims=(5, 5, 5)).dims == (5, 5, 5)
+
+
 def test_thresholds_may_tie_but_never_rise():
     # θ0 ≥ θ1 ≥ θ2: equal thresholds are valid (calibrate's offset 0 gives θ0 = θ1 = θ2), rising ones are not
     for th in ((0.5, 0.5, 0.5), (0.6, 0.6, 0.2), (0.6, 0.2, 0.2), (1.0, 1.0, 0.0), (0.0, 0.0, 0.0)):

@@ -83,7 +83,8 @@ def _check_dims(v, cfg) -> str | None:
     # dims is static (part of the jit cache key), so it must be hashable: a tuple, not a list
     if not (isinstance(v, tuple) and len(v) == 3 and all(_is_int(d) and d > 0 for d in v)):
         return "a tuple of three positive ints"
-    return None if sum(v) == cfg.D else f"dimensions summing to D={cfg.D}"
+    # named with D: a caller who set only D would otherwise read of dims they never gave
+    return None if sum(v) == cfg.D else f"dimensions summing to D={cfg.D} (set D and dims together)"
 
 
 def _check_seed(v, cfg) -> str | None:
