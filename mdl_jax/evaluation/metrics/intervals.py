@@ -10,6 +10,10 @@ the same draw), with the bootstrap SE and the minimum detectable difference at 8
 α = 0.05: (t_{0.975, G−1} + t_{0.80, G−1}) · SE with fewer than 30 questions, (z_{0.975} + z_{0.80}) · SE
 = 2.80 · SE from 30 on.
 
+A percentile interval over few questions is too narrow: with fewer than about 30 it covers less than
+its level (docs/api/metrics.md gives a simulation's figures); read it beside the minimum detectable
+difference, which uses t there.
+
 The library's own metrics are checked once and then recomputed on every resample through their kernel
 (each metric module's ``KERNELS``); any other callable runs as given. ``question_layout``,
 ``resamples`` and ``percentile_interval`` are the pieces ``evaluate`` shares, so every gate and metric
