@@ -99,3 +99,12 @@ def test_the_size_cue_the_page_states_is_the_loaders():
     for gate in ("memory count", "MDL (paper defaults)"):
         r = by[("rgb_en_fact", gate, "AUROC")]
         assert "{:.3f} [{:.3f}, {:.3f}]".format(*(float(r[k]) for k in ("value", "lo", "hi"))) in text, gate
+    # RGB read with equal sizes: the count ranks nothing, and the report's rows the page quotes
+    equal = [it for it in load_benchmark("rgb_en_fact_equal") if it.should_adopt is not None and it.memories]
+    a = auroc(-np.array([len(it.memories) for it in equal], float), [not it.should_adopt for it in equal])
+    assert f"The count then ranks nothing (AUROC {a:.3f} over its {len(equal)} labelled sets)" in text
+    assert by[("rgb_en_fact_equal", "MDL (paper defaults)", "AUROC")]["n_groups"] == \
+        by[("rgb_en_fact", "MDL (paper defaults)", "AUROC")]["n_groups"] == "77"
+    for gate in ("memory count", "MDL (paper defaults)", "R alone", "similarity (top-1)"):
+        r = by[("rgb_en_fact_equal", gate, "AUROC")]
+        assert "{:.3f} [{:.3f}, {:.3f}]".format(*(float(r[k]) for k in ("value", "lo", "hi"))) in text, gate
