@@ -36,6 +36,7 @@ def _field_expected() -> dict[str, str]:
     return {
         "ConflictQA decision accuracy": shown(_field("conflictqa_strategyqa", "decision accuracy")),
         "RGB AUROC": shown(_field("rgb_en_fact", "AUROC")),
+        "RGB AUROC, a question's sets of one size": shown(_field("rgb_en_fact_equal", "AUROC")),
         "ConflictNQ AUROC": shown(_field("conflictnq", "AUROC")),
     }
 
@@ -92,6 +93,8 @@ def test_the_readme_field_results_say_what_their_intervals_carry():
         assert _field(d, "withheld")["value"] < 0.5, d
     rgb, nq = _field("rgb_en_fact", "AUROC"), _field("conflictnq", "AUROC")
     assert "only weakly" in text and 0.5 < rgb["lo"] and rgb["hi"] < 0.7
+    equal = _field("rgb_en_fact_equal", "AUROC")
+    assert 0.5 < equal["lo"] and equal["hi"] < 0.7
     assert "fabricated passages above the real one" in text and nq["hi"] < 0.5
 
 
