@@ -231,8 +231,13 @@ def test_bad_labels_weights_and_signals_are_errors_naming_the_argument(data):
         sweep(M, R, A, batch, adopt=adopt * 2)
     with pytest.raises(ValueError, match=r"weights: expected shape \(W, 300\)"):
         sweep(M, R, A, batch, weights=np.ones((2, 7)))
-    with pytest.raises(ValueError, match="weights: expected finite, non-negative"):
+    with pytest.raises(ValueError, match=r"^weights: expected finite, non-negative weights; weights\[0\] = -1\.0$"):
         sweep(M, R, A, batch, weights=-np.ones(N))
+    # the first bad entry is named where it stands, by row and record in a (W, N) batch
+    w = np.ones((2, N))
+    w[1, 7] = np.nan
+    with pytest.raises(ValueError, match=r"^weights: expected finite, non-negative weights; weights\[1, 7\] = nan$"):
+        sweep(M, R, A, batch, weights=w)
     bad = M.copy()
     bad[7] = 1.5
     with pytest.raises(ValueError, match=r"M: expected values in \[0, 1\]; M\[7\]"):

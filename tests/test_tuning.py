@@ -370,6 +370,13 @@ def test_arguments_of_the_wrong_kind_are_value_errors_naming_the_argument(teache
                       (dict(fields=3), r"^fields: expected a sequence of field names, got 3$"),
                       (dict(weights=np.array(["a"] * n)), r"^weights: expected finite, non-negative weights \("),
                       (dict(val=[[1.0], [1.0, 2.0]]), r"^val: expected finite, non-negative weights \("),
+                      # the first bad entry named by the argument the caller gave, also where val masks it
+                      (dict(weights=np.where(np.arange(n) == 4, -2.0, 1.0)),
+                       r"^weights: expected finite, non-negative weights; weights\[4\] = -2\.0$"),
+                      (dict(weights=np.where(np.arange(n) == 4, np.inf, 1.0), val=np.arange(n) == 4),
+                       r"^weights: expected finite, non-negative weights; weights\[4\] = inf$"),
+                      (dict(val=np.where(np.arange(n) == 9, np.nan, 0.0)),
+                       r"^val: expected finite, non-negative weights; val\[9\] = nan$"),
                       (dict(config=MDLConfig(sigma=np.array([0.1, 0.2]))),
                        r"^config\.sigma: expected one config's value \(shape \(\)\), got shape \(2,\)")]:
         with pytest.raises(ValueError, match=match):
@@ -381,6 +388,8 @@ def test_arguments_of_the_wrong_kind_are_value_errors_naming_the_argument(teache
                       (dict(field_sets="gates"), r"^field_sets: expected a sequence with one entry per run, got str$"),
                       (dict(field_sets=[None]), r"^field_sets\[0\]: expected a sequence of field names, got None$"),
                       (dict(train_weights=[["a"] * n]), r"^train_weights: expected finite, non-negative weights \("),
+                      (dict(train_weights=np.where(np.arange(n) == 2, -1.0, 1.0)[None]),
+                       r"^train_weights: expected finite, non-negative weights; train_weights\[0, 2\] = -1\.0$"),
                       (dict(train_weights=np.zeros((0, n)), val_weights=np.zeros((0, n)), field_sets=[], seeds=[]),
                        r"^field_sets: expected at least one run, got none$")]:
         with pytest.raises(ValueError, match=match):

@@ -80,7 +80,14 @@ from mdl_jax.controller.passes import (
     passes_on_mesh,
     result_from_state,
 )
-from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape, is_real_dtype
+from mdl_jax.controller.validation import (
+    ArrayLike,
+    binary_labels,
+    check_unit_interval,
+    check_weight_values,
+    common_shape,
+    is_real_dtype,
+)
 
 __all__ = [
     "COMPONENTS", "ENGINES", "MEMORY_BOUND", "MIN_PASS", "NUMERIC_FIELDS", "RECORD_CHUNK", "SweepResult",
@@ -140,8 +147,7 @@ def _weights(weights, N: int):
     w = w.reshape((1, -1) if w.ndim == 1 else tuple(w.shape))   # (tuple(): numpy's stubs misread .shape here)
     if w.ndim != 2 or w.shape[1] != N or w.shape[0] == 0:
         raise ValueError(f"weights: expected shape (W, {N}) with W ≥ 1, or ({N},), got {np.shape(weights)}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ValueError("weights: expected finite, non-negative weights")
+    check_weight_values("weights", w if w2d else w[0])
     with np.errstate(over="ignore"):
         total = w.sum(1, dtype=np.float64)
     if np.any(total <= 0):

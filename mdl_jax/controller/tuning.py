@@ -83,7 +83,13 @@ from mdl_jax.controller.tune_settings import (
     learning_rate_of,
     resolve_settings,
 )
-from mdl_jax.controller.validation import ArrayLike, binary_labels, check_unit_interval, common_shape
+from mdl_jax.controller.validation import (
+    ArrayLike,
+    binary_labels,
+    check_unit_interval,
+    check_weight_values,
+    common_shape,
+)
 
 __all__ = [
     "FIELD_SETS", "FUSION_FIELDS", "MIN_RECORDS", "GeometricTemperature", "TuneResult", "TuneRuns",
@@ -175,8 +181,7 @@ def _check_weights(name: str, w, B: int, N: int) -> jax.Array:
     w = _float64_weights(name, w)
     if w.shape != (B, N):
         raise ValueError(f"{name}: expected shape ({B}, {N}), got {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ValueError(f"{name}: expected finite, non-negative weights")
+    check_weight_values(name, w)
     top = w.max(axis=1, keepdims=True) if N else np.zeros((B, 1))
     return jnp.asarray(np.divide(w, top, out=np.zeros_like(w), where=top > 0).astype(np.float32))
 
@@ -553,7 +558,7 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
       ValueError: naming the argument: signals outside [0, 1], not 1-d or of different lengths,
         fewer than ``MIN_RECORDS`` (5) records; labels that are not binary, or of one class only
         among the training records; ``weights`` or ``val`` not of shape (N,), or negative or
-        non-finite (reported as ``train_weights`` / ``val_weights``), or no training record left
+        non-finite (the first such entry named), or no training record left
         (every weight 0, or every record in ``val``);
         an unknown or empty ``fields``; ``steps`` not a positive int, ``learning_rate`` not finite
         and > 0, ``temperature`` not two positive numbers or a schedule whose τ at some step is not
@@ -581,8 +586,10 @@ def tune(M: ArrayLike, R: ArrayLike, A: ArrayLike, adopt: ArrayLike, *,
     v = np.zeros(N, np.float64) if val is None else _float64_weights("val", val)
     if v.shape != (N,):
         raise ValueError(f"val: expected shape ({N},), got {v.shape}")
+    check_weight_values("weights", w)
+    check_weight_values("val", v)
     w_train = np.where(v > 0, 0.0, w)
-    if np.all(np.isfinite(w)) and np.all(w >= 0) and not np.any(w_train > 0):   # bad weights: named below
+    if not np.any(w_train > 0):
         raise ValueError("weights, val: expected at least one training record (weight > 0, not in val), got none")
     configs, hist = train_runs(M, R, A, adopt, TuneRuns(w_train[None], v[None], [_field_names(fields, "fields")], [seed]),
                                config=config, settings=settings)

@@ -109,6 +109,16 @@ def _check_values(name: str, arr: np.ndarray) -> None:
     raise ValueError(f"{name}: expected {what}; {where} = {plain(v)}")
 
 
+def check_weight_values(name: str, w: np.ndarray) -> None:
+    """Raise ValueError unless every weight is finite and non-negative, naming the first one that is
+    not, as the signals' checks do (``weights[0, 3] = -1.0``)."""
+    bad = ~(np.isfinite(w) & (w >= 0))
+    if bad.any():
+        i = first_index(bad)
+        where = name if w.ndim == 0 else f"{name}[{_fmt(i)}]"
+        raise ValueError(f"{name}: expected finite, non-negative weights; {where} = {plain(w[i])}")
+
+
 def plain(v) -> str:
     """A value as a user wrote it: ``1.5``, ``nan``, ``-inf``, ``2`` (NumPy scalars print their number,
     not ``np.float32(1.5)``; a float32 prints its shortest float32 form, not float64 digits)."""
