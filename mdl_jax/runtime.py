@@ -42,6 +42,9 @@ class _Applied(contextlib.ContextDecorator):
     def __bool__(self) -> bool:
         return self.applied
 
+    def __repr__(self) -> str:
+        return f"synchronous_cpu_dispatch(applied={self.applied})"
+
     def __enter__(self) -> _Applied:
         return self
 

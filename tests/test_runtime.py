@@ -42,8 +42,10 @@ def test_synchronous_cpu_dispatch_before_the_backend_starts_takes_effect():
         "import jax, mdl_jax, mdl_jax.runtime as rt\n"
         "applied = rt.synchronous_cpu_dispatch()\n"
         "print(bool(applied), jax.config.values['jax_cpu_enable_async_dispatch'])\n"
-        "print(float(mdl_jax.decide(0.8, 0.7, 0.2).C_final) > 0)\n")
-    assert _python(code).split() == ["True", "False", "True"]
+        "print(float(mdl_jax.decide(0.8, 0.7, 0.2).C_final) > 0)\n"
+        "print(repr(applied))\n")
+    # what it returns says what it did when printed, not an object address
+    assert _python(code).split() == ["True", "False", "True", "synchronous_cpu_dispatch(applied=True)"]
 
 
 def test_synchronous_cpu_dispatch_too_late_warns_and_changes_nothing():
