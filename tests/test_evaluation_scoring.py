@@ -440,6 +440,21 @@ def test_both_readings_of_rgb_in_a_run_evaluate_the_same_questions(tmp_path, emb
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
+def test_a_run_with_a_data_dir_reads_rgbs_equal_reading_from_rgbs_folder(tmp_path, embedder):
+    """``data_dir`` (``--data-dir``) is a benchmarks folder: ``rgb_en_fact_equal`` reads ``rgb_en_fact/`` in
+    it, as it does in the shared copy (there is no ``rgb_en_fact_equal/``), and gives what the shared copy gives."""
+    run, out = _bench(tmp_path, embedder)
+    run(["rgb_en_fact_equal"], data_dir=SHARED)
+    with open(out / "metrics.csv", newline="") as f:
+        given = [r for r in csv.DictReader(f)]
+    assert {r["dataset"] for r in given} == {"rgb_en_fact_equal"}
+    run2 = _bench(tmp_path / "shared", embedder)[0]
+    run2(["rgb_en_fact_equal"])
+    with open(tmp_path / "shared" / "run" / "metrics.csv", newline="") as f:
+        assert [r for r in csv.DictReader(f)] == given
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared benchmark data is not beside the checkout")
 def test_a_benchmark_rerun_on_the_same_inputs_resumes_and_reports_every_data_set_of_the_run(
         tmp_path, embedder):
     run, out = _bench(tmp_path, embedder)

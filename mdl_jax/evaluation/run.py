@@ -464,7 +464,9 @@ def run_benchmarks(out: str | os.PathLike, names: Sequence[str] = ALL, *, gate=N
                 loaded[name] = load_benchmark("adarague_llama8b", split=name.split(":", 1)[1], limit=limit,
                                               path=None if path is None else path / "adarague_llama8b")
             else:
-                loaded[name] = load_benchmark(name, limit=limit, path=None if path is None else path / name)
+                # the data set's folder, not its name: rgb_en_fact_equal reads rgb_en_fact/
+                loaded[name] = load_benchmark(name, limit=limit,
+                                              path=None if path is None else path / BENCHMARKS[name].folder)
             if not loaded[name]:
                 raise ValueError(f"names: {name} holds no items (read from {path or 'the shared copy'})")
         user_cols: dict[str, dict[str, np.ndarray]] = {}
