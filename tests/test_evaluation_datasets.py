@@ -189,6 +189,31 @@ def test_rgb_equal_gives_every_set_of_a_question_the_same_size():
             assert kinds[it.condition] >= 1 and set(kinds) <= {it.condition, "noise"}
 
 
+def _rgb_file(folder: Path, **row) -> Path:
+    base = {"id": 7, "query": "Who?", "answer": ["Ann"], "fakeanswer": "Bob", "positive": ["Ann did it."],
+            "positive_wrong": ["Bob did it."], "negative": ["Noise one.", "Noise two."]}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "en_fact.json").write_text(json.dumps(base) + "\n" + json.dumps({**base, "id": 8, **row}) + "\n",
+                                         encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["rgb_en_fact", "rgb_en_fact_equal"])
+def test_an_rgb_question_without_true_snippets_is_a_data_error_naming_the_line(tmp_path, name):
+    # its "true" set would hold noise only, labelled should_adopt True; its "mixed" set no answer, labelled a conflict
+    folder = _rgb_file(tmp_path, positive=["  "], positive_wrong=[""])
+    with pytest.raises(DataError, match=r"en_fact\.json, line 2: positive: no true snippet"):
+        load_benchmark(name, path=folder)
+
+
+def test_rgbs_equal_reading_of_a_question_without_noise_snippets_is_a_data_error_naming_the_line(tmp_path):
+    # every set of the question would be empty: a "true" set of no memories labelled should_adopt True
+    folder = _rgb_file(tmp_path, negative=[" "])
+    assert [len(it.memories) for it in load_benchmark("rgb_en_fact", path=folder)][4:] == [1, 1, 2, 0]
+    with pytest.raises(DataError, match=r"en_fact\.json, line 2: negative: no noise snippet"):
+        load_benchmark("rgb_en_fact_equal", path=folder)
+
+
 # ------------------------------------------------------------------------------- every data set
 
 @pytest.mark.parametrize("name", [n for n in SHARED_BENCHMARKS if n not in ("conflictqa_strategyqa", "adarague_llama8b")])

@@ -70,6 +70,11 @@ def _read(path: Path, limit: int | None, name: str, equal: bool) -> list[Benchma
         if len(pos) != len(wrong):
             raise DataError(f"{where}: positive has {len(pos)} snippets, positive_wrong {len(wrong)}; "
                             "expected one answer-swapped snippet per true one")
+        if not pos:  # its true set would be noise labelled should_adopt True, its mixed set hold no answer
+            raise DataError(f"{where}: positive: no true snippet; expected at least one")
+        if equal and not neg:  # every set would be empty, its true set labelled should_adopt True
+            raise DataError(f"{where}: negative: no noise snippet; {name} makes a question's sets as large as "
+                            "its noise set, so it needs at least one")
         # equal sizes: the noise-only set cannot grow past the noise snippets, so every set shrinks to it
         size = min(RGB_MAX, len(neg)) if equal else RGB_MAX
         group = f"rgb_en_fact:{rid}"  # the question, whichever reading: both share its calibration side
@@ -132,6 +137,9 @@ def read_rgb(path: Path, split: str | None = None, limit: int | None = None) -> 
 
     Returns:
         Four items per question, conditions in the order true, swapped, mixed, noise.
+
+    Raises:
+        DataError: a malformed row (file, line and field named), a question with no true snippet among them.
     """
     return _read(path, limit, "rgb_en_fact", equal=False)
 
@@ -167,6 +175,10 @@ def read_rgb_equal(path: Path, split: str | None = None, limit: int | None = Non
 
     Returns:
         Four items per question (three where k = 1), conditions in the order true, swapped, mixed, noise.
+
+    Raises:
+        DataError: a malformed row (file, line and field named), a question with no true snippet or no noise
+            snippet (k = 0: every set would be empty) among them.
     """
     return _read(path, limit, "rgb_en_fact_equal", equal=True)
 
