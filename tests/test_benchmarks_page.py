@@ -103,6 +103,14 @@ def test_the_size_cue_the_page_states_is_the_loaders():
     equal = [it for it in load_benchmark("rgb_en_fact_equal") if it.should_adopt is not None and it.memories]
     a = auroc(-np.array([len(it.memories) for it in equal], float), [not it.should_adopt for it in equal])
     assert f"The count then ranks nothing (AUROC {a:.3f} over its {len(equal)} labelled sets)" in text
+    # what else the equal reading changes: the signal snippets' share in the true and swapped sets
+    share = {}
+    for name in ("rgb_en_fact", "rgb_en_fact_equal"):
+        kinds = [it.meta["memory_kinds"] for it in load_benchmark(name) if it.condition in ("true", "swapped")]
+        share[name] = sum(k != "noise" for ks in kinds for k in ks) / sum(map(len, kinds))
+        no_noise = sum("noise" not in ks for ks in kinds)
+    assert f"rises from {share['rgb_en_fact']:.2f} to {share['rgb_en_fact_equal']:.2f}, and {no_noise} of those " \
+           f"{len(kinds)} sets hold no noise snippet" in text
     assert by[("rgb_en_fact_equal", "MDL (paper defaults)", "AUROC")]["n_groups"] == \
         by[("rgb_en_fact", "MDL (paper defaults)", "AUROC")]["n_groups"] == "77"
     for gate in ("memory count", "MDL (paper defaults)", "R alone", "similarity (top-1)"):
