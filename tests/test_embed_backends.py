@@ -164,6 +164,26 @@ def test_openvino_bf16_is_within_its_stated_parity_and_its_batches_and_threads_c
         assert b"cannot run in its forked child" in f.read()
 
 
+@needs_bf16
+def test_openvino_gives_a_text_the_same_vector_in_any_batch(onnx_cache):
+    """Each text is padded to its own token bucket, whatever it is batched with, so its bfloat16 vector
+    is the same bits alone, among all the texts and in another order (4 of these 60 texts moved in their
+    last bits when a batch padded them to a longer neighbour's width). Measured on AVX512-BF16; AMX's
+    tiles may order a batch's rows otherwise, so there only the parity of the test above is claimed."""
+    from mdl_jax.signals import onnx_encoder
+
+    if onnx_encoder.cpu_bf16_kind() != "avx512_bf16":
+        pytest.skip("the same bits in any batch are measured on AVX512-BF16 CPUs only")
+    enc = Embedder(cache_dir=onnx_cache, backend="openvino-bf16").model
+    words = ("the river runs north past the old mill where farmers bring grain in autumn and children "
+             "swim in summer").split()
+    texts = [f"Fact {i}: " + " ".join(words[j % len(words)] for j in range(i * 3 % 97)) for i in range(60)]
+    alone = np.concatenate([enc.encode([t]) for t in texts])
+    np.testing.assert_array_equal(enc.encode(texts), alone)
+    shuffled = np.random.default_rng(0).permutation(len(texts))
+    np.testing.assert_array_equal(enc.encode([texts[k] for k in shuffled]), alone[shuffled])
+
+
 def test_openvino_bf16_refuses_a_cpu_without_bfloat16_and_names_the_alternative(tmp_path, monkeypatch):
     """Where OpenVINO reports no bfloat16 (an AVX2-only CPU), it would run float32, slower than ONNX
     Runtime: the backend says so before exporting anything. (The CPU's answer is faked: this machine's
@@ -765,8 +785,8 @@ def test_a_processs_first_openvino_infer_runs_alone_and_later_ones_in_parallel(o
 def test_openvinos_batches_are_bucketed_to_a_bounded_set_of_shapes_and_onnx_runtimes_are_exact():
     """OpenVINO keeps kernels per input shape: every (rows, tokens) shape its batching makes for texts
     of 1..256 tokens, in runs of any length, is one of at most ``shape_bound()`` (148), each batch
-    holds its texts and at most TOKENS_PER_BATCH padded tokens, and a text gets at most 25% more
-    tokens. ONNX Runtime's batches stay at their texts' exact shapes."""
+    holds its texts and at most TOKENS_PER_BATCH padded tokens, a text gets at most 25% more tokens, and
+    a batch holds the texts of one bucket. ONNX Runtime's batches stay at their texts' exact shapes."""
     from types import SimpleNamespace
 
     from mdl_jax.signals.onnx_encoder import TOKENS_PER_BATCH, OnnxEncoder, bucket_tokens, shape_bound
@@ -790,6 +810,8 @@ def test_openvinos_batches_are_bucketed_to_a_bounded_set_of_shapes_and_onnx_runt
         shapes.update((R, L) for _, L, R in plan)
         for rows, L, R in OnnxEncoder.plan(ort, lengths):
             assert (L, R) == (max(lengths[k] for k in rows), len(rows))
+        # a bucketed batch holds one bucket's texts: none is padded to a longer neighbour's width
+        assert all(bucket_tokens(int(lengths[k])) == L for rows, L, _ in plan for k in rows)
     assert len(shapes) <= shape_bound() == 148
 
 

@@ -183,11 +183,12 @@ class Embedder:
 
     Attributes ``n_embedded`` / ``n_cached`` count what the last calls computed versus reused.
 
-    A text's first vector depends on the texts it was batched with, at float32 rounding (padding to
+    A text's first vector can depend on the texts it was batched with, at float32 rounding (padding to
     the batch's longest text; cosine ≥ 0.99999 to its vector encoded alone, with every backend but
     int8 and bfloat16, see ``onnx_encoder``), so two calls that encode it at once from different
-    threads can get vectors that differ in their last bits. Once cached, every call gets the cached
-    vector. A model's non-finite vector is an error (ValueError) and is never cached.
+    threads can get vectors that differ in their last bits; "openvino-bf16" pads each text to its own
+    bucket, and on AVX512-BF16 CPUs gives it the same bits in any batch (measured). Once cached, every
+    call gets the cached vector. A model's non-finite vector is an error (ValueError) and is never cached.
 
     ``backend`` picks what runs the model: ``"torch"`` (sentence-transformers; the default here, and
     what the experiment pipeline's committed runs were embedded with), ``"onnx"`` (ONNX Runtime,

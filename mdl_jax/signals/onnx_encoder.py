@@ -307,8 +307,11 @@ class OnnxEncoder:
         keeps kernels for every shape it has run, about 0.9 MB each, which over the up to 2,082 shapes
         of exact batching grew a process by 1,414-1,842 MB; so for OpenVINO the shapes are bucketed
         (``bucket_tokens``; a batch's rows padded to a power of two, or to the bucket's full batch),
-        which bounds them to ``shape_bound`` at a few per cent more padded tokens. ``bucketed``: None
-        (the default) buckets for OpenVINO only.
+        which bounds them to ``shape_bound`` at a few per cent more padded tokens. A bucketed batch holds
+        the texts of one bucket only: padded to a longer neighbour's bucket, a text's bfloat16 vector
+        moved in its last bits (about 1 text in 100), so its vector would depend on what it was embedded
+        with; padded to its own bucket it is the same in any batch (tests/test_embed_backends.py).
+        ``bucketed``: None (the default) buckets for OpenVINO only.
         """
         if bucketed is None:
             bucketed = self.runtime == "openvino-bf16"
@@ -317,15 +320,20 @@ class OnnxEncoder:
         order = sorted(range(len(lengths)), key=lambda k: -lengths[k])  # stable: ties keep their order
         out = []
         i = 0
+        def width(k: int) -> int:
+            n = max(1, lengths[k])
+            return min(bucket_tokens(n), cap) if bucketed else n
+
         while i < len(order):
-            L = max(1, int(lengths[order[i]]))
-            if bucketed:
-                L = min(bucket_tokens(L), cap)
+            L = width(order[i])
             full = max(1, min(max(1, batch_size), TOKENS_PER_BATCH // L))
-            rows = order[i:i + full]
+            end = min(i + full, len(order))
+            if bucketed:  # (sorted longest first: a bucket's texts stand together)
+                end = next((j for j in range(i + 1, end) if width(order[j]) != L), end)
+            rows = order[i:end]
             R = min(full, 1 << (len(rows) - 1).bit_length()) if bucketed else len(rows)
             out.append((rows, L, R))
-            i += full
+            i = end
         return out
 
     def encode(self, texts: Sequence[str], batch_size: int = 64, convert_to_numpy: bool = True,
@@ -348,7 +356,8 @@ class OnnxEncoder:
             return np.zeros((0, 0), np.float32)
         # One tokenizer call for all texts (unpadded), then batches cut by tokens, longest first (``plan``).
         # A text's vector depends on its batch only through padding, which its attention mask hides
-        # (float32 rounding: cosine to the one-text vector ≥ 0.99999).
+        # (float32 rounding: cosine to the one-text vector ≥ 0.99999); bucketed, a text is padded to
+        # its own bucket in any batch (``plan``).
         ids, types = self._token_ids(texts)
         pad = self.tokenizer.pad_token_id or 0
         batches = self.plan([len(x) for x in ids], batch_size)
