@@ -6,6 +6,9 @@ from typing import Any
 # partner was descheduled for the other worker then burns its core for nothing, which costs far more
 # CPU on a loaded machine than passive waiting does (alone, spinning pays a little). The processes the tests start inherit it through os.environ.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Haystack's telemetry (PostHog) is on by default and retries its sends from a background thread: the
+# tests run offline and send nothing (a user's own setting wins).
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 import jax
 import numpy as np
