@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mdl_jax.evaluation.datasets.files import DataError, hub_records, need, need_text, read_records
+from mdl_jax.evaluation.datasets.files import DataError, hub_records, limited, need, need_text, read_records
 from mdl_jax.evaluation.datasets.items import (
     BenchmarkItem,
     BenchmarkSpec,
@@ -93,11 +93,6 @@ def _strings(v: Any, where: str, field: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in v if x.strip())
 
 
-def _take(records: Iterable[Record], limit: int | None) -> list[Record]:
-    out = list(records)
-    return out if limit is None else out[:limit]
-
-
 # -------------------------------------------------------------------------------------------- ClashEval
 def clasheval_items(records: Iterable[Record]) -> list[BenchmarkItem]:
     """ClashEval rows → items (see ``read_clasheval`` for the label rule)."""
@@ -147,13 +142,13 @@ def read_clasheval(path: Path, split: str | None = None, limit: int | None = Non
     Returns:
         The items, rows in order.
     """
-    return clasheval_items(_take(local_records(path, split, None, "clasheval"), limit))
+    return clasheval_items(limited(local_records(path, split, None, "clasheval"), limit))
 
 
 def hub_clasheval(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
     """ClashEval from the hub (``kewu93/ClashEval``, a loading script: needs a ``datasets`` release that
     runs scripts, and a network). Same label rule as ``read_clasheval``."""
-    return clasheval_items(_take(hub_records(CLASHEVAL_REPO, None, split, trust_remote_code=True), limit))
+    return clasheval_items(limited(hub_records(CLASHEVAL_REPO, None, split, trust_remote_code=True), limit))
 
 
 # -------------------------------------------------------------------------------------------- FaithEval
@@ -231,7 +226,7 @@ def read_faitheval(path: Path, split: str | None = None, limit: int | None = Non
     Returns:
         One item per row.
     """
-    return faitheval_items(_take(local_records(path, split, FAITHEVAL_SPLITS, "faitheval"), limit))
+    return faitheval_items(limited(local_records(path, split, FAITHEVAL_SPLITS, "faitheval"), limit))
 
 
 def hub_faitheval(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
@@ -240,7 +235,7 @@ def hub_faitheval(split: str | None = None, limit: int | None = None) -> list[Be
     records: list[Record] = []
     for task in (FAITHEVAL_SPLITS if split is None else (split,)):
         records += [(task, where, row) for _, where, row in hub_records(FAITHEVAL_REPOS[task], None, "test")]
-    return faitheval_items(_take(records, limit))
+    return faitheval_items(limited(records, limit))
 
 
 # ----------------------------------------------------------------------------------------- ConflictBank
@@ -310,13 +305,13 @@ def read_conflictbank(path: Path, split: str | None = None, limit: int | None = 
     Returns:
         Five items per row, conditions in the order default, misinformation, temporal, semantic, all.
     """
-    return conflictbank_items(_take(local_records(path, split, None, "conflictbank"), limit))
+    return conflictbank_items(limited(local_records(path, split, None, "conflictbank"), limit))
 
 
 def hub_conflictbank(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
     """ConflictBank from the hub (``Warrieryes/CB_qa``, about 553,000 rows; needs a network). Same label rule
     as ``read_conflictbank``."""
-    return conflictbank_items(_take(hub_records(CONFLICTBANK_REPO, None, split), limit))
+    return conflictbank_items(limited(hub_records(CONFLICTBANK_REPO, None, split), limit))
 
 
 # -------------------------------------------------------------------------------------- AbstentionBench
@@ -366,14 +361,14 @@ def read_abstentionbench(path: Path, split: str | None = None, limit: int | None
     Returns:
         One item per row.
     """
-    return abstentionbench_items(_take(local_records(path, split, None, "abstentionbench"), limit))
+    return abstentionbench_items(limited(local_records(path, split, None, "abstentionbench"), limit))
 
 
 def hub_abstentionbench(split: str | None = None, limit: int | None = None) -> list[BenchmarkItem]:
     """AbstentionBench from the hub (``facebook/AbstentionBench``, a loading script that fetches its
     sub-datasets from their own sources: needs a ``datasets`` release that runs scripts, and a network).
     Same label rule as ``read_abstentionbench``."""
-    return abstentionbench_items(_take(hub_records(ABSTENTIONBENCH_REPO, None, split, trust_remote_code=True), limit))
+    return abstentionbench_items(limited(hub_records(ABSTENTIONBENCH_REPO, None, split, trust_remote_code=True), limit))
 
 
 SPECS = (
